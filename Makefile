@@ -1,0 +1,37 @@
+# Two commands matter: `make run` (the demo on embedded servers) and `make test` (lint + tests).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PORT   ?= 8000
+
+.PHONY: run test lint format bench install clean
+
+$(BIN)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mega-py needs Python 3.11+")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $@
+
+install: $(BIN)/.installed
+
+run: install  ## the whole demo: embedded NATS + Redis, web, scheduler, worker
+	$(BIN)/mega dev --port $(PORT)
+
+lint: install
+	$(BIN)/ruff check app tests bench mega_config.py
+	$(BIN)/ruff format --check app tests bench mega_config.py
+	$(BIN)/mypy
+
+test: lint  ## lint, then every test (fault, cluster and browser tests included)
+	$(BIN)/pytest
+
+format: install
+	$(BIN)/ruff check --fix app tests bench mega_config.py
+	$(BIN)/ruff format app tests bench mega_config.py
+
+bench: install  ## every benchmark in one go; results go to bench/RESULTS.md
+	$(BIN)/python -m bench.run_all
+
+clean:
+	rm -rf $(VENV) var .mypy_cache .ruff_cache

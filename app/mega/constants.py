@@ -1,0 +1,31 @@
+"""Every name, prefix and default the framework shares, each with the reason for its value."""
+
+from __future__ import annotations
+
+# Used only under `mega dev` (MEGA_ENV=dev); outside dev a real MEGA_SECRET_KEY is required.
+DEV_SECRET_KEY = "mega-dev-only-secret-key-do-not-use-in-production"
+# HMAC-SHA256 keys shorter than this are guessable in practice.
+MIN_SECRET_KEY_LENGTH = 32
+
+# Cookies: the session cookie carries only a random session id (signed); the anonymous CSRF
+# cookie backs the login form before any session exists (signed double-submit).
+SESSION_COOKIE = "mega_session"
+ANON_CSRF_COOKIE = "mega_csrf"
+CSRF_FORM_FIELD = "csrf_token"
+CSRF_HEADER = "X-CSRF-Token"
+
+# Boot: how long a host waits for NATS, Redis and the database before it gives up with one line.
+CONNECT_TIMEOUT_S = 3.0
+# /readyz: a dependency that does not answer within this is reported down.
+READY_CHECK_TIMEOUT_S = 1.0
+# NATS clients reconnect forever (an outage is not a crash) at this pace.
+NATS_RECONNECT_WAIT_S = 0.5
+
+# What a graceful stop waits for in-flight work before leaving it to redelivery (hosts).
+DRAIN_TIMEOUT_S = 30.0
+
+# Where `mega dev` keeps embedded server data, the SQLite database and logs.
+VAR_DIR = "var"
+
+# Fix-it hint appended to every "cannot reach" message.
+HOW_TO_GET_SERVICES = "run `mega dev` (embedded servers) or `docker compose up`"

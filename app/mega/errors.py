@@ -1,0 +1,49 @@
+"""One small error tree. Every error a user can meet has a stable `code` and an actionable message."""
+
+from __future__ import annotations
+
+
+class MegaError(Exception):
+    """Base of every error the framework raises on purpose."""
+
+    code = "mega.error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+
+class ConfigError(MegaError):
+    """The configuration is wrong; the message names the key."""
+
+    code = "config.invalid"
+
+
+class DependencyUnavailable(MegaError):
+    """NATS, Redis or the database cannot be reached. `dependency` names which one."""
+
+    code = "dependency.unavailable"
+
+    def __init__(self, dependency: str, message: str) -> None:
+        super().__init__(message)
+        self.dependency = dependency
+
+
+class RegistrationError(MegaError):
+    """A Schedule, Job or Worker class is invalid; raised by `register()`, never at run time."""
+
+    code = "registration.invalid"
+
+
+class WorkerError(MegaError):
+    """A CPU worker pool failure. `code` is one of the `worker.*` codes in SPEC.md 3.5."""
+
+    code = "worker.error"
+
+
+class JobError(MegaError):
+    """A job queue failure (bad payload, unknown job, ...)."""
+
+    code = "job.error"

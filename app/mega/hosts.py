@@ -1,0 +1,167 @@
+"""The three long-running hosts: web (`mega start`), `mega scheduler`, `mega worker`.
+
+All share `boot()`; each registers its part of the config, runs until SIGINT/SIGTERM, drains
+gracefully and returns normally (the CLI then exits 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from app.mega.boot import boot, shutdown
+from app.mega.config import Config
+from app.mega.constants import DRAIN_TIMEOUT_S
+from app.mega.context import Context
+from app.mega.errors import ConfigError
+
+logger = logging.getLogger("mega.host")
+
+
+async def wait_for_stop_signal() -> str:
+    """Block until SIGINT or SIGTERM; returns the signal's name."""
+    loop = asyncio.get_running_loop()
+    received: asyncio.Future[str] = loop.create_future()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(
+            sig, lambda s=sig: received.done() or received.set_result(signal.Signals(s).name)
+        )
+    try:
+        return await received
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def start_metrics_server(config: Config, port: int) -> None:
+    if config.metrics.enabled:
+        from prometheus_client import start_http_server
+
+        start_http_server(port, addr="0.0.0.0")
+        logger.info("metrics on http://0.0.0.0:%d/metrics", port)
+
+
+async def run_scheduler(config: Config) -> None:
+    from app.mega.scheduler import Scheduler
+
+    ctx = await boot(config, role="scheduler", database=False)
+    try:
+        scheduler = Scheduler(ctx, instance_id=ctx.instance_id)
+        for schedule in config.schedules:
+            scheduler.register(schedule)
+        _observe(scheduler, ("run", "skip", "done", "fail"))
+        start_metrics_server(config, config.metrics.scheduler_port)
+        await scheduler.start()
+        logger.info(
+            "scheduler %s running %d schedule(s): %s",
+            ctx.instance_id,
+            len(config.schedules),
+            ", ".join(s.__name__ for s in config.schedules) or "none",
+        )
+        name = await wait_for_stop_signal()
+        logger.info("%s received: stopping (waiting for running ticks)", name)
+        await scheduler.stop(DRAIN_TIMEOUT_S)
+    finally:
+        await shutdown(ctx)
+    logger.info("scheduler stopped")
+
+
+async def run_worker(config: Config) -> None:
+    from app.mega.jobworker import JobWorker
+
+    ctx = await boot(config, role="worker", database=False)
+    try:
+        worker = JobWorker(ctx, instance_id=ctx.instance_id)
+        for job in config.jobs:
+            worker.register(job)
+        _observe(worker, ("dispatch", "start", "done", "retry", "fail", "dlq"))
+        start_metrics_server(config, config.metrics.worker_port)
+        await worker.start()
+        logger.info(
+            "worker %s consuming %d job(s): %s",
+            ctx.instance_id,
+            len(config.jobs),
+            ", ".join(j.__name__ for j in config.jobs) or "none",
+        )
+        name = await wait_for_stop_signal()
+        logger.info("%s received: draining in-flight jobs (up to %.0f s)", name, DRAIN_TIMEOUT_S)
+        await worker.stop(DRAIN_TIMEOUT_S)
+    finally:
+        await shutdown(ctx)
+    logger.info("worker stopped")
+
+
+async def run_web(config: Config, host: str, port: int) -> None:
+    import uvicorn
+
+    ctx = await boot(config, role="web")
+    try:
+        if config.auth.demo_user and config.auth.demo_password:
+            from app.mega.web.auth import ensure_user
+
+            await asyncio.to_thread(
+                ensure_user, ctx.db, config.auth.demo_user, config.auth.demo_password
+            )
+        await start_worker_pools(config, ctx)
+        app = load_web_app(config)(config, ctx)
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=host,
+                port=port,
+                log_config=None,
+                access_log=False,
+                lifespan="off",
+                proxy_headers=True,
+                timeout_graceful_shutdown=10,
+            )
+        )
+        logger.info("web listening on http://%s:%d", host, port)
+        await server.serve()
+    finally:
+        for pool in ctx.workers.values():
+            await pool.stop()
+        await shutdown(ctx)
+    logger.info("web stopped")
+
+
+async def start_worker_pools(config: Config, ctx: Context) -> None:
+    if not config.workers:
+        return
+    from app.mega.worker import WorkerPool
+
+    for worker_class in config.workers:
+        pool = WorkerPool(worker_class, root=config.root)
+        await pool.start()
+        ctx.workers[pool.name] = pool
+
+
+def load_web_app(config: Config) -> Callable[[Config, Context], Any]:
+    """Import `config.web_app` ("package.module:factory"), or the framework's bare app."""
+    if not config.web_app:
+        from app.mega.web.app import create_web_app
+
+        return lambda cfg, ctx: create_web_app(cfg, ctx)
+    module_name, _, attr = config.web_app.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr or "create_app")
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"web_app: cannot load {config.web_app!r} ({exc})") from exc
+    return factory  # type: ignore[no-any-return]
+
+
+def _observe(runtime: Any, names: tuple[str, ...]) -> None:
+    """One log line per event: the host's live trace of what it does."""
+    events = logging.getLogger("mega.events")
+
+    def log(event: dict[str, Any]) -> None:
+        fields = " ".join(f"{k}={v}" for k, v in event.items() if k != "event" and v is not None)
+        level = logging.WARNING if event["event"] in ("fail", "dlq", "skip") else logging.INFO
+        events.log(level, "%s %s", event["event"], fields)
+
+    for name in names:
+        runtime.on(name, log)

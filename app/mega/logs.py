@@ -1,0 +1,40 @@
+"""Logging for the hosts: one readable line per event, or one JSON object per line in production
+(`--json-logs` or MEGA_LOG_FORMAT=json). MEGA_LOG_LEVEL sets the level (default INFO)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from datetime import UTC, datetime
+
+TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def setup_logging(*, json_logs: bool = False) -> None:
+    json_logs = json_logs or os.environ.get("MEGA_LOG_FORMAT") == "json"
+    handler = logging.StreamHandler(sys.stderr)
+    if json_logs:
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter(TEXT_FORMAT, datefmt="%H:%M:%S"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(os.environ.get("MEGA_LOG_LEVEL", "INFO").upper())
+    for noisy in ("nats", "uvicorn.access", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger("nats").setLevel(logging.CRITICAL)  # reconnect noise; boot logs it once

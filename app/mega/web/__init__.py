@@ -1,0 +1,1 @@
+"""The framework's web layer: app factory, JSON envelope, auth, health."""

@@ -1,0 +1,144 @@
+"""The one JSON shape every /api response has, and the handlers that keep errors in it.
+
+    {"ok": true,  "data": ..., "meta": {...}}
+    {"ok": false, "error": {"code", "message", "fields"?}, "meta": {...}}
+
+No handler ever returns a stack trace: unexpected exceptions are logged with their trace on the
+server and answered with a 500 envelope that carries a request id to find that log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.mega.errors import DependencyUnavailable, MegaError
+
+logger = logging.getLogger("mega.web")
+
+STATUS_CODES = {
+    400: "bad_request",
+    401: "auth.required",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    422: "validation_failed",
+    429: "rate_limited",
+    500: "internal",
+    503: "dependency.unavailable",
+}
+
+
+class ApiError(Exception):
+    """Raise from a route to answer with an error envelope."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        fields: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+        self.fields, self.headers = fields, headers
+
+
+def ok(data: Any, status: int = 200, **meta: Any) -> JSONResponse:
+    return JSONResponse({"ok": True, "data": data, "meta": _meta(meta)}, status_code=status)
+
+
+def fail(
+    status: int,
+    code: str,
+    message: str,
+    *,
+    fields: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
+    **meta: Any,
+) -> JSONResponse:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if fields:
+        error["fields"] = fields
+    body = {"ok": False, "error": error, "meta": _meta(meta)}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _meta(extra: dict[str, Any]) -> dict[str, Any]:
+    return {"ts": int(time.time() * 1000), **extra}
+
+
+def wants_json(request: Request) -> bool:
+    """API routes and fetch() calls get envelopes; page navigations get HTML or redirects."""
+    return request.url.path.startswith("/api/") or "application/json" in request.headers.get(
+        "accept", ""
+    )
+
+
+def field_errors(exc: RequestValidationError) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for err in exc.errors():
+        loc = [str(part) for part in err.get("loc", ()) if part not in ("body", "query", "form")]
+        fields.setdefault(".".join(loc) or "body", str(err.get("msg", "invalid")))
+    return fields
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> Response:
+        return fail(exc.status, exc.code, exc.message, fields=exc.fields, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation(request: Request, exc: RequestValidationError) -> Response:
+        return fail(422, "validation_failed", "some fields are invalid", fields=field_errors(exc))
+
+    @app.exception_handler(DependencyUnavailable)
+    async def unavailable(request: Request, exc: DependencyUnavailable) -> Response:
+        logger.warning("%s %s: %s", request.method, request.url.path, exc.message)
+        return fail(503, exc.code, exc.message, dependency=exc.dependency)
+
+    @app.exception_handler(MegaError)
+    async def mega_error(request: Request, exc: MegaError) -> Response:
+        return fail(400, exc.code, exc.message)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 401 and not wants_json(request):
+            return RedirectResponse(login_url(request), status_code=303)
+        if not wants_json(request) and exc.status_code == 404:
+            return _html_error(request, 404, "Not found", "There is no page at this address.")
+        code = STATUS_CODES.get(exc.status_code, "http_error")
+        return fail(exc.status_code, code, str(exc.detail), headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        request_id = uuid.uuid4().hex[:12]
+        logger.exception("unhandled error (request %s) on %s", request_id, request.url.path)
+        message = f"internal error; the server log has the details (request {request_id})"
+        if wants_json(request):
+            return fail(500, "internal", message, request_id=request_id)
+        return _html_error(request, 500, "Something went wrong", message)
+
+
+def login_url(request: Request) -> str:
+    from urllib.parse import quote
+
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return f"/login?next={quote(target, safe='/')}"
+
+
+def _html_error(request: Request, status: int, title: str, message: str) -> Response:
+    templates = request.app.state.templates
+    return templates.TemplateResponse(  # type: ignore[no-any-return]
+        request, "error.html", {"title": title, "message": message}, status_code=status
+    )

@@ -1,0 +1,41 @@
+"""The sample application's config: what runs where, and which services it talks to.
+
+Plain Python, read by every `mega` command (`--config` or MEGA_CONFIG to use another file).
+URLs and secrets come from the environment; the defaults suit `mega dev` on a laptop.
+
+    REDIS_URL        redis://127.0.0.1:6379/0   (per alias: REDIS_<ALIAS>_URL, e.g. REDIS_MAIN_URL)
+    NATS_URL         nats://127.0.0.1:4222      (per alias: NATS_<ALIAS>_URL, e.g. NATS_JOBS_URL)
+    DATABASE_URL     sqlite:///./var/mega.db    (postgresql://user:pass@host/db for PostgreSQL)
+    MEGA_SECRET_KEY  required outside `mega dev` (32+ random characters)
+    MEGA_DEMO_USER / MEGA_DEMO_PASSWORD   the login to create at start (dev: demo / demo)
+"""
+
+import os
+
+services = {
+    "caches": {
+        "main": {"driver": "redis", "url": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")},
+    },
+    "locks": {
+        # One Redis is the default; list several independent caches for a quorum (scale-out).
+        "main": {"driver": "redlock", "caches": ["main"]},
+    },
+    "buses": {
+        "jobs": {"driver": "nats", "url": os.environ.get("NATS_URL", "nats://127.0.0.1:4222")},
+    },
+    "database": {"url": os.environ.get("DATABASE_URL")},
+}
+
+schedules: list[type] = []
+jobs: list[type] = []
+workers: list[type] = []
+
+web_app = "app.main.web:create_app"
+
+auth = {
+    "session_max_age_s": 8 * 3600,
+    "login_max_failures": 5,
+    "login_window_s": 15 * 60,
+}
+
+metrics = {"enabled": True, "scheduler_port": 9101, "worker_port": 9102}

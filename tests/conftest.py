@@ -1,0 +1,70 @@
+"""Real servers for the whole suite: one nats-server (JetStream) and one Redis-compatible server
+per test session, on free ports. Tests isolate themselves with a unique prefix (`prefix`), and
+tests that stop a server get their own through the `nats_factory` / `redis_factory` fixtures."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from app.mega.embedded import EmbeddedNats, EmbeddedRedis, EmbeddedServer
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
+    server = EmbeddedNats(data_dir=tmp_path_factory.mktemp("nats"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis(data_dir=tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def nats_url(nats_server: EmbeddedNats) -> str:
+    return nats_server.url
+
+
+@pytest.fixture
+def redis_url(redis_server: EmbeddedRedis) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A unique name per test, for stream names, subjects and Redis keys."""
+    return "t" + uuid.uuid4().hex[:10]
+
+
+def _factory(kind: type[EmbeddedServer], tmp_path: Path) -> Iterator[Callable[[], EmbeddedServer]]:
+    started: list[EmbeddedServer] = []
+
+    def make() -> EmbeddedServer:
+        server = kind(data_dir=tmp_path / f"{kind.__name__}-{len(started)}")
+        started.append(server.start())
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def nats_factory(tmp_path: Path) -> Iterator[Callable[[], EmbeddedServer]]:
+    """Start a private nats-server the test may stop and restart (`.stop()`, `.start()`)."""
+    yield from _factory(EmbeddedNats, tmp_path)
+
+
+@pytest.fixture
+def redis_factory(tmp_path: Path) -> Iterator[Callable[[], EmbeddedServer]]:
+    """Start a private Redis the test may stop and restart (`.stop()`, `.start()`)."""
+    yield from _factory(EmbeddedRedis, tmp_path)
