@@ -38,4 +38,9 @@ auth = {
     "login_window_s": 15 * 60,
 }
 
-metrics = {"enabled": True, "scheduler_port": 9101, "worker_port": 9102}
+# Prometheus: the web app serves /metrics; scheduler and worker hosts listen on their own ports.
+metrics = {
+    "enabled": True,
+    "scheduler_port": int(os.environ.get("MEGA_SCHEDULER_METRICS_PORT", "9101")),
+    "worker_port": int(os.environ.get("MEGA_WORKER_METRICS_PORT", "9102")),
+}

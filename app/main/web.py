@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fastapi import FastAPI
 
-from app.main.routes import pages
+from app.main.routes import api_worker, pages
 from app.mega import Config, Context
 from app.mega.web.app import create_web_app
 
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
 
 def create_app(config: Config, ctx: Context) -> FastAPI:
-    return create_web_app(config, ctx, routers=[pages.router], title="mega-py demo")
+    return create_web_app(
+        config,
+        ctx,
+        routers=[pages.router, api_worker.router],
+        templates_dir=PROJECT_ROOT / "templates",
+        static_dir=PROJECT_ROOT / "static",
+        title="mega-py demo",
+    )

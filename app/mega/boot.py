@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from urllib.parse import urlsplit
 
 import nats
 from nats.aio.client import Client as NatsClient
@@ -85,7 +86,10 @@ async def connect_nats(alias: str, url: str) -> NatsClient:
         logger.debug("NATS %r: %s", alias, exc)
 
     try:
-        return await nats.connect(
+        # nats-py retries the *first* connect forever too when reconnects are unlimited, so
+        # reachability is checked with a bounded probe first and the connect itself is capped.
+        await _probe_tcp(url)
+        connect = nats.connect(
             url,
             name=f"mega:{alias}",
             connect_timeout=CONNECT_TIMEOUT_S,
@@ -96,10 +100,21 @@ async def connect_nats(alias: str, url: str) -> NatsClient:
             reconnected_cb=reconnected,
             error_cb=error,
         )
+        return await asyncio.wait_for(connect, CONNECT_TIMEOUT_S * 2)
     except Exception as exc:
         raise DependencyUnavailable(
             "nats", f"cannot reach NATS {alias!r} at {url} ({_reason(exc)}); {HOW_TO_GET_SERVICES}"
         ) from exc
+
+
+async def _probe_tcp(url: str) -> None:
+    parts = urlsplit(url)
+    _reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(parts.hostname, parts.port or 4222), CONNECT_TIMEOUT_S
+    )
+    writer.close()
+    with contextlib.suppress(Exception):
+        await writer.wait_closed()
 
 
 async def connect_database(url: str) -> Database:

@@ -80,6 +80,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         _die(args.command, exc.message, 1)
     except KeyboardInterrupt:
         pass
+    except Exception as exc:  # a bug, not a user error: one line here, the trace on demand
+        if os.environ.get("MEGA_DEBUG"):
+            raise
+        _die(args.command, f"internal error: {type(exc).__name__}: {exc} (MEGA_DEBUG=1 shows the trace)", 1)
 
 
 def _run(coro: Coroutine[Any, Any, None]) -> None:

@@ -23,7 +23,7 @@ from typing import IO
 
 from app.mega.config import load_config
 from app.mega.constants import DRAIN_TIMEOUT_S, VAR_DIR
-from app.mega.embedded import EmbeddedNats, EmbeddedRedis, EmbeddedServer
+from app.mega.embedded import EmbeddedNats, EmbeddedRedis, EmbeddedServer, free_port
 
 COLOURS = {"web": "36", "scheduler": "35", "worker": "33", "dev": "32"}  # ANSI cyan/magenta/yellow/green
 READY_TIMEOUT_S = 30.0
@@ -67,6 +67,9 @@ def run_dev(config_path: str, *, host: str, port: int) -> int:
         signal.signal(sig, lambda *_: stop.set())
 
     env = dict(os.environ, MEGA_ENV="dev", MEGA_CONFIG=str(config_file), PYTHONUNBUFFERED="1")
+    # Free metrics ports, so that two checkouts can run side by side (`make run PORT=...`).
+    env.setdefault("MEGA_SCHEDULER_METRICS_PORT", str(free_port()))
+    env.setdefault("MEGA_WORKER_METRICS_PORT", str(free_port()))
     try:
         load_config(config_file, dev=True)  # fail fast, before anything starts
         if not env.get("NATS_URL"):

@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from app.mega.errors import ConfigError
 
@@ -71,7 +72,7 @@ def find_redis_server() -> str:
 class EmbeddedServer:
     """One server process; `start()` blocks until its port accepts connections."""
 
-    name: str
+    name: ClassVar[str] = "server"
     data_dir: Path
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
@@ -132,7 +133,7 @@ class EmbeddedServer:
 class EmbeddedNats(EmbeddedServer):
     """nats-server with JetStream on file storage under `data_dir`."""
 
-    name: str = "nats"
+    name: ClassVar[str] = "nats"
 
     def command(self) -> list[str]:
         return [
@@ -152,7 +153,7 @@ class EmbeddedNats(EmbeddedServer):
 class EmbeddedRedis(EmbeddedServer):
     """A Redis-compatible server (valkey) that keeps nothing on disk."""
 
-    name: str = "redis"
+    name: ClassVar[str] = "redis"
 
     def command(self) -> list[str]:
         return [

@@ -72,7 +72,7 @@ def create_web_app(
     return app
 
 
-async def _api_not_found(path: str) -> Response:
+async def _api_not_found(path: str, user: auth.UserDep) -> Response:
     return fail(404, "not_found", f"no API route /api/{path}")
 
 

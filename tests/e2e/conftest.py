@@ -1,0 +1,126 @@
+"""Browser tests: the real hosts as subprocesses, driven by Debian's headless Chromium.
+
+Screenshots of every page land in ./artifacts/screenshots (git ignores it) for people to look at.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from app.mega.embedded import EmbeddedNats, EmbeddedRedis, free_port
+from tests.factories import DEMO_PASSWORD, DEMO_USER, TEST_SECRET
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = os.environ.get("MEGA_CHROMIUM", "/usr/bin/chromium")
+SCREENSHOTS = ROOT / "artifacts" / "screenshots"
+
+
+@dataclass
+class LiveStack:
+    url: str
+    processes: dict[str, subprocess.Popen[bytes]]
+    log_dir: Path
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {name}\n{(self.log_dir / f'{name}.log').read_text(errors='replace')[-4000:]}"
+            for name in self.processes
+        )
+
+
+def _wait_http(url: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer")
+
+
+@pytest.fixture(scope="session")
+def live_stack(
+    tmp_path_factory: pytest.TempPathFactory, nats_server: EmbeddedNats, redis_server: EmbeddedRedis
+) -> Iterator[LiveStack]:
+    """`mega start`, `mega scheduler` and `mega worker` with the real mega_config.py, its URLs
+    and secrets from the environment: the app exactly as an operator runs it."""
+    tmp = tmp_path_factory.mktemp("live")
+    port = free_port()
+    env = {
+        **os.environ,
+        "NATS_URL": nats_server.url,
+        "REDIS_URL": redis_server.url,
+        "DATABASE_URL": f"sqlite:///{tmp / 'live.db'}",
+        "MEGA_SECRET_KEY": TEST_SECRET,
+        "MEGA_DEMO_USER": DEMO_USER,
+        "MEGA_DEMO_PASSWORD": DEMO_PASSWORD,
+        "MEGA_SCHEDULER_METRICS_PORT": str(free_port()),
+        "MEGA_WORKER_METRICS_PORT": str(free_port()),
+    }
+    commands = {"web": ["start", "--port", str(port)], "scheduler": ["scheduler"], "worker": ["worker"]}
+    processes = {}
+    for name, args in commands.items():
+        log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it
+        processes[name] = subprocess.Popen(
+            [sys.executable, "-m", "app.mega.cli", *args, "--config", str(ROOT / "mega_config.py")],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        log.close()
+    stack = LiveStack(f"http://127.0.0.1:{port}", processes, tmp)
+    try:
+        _wait_http(stack.url + "/healthz")
+        yield stack
+    finally:
+        for process in processes.values():
+            process.terminate()
+        for process in processes.values():
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser, live_stack: LiveStack):  # type: ignore[no-untyped-def]
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    yield page
+    context.close()
+
+
+def log_in(page, url: str) -> None:  # type: ignore[no-untyped-def]
+    page.goto(url + "/demo")
+    page.fill("input[name=username]", DEMO_USER)
+    page.fill("input[name=password]", DEMO_PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url("**/demo")
+
+
+def screenshot(page, name: str) -> None:  # type: ignore[no-untyped-def]
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)

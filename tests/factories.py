@@ -1,0 +1,86 @@
+"""Small factories shared by the tests: a config file per test, a booted web app, a client."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.mega.boot import boot, shutdown
+from app.mega.config import Config, load_config
+from app.mega.web.auth import ensure_user
+
+TEST_SECRET = "test-secret-key-0123456789abcdef0123456789"
+DEMO_USER, DEMO_PASSWORD = "demo", "demo-password"
+
+
+def write_config(
+    tmp_path: Path,
+    *,
+    nats_url: str,
+    redis_url: str,
+    body: str = "",
+    name: str = "mega_config.py",
+    **auth: Any,
+) -> Path:
+    """A config file for one test: its own servers, its own SQLite, the sample's web app."""
+    auth_options = {"login_max_failures": 5, "login_window_s": 900, **auth}
+    path = tmp_path / name
+    path.write_text(
+        textwrap.dedent(
+            f"""
+            services = {{
+                "caches": {{"main": {{"driver": "redis", "url": {redis_url!r}}}}},
+                "locks": {{"main": {{"driver": "redlock", "caches": ["main"]}}}},
+                "buses": {{"jobs": {{"driver": "nats", "url": {nats_url!r}}}}},
+                "database": {{"url": {f"sqlite:///{tmp_path / 'test.db'}"!r}}},
+            }}
+            web_app = "app.main.web:create_app"
+            auth = {{"secret_key": {TEST_SECRET!r}, **{auth_options!r}}}
+            """
+        )
+        + textwrap.dedent(body)
+    )
+    return path
+
+
+@asynccontextmanager
+async def web_client(config: Config) -> AsyncIterator[httpx.AsyncClient]:
+    """The sample's web app booted on the config's servers, behind an in-process client."""
+    from app.mega.hosts import load_web_app
+
+    ctx = await boot(config, role="web")
+    ensure_user(ctx.db, DEMO_USER, DEMO_PASSWORD)
+    app = load_web_app(config)(config, ctx)
+    transport = httpx.ASGITransport(app=app, client=("10.1.2.3", 5555))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            client.app = app  # type: ignore[attr-defined]
+            yield client
+    finally:
+        await shutdown(ctx)
+
+
+def csrf_from(html: str) -> str:
+    match = re.search(r'<meta name="csrf-token" content="([^"]+)"', html)
+    assert match, "page has no csrf meta tag"
+    return match.group(1)
+
+
+async def login(
+    client: httpx.AsyncClient, username: str = DEMO_USER, password: str = DEMO_PASSWORD
+) -> httpx.Response:
+    page = await client.get("/login")
+    token = csrf_from(page.text)
+    return await client.post(
+        "/login", data={"username": username, "password": password, "csrf_token": token}
+    )
+
+
+def config_for(tmp_path: Path, nats_url: str, redis_url: str, **auth: Any) -> Config:
+    return load_config(write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, **auth))

@@ -1,0 +1,124 @@
+"""The `mega` command run as a user runs it: real processes, real signals."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from app.mega.embedded import free_port
+from tests.factories import write_config
+
+ROOT = Path(__file__).resolve().parents[2]
+MEGA = [sys.executable, "-m", "app.mega.cli"]
+
+
+def run_mega(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*MEGA, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["start", "scheduler", "worker", "dev", "dlq"])
+def test_every_command_has_help(command: str) -> None:
+    result = run_mega(command, "--help")
+    assert result.returncode == 0
+    assert "--config" in result.stdout
+
+
+@pytest.mark.parametrize("command", ["worker", "scheduler", "start"])
+def test_unreachable_nats_or_redis_is_one_clear_line(
+    tmp_path: Path, redis_url: str, nats_url: str, command: str
+) -> None:
+    closed = f"127.0.0.1:{free_port()}"
+    nats = f"nats://{closed}" if command != "scheduler" else nats_url
+    redis = f"redis://{closed}/0" if command == "scheduler" else redis_url
+    config = write_config(tmp_path, nats_url=nats, redis_url=redis)
+    result = run_mega(command, "--config", str(config))
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"mega {command}: error: cannot reach")
+    assert closed in lines[0] and "mega dev" in lines[0] and "docker compose up" in lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_bad_config_key_is_named(tmp_path: Path) -> None:
+    config = tmp_path / "cfg.py"
+    config.write_text('services = {"caches": {"main": {"driver": "memcached", "url": "x"}}}\n')
+    result = run_mega("worker", "--config", str(config), env={"MEGA_SECRET_KEY": "k" * 40})
+    assert result.returncode == 2
+    assert "services.caches.main.driver" in result.stderr and "Traceback" not in result.stderr
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+def test_dev_comes_up_serves_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    shutil.copy(ROOT / "mega_config.py", tmp_path / "mega_config.py")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "REDIS_URL", "DATABASE_URL")}
+    env["NO_COLOR"] = "1"
+    dev = subprocess.Popen(
+        [*MEGA, "dev", "--port", str(port), "--config", str(tmp_path / "mega_config.py")],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    output: list[str] = []
+    try:
+        assert dev.stdout is not None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = dev.stdout.readline()
+            output.append(line)
+            if "log in as" in line:
+                break
+        text = "".join(output)
+        assert f"http://localhost:{port}/demo" in text, text
+        assert "log in as demo / demo" in text
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+            assert response.status == 200
+        family = _descendants(dev.pid)
+        assert len(family) >= 5  # nats, redis, web, scheduler, worker (+ pool processes)
+        dev.send_signal(signal.SIGINT)
+        rest, _ = dev.communicate(timeout=60)
+        assert dev.returncode == 0, text + rest
+        assert "Traceback" not in text + rest
+        time.sleep(0.2)
+        assert [pid for pid in family if _alive(pid)] == []
+        assert (tmp_path / "var" / "nats" / "jetstream").is_dir()  # the file store lives in ./var
+    finally:
+        if dev.poll() is None:
+            dev.kill()
+            dev.wait()
