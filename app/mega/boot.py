@@ -70,7 +70,8 @@ async def connect_redis(alias: str, url: str) -> Redis:
     except Exception as exc:
         await client.aclose()
         raise DependencyUnavailable(
-            "redis", f"cannot reach Redis {alias!r} at {url} ({_reason(exc)}); {HOW_TO_GET_SERVICES}"
+            "redis",
+            f"cannot reach Redis {alias!r} at {url} ({_reason(exc)}); {HOW_TO_GET_SERVICES}",
         ) from exc
     return client
 

@@ -25,7 +25,7 @@ EXIT_UNAVAILABLE = 3
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mega",
-        description="Run the mega hosts: web, scheduler, job worker, or all of them for development.",
+        description="Run the mega hosts: web, scheduler, job worker, or all of them in dev.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -52,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
         "then start + scheduler + worker with prefixed logs. Ctrl-C stops all.",
     )
     dev.add_argument("--host", default="127.0.0.1", help="bind address of the web app")
-    dev.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")), help="web port")
+    dev.add_argument(
+        "--port", type=int, default=int(os.environ.get("PORT", "8000")), help="web port"
+    )
 
     dlq = command("dlq", "Inspect and repair dead-lettered jobs.")
     dlq.add_argument("action", choices=["list", "requeue", "purge"], help="what to do")
@@ -83,7 +85,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     except Exception as exc:  # a bug, not a user error: one line here, the trace on demand
         if os.environ.get("MEGA_DEBUG"):
             raise
-        _die(args.command, f"internal error: {type(exc).__name__}: {exc} (MEGA_DEBUG=1 shows the trace)", 1)
+        _die(
+            args.command,
+            f"internal error: {type(exc).__name__}: {exc} (MEGA_DEBUG=1 shows the trace)",
+            1,
+        )
 
 
 def _run(coro: Coroutine[Any, Any, None]) -> None:

@@ -115,7 +115,9 @@ def _import_file(path: Path) -> ModuleType:
     except ConfigError:
         raise
     except Exception as exc:
-        raise ConfigError(f"config file {path} failed to import: {type(exc).__name__}: {exc}") from exc
+        raise ConfigError(
+            f"config file {path} failed to import: {type(exc).__name__}: {exc}"
+        ) from exc
     return module
 
 
@@ -140,7 +142,9 @@ def _url(key: str, url: Any, schemes: set[str]) -> str:
         raise ConfigError(f"{key}: a URL is required")
     parts = urlsplit(url)
     if parts.scheme not in schemes or not parts.hostname:
-        raise ConfigError(f"{key}: bad URL {url!r} (expected {'/'.join(sorted(schemes))}://host:port)")
+        raise ConfigError(
+            f"{key}: bad URL {url!r} (expected {'/'.join(sorted(schemes))}://host:port)"
+        )
     return url
 
 
@@ -184,7 +188,9 @@ def _buses(spec: dict[str, Any]) -> dict[str, str]:
 
 
 def _database_url(spec: dict[str, Any], root: Path) -> str:
-    url = os.environ.get("DATABASE_URL") or spec.get("url") or f"sqlite:///{root / 'var' / 'mega.db'}"
+    url = (
+        os.environ.get("DATABASE_URL") or spec.get("url") or f"sqlite:///{root / 'var' / 'mega.db'}"
+    )
     if not isinstance(url, str) or "://" not in url:
         raise ConfigError(f"services.database.url: bad URL {url!r}")
     return url
@@ -202,7 +208,11 @@ def _auth(spec: dict[str, Any], *, dev: bool) -> AuthConfig:
     password = os.environ.get("MEGA_DEMO_PASSWORD") or spec.get("demo_password")
     if dev:  # only `mega dev` has a default login; elsewhere users are created explicitly
         user, password = user or "demo", password or "demo"
-    options = {k: spec[k] for k in ("session_max_age_s", "login_max_failures", "login_window_s") if k in spec}
+    options = {
+        k: spec[k]
+        for k in ("session_max_age_s", "login_max_failures", "login_window_s")
+        if k in spec
+    }
     for name, value in options.items():
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ConfigError(f"auth.{name}: expected a positive int, got {value!r}")

@@ -25,7 +25,12 @@ from app.mega.config import load_config
 from app.mega.constants import DRAIN_TIMEOUT_S, VAR_DIR
 from app.mega.embedded import EmbeddedNats, EmbeddedRedis, EmbeddedServer, free_port
 
-COLOURS = {"web": "36", "scheduler": "35", "worker": "33", "dev": "32"}  # ANSI cyan/magenta/yellow/green
+COLOURS = {
+    "web": "36",
+    "scheduler": "35",
+    "worker": "33",
+    "dev": "32",
+}  # ANSI cyan/magenta/yellow/green
 READY_TIMEOUT_S = 30.0
 
 

@@ -1,4 +1,4 @@
-"""One small error tree. Every error a user can meet has a stable `code` and an actionable message."""
+"""One small error tree: every error a user can meet has a stable `code` and a message to act on."""
 
 from __future__ import annotations
 

@@ -26,10 +26,13 @@ async def wait_for_stop_signal() -> str:
     """Block until SIGINT or SIGTERM; returns the signal's name."""
     loop = asyncio.get_running_loop()
     received: asyncio.Future[str] = loop.create_future()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not received.done():
+            received.set_result(sig.name)
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(
-            sig, lambda s=sig: received.done() or received.set_result(signal.Signals(s).name)
-        )
+        loop.add_signal_handler(sig, on_signal, sig)
     try:
         return await received
     finally:

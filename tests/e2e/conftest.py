@@ -68,7 +68,11 @@ def live_stack(
         "MEGA_SCHEDULER_METRICS_PORT": str(free_port()),
         "MEGA_WORKER_METRICS_PORT": str(free_port()),
     }
-    commands = {"web": ["start", "--port", str(port)], "scheduler": ["scheduler"], "worker": ["worker"]}
+    commands = {
+        "web": ["start", "--port", str(port)],
+        "scheduler": ["scheduler"],
+        "worker": ["worker"],
+    }
     processes = {}
     for name, args in commands.items():
         log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it

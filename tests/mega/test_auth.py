@@ -99,7 +99,9 @@ async def test_csrf_missing_or_wrong_is_403_for_forms_and_json(config) -> None:
         token = csrf_from(page.text)
         creds = {"username": DEMO_USER, "password": DEMO_PASSWORD}
         assert (await client.post("/login", data=creds)).status_code == 403
-        assert (await client.post("/login", data={**creds, "csrf_token": "x" + token})).status_code == 403
+        assert (
+            await client.post("/login", data={**creds, "csrf_token": "x" + token})
+        ).status_code == 403
         await login(client)
         token = csrf_from((await client.get("/demo")).text)
         assert (await client.post("/logout", data={})).status_code == 403

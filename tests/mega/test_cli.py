@@ -20,7 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 MEGA = [sys.executable, "-m", "app.mega.cli"]
 
 
-def run_mega(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def run_mega(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*MEGA, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
         env={**os.environ, **(env or {})},
@@ -89,7 +91,9 @@ def _alive(pid: int) -> bool:
 def test_dev_comes_up_serves_and_leaves_nothing_behind(tmp_path: Path) -> None:
     shutil.copy(ROOT / "mega_config.py", tmp_path / "mega_config.py")
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "REDIS_URL", "DATABASE_URL")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("NATS_URL", "REDIS_URL", "DATABASE_URL")
+    }
     env["NO_COLOR"] = "1"
     dev = subprocess.Popen(
         [*MEGA, "dev", "--port", str(port), "--config", str(tmp_path / "mega_config.py")],

@@ -30,7 +30,9 @@ def test_good_config_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     config = load_config(write(tmp_path, GOOD))
     assert config.caches == {"main": "redis://127.0.0.1:6379/0"}
     assert config.locks == {"main": ["main"]}
-    assert config.database_url.startswith("sqlite:///") and config.database_url.endswith("var/mega.db")
+    assert config.database_url.startswith("sqlite:///") and config.database_url.endswith(
+        "var/mega.db"
+    )
     assert config.auth.demo_user is None  # outside dev there is no default login
 
 

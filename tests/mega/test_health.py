@@ -25,7 +25,11 @@ async def test_healthz_answers_without_login(tmp_path: Path, nats_url: str, redi
     async with web_client(config_for(tmp_path, nats_url, redis_url)) as client:
         response = await client.get("/healthz")
         assert response.status_code == 200
-        assert response.json() == {"ok": True, "data": {"status": "alive"}, "meta": response.json()["meta"]}
+        assert response.json() == {
+            "ok": True,
+            "data": {"status": "alive"},
+            "meta": response.json()["meta"],
+        }
 
 
 async def test_readyz_names_the_dependency_that_is_down_and_recovers(

@@ -217,7 +217,9 @@ async def authenticate(request: Request, username: str, password: str, ip: str) 
         by_user = db.scalar(
             select(func.count()).where(LoginFailure.username == username, LoginFailure.at > since)
         )
-        by_ip = db.scalar(select(func.count()).where(LoginFailure.ip == ip, LoginFailure.at > since))
+        by_ip = db.scalar(
+            select(func.count()).where(LoginFailure.ip == ip, LoginFailure.at > since)
+        )
         user = db.scalar(select(User).where(User.username == username))
         return by_user or 0, by_ip or 0, user
 
@@ -251,6 +253,8 @@ def ensure_user(db: Database, username: str, password: str) -> None:
     with db.sessions.begin() as session:
         user = session.scalar(select(User).where(User.username == username))
         if user is None:
-            session.add(User(username=username, password_hash=hash_password(password), created_at=_now()))
+            session.add(
+                User(username=username, password_hash=hash_password(password), created_at=_now())
+            )
         elif not verify_password(password, user.password_hash):
             user.password_hash = hash_password(password)

@@ -32,7 +32,9 @@ async def readyz(request: Request) -> Response:
 @router.get("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
     if not request.app.state.config.metrics.enabled:
-        return fail(404, "not_found", "metrics are off; set metrics = {'enabled': True} in the config")
+        return fail(
+            404, "not_found", "metrics are off; set metrics = {'enabled': True} in the config"
+        )
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -36,7 +36,9 @@ async def login(
     target = auth.safe_next(next)
     user_id = await auth.authenticate(request, username, password, _client_ip(request))
     if user_id is None:
-        return _render(request, next=target, username=username, error=GENERIC_LOGIN_ERROR, status=401)
+        return _render(
+            request, next=target, username=username, error=GENERIC_LOGIN_ERROR, status=401
+        )
     # A new session id and a new CSRF token at every login: nothing from before carries over.
     await auth.end_session(request)
     cookie, _csrf = await auth.start_session(request, user_id)
