@@ -12,6 +12,8 @@ URLs and secrets come from the environment; the defaults suit `mega dev` on a la
 
 import os
 
+from app.main.schedules.cron_counter import CronCounterSchedule
+
 services = {
     "caches": {
         "main": {"driver": "redis", "url": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")},
@@ -26,7 +28,7 @@ services = {
     "database": {"url": os.environ.get("DATABASE_URL")},
 }
 
-schedules: list[type] = []
+schedules = [CronCounterSchedule]
 jobs: list[type] = []
 workers: list[type] = []
 

@@ -55,7 +55,9 @@ async def _windowed(submit: Callable[[int], Awaitable[int]], tasks: int, in_flig
 
 
 async def _bench_pool(workers: int, tasks: int, in_flight: int) -> float:
-    declaration = type("BenchWorker", (_BenchWorker,), {"pool_size": workers, "max_queue": in_flight})
+    declaration = type(
+        "BenchWorker", (_BenchWorker,), {"pool_size": workers, "max_queue": in_flight}
+    )
     pool = WorkerPool(declaration, root=ROOT)
     await pool.start()
     try:
@@ -87,7 +89,7 @@ def _bench_executor_sync(workers: int, tasks: int, in_flight: int) -> float:
         pending: set[concurrent.futures.Future[int]] = set()
         for n in range(count):
             if len(pending) >= in_flight:
-                done, pending = concurrent.futures.wait(
+                _, pending = concurrent.futures.wait(
                     pending, return_when=concurrent.futures.FIRST_COMPLETED
                 )
             pending.add(executor.submit(noop, n))

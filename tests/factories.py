@@ -17,6 +17,11 @@ from app.mega.web.auth import ensure_user
 
 TEST_SECRET = "test-secret-key-0123456789abcdef0123456789"
 DEMO_USER, DEMO_PASSWORD = "demo", "demo-password"
+# The sample's registrations, as mega_config.py lists them.
+SAMPLE_REGISTRATIONS = """
+from app.main.schedules.cron_counter import CronCounterSchedule
+schedules = [CronCounterSchedule]
+"""
 
 
 def write_config(
@@ -24,7 +29,7 @@ def write_config(
     *,
     nats_url: str,
     redis_url: str,
-    body: str = "",
+    body: str = SAMPLE_REGISTRATIONS,
     name: str = "mega_config.py",
     **auth: Any,
 ) -> Path:

@@ -6,19 +6,27 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from app.main.routes import api_worker, pages
+from app.main.routes import api_cron, api_worker, pages
 from app.mega import Config, Context
+from app.mega.scheduler import Scheduler
 from app.mega.web.app import create_web_app
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def create_app(config: Config, ctx: Context) -> FastAPI:
-    return create_web_app(
+    app = create_web_app(
         config,
         ctx,
-        routers=[pages.router, api_worker.router],
+        routers=[pages.router, api_cron.router, api_worker.router],
         templates_dir=PROJECT_ROOT / "templates",
         static_dir=PROJECT_ROOT / "static",
         title="mega-py demo",
     )
+    # Registered but never started here: `mega scheduler` ticks; the web app only runs manual
+    # ticks (through the same lock) and reads the audit.
+    scheduler = Scheduler(ctx)
+    for schedule in config.schedules:
+        scheduler.register(schedule)
+    app.state.scheduler = scheduler
+    return app

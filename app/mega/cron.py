@@ -26,6 +26,7 @@ Daylight saving (the rule, with New York examples)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from collections.abc import Iterator
@@ -41,6 +42,7 @@ MINUTE_FIELDS = 5
 SECOND_FIELDS = 6
 # Where the host's zone lives on Linux and macOS when $TZ is not set.
 LOCALTIME_PATH = "/etc/localtime"
+ZONEINFO_DIR = "/zoneinfo/"
 # Parsed expressions kept, since a scheduler asks for the next instant of the same few every tick.
 PARSE_CACHE_SIZE = 256
 # The @-shorthands croniter knows, all of them 5-field (minute resolution).
@@ -127,6 +129,11 @@ def local_zone() -> tzinfo:
             return ZoneInfo(name)
         except (ZoneInfoNotFoundError, ValueError):
             pass
+    # /etc/localtime usually links into the tz database: its path gives the zone a real name.
+    target = os.path.realpath(LOCALTIME_PATH)
+    if ZONEINFO_DIR in target:
+        with contextlib.suppress(ZoneInfoNotFoundError, ValueError):
+            return ZoneInfo(target.split(ZONEINFO_DIR, 1)[1])
     try:
         with open(LOCALTIME_PATH, "rb") as file:
             return ZoneInfo.from_file(file, key="localtime")

@@ -85,6 +85,15 @@ class Schedule:
 
 
 @dataclass(frozen=True)
+class LockPlan:
+    """A validated `lock` setting: the adapter alias, the TTL (ms) and the Redis key prefix."""
+
+    alias: str
+    ttl_ms: int
+    key_prefix: str
+
+
+@dataclass(frozen=True)
 class ScheduleSpec:
     """A validated schedule, with its settings resolved (what the Scheduler keeps)."""
 
@@ -93,9 +102,7 @@ class ScheduleSpec:
     cron: str
     timezone: str | None
     zone: tzinfo
-    lock_alias: str | None
-    ttl_ms: int | None
-    key_prefix: str
+    lock: LockPlan | None
 
 
 def validate_schedule(cls: object, lock_aliases: Collection[str]) -> ScheduleSpec:
@@ -134,16 +141,10 @@ def validate_schedule(cls: object, lock_aliases: Collection[str]) -> ScheduleSpe
     if problems:
         raise RegistrationError(f"schedule {label!r} is invalid: " + "; ".join(problems))
     assert isinstance(expr, str) and isinstance(name, str) and zone is not None
-    return ScheduleSpec(
-        schedule=cls,
-        name=name,
-        cron=expr,
-        timezone=timezone,
-        zone=zone,
-        lock_alias=lock_alias,
-        ttl_ms=ttl_ms,
-        key_prefix=key or DEFAULT_KEY_PREFIX + cls.__name__,
-    )
+    plan = None
+    if lock_alias is not None and ttl_ms is not None:
+        plan = LockPlan(lock_alias, ttl_ms, key or DEFAULT_KEY_PREFIX + cls.__name__)
+    return ScheduleSpec(cls, name, expr, timezone, zone, plan)
 
 
 def _check_lock(

@@ -42,10 +42,17 @@ from redis.exceptions import RedisError
 
 from app.mega import cron
 from app.mega.context import Context
-from app.mega.errors import RegistrationError
+from app.mega.errors import MegaError, RegistrationError
 from app.mega.events import EventEmitter, Observer
 from app.mega.locks import LockAdapter, LockBackendError
-from app.mega.schedule import Schedule, ScheduleSpec, Tick, TickSource, validate_schedule
+from app.mega.schedule import (
+    LockPlan,
+    Schedule,
+    ScheduleSpec,
+    Tick,
+    TickSource,
+    validate_schedule,
+)
 
 logger = logging.getLogger("mega.scheduler")
 
@@ -66,6 +73,29 @@ AUDIT_TIMEOUT_S = 1.0
 LOOP_RETRY_S = 1.0
 # How many next instants `describe()` lists.
 PREVIEW_RUNS = 5
+
+
+class GuardExpired(MegaError):
+    """A run outlived its overlap guard's TTL (reported as a `fail` event, phase "release")."""
+
+    code = "schedule.guard_expired"
+
+
+@dataclass(frozen=True)
+class TickRecord:
+    """One instance's account of one tick, as stored in the audit (JSON)."""
+
+    instant: str  # planned instant, ISO-8601 UTC (a manual tick: the moment it was asked)
+    source: TickSource
+    instance: str
+    lateness_ms: float  # how long after `instant` the decision started
+    outcome: str = "skipped"  # or "ran"
+    reason: str | None = None
+    fence: int | None = None
+
+    def event_fields(self, schedule: str, **extra: Any) -> dict[str, Any]:
+        fields = {"instant": self.instant, "source": self.source, "instance": self.instance}
+        return {"schedule": schedule, **fields, **extra}
 
 
 @dataclass(frozen=True)
@@ -172,11 +202,11 @@ class Scheduler:
         winner's. Falls back to this instance's own records when Redis cannot be read."""
         spec = self._spec(name)
         records: list[dict[str, Any]] = list(self._local_audit[name])
-        if spec.lock_alias is not None:
+        if spec.lock is not None:
             try:
                 async with asyncio.timeout(AUDIT_TIMEOUT_S):
-                    native = self._lock(spec).native
-                    raw = await native.lrange(f"{spec.key_prefix}:audit", 0, -1)
+                    native = self.ctx.lock(spec.lock.alias).native
+                    raw = await native.lrange(f"{spec.lock.key_prefix}:audit", 0, -1)
                 records = [json.loads(item) for item in raw]
             except (RedisError, OSError, TimeoutError, ValueError) as exc:
                 logger.debug("audit of %r unreadable (%s); showing local records", name, exc)
@@ -186,8 +216,8 @@ class Scheduler:
         """Settings and the next `PREVIEW_RUNS` instants (ISO-8601 with the zone's offset)."""
         spec = self._spec(name)
         lock = None
-        if spec.lock_alias is not None:
-            lock = {"lock": spec.lock_alias, "ttl": spec.ttl_ms, "key": spec.key_prefix}
+        if spec.lock is not None:
+            lock = {"lock": spec.lock.alias, "ttl": spec.lock.ttl_ms, "key": spec.lock.key_prefix}
         runs = cron.next_runs(spec.cron, PREVIEW_RUNS, tz=spec.zone)
         return {
             "name": spec.name,
@@ -237,135 +267,102 @@ class Scheduler:
     # -- one tick -----------------------------------------------------------------------------
 
     async def _tick(self, spec: ScheduleSpec, planned: datetime, source: TickSource) -> TickResult:
-        lateness_ms = round((time.time() - planned.timestamp()) * 1000, 1)
-        if spec.lock_alias is None:
+        record = TickRecord(
+            instant=planned.isoformat(),
+            source=source,
+            instance=self.instance_id,
+            lateness_ms=round((time.time() - planned.timestamp()) * 1000, 1),
+        )
+        plan = spec.lock
+        if plan is None:
             if self._active.get(spec.name):
-                return await self._skip(
-                    spec, planned, source, "overlap: still running", lateness_ms
-                )
-            tick = Tick(planned, None, source, self.instance_id)
-            return await self._execute(spec, tick, lateness_ms, None)
-        adapter = self._lock(spec)
-        guard_key = f"{spec.key_prefix}:running"
+                return await self._skip(spec, record, "overlap: still running here")
+            return await self._execute(spec, Tick(planned, None, source, self.instance_id), record)
+        adapter = self.ctx.lock(plan.alias)
+        guard_key = f"{plan.key_prefix}:running"
         try:
             if source == "schedule":
-                claim_key = f"{spec.key_prefix}:tick:{int(planned.timestamp())}"
-                claim_ttl_ms = max(spec.ttl_ms or 0, CLAIM_MIN_TTL_MS)
-                if await adapter.acquire(claim_key, claim_ttl_ms) is None:
-                    reason = "claimed by another instance"
-                    return await self._skip(spec, planned, source, reason, lateness_ms)
-            guard = await adapter.acquire(guard_key, spec.ttl_ms or 0)
+                claim_key = f"{plan.key_prefix}:tick:{int(planned.timestamp())}"
+                if await adapter.acquire(claim_key, max(plan.ttl_ms, CLAIM_MIN_TTL_MS)) is None:
+                    return await self._skip(spec, record, "claimed by another instance")
+            guard = await adapter.acquire(guard_key, plan.ttl_ms)
             if guard is None:
-                reason = "overlap: a previous run still holds the guard"
-                return await self._skip(spec, planned, source, reason, lateness_ms)
+                return await self._skip(spec, record, "overlap: the previous run still runs")
             try:
-                fence = await adapter.incr(f"{spec.key_prefix}:fence")
+                fence = await adapter.incr(f"{plan.key_prefix}:fence")
             except BaseException:
-                # Without a fence we do not run; free the guard so the next tick is not blocked.
+                # No fence, no run; free the guard so the next tick is not blocked for a TTL.
                 with contextlib.suppress(Exception):
                     await adapter.release(guard_key, guard)
                 raise
         except Exception as exc:  # any adapter failure is a skip, never a crash of the host
             detail = exc.message if isinstance(exc, LockBackendError) else repr(exc)
-            reason = f"lock backend error: {detail}"
-            return await self._skip(spec, planned, source, reason, lateness_ms)
+            return await self._skip(spec, record, f"lock backend error: {detail}")
         tick = Tick(planned, fence, source, self.instance_id)
-        return await self._execute(spec, tick, lateness_ms, (adapter, guard_key, guard))
+        return await self._execute(spec, tick, record, (adapter, guard))
 
     async def _execute(
         self,
         spec: ScheduleSpec,
         tick: Tick,
-        lateness_ms: float,
-        guard: tuple[LockAdapter, str, str] | None,
+        record: TickRecord,
+        guard: tuple[LockAdapter, str] | None = None,
     ) -> TickResult:
-        fields = _fields(spec, tick.instant, tick.source, self.instance_id)
+        fields = record.event_fields(spec.name, fence=tick.fence)
         self._active[spec.name] = self._active.get(spec.name, 0) + 1
-        self._record(spec, tick.instant, tick.source, "ran", None, lateness_ms, tick.fence)
+        self._record(spec, dataclasses.replace(record, outcome="ran", fence=tick.fence))
         run_ctx = dataclasses.replace(self.ctx, extras={**self.ctx.extras, "tick": tick})
         started = time.monotonic()
         error: BaseException | None = None
         release_error: Exception | None = None
         try:
-            await self.events.emit("run", **fields, fence=tick.fence, lateness_ms=lateness_ms)
+            await self.events.emit("run", **fields, lateness_ms=record.lateness_ms)
             await spec.schedule(tick).run(run_ctx)
         except (Exception, asyncio.CancelledError) as exc:
             error = exc
         finally:
             self._active[spec.name] -= 1
-            if guard is not None:
-                adapter, key, token = guard
-                try:
-                    await adapter.release(key, token)
-                except Exception as exc:
-                    release_error = exc
+            if guard is not None and spec.lock is not None:
+                release_error = await _release_guard(spec.lock, *guard)
         duration_ms = round((time.monotonic() - started) * 1000, 1)
         if error is None:
-            await self.events.emit("done", **fields, fence=tick.fence, duration_ms=duration_ms)
+            await self.events.emit("done", **fields, duration_ms=duration_ms)
         else:
-            await self._fail(fields, "run", error, tick.fence)
+            await self._fail(fields, "run", error)
         if release_error is not None:
-            await self._fail(fields, "release", release_error, tick.fence)
+            await self._fail(fields, "release", release_error)
         if isinstance(error, asyncio.CancelledError):
             raise error
         message = None if error is None else _error_text(error)
         return TickResult(ran=True, fence=tick.fence, error=message)
 
-    async def _skip(
-        self,
-        spec: ScheduleSpec,
-        planned: datetime,
-        source: TickSource,
-        reason: str,
-        lateness_ms: float,
-    ) -> TickResult:
-        self._record(spec, planned, source, "skipped", reason, lateness_ms, None)
-        fields = _fields(spec, planned, source, self.instance_id)
-        await self.events.emit("skip", **fields, reason=reason, lateness_ms=lateness_ms)
+    async def _skip(self, spec: ScheduleSpec, record: TickRecord, reason: str) -> TickResult:
+        self._record(spec, dataclasses.replace(record, reason=reason))
+        fields = record.event_fields(spec.name)
+        await self.events.emit("skip", **fields, reason=reason, lateness_ms=record.lateness_ms)
         return TickResult(ran=False, reason=reason)
 
-    async def _fail(
-        self, fields: dict[str, Any], phase: str, error: BaseException, fence: int | None
-    ) -> None:
+    async def _fail(self, fields: dict[str, Any], phase: str, error: BaseException) -> None:
         if phase == "run" and not isinstance(error, asyncio.CancelledError):
             logger.error("schedule %r failed", fields["schedule"], exc_info=error)
-        text = _error_text(error)
-        await self.events.emit("fail", **fields, phase=phase, error=text, fence=fence)
+        await self.events.emit("fail", **fields, phase=phase, error=_error_text(error))
 
     # -- audit --------------------------------------------------------------------------------
 
-    def _record(
-        self,
-        spec: ScheduleSpec,
-        instant: datetime,
-        source: TickSource,
-        outcome: str,
-        reason: str | None,
-        lateness_ms: float,
-        fence: int | None,
-    ) -> None:
+    def _record(self, spec: ScheduleSpec, record: TickRecord) -> None:
         """Keep the record here, and push it to Redis in the background (never delays a run)."""
-        record = {
-            "instant": instant.isoformat(),
-            "source": source,
-            "instance": self.instance_id,
-            "outcome": outcome,
-            "reason": reason,
-            "lateness_ms": lateness_ms,
-            "fence": fence,
-        }
-        self._local_audit[spec.name].appendleft(record)
-        if spec.lock_alias is not None:
-            task = asyncio.create_task(self._push_audit(spec, record))
+        self._local_audit[spec.name].appendleft(dataclasses.asdict(record))
+        if spec.lock is not None:
+            task = asyncio.create_task(self._push_audit(spec.lock, record))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    async def _push_audit(self, spec: ScheduleSpec, record: dict[str, Any]) -> None:
-        key = f"{spec.key_prefix}:audit"
+    async def _push_audit(self, plan: LockPlan, record: TickRecord) -> None:
+        key = f"{plan.key_prefix}:audit"
         try:
             async with asyncio.timeout(AUDIT_TIMEOUT_S):
-                pipe = self._lock(spec).native.pipeline(transaction=False)
-                pipe.lpush(key, json.dumps(record))
+                pipe = self.ctx.lock(plan.alias).native.pipeline(transaction=False)
+                pipe.lpush(key, json.dumps(dataclasses.asdict(record)))
                 pipe.ltrim(key, 0, self.audit_size - 1)
                 await pipe.execute()
         except (RedisError, OSError, TimeoutError) as exc:
@@ -386,9 +383,18 @@ class Scheduler:
             known = ", ".join(sorted(self._specs)) or "none"
             raise ValueError(f"no schedule named {name!r} (registered: {known})") from None
 
-    def _lock(self, spec: ScheduleSpec) -> LockAdapter:
-        assert spec.lock_alias is not None
-        return self.ctx.lock(spec.lock_alias)
+
+async def _release_guard(plan: LockPlan, adapter: LockAdapter, token: str) -> Exception | None:
+    """Release the overlap guard; the error to report, if any (never raises)."""
+    try:
+        if await adapter.release(f"{plan.key_prefix}:running", token):
+            return None
+    except Exception as exc:
+        return exc
+    return GuardExpired(
+        f"the overlap guard expired before the run ended (lock.ttl is {plan.ttl_ms} ms): a peer "
+        "could have started the next tick; raise lock.ttl above the longest run"
+    )
 
 
 async def _sleep_until(instant: datetime) -> None:
@@ -402,36 +408,17 @@ def _merge(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Group per-instance records by tick (instant + source), newest instant first."""
     ticks: dict[tuple[str, str], dict[str, Any]] = {}
     for record in records:
-        key = (record["instant"], record.get("source", "schedule"))
-        tick = ticks.setdefault(
-            key,
-            {
-                "instant": key[0],
-                "source": key[1],
-                "winner": None,
-                "fence": None,
-                "lateness_ms": None,
-                "skipped": [],
-            },
-        )
+        instant, source = key = (record["instant"], record["source"])
+        if key not in ticks:
+            ticks[key] = {"instant": instant, "source": source, "winner": None, "fence": None}
+            ticks[key].update(lateness_ms=None, skipped=[])
+        tick = ticks[key]
         if record["outcome"] == "ran":
-            tick.update(
-                winner=record["instance"], fence=record["fence"], lateness_ms=record["lateness_ms"]
-            )
+            tick.update(winner=record["instance"], fence=record["fence"])
+            tick["lateness_ms"] = record["lateness_ms"]
         else:
             tick["skipped"].append({"instance": record["instance"], "reason": record["reason"]})
-    return sorted(
-        ticks.values(), key=lambda tick: datetime.fromisoformat(tick["instant"]), reverse=True
-    )
-
-
-def _fields(spec: ScheduleSpec, instant: datetime, source: str, instance: str) -> dict[str, Any]:
-    return {
-        "schedule": spec.name,
-        "instant": instant.isoformat(),
-        "source": source,
-        "instance": instance,
-    }
+    return sorted(ticks.values(), key=lambda t: datetime.fromisoformat(t["instant"]), reverse=True)
 
 
 def _error_text(error: BaseException) -> str:

@@ -232,9 +232,11 @@ def _settle(task: _Task, value: Any = None, error: BaseException | None = None) 
 class WorkerPool:
     """The runtime of one Worker declaration; `ctx.workers[name]` is one of these.
 
-    `await start()`, then `await run(task_name, args, timeout_ms=None)` from any coroutine of
-    the same event loop, and `await stop()` at shutdown. Events: dispatch, done, fail, crash,
-    stopped (each with `worker` and the fields documented on the method that emits them).
+    `await start()`, then `await run(task_name, args, timeout_ms=None)` from coroutines of the
+    same event loop, and `await stop()` at shutdown. Events, each with `event` and `worker`:
+    `dispatch` (task, task_id, queued_ms), `done` (task, task_id, ms), `fail` (task, task_id,
+    ms, code, error), `crash` (pid, exit_code, task or None, restarts) and `stopped`
+    (rejected, interrupted). Observers run in order on a separate task, never inline.
     """
 
     def __init__(self, worker: type[Worker], *, root: Path | str | None = None) -> None:
@@ -249,7 +251,7 @@ class WorkerPool:
         self._queue: deque[_Task] = deque()
         self._next_id = 0
         self._avg_task_s = 0.0  # smoothed task duration, for the Retry-After hint
-        self._runners: set[asyncio.Task[None]] = set()  # reader loops and thread waiters
+        self._runners: set[asyncio.Task[None]] = set()  # child watchers and thread waiters
         self._drained = asyncio.Event()  # set once stop() has no task in flight left
         self._stopped = asyncio.Event()  # set when stop() has finished
         self._pending_events: deque[tuple[str, dict[str, Any]]] = deque()
@@ -304,7 +306,9 @@ class WorkerPool:
         its return value unchanged.
 
         `timeout_ms` (> 0) counts from dispatch, not from queueing: past it the caller gets
-        worker.task_timeout and, in process mode, the child is killed and replaced. Raises
+        worker.task_timeout and, in process mode, the child is killed and replaced (this does
+        not spend max_restarts). Process mode pickles `args` here; thread mode passes them by
+        reference (no copy, so no worker.invalid_args). Raises
         WorkerError with code worker.invalid_args, worker.unknown_task, worker.task_timeout,
         worker.crashed, worker.stopped, worker.overloaded (WorkerOverloaded) or
         worker.task_failed (TaskFailed).

@@ -50,12 +50,13 @@ def _wait_http(url: str, timeout_s: float = 30) -> None:
 
 
 @pytest.fixture(scope="session")
-def live_stack(
-    tmp_path_factory: pytest.TempPathFactory, nats_server: EmbeddedNats, redis_server: EmbeddedRedis
-) -> Iterator[LiveStack]:
+def live_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
     """`mega start`, `mega scheduler` and `mega worker` with the real mega_config.py, its URLs
-    and secrets from the environment: the app exactly as an operator runs it."""
+    and secrets from the environment: the app exactly as an operator runs it. It has servers of
+    its own, so its ticking scheduler never touches another test's keys."""
     tmp = tmp_path_factory.mktemp("live")
+    nats_server = EmbeddedNats(data_dir=tmp / "nats").start()
+    redis_server = EmbeddedRedis(data_dir=tmp / "redis").start()
     port = free_port()
     env = {
         **os.environ,
@@ -93,6 +94,8 @@ def live_stack(
                 process.wait(30)
             except subprocess.TimeoutExpired:
                 process.kill()
+        nats_server.stop()
+        redis_server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar
 
 import pytest
 from redis.asyncio import Redis
@@ -61,7 +62,9 @@ def schedule(
 
         async def run(self, ctx: Context) -> None:
             assert ctx.extras["tick"] is self.tick
-            runs.append((self.tick.instant, self.tick.instance_id, self.tick.fence, self.tick.source))
+            runs.append(
+                (self.tick.instant, self.tick.instance_id, self.tick.fence, self.tick.source)
+            )
             await asyncio.sleep(sleep_s)
             if error is not None:
                 raise error
@@ -74,6 +77,11 @@ async def wait_for(condition: Callable[[], bool], timeout_s: float) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.02)
+
+
+def strictly_increasing(values: list[int | None]) -> bool:
+    numbers = [value for value in values if value is not None]
+    return len(numbers) == len(values) and all(a < b for a, b in itertools.pairwise(numbers))
 
 
 # -- registration (pure) --------------------------------------------------------------------
@@ -167,7 +175,7 @@ def test_name_defaults_to_the_class_name_and_describe(redis_url: str) -> None:
     class Nightly(Schedule):
         cron = "0 3 * * *"
         timezone = "Asia/Seoul"
-        lock = {"lock": "main", "ttl": 20_000}
+        lock: ClassVar[LockSettings] = {"lock": "main", "ttl": 20_000}
 
         async def run(self, ctx: Context) -> None:
             return None
@@ -200,13 +208,13 @@ async def test_two_instances_run_each_tick_exactly_once(
     await b.stop()
 
     # Instants both loops planned: after both started, and settled before the stop.
-    window = sorted({r[0] for r in runs if started < r[0] and (stopping - r[0]).seconds >= 1})
+    window = sorted({r[0] for r in runs if started < r[0] <= stopping - timedelta(seconds=1)})
     assert len(window) >= 4
     per_instant = Counter(r[0] for r in runs)
     assert all(per_instant[instant] == 1 for instant in window)
-    fences = [r[2] for r in sorted(runs)]
-    assert fences == sorted(set(fences))  # strictly increasing
+    fences = [r[2] for r in sorted(runs, key=lambda r: r[0])]
     assert all(isinstance(fence, int) for fence in fences)
+    assert strictly_increasing(fences)
 
     ticks = {t["instant"]: t for t in await a.recent_ticks("Probe", limit=100)}
     assert ticks == {t["instant"]: t for t in await b.recent_ticks("Probe", limit=100)}
@@ -278,6 +286,20 @@ async def test_run_failure_and_release_failure_are_fail_events(
     ]
 
 
+async def test_a_run_outliving_its_guard_is_reported(
+    redis_url: str, clients: Callable[[str], Redis], prefix: str
+) -> None:
+    runs: list[Run] = []
+    scheduler = Scheduler(context("a", clients(redis_url))).register(
+        schedule(prefix, runs, ttl_ms=100, sleep_s=0.3)
+    )
+    fails: list[dict[str, Any]] = []
+    scheduler.on("fail", fails.append)
+    assert (await scheduler.run_now("Probe")).ran is True
+    assert [f["phase"] for f in fails] == ["release"]
+    assert "guard expired" in fails[0]["error"] and "100 ms" in fails[0]["error"]
+
+
 # -- failure and shutdown -------------------------------------------------------------------
 
 
@@ -303,7 +325,7 @@ async def test_redis_down_is_a_skip_and_ticks_resume_after_restart(
     await scheduler.stop()
     # The fence counter lives in Redis: this one keeps nothing on disk, so it restarted at 1.
     for fences in ([r[2] for r in runs[:resumed_from]], [r[2] for r in runs[resumed_from:]]):
-        assert fences == sorted(set(fences))
+        assert strictly_increasing(fences)
 
 
 async def test_stop_waits_for_a_running_run(
@@ -315,7 +337,7 @@ async def test_stop_waits_for_a_running_run(
     class Slow(Schedule):
         cron = "* * * * * *"
         timezone = "UTC"
-        lock = {"lock": "main", "ttl": 10_000, "key": prefix}
+        lock: ClassVar[LockSettings] = {"lock": "main", "ttl": 10_000, "key": prefix}
 
         async def run(self, ctx: Context) -> None:
             runs.append((self.tick.instant, "a", self.tick.fence, self.tick.source))

@@ -170,6 +170,29 @@ async def test_unpicklable_args_fail_at_dispatch(make_pool: MakePool, args: Any)
     assert await pool.run("echo", "still fine") == "still fine"
 
 
+class _FailsToUnpickle:
+    """Pickles fine here; unpickling calls int("not a number") in the child, which raises."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (int, ("not a number",))
+
+
+async def test_args_the_child_cannot_unpickle_are_invalid_args(make_pool: MakePool) -> None:
+    pool = await make_pool()
+    with pytest.raises(WorkerError, match="cannot be unpickled in the child") as caught:
+        await pool.run("echo", _FailsToUnpickle())
+    assert caught.value.code == "worker.invalid_args"
+    assert await pool.run("echo", "child survived") == "child survived"
+    assert pool.stats()["restarts"] == 0
+
+
+async def test_run_before_start_is_refused() -> None:
+    pool = WorkerPool(declare(), root=ROOT)
+    with pytest.raises(WorkerError, match="pool TestWorker is not started") as caught:
+        await pool.run("echo", 1)
+    assert caught.value.code == "worker.stopped"
+
+
 async def test_unknown_task_lists_the_tasks(make_pool: MakePool) -> None:
     pool = await make_pool()
     for name in ("nope", "_helper", "exists"):

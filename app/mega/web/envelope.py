@@ -19,9 +19,23 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from nats import errors as nats_errors
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from app.mega.errors import DependencyUnavailable, MegaError
 
 logger = logging.getLogger("mega.web")
+
+# nats-py errors that mean "the server is not there right now" (not a bad request).
+NATS_UNAVAILABLE: tuple[type[Exception], ...] = (
+    nats_errors.TimeoutError,
+    nats_errors.NoServersError,
+    nats_errors.ConnectionClosedError,
+    nats_errors.StaleConnectionError,
+    nats_errors.NoRespondersError,
+    nats_errors.OutboundBufferLimitError,
+)
 
 STATUS_CODES = {
     400: "bad_request",
@@ -105,7 +119,21 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DependencyUnavailable)
     async def unavailable(request: Request, exc: DependencyUnavailable) -> Response:
         logger.warning("%s %s: %s", request.method, request.url.path, exc.message)
+        if not wants_json(request):
+            return _html_error(request, 503, "A service is unavailable", exc.message)
         return fail(503, exc.code, exc.message, dependency=exc.dependency)
+
+    @app.exception_handler(RedisConnectionError)
+    @app.exception_handler(RedisTimeoutError)
+    async def redis_down(request: Request, exc: Exception) -> Response:
+        return await unavailable(request, DependencyUnavailable("redis", f"Redis is unavailable: {exc}"))
+
+    async def nats_down(request: Request, exc: Exception) -> Response:
+        reason = str(exc) or type(exc).__name__
+        return await unavailable(request, DependencyUnavailable("nats", f"NATS is unavailable: {reason}"))
+
+    for nats_error in NATS_UNAVAILABLE:
+        app.add_exception_handler(nats_error, nats_down)
 
     @app.exception_handler(MegaError)
     async def mega_error(request: Request, exc: MegaError) -> Response:
