@@ -51,7 +51,11 @@ EVENT_NAMES = frozenset({"dispatch", "done", "fail", "crash", "stopped"})
 MODES = ("process", "thread")
 DEFAULT_MAX_RESTARTS = 5  # crash replacements for the whole pool before it is declared broken
 QUEUE_SLOTS_PER_WORKER = 4  # default max_queue is this many waiting tasks per pool slot
-CHILD_MODULE = "app.mega.worker_child"  # run with `python -m` in every child
+# Every child runs this file by path with `python -P`, not `python -m app.mega.worker_child`:
+# -m would first import the package `app.mega`, whose __init__ re-exports the whole framework
+# (FastAPI, SQLAlchemy, ...), and each child, replacements included, would pay for it.
+# -P keeps the script's own directory off sys.path; PYTHONPATH gives the root instead.
+CHILD_SCRIPT = str(Path(__file__).with_name("worker_child.py"))
 CHILD_STARTUP_TIMEOUT_S = 30.0  # a child must import its task module within this
 CHILD_EXIT_GRACE_S = 2.0  # after closing a child's stdin, how long it gets before SIGKILL
 DEFAULT_STOP_TIMEOUT_S = 10.0  # how long stop() waits for in-flight tasks by default
@@ -60,7 +64,7 @@ DEFAULT_STOP_TIMEOUT_S = 10.0  # how long stop() waits for in-flight tasks by de
 # which measured about 2x slower per task than add_reader with reads of this size.
 PIPE_READ_CHUNK_BYTES = 64 * 1024
 RETRY_AFTER_SMOOTHING = 0.2  # weight of the newest task duration in the Retry-After estimate
-# Where `app` lives, so a child finds `app.mega.worker_child` whatever the project root is.
+# Where `app` lives, so a task module can import the framework whatever the project root is.
 FRAMEWORK_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -472,7 +476,7 @@ class WorkerPool:
         read_fd, write_fd = os.pipe()
         try:
             proc = await asyncio.create_subprocess_exec(
-                *(sys.executable, "-m", CHILD_MODULE, self.settings.module),
+                *(sys.executable, "-P", CHILD_SCRIPT, self.settings.module),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=write_fd,
                 cwd=self.settings.root,

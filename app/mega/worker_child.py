@@ -1,7 +1,8 @@
 """The child process of a process-mode Worker pool, and the pipe protocol both sides speak.
 
-Run as `python -m app.mega.worker_child <dotted task module>` by `app.mega.worker.WorkerPool`.
-It imports the task module once, then answers task frames until its stdin closes.
+Run as `python -P path/to/worker_child.py <dotted task module>` by `app.mega.worker.WorkerPool`
+(by path, so that starting it never imports the `app.mega` package and all it re-exports). It
+imports the task module once, then answers task frames until its stdin closes.
 
 Protocol: every frame is a 4-byte big-endian length followed by that many bytes of pickle.
 - child -> parent, once at startup: `(0, STATUS_READY, [task names])`, or
@@ -114,7 +115,7 @@ def _answer(tasks: dict[str, Task], task_id: int, name: str, args_pickle: bytes)
 def main(argv: list[str]) -> int:
     """Serve tasks of the module named in argv[1] over stdin/stdout until stdin closes."""
     if len(argv) != 2:
-        print("usage: python -m app.mega.worker_child <dotted.task.module>", file=sys.stderr)
+        print("usage: python -P worker_child.py <dotted.task.module>", file=sys.stderr)
         return 2
     # Ctrl-C in a terminal reaches the whole process group; the parent decides when we stop
     # (it closes our stdin), so a keyboard interrupt must not print a traceback per child.

@@ -186,6 +186,23 @@ async def test_args_the_child_cannot_unpickle_are_invalid_args(make_pool: MakePo
     assert pool.stats()["restarts"] == 0
 
 
+async def test_a_child_that_cannot_import_fails_start(tmp_path: Path) -> None:
+    module = f"child_only_failure_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text(
+        "import sys\n"
+        "if sys.argv[0].endswith('worker_child.py'):\n"
+        "    raise ImportError('only a worker child fails to import me')\n"
+        "def echo(args):\n"
+        "    return args\n"
+    )
+    pool = WorkerPool(declare(task_file=f"{module}.py", pool_size=2), root=tmp_path)
+    with pytest.raises(WorkerError, match="failed to start") as caught:
+        await pool.start()
+    assert caught.value.code == "worker.crashed"
+    assert pool.stats()["size"] == 0
+    assert await code_of(pool.run("echo", 1)) == "worker.stopped"
+
+
 async def test_run_before_start_is_refused() -> None:
     pool = WorkerPool(declare(), root=ROOT)
     with pytest.raises(WorkerError, match="pool TestWorker is not started") as caught:
