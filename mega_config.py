@@ -13,6 +13,7 @@ URLs and secrets come from the environment; the defaults suit `mega dev` on a la
 import os
 
 from app.main.schedules.cron_counter import CronCounterSchedule
+from app.main.workers.hash_worker import HashWorker
 
 services = {
     "caches": {
@@ -30,7 +31,7 @@ services = {
 
 schedules = [CronCounterSchedule]
 jobs: list[type] = []
-workers: list[type] = []
+workers = [HashWorker]
 
 web_app = "app.main.web:create_app"
 

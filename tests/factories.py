@@ -20,7 +20,9 @@ DEMO_USER, DEMO_PASSWORD = "demo", "demo-password"
 # The sample's registrations, as mega_config.py lists them.
 SAMPLE_REGISTRATIONS = """
 from app.main.schedules.cron_counter import CronCounterSchedule
+from app.main.workers.hash_worker import HashWorker
 schedules = [CronCounterSchedule]
+workers = [HashWorker]
 """
 
 
@@ -55,12 +57,15 @@ def write_config(
 
 
 @asynccontextmanager
-async def web_client(config: Config) -> AsyncIterator[httpx.AsyncClient]:
-    """The sample's web app booted on the config's servers, behind an in-process client."""
-    from app.mega.hosts import load_web_app
+async def web_client(config: Config, *, pools: bool = False) -> AsyncIterator[httpx.AsyncClient]:
+    """The sample's web app booted on the config's servers, behind an in-process client.
+    `pools` starts the config's CPU worker pools (child processes) as `mega start` does."""
+    from app.mega.hosts import load_web_app, start_worker_pools, stop_worker_pools
 
     ctx = await boot(config, role="web")
     ensure_user(ctx.db, DEMO_USER, DEMO_PASSWORD)
+    if pools:
+        await start_worker_pools(config, ctx)
     app = load_web_app(config)(config, ctx)
     transport = httpx.ASGITransport(app=app, client=("10.1.2.3", 5555))
     try:
@@ -68,6 +73,7 @@ async def web_client(config: Config) -> AsyncIterator[httpx.AsyncClient]:
             client.app = app  # type: ignore[attr-defined]
             yield client
     finally:
+        await stop_worker_pools(ctx)
         await shutdown(ctx)
 
 

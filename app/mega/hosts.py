@@ -126,8 +126,7 @@ async def run_web(config: Config, host: str, port: int) -> None:
         logger.info("web listening on http://%s:%d", host, port)
         await server.serve()
     finally:
-        for pool in ctx.workers.values():
-            await pool.stop()
+        await stop_worker_pools(ctx)
         await shutdown(ctx)
     logger.info("web stopped")
 
@@ -141,6 +140,11 @@ async def start_worker_pools(config: Config, ctx: Context) -> None:
         pool = WorkerPool(worker_class, root=config.root)
         await pool.start()
         ctx.workers[pool.name] = pool
+
+
+async def stop_worker_pools(ctx: Context) -> None:
+    for pool in ctx.workers.values():
+        await pool.stop()
 
 
 def load_web_app(config: Config) -> Callable[[Config, Context], Any]:

@@ -12,14 +12,14 @@
       $("history").tBodies[0],
       state.history.map((item) =>
         el("tr", {},
-          el("td", { class: "mono" }, item.at),
+          el("td", { class: "mono", title: item.at }, item.at.slice(0, 10) + " " + item.at.slice(11, 19)),
           el("td", {}, el("span", { class: item.source === "manual" ? "badge badge-info" : "badge" }, item.source)))),
       $("history-empty"));
     replaceRows(
       $("ticks").tBodies[0],
       state.ticks.map((tick) =>
         el("tr", {},
-          el("td", { class: "mono" }, tick.instant.slice(11, 19),
+          el("td", { class: "mono" }, tick.instant.slice(11, 19) + " ",
             tick.source === "manual" ? el("span", { class: "badge badge-info" }, "manual") : null),
           el("td", { class: "mono small" }, tick.winner || "none"),
           el("td", { class: "small" }, ...(tick.skipped.length

@@ -6,13 +6,20 @@ script in static/js/ then keeps the panels live by polling the JSON routes.
 
 from __future__ import annotations
 
+import time
+from urllib.parse import urlencode
+
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import RedirectResponse
 
 from app.main.routes.api_cron import cron_state
+from app.main.routes.api_worker import POOL, HashRequest
+from app.main.workers.hash_tasks import MAX_ROUNDS, sha256_loop
 from app.mega.web.auth import UserDep
 
 router = APIRouter(include_in_schema=False)
+# The page's default: about 2 s of hashing here, long enough to watch the heartbeat keep going.
+PAGE_ROUNDS = 6_000_000
 
 
 def render(request: Request, template: str, **context: object) -> Response:
@@ -36,9 +43,54 @@ async def cron_page(request: Request, user: UserDep, manual: str | None = None) 
     return render(request, "demo/cron.html", title="Schedules", state=state, manual=manual)
 
 
+@router.get("/demo/worker")
+async def worker_page(
+    request: Request,
+    user: UserDep,
+    digest: str | None = None,
+    rounds: int | None = None,
+    ms: float | None = None,
+    mode: str = "pool",
+    error: str | None = None,
+) -> Response:
+    result = {"digest": digest, "rounds": rounds, "ms": ms, "mode": mode} if digest else None
+    return render(
+        request,
+        "demo/worker.html",
+        title="CPU worker",
+        form={"input": "mega", "rounds": PAGE_ROUNDS},
+        max_rounds=MAX_ROUNDS,
+        result=result,
+        error=error,
+        pool=request.app.state.ctx.workers[POOL].stats(),
+    )
+
+
+@router.post("/demo/worker/hash")
+async def worker_form(request: Request, user: UserDep) -> Response:
+    """The hash form without JavaScript: post, redirect, get (with the result in the query)."""
+    form = await request.form()
+    try:
+        rounds = int(str(form.get("rounds", "")))
+        body = HashRequest(input=str(form.get("input", "")), rounds=rounds)
+    except ValueError:
+        error = f"rounds must be a whole number from 1 to {MAX_ROUNDS:,}; input at most 1000 characters"
+        return RedirectResponse(f"/demo/worker?{urlencode({'error': error})}", status_code=303)
+    mode = "inline" if form.get("mode") == "inline" else "pool"
+    started = time.perf_counter()
+    task = {"input": body.input, "rounds": body.rounds}
+    if mode == "inline":
+        result = sha256_loop(task)
+    else:
+        result = await request.app.state.ctx.workers[POOL].run("sha256_loop", task)
+    ms = round((time.perf_counter() - started) * 1000, 1)
+    query = urlencode({**result, "ms": ms, "mode": mode})
+    return RedirectResponse(f"/demo/worker?{query}", status_code=303)
+
+
 @router.get("/demo/{name}")
 async def coming(request: Request, name: str, user: UserDep) -> Response:
-    titles = {"jobs": "Jobs", "worker": "CPU worker"}
+    titles = {"jobs": "Jobs"}
     if name not in titles:
         return render(request, "error.html", title="Not found", message="There is no such demo.")
     return render(request, "demo/coming.html", title=titles[name])

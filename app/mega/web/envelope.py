@@ -23,9 +23,20 @@ from nats import errors as nats_errors
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from app.mega.errors import DependencyUnavailable, MegaError
+from app.mega.errors import DependencyUnavailable, MegaError, WorkerError
 
 logger = logging.getLogger("mega.web")
+
+# CPU pool failures as HTTP: a full queue asks the client to come back (with Retry-After).
+WORKER_STATUS = {
+    "worker.overloaded": 429,
+    "worker.task_timeout": 504,
+    "worker.crashed": 503,
+    "worker.stopped": 503,
+    "worker.invalid_args": 422,
+    "worker.task_failed": 500,
+    "worker.unknown_task": 500,
+}
 
 # nats-py errors that mean "the server is not there right now" (not a bad request).
 NATS_UNAVAILABLE: tuple[type[Exception], ...] = (
@@ -134,6 +145,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     for nats_error in NATS_UNAVAILABLE:
         app.add_exception_handler(nats_error, nats_down)
+
+    @app.exception_handler(WorkerError)
+    async def worker_error(request: Request, exc: WorkerError) -> Response:
+        status = WORKER_STATUS.get(exc.code, 500)
+        retry_after = getattr(exc, "retry_after_s", None)
+        headers = {"Retry-After": str(retry_after)} if retry_after else None
+        return fail(status, exc.code, exc.message, headers=headers)
 
     @app.exception_handler(MegaError)
     async def mega_error(request: Request, exc: MegaError) -> Response:

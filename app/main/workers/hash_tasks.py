@@ -1,0 +1,32 @@
+"""Tasks of the `hash` CPU pool. Each top-level public function is a task, called as fn(args).
+
+This module runs inside the pool's child processes: keep its imports light (no web framework).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+DEFAULT_ROUNDS = 1_000_000
+# About 3 million rounds a second here: the cap keeps one run under ~15 s.
+MAX_ROUNDS = 50_000_000
+
+
+def sha256_loop(task: dict[str, Any]) -> dict[str, Any]:
+    """Hash `input` with SHA-256, then hash the hex digest again, `rounds` times in all.
+
+    `task` is `{"input": str, "rounds": int}` (rounds defaults to 1,000,000; 1..MAX_ROUNDS).
+    Returns `{"digest": hex str, "rounds": int}`.
+    """
+    rounds = task.get("rounds", DEFAULT_ROUNDS)
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or not 1 <= rounds <= MAX_ROUNDS:
+        raise ValueError(f"rounds must be an int from 1 to {MAX_ROUNDS}, got {rounds!r}")
+    text = task.get("input", "")
+    if not isinstance(text, str):
+        raise ValueError("input must be a string")
+    digest = text.encode()
+    sha256 = hashlib.sha256
+    for _ in range(rounds):
+        digest = sha256(digest).hexdigest().encode()
+    return {"digest": digest.decode(), "rounds": rounds}
