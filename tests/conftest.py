@@ -13,6 +13,11 @@ import pytest
 from app.mega.embedded import EmbeddedNats, EmbeddedRedis, EmbeddedServer
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Browser tests last: they are the slowest and need everything else to work first."""
+    items.sort(key=lambda item: "/e2e/" in str(item.path))
+
+
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
     server = EmbeddedNats(data_dir=tmp_path_factory.mktemp("nats"))

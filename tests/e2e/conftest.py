@@ -98,8 +98,10 @@ def live_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
         redis_server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
+    """Per module: Playwright's sync API keeps an event loop running while it is open, which
+    must not overlap the asyncio tests that run after the browser tests."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:

@@ -15,7 +15,9 @@ from tests.factories import config_for, csrf_from, login, web_client
 @pytest.fixture
 async def fresh_redis(redis_url: str):
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    await client.delete(COUNT_KEY, HISTORY_KEY, FENCE_KEY, "mega:schedule:CronCounterSchedule:running")
+    await client.delete(
+        COUNT_KEY, HISTORY_KEY, FENCE_KEY, "mega:schedule:CronCounterSchedule:running"
+    )
     yield client
     await client.aclose()
 
@@ -31,7 +33,9 @@ async def test_anonymous_is_refused(tmp_path: Path, nats_url: str, redis_url: st
         assert posted.status_code == 401
 
 
-async def test_state_and_manual_run(tmp_path: Path, nats_url: str, redis_url: str, fresh_redis) -> None:
+async def test_state_and_manual_run(
+    tmp_path: Path, nats_url: str, redis_url: str, fresh_redis
+) -> None:
     async with web_client(config_for(tmp_path, nats_url, redis_url)) as client:
         await login(client)
         state = (await client.get("/api/demo/cron")).json()["data"]

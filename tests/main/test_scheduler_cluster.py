@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,9 @@ def test_each_tick_runs_exactly_once_across_three_schedulers_and_survives_a_kill
         assert len({winners[str(t)] for t in runs}) >= 1
         audit = [__import__("json").loads(r) for r in client.lrange(f"{prefix}:lock:audit", 0, -1)]
         for instant in list(runs)[-5:]:
-            records = [r for r in audit if _epoch(r["instant"]) == instant and r["source"] == "schedule"]
+            records = [
+                r for r in audit if _epoch(r["instant"]) == instant and r["source"] == "schedule"
+            ]
             assert [r["outcome"] for r in records].count("ran") == 1
             assert [r["outcome"] for r in records].count("skipped") == 2
 
@@ -74,7 +77,7 @@ def test_each_tick_runs_exactly_once_across_three_schedulers_and_survives_a_kill
         time.sleep(5)
         after = sorted(t for t in runs_by_instant(client, prefix) if t > killed_at)
         assert len(after) >= 4
-        assert all(b - a == 1 for a, b in zip(after, after[1:], strict=False)), after
+        assert all(b - a == 1 for a, b in pairwise(after)), after
         assert after[0] - int(killed_at) <= 2
         assert set(runs_by_instant(client, prefix).values()) == {1}
     finally:

@@ -23,7 +23,10 @@ def chain(text: str, rounds: int) -> str:
 
 @pytest.mark.parametrize("text,rounds", [("", 1), ("mega", 1), ("mega", 1000), ("héllo", 7)])
 def test_digest_equals_hashlib_chain(text: str, rounds: int) -> None:
-    assert sha256_loop({"input": text, "rounds": rounds}) == {"digest": chain(text, rounds), "rounds": rounds}
+    assert sha256_loop({"input": text, "rounds": rounds}) == {
+        "digest": chain(text, rounds),
+        "rounds": rounds,
+    }
 
 
 def test_default_rounds_is_one_million() -> None:
@@ -55,7 +58,9 @@ async def test_hash_in_pool_and_inline_give_the_same_digest(config) -> None:
             "/api/demo/worker/hash", json={**body, "inline": True}, headers=headers
         )
         assert pool.status_code == inline.status_code == 200
-        assert pool.json()["data"]["digest"] == inline.json()["data"]["digest"] == chain("mega", 5000)
+        assert (
+            pool.json()["data"]["digest"] == inline.json()["data"]["digest"] == chain("mega", 5000)
+        )
         assert (pool.json()["data"]["mode"], inline.json()["data"]["mode"]) == ("pool", "inline")
         assert pool.json()["data"]["rounds"] == 5000 and pool.json()["data"]["ms"] >= 0
 
@@ -146,7 +151,8 @@ async def test_page_renders_and_no_js_form_posts_redirects_gets(config) -> None:
         assert page.status_code == 200 and "Heartbeat" in page.text
         token = csrf_from(page.text)
         posted = await client.post(
-            "/demo/worker/hash", data={"csrf_token": token, "input": "mega", "rounds": "100", "mode": "pool"}
+            "/demo/worker/hash",
+            data={"csrf_token": token, "input": "mega", "rounds": "100", "mode": "pool"},
         )
         assert posted.status_code == 303
         result = await client.get(posted.headers["location"])

@@ -74,7 +74,9 @@ async def worker_form(request: Request, user: UserDep) -> Response:
         rounds = int(str(form.get("rounds", "")))
         body = HashRequest(input=str(form.get("input", "")), rounds=rounds)
     except ValueError:
-        error = f"rounds must be a whole number from 1 to {MAX_ROUNDS:,}; input at most 1000 characters"
+        error = (
+            f"rounds must be a whole number from 1 to {MAX_ROUNDS:,}; input at most 1000 characters"
+        )
         return RedirectResponse(f"/demo/worker?{urlencode({'error': error})}", status_code=303)
     mode = "inline" if form.get("mode") == "inline" else "pool"
     started = time.perf_counter()

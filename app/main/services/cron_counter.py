@@ -52,7 +52,8 @@ async def record_run(redis: Redis, *, at: datetime, source: str, fence: int | No
 
 
 async def read_state(redis: Redis) -> dict[str, Any]:
-    count, history = await redis.pipeline(transaction=False).get(COUNT_KEY).lrange(
-        HISTORY_KEY, 0, HISTORY_SIZE - 1
-    ).execute()
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.get(COUNT_KEY)
+        pipe.lrange(HISTORY_KEY, 0, HISTORY_SIZE - 1)
+        count, history = await pipe.execute()
     return {"count": int(count or 0), "history": [json.loads(item) for item in history]}

@@ -17,11 +17,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
 from nats import errors as nats_errors
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.mega.errors import DependencyUnavailable, MegaError, WorkerError
 
@@ -137,11 +136,15 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RedisConnectionError)
     @app.exception_handler(RedisTimeoutError)
     async def redis_down(request: Request, exc: Exception) -> Response:
-        return await unavailable(request, DependencyUnavailable("redis", f"Redis is unavailable: {exc}"))
+        return await unavailable(
+            request, DependencyUnavailable("redis", f"Redis is unavailable: {exc}")
+        )
 
     async def nats_down(request: Request, exc: Exception) -> Response:
         reason = str(exc) or type(exc).__name__
-        return await unavailable(request, DependencyUnavailable("nats", f"NATS is unavailable: {reason}"))
+        return await unavailable(
+            request, DependencyUnavailable("nats", f"NATS is unavailable: {reason}")
+        )
 
     for nats_error in NATS_UNAVAILABLE:
         app.add_exception_handler(nats_error, nats_down)
