@@ -1,14 +1,12 @@
 """Trivial tasks/s through WorkerPool vs concurrent.futures.ProcessPoolExecutor (SPEC section 7).
 
-    .venv/bin/python bench/bench_worker_pool.py [--tasks 20000] [--in-flight 64] [--workers 2]
+    .venv/bin/python -m bench.bench_worker_pool [--tasks 20000] [--in-flight 64] [--workers 2]
 
-Both sides get the same worker count, the same no-op task and the same number of tasks kept in
-flight, in the same run. Two baselines are timed: the executor driven from asyncio
-(`loop.run_in_executor`, how a web handler would use it) and its own synchronous `submit`
-window; the ratio is taken against the faster of the two. Target: ratio >= 2.0.
-
-This file is also the pool's task module: `noop` is its only public function, hence the
-underscores everywhere else, and its top level imports nothing heavy.
+Both sides get the same worker count, the same no-op task (`bench.noop_tasks.noop`) and the
+same number of tasks kept in flight, in the same run. Two baselines are timed: the executor
+driven from asyncio (`loop.run_in_executor`, how a web handler would use it) and its own
+synchronous `submit` window; the ratio is taken against the faster of the two.
+Target: ratio >= 2.0. Takes a few seconds; needs no server.
 """
 
 from __future__ import annotations
@@ -21,17 +19,14 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script: make `app` importable
-    sys.path.insert(0, str(ROOT))
+from app.mega.worker import Worker
+from app.mega.worker_pool import WorkerPool
+from bench.noop_tasks import noop
+from bench.report import Result, print_table, result, row
 
+ROOT = Path(__file__).resolve().parents[1]
 TARGET_RATIO = 2.0  # SPEC section 7: the pool must be at least this much faster
 WARMUP_TASKS = 500  # untimed, so both sides have started their processes and warmed caches
-
-
-def noop(args: int) -> int:
-    """The trivial task: returns its argument."""
-    return args
 
 
 async def _windowed(submit: Callable[[int], Awaitable[int]], tasks: int, in_flight: int) -> float:
@@ -48,11 +43,8 @@ async def _windowed(submit: Callable[[int], Awaitable[int]], tasks: int, in_flig
 
 
 async def _bench_pool(workers: int, tasks: int, in_flight: int) -> float:
-    # Imported here, not at the top: the children import this file as their task module.
-    from app.mega.worker import Worker, WorkerPool
-
     class BenchWorker(Worker):
-        task_file = "bench/bench_worker_pool.py"
+        task_file = "bench/noop_tasks.py"
         pool_size = workers
         max_queue = in_flight
 
@@ -61,8 +53,8 @@ async def _bench_pool(workers: int, tasks: int, in_flight: int) -> float:
     try:
 
         async def submit(n: int) -> int:
-            result: int = await pool.run("noop", n)
-            return result
+            value: int = await pool.run("noop", n)
+            return value
 
         await _windowed(submit, WARMUP_TASKS, in_flight)
         return await _windowed(submit, tasks, in_flight)
@@ -82,7 +74,7 @@ async def _bench_executor_async(workers: int, tasks: int, in_flight: int) -> flo
 
 
 def _bench_executor_sync(workers: int, tasks: int, in_flight: int) -> float:
-    def run(count: int) -> float:
+    def window(count: int) -> float:
         started = time.perf_counter()
         pending: set[concurrent.futures.Future[int]] = set()
         for n in range(count):
@@ -95,32 +87,53 @@ def _bench_executor_sync(workers: int, tasks: int, in_flight: int) -> float:
         return count / (time.perf_counter() - started)
 
     with concurrent.futures.ProcessPoolExecutor(workers) as executor:
-        run(WARMUP_TASKS)
-        return run(tasks)
+        window(WARMUP_TASKS)
+        return window(tasks)
 
 
-def _main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", type=int, default=20_000)
-    parser.add_argument("--in-flight", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=2)
-    options = parser.parse_args()
-    shape = (options.workers, options.tasks, options.in_flight)
-
+def run(tasks: int = 20_000, in_flight: int = 64, workers: int = 2) -> Result:
+    """Time the three runners one after the other; print and return the table."""
+    shape = (workers, tasks, in_flight)
     executor_sync = _bench_executor_sync(*shape)
     executor_async = asyncio.run(_bench_executor_async(*shape))
     pool = asyncio.run(_bench_pool(*shape))
     baseline = max(executor_sync, executor_async)
     ratio = pool / baseline
+    res = result(
+        "worker_pool",
+        "CPU worker pool: trivial tasks/s",
+        f"{tasks:,} no-op tasks, {workers} workers, {in_flight} in flight",
+        [
+            row("ProcessPoolExecutor, submit window (tasks/s)", executor_sync),
+            row("ProcessPoolExecutor, run_in_executor (tasks/s)", executor_async),
+            row(
+                "WorkerPool, process mode (tasks/s)",
+                pool,
+                baseline=baseline,
+                baseline_name="faster executor",
+                target=f">= {TARGET_RATIO}x",
+                passed=ratio >= TARGET_RATIO,
+            ),
+        ],
+        data={
+            "pool_tasks_per_s": pool,
+            "executor_sync_tasks_per_s": executor_sync,
+            "executor_async_tasks_per_s": executor_async,
+            "ratio": ratio,
+        },
+    )
+    print_table(res)
+    return res
 
-    print(f"{options.tasks} no-op tasks, {options.workers} workers, {options.in_flight} in flight")
-    print(f"{'runner':<40} {'tasks/s':>10}")
-    print(f"{'ProcessPoolExecutor (submit window)':<40} {executor_sync:>10,.0f}")
-    print(f"{'ProcessPoolExecutor (run_in_executor)':<40} {executor_async:>10,.0f}")
-    print(f"{'WorkerPool (process mode)':<40} {pool:>10,.0f}")
-    verdict = "ok" if ratio >= TARGET_RATIO else "BELOW TARGET"
-    print(f"ratio vs the faster executor: {ratio:.2f}x (target >= {TARGET_RATIO}x): {verdict}")
-    return 0 if ratio >= TARGET_RATIO else 1
+
+def _main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=20_000)
+    parser.add_argument("--in-flight", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=2)
+    options = parser.parse_args()
+    res = run(tasks=options.tasks, in_flight=options.in_flight, workers=options.workers)
+    return 0 if res["passed"] else 1
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from fastapi import FastAPI
 
 from app.main.routes import api_cron, api_worker, pages
 from app.mega import Config, Context
+from app.mega.metrics import observe_scheduler
 from app.mega.scheduler import Scheduler
 from app.mega.web.app import create_web_app
 
@@ -28,5 +29,7 @@ def create_app(config: Config, ctx: Context) -> FastAPI:
     scheduler = Scheduler(ctx)
     for schedule in config.schedules:
         scheduler.register(schedule)
+    if config.metrics.enabled:
+        observe_scheduler(scheduler)  # manual ticks count in the web app's /metrics
     app.state.scheduler = scheduler
     return app

@@ -32,7 +32,7 @@ _EXPORTS = {
     "Tick": "app.mega.schedule",
     "Scheduler": "app.mega.scheduler",
     "Worker": "app.mega.worker",
-    "WorkerPool": "app.mega.worker",
+    "WorkerPool": "app.mega.worker_pool",
     "Job": "app.mega.job",
     "JobQueue": "app.mega.jobqueue",
     "JobWorker": "app.mega.jobworker",
@@ -93,4 +93,5 @@ if TYPE_CHECKING:
     from app.mega.locks import RedLock
     from app.mega.schedule import Schedule, Tick
     from app.mega.scheduler import Scheduler
-    from app.mega.worker import Worker, WorkerPool
+    from app.mega.worker import Worker
+    from app.mega.worker_pool import WorkerPool

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from app.mega.database import Database
     from app.mega.locks import LockAdapter
-    from app.mega.worker import WorkerPool
+    from app.mega.worker_pool import WorkerPool
 
 
 def new_instance_id(role: str) -> str:

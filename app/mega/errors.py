@@ -43,6 +43,26 @@ class WorkerError(MegaError):
     code = "worker.error"
 
 
+class WorkerOverloaded(WorkerError):
+    """The wait queue is full. `retry_after_s` (whole seconds, >= 1) suits a 429 Retry-After."""
+
+    code = "worker.overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class TaskFailed(WorkerError):
+    """The task itself raised. `exc_type` is the name of its exception class."""
+
+    code = "worker.task_failed"
+
+    def __init__(self, message: str, *, exc_type: str) -> None:
+        super().__init__(message)
+        self.exc_type = exc_type
+
+
 class JobError(MegaError):
     """A job queue failure (bad payload, unknown job, ...)."""
 

@@ -18,6 +18,7 @@ from app.mega.config import Config
 from app.mega.constants import DRAIN_TIMEOUT_S
 from app.mega.context import Context
 from app.mega.errors import ConfigError
+from app.mega.metrics import observe_jobs, observe_pool, observe_scheduler
 
 logger = logging.getLogger("mega.host")
 
@@ -57,6 +58,8 @@ async def run_scheduler(config: Config) -> None:
         for schedule in config.schedules:
             scheduler.register(schedule)
         _observe(scheduler, ("run", "skip", "done", "fail"))
+        if config.metrics.enabled:
+            observe_scheduler(scheduler)
         start_metrics_server(config, config.metrics.scheduler_port)
         await scheduler.start()
         logger.info(
@@ -81,7 +84,9 @@ async def run_worker(config: Config) -> None:
         worker = JobWorker(ctx, instance_id=ctx.instance_id)
         for job in config.jobs:
             worker.register(job)
-        _observe(worker, ("dispatch", "start", "done", "retry", "fail", "dlq"))
+        _observe(worker, ("start", "done", "retry", "fail", "dlq"))
+        if config.metrics.enabled:
+            observe_jobs(worker)
         start_metrics_server(config, config.metrics.worker_port)
         await worker.start()
         logger.info(
@@ -134,10 +139,12 @@ async def run_web(config: Config, host: str, port: int) -> None:
 async def start_worker_pools(config: Config, ctx: Context) -> None:
     if not config.workers:
         return
-    from app.mega.worker import WorkerPool
+    from app.mega.worker_pool import WorkerPool
 
     for worker_class in config.workers:
         pool = WorkerPool(worker_class, root=config.root)
+        if config.metrics.enabled:
+            observe_pool(pool)
         await pool.start()
         ctx.workers[pool.name] = pool
 
@@ -167,7 +174,9 @@ def _observe(runtime: Any, names: tuple[str, ...]) -> None:
 
     def log(event: dict[str, Any]) -> None:
         fields = " ".join(f"{k}={v}" for k, v in event.items() if k != "event" and v is not None)
-        level = logging.WARNING if event["event"] in ("fail", "dlq", "skip") else logging.INFO
+        # A skip is routine (a peer won the tick) unless the lock backend failed.
+        alarming = event["event"] in ("fail", "dlq") or "error" in str(event.get("reason", ""))
+        level = logging.WARNING if alarming else logging.INFO
         events.log(level, "%s %s", event["event"], fields)
 
     for name in names:

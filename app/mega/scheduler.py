@@ -249,9 +249,9 @@ class Scheduler:
             await _sleep_until(planned)
             late_s = time.time() - planned.timestamp()
             if late_s > LATE_LIMIT_S:
-                logger.warning(
-                    "schedule %r: %s missed by %.1fs, not replayed", spec.name, planned, late_s
-                )
+                # Visible like any other skip (event + audit), so a stalled host shows up.
+                reason = f"missed: this instance woke {late_s:.1f} s late; not replayed"
+                await self._skip(spec, planned, "schedule", reason, round(late_s * 1000, 1))
                 planned = _utc(cron.next(spec.cron, tz=spec.zone))
                 continue
             self._track(self._tick(spec, planned, "schedule"))

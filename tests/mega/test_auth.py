@@ -180,3 +180,23 @@ async def test_unknown_api_route_is_404_envelope(config) -> None:
         response = await client.get("/api/no/such/thing")
         assert response.status_code == 404
         assert response.json()["error"]["code"] == "not_found"
+
+
+async def test_anonymous_api_post_is_401_even_without_a_token(config) -> None:
+    async with web_client(config) as client:
+        response = await client.post("/api/demo/cron/run", json={})
+        assert response.status_code == 401
+        assert response.json()["error"]["code"] == "auth.required"
+
+
+async def test_oversized_body_is_422_and_changes_nothing(config) -> None:
+    async with web_client(config) as client:
+        await login(client)
+        token = csrf_from((await client.get("/demo")).text)
+        response = await client.post(
+            "/api/demo/worker/hash",
+            content=b'{"input": "' + b"x" * 70_000 + b'"}',
+            headers={"X-CSRF-Token": token, "Content-Type": "application/json"},
+        )
+        assert response.status_code == 422
+        assert "body" in response.json()["error"]["fields"]

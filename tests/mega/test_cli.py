@@ -126,3 +126,5 @@ def test_dev_comes_up_serves_and_leaves_nothing_behind(tmp_path: Path) -> None:
         if dev.poll() is None:
             dev.kill()
             dev.wait()
+        if dev.stdout is not None:
+            dev.stdout.close()

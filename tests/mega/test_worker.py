@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from app.mega.errors import RegistrationError, WorkerError
-from app.mega.worker import TaskFailed, Worker, WorkerOverloaded, WorkerPool
+from app.mega.errors import RegistrationError, TaskFailed, WorkerError, WorkerOverloaded
+from app.mega.worker import Worker
+from app.mega.worker_pool import WorkerPool
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK_FILE = "tests/mega/worker_tasks.py"

@@ -18,6 +18,8 @@ from app.mega.web.envelope import ok
 
 router = APIRouter(prefix="/api/demo")
 POOL = "hash"
+# A run past this is killed (its process replaced): MAX_ROUNDS takes ~15 s here.
+HASH_TIMEOUT_MS = 60_000
 
 
 class HashRequest(BaseModel):
@@ -34,7 +36,9 @@ async def run_hash(body: HashRequest, request: Request, user: UserDep) -> Respon
     if body.inline:
         result = sha256_loop(task)  # blocks the event loop: the contrast the page shows
     else:
-        result = await request.app.state.ctx.workers[POOL].run("sha256_loop", task)
+        result = await request.app.state.ctx.workers[POOL].run(
+            "sha256_loop", task, timeout_ms=HASH_TIMEOUT_MS
+        )
     ms = round((time.perf_counter() - started) * 1000, 1)
     return ok({**result, "ms": ms, "mode": mode})
 

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import RedirectResponse
 
 from app.main.routes.api_cron import cron_state
-from app.main.routes.api_worker import POOL, HashRequest
+from app.main.routes.api_worker import HASH_TIMEOUT_MS, POOL, HashRequest
 from app.main.workers.hash_tasks import MAX_ROUNDS, sha256_loop
 from app.mega.web.auth import UserDep
 
@@ -84,7 +84,8 @@ async def worker_form(request: Request, user: UserDep) -> Response:
     if mode == "inline":
         result = sha256_loop(task)
     else:
-        result = await request.app.state.ctx.workers[POOL].run("sha256_loop", task)
+        pool = request.app.state.ctx.workers[POOL]
+        result = await pool.run("sha256_loop", task, timeout_ms=HASH_TIMEOUT_MS)
     ms = round((time.perf_counter() - started) * 1000, 1)
     query = urlencode({**result, "ms": ms, "mode": mode})
     return RedirectResponse(f"/demo/worker?{query}", status_code=303)

@@ -13,8 +13,8 @@ from app.mega import Context, Schedule
 class CronCounterSchedule(Schedule):
     cron = "*/30 * * * * *"  # six fields: the first is seconds
     timezone = "Asia/Seoul"
-    # One claim per tick, held 20 s: longer than any clock skew between schedulers, shorter
-    # than the 30 s period. See docs/guide/schedules.md on choosing a TTL.
+    # ttl bounds the overlap guard: a run that dies holding it blocks ticks for at most 20 s,
+    # less than the 30 s period. See docs/guide/schedules.md on choosing a TTL.
     lock = {"lock": "main", "ttl": 20_000}
 
     async def run(self, ctx: Context) -> None:

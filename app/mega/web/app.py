@@ -23,6 +23,9 @@ from app.mega.web.envelope import fail, install_error_handlers
 from app.mega.web.health import router as health_router
 from app.mega.web.login import router as login_router
 
+# No form or JSON body of this app comes near this; anything larger is refused unread.
+MAX_BODY_BYTES = 64 * 1024
+
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
@@ -68,7 +71,9 @@ def create_web_app(
     app.include_router(login_router)
     for router in routers:
         app.include_router(router)
-    app.add_api_route("/api/{path:path}", _api_not_found, methods=["GET", "POST"])
+    app.add_api_route(
+        "/api/{path:path}", _api_not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]
+    )
     return app
 
 
@@ -85,7 +90,12 @@ def _template_globals(request: Request) -> dict[str, Any]:
 async def _security_middleware(
     request: Request, call_next: Callable[[Request], Awaitable[Response]]
 ) -> Response:
-    response = await call_next(request)
+    length = request.headers.get("content-length", "0")
+    if not length.isdigit() or int(length) > MAX_BODY_BYTES:
+        limit = f"the request body is over the {MAX_BODY_BYTES // 1024} KiB limit"
+        response: Response = fail(422, "validation_failed", limit, fields={"body": limit})
+    else:
+        response = await call_next(request)
     for name, value in SECURITY_HEADERS.items():
         response.headers.setdefault(name, value)
     new_token = getattr(request.state, "new_anon_csrf", None)

@@ -177,13 +177,16 @@ async def csrf_protect(request: Request) -> None:
     """App-wide dependency: unsafe methods must carry the right token, else 403."""
     if request.method not in UNSAFE_METHODS:
         return
+    user = await current_user(request)
+    if user is None and request.url.path.startswith("/api/"):
+        # Every API route needs a session: say so (401) before judging the token.
+        raise HTTPException(401, "log in first")
     sent = request.headers.get(CSRF_HEADER)
     if sent is None and request.headers.get("content-type", "").startswith(
         ("application/x-www-form-urlencoded", "multipart/form-data")
     ):
         value = (await request.form()).get(CSRF_FORM_FIELD)
         sent = value if isinstance(value, str) else None
-    user = await current_user(request)
     if user is not None:
         expected = user.csrf_token
     else:

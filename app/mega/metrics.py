@@ -1,0 +1,89 @@
+"""Prometheus metrics, fed by the runtimes' events (opt-in: `metrics = {"enabled": True}`).
+
+The web app serves them at /metrics; `mega scheduler` and `mega worker` on their own ports
+(config `metrics.scheduler_port` / `metrics.worker_port`). Metrics only observe: an observer
+never changes what a runtime does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from prometheus_client import Counter, Gauge, Histogram
+
+# Latency buckets (seconds) from 1 ms to 1 min: jobs and tasks span that whole range.
+BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+JOB_EVENTS = Counter("mega_job_events_total", "Job queue events", ["job", "event"])
+JOB_DURATION = Histogram(
+    "mega_job_duration_seconds", "Run time of one job attempt", ["job"], buckets=BUCKETS_S
+)
+JOB_START_LATENCY = Histogram(
+    "mega_job_start_latency_seconds",
+    "From enqueue (or due time) to the start of the run",
+    ["job"],
+    buckets=BUCKETS_S,
+)
+SCHEDULE_EVENTS = Counter("mega_schedule_events_total", "Scheduler events", ["schedule", "event"])
+SCHEDULE_LATENESS = Histogram(
+    "mega_schedule_lateness_seconds",
+    "Start of a run minus its planned instant",
+    ["schedule"],
+    buckets=BUCKETS_S,
+)
+POOL_TASKS = Counter("mega_pool_tasks_total", "CPU pool tasks by outcome", ["worker", "outcome"])
+POOL_CRASHES = Counter("mega_pool_crashes_total", "CPU pool child processes that died", ["worker"])
+POOL_DURATION = Histogram(
+    "mega_pool_task_duration_seconds", "Run time of one pool task", ["worker"], buckets=BUCKETS_S
+)
+POOL_QUEUE = Gauge("mega_pool_queue_depth", "Tasks waiting for a free slot", ["worker"])
+POOL_BUSY = Gauge("mega_pool_busy", "Slots running a task", ["worker"])
+
+
+class Observable(Protocol):
+    def on(self, name: str, observer: Any) -> Any: ...
+
+
+def observe_jobs(runtime: Observable) -> None:
+    """Count every JobWorker/JobQueue event; time runs and enqueue-to-start latency."""
+
+    def count(event: dict[str, Any]) -> None:
+        job = str(event.get("job", "unknown"))
+        JOB_EVENTS.labels(job, event["event"]).inc()
+        if event["event"] == "start" and event.get("latency_ms") is not None:
+            JOB_START_LATENCY.labels(job).observe(event["latency_ms"] / 1000)
+        if event["event"] in ("done", "retry", "fail") and event.get("duration_ms") is not None:
+            JOB_DURATION.labels(job).observe(event["duration_ms"] / 1000)
+
+    for name in ("dispatch", "start", "done", "retry", "fail", "dlq"):
+        runtime.on(name, count)
+
+
+def observe_scheduler(runtime: Observable) -> None:
+    def count(event: dict[str, Any]) -> None:
+        schedule = str(event.get("schedule", "unknown"))
+        SCHEDULE_EVENTS.labels(schedule, event["event"]).inc()
+        if event["event"] == "run" and event.get("lateness_ms") is not None:
+            SCHEDULE_LATENESS.labels(schedule).observe(event["lateness_ms"] / 1000)
+
+    for name in ("run", "skip", "done", "fail"):
+        runtime.on(name, count)
+
+
+def observe_pool(pool: Any) -> None:
+    """Pool tasks, crashes and durations from events; queue depth and busy slots read live."""
+    name = pool.name
+    POOL_QUEUE.labels(name).set_function(lambda: pool.stats()["queued"])
+    POOL_BUSY.labels(name).set_function(lambda: pool.stats()["busy"])
+
+    def count(event: dict[str, Any]) -> None:
+        if event["event"] == "crash":
+            POOL_CRASHES.labels(name).inc()
+            return
+        outcome = "done" if event["event"] == "done" else str(event.get("code", "failed"))
+        POOL_TASKS.labels(name, outcome).inc()
+        if event.get("ms") is not None:
+            POOL_DURATION.labels(name).observe(event["ms"] / 1000)
+
+    for event_name in ("done", "fail", "crash"):
+        pool.on(event_name, count)

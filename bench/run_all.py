@@ -1,0 +1,175 @@
+"""Run every benchmark in bench/ in one go and rewrite bench/RESULTS.md.
+
+    .venv/bin/python -m bench.run_all        # what `make bench` runs
+
+A benchmark is any module `bench/bench_*.py` with a `run()` function (sync, or async and then
+run with asyncio.run); it is called with its defaults, one after the other so they never
+compete for the cores. A benchmark that raises is reported as an error and the others still
+run. RESULTS.md gets the machine, the date, the command and one section per benchmark with its
+table (figure, value, baseline, ratio, target, result). Exit status 1 when a target is missed
+or a benchmark failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+from app.mega.embedded import find_nats_server
+from bench.report import Result, markdown_table
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS = BENCH_DIR / "RESULTS.md"
+COMMAND = "python -m bench.run_all"
+
+
+@dataclass
+class Outcome:
+    """One benchmark's run: its result, or the error that ended it."""
+
+    module: str
+    seconds: float
+    result: dict[str, Any] | None = None
+    error: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.result is not None and self.result.get("passed", True) is not False
+
+
+def discover() -> Iterator[tuple[str, Callable[[], Any] | None, str | None]]:
+    """(module, its run function or None, the import error or None), in file name order."""
+    for path in sorted(BENCH_DIR.glob("bench_*.py")):
+        name = f"bench.{path.stem}"
+        try:
+            module = importlib.import_module(name)
+        except Exception:
+            yield name, None, traceback.format_exc()
+            continue
+        run = getattr(module, "run", None)
+        if callable(run):
+            yield name, run, None
+
+
+def run_one(name: str, run: Callable[[], Any]) -> Outcome:
+    print(f"\n=== {name} ===", flush=True)
+    started = time.monotonic()
+    try:
+        value = run()
+        if inspect.isawaitable(value):
+            value = asyncio.run(_awaited(value))
+        if not isinstance(value, dict):
+            raise TypeError(f"{name}.run() returned {type(value).__name__}, not a dict")
+        return Outcome(name, time.monotonic() - started, result=value)
+    except Exception:
+        error = traceback.format_exc()
+        print(error, file=sys.stderr, flush=True)
+        return Outcome(name, time.monotonic() - started, error=error)
+
+
+async def _awaited(value: Any) -> Any:
+    return await value
+
+
+def machine() -> dict[str, str]:
+    """nproc, CPU model, OS, Python and nats-server versions."""
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        nats = subprocess.run(
+            [find_nats_server(), "--version"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    except Exception as exc:
+        nats = f"unknown ({exc})"
+    return {
+        "nproc": str(len(os.sched_getaffinity(0))),
+        "CPU": model,
+        "OS": platform.platform(),
+        "Python": f"{platform.python_implementation()} {platform.python_version()}",
+        "nats-server": nats,
+    }
+
+
+def render(outcomes: list[Outcome], info: dict[str, str], started: datetime, total_s: float) -> str:
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Written by `{COMMAND}` (`make bench`); rerun it to refresh. Targets: SPEC.md section 7.",
+        "",
+        "| | |",
+        "| --- | --- |",
+        f"| date | {started:%Y-%m-%d %H:%M} UTC |",
+        f"| command | `{' '.join([COMMAND, *sys.argv[1:]])}` |",
+        *(f"| {key} | {value} |" for key, value in info.items()),
+        f"| total time | {total_s:.0f} s |",
+        "",
+        "| benchmark | result | time |",
+        "| --- | --- | --- |",
+    ]
+    for outcome in outcomes:
+        verdict = "ERROR" if outcome.error else "pass" if outcome.passed else "FAIL"
+        lines.append(f"| `{outcome.module}` | {verdict} | {outcome.seconds:.0f} s |")
+    for outcome in outcomes:
+        lines += ["", *section(outcome)]
+    return "\n".join(lines) + "\n"
+
+
+def section(outcome: Outcome) -> list[str]:
+    path = f"bench/{outcome.module.removeprefix('bench.')}.py"
+    res = outcome.result
+    if res is None:
+        last = (outcome.error or "").strip().splitlines()[-1:] or ["no detail"]
+        return [f"## `{path}`", "", f"ERROR: `{last[0]}` (full trace on stderr)"]
+    lines = [f"## {res.get('title', outcome.module)} (`{path}`)", ""]
+    if res.get("setup"):
+        lines += [str(res["setup"]), ""]
+    try:
+        lines.append(markdown_table(cast(Result, res)))
+    except (KeyError, TypeError):  # not a bench.report Result: its figures as they are
+        lines += ["| key | value |", "| --- | --- |"]
+        lines += [f"| {key} | {json.dumps(value, default=str)} |" for key, value in res.items()]
+    notes = res.get("notes")
+    lines += [f"- {note}" for note in notes] if isinstance(notes, list) else []
+    return lines
+
+
+def main() -> int:
+    started = datetime.now(UTC)
+    clock = time.monotonic()
+    info = machine()
+    outcomes = []
+    for name, run, import_error in discover():
+        if run is None:
+            print(f"\n=== {name} ===\n{import_error}", file=sys.stderr, flush=True)
+            outcomes.append(Outcome(name, 0.0, error=import_error))
+        else:
+            outcomes.append(run_one(name, run))
+    RESULTS.write_text(render(outcomes, info, started, time.monotonic() - clock))
+    print(f"\nwrote {RESULTS}")
+    for outcome in outcomes:
+        verdict = "ERROR" if outcome.error else "pass" if outcome.passed else "FAIL"
+        print(f"  {verdict:<5} {outcome.module} ({outcome.seconds:.0f} s)")
+    return 0 if all(outcome.passed for outcome in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

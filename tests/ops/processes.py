@@ -1,0 +1,93 @@
+"""Process helpers for the ops tests: who is below a pid, who is still alive, free ports."""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie, dead but not yet reaped, counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_base(*offsets: int) -> int:
+    """A port `base` such that base + every offset is free right now (for tools that derive
+    ports from a base: honcho's +100 per process, supervisord's + process number)."""
+    for _ in range(200):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            base: int = sock.getsockname()[1]
+        if base + max(offsets, default=0) < 65536 and all(_bindable(base + o) for o in offsets):
+            return base
+    raise RuntimeError(f"no free port base for offsets {offsets}")
+
+
+def http_status(url: str) -> int | None:
+    """The HTTP status of GET `url`, or None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+def wait_for_status(
+    url: str, status: int, timeout_s: float, *, while_alive: int, logs: Callable[[], str]
+) -> None:
+    """Poll `url` until it answers `status`; fail early when process `while_alive` exits.
+    `logs` tells what the processes said, for the failure message."""
+    deadline = time.monotonic() + timeout_s
+    last: int | None = None
+    while time.monotonic() < deadline:
+        last = http_status(url)
+        if last == status:
+            return
+        if not alive(while_alive):
+            raise AssertionError(f"{while_alive} exited before {url} answered {status}\n{logs()}")
+        time.sleep(0.2)
+    raise AssertionError(f"{url} answered {last}, not {status}, in {timeout_s} s\n{logs()}")
