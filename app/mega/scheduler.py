@@ -251,7 +251,10 @@ class Scheduler:
             if late_s > LATE_LIMIT_S:
                 # Visible like any other skip (event + audit), so a stalled host shows up.
                 reason = f"missed: this instance woke {late_s:.1f} s late; not replayed"
-                await self._skip(spec, planned, "schedule", reason, round(late_s * 1000, 1))
+                missed = TickRecord(
+                    planned.isoformat(), "schedule", self.instance_id, round(late_s * 1000, 1)
+                )
+                await self._skip(spec, missed, reason)
                 planned = _utc(cron.next(spec.cron, tz=spec.zone))
                 continue
             self._track(self._tick(spec, planned, "schedule"))

@@ -369,3 +369,24 @@ async def test_stop_is_bounded_and_cancelled_runs_release_the_guard(
     assert [f["phase"] for f in fails] == ["run"]
     assert fails[0]["error"].startswith("cancelled")
     assert await scheduler.ctx.lock("main").native.get(f"{prefix}:running") is None
+
+
+async def test_an_instant_missed_by_a_stalled_loop_is_an_audited_skip(
+    redis_url: str, clients: Callable[[str], Redis]
+) -> None:
+    runs: list[Run] = []
+    scheduler = Scheduler(context("a", clients(redis_url))).register(schedule(None, runs))
+    skips: list[dict[str, Any]] = []
+    scheduler.on("skip", skips.append)
+    await scheduler.start()
+    try:
+        await wait_for(lambda: len(runs) >= 1, 3)
+        time.sleep(2.3)  # the event loop stalls (a blocking call): the next instant is missed
+        await wait_for(lambda: len(skips) >= 1, 3)
+    finally:
+        await scheduler.stop()
+    assert skips[0]["reason"].startswith("missed:")
+    assert skips[0]["lateness_ms"] > 1000
+    ticks = await scheduler.recent_ticks("Probe")
+    missed = [t for t in ticks if t["winner"] is None]
+    assert missed and missed[0]["skipped"][0]["reason"].startswith("missed:")
