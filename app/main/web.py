@@ -6,7 +6,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from app.main.routes import api_cron, api_worker, pages
+from app.main.routes import api_console, api_cron, api_worker, pages
 from app.mega import Config, Context
 from app.mega.metrics import observe_scheduler
 from app.mega.scheduler import Scheduler
@@ -19,7 +19,7 @@ def create_app(config: Config, ctx: Context) -> FastAPI:
     app = create_web_app(
         config,
         ctx,
-        routers=[pages.router, api_cron.router, api_worker.router],
+        routers=[pages.router, api_console.router, api_cron.router, api_worker.router],
         templates_dir=PROJECT_ROOT / "templates",
         static_dir=PROJECT_ROOT / "static",
         title="mega-py demo",

@@ -56,7 +56,10 @@ const mega = (() => {
 
   function replaceRows(tbody, rows, emptyNote) {
     tbody.replaceChildren(...rows);
-    if (emptyNote) emptyNote.hidden = rows.length > 0;
+    if (emptyNote) {
+      emptyNote.hidden = rows.length > 0;
+      tbody.closest("table").hidden = rows.length === 0; // no bare header over an empty state
+    }
   }
 
   return { api, poll, el, replaceRows };

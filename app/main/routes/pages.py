@@ -12,6 +12,7 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import RedirectResponse
 
+from app.main.routes.api_console import console_state
 from app.main.routes.api_cron import cron_state
 from app.main.routes.api_worker import HASH_TIMEOUT_MS, POOL, HashRequest
 from app.main.workers.hash_tasks import MAX_ROUNDS, sha256_loop
@@ -34,7 +35,8 @@ async def index(user: UserDep) -> Response:
 
 @router.get("/demo")
 async def console(request: Request, user: UserDep) -> Response:
-    return render(request, "demo/console.html", title="Console")
+    state = await console_state(request)
+    return render(request, "demo/console.html", title="Console", state=state)
 
 
 @router.get("/demo/cron")
