@@ -60,6 +60,8 @@ class Config:
     jobs: list[type] = field(default_factory=list)
     workers: list[type] = field(default_factory=list)
     web_app: str | None = None  # "module:factory" building the FastAPI app from a Context
+    # Called once per host after registration, as hook(runtime, ctx): attach observers there.
+    hooks: dict[str, list[Any]] = field(default_factory=dict)
     dev: bool = False
     module: ModuleType | None = None
 
@@ -95,6 +97,7 @@ def build_config(module: ModuleType, path: Path, *, dev: bool) -> Config:
         jobs=list(_get(module, "jobs", list, [])),
         workers=list(_get(module, "workers", list, [])),
         web_app=_get(module, "web_app", str, None),
+        hooks=_hooks(_get(module, "hooks", dict, {})),
         dev=dev,
         module=module,
     )
@@ -217,6 +220,19 @@ def _auth(spec: dict[str, Any], *, dev: bool) -> AuthConfig:
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ConfigError(f"auth.{name}: expected a positive int, got {value!r}")
     return AuthConfig(secret_key=secret, demo_user=user, demo_password=password, **options)
+
+
+HOOK_HOSTS = {"scheduler", "worker", "web"}
+
+
+def _hooks(spec: dict[str, Any]) -> dict[str, list[Any]]:
+    unknown = set(spec) - HOOK_HOSTS
+    if unknown:
+        raise ConfigError(f"hooks: unknown hosts {sorted(unknown)} (known: {sorted(HOOK_HOSTS)})")
+    for host, hooks in spec.items():
+        if not isinstance(hooks, list) or not all(callable(hook) for hook in hooks):
+            raise ConfigError(f"hooks.{host}: expected a list of callables hook(runtime, ctx)")
+    return {host: list(hooks) for host, hooks in spec.items()}
 
 
 def _metrics(spec: dict[str, Any]) -> MetricsConfig:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 import logging
 import signal
 from collections.abc import Callable
@@ -60,6 +61,7 @@ async def run_scheduler(config: Config) -> None:
         _observe(scheduler, ("run", "skip", "done", "fail"))
         if config.metrics.enabled:
             observe_scheduler(scheduler)
+        await run_hooks(config, "scheduler", scheduler, ctx)
         start_metrics_server(config, config.metrics.scheduler_port)
         await scheduler.start()
         logger.info(
@@ -87,6 +89,7 @@ async def run_worker(config: Config) -> None:
         _observe(worker, ("start", "done", "retry", "fail", "dlq"))
         if config.metrics.enabled:
             observe_jobs(worker)
+        await run_hooks(config, "worker", worker, ctx)
         start_metrics_server(config, config.metrics.worker_port)
         await worker.start()
         logger.info(
@@ -116,6 +119,7 @@ async def run_web(config: Config, host: str, port: int) -> None:
             )
         await start_worker_pools(config, ctx)
         app = load_web_app(config)(config, ctx)
+        await run_hooks(config, "web", app, ctx)
         server = uvicorn.Server(
             uvicorn.Config(
                 app,
@@ -147,6 +151,14 @@ async def start_worker_pools(config: Config, ctx: Context) -> None:
             observe_pool(pool)
         await pool.start()
         ctx.workers[pool.name] = pool
+
+
+async def run_hooks(config: Config, host: str, runtime: Any, ctx: Context) -> None:
+    """The config's `hooks[host]`, each called as hook(runtime, ctx) (async or not)."""
+    for hook in config.hooks.get(host, []):
+        result = hook(runtime, ctx)
+        if inspect.isawaitable(result):
+            await result
 
 
 async def stop_worker_pools(ctx: Context) -> None:
