@@ -36,6 +36,9 @@ from typing import Any
 
 import httpx
 
+if __package__ in (None, ""):  # run by path (python bench/x.py): make `app`, `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from app.main.workers.hash_tasks import MAX_ROUNDS
 from app.mega.embedded import EmbeddedNats, EmbeddedRedis, free_port
 from bench.report import Result, ms, print_table, result, row, summary

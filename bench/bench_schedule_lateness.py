@@ -26,6 +26,9 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+if __package__ in (None, ""):  # run by path (python bench/x.py): make `app`, `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from app.mega.context import CacheAdapter, Context
 from app.mega.embedded import EmbeddedRedis
 from app.mega.locks import RedLock
@@ -94,10 +97,13 @@ async def _measure(redis_url: str, ticks: int) -> dict[str, dict[str, list[float
         bare = asyncio.create_task(_bare_loop(started["bare"]))
         await scheduler.start()
         try:
-            deadline = time.monotonic() + ticks + DEADLINE_SLACK_S
-            while min(len(started[name]) for name in VARIANTS) < WARMUP_TICKS + ticks:
+            wanted = WARMUP_TICKS + ticks
+            deadline = time.monotonic() + wanted + DEADLINE_SLACK_S
+            while min(len(started[name]) for name in VARIANTS) < wanted:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"fewer than {ticks} ticks in {ticks + DEADLINE_SLACK_S} s")
+                    raise TimeoutError(
+                        f"fewer than {wanted} ticks in {wanted + DEADLINE_SLACK_S} s"
+                    )
                 await asyncio.sleep(0.1)
         finally:
             await scheduler.stop()

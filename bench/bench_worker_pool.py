@@ -19,6 +19,9 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+if __package__ in (None, ""):  # run by path (python bench/x.py): make `app`, `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from app.mega.worker import Worker
 from app.mega.worker_pool import WorkerPool
 from bench.noop_tasks import noop

@@ -28,6 +28,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
+if __package__ in (None, ""):  # run by path (python bench/x.py): make `app`, `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from app.mega.embedded import find_nats_server
 from bench.report import Result, markdown_table
 
@@ -95,9 +98,13 @@ def machine() -> dict[str, str]:
     except OSError:
         pass
     try:
-        nats = subprocess.run(
-            [find_nats_server(), "--version"], capture_output=True, text=True, timeout=10
-        ).stdout.strip()
+        nats = (
+            subprocess.run(
+                [find_nats_server(), "--version"], capture_output=True, text=True, timeout=10
+            )
+            .stdout.strip()
+            .removeprefix("nats-server: ")
+        )
     except Exception as exc:
         nats = f"unknown ({exc})"
     return {
@@ -148,7 +155,7 @@ def section(outcome: Outcome) -> list[str]:
         lines += ["| key | value |", "| --- | --- |"]
         lines += [f"| {key} | {json.dumps(value, default=str)} |" for key, value in res.items()]
     notes = res.get("notes")
-    lines += [f"- {note}" for note in notes] if isinstance(notes, list) else []
+    lines += ["", *(f"- {note}" for note in notes)] if isinstance(notes, list) and notes else []
     return lines
 
 

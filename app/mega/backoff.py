@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 # The only backoff type the spec defines; others are rejected at register().
 EXPONENTIAL = "exponential"
@@ -65,7 +65,8 @@ class BackoffPolicy:
     def ceiling_ms(self, attempt: int) -> int:
         """The upper bound of the delay after failed attempt `attempt` (1-based), in ms."""
         exponent = min(max(attempt, 1) - 1, MAX_EXPONENT)
-        return min(self.max_ms, self.initial_ms * FACTOR**exponent)
+        growth: int = FACTOR**exponent
+        return min(self.max_ms, self.initial_ms * growth)
 
 
 def backoff_delay_ms(
@@ -78,9 +79,10 @@ def backoff_delay_ms(
     Uniform in [0, min(max, initial * 2 ** (attempt - 1))], both ends included. Attempts below 1
     are treated as 1. Raises ValueError for an invalid policy.
     """
-    return rng.randint(0, BackoffPolicy.parse(policy).ceiling_ms(attempt))
+    delay_ms: int = rng.randint(0, BackoffPolicy.parse(policy).ceiling_ms(attempt))
+    return delay_ms
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     # bool is an int subclass; `initial: True` is a typo, not one millisecond.
     return isinstance(value, int) and not isinstance(value, bool)

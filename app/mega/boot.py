@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import nats
@@ -19,9 +20,11 @@ from redis.asyncio import Redis
 from app.mega.config import Config
 from app.mega.constants import CONNECT_TIMEOUT_S, HOW_TO_GET_SERVICES, NATS_RECONNECT_WAIT_S
 from app.mega.context import BusAdapter, CacheAdapter, Context, new_instance_id
-from app.mega.database import Database
 from app.mega.errors import DependencyUnavailable
 from app.mega.locks import RedLock
+
+if TYPE_CHECKING:
+    from app.mega.database import Database
 
 logger = logging.getLogger("mega.boot")
 
@@ -119,6 +122,9 @@ async def _probe_tcp(url: str) -> None:
 
 
 async def connect_database(url: str) -> Database:
+    # Imported here: SQLAlchemy costs ~0.3 s to import and only the web host needs it.
+    from app.mega.database import Database
+
     db = Database(url)
     try:
         await asyncio.to_thread(db.create_all)

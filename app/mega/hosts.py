@@ -7,11 +7,12 @@ gracefully and returns normally (the CLI then exits 0).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from app.mega.boot import boot, shutdown
@@ -109,6 +110,14 @@ async def run_worker(config: Config) -> None:
 async def run_web(config: Config, host: str, port: int) -> None:
     import uvicorn
 
+    class Server(uvicorn.Server):
+        """uvicorn, minus its own signal handling: it re-raises SIGTERM after shutting down,
+        which would kill the host before it stops its pools and exits 0. We own the signals."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
     ctx = await boot(config, role="web")
     try:
         if config.auth.demo_user and config.auth.demo_password:
@@ -120,7 +129,7 @@ async def run_web(config: Config, host: str, port: int) -> None:
         await start_worker_pools(config, ctx)
         app = load_web_app(config)(config, ctx)
         await run_hooks(config, "web", app, ctx)
-        server = uvicorn.Server(
+        server = Server(
             uvicorn.Config(
                 app,
                 host=host,
@@ -133,7 +142,14 @@ async def run_web(config: Config, host: str, port: int) -> None:
             )
         )
         logger.info("web listening on http://%s:%d", host, port)
-        await server.serve()
+        serving = asyncio.create_task(server.serve())
+        stop = asyncio.create_task(wait_for_stop_signal())
+        await asyncio.wait({serving, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if stop.done():
+            logger.info("%s received: finishing open requests", stop.result())
+        server.should_exit = True
+        stop.cancel()
+        await serving
     finally:
         await stop_worker_pools(ctx)
         await shutdown(ctx)

@@ -20,13 +20,17 @@ must be idempotent (key its side effects on the job id or on the payload).
 from __future__ import annotations
 
 import inspect
+import json
 import re
+import time
+import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypeGuard
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeGuard
 
 from app.mega.backoff import BackoffPolicy
-from app.mega.errors import RegistrationError
+from app.mega.errors import JobError, RegistrationError
 
 if TYPE_CHECKING:
     from app.mega.context import Context
@@ -58,6 +62,10 @@ HEADER_JOB_ID = "Mega-Job-Id"
 HEADER_ENQUEUED_AT = "Mega-Enqueued-At"
 # Epoch ms from which the job may run (delayed or requeued); start latency is measured from it.
 HEADER_RUN_AT = "Mega-Run-At"
+# JetStream drops a second message with the same value within the stream's dedup window.
+NATS_MSG_ID = "Nats-Msg-Id"
+# Caller-given ids travel as header values; bounded so a dedup key stays a key.
+MAX_ID_LENGTH = 200
 
 
 class Job:
@@ -156,7 +164,7 @@ def validate_job(job_cls: type[Job], bus_aliases: Collection[str]) -> JobSpec:
     if DELAY_TOKEN in subject.split("."):
         raise fail("subject", f"the token {DELAY_TOKEN!r} is reserved for delayed jobs")
     bus = getattr(job_cls, "bus", None)
-    if bus not in bus_aliases:
+    if not isinstance(bus, str) or bus not in bus_aliases:
         declared = ", ".join(sorted(bus_aliases)) or "none"
         raise fail("bus", f"{bus!r} is not a declared bus alias (declared: {declared})")
     if not _is_int(job_cls.concurrency) or job_cls.concurrency < 1:
@@ -168,7 +176,9 @@ def validate_job(job_cls: type[Job], bus_aliases: Collection[str]) -> JobSpec:
     except ValueError as exc:
         raise fail("backoff", str(exc)) from None
     if not _is_number(job_cls.ack_wait_s) or job_cls.ack_wait_s <= 0:
-        raise fail("ack_wait_s", f"must be a positive number of seconds, got {job_cls.ack_wait_s!r}")
+        raise fail(
+            "ack_wait_s", f"must be a positive number of seconds, got {job_cls.ack_wait_s!r}"
+        )
     if not _is_number(job_cls.dlq_max_age_s) or job_cls.dlq_max_age_s < 0:
         raise fail("dlq_max_age_s", f"must be >= 0 s (0 = keep), got {job_cls.dlq_max_age_s!r}")
     max_bytes = job_cls.dlq_max_bytes
@@ -197,3 +207,85 @@ def _is_int(value: object) -> TypeGuard[int]:
 
 def _is_number(value: object) -> TypeGuard[int | float]:
     return _is_int(value) or isinstance(value, float)
+
+
+# -- the wire format ---------------------------------------------------------------------------
+
+
+class Envelope(NamedTuple):
+    """One job message ready to publish: the body is the JSON payload, metadata is in headers."""
+
+    job_id: str
+    subject: str
+    body: bytes
+    headers: dict[str, str]
+
+
+def encode_job(
+    spec: JobSpec, payload: Any, *, job_id: str | None = None, due_ms: int | None = None
+) -> Envelope:
+    """Build the message of one job (pure but for the clock and a random id).
+
+    `job_id` (caller-given) becomes the `Nats-Msg-Id` dedup key; default a random uuid.
+    `due_ms` (epoch ms) in the future makes a broker-side schedule on `<subject>._delay.<token>`
+    that the server publishes onto `<subject>` at that time (nats-server 2.12+).
+    Raises JobError `job.invalid_payload` / `job.invalid_id` before anything is published.
+    """
+    try:
+        body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise JobError(
+            f"{spec.name}: payload must be JSON-serialisable ({exc})", code="job.invalid_payload"
+        ) from None
+    now_ms = int(time.time() * 1000)
+    headers = {HEADER_ENQUEUED_AT: str(now_ms)}
+    if job_id is None:
+        job_id = uuid.uuid4().hex
+    else:
+        _check_id(spec, job_id)
+        headers[NATS_MSG_ID] = job_id
+    headers[HEADER_JOB_ID] = job_id
+    if due_ms is None or due_ms <= now_ms:
+        return Envelope(job_id, spec.subject, body, headers)
+    due = datetime.fromtimestamp(due_ms / 1000, UTC)
+    headers[HEADER_RUN_AT] = str(due_ms)
+    headers["Nats-Schedule"] = "@at " + due.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    headers["Nats-Schedule-Target"] = spec.subject
+    # The server keeps one schedule per subject, so each delayed job gets its own.
+    return Envelope(job_id, f"{spec.subject}.{DELAY_TOKEN}.{uuid.uuid4().hex}", body, headers)
+
+
+def due_ms_of(
+    spec: JobSpec, delay: float | timedelta | None, run_at: datetime | None
+) -> int | None:
+    """Epoch ms a job is due at from `delay` (s or timedelta, >= 0) or `run_at` (aware), or
+    None when neither is given. Raises JobError `job.invalid_delay`."""
+    if delay is not None and run_at is not None:
+        raise JobError(f"{spec.name}: give delay or run_at, not both", code="job.invalid_delay")
+    if run_at is not None:
+        if run_at.tzinfo is None:
+            raise JobError(f"{spec.name}: run_at must be timezone-aware", code="job.invalid_delay")
+        return int(run_at.timestamp() * 1000)
+    if delay is None:
+        return None
+    seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+    if not _is_number(seconds) or seconds < 0:
+        raise JobError(
+            f"{spec.name}: delay must be >= 0 seconds, got {delay!r}", code="job.invalid_delay"
+        )
+    return int(time.time() * 1000 + seconds * 1000)
+
+
+def _check_id(spec: JobSpec, job_id: object) -> None:
+    # It travels as a header value: no whitespace (a CR/LF would forge headers), bounded.
+    if (
+        not isinstance(job_id, str)
+        or not 0 < len(job_id) <= MAX_ID_LENGTH
+        or not job_id.isprintable()
+        or any(c.isspace() for c in job_id)
+    ):
+        raise JobError(
+            f"{spec.name}: id must be 1-{MAX_ID_LENGTH} printable characters without spaces, "
+            f"got {job_id!r}",
+            code="job.invalid_id",
+        )

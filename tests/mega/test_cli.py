@@ -128,3 +128,35 @@ def test_dev_comes_up_serves_and_leaves_nothing_behind(tmp_path: Path) -> None:
             dev.wait()
         if dev.stdout is not None:
             dev.stdout.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_start_stops_gracefully_on_signal_and_exits_0(
+    tmp_path: Path, nats_url: str, redis_url: str, sig: signal.Signals
+) -> None:
+    config = write_config(tmp_path, nats_url=nats_url, redis_url=redis_url)
+    port = free_port()
+    web = subprocess.Popen(
+        [*MEGA, "start", "--port", str(port), "--config", str(config)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.1)
+        pool_pids = _descendants(web.pid)
+        assert len(pool_pids) == 2  # the sample's hash pool: two child processes
+        web.send_signal(sig)
+        output, _ = web.communicate(timeout=30)
+        assert web.returncode == 0, output
+        assert "web stopped" in output and "Traceback" not in output
+        time.sleep(0.2)
+        assert [pid for pid in pool_pids if _alive(pid)] == []
+    finally:
+        if web.poll() is None:
+            web.kill()
+            web.communicate()

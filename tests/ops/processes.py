@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 import urllib.error
@@ -91,3 +92,17 @@ def wait_for_status(
             raise AssertionError(f"{while_alive} exited before {url} answered {status}\n{logs()}")
         time.sleep(0.2)
     raise AssertionError(f"{url} answered {last}, not {status}, in {timeout_s} s\n{logs()}")
+
+
+def wait_for_text(
+    read: Callable[[], str], pattern: str, count: int, timeout_s: float, *, while_alive: int
+) -> None:
+    """Poll `read()` until `pattern` occurs `count` times (e.g. one "ready" log line per host)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if len(re.findall(pattern, read())) >= count:
+            return
+        if not alive(while_alive):
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"{pattern!r} did not appear {count} time(s)\n{read()[-4000:]}")

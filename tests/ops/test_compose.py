@@ -71,6 +71,22 @@ def test_every_service_has_a_healthcheck(services: dict[str, dict[str, Any]]) ->
     assert services["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
     assert "pg_isready" in " ".join(services["postgres"]["healthcheck"]["test"])
     assert "http://127.0.0.1:8000/readyz" in " ".join(services["app"]["healthcheck"]["test"])
+    # The scheduler and worker serve no web page: their metrics port shows they are up.
+    for name, port_variable in (
+        ("scheduler", "MEGA_SCHEDULER_METRICS_PORT"),
+        ("worker", "MEGA_WORKER_METRICS_PORT"),
+    ):
+        port = services[name]["environment"][port_variable]
+        check = " ".join(services[name]["healthcheck"]["test"])
+        assert f"http://127.0.0.1:{port}/metrics" in check, name
+
+
+def test_hosts_get_longer_than_their_drain_to_stop(services: dict[str, dict[str, Any]]) -> None:
+    # The hosts wait up to 30 s for running ticks and in-flight jobs; Docker's default is 10 s.
+    grace_s = {
+        name: int(services[name]["stop_grace_period"].removesuffix("s")) for name in MEGA_SERVICES
+    }
+    assert grace_s == {"app": 40, "scheduler": 45, "worker": 45}
 
 
 def test_nats_runs_jetstream_on_a_named_volume(services: dict[str, dict[str, Any]]) -> None:

@@ -18,12 +18,23 @@ import pytest
 
 from app.mega.embedded import EmbeddedServer, free_port
 from tests.factories import DEMO_PASSWORD, DEMO_USER, TEST_SECRET
-from tests.ops.processes import alive, command_line, descendants, free_port_base, wait_for_status
+from tests.ops.processes import (
+    alive,
+    command_line,
+    descendants,
+    free_port_base,
+    wait_for_status,
+    wait_for_text,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 ECOSYSTEM = ROOT / "ecosystem"
 BIN = Path(sys.executable).parent  # the virtualenv running the tests: mega, honcho, supervisord
 BOOT_TIMEOUT_S = 60
+# The last line each host logs before it waits for SIGINT/SIGTERM (its handlers are set in the
+# same step): a signal sent earlier would find a host still booting.
+SCHEDULER_READY = r"mega\.host: scheduler \S+ running"
+WORKER_READY = r"mega\.host: worker \S+ consuming"
 
 
 @pytest.fixture
@@ -80,11 +91,25 @@ def tail(*paths: Path, chars: int = 3000) -> str:
 
 
 def kill_leftovers(pids: set[int]) -> list[int]:
-    """SIGKILL whatever of `pids` still runs (so a failing test cleans up); returns them."""
+    """SIGKILL whatever of `pids` still runs; returns them."""
     left = sorted(pid for pid in pids if alive(pid))
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     return left
+
+
+def clean_up(manager: subprocess.Popen[bytes], family: set[int]) -> None:
+    """After a failure too: the manager stops its programs (SIGTERM; a SIGKILLed manager would
+    orphan them), then whatever is left of its family is SIGKILLed."""
+    family |= descendants(manager.pid)
+    if manager.poll() is None:
+        manager.terminate()
+        try:
+            manager.wait(60)
+        except subprocess.TimeoutExpired:
+            manager.kill()
+            manager.wait()
+    kill_leftovers(family)
 
 
 # -- the same three commands everywhere ------------------------------------------------------
@@ -105,7 +130,7 @@ def test_procfile_runs_the_three_commands() -> None:
 
 def read_ini(path: Path) -> configparser.RawConfigParser:
     parser = configparser.RawConfigParser(inline_comment_prefixes=(";",), strict=False)
-    parser.optionxform = str  # type: ignore[assignment,method-assign]  # systemd keys are cased
+    parser.optionxform = str  # type: ignore[method-assign]  # keep systemd's CamelCase keys
     parser.read(path)
     return parser
 
@@ -120,28 +145,37 @@ def test_supervisord_runs_the_three_commands_with_a_graceful_stop() -> None:
         " + %(process_num)d)) exec mega worker'",
     }
     assert programs["worker"]["numprocs"] == "2"
+    # The hosts drain for up to 30 s (the web app: uvicorn's 10 s, then its CPU pools).
+    assert {name: p["stopwaitsecs"] for name, p in programs.items()} == {
+        "web": "40",
+        "scheduler": "45",
+        "worker": "45",
+    }
     for name, program in programs.items():
         assert program["stopsignal"] == "TERM", name
-        assert int(program["stopwaitsecs"]) > 30, name  # the hosts drain for up to 30 s
         assert program["autorestart"] == "true", name
         assert program["directory"] == "%(here)s/..", name
 
 
-SYSTEMD_UNITS = {
-    "mega-web.service": "/opt/mega/.venv/bin/mega start",
-    "mega-scheduler.service": "/opt/mega/.venv/bin/mega scheduler",
-    "mega-worker@.service": "/opt/mega/.venv/bin/mega worker",
-}
-
-
-@pytest.mark.parametrize(("unit", "exec_start"), SYSTEMD_UNITS.items())
-def test_systemd_units_run_the_three_commands(unit: str, exec_start: str) -> None:
+@pytest.mark.parametrize(
+    ("unit", "exec_start", "stop_timeout_s"),
+    [
+        ("mega-web.service", "/opt/mega/.venv/bin/mega start", "40"),
+        ("mega-scheduler.service", "/opt/mega/.venv/bin/mega scheduler", "45"),
+        ("mega-worker@.service", "/opt/mega/.venv/bin/mega worker", "45"),
+    ],
+)
+def test_systemd_units_run_the_three_commands(
+    unit: str, exec_start: str, stop_timeout_s: str
+) -> None:
     service = read_ini(ECOSYSTEM / "systemd" / unit)["Service"]
     assert service["ExecStart"] == exec_start
     assert service["EnvironmentFile"] == "/etc/mega/mega.env"
     assert service["Restart"] == "on-failure"
+    assert service["RestartPreventExitStatus"] == "2"  # a config error: a restart cannot fix it
     assert service["KillSignal"] == "SIGTERM"
-    assert int(service["TimeoutStopSec"]) > 30
+    assert service["KillMode"] == "mixed"
+    assert service["TimeoutStopSec"] == stop_timeout_s
     assert service["WorkingDirectory"] == "/opt/mega"
     assert service["User"] == "mega"
 
@@ -151,8 +185,8 @@ def test_each_worker_instance_serves_metrics_on_its_own_port() -> None:
     assert service["Environment"] == "MEGA_WORKER_METRICS_PORT=%i"
 
 
-def test_supervisord_names_the_missing_run_dir(stack_env: dict[str, str]) -> None:
-    env = {k: v for k, v in stack_env.items() if k != "MEGA_RUN_DIR"}
+def test_supervisord_names_the_missing_run_dir() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "MEGA_RUN_DIR"}
     result = subprocess.run(
         [BIN / "supervisord", "-n", "-c", ECOSYSTEM / "supervisord.conf"],
         capture_output=True, text=True, timeout=30, env=env,
@@ -191,6 +225,8 @@ def test_honcho_runs_the_procfile_and_sigint_stops_everything(
             wait_for_status(
                 url, 200, BOOT_TIMEOUT_S, while_alive=honcho.pid, logs=lambda: tail(log_path)
             )
+        for pattern, count in ((SCHEDULER_READY, 1), (WORKER_READY, 2)):
+            wait_for_text(log_path.read_text, pattern, count, 30, while_alive=honcho.pid)
         family = descendants(honcho.pid)
         assert mega_commands(family) == ["scheduler", f"start --port {port}", "worker", "worker"]
 
@@ -205,10 +241,7 @@ def test_honcho_runs_the_procfile_and_sigint_stops_everything(
         time.sleep(0.2)
         assert kill_leftovers(family) == []
     finally:
-        if honcho.poll() is None:
-            honcho.kill()
-            honcho.wait()
-        kill_leftovers(family)
+        clean_up(honcho, family)
 
 
 PROGRAMS = ("web", "scheduler", "worker-0", "worker-1")  # supervisord's process names
@@ -255,6 +288,10 @@ def test_supervisord_runs_the_shipped_config_and_sigterm_stops_everything(
             wait_for_status(
                 url, 200, BOOT_TIMEOUT_S, while_alive=supervisord.pid, logs=lambda: tail(*logs)
             )
+        for pattern, count in ((SCHEDULER_READY, 1), (WORKER_READY, 2)):
+            wait_for_text(
+                lambda: tail(*logs, chars=10**6), pattern, count, 30, while_alive=supervisord.pid
+            )
         expected = {
             "scheduler": "RUNNING",
             "web": "RUNNING",
@@ -281,7 +318,4 @@ def test_supervisord_runs_the_shipped_config_and_sigterm_stops_everything(
         for name in PROGRAMS:
             assert "Traceback" not in (run_dir / f"{name}.log").read_text(), name
     finally:
-        if supervisord.poll() is None:
-            supervisord.kill()
-            supervisord.wait()
-        kill_leftovers(family)
+        clean_up(supervisord, family)
