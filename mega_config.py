@@ -12,6 +12,8 @@ URLs and secrets come from the environment; the defaults suit `mega dev` on a la
 
 import os
 
+from app.main.jobs.email import EmailJob
+from app.main.jobs.timeline import attach_timeline
 from app.main.schedules.cron_counter import CronCounterSchedule
 from app.main.workers.hash_worker import HashWorker
 
@@ -30,10 +32,13 @@ services = {
 }
 
 schedules = [CronCounterSchedule]
-jobs: list[type] = []
+jobs = [EmailJob]
 workers = [HashWorker]
 
 web_app = "app.main.web:create_app"
+
+# Called once per host as hook(runtime, ctx): the worker's events feed the /demo/jobs timeline.
+hooks = {"worker": [attach_timeline]}
 
 auth = {
     "session_max_age_s": 8 * 3600,

@@ -19,10 +19,14 @@ TEST_SECRET = "test-secret-key-0123456789abcdef0123456789"
 DEMO_USER, DEMO_PASSWORD = "demo", "demo-password"
 # The sample's registrations, as mega_config.py lists them.
 SAMPLE_REGISTRATIONS = """
+from app.main.jobs.email import EmailJob
+from app.main.jobs.timeline import attach_timeline
 from app.main.schedules.cron_counter import CronCounterSchedule
 from app.main.workers.hash_worker import HashWorker
 schedules = [CronCounterSchedule]
+jobs = [EmailJob]
 workers = [HashWorker]
+hooks = {"worker": [attach_timeline]}
 """
 
 
@@ -95,3 +99,22 @@ async def login(
 
 def config_for(tmp_path: Path, nats_url: str, redis_url: str, **auth: Any) -> Config:
     return load_config(write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, **auth))
+
+
+@asynccontextmanager
+async def job_worker(config: Config) -> AsyncIterator[Any]:
+    """A JobWorker on the config's jobs and hooks, in this process: what `mega worker` runs."""
+    from app.mega.hosts import run_hooks
+    from app.mega.jobworker import JobWorker
+
+    ctx = await boot(config, role="worker", database=False)
+    worker = JobWorker(ctx)
+    for job in config.jobs:
+        worker.register(job)
+    await run_hooks(config, "worker", worker, ctx)
+    await worker.start()
+    try:
+        yield worker
+    finally:
+        await worker.stop(5)
+        await shutdown(ctx)

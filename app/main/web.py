@@ -6,8 +6,9 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from app.main.routes import api_console, api_cron, api_worker, pages
+from app.main.routes import api_console, api_cron, api_jobs, api_worker, pages
 from app.mega import Config, Context
+from app.mega.jobqueue import JobQueue
 from app.mega.metrics import observe_scheduler
 from app.mega.scheduler import Scheduler
 from app.mega.web.app import create_web_app
@@ -19,7 +20,13 @@ def create_app(config: Config, ctx: Context) -> FastAPI:
     app = create_web_app(
         config,
         ctx,
-        routers=[pages.router, api_console.router, api_cron.router, api_worker.router],
+        routers=[
+            pages.router,
+            api_console.router,
+            api_cron.router,
+            api_jobs.router,
+            api_worker.router,
+        ],
         templates_dir=PROJECT_ROOT / "templates",
         static_dir=PROJECT_ROOT / "static",
         title="mega-py demo",
@@ -32,4 +39,6 @@ def create_app(config: Config, ctx: Context) -> FastAPI:
     if config.metrics.enabled:
         observe_scheduler(scheduler)  # manual ticks count in the web app's /metrics
     app.state.scheduler = scheduler
+    # The web app enqueues and reads the DLQ; `mega worker` consumes.
+    app.state.job_queue = JobQueue(ctx, "jobs")
     return app

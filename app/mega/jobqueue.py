@@ -411,7 +411,8 @@ class _Consumer:
             await self._drain()
         finally:
             heartbeat.cancel()
-            for task in self.running:  # only when run() itself was cancelled
+            # Left only if run() itself was cancelled, or a message landed after the drain.
+            for task in self.running:
                 task.cancel()
             with contextlib.suppress(*NATS_ERRORS):
                 await sub.unsubscribe()
@@ -491,7 +492,8 @@ class _Consumer:
             description = headers.get("Description", "")
             self._warn(f"{self.spec.name}: pull answered {status} {description}")
             self.pause_until = time.monotonic() + OUTAGE_BACKOFF_S
-            self.needs_ensure = status == "404" or "deleted" in description.lower()
+            if status == "404" or "deleted" in description.lower():
+                self.needs_ensure = True
         self.wakeup.set()
 
     def _on_done(self, task: asyncio.Task[None]) -> None:
@@ -605,7 +607,9 @@ class _Consumer:
         If the publish fails the original is nacked with a delay, so it comes back and tries
         again: nothing is lost, and the dedup id keeps a retried record single."""
         spec, seq = self.spec, msg.metadata.sequence.stream
-        headers = {NATS_MSG_ID: f"{record['id']}:dlq:{record['attempts']}"}
+        # Keyed on the work-stream sequence: a retried publish of this message dedups, while
+        # the same job requeued (a new message) and failing again gets a record of its own.
+        headers = {NATS_MSG_ID: f"{record['id']}:dlq:{seq}"}
         try:
             await self.queue.js.publish(
                 spec.dlq_subject, json.dumps(record).encode(), headers=headers

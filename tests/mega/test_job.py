@@ -16,8 +16,8 @@ from app.mega.job import (
     HEADER_RUN_AT,
     Job,
     JobSpec,
-    due_ms_of,
     dlq_stream_name,
+    due_ms_of,
     encode_job,
     stream_name,
     validate_job,
@@ -31,7 +31,7 @@ class EmailJob(Job):
     bus = "jobs"
     concurrency = 2
     retries = 2
-    backoff = {"type": "exponential", "initial": 500, "max": 2000}  # noqa: RUF012
+    backoff = {"type": "exponential", "initial": 500, "max": 2000}
 
     async def run(self, payload: Any, ctx: Any) -> None:
         return None
@@ -147,7 +147,7 @@ def test_run_must_be_an_overridden_coroutine() -> None:
 
 
 def test_not_a_job_class() -> None:
-    with pytest.raises(RegistrationError, match="subclass of app.mega.Job"):
+    with pytest.raises(RegistrationError, match=r"subclass of app\.mega\.Job"):
         validate_job(dict, BUSES)  # type: ignore[arg-type]
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from app.main.routes.api_cron import SCHEDULE, scheduler
+from app.main.routes.api_jobs import jobs_part
 from app.main.routes.api_worker import POOL
 from app.mega.web.auth import UserDep
 from app.mega.web.envelope import ok
@@ -42,9 +43,10 @@ async def pool_part(request: Request) -> dict[str, Any]:
     return stats
 
 
-# Each console panel: name -> reader. The jobs panel is added by routes/api_jobs.py.
+# Each console panel: name -> reader.
 PARTS: dict[str, Callable[[Request], Awaitable[dict[str, Any]]]] = {
     "schedules": schedules_part,
+    "jobs": jobs_part,
     "pool": pool_part,
 }
 

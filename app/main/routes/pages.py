@@ -14,6 +14,7 @@ from fastapi.responses import RedirectResponse
 
 from app.main.routes.api_console import console_state
 from app.main.routes.api_cron import cron_state
+from app.main.routes.api_jobs import jobs_page_context
 from app.main.routes.api_worker import HASH_TIMEOUT_MS, POOL, HashRequest
 from app.main.workers.hash_tasks import MAX_ROUNDS, sha256_loop
 from app.mega.web.auth import UserDep
@@ -93,9 +94,6 @@ async def worker_form(request: Request, user: UserDep) -> Response:
     return RedirectResponse(f"/demo/worker?{query}", status_code=303)
 
 
-@router.get("/demo/{name}")
-async def coming(request: Request, name: str, user: UserDep) -> Response:
-    titles = {"jobs": "Jobs"}
-    if name not in titles:
-        return render(request, "error.html", title="Not found", message="There is no such demo.")
-    return render(request, "demo/coming.html", title=titles[name])
+@router.get("/demo/jobs")
+async def jobs_page(request: Request, user: UserDep) -> Response:
+    return render(request, "demo/jobs.html", **await jobs_page_context(request))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -109,9 +110,10 @@ def wants_json(request: Request) -> bool:
     )
 
 
-def field_errors(exc: RequestValidationError) -> dict[str, str]:
+def field_errors(errors: Sequence[Any]) -> dict[str, str]:
+    """Pydantic's error list as {"field.path": "message"} (the first message per field)."""
     fields: dict[str, str] = {}
-    for err in exc.errors():
+    for err in errors:
         loc = [str(part) for part in err.get("loc", ()) if part not in ("body", "query", "form")]
         fields.setdefault(".".join(loc) or "body", str(err.get("msg", "invalid")))
     return fields
@@ -124,7 +126,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation(request: Request, exc: RequestValidationError) -> Response:
-        return fail(422, "validation_failed", "some fields are invalid", fields=field_errors(exc))
+        return fail(
+            422, "validation_failed", "some fields are invalid", fields=field_errors(exc.errors())
+        )
 
     @app.exception_handler(DependencyUnavailable)
     async def unavailable(request: Request, exc: DependencyUnavailable) -> Response:

@@ -1,0 +1,139 @@
+"""The EmailJob demo's state in Redis: one record and one event timeline per job id.
+
+    demo:jobs:index          ids, newest first (bounded)
+    demo:jobs:job:<id>       hash: id, to, mode, status, attempts, created_at
+    demo:jobs:events:<id>    the timeline, JSON events oldest first (bounded)
+    demo:jobs:attempts:<id>  attempts counted by the job itself (EmailJob.run)
+    demo:jobs:latency        recent enqueue-to-start latencies in ms (bounded)
+
+Everything is bounded or expires, so a long-running demo never grows Redis without limit.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from redis.asyncio import Redis
+
+INDEX_KEY = "demo:jobs:index"
+LATENCY_KEY = "demo:jobs:latency"
+# Jobs the page lists, events per job, latency samples kept, and how long a job's data lives.
+MAX_JOBS = 30
+MAX_EVENTS = 40
+MAX_LATENCIES = 200
+TTL_S = 24 * 3600
+
+STATUSES = ("queued", "running", "retrying", "done", "dlq")
+
+
+def job_key(job_id: str) -> str:
+    return f"demo:jobs:job:{job_id}"
+
+
+def events_key(job_id: str) -> str:
+    return f"demo:jobs:events:{job_id}"
+
+
+def attempts_key(job_id: str) -> str:
+    return f"demo:jobs:attempts:{job_id}"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def record_enqueued(redis: Redis, job_id: str, to: str, mode: str) -> None:
+    record: dict[Any, Any] = {
+        "id": job_id, "to": to, "mode": mode, "status": "queued", "attempts": 0,
+        "created_at": now_ms(),
+    }  # fmt: skip
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.hset(job_key(job_id), mapping=record)
+        pipe.expire(job_key(job_id), TTL_S)
+        pipe.lpush(INDEX_KEY, job_id)
+        pipe.ltrim(INDEX_KEY, 0, MAX_JOBS - 1)
+        await pipe.execute()
+    await record_event(redis, job_id, "enqueued", f"to {to}, mode {mode}")
+
+
+async def forget(redis: Redis, job_id: str) -> None:
+    """Undo record_enqueued (the enqueue itself failed)."""
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.delete(job_key(job_id), events_key(job_id))
+        pipe.lrem(INDEX_KEY, 1, job_id)
+        await pipe.execute()
+
+
+async def record_event(
+    redis: Redis,
+    job_id: str,
+    kind: str,
+    detail: str,
+    *,
+    status: str | None = None,
+    attempt: int | None = None,
+) -> None:
+    """Append to the timeline; `status`/`attempt` also update the job's record (if it exists:
+    a job enqueued outside the page has no record and is ignored)."""
+    if not await redis.exists(job_key(job_id)):
+        return
+    event = {"at": now_ms(), "kind": kind, "detail": detail, "attempt": attempt}
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.rpush(events_key(job_id), json.dumps(event))
+        pipe.ltrim(events_key(job_id), -MAX_EVENTS, -1)
+        pipe.expire(events_key(job_id), TTL_S)
+        if status is not None:
+            pipe.hset(job_key(job_id), "status", status)
+        if attempt is not None:
+            pipe.hset(job_key(job_id), "attempts", attempt)
+        await pipe.execute()
+
+
+async def record_latency(redis: Redis, latency_ms: float) -> None:
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.lpush(LATENCY_KEY, latency_ms)
+        pipe.ltrim(LATENCY_KEY, 0, MAX_LATENCIES - 1)
+        await pipe.execute()
+
+
+async def latency_p50_ms(redis: Redis) -> float | None:
+    samples = [float(value) for value in await redis.lrange(LATENCY_KEY, 0, -1)]
+    return round(statistics.median(samples), 1) if samples else None
+
+
+def _clock(at_ms: int) -> str:
+    """HH:MM:SS.mmm (UTC), for the timeline."""
+    return datetime.fromtimestamp(at_ms / 1000, UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
+async def list_jobs(redis: Redis, limit: int = MAX_JOBS) -> list[dict[str, Any]]:
+    """Newest first: {id, to, mode, status, attempts, created_at, events}."""
+    ids: list[str] = await redis.lrange(INDEX_KEY, 0, limit - 1)  # type: ignore[assignment]
+    async with redis.pipeline(transaction=False) as pipe:
+        for job_id in ids:
+            pipe.hgetall(job_key(job_id))
+            pipe.lrange(events_key(job_id), 0, -1)
+        replies = await pipe.execute()
+    jobs = []
+    for record, events in zip(replies[::2], replies[1::2], strict=True):
+        if not record:
+            continue  # expired
+        jobs.append(
+            {
+                "id": record["id"],
+                "to": record["to"],
+                "mode": record["mode"],
+                "status": record["status"],
+                "attempts": int(record["attempts"]),
+                "created_at": int(record["created_at"]),
+                "events": [
+                    {**event, "time": _clock(event["at"])}
+                    for event in sorted((json.loads(e) for e in events), key=lambda e: e["at"])
+                ],
+            }
+        )
+    return jobs
