@@ -13,7 +13,8 @@ A message is the JSON payload as body plus headers: `Mega-Job-Id`, `Mega-Enqueue
 
 Attempts are JetStream's own delivery count, `num_delivered`, so they survive a worker crash:
 every delivery of a message is one attempt. A retry is `nak(delay=backoff)` of the same message
-(the next delivery is the next attempt). A delayed job is a broker-side message schedule
+(the next delivery is the next attempt); while it waits, NATS still counts it against
+max_ack_pending, so a backing-off job holds one of the group's `concurrency` slots. A delayed job is a broker-side message schedule
 (nats-server 2.12+): it waits in the stream on `<subject>._delay.<token>` and the server
 publishes a fresh copy onto `<subject>` at its time, so it holds no worker slot, no
 max_ack_pending and no delivery while it waits. A DLQ requeue publishes a new message, so its
@@ -280,15 +281,14 @@ class JobQueue:
             ack = await self.js.publish(subject, body, headers=headers)
         except NATS_ERRORS as exc:
             raise DependencyUnavailable("nats", f"cannot enqueue {spec.name}: {exc}") from exc
-        if self.events.has_observers("dispatch"):
-            await self.events.emit(
-                "dispatch",
-                job=spec.name,
-                id=job_id,
-                subject=spec.subject,
-                run_at=headers.get(HEADER_RUN_AT),
-                duplicate=bool(ack.duplicate),
-            )
+        await self.emit(
+            "dispatch",
+            job=spec.name,
+            id=job_id,
+            subject=spec.subject,
+            run_at=headers.get(HEADER_RUN_AT),
+            duplicate=bool(ack.duplicate),
+        )
         return job_id
 
     async def enqueue_many(self, job_cls: type[Job], payloads: Iterable[Any]) -> list[str]:
@@ -593,7 +593,7 @@ class _Consumer:
             return remembered
         runs = msg.metadata.num_delivered - 1
         message = (
-            f"delivered {runs} times without reporting back: the job kills its worker "
+            f"attempt {runs} of {self.spec.max_attempts} never reported back: its worker died "
             "(crash, os._exit, OOM kill) or its DLQ record could not be written"
         )
         return make_record(

@@ -50,7 +50,8 @@ def observe_jobs(runtime: Observable) -> None:
     def count(event: dict[str, Any]) -> None:
         job = str(event.get("job", "unknown"))
         JOB_EVENTS.labels(job, event["event"]).inc()
-        if event["event"] == "start" and event.get("latency_ms") is not None:
+        first_start = event["event"] == "start" and event.get("attempt") == 1
+        if first_start and event.get("latency_ms") is not None:
             JOB_START_LATENCY.labels(job).observe(event["latency_ms"] / 1000)
         if event["event"] in ("done", "retry", "fail") and event.get("duration_ms") is not None:
             JOB_DURATION.labels(job).observe(event["duration_ms"] / 1000)

@@ -21,8 +21,9 @@ def attach_timeline(worker: JobWorker, ctx: Context) -> None:
             return
         job_id, attempt, kind = event["id"], event.get("attempt"), event["event"]
         if kind == "start":
-            latency = event.get("latency_ms")
-            waited = f" after waiting {latency} ms" if latency is not None else ""
+            # Enqueue-to-start latency is what users feel; later attempts wait on the backoff.
+            latency = event.get("latency_ms") if attempt == 1 else None
+            waited = f", {latency} ms after enqueue" if latency is not None else ""
             detail = f"attempt {attempt} started{waited}"
             await job_timeline.record_event(
                 redis, job_id, "start", detail, status="running", attempt=attempt
