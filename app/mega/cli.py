@@ -122,9 +122,7 @@ def _worker(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, Non
 def _dlq(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:
     from app.mega.dlq_cli import run_dlq_command
 
-    return run_dlq_command(  # type: ignore[no-any-return]
-        config, args.action, job=args.job, job_id=args.id, limit=args.limit
-    )
+    return run_dlq_command(config, args.action, job=args.job, job_id=args.id, limit=args.limit)
 
 
 _COMMANDS: dict[str, Callable[[Config, argparse.Namespace], Coroutine[Any, Any, None]]] = {

@@ -201,3 +201,46 @@ async def test_nats_down_is_503_naming_it_and_other_pages_work(
         assert response.status_code == 201
         data = (await client.get("/api/demo/jobs")).json()["data"]
         assert len(data["jobs"]) == 1  # the refused enqueue left no phantom job behind
+
+
+async def test_dlq_cli_lists_requeues_and_purges(config: Config) -> None:
+    """`mega dlq` as a user runs it, against the DLQ a failing job filled."""
+    import subprocess
+    import sys
+
+    def mega_dlq(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "app.mega.cli", "dlq", *args, "--config", str(config.path)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    async with web_client(config) as client:
+        headers = await authed(client)
+        async with job_worker(config):
+            fail_id = await enqueue(client, headers, "fail")
+            await wait_for_job(client, fail_id, "dlq")
+        listed = await asyncio.to_thread(mega_dlq, "list")
+        assert listed.returncode == 0, listed.stderr
+        assert "EmailJob: 1 dead letter(s)" in listed.stdout and fail_id in listed.stdout
+        assert "SimulatedSendError" in listed.stdout
+
+        refused = await asyncio.to_thread(mega_dlq, "purge")
+        assert refused.returncode == 2 and "--job" in refused.stderr
+        unknown = await asyncio.to_thread(mega_dlq, "list", "--job", "Nope")
+        assert unknown.returncode == 2 and "no job named 'Nope'" in unknown.stderr
+
+        requeued = await asyncio.to_thread(
+            mega_dlq, "requeue", "--job", "EmailJob", "--id", fail_id
+        )
+        assert "requeued 1 job(s)" in requeued.stdout
+        assert await stream_messages(client) == 1  # back on the work stream, nobody consuming
+        async with job_worker(config):
+            # The CLI knows nothing of the page's timeline: watch the DLQ itself refill.
+            for _ in range(200):
+                if (await client.get("/api/demo/jobs")).json()["data"]["dlq"]["count"] == 1:
+                    break
+                await asyncio.sleep(0.1)
+        assert await stream_messages(client) == 0
+        purged = await asyncio.to_thread(mega_dlq, "purge", "--job", "EmailJob")
+        assert "purged 1 record(s)" in purged.stdout
+        assert (await client.get("/api/demo/jobs")).json()["data"]["dlq"]["count"] == 0
