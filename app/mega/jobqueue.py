@@ -14,12 +14,13 @@ A message is the JSON payload as body plus headers: `Mega-Job-Id`, `Mega-Enqueue
 Attempts are JetStream's own delivery count, `num_delivered`, so they survive a worker crash:
 every delivery of a message is one attempt. A retry is `nak(delay=backoff)` of the same message
 (the next delivery is the next attempt); while it waits, NATS still counts it against
-max_ack_pending, so a backing-off job holds one of the group's `concurrency` slots. A delayed job is a broker-side message schedule
-(nats-server 2.12+): it waits in the stream on `<subject>._delay.<token>` and the server
-publishes a fresh copy onto `<subject>` at its time, so it holds no worker slot, no
-max_ack_pending and no delivery while it waits. A DLQ requeue publishes a new message, so its
-count restarts at 1 ("attempts reset"). A delivery beyond `retries + 1` means the earlier ones
-never reported back (the job killed its worker): it goes straight to the DLQ as `WorkerCrashed`.
+max_ack_pending, so a backing-off job holds one of the group's `concurrency` slots.
+A delayed job is a broker-side message schedule (nats-server 2.12+): it waits in the stream
+on `<subject>._delay.<token>` and the server publishes a fresh copy onto `<subject>` at its
+time, so it holds no worker slot, no max_ack_pending and no delivery while it waits.
+A DLQ requeue publishes a new message, so its count restarts at 1 ("attempts reset").
+A delivery beyond `retries + 1` means the last attempt never reported back (the job killed its
+worker): it goes straight to the DLQ as `WorkerCrashed` instead of running again.
 
 Consuming (see `_Consumer`): pull requests ask for at most the free slots, messages are run as
 they arrive (no waiting for a batch to fill, which is what keeps start latency low), running
@@ -267,7 +268,9 @@ class JobQueue:
         published). `id`: the dedup key (a second enqueue with the same id within 2 minutes is
         dropped by JetStream and returns the same id); default a random uuid. `delay` (seconds
         or timedelta) or `run_at` (aware datetime): hold the job until then without using a
-        worker slot. Raises DependencyUnavailable when NATS does not answer.
+        worker slot. Raises DependencyUnavailable at once while NATS is disconnected, or after
+        the publish timeout (5 s) when it does not answer; in that last case the job may still
+        have been stored, so give an `id` when a retry must not duplicate it.
         """
         spec = await self.ensure(job_cls)
         due_ms = due_ms_of(spec, delay, run_at)
@@ -277,6 +280,7 @@ class JobQueue:
                 code="job.delay_unsupported",
             )
         job_id, subject, body, headers = encode_job(spec, payload, job_id=id, due_ms=due_ms)
+        self._check_connected(spec)
         try:
             ack = await self.js.publish(subject, body, headers=headers)
         except NATS_ERRORS as exc:
@@ -296,6 +300,7 @@ class JobQueue:
         every PubAck is in. Every payload is checked before the first publish."""
         spec = await self.ensure(job_cls)
         envelopes = [encode_job(spec, payload) for payload in payloads]
+        self._check_connected(spec)
         futures: list[asyncio.Future[Any]] = []
         try:
             for _, subject, body, headers in envelopes:
@@ -313,6 +318,15 @@ class JobQueue:
             for job_id in ids:
                 await self.events.emit("dispatch", job=spec.name, id=job_id, subject=spec.subject)
         return ids
+
+    def _check_connected(self, spec: JobSpec) -> None:
+        # While reconnecting, nats-py buffers publishes and sends them once back: an enqueue
+        # that timed out would then still run. Refusing up front keeps "raised" meaning "not
+        # enqueued" (but for a drop in mid-flight: pass an `id` to make retries safe).
+        if not self.nc.is_connected:
+            raise DependencyUnavailable(
+                "nats", f"cannot enqueue {spec.name}: bus {self.bus_alias!r} is not connected"
+            )
 
     # -- consume ------------------------------------------------------------------------------
 
@@ -533,7 +547,14 @@ class _Consumer:
             await self._dead_letter(msg, record, terminate=True)
             return
         if attempt > spec.max_attempts:
-            await self._dead_letter(msg, self._crash_record(msg, job_id, payload, enqueued_at))
+            unreported = self.unreported.get(meta.sequence.stream)
+            if unreported is None:  # not a DLQ publish of ours that failed: a crash
+                unreported = self._crash_record(msg, job_id, payload, enqueued_at)
+                await self.queue.emit(
+                    "fail", job=spec.name, id=job_id, attempt=attempt, phase="run",
+                    error_type="WorkerCrashed", error=unreported["error"]["message"],
+                )  # fmt: skip
+            await self._dead_letter(msg, unreported)
             return
         started = time.time()
         run_at = _int_header(headers, HEADER_RUN_AT) or enqueued_at
@@ -586,11 +607,7 @@ class _Consumer:
     def _crash_record(
         self, msg: Msg, job_id: str, payload: Any, enqueued_at: int | None
     ) -> DeadLetter:
-        """The record of a delivery past `retries + 1`: the one whose DLQ publish failed here,
-        or else a crash (earlier deliveries never acked, nacked or dead-lettered)."""
-        remembered = self.unreported.get(msg.metadata.sequence.stream)
-        if remembered is not None:
-            return remembered
+        """The record of a delivery past `retries + 1` whose last attempt never reported back."""
         runs = msg.metadata.num_delivered - 1
         message = (
             f"attempt {runs} of {self.spec.max_attempts} never reported back: its worker died "

@@ -7,7 +7,9 @@ it within its validity (ttl - elapsed - clock drift); otherwise the partial hold
 
 Read the Redlock critique (Kleppmann, "How to do distributed locking") before trusting any lock
 with correctness: a paused holder can outlive its TTL. `incr()` hands out fencing numbers so the
-protected writes can refuse a stale holder.
+protected writes can refuse a stale holder, and `acquire_fenced()` takes a lock together with its
+fencing number (plus an optional one-shot claim): what a scheduler tick needs, in one round trip
+on one server.
 
 A Redis failure is raised as `LockBackendError` (code ``lock.backend``) naming the server; a
 quorum tolerates a minority of servers down and only raises when no majority can answer.
@@ -19,7 +21,8 @@ import asyncio
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeVar
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -43,6 +46,21 @@ if current < wanted then
 end
 return current
 """
+# `acquire_fenced` on one server, atomically: KEYS = guard, fence[, claim]; ARGV = token, guard
+# ttl ms[, claim ttl ms]. The claim is taken first and kept whatever follows (the tick is consumed).
+# INCR comes before the guard's SET: a script that fails half-way keeps its earlier writes, and a
+# fence key holding a non-number must not leave a guard behind that blocks the next ticks.
+ACQUIRE_FENCED_SCRIPT = """
+if #KEYS == 3 and not redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[3]) then
+    return {'claimed'}
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+    return {'overlap'}
+end
+local fence = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {'acquired', fence}
+"""
 # 128 random bits: a token no other holder can guess or collide with.
 TOKEN_BYTES = 16
 # Bound on one command to one server, so a blackholed server cannot stall a caller.
@@ -57,11 +75,22 @@ DRIFT_MIN_MS = 2.0
 
 T = TypeVar("T")
 
+# Why `acquire_fenced` held nothing: the claim was taken already, or the guard is held.
+Refusal = Literal["claimed", "overlap"]
+
 
 class LockBackendError(MegaError):
     """A lock server failed (refused, timed out, errored); the message names it."""
 
     code = "lock.backend"
+
+
+@dataclass(frozen=True)
+class FencedLease:
+    """A lock held through `acquire_fenced`: `token` releases it, `fence` came with it."""
+
+    token: str
+    fence: int  # larger than every fencing number drawn before under the same fence key
 
 
 class LockAdapter(Protocol):
@@ -84,6 +113,26 @@ class LockAdapter(Protocol):
         """The next fencing number under `key`: larger than every one handed out before."""
         ...
 
+    async def acquire_fenced(
+        self,
+        key: str,
+        ttl_ms: int,
+        fence_key: str,
+        *,
+        claim_key: str | None = None,
+        claim_ttl_ms: int = 0,
+    ) -> FencedLease | Refusal:
+        """One attempt, no waiting, at a claim, a lock and its fencing number together.
+
+        With `claim_key`: "claimed" when that key is taken already; else it is taken for
+        `claim_ttl_ms` ms (a positive int) and left to expire, even when "overlap" follows (the
+        claim is a one-shot: whoever takes it consumes it). Then "overlap" when `key` is held;
+        else `key` is held for `ttl_ms` ms (a positive int) and the lease carries its token
+        (for `release(key, token)`) and the next fencing number under `fence_key`. A backend
+        failure raises LockBackendError and does not leave `key` held (the claim may be).
+        """
+        ...
+
 
 class RedLock:
     """`LockAdapter` over one Redis (SET NX PX) or a quorum of independent ones (Redlock).
@@ -101,6 +150,7 @@ class RedLock:
         self.servers = [server_name(client) for client in clients]
         self._release_scripts = [client.register_script(RELEASE_SCRIPT) for client in clients]
         self._raise_scripts = [client.register_script(RAISE_TO_SCRIPT) for client in clients]
+        self._fenced_scripts = [client.register_script(ACQUIRE_FENCED_SCRIPT) for client in clients]
 
     @property
     def native(self) -> Redis:
@@ -108,8 +158,7 @@ class RedLock:
 
     async def acquire(self, key: str, ttl_ms: int) -> str | None:
         """Try once on every server; the token when a majority accepted it within its validity."""
-        if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or ttl_ms <= 0:
-            raise ValueError(f"ttl_ms must be a positive int (milliseconds), got {ttl_ms!r}")
+        _check_ttl("ttl_ms", ttl_ms)
         token = secrets.token_hex(TOKEN_BYTES)
         timeout_s = self._acquire_timeout_s(ttl_ms)
         started = time.monotonic()
@@ -163,6 +212,70 @@ class RedLock:
         self._raise_without_majority(raised, f"incr {key!r}")
         return wanted
 
+    async def acquire_fenced(
+        self,
+        key: str,
+        ttl_ms: int,
+        fence_key: str,
+        *,
+        claim_key: str | None = None,
+        claim_ttl_ms: int = 0,
+    ) -> FencedLease | Refusal:
+        """See `LockAdapter.acquire_fenced`. One server: one Lua script, one round trip, and the
+        fence is issued atomically with the lock. A quorum: `acquire` (claim), `acquire` (lock),
+        `incr` (fence) in turn, since a script runs on one server and cannot span independent
+        ones; the fence is then drawn just after the lock is held.
+        """
+        _check_ttl("ttl_ms", ttl_ms)
+        if claim_key is not None:
+            _check_ttl("claim_ttl_ms", claim_ttl_ms)
+        if len(self.clients) > 1:
+            return await self._acquire_fenced_in_steps(
+                key, ttl_ms, fence_key, claim_key, claim_ttl_ms
+            )
+        token = secrets.token_hex(TOKEN_BYTES)
+        keys = [key, fence_key]
+        args: list[str | int] = [token, ttl_ms]
+        if claim_key is not None:
+            keys.append(claim_key)
+            args.append(claim_ttl_ms)
+        results = await self._on_each(
+            lambda i: self._fenced_scripts[i](keys=keys, args=args), OP_TIMEOUT_S
+        )
+        if isinstance(results[0], BaseException):
+            # A timed-out script may still have run: give back what it may hold, as `acquire`.
+            held = [k for k in keys if k != fence_key]
+            await asyncio.gather(*(self._release_quietly(k, token) for k in held))
+            self._raise_without_majority(results, f"acquire {key!r} with fence {fence_key!r}")
+        return self._fenced_reply(results[0], token)
+
+    def _fenced_reply(self, reply: Any, token: str) -> FencedLease | Refusal:
+        """Read `ACQUIRE_FENCED_SCRIPT`'s reply: ``[status]`` or ``["acquired", fence]``."""
+        status = _text(reply[0])
+        if status == "acquired":
+            return FencedLease(token, int(reply[1]))
+        if status == "claimed":
+            return "claimed"
+        if status == "overlap":
+            return "overlap"
+        raise LockBackendError(f"lock {self.alias!r}: unexpected script reply {reply!r}")
+
+    async def _acquire_fenced_in_steps(
+        self, key: str, ttl_ms: int, fence_key: str, claim_key: str | None, claim_ttl_ms: int
+    ) -> FencedLease | Refusal:
+        if claim_key is not None and await self.acquire(claim_key, claim_ttl_ms) is None:
+            return "claimed"
+        token = await self.acquire(key, ttl_ms)
+        if token is None:
+            return "overlap"
+        try:
+            fence = await self.incr(fence_key)
+        except BaseException:
+            # No fence, no lease: free the lock now rather than block the next holder for a TTL.
+            await self._release_quietly(key, token)
+            raise
+        return FencedLease(token, fence)
+
     def _acquire_timeout_s(self, ttl_ms: int) -> float:
         if len(self.clients) == 1:
             return OP_TIMEOUT_S
@@ -215,6 +328,17 @@ def server_name(client: Redis) -> str:
     if "path" in kwargs:
         return f"unix:{kwargs['path']}"
     return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
+
+
+def _check_ttl(name: str, ttl_ms: object) -> None:
+    # bool is an int subclass, and `True` is a typo, not one millisecond.
+    if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or ttl_ms <= 0:
+        raise ValueError(f"{name} must be a positive int (milliseconds), got {ttl_ms!r}")
+
+
+def _text(value: object) -> str:
+    """A script's status string, whether the client decodes responses or not."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _describe(exc: BaseException) -> str:

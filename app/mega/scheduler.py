@@ -6,8 +6,10 @@ before a slower peer (clocks up to a second apart) even tries, and the tick runs
 planned instant is claimed under its own key, ``<prefix>:tick:<utc epoch seconds>``, and the
 claim is left to expire. A separate overlap guard, ``<prefix>:running``, is released in
 `finally` and keeps a long run from overlapping the next tick anywhere in the cluster. The
-winner then draws a fencing number from ``<prefix>:fence`` (INCR) and its run gets it in
-`self.tick.fence`, so its writes can refuse a stale holder.
+winner gets a fencing number from ``<prefix>:fence`` (INCR) with the guard, and its run gets it
+in `self.tick.fence`, so its writes can refuse a stale holder. Claim, guard and fence are one
+call, `LockAdapter.acquire_fenced`: one Lua script (one round trip) on a single Redis, three
+steps on a quorum (see `app.mega.locks`).
 
 Redis keys, with ``<prefix>`` = ``lock["key"]`` or ``mega:schedule:<ClassName>``:
     <prefix>:tick:<epoch>   claim of one planned instant (left to expire)
@@ -27,7 +29,6 @@ context whose `extras["tick"]` is the same Tick, for code that only receives `ct
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -44,7 +45,7 @@ from app.mega import cron
 from app.mega.context import Context
 from app.mega.errors import MegaError, RegistrationError
 from app.mega.events import EventEmitter, Observer
-from app.mega.locks import LockAdapter, LockBackendError
+from app.mega.locks import LockAdapter, LockBackendError, Refusal
 from app.mega.schedule import (
     LockPlan,
     Schedule,
@@ -73,6 +74,11 @@ AUDIT_TIMEOUT_S = 1.0
 LOOP_RETRY_S = 1.0
 # How many next instants `describe()` lists.
 PREVIEW_RUNS = 5
+# The skip reason for each refusal of `acquire_fenced` (events, audit, the demo page).
+REFUSAL_REASONS: dict[Refusal, str] = {
+    "claimed": "claimed by another instance",
+    "overlap": "overlap: the previous run still runs",
+}
 
 
 class GuardExpired(MegaError):
@@ -282,27 +288,25 @@ class Scheduler:
                 return await self._skip(spec, record, "overlap: still running here")
             return await self._execute(spec, Tick(planned, None, source, self.instance_id), record)
         adapter = self.ctx.lock(plan.alias)
-        guard_key = f"{plan.key_prefix}:running"
+        # A manual tick is its own instant: no claim, only the guard and the fence.
+        claim_key = None
+        if source == "schedule":
+            claim_key = f"{plan.key_prefix}:tick:{int(planned.timestamp())}"
         try:
-            if source == "schedule":
-                claim_key = f"{plan.key_prefix}:tick:{int(planned.timestamp())}"
-                if await adapter.acquire(claim_key, max(plan.ttl_ms, CLAIM_MIN_TTL_MS)) is None:
-                    return await self._skip(spec, record, "claimed by another instance")
-            guard = await adapter.acquire(guard_key, plan.ttl_ms)
-            if guard is None:
-                return await self._skip(spec, record, "overlap: the previous run still runs")
-            try:
-                fence = await adapter.incr(f"{plan.key_prefix}:fence")
-            except BaseException:
-                # No fence, no run; free the guard so the next tick is not blocked for a TTL.
-                with contextlib.suppress(Exception):
-                    await adapter.release(guard_key, guard)
-                raise
+            lease = await adapter.acquire_fenced(
+                f"{plan.key_prefix}:running",
+                plan.ttl_ms,
+                f"{plan.key_prefix}:fence",
+                claim_key=claim_key,
+                claim_ttl_ms=max(plan.ttl_ms, CLAIM_MIN_TTL_MS),
+            )
         except Exception as exc:  # any adapter failure is a skip, never a crash of the host
             detail = exc.message if isinstance(exc, LockBackendError) else repr(exc)
             return await self._skip(spec, record, f"lock backend error: {detail}")
-        tick = Tick(planned, fence, source, self.instance_id)
-        return await self._execute(spec, tick, record, (adapter, guard))
+        if isinstance(lease, str):
+            return await self._skip(spec, record, REFUSAL_REASONS[lease])
+        tick = Tick(planned, lease.fence, source, self.instance_id)
+        return await self._execute(spec, tick, record, (adapter, lease.token))
 
     async def _execute(
         self,

@@ -228,6 +228,62 @@ async def test_two_instances_run_each_tick_exactly_once(
         assert tick["source"] == "schedule"
 
 
+async def test_a_tick_meeting_a_long_run_is_consumed_by_the_overlap_guard(
+    redis_url: str, clients: Callable[[str], Redis], prefix: str
+) -> None:
+    runs: list[Run] = []
+    probe = schedule(prefix, runs, sleep_s=1.3)  # longer than the period
+    a = Scheduler(context("a", clients(redis_url))).register(probe)
+    b = Scheduler(context("b", clients(redis_url))).register(probe)
+    await a.start()
+    await b.start()
+    await wait_for(lambda: len(runs) >= 3, timeout_s=12)
+    await a.stop()
+    await b.stop()
+
+    assert len({r[0] for r in runs}) == len(runs)  # never twice, never overlapping
+    assert strictly_increasing([r[2] for r in sorted(runs, key=lambda r: r[0])])
+    first, last = min(r[0] for r in runs), max(r[0] for r in runs)
+    ticks = [t for t in await a.recent_ticks("Probe", limit=100) if t["winner"] is None]
+    between = [t for t in ticks if first < datetime.fromisoformat(t["instant"]) < last]
+    assert between, "no tick fell on a running run"
+    for tick in between:  # one instance met the guard; the claim kept the other one out
+        reasons = sorted(skip["reason"] for skip in tick["skipped"])
+        assert reasons == ["claimed by another instance", "overlap: the previous run still runs"]
+        assert tick["source"] == "schedule"
+
+
+async def test_quorum_lock_with_one_server_down_still_runs_each_tick_once(
+    redis_factory: Callable[[], EmbeddedServer], clients: Callable[[str], Redis], prefix: str
+) -> None:
+    servers = [redis_factory() for _ in range(3)]
+    servers[2].stop()  # a minority down (the audit lives on the first server)
+
+    def quorum(instance: str) -> Context:
+        lock = RedLock("main", [clients(server.url) for server in servers])
+        return Context(instance_id=instance, locks={"main": lock})
+
+    runs: list[Run] = []
+    probe = schedule(prefix, runs)
+    a = Scheduler(quorum("a")).register(probe)
+    b = Scheduler(quorum("b")).register(probe)
+    manual = await a.run_now("Probe")
+    assert manual.ran is True and manual.fence == 1
+    await a.start()
+    await b.start()
+    await wait_for(lambda: len(runs) >= 4, timeout_s=10)
+    await a.stop()
+    await b.stop()
+
+    scheduled = [r for r in runs if r[3] == "schedule"]
+    assert Counter(r[0] for r in scheduled).most_common(1)[0][1] == 1
+    assert strictly_increasing([r[2] for r in runs])
+    ticks = [t for t in await a.recent_ticks("Probe", limit=100) if t["source"] == "schedule"]
+    assert all(
+        skip["reason"] == "claimed by another instance" for t in ticks for skip in t["skipped"]
+    )
+
+
 async def test_lockless_schedule_runs_on_every_instance(
     redis_url: str, clients: Callable[[str], Redis]
 ) -> None:
