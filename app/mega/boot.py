@@ -13,7 +13,6 @@ import logging
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import nats
 from nats.aio.client import Client as NatsClient
 from redis.asyncio import Redis
 
@@ -80,8 +79,11 @@ async def connect_redis(alias: str, url: str) -> Redis:
 
 
 async def connect_nats(alias: str, url: str) -> NatsClient:
+    client = NatsClient()
+
     async def disconnected() -> None:
-        logger.warning("NATS %r disconnected from %s; reconnecting", alias, url)
+        if not (client.is_closed or client.is_draining):  # our own shutdown is not news
+            logger.warning("NATS %r disconnected from %s; reconnecting", alias, url)
 
     async def reconnected() -> None:
         logger.info("NATS %r reconnected to %s", alias, url)
@@ -93,18 +95,19 @@ async def connect_nats(alias: str, url: str) -> NatsClient:
         # nats-py retries the *first* connect forever too when reconnects are unlimited, so
         # reachability is checked with a bounded probe first and the connect itself is capped.
         await _probe_tcp(url)
-        connect = nats.connect(
+        connect = client.connect(
             url,
             name=f"mega:{alias}",
-            connect_timeout=CONNECT_TIMEOUT_S,
+            connect_timeout=int(CONNECT_TIMEOUT_S),
             allow_reconnect=True,
             max_reconnect_attempts=-1,  # forever: a NATS restart is an outage, not a crash
-            reconnect_time_wait=NATS_RECONNECT_WAIT_S,
+            reconnect_time_wait=NATS_RECONNECT_WAIT_S,  # type: ignore[arg-type]  # float s works
             disconnected_cb=disconnected,
             reconnected_cb=reconnected,
             error_cb=error,
         )
-        return await asyncio.wait_for(connect, CONNECT_TIMEOUT_S * 2)
+        await asyncio.wait_for(connect, CONNECT_TIMEOUT_S * 2)
+        return client
     except Exception as exc:
         raise DependencyUnavailable(
             "nats", f"cannot reach NATS {alias!r} at {url} ({_reason(exc)}); {HOW_TO_GET_SERVICES}"

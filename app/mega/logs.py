@@ -35,6 +35,7 @@ def setup_logging(*, json_logs: bool = False) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(os.environ.get("MEGA_LOG_LEVEL", "INFO").upper())
-    for noisy in ("nats", "uvicorn.access", "httpx"):
+    # uvicorn.error repeats the host's own start/stop lines at INFO; keep its warnings.
+    for noisy in ("nats", "uvicorn.access", "uvicorn.error", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     logging.getLogger("nats").setLevel(logging.CRITICAL)  # reconnect noise; boot logs it once
