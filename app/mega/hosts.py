@@ -197,15 +197,25 @@ def load_web_app(config: Config) -> Callable[[Config, Context], Any]:
 
 
 def _observe(runtime: Any, names: tuple[str, ...]) -> None:
-    """One log line per event: the host's live trace of what it does."""
+    """One log line per event, `key=value` fields (job id, attempt, tick, instance): the host's
+    live trace. `start` is DEBUG (`done` follows it); the rest INFO, failures WARNING. Only
+    events whose level is on are observed at all, so a quiet host pays nothing per job."""
     events = logging.getLogger("mega.events")
 
-    def log(event: dict[str, Any]) -> None:
-        fields = " ".join(f"{k}={v}" for k, v in event.items() if k != "event" and v is not None)
+    def level_of(event: dict[str, Any]) -> int:
         # A skip is routine (a peer won the tick) unless the lock backend failed.
-        alarming = event["event"] in ("fail", "dlq") or "error" in str(event.get("reason", ""))
-        level = logging.WARNING if alarming else logging.INFO
-        events.log(level, "%s %s", event["event"], fields)
+        if event["event"] in ("fail", "dlq") or "error" in str(event.get("reason", "")):
+            return logging.WARNING
+        return logging.DEBUG if event["event"] == "start" else logging.INFO
+
+    def log(event: dict[str, Any]) -> None:
+        level = level_of(event)
+        if events.isEnabledFor(level):
+            fields = " ".join(
+                f"{k}={v}" for k, v in event.items() if k != "event" and v is not None
+            )
+            events.log(level, "%s %s", event["event"], fields)
 
     for name in names:
-        runtime.on(name, log)
+        if name != "start" or events.isEnabledFor(logging.DEBUG):
+            runtime.on(name, log)
