@@ -52,59 +52,73 @@ def start_metrics_server(config: Config, port: int) -> None:
 
 
 async def run_scheduler(config: Config) -> None:
+    """`mega scheduler`: every schedule of `config.schedules`, until SIGINT/SIGTERM."""
     from app.mega.scheduler import Scheduler
 
-    ctx = await boot(config, role="scheduler", database=False)
-    try:
-        scheduler = Scheduler(ctx, instance_id=ctx.instance_id)
-        for schedule in config.schedules:
-            scheduler.register(schedule)
-        _observe(scheduler, ("run", "skip", "done", "fail"))
-        if config.metrics.enabled:
-            observe_scheduler(scheduler)
-        await run_hooks(config, "scheduler", scheduler, ctx)
-        start_metrics_server(config, config.metrics.scheduler_port)
-        await scheduler.start()
-        logger.info(
-            "scheduler %s running %d schedule(s): %s",
-            ctx.instance_id,
-            len(config.schedules),
-            ", ".join(s.__name__ for s in config.schedules) or "none",
-        )
-        name = await wait_for_stop_signal()
-        logger.info("%s received: stopping (waiting for running ticks)", name)
-        await scheduler.stop(DRAIN_TIMEOUT_S)
-    finally:
-        await shutdown(ctx)
-    logger.info("scheduler stopped")
+    await _run_host(
+        config,
+        role="scheduler",
+        make=Scheduler,
+        declarations=config.schedules,
+        events=("run", "skip", "done", "fail"),
+        observe_metrics=observe_scheduler,
+        metrics_port=config.metrics.scheduler_port,
+        ready="running {count} schedule(s): {names}",
+        stopping="stopping (waiting for running ticks)",
+    )
 
 
 async def run_worker(config: Config) -> None:
+    """`mega worker`: consume every job of `config.jobs`, until SIGINT/SIGTERM, then drain."""
     from app.mega.jobworker import JobWorker
 
-    ctx = await boot(config, role="worker", database=False)
+    await _run_host(
+        config,
+        role="worker",
+        make=JobWorker,
+        declarations=config.jobs,
+        events=("start", "done", "retry", "fail", "dlq"),
+        observe_metrics=observe_jobs,
+        metrics_port=config.metrics.worker_port,
+        ready="consuming {count} job(s): {names}",
+        stopping=f"draining in-flight jobs (up to {DRAIN_TIMEOUT_S:.0f} s)",
+    )
+
+
+async def _run_host(
+    config: Config,
+    *,
+    role: str,
+    make: Callable[..., Any],
+    declarations: list[type],
+    events: tuple[str, ...],
+    observe_metrics: Callable[[Any], None],
+    metrics_port: int,
+    ready: str,
+    stopping: str,
+) -> None:
+    """The shared life of the scheduler and worker hosts: boot, register, observe, start,
+    wait for a stop signal, stop with a bounded drain, close connections."""
+    ctx = await boot(config, role=role, database=False)
     try:
-        worker = JobWorker(ctx, instance_id=ctx.instance_id)
-        for job in config.jobs:
-            worker.register(job)
-        _observe(worker, ("start", "done", "retry", "fail", "dlq"))
+        runtime = make(ctx, instance_id=ctx.instance_id)
+        for declaration in declarations:
+            runtime.register(declaration)
+        _observe(runtime, events)
         if config.metrics.enabled:
-            observe_jobs(worker)
-        await run_hooks(config, "worker", worker, ctx)
-        start_metrics_server(config, config.metrics.worker_port)
-        await worker.start()
-        logger.info(
-            "worker %s consuming %d job(s): %s",
-            ctx.instance_id,
-            len(config.jobs),
-            ", ".join(j.__name__ for j in config.jobs) or "none",
-        )
-        name = await wait_for_stop_signal()
-        logger.info("%s received: draining in-flight jobs (up to %.0f s)", name, DRAIN_TIMEOUT_S)
-        await worker.stop(DRAIN_TIMEOUT_S)
+            observe_metrics(runtime)
+        await run_hooks(config, role, runtime, ctx)
+        start_metrics_server(config, metrics_port)
+        await runtime.start()
+        names = ", ".join(d.__name__ for d in declarations) or "none"
+        status = ready.format(count=len(declarations), names=names)
+        logger.info("%s %s %s", role, ctx.instance_id, status)
+        signal_name = await wait_for_stop_signal()
+        logger.info("%s received: %s", signal_name, stopping)
+        await runtime.stop(DRAIN_TIMEOUT_S)
     finally:
         await shutdown(ctx)
-    logger.info("worker stopped")
+    logger.info("%s stopped", role)
 
 
 async def run_web(config: Config, host: str, port: int) -> None:

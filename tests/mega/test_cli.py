@@ -15,6 +15,7 @@ import pytest
 
 from app.mega.embedded import free_port
 from tests.factories import write_config
+from tests.processes import alive, descendants
 
 ROOT = Path(__file__).resolve().parents[2]
 MEGA = [sys.executable, "-m", "app.mega.cli"]
@@ -61,32 +62,6 @@ def test_bad_config_key_is_named(tmp_path: Path) -> None:
     assert "services.caches.main.driver" in result.stderr and "Traceback" not in result.stderr
 
 
-def _descendants(pid: int) -> set[int]:
-    """Every live process below `pid` (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 @pytest.mark.slow
 def test_dev_comes_up_serves_and_leaves_nothing_behind(tmp_path: Path) -> None:
     shutil.copy(ROOT / "mega_config.py", tmp_path / "mega_config.py")
@@ -113,14 +88,14 @@ def test_dev_comes_up_serves_and_leaves_nothing_behind(tmp_path: Path) -> None:
         assert "log in as demo / demo" in text
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
             assert response.status == 200
-        family = _descendants(dev.pid)
+        family = descendants(dev.pid)
         assert len(family) >= 5  # nats, redis, web, scheduler, worker (+ pool processes)
         dev.send_signal(signal.SIGINT)
         rest, _ = dev.communicate(timeout=60)
         assert dev.returncode == 0, text + rest
         assert "Traceback" not in text + rest
         time.sleep(0.2)
-        assert [pid for pid in family if _alive(pid)] == []
+        assert [pid for pid in family if alive(pid)] == []
         assert (tmp_path / "var" / "nats" / "jetstream").is_dir()  # the file store lives in ./var
     finally:
         if dev.poll() is None:
@@ -148,14 +123,14 @@ def test_start_stops_gracefully_on_signal_and_exits_0(
                     break
             except OSError:
                 time.sleep(0.1)
-        pool_pids = _descendants(web.pid)
+        pool_pids = descendants(web.pid)
         assert len(pool_pids) == 2  # the sample's hash pool: two child processes
         web.send_signal(sig)
         output, _ = web.communicate(timeout=30)
         assert web.returncode == 0, output
         assert "web stopped" in output and "Traceback" not in output
         time.sleep(0.2)
-        assert [pid for pid in pool_pids if _alive(pid)] == []
+        assert [pid for pid in pool_pids if alive(pid)] == []
     finally:
         if web.poll() is None:
             web.kill()

@@ -18,7 +18,7 @@ import pytest
 
 from app.mega.embedded import EmbeddedServer, free_port
 from tests.factories import DEMO_PASSWORD, DEMO_USER, TEST_SECRET
-from tests.ops.processes import (
+from tests.processes import (
     alive,
     command_line,
     descendants,

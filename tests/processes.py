@@ -1,4 +1,4 @@
-"""Process helpers for the ops tests: who is below a pid, who is still alive, free ports."""
+"""Process helpers for tests that run real hosts: who is below a pid, who is alive, free ports."""
 
 from __future__ import annotations
 
