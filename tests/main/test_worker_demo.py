@@ -157,3 +157,39 @@ async def test_page_renders_and_no_js_form_posts_redirects_gets(config) -> None:
         assert posted.status_code == 303
         result = await client.get(posted.headers["location"])
         assert chain("mega", 100) in result.text
+
+
+async def test_a_broken_pool_makes_readyz_fail_naming_it(config) -> None:
+    """Kill the pool's processes past max_restarts: runs fail with worker.crashed, the route
+    answers 503, and /readyz names the pool."""
+    import os
+    import signal
+
+    from tests.processes import command_line, descendants
+
+    async with web_client(config, pools=True) as client:
+        headers = await authed(client)
+        pool = client.app.state.ctx.workers["hash"]  # type: ignore[attr-defined]
+        for _ in range(pool.settings.max_restarts + 1):
+            children = [
+                pid for pid in descendants(os.getpid()) if "worker_child" in command_line(pid)
+            ]
+            if not children:
+                break
+            restarts = pool.stats()["restarts"]
+            os.kill(children[0], signal.SIGKILL)
+            for _ in range(100):
+                stats = pool.stats()
+                if stats["broken"] or stats["restarts"] > restarts:
+                    break
+                await asyncio.sleep(0.05)
+        assert pool.stats()["broken"] is True
+        response = await client.post(
+            "/api/demo/worker/hash", json={"input": "x", "rounds": 10}, headers=headers
+        )
+        assert response.status_code == 503
+        assert response.json()["error"]["code"] == "worker.crashed"
+        assert "broken" in response.json()["error"]["message"]
+        ready = await client.get("/readyz")
+        assert ready.status_code == 503
+        assert "worker:hash" in ready.json()["error"]["message"]
