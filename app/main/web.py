@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from app.main.routes import api_console, api_cron, api_jobs, api_worker, pages
 from app.mega import Config, Context
 from app.mega.jobqueue import JobQueue
-from app.mega.metrics import observe_scheduler
+from app.mega.metrics import observe_jobs, observe_scheduler
 from app.mega.scheduler import Scheduler
 from app.mega.web.app import create_web_app
 
@@ -41,4 +41,6 @@ def create_app(config: Config, ctx: Context) -> FastAPI:
     app.state.scheduler = scheduler
     # The web app enqueues and reads the DLQ; `mega worker` consumes.
     app.state.job_queue = JobQueue(ctx, "jobs")
+    if config.metrics.enabled:
+        observe_jobs(app.state.job_queue)  # enqueues count as `dispatch` in /metrics
     return app

@@ -30,7 +30,7 @@ logger = logging.getLogger("mega.boot")
 
 async def boot(config: Config, *, role: str, database: bool = True) -> Context:
     """Connect every declared service and return the Context. Closes what it opened on failure."""
-    ctx = Context(instance_id=new_instance_id(role))
+    ctx = Context(instance_id=new_instance_id(role), database_url=config.database_url)
     try:
         for alias, url in config.caches.items():
             ctx.caches[alias] = CacheAdapter(alias, url, await connect_redis(alias, url))

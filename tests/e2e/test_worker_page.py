@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from playwright.sync_api import expect
 
@@ -23,3 +25,19 @@ def test_pool_hash_keeps_the_heartbeat_going(page, live_stack: LiveStack) -> Non
     assert page.locator("#result-rounds").inner_text() == "9,000,000"
     page.wait_for_timeout(1500)
     screenshot(page, "worker")
+
+
+def test_console_shows_the_live_state_of_all_three(page, live_stack: LiveStack) -> None:
+    log_in(page, live_stack.url)
+    token = page.locator('meta[name="csrf-token"]').get_attribute("content")
+    response = page.request.post(
+        live_stack.url + "/api/demo/jobs",
+        data={"to": "console@example.com", "mode": "fail"},
+        headers={"X-CSRF-Token": token or ""},
+    )
+    assert response.status == 201
+    expect(page.locator("#pool-size")).to_have_text("2")
+    expect(page.locator("#jobs-dlq")).not_to_have_text(re.compile(r"^(-|0)$"), timeout=20_000)
+    expect(page.locator("#jobs-p50")).to_have_text(re.compile(r"ms$"))
+    assert page.locator("[data-unavailable]:visible").count() == 0
+    screenshot(page, "console-live")

@@ -5,11 +5,9 @@ test has its own streams and keys. What each run does is recorded in the config'
 
     <prefix>:started:<pid>   hash, job id -> 1     the process <pid> began running the job
     <prefix>:done            hash, job id -> n     the job's effect: n runs completed
-    <prefix>:acked:<pid>     hash, job id -> 1     <pid> acked it (hook `record_acks`)
     <prefix>:runs            hash, job id -> n     CrashJob runs (each one ends its process)
 
-`acked` is written from the `done` event, which comes after the ack has left the process: a job
-started by a process but not acked by it was in flight when that process died.
+Which jobs a process had acked is the broker's to say: they are gone from the work-queue stream.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ import asyncio
 import os
 from typing import Any
 
-from app.mega import Context, Job, JobWorker
+from app.mega import Context, Job
 
 PREFIX = os.environ.get("FAULT_PREFIX", "faults")
 # Redelivery of an unacked job after a worker dies comes this quickly (running jobs renew it).
@@ -79,14 +77,3 @@ class CrashJob(Job):
     async def run(self, payload: dict[str, Any], ctx: Context) -> None:
         await ctx.cache("main").native.hincrby(f"{PREFIX}:runs", payload["id"], 1)
         os._exit(1)
-
-
-def record_acks(worker: JobWorker, ctx: Context) -> None:
-    """Worker hook: note every job this process acked (the `done` event follows the ack)."""
-    redis = ctx.cache("main").native
-    key = f"{PREFIX}:acked:{os.getpid()}"
-
-    async def acked(event: dict[str, Any]) -> None:
-        await redis.hset(key, event["id"], 1)
-
-    worker.on("done", acked)

@@ -1,0 +1,781 @@
+"""The job queue: consume and enqueue throughput, start latency and worker memory (SPEC section 7).
+
+    .venv/bin/python -m bench.bench_jobs [--jobs 20000] [--concurrency 200] [--latency-s 10]
+
+Starts a private EmbeddedNats (JetStream on file storage in a temporary directory), then, each
+figure against a baseline timed in the same run on the same server:
+
+1. enqueue: `await queue.enqueue(Job, i)` one at a time vs a bare awaited `js.publish` loop
+   (target >= 0.8x), and `enqueue_many` of `--jobs` payloads vs bare `js.publish_async` with
+   every future gathered (target >= 0.5x). Best of `--rounds` alternating rounds each side; the
+   last pipelined round fills the two backlogs of step 2 (a bare stream and the job's stream).
+2. consume: a no-op job (`bench.jobs_noop.NoopJob`, a subject unique to the run) drained from
+   that backlog by ONE real `mega worker` process, spawned after the backlog is in. End-to-end
+   jobs/s (spawn to the last job) and steady jobs/s (job 2,000 to job 18,000 of 20,000), against
+   the same figures of a bare nats-py loop (pull_subscribe + fetch(batch=100) + ack, in a
+   subprocess too) on the bare backlog (target >= 0.5x); every job must have run exactly once
+   (the job's own records, plus an empty stream and no redelivery on the consumer); worker
+   spawn to first job (target < 0.3 s).
+3. memory and latency, on a second `mega worker` started on an empty stream: its idle RSS
+   (target < 100 MB), RSS after draining `--jobs` more jobs (target: growth < 10%), then
+   enqueue-to-start latency of one job every 2 ms (500 jobs/s) for `--latency-s` s, from the
+   time the payload carries (taken just before `enqueue`) to the time the job starts
+   (target p99 < 20 ms).
+
+Workers log at the level an operator gets by default (MEGA_LOG_LEVEL unset: INFO) into files in
+the temporary directory. Takes about a minute; every child process is killed at the end, on
+error too. `--profile` runs the first worker under cProfile and prints where its time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import pstats
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import nats
+import nats.errors
+from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+
+if __package__ in (None, ""):  # run by path (python bench/x.py): make `app`, `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.report import Result, Row, ms, percentile, print_table, result, row
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NatsClient
+    from nats.js import JetStreamContext
+
+    from app.mega.jobqueue import JobQueue
+    from bench.jobs_noop import NoopJob
+
+ROOT = Path(__file__).resolve().parents[1]
+SECRET_KEY = "bench-secret-key-" + "x" * 32  # the config needs one outside dev (unused here)
+
+# SPEC section 7 targets.
+CONSUME_TARGET = 0.5  # mega worker jobs/s >= this x the bare fetch+ack loop
+ENQUEUE_TARGET = 0.8  # one-at-a-time enqueue >= this x bare awaited js.publish
+ENQUEUE_MANY_TARGET = 0.5  # enqueue_many >= this x bare pipelined publish_async
+FIRST_JOB_TARGET_S = 0.3  # worker spawn to first job
+LATENCY_P99_TARGET_MS = 20.0
+IDLE_RSS_TARGET_MB = 100.0
+RSS_GROWTH_TARGET = 1.10
+
+BARE_BATCH = 100  # the baseline's fetch batch (SPEC: fetch(batch=100) + ack)
+STEADY_FROM, STEADY_TO = 0.1, 0.9  # the steady window: job 2,000 to 18,000 of 20,000
+WARMUP_MSGS = 200  # untimed publishes per side, so both start on a warm connection
+DRAIN_TIMEOUT_S = 60.0  # a drain that takes longer than this is a failure, not a slow run
+READY_TIMEOUT_S = 20.0  # worker spawn until its pull request is waiting
+STOP_TIMEOUT_S = 15.0  # SIGTERM until SIGKILL
+POLL_S = 0.05  # consumer-info polling while a worker drains
+SETTLE_S = 1.0  # idle time before an RSS reading
+LOG_TAIL_CHARS = 2000
+PROFILE_LINES = 25
+
+
+# -- the bare consume loop, run as its own process (`--bare-consume`) ---------------------------
+
+
+async def _bare_consume(url: str, stream: str, subject: str, count: int) -> dict[str, Any]:
+    """Drain `count` messages with fetch(batch=100) + ack; the times (epoch s) of each."""
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    sub = await js.pull_subscribe(subject, durable="bare", stream=stream)
+    times: list[float] = []
+    while len(times) < count:
+        try:
+            msgs = await sub.fetch(BARE_BATCH, timeout=5)
+        except nats.errors.TimeoutError:
+            break  # fewer messages than expected: reported as such
+        for msg in msgs:
+            times.append(time.time())
+            await msg.ack()
+    await nc.flush()
+    last = time.time()
+    await nc.close()
+    return {"times": times, "last": last}
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Worker:
+    """One `mega worker` child process and what it recorded."""
+
+    label: str
+    proc: subprocess.Popen[bytes]
+    spawned_at: float  # epoch s just before the spawn
+    log: Path
+    records_dir: Path
+    profile: Path | None = None
+    rss_kb: dict[str, int] = field(default_factory=dict)
+
+    def rss(self, label: str) -> int:
+        text = Path(f"/proc/{self.proc.pid}/status").read_text()
+        for line in text.splitlines():
+            if line.startswith("VmRSS:"):
+                self.rss_kb[label] = int(line.split()[1])
+                return self.rss_kb[label]
+        raise RuntimeError(f"no VmRSS for pid {self.proc.pid}")
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(
+                f"{self.label} worker exited with {self.proc.returncode}:\n{_tail(self.log)}"
+            )
+
+    def stop(self) -> list[tuple[Any, float]]:
+        """SIGTERM (graceful drain, records written at exit); its records."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                _kill(self.proc)
+                raise RuntimeError(
+                    f"{self.label} worker ignored SIGTERM:\n{_tail(self.log)}"
+                ) from None
+        path = self.records_dir / f"{self.proc.pid}.json"
+        if not path.exists():
+            raise RuntimeError(f"{self.label} worker left no records:\n{_tail(self.log)}")
+        return [(payload, float(at)) for payload, at in json.loads(path.read_text())]
+
+
+def _kill(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait()
+
+
+def _tail(path: Path) -> str:
+    with contextlib.suppress(OSError):
+        return path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+    return ""
+
+
+def _child_env(**extra: str) -> dict[str, str]:
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        # Per-alias URL overrides (NATS_JOBS_URL, ...) would point the worker elsewhere.
+        if not (key.startswith(("REDIS_", "NATS_")) and key.endswith("_URL"))
+        and key not in ("MEGA_CONFIG", "MEGA_ENV")
+        and not key.startswith("BENCH_JOBS_")
+    }
+    return {**env, **extra}
+
+
+def write_config(tmp: Path, nats_url: str) -> Path:
+    """The workers' config: one bus, the no-op job, no caches, locks, database or metrics."""
+    path = tmp / "bench_jobs_config.py"
+    path.write_text(
+        textwrap.dedent(
+            f"""
+            from bench.jobs_noop import NoopJob
+
+            services = {{"buses": {{"jobs": {{"driver": "nats", "url": {nats_url!r}}}}}}}
+            auth = {{"secret_key": {SECRET_KEY!r}}}
+            metrics = {{"enabled": False}}
+            jobs = [NoopJob]
+            """
+        )
+    )
+    return path
+
+
+def _stream(name: str, subject: str) -> StreamConfig:
+    """A bare stream shaped like a job's work stream (work queue, file storage)."""
+    return StreamConfig(
+        name=name,
+        subjects=[subject],
+        retention=RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.FILE,
+    )
+
+
+def _rate(count: int, seconds: float) -> float:
+    return count / seconds if seconds > 0 else float("nan")
+
+
+@dataclass
+class Drain:
+    """Throughput figures of one drain of `count` messages from times (epoch s) of each."""
+
+    count: int
+    first_s: float  # spawn to first message
+    end_to_end: float  # per s, spawn to last message
+    steady: float  # per s, between STEADY_FROM and STEADY_TO of the messages
+
+    @classmethod
+    def of(cls, times: list[float], spawned_at: float, last: float | None = None) -> Drain:
+        ordered = sorted(times)
+        n = len(ordered)
+        lo, hi = int(n * STEADY_FROM), int(n * STEADY_TO)
+        end = max(ordered[-1], last or 0.0)
+        return cls(
+            count=n,
+            first_s=ordered[0] - spawned_at,
+            end_to_end=_rate(n, end - spawned_at),
+            steady=_rate(hi - lo, ordered[hi] - ordered[lo]),
+        )
+
+
+# -- the benchmark -------------------------------------------------------------------------------
+
+
+@dataclass
+class Options:
+    jobs: int = 20_000
+    concurrency: int = 200
+    enqueue_n: int = 5_000
+    rounds: int = 2
+    rate: float = 500.0
+    latency_s: float = 10.0
+    profile: bool = False
+
+
+class Bench:
+    def __init__(self, options: Options, tmp: Path, nats_url: str) -> None:
+        self.o = options
+        self.tmp = tmp
+        self.url = nats_url
+        self.run_id = uuid.uuid4().hex[:8]
+        self.config = write_config(tmp, nats_url)
+        self.children: list[subprocess.Popen[bytes]] = []
+        self.notes: list[str] = []
+        self.data: dict[str, Any] = {"run_id": self.run_id}
+        # Set in connect().
+        self.nc: NatsClient
+        self.js: JetStreamContext
+        self.queue: JobQueue
+
+    def subject(self, part: str) -> str:
+        return f"bench.{self.run_id}.{part}"
+
+    def job(self, part: str) -> type[NoopJob]:
+        from bench.jobs_noop import job_class
+
+        return job_class(self.subject(part), self.o.concurrency)
+
+    async def connect(self) -> None:
+        from app.mega.boot import connect_nats
+        from app.mega.context import BusAdapter, Context, new_instance_id
+        from app.mega.jobqueue import JobQueue
+
+        self.nc = await connect_nats("jobs", self.url)
+        self.js = self.nc.jetstream()
+        ctx = Context(instance_id=new_instance_id("bench"))
+        ctx.buses["jobs"] = BusAdapter("jobs", self.url, self.nc)
+        self.queue = JobQueue(ctx, "jobs")
+
+    def kill_children(self) -> None:
+        for proc in self.children:
+            _kill(proc)
+
+    # -- workers ---------------------------------------------------------------------------
+
+    def spawn_worker(self, label: str, subject: str, *, profile: bool = False) -> Worker:
+        records = self.tmp / f"records-{label}"
+        records.mkdir()
+        log = self.tmp / f"worker-{label}.log"
+        profile_path = self.tmp / f"worker-{label}.prof" if profile else None
+        env = _child_env(
+            BENCH_JOBS_SUBJECT=subject,
+            BENCH_JOBS_CONCURRENCY=str(self.o.concurrency),
+            BENCH_JOBS_DIR=str(records),
+            **({"BENCH_JOBS_PROFILE": str(profile_path)} if profile_path else {}),
+        )
+        command = [sys.executable, "-m", "app.mega.cli", "worker", "--config", str(self.config)]
+        with open(log, "wb") as out:
+            spawned_at = time.time()
+            proc = subprocess.Popen(
+                command, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
+            )
+        self.children.append(proc)
+        return Worker(label, proc, spawned_at, log, records, profile_path)
+
+    async def wait_drained(self, worker: Worker, stream: str, total: int) -> float:
+        """Poll the consumer until `total` messages are delivered and none is unacked."""
+        from app.mega.job import CONSUMER_NAME
+
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while True:
+            worker.check_alive()
+            with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+                info = await self.js.consumer_info(stream, CONSUMER_NAME)
+                if (
+                    info.delivered.stream_seq is not None
+                    and info.delivered.stream_seq >= total
+                    and not info.num_pending
+                    and not info.num_ack_pending
+                ):
+                    return time.time()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{worker.label} did not drain in {DRAIN_TIMEOUT_S} s")
+            await asyncio.sleep(POLL_S)
+
+    async def wait_ready(self, worker: Worker, stream: str) -> float:
+        """Until the worker's first pull request waits on the consumer; spawn-to-ready s."""
+        from app.mega.job import CONSUMER_NAME
+
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            worker.check_alive()
+            with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+                info = await self.js.consumer_info(stream, CONSUMER_NAME)
+                if info.num_waiting:
+                    return time.time() - worker.spawned_at
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{worker.label} not consuming after {READY_TIMEOUT_S} s")
+            await asyncio.sleep(0.01)
+
+    async def check_consumed(self, stream: str, consumer: str) -> dict[str, int]:
+        """What the server says after a drain: messages left, unacked and redelivered."""
+        info = await self.js.consumer_info(stream, consumer)
+        left = (await self.js.stream_info(stream)).state.messages
+        return {
+            "stream_messages_left": left,
+            "num_ack_pending": info.num_ack_pending or 0,
+            "num_redelivered": info.num_redelivered or 0,
+            "num_pending": info.num_pending or 0,
+        }
+
+    # -- 1. enqueue ------------------------------------------------------------------------
+
+    async def bench_enqueue(self) -> dict[str, float]:
+        """Best-of-rounds rates of the four publishers; fills the consume backlogs last."""
+        n, many = self.o.enqueue_n, self.o.jobs
+        one_job, consume_job = self.job("one"), self.job("consume")
+        await self.js.add_stream(_stream("BENCH_BARE_ONE", self.subject("bare_one")))
+        await self.js.add_stream(_stream("BENCH_BARE_CONSUME", self.subject("bare_consume")))
+        await self.queue.ensure(one_job)
+        await self.queue.ensure(consume_job)
+
+        async def bare_awaited(count: int) -> float:
+            subject = self.subject("bare_one")
+            started = time.perf_counter()
+            for i in range(count):
+                await self.js.publish(subject, b"%d" % i)
+            return _rate(count, time.perf_counter() - started)
+
+        async def mega_awaited(count: int) -> float:
+            started = time.perf_counter()
+            for i in range(count):
+                await self.queue.enqueue(one_job, i)
+            return _rate(count, time.perf_counter() - started)
+
+        async def bare_pipelined(subject: str) -> float:
+            js = self.nc.jetstream()  # its own async-publish inbox, as JobQueue has
+            started = time.perf_counter()
+            futures = [await js.publish_async(subject, b"%d" % i) for i in range(many)]
+            await asyncio.gather(*futures)
+            return _rate(many, time.perf_counter() - started)
+
+        async def mega_pipelined(job: type[NoopJob]) -> float:
+            started = time.perf_counter()
+            await self.queue.enqueue_many(job, range(many))
+            return _rate(many, time.perf_counter() - started)
+
+        await bare_awaited(WARMUP_MSGS)
+        await mega_awaited(WARMUP_MSGS)
+        rates: dict[str, list[float]] = {k: [] for k in ("bare1", "mega1", "bareN", "megaN")}
+        for _ in range(self.o.rounds):
+            rates["bare1"].append(await bare_awaited(n))
+            rates["mega1"].append(await mega_awaited(n))
+        for r in range(self.o.rounds):
+            last = r == self.o.rounds - 1
+            if last:  # the backlogs of step 2, on fresh streams
+                rates["bareN"].append(await bare_pipelined(self.subject("bare_consume")))
+                rates["megaN"].append(await mega_pipelined(consume_job))
+            else:
+                await self.js.add_stream(_stream(f"BENCH_BARE_MANY{r}", self.subject(f"m{r}")))
+                rates["bareN"].append(await bare_pipelined(self.subject(f"m{r}")))
+                scratch = self.job(f"many{r}")
+                await self.queue.ensure(scratch)
+                rates["megaN"].append(await mega_pipelined(scratch))
+                spec = self.queue.spec(scratch)
+                for stream in (f"BENCH_BARE_MANY{r}", spec.stream, spec.dlq_stream):
+                    await self.js.delete_stream(stream)  # keep the server's work to the backlog
+        for stream in ("BENCH_BARE_ONE", self.queue.spec(one_job).stream):
+            await self.js.delete_stream(stream)
+        self.data["enqueue_rounds"] = rates
+        return {key: max(values) for key, values in rates.items()}
+
+    # -- 2. consume ------------------------------------------------------------------------
+
+    async def bench_bare_consume(self) -> Drain:
+        command = [
+            sys.executable, "-m", "bench.bench_jobs", "--bare-consume",
+            self.url, "BENCH_BARE_CONSUME", self.subject("bare_consume"), str(self.o.jobs),
+        ]  # fmt: skip
+        spawned_at = time.time()
+        proc = subprocess.Popen(
+            command, cwd=ROOT, env=_child_env(), stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        self.children.append(proc)
+        try:
+            out, err = await asyncio.to_thread(proc.communicate, timeout=DRAIN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            raise TimeoutError(f"bare consume loop did not finish in {DRAIN_TIMEOUT_S} s") from None
+        if proc.returncode != 0:
+            raise RuntimeError(f"bare consume loop failed:\n{err.decode()[-LOG_TAIL_CHARS:]}")
+        report = json.loads(out)
+        times: list[float] = report["times"]
+        if len(times) != self.o.jobs:
+            raise RuntimeError(f"bare consume loop got {len(times)} of {self.o.jobs} messages")
+        left = (await self.js.stream_info("BENCH_BARE_CONSUME")).state.messages
+        if left:
+            raise RuntimeError(f"bare consume loop left {left} messages unacked")
+        return Drain.of(times, spawned_at, report["last"])
+
+    async def bench_consume(self) -> tuple[Drain, dict[str, Any]]:
+        consume_job = self.job("consume")
+        spec = self.queue.spec(consume_job)
+        worker = self.spawn_worker("consume", spec.subject, profile=self.o.profile)
+        await self.wait_drained(worker, spec.stream, self.o.jobs)
+        await asyncio.sleep(SETTLE_S)
+        worker.rss("after")
+        records = worker.stop()
+        server = await self.check_consumed(spec.stream, "mega_workers")
+        counts = Counter(payload for payload, _ in records)
+        check = {
+            "records": len(records),
+            "distinct": len(counts),
+            "duplicates": len(records) - len(counts),
+            "missing": sum(1 for i in range(self.o.jobs) if i not in counts),
+            "unexpected": sum(1 for k in counts if not (isinstance(k, int) and k < self.o.jobs)),
+            **server,
+            "rss_after_kb": worker.rss_kb["after"],
+        }
+        check["exactly_once"] = (
+            check["records"] == check["distinct"] == self.o.jobs
+            and not check["missing"]
+            and not check["unexpected"]
+            and not server["stream_messages_left"]
+            and not server["num_redelivered"]
+        )
+        if worker.profile is not None:
+            self.data["profile"] = str(worker.profile)
+            _print_profile(worker.profile)
+        return Drain.of([at for _, at in records], worker.spawned_at), check
+
+    # -- 3. memory, then latency -------------------------------------------------------------
+
+    async def bench_memory_and_latency(self) -> dict[str, Any]:
+        mem_job = self.job("memory")
+        spec = await self.queue.ensure(mem_job)
+        worker = self.spawn_worker("memory", spec.subject)
+        ready_s = await self.wait_ready(worker, spec.stream)
+        await asyncio.sleep(SETTLE_S)
+        idle = worker.rss("idle")
+        await self.queue.enqueue_many(mem_job, range(self.o.jobs))
+        await self.wait_drained(worker, spec.stream, self.o.jobs)
+        await asyncio.sleep(SETTLE_S)
+        after = worker.rss("after")
+
+        # One awaited enqueue every 1/rate s on an absolute clock (no drift), payload = the
+        # time just before enqueue; the job records when it started.
+        interval = 1 / self.o.rate
+        count = int(self.o.latency_s * self.o.rate)
+        late = 0
+        enqueue_ms: list[float] = []
+        started = time.monotonic()
+        for i in range(count):
+            wait = started + i * interval - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            elif wait < -interval:
+                late += 1  # more than one slot behind: the producer could not keep the pace
+            before = time.time()
+            await self.queue.enqueue(mem_job, {"i": i, "t": before})
+            enqueue_ms.append((time.time() - before) * 1000)
+        elapsed = time.monotonic() - started
+        await self.wait_drained(worker, spec.stream, self.o.jobs + count)
+        worker.rss("after_latency")
+        records = worker.stop()
+        by_index = sorted(
+            (payload["i"], (at - payload["t"]) * 1000)
+            for payload, at in records
+            if isinstance(payload, dict)
+        )
+        latencies = [latency for _, latency in by_index]
+        slow = [i for i, latency in by_index if latency >= LATENCY_P99_TARGET_MS]
+        bursts = sum(1 for n, i in enumerate(slow) if n == 0 or i != slow[n - 1] + 1)
+        bulk = sorted(at for payload, at in records if isinstance(payload, int))
+        ints = Counter(payload for payload, _ in records if isinstance(payload, int))
+        dicts = Counter(payload["i"] for payload, _ in records if isinstance(payload, dict))
+        once = (
+            len(ints) == sum(ints.values()) == self.o.jobs
+            and len(dicts) == sum(dicts.values()) == count
+        )
+        return {
+            "ready_s": ready_s,
+            "idle_kb": idle,
+            "after_kb": after,
+            "after_latency_kb": worker.rss_kb["after_latency"],
+            "latencies_ms": latencies,
+            "sent": count,
+            "offered_rate": _rate(count, elapsed),
+            "late_enqueues": late,
+            "enqueue_ms": enqueue_ms,
+            "slow_jobs": len(slow),
+            "slow_bursts": bursts,
+            "drain_s": bulk[-1] - bulk[0] if bulk else float("nan"),
+            "exactly_once": once,
+            "server": await self.check_consumed(spec.stream, "mega_workers"),
+        }
+
+
+def _print_profile(path: Path) -> None:
+    print(f"\nworker profile ({path}), top {PROFILE_LINES} by own time:")
+    stats = pstats.Stats(str(path))
+    stats.sort_stats("tottime").print_stats(PROFILE_LINES)
+    stats.sort_stats("cumulative").print_stats(PROFILE_LINES)
+
+
+async def _bench(options: Options) -> Result:
+    from app.mega.embedded import EmbeddedNats
+
+    with tempfile.TemporaryDirectory(prefix="bench-jobs-") as tmp_name:
+        tmp = Path(tmp_name)
+        server = EmbeddedNats(tmp / "nats").start()
+        bench = Bench(options, tmp, server.url)
+        bench.data["load_before"] = os.getloadavg()[0]
+        try:
+            await bench.connect()
+            enqueue = await bench.bench_enqueue()
+            bare = await bench.bench_bare_consume()
+            mega, check = await bench.bench_consume()
+            memory = await bench.bench_memory_and_latency()
+            bench.data["load_after"] = os.getloadavg()[0]
+            with contextlib.suppress(Exception):
+                await bench.nc.close()
+        finally:
+            bench.kill_children()
+            server.stop()
+    return _report(options, bench, enqueue, bare, mega, check, memory)
+
+
+def _report(
+    o: Options,
+    bench: Bench,
+    enqueue: dict[str, float],
+    bare: Drain,
+    mega: Drain,
+    check: dict[str, Any],
+    memory: dict[str, Any],
+) -> Result:
+    lat = memory["latencies_ms"]
+    p50, p99, worst = percentile(lat, 50), percentile(lat, 99), max(lat) if lat else float("nan")
+    idle_mb, after_mb = memory["idle_kb"] / 1024, memory["after_kb"] / 1024
+    growth = after_mb / idle_mb
+    mb: Callable[[float], str] = lambda v: f"{v:,.1f} MB"  # noqa: E731
+    seconds: Callable[[float], str] = lambda v: f"{v:.3f} s"  # noqa: E731
+    lo, hi = int(o.jobs * STEADY_FROM), int(o.jobs * STEADY_TO)
+    exactly = Row(
+        figure=f"consume: jobs run exactly once (of {o.jobs:,})",
+        value=f"{check['distinct']:,} distinct, {check['duplicates']} dup, "
+        f"{check['missing']} missing",
+        baseline="",
+        ratio="",
+        target="each exactly once",
+        passed=bool(check["exactly_once"]),
+    )
+    rows: list[Row] = [
+        row("consume: bare fetch(100)+ack, end-to-end (msgs/s)", bare.end_to_end),
+        row(f"consume: bare fetch(100)+ack, steady {lo:,}-{hi:,} (msgs/s)", bare.steady),
+        row(
+            "consume: mega worker, end-to-end (jobs/s)",
+            mega.end_to_end,
+            baseline=bare.end_to_end,
+            baseline_name="bare",
+            target=f">= {CONSUME_TARGET}x",
+            passed=mega.end_to_end >= CONSUME_TARGET * bare.end_to_end,
+        ),
+        row(
+            f"consume: mega worker, steady {lo:,}-{hi:,} (jobs/s)",
+            mega.steady,
+            baseline=bare.steady,
+            baseline_name="bare",
+            target=f">= {CONSUME_TARGET}x",
+            passed=mega.steady >= CONSUME_TARGET * bare.steady,
+        ),
+        exactly,
+        row(
+            "consume: worker spawn to first job",
+            mega.first_s,
+            show=seconds,
+            baseline=bare.first_s,
+            baseline_name="bare loop spawn",
+            target=f"< {FIRST_JOB_TARGET_S} s",
+            passed=mega.first_s < FIRST_JOB_TARGET_S,
+        ),
+        row(
+            "enqueue one at a time (jobs/s)",
+            enqueue["mega1"],
+            baseline=enqueue["bare1"],
+            baseline_name="awaited js.publish",
+            target=f">= {ENQUEUE_TARGET}x",
+            passed=enqueue["mega1"] >= ENQUEUE_TARGET * enqueue["bare1"],
+        ),
+        row(
+            f"enqueue_many of {o.jobs:,} (jobs/s)",
+            enqueue["megaN"],
+            baseline=enqueue["bareN"],
+            baseline_name="publish_async, gathered",
+            target=f">= {ENQUEUE_MANY_TARGET}x",
+            passed=enqueue["megaN"] >= ENQUEUE_MANY_TARGET * enqueue["bareN"],
+        ),
+        row(f"latency at {o.rate:.0f} jobs/s: enqueue-to-start p50", p50, show=ms),
+        row(
+            f"latency at {o.rate:.0f} jobs/s: enqueue-to-start p99",
+            p99,
+            show=ms,
+            target=f"< {LATENCY_P99_TARGET_MS:.0f} ms",
+            passed=p99 < LATENCY_P99_TARGET_MS,
+        ),
+        row(f"latency at {o.rate:.0f} jobs/s: enqueue-to-start max", worst, show=ms),
+        row(
+            f"latency at {o.rate:.0f} jobs/s: the enqueue call itself p99",
+            percentile(memory["enqueue_ms"], 99),
+            show=ms,
+        ),
+        row(
+            "memory: worker RSS idle (fresh)",
+            idle_mb,
+            show=mb,
+            target=f"< {IDLE_RSS_TARGET_MB:.0f} MB",
+            passed=idle_mb < IDLE_RSS_TARGET_MB,
+        ),
+        row(
+            f"memory: worker RSS after {o.jobs:,} jobs",
+            after_mb,
+            show=mb,
+            baseline=idle_mb,
+            baseline_name="idle",
+            target=f"< {RSS_GROWTH_TARGET:.2f}x",
+            passed=growth < RSS_GROWTH_TARGET,
+        ),
+        row(
+            f"memory: same worker after the latency run (+{memory['sent']:,} jobs)",
+            memory["after_latency_kb"] / 1024,
+            show=mb,
+        ),
+        row(
+            f"memory: consume worker RSS after its {o.jobs:,}-job drain",
+            check["rss_after_kb"] / 1024,
+            show=mb,
+        ),
+    ]
+    notes = [
+        f"concurrency {o.concurrency}: the job's max_ack_pending; the worker pulls once half "
+        f"the slots are free, so it asks for ~{o.concurrency // 2} messages per pull request, "
+        f"the same batch as the baseline's fetch(batch={BARE_BATCH})",
+        "timestamps: the no-op job appends (payload, time.time()) to a list in memory, "
+        "written once at exit (< 1 us per job); end-to-end runs from just before the spawn "
+        "to the last job's start, for both sides",
+        f"exactly once: job records (each payload 0..{o.jobs - 1} once), and the server: "
+        f"{check['stream_messages_left']} left in the stream, {check['num_redelivered']} "
+        f"redelivered, {check['num_ack_pending']} unacked",
+        f"second worker: ready (pull waiting) {memory['ready_s']:.3f} s after spawn; drained "
+        f"{o.jobs:,} jobs in {memory['drain_s']:.2f} s while they were being enqueued; its "
+        f"jobs ran exactly once: {memory['exactly_once']}",
+        f"latency: {memory['sent']:,} awaited enqueues at {memory['offered_rate']:.0f}/s "
+        f"({memory['late_enqueues']} more than a slot late), measured from the time in the "
+        "payload (just before enqueue) to the start of run(); "
+        f"{memory['slow_jobs']} jobs at >= {LATENCY_P99_TARGET_MS:.0f} ms, in "
+        f"{memory['slow_bursts']} burst(s) of consecutive jobs",
+        f"enqueue: best of {o.rounds} alternating rounds per side, {o.enqueue_n:,} awaited / "
+        f"{o.jobs:,} pipelined messages, payload the JSON of an int; nats-py's default "
+        "4,000 async publishes in flight on both sides",
+        "workers log at the default level (INFO): `mega worker` writes one line per start and "
+        "per done event",
+        "producer, broker, worker and the baselines share the machine's cores; 1-minute load "
+        f"average {bench.data['load_before']:.2f} before the run, "
+        f"{bench.data['load_after']:.2f} after (anything else running skews every figure)",
+    ]
+    res = result(
+        "jobs",
+        "Job queue: consume, enqueue, start latency, worker memory",
+        f"one `mega worker`, no-op job, {o.jobs:,}-job backlog, concurrency {o.concurrency}; "
+        f"enqueue {o.enqueue_n:,} awaited / {o.jobs:,} bulk; latency at {o.rate:.0f} jobs/s "
+        f"for {o.latency_s:.0f} s; private nats-server, file storage",
+        rows,
+        notes=notes,
+        data={
+            **bench.data,
+            "enqueue": enqueue,
+            "bare": vars(bare),
+            "mega": vars(mega),
+            "check": check,
+            "memory": {k: v for k, v in memory.items() if k not in ("latencies_ms", "enqueue_ms")},
+            "latency_ms": {"p50": p50, "p99": p99, "max": worst, "n": len(lat)},
+            "concurrency": o.concurrency,
+        },
+    )
+    print_table(res)
+    return res
+
+
+def run(
+    jobs: int = 20_000,
+    concurrency: int = 200,
+    enqueue_n: int = 5_000,
+    rounds: int = 2,
+    rate: float = 500.0,
+    latency_s: float = 10.0,
+    profile: bool = False,
+) -> Result:
+    """Run every phase once against one private nats-server; print and return the table."""
+    options = Options(jobs, concurrency, enqueue_n, rounds, rate, latency_s, profile)
+    return asyncio.run(_bench(options))
+
+
+def _main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--concurrency", type=int, default=200)
+    parser.add_argument("--enqueue-n", type=int, default=5_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rate", type=float, default=500.0)
+    parser.add_argument("--latency-s", type=float, default=10.0)
+    parser.add_argument("--profile", action="store_true", help="cProfile the consume worker")
+    parser.add_argument("--bare-consume", nargs=4, metavar=("URL", "STREAM", "SUBJECT", "N"))
+    options = parser.parse_args()
+    if options.bare_consume:  # the baseline's child process
+        url, stream, subject, count = options.bare_consume
+        print(json.dumps(asyncio.run(_bare_consume(url, stream, subject, int(count)))))
+        return 0
+    res = run(
+        jobs=options.jobs,
+        concurrency=options.concurrency,
+        enqueue_n=options.enqueue_n,
+        rounds=options.rounds,
+        rate=options.rate,
+        latency_s=options.latency_s,
+        profile=options.profile,
+    )
+    return 0 if res["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
