@@ -22,7 +22,7 @@ async def test_context_serves_every_alias_and_names_unknown_ones(
         unknown = r"services.caches: no alias 'nope' \(declared: main\)"
         with pytest.raises(ConfigError, match=unknown):
             ctx.cache("nope")
-        with pytest.raises(ConfigError, match="services.buses: no alias 'x'"):
+        with pytest.raises(ConfigError, match=r"services\.buses: no alias 'x'"):
             ctx.bus("x")
         # Hosts without a web app open the database only when a job or schedule uses it.
         assert ctx.database is None
