@@ -1,10 +1,10 @@
 """`mega dlq list|requeue|purge`: the dead-letter tools from a terminal.
 
-    mega dlq list                      newest records of every job in the config
-    mega dlq list --job EmailJob       one job's records
-    mega dlq requeue --job EmailJob --id 4f2a...   one record back onto the queue
-    mega dlq requeue --job EmailJob    every record of that job
-    mega dlq purge --job EmailJob      delete them all
+mega dlq list                      newest records of every job in the config
+mega dlq list --job EmailJob       one job's records
+mega dlq requeue --job EmailJob --id 4f2a...   one record back onto the queue
+mega dlq requeue --job EmailJob    every record of that job
+mega dlq purge --job EmailJob      delete them all
 """
 
 from __future__ import annotations
