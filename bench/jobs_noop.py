@@ -7,7 +7,8 @@ import, so one module serves every run:
     BENCH_JOBS_SUBJECT      the job subject (unique per run; default "bench.noop")
     BENCH_JOBS_CONCURRENCY  the job's concurrency (default 200)
     BENCH_JOBS_DIR          when set, every run is recorded and written at exit to
-                            <dir>/<pid>.json as {"ids": [...], "times": [...], "sent": [...]}
+                            <dir>/<pid>.json as {"ids": [...], "times": [...], "sent": [...],
+                            "imported_at": epoch s when the worker imported this module}
     BENCH_JOBS_CAPACITY     runs recorded without allocating (default 50,000; more still work)
     BENCH_JOBS_PROFILE      when set, the whole process runs under cProfile and its stats are
                             dumped there at exit (read them with `python -m pstats`)
@@ -44,6 +45,9 @@ PROFILE_ENV = "BENCH_JOBS_PROFILE"
 DEFAULT_SUBJECT = "bench.noop"
 DEFAULT_CONCURRENCY = 200
 DEFAULT_CAPACITY = 50_000
+# When the worker's config imported this module: splits its start-up into "interpreter, CLI
+# and config" and "host imports, connect, ensure, first pull, first delivery".
+IMPORTED_AT = time.time()
 
 
 class Records:
@@ -72,8 +76,12 @@ class Records:
 
     def write(self, directory: Path) -> None:
         n = self.count
-        body = {"ids": self.ids[:n].tolist(), "times": self.times[:n].tolist()}
-        body["sent"] = self.sent[:n].tolist()
+        body = {
+            "ids": self.ids[:n].tolist(),
+            "times": self.times[:n].tolist(),
+            "sent": self.sent[:n].tolist(),
+            "imported_at": IMPORTED_AT,
+        }
         path = directory / f"{os.getpid()}.json"
         partial = path.with_suffix(".part")
         partial.write_text(json.dumps(body, separators=(",", ":")))

@@ -286,7 +286,7 @@ class JobQueue:
         # enqueued" (but for a drop in mid-flight: pass an `id` to make retries safe).
         if not self.nc.is_connected:
             raise DependencyUnavailable(
-                "nats", f"cannot enqueue {spec.name}: bus {self.bus_alias!r} is not connected"
+                "nats", f"cannot enqueue {spec.name}: NATS bus {self.bus_alias!r} is not connected"
             )
 
     # -- consume ------------------------------------------------------------------------------

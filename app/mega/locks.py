@@ -47,7 +47,7 @@ end
 return current
 """
 # `acquire_fenced` on one server, atomically: KEYS = guard, fence[, claim]; ARGV = token, guard
-# ttl ms[, claim ttl ms]. The claim is taken first and kept whatever follows (the tick is consumed).
+# ttl ms[, claim ttl ms]. The claim is taken first and kept even on "overlap" (tick consumed).
 # INCR comes before the guard's SET: a script that fails half-way keeps its earlier writes, and a
 # fence key holding a non-number must not leave a guard behind that blocks the next ticks.
 ACQUIRE_FENCED_SCRIPT = """
