@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from nats.aio.client import Client as NatsClient
-from redis.asyncio import Redis
 
 from app.mega.config import Config
 from app.mega.constants import CONNECT_TIMEOUT_S, HOW_TO_GET_SERVICES, NATS_RECONNECT_WAIT_S
 from app.mega.context import BusAdapter, CacheAdapter, Context, new_instance_id
 from app.mega.errors import DependencyUnavailable
-from app.mega.locks import RedLock
 
 if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
     from app.mega.database import Database
 
 logger = logging.getLogger("mega.boot")
@@ -35,6 +35,8 @@ async def boot(config: Config, *, role: str, database: bool = True) -> Context:
         for alias, url in config.caches.items():
             ctx.caches[alias] = CacheAdapter(alias, url, await connect_redis(alias, url))
         for alias, cache_aliases in config.locks.items():
+            from app.mega.locks import RedLock  # imported only by configs that declare locks
+
             clients = [ctx.caches[name].native for name in cache_aliases]
             ctx.locks[alias] = RedLock(alias, clients)
         for alias, url in config.buses.items():
@@ -60,6 +62,8 @@ async def shutdown(ctx: Context) -> None:
 
 
 async def connect_redis(alias: str, url: str) -> Redis:
+    from redis.asyncio import Redis  # ~0.1 s to import: only for configs that declare caches
+
     client: Redis = Redis.from_url(
         url,
         socket_connect_timeout=CONNECT_TIMEOUT_S,

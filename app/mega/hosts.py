@@ -12,6 +12,7 @@ import importlib
 import inspect
 import logging
 import signal
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,9 +21,10 @@ from app.mega.config import Config
 from app.mega.constants import DRAIN_TIMEOUT_S
 from app.mega.context import Context
 from app.mega.errors import ConfigError
-from app.mega.metrics import observe_jobs, observe_pool, observe_scheduler
 
 logger = logging.getLogger("mega.host")
+# Routine events (jobs started and done) are counted and logged once per this many seconds.
+SUMMARY_EVERY_S = 10.0
 
 
 async def wait_for_stop_signal() -> str:
@@ -61,7 +63,7 @@ async def run_scheduler(config: Config) -> None:
         make=Scheduler,
         declarations=config.schedules,
         events=("run", "skip", "done", "fail"),
-        observe_metrics=observe_scheduler,
+        metrics_observer="observe_scheduler",
         metrics_port=config.metrics.scheduler_port,
         ready="running {count} schedule(s): {names}",
         stopping="stopping (waiting for running ticks)",
@@ -78,7 +80,8 @@ async def run_worker(config: Config) -> None:
         make=JobWorker,
         declarations=config.jobs,
         events=("start", "done", "retry", "fail", "dlq"),
-        observe_metrics=observe_jobs,
+        routine=("start", "done"),
+        metrics_observer="observe_jobs",
         metrics_port=config.metrics.worker_port,
         ready="consuming {count} job(s): {names}",
         stopping=f"draining in-flight jobs (up to {DRAIN_TIMEOUT_S:.0f} s)",
@@ -92,7 +95,8 @@ async def _run_host(
     make: Callable[..., Any],
     declarations: list[type],
     events: tuple[str, ...],
-    observe_metrics: Callable[[Any], None],
+    routine: tuple[str, ...] = (),
+    metrics_observer: str,
     metrics_port: int,
     ready: str,
     stopping: str,
@@ -104,9 +108,9 @@ async def _run_host(
         runtime = make(ctx, instance_id=ctx.instance_id)
         for declaration in declarations:
             runtime.register(declaration)
-        _observe(runtime, events)
-        if config.metrics.enabled:
-            observe_metrics(runtime)
+        _observe(runtime, events, routine=routine)
+        if config.metrics.enabled:  # prometheus_client is imported only when metrics are on
+            getattr(importlib.import_module("app.mega.metrics"), metrics_observer)(runtime)
         await run_hooks(config, role, runtime, ctx)
         start_metrics_server(config, metrics_port)
         await runtime.start()
@@ -178,6 +182,8 @@ async def start_worker_pools(config: Config, ctx: Context) -> None:
     for worker_class in config.workers:
         pool = WorkerPool(worker_class, root=config.root)
         if config.metrics.enabled:
+            from app.mega.metrics import observe_pool
+
             observe_pool(pool)
         await pool.start()
         ctx.workers[pool.name] = pool
@@ -210,26 +216,38 @@ def load_web_app(config: Config) -> Callable[[Config, Context], Any]:
     return factory  # type: ignore[no-any-return]
 
 
-def _observe(runtime: Any, names: tuple[str, ...]) -> None:
+def _observe(runtime: Any, names: tuple[str, ...], *, routine: tuple[str, ...] = ()) -> None:
     """One log line per event, `key=value` fields (job id, attempt, tick, instance): the host's
-    live trace. `start` is DEBUG (`done` follows it); the rest INFO, failures WARNING. Only
-    events whose level is on are observed at all, so a quiet host pays nothing per job."""
+    live trace. Failures are WARNING, the rest INFO, but `routine` events (a worker's `start`
+    and `done`, thousands a second under load) are DEBUG, with one INFO line counting them
+    every SUMMARY_EVERY_S. Nothing is formatted for a level that is off."""
     events = logging.getLogger("mega.events")
+    tally: dict[str, int] = dict.fromkeys(routine, 0)
+    window_start = time.monotonic()
 
     def level_of(event: dict[str, Any]) -> int:
         # A skip is routine (a peer won the tick) unless the lock backend failed.
         if event["event"] in ("fail", "dlq") or "error" in str(event.get("reason", "")):
             return logging.WARNING
-        return logging.DEBUG if event["event"] == "start" else logging.INFO
+        return logging.DEBUG if event["event"] in routine else logging.INFO
+
+    def summarise(name: str) -> None:
+        nonlocal window_start
+        tally[name] += 1
+        now = time.monotonic()
+        if now - window_start >= SUMMARY_EVERY_S:
+            counts = " ".join(f"{key}={value}" for key, value in tally.items())
+            events.info("last %.0f s: %s", now - window_start, counts)
+            tally.update(dict.fromkeys(tally, 0))
+            window_start = now
 
     def log(event: dict[str, Any]) -> None:
+        if event["event"] in tally:
+            summarise(event["event"])
         level = level_of(event)
         if events.isEnabledFor(level):
-            fields = " ".join(
-                f"{k}={v}" for k, v in event.items() if k != "event" and v is not None
-            )
-            events.log(level, "%s %s", event["event"], fields)
+            pairs = (f"{k}={v}" for k, v in event.items() if k != "event" and v is not None)
+            events.log(level, "%s %s", event["event"], " ".join(pairs))
 
     for name in names:
-        if name != "start" or events.isEnabledFor(logging.DEBUG):
-            runtime.on(name, log)
+        runtime.on(name, log)
