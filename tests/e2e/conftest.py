@@ -113,12 +113,26 @@ def browser() -> Iterator[object]:
         chromium.close()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    report = yield
+    if report.when == "call":
+        item.stash[FAILED] = report.failed
+    return report
+
+
+FAILED = pytest.StashKey[bool]()
+
+
 @pytest.fixture
-def page(browser, live_stack: LiveStack):  # type: ignore[no-untyped-def]
+def page(browser, live_stack: LiveStack, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     context = browser.new_context(viewport={"width": 1280, "height": 860})
     page = context.new_page()
     page.set_default_timeout(15_000)
     yield page
+    if request.node.stash.get(FAILED, False):
+        screenshot(page, f"failed-{request.node.name}")
+        print(live_stack.logs())  # the hosts' own account of what happened
     context.close()
 
 
