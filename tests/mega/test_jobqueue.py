@@ -340,6 +340,32 @@ async def test_long_job_keeps_its_lease_with_heartbeats(queue: JobQueue, prefix:
     assert info.num_redelivered == 0
 
 
+async def test_without_heartbeats_the_same_long_job_is_redelivered(
+    queue: JobQueue, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control for the test above: the lease renewal is what keeps the job single."""
+    from app.mega.jobconsumer import _Consumer
+
+    async def no_heartbeat(self: Any) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(_Consumer, "_heartbeat", no_heartbeat)
+    runs = 0
+
+    async def run(payload: Any) -> None:
+        nonlocal runs
+        runs += 1
+        await asyncio.sleep(3)
+
+    job = make_job(prefix, run, ack_wait_s=1, concurrency=2)
+    seen = Recorder(queue)
+    async with consuming(queue, job):
+        job_id = await queue.enqueue(job, {})
+        await seen.wait("done", id=job_id, timeout_s=10)
+    assert runs >= 2  # the broker gave up on the silent lease and delivered it again
+    assert [e["attempt"] for e in seen.of("start")][:2] == [1, 2]
+
+
 # -- failures around the DLQ -------------------------------------------------------------------
 
 
