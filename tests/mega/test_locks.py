@@ -3,27 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import pytest
 from redis.asyncio import Redis
 
 from app.mega.embedded import EmbeddedServer
 from app.mega.locks import FencedLease, LockBackendError, RedLock, Refusal
-
-
-@pytest.fixture
-async def clients() -> AsyncIterator[Callable[[str], Redis]]:
-    """Make redis.asyncio clients that are closed after the test."""
-    made: list[Redis] = []
-
-    def make(url: str) -> Redis:
-        made.append(Redis.from_url(url))
-        return made[-1]
-
-    yield make
-    for client in made:
-        await client.aclose()
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
@@ -22,19 +22,6 @@ from app.mega.schedule import LockSettings, Schedule, Tick
 from app.mega.scheduler import Scheduler
 
 Run = tuple[datetime, str, int | None, str]  # planned instant, instance, fence, source
-
-
-@pytest.fixture
-async def clients() -> AsyncIterator[Callable[[str], Redis]]:
-    made: list[Redis] = []
-
-    def make(url: str) -> Redis:
-        made.append(Redis.from_url(url))
-        return made[-1]
-
-    yield make
-    for client in made:
-        await client.aclose()
 
 
 def context(instance: str, client: Redis) -> Context:
