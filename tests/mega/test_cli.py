@@ -135,3 +135,29 @@ def test_start_stops_gracefully_on_signal_and_exits_0(
         if web.poll() is None:
             web.kill()
             web.communicate()
+
+
+def test_json_logs_are_one_object_per_line_with_the_event_fields(
+    tmp_path: Path, nats_url: str, redis_url: str, prefix: str
+) -> None:
+    import json
+
+    body = "from tests.main.cluster_schedules import EverySecond\nschedules = [EverySecond]\n"
+    config = write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body)
+    scheduler = subprocess.Popen(
+        [*MEGA, "scheduler", "--json-logs", "--config", str(config)],
+        cwd=ROOT, env={**os.environ, "CLUSTER_PREFIX": prefix},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    time.sleep(3)
+    scheduler.send_signal(signal.SIGTERM)
+    output, _ = scheduler.communicate(timeout=30)
+    assert scheduler.returncode == 0
+    entries = [json.loads(line) for line in output.splitlines()]  # every line is JSON
+    assert {"ts", "level", "logger", "message"} <= set(entries[0])
+    runs = [e["message"] for e in entries if e["logger"] == "mega.events"]
+    assert any(
+        m.startswith("run schedule=EverySecond") and "fence=" in m and "instance=" in m
+        for m in runs
+    )
+    assert entries[-1]["message"] == "scheduler stopped"
