@@ -5,9 +5,9 @@
 One Scheduler on a real Redis (an EmbeddedRedis in a temporary directory) runs two every-second
 schedules side by side for `--ticks` ticks (about that many seconds, after one warm-up tick
 that opens the Redis connection): one with the cluster lock (per-instant claim, overlap guard
-and fence: one Lua script, one Redis round trip, before the run) and one without. Lateness is when `run()`
-starts minus the planned instant (`self.tick.instant`); the scheduler's own `run` event reports
-`lateness_ms` at the moment it began deciding, shown too.
+and fence: one Lua script, one Redis round trip, before the run) and one without. Lateness is
+when `run()` starts minus the planned instant (`self.tick.instant`); the scheduler's own `run`
+event reports `lateness_ms` at the moment it began deciding, shown too.
 The baseline, in the same loop at the same time, is a bare `asyncio.sleep` until each whole
 second: the floor the event loop itself sets. Target: p99 lateness under 20 ms, both variants.
 """
