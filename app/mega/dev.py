@@ -24,6 +24,7 @@ from typing import IO
 from app.mega.config import load_config
 from app.mega.constants import DRAIN_TIMEOUT_S, VAR_DIR
 from app.mega.embedded import EmbeddedNats, EmbeddedRedis, EmbeddedServer, free_port
+from app.mega.hosts import check_port_free
 
 COLOURS = {
     "web": "36",
@@ -77,6 +78,7 @@ def run_dev(config_path: str, *, host: str, port: int) -> int:
     env.setdefault("MEGA_WORKER_METRICS_PORT", str(free_port()))
     try:
         load_config(config_file, dev=True)  # fail fast, before anything starts
+        check_port_free(host, port)
         if not env.get("NATS_URL"):
             servers.append(EmbeddedNats(data_dir=root / VAR_DIR / "nats").start())
             env["NATS_URL"] = servers[-1].url
@@ -103,7 +105,7 @@ def run_dev(config_path: str, *, host: str, port: int) -> int:
             out.follow(name, children[name].stdout)  # type: ignore[arg-type]
         code = _supervise(out, children, stop, host, port, env)
     except Exception as exc:
-        out.line("dev", f"error: {exc}")
+        out.line("dev", f"error: {getattr(exc, 'message', exc)}")
         code = 1
     finally:
         _stop_children(out, children)

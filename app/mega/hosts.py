@@ -12,6 +12,7 @@ import importlib
 import inspect
 import logging
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,7 +21,7 @@ from app.mega.boot import boot, shutdown
 from app.mega.config import Config
 from app.mega.constants import DRAIN_TIMEOUT_S
 from app.mega.context import Context
-from app.mega.errors import ConfigError
+from app.mega.errors import ConfigError, MegaError
 
 logger = logging.getLogger("mega.host")
 # Routine events (jobs started and done) are counted and logged once per this many seconds.
@@ -125,8 +126,25 @@ async def _run_host(
     logger.info("%s stopped", role)
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Raise a one-line MegaError when `host:port` cannot be bound (uvicorn would otherwise
+    fail with a traceback, after the pools had started)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise MegaError(
+                f"cannot listen on {host}:{port} ({exc.strerror}); is another server running "
+                "there? Pick another port with --port (make run PORT=8123)",
+                code="web.port_in_use",
+            ) from None
+
+
 async def run_web(config: Config, host: str, port: int) -> None:
     import uvicorn
+
+    check_port_free(host, port)
 
     class Server(uvicorn.Server):
         """uvicorn, minus its own signal handling: it re-raises SIGTERM after shutting down,

@@ -161,3 +161,21 @@ def test_json_logs_are_one_object_per_line_with_the_event_fields(
         for m in runs
     )
     assert entries[-1]["message"] == "scheduler stopped"
+
+
+@pytest.mark.parametrize("command", ["start", "dev"])
+def test_port_in_use_is_one_clear_line(
+    tmp_path: Path, nats_url: str, redis_url: str, command: str
+) -> None:
+    import socket
+
+    config = write_config(tmp_path, nats_url=nats_url, redis_url=redis_url)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_mega(command, "--port", str(port), "--config", str(config))
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in output and "--port" in output
+    assert "Traceback" not in output
