@@ -1,7 +1,8 @@
 """The child process of a process-mode Worker pool, and the pipe protocol both sides speak.
 
-Run as `python -P path/to/worker_child.py <dotted task module>` by `app.mega.worker.WorkerPool`
-(by path, so that starting it never imports the `app.mega` package and all it re-exports). It
+Run as `python -P path/to/worker_child.py <dotted task module>` by
+`app.mega.worker_process.WorkerProcess`, one per slot of a `WorkerPool` (by path, so that
+starting it never imports the `app.mega` package and all it re-exports). It
 imports the task module once, then answers task frames until its stdin closes.
 
 Protocol: every frame is a 4-byte big-endian length followed by that many bytes of pickle.

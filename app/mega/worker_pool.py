@@ -1,27 +1,28 @@
 """WorkerPool: the runtime of a Worker declaration (`ctx.workers[name]`).
 
-Process mode keeps one child per slot (`app.mega.worker_child`), talks to it over its stdin and
-stdout with length-prefixed pickle frames, and drives those pipes from the event loop itself:
-no multiprocessing queues and no feeder threads, which is where most of
-`concurrent.futures.ProcessPoolExecutor`'s per-task cost goes. Each child runs one task at a
-time; callers beyond the idle slots wait in a bounded FIFO queue.
+This module holds the pool: the bounded FIFO queue, dispatch to idle slots, task timeouts,
+crash replacement and the broken state, stop(), stats() and events. A slot is one child process
+(`app.mega.worker_process.WorkerProcess`, which owns its pipes) or, in thread mode, one thread
+of an executor. Each slot runs one task at a time; callers beyond the idle slots wait in the
+queue. Children talk length-prefixed pickle frames driven from the event loop itself: no
+multiprocessing queues and no feeder threads, which is where most of
+`concurrent.futures.ProcessPoolExecutor`'s per-task cost goes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import logging
 import math
-import os
 import pickle
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +30,9 @@ from app.mega.errors import TaskFailed, WorkerError, WorkerOverloaded
 from app.mega.events import EventEmitter
 from app.mega.worker import Worker
 from app.mega.worker_child import (
-    FRAME_HEADER,
     PICKLE_PROTOCOL,
     STATUS_BAD_ARGS,
     STATUS_OK,
-    STATUS_READY,
     STATUS_TASK_FAILED,
     STATUS_UNKNOWN_TASK,
     Task,
@@ -41,26 +40,14 @@ from app.mega.worker_child import (
     encode_frame,
     task_functions,
 )
+from app.mega.worker_process import WorkerProcess, child_env
 
 logger = logging.getLogger("mega.worker")
 
 EVENT_NAMES = frozenset({"dispatch", "done", "fail", "crash", "stopped"})  # WorkerPool.on()
-# Every child runs this file by path with `python -P`, not `python -m app.mega.worker_child`:
-# -m would first import the package `app.mega`, whose __init__ re-exports the whole framework
-# (FastAPI, SQLAlchemy, ...), and each child, replacements included, would pay for it.
-# -P keeps the script's own directory off sys.path; PYTHONPATH gives the root instead.
-CHILD_SCRIPT = str(Path(__file__).with_name("worker_child.py"))
-CHILD_STARTUP_TIMEOUT_S = 30.0  # a child must import its task module within this
 CHILD_EXIT_GRACE_S = 2.0  # after closing a child's stdin, how long it gets before SIGKILL
 DEFAULT_STOP_TIMEOUT_S = 10.0  # how long stop() waits for in-flight tasks by default
-# Bytes asked of each read of a child's stdout. Kept under glibc's mmap threshold (128 KiB):
-# asyncio's pipe transport reads 256 KiB at a time, and each such read mmaps, mremaps and
-# munmaps a fresh buffer (~20 us a read here, against ~2 us at 64 KiB), which alone halved
-# the pool's throughput. Hence add_reader on a plain pipe instead of a StreamReader.
-PIPE_READ_CHUNK_BYTES = 64 * 1024
 RETRY_AFTER_SMOOTHING = 0.2  # weight of the newest task duration in the Retry-After estimate
-# Where `app` lives, so a task module can import the framework whatever the project root is.
-FRAMEWORK_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 @dataclass(eq=False)
@@ -77,13 +64,9 @@ class _Task:
 
 @dataclass(eq=False)
 class _Slot:
-    """One unit of the pool: a child process, or (proc None) one thread of the executor."""
+    """One unit of the pool: a child process, or (child None) one thread of the executor."""
 
-    proc: asyncio.subprocess.Process | None = None
-    fd: int = -1  # non-blocking read end of the child's stdout
-    inbox: bytearray = field(default_factory=bytearray)  # bytes of a frame not yet whole
-    hello: asyncio.Future[tuple[Any, Any]] | None = None  # the child's startup frame
-    eof: asyncio.Future[None] | None = None  # set when its stdout closes (it exited)
+    child: WorkerProcess | None = None
     task: _Task | None = None
     timer: asyncio.TimerHandle | None = None
     retiring: bool = False  # killed on purpose after a timeout: its exit is not a crash
@@ -128,8 +111,7 @@ class WorkerPool:
         self._event_pump: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._functions: dict[str, Task] = {}
-        pythonpath = [str(self.settings.root), FRAMEWORK_ROOT, os.environ.get("PYTHONPATH", "")]
-        self._child_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, pythonpath))}
+        self._child_env = child_env(self.settings.root)  # os.environ as of construction
 
     def on(self, name: str, observer: Callable[[dict[str, Any]], Any]) -> Callable[[], None]:
         """Observe an event; an unknown name raises ValueError. Returns an unsubscribe function."""
@@ -260,9 +242,8 @@ class WorkerPool:
     def _dispatch(self, slot: _Slot, task: _Task) -> None:
         slot.task = task
         task.started_at = time.perf_counter()
-        if slot.proc is not None:
-            assert slot.proc.stdin is not None
-            slot.proc.stdin.write(task.payload)
+        if slot.child is not None:
+            slot.child.send(task.payload)
         else:
             self._track(self._run_in_thread(slot, task))
         if task.timeout_ms is not None:
@@ -314,14 +295,13 @@ class WorkerPool:
             return
         task.timed_out = True
         message = f"task {task.name} of pool {self.name} exceeded its {task.timeout_ms} ms timeout"
-        if slot.proc is None:
+        if slot.child is None:
             # A thread cannot be killed: the slot stays busy until the function returns.
             message += " (thread mode: the thread runs on until the function returns)"
         self._fail(task, WorkerError(message, code="worker.task_timeout"))
-        if slot.proc is not None:
+        if slot.child is not None:
             slot.task, slot.retiring = None, True
-            with contextlib.suppress(ProcessLookupError):
-                slot.proc.kill()  # the reader loop sees the exit and starts a replacement
+            slot.child.kill()  # _watch sees the exit and starts a replacement
 
     async def _run_in_thread(self, slot: _Slot, task: _Task) -> None:
         loop = asyncio.get_running_loop()
@@ -339,98 +319,28 @@ class WorkerPool:
 
     async def _spawn(self) -> _Slot:
         """Start one child and wait for its hello; WorkerError(worker.crashed) if it fails."""
-        loop = asyncio.get_running_loop()
-        # The child's stdout is a plain pipe we read with add_reader (see PIPE_READ_CHUNK_BYTES).
-        read_fd, write_fd = os.pipe()
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *(sys.executable, "-P", CHILD_SCRIPT, self.settings.module),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=write_fd,
-                cwd=self.settings.root,
-                env=self._child_env,
-            )
-        except OSError as exc:
-            os.close(read_fd)
-            message = f"pool {self.name} cannot start a worker process: {exc}"
-            raise WorkerError(message, code="worker.crashed") from exc
-        finally:
-            os.close(write_fd)  # the child holds the only write end now: its exit is our EOF
-        os.set_blocking(read_fd, False)
-        hello: asyncio.Future[tuple[Any, Any]] = loop.create_future()
-        slot = _Slot(proc=proc, fd=read_fd, hello=hello, eof=loop.create_future())
-        loop.add_reader(read_fd, self._on_readable, slot)
-        try:
-            async with asyncio.timeout(CHILD_STARTUP_TIMEOUT_S):
-                status, detail = await hello
-        except TimeoutError:
-            status, detail = None, f"no hello within {CHILD_STARTUP_TIMEOUT_S} s"
-        if status != STATUS_READY:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            self._close_pipe(slot)
-            code = await proc.wait()
-            message = (
-                f"a worker process of pool {self.name} failed to start "
-                f"(exit code {code}, {detail}); its traceback is on stderr"
-            )
-            raise WorkerError(message, code="worker.crashed")
+        slot = _Slot()
+        slot.child = await WorkerProcess.start(
+            self.settings.module,
+            root=self.settings.root,
+            env=self._child_env,
+            on_frame=functools.partial(self._complete, slot),
+            pool=self.name,
+        )
         self._track(self._watch(slot))
         return slot
 
-    def _on_readable(self, slot: _Slot) -> None:
-        """The child's stdout has bytes: settle every whole frame they complete."""
-        try:
-            data = os.read(slot.fd, PIPE_READ_CHUNK_BYTES)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._close_pipe(slot)
-            return
-        inbox = slot.inbox
-        inbox += data
-        while len(inbox) >= FRAME_HEADER.size:
-            (size,) = FRAME_HEADER.unpack_from(inbox)
-            end = FRAME_HEADER.size + size
-            if len(inbox) < end:
-                break
-            body = inbox[FRAME_HEADER.size : end]
-            del inbox[:end]
-            try:
-                _, status, value = pickle.loads(body)
-            except Exception as exc:
-                reason = f"its return value cannot be unpickled here: {exc}"
-                status, value = STATUS_TASK_FAILED, (type(exc).__name__, reason)
-            if slot.hello is not None and not slot.hello.done():
-                slot.hello.set_result((status, value))
-            else:
-                self._complete(slot, status, value)
-
-    def _close_pipe(self, slot: _Slot) -> None:
-        if slot.fd >= 0:
-            asyncio.get_running_loop().remove_reader(slot.fd)
-            os.close(slot.fd)
-            slot.fd = -1
-        if slot.hello is not None and not slot.hello.done():
-            slot.hello.set_result((None, "it exited before its hello"))
-        if slot.eof is not None and not slot.eof.done():
-            slot.eof.set_result(None)
-
     async def _watch(self, slot: _Slot) -> None:
-        assert slot.eof is not None
-        await slot.eof
-        await self._on_child_exit(slot)
-
-    async def _on_child_exit(self, slot: _Slot) -> None:
-        assert slot.proc is not None
+        """Once a child exits: settle its task, count a crash (unless retiring), replace it."""
+        assert slot.child is not None
+        await slot.child.stdout_closed()
+        # Out of the idle set before awaiting its exit, so no task is dispatched to it meanwhile.
         self._slots.discard(slot)
         with contextlib.suppress(ValueError):
             self._idle.remove(slot)
         if slot.timer is not None:
             slot.timer.cancel()
-        exit_code = await slot.proc.wait()
+        exit_code = await slot.child.wait()
         task, slot.task = slot.task, None
         if self._state != "running":
             if task is not None:
@@ -440,14 +350,14 @@ class WorkerPool:
         if not slot.retiring:
             where = f"while running {task.name}" if task is not None else "while idle"
             message = (
-                f"worker process {slot.proc.pid} of pool {self.name} exited with code "
+                f"worker process {slot.child.pid} of pool {self.name} exited with code "
                 f"{exit_code} {where}"
             )
             if task is not None:
                 self._fail(task, WorkerError(message, code="worker.crashed"))
             self._emit(
                 "crash",
-                pid=slot.proc.pid,
+                pid=slot.child.pid,
                 exit_code=exit_code,
                 task=task.name if task is not None else None,
                 restarts=self._restarts,
@@ -467,8 +377,8 @@ class WorkerPool:
                     return
                 continue
             if self._state != "running":
-                assert slot.proc is not None and slot.proc.stdin is not None
-                slot.proc.stdin.close()  # stop() began while it started: let it exit at once
+                assert slot.child is not None
+                slot.child.close_stdin()  # stop() began while it started: let it exit at once
                 self._slots.add(slot)
                 return
             self._add_slot(slot)
@@ -486,19 +396,17 @@ class WorkerPool:
 
     async def _end_children(self) -> None:
         for slot in list(self._slots):
-            assert slot.proc is not None and slot.proc.stdin is not None
+            assert slot.child is not None
             if slot.task is None:
-                slot.proc.stdin.close()  # the child's read loop ends and it exits 0
+                slot.child.close_stdin()  # the child's read loop ends and it exits 0
             else:
-                with contextlib.suppress(ProcessLookupError):
-                    slot.proc.kill()  # still busy past stop()'s timeout
+                slot.child.kill()  # still busy past stop()'s timeout
         if self._runners:
             await asyncio.wait(set(self._runners), timeout=CHILD_EXIT_GRACE_S)
         for slot in list(self._slots):
-            assert slot.proc is not None
-            if slot.proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    slot.proc.kill()
+            assert slot.child is not None
+            if slot.child.returncode is None:
+                slot.child.kill()
 
     # -- bookkeeping ------------------------------------------------------------------------
 
