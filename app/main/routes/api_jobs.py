@@ -18,6 +18,7 @@ from app.mega.job import CONSUMER_NAME
 from app.mega.jobqueue import JobQueue
 from app.mega.web.auth import UserDep
 from app.mega.web.envelope import ApiError, field_errors, ok
+from app.mega.web.pages import render
 
 router = APIRouter()
 # How many dead letters the page lists (the count covers all of them).
@@ -161,8 +162,7 @@ async def post_job_form(request: Request, user: UserDep) -> Response:
         context = await jobs_page_context(
             request, form=form_values, errors=field_errors(exc.errors())
         )
-        templates = request.app.state.templates
-        return templates.TemplateResponse(request, "demo/jobs.html", context, status_code=422)  # type: ignore[no-any-return]
+        return render(request, "demo/jobs.html", context, status_code=422)
     job_id = await enqueue_email(request, body)
     return RedirectResponse(f"/demo/jobs?enqueued={job_id}", status_code=303)
 

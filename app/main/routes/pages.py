@@ -18,15 +18,15 @@ from app.main.routes.api_jobs import jobs_page_context
 from app.main.routes.api_worker import HASH_TIMEOUT_MS, POOL, HashRequest
 from app.main.workers.hash_tasks import MAX_ROUNDS, sha256_loop
 from app.mega.web.auth import UserDep
+from app.mega.web.pages import render
 
 router = APIRouter(include_in_schema=False)
 # The page's default: about 2 s of hashing here, long enough to watch the heartbeat keep going.
 PAGE_ROUNDS = 6_000_000
 
 
-def render(request: Request, template: str, **context: object) -> Response:
-    templates = request.app.state.templates
-    return templates.TemplateResponse(request, template, context)  # type: ignore[no-any-return]
+def page(request: Request, template: str, **context: object) -> Response:
+    return render(request, template, context)
 
 
 @router.get("/")
@@ -37,13 +37,13 @@ async def index(user: UserDep) -> Response:
 @router.get("/demo")
 async def console(request: Request, user: UserDep) -> Response:
     state = await console_state(request)
-    return render(request, "demo/console.html", title="Console", state=state)
+    return page(request, "demo/console.html", title="Console", state=state)
 
 
 @router.get("/demo/cron")
 async def cron_page(request: Request, user: UserDep, manual: str | None = None) -> Response:
     state = await cron_state(request)
-    return render(request, "demo/cron.html", title="Schedules", state=state, manual=manual)
+    return page(request, "demo/cron.html", title="Schedules", state=state, manual=manual)
 
 
 @router.get("/demo/worker")
@@ -57,7 +57,7 @@ async def worker_page(
     error: str | None = None,
 ) -> Response:
     result = {"digest": digest, "rounds": rounds, "ms": ms, "mode": mode} if digest else None
-    return render(
+    return page(
         request,
         "demo/worker.html",
         title="CPU worker",
@@ -96,4 +96,4 @@ async def worker_form(request: Request, user: UserDep) -> Response:
 
 @router.get("/demo/jobs")
 async def jobs_page(request: Request, user: UserDep) -> Response:
-    return render(request, "demo/jobs.html", **await jobs_page_context(request))
+    return page(request, "demo/jobs.html", **await jobs_page_context(request))

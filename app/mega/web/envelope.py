@@ -24,6 +24,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.mega.errors import DependencyUnavailable, MegaError, WorkerError
+from app.mega.web.pages import render
 
 logger = logging.getLogger("mega.web")
 
@@ -191,7 +192,4 @@ def login_url(request: Request) -> str:
 
 
 def _html_error(request: Request, status: int, title: str, message: str) -> Response:
-    templates = request.app.state.templates
-    return templates.TemplateResponse(  # type: ignore[no-any-return]
-        request, "error.html", {"title": title, "message": message}, status_code=status
-    )
+    return render(request, "error.html", {"title": title, "message": message}, status_code=status)

@@ -9,6 +9,7 @@ from fastapi.responses import RedirectResponse
 
 from app.mega.constants import ANON_CSRF_COOKIE, SESSION_COOKIE
 from app.mega.web import auth
+from app.mega.web.pages import render
 
 router = APIRouter()
 
@@ -68,6 +69,5 @@ async def logout(request: Request) -> Response:
 def _render(
     request: Request, *, next: str, username: str = "", error: str | None = None, status: int = 200
 ) -> Response:
-    templates = request.app.state.templates
     context = {"next": next, "username": username, "error": error, "title": "Log in"}
-    return templates.TemplateResponse(request, "login.html", context, status_code=status)  # type: ignore[no-any-return]
+    return render(request, "login.html", context, status_code=status)
