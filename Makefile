@@ -19,16 +19,16 @@ run: install  ## the whole demo: embedded NATS + Redis, web, scheduler, worker
 	$(BIN)/mega dev --port $(PORT)
 
 lint: install
-	$(BIN)/ruff check app tests bench mega_config.py
-	$(BIN)/ruff format --check app tests bench mega_config.py
+	$(BIN)/ruff check mega app tests bench mega_config.py
+	$(BIN)/ruff format --check mega app tests bench mega_config.py
 	$(BIN)/mypy
 
 test: lint  ## lint, then every test (fault, cluster and browser tests included)
 	$(BIN)/pytest
 
 format: install
-	$(BIN)/ruff check --fix app tests bench mega_config.py
-	$(BIN)/ruff format app tests bench mega_config.py
+	$(BIN)/ruff check --fix mega app tests bench mega_config.py
+	$(BIN)/ruff format mega app tests bench mega_config.py
 
 bench: install  ## every benchmark in one go; results go to bench/RESULTS.md
 	$(BIN)/python -m bench.run_all

@@ -12,10 +12,10 @@ URLs and secrets come from the environment; the defaults suit `mega dev` on a la
 
 import os
 
-from app.main.jobs.email import EmailJob
-from app.main.jobs.timeline import attach_timeline
-from app.main.schedules.cron_counter import CronCounterSchedule
-from app.main.workers.hash_worker import HashWorker
+from app.jobs.email import EmailJob
+from app.jobs.timeline import attach_timeline
+from app.schedules.cron_counter import CronCounterSchedule
+from app.workers.hash_worker import HashWorker
 
 services = {
     "caches": {
@@ -35,7 +35,7 @@ schedules = [CronCounterSchedule]
 jobs = [EmailJob]
 workers = [HashWorker]
 
-web_app = "app.main.web:create_app"
+web_app = "app.web:create_app"
 
 # Called once per host as hook(runtime, ctx): the worker's events feed the /demo/jobs timeline.
 hooks = {"worker": [attach_timeline]}

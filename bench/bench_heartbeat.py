@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.bench_heartbeat [--idle-s 5] [--pool-s 6] [--hash-s 3]
 
 Starts EmbeddedNats and EmbeddedRedis in a temporary directory and the real web host as a
-subprocess (`python -m app.mega.cli start` with /work/main's mega_config.py, SQLite in the same
+subprocess (`python -m mega start` with /work/main's mega_config.py, SQLite in the same
 directory), logs in as the browser does (CSRF meta tag, form POST), then sends one GET
 /api/demo/ping every 50 ms through three phases:
 
@@ -39,9 +39,9 @@ import httpx
 if __package__ in (None, ""):  # run by path (python bench/x.py): make `app`, `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.main.workers.hash_tasks import MAX_ROUNDS
-from app.mega.embedded import EmbeddedNats, EmbeddedRedis, free_port
+from app.workers.hash_tasks import MAX_ROUNDS
 from bench.report import Result, ms, print_table, result, row, summary
+from mega.runtime.embedded import EmbeddedNats, EmbeddedRedis, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "mega_config.py"
@@ -234,7 +234,7 @@ def run(idle_s: float = 5.0, pool_s: float = 6.0, hash_s: float = 3.0) -> Result
             port = free_port()
             log = tmp / "web.log"
             with log.open("wb") as out:
-                command = [sys.executable, "-m", "app.mega.cli", "start", "--port", str(port)]
+                command = [sys.executable, "-m", "mega", "start", "--port", str(port)]
                 proc = subprocess.Popen(
                     [*command, "--config", str(CONFIG)],
                     cwd=ROOT,

@@ -17,8 +17,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from app.mega.embedded import EmbeddedNats, EmbeddedRedis, free_port
 from bench.report import Result, print_table, result, row
+from mega.runtime.embedded import EmbeddedNats, EmbeddedRedis, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_MB = 100.0
@@ -79,7 +79,7 @@ def run() -> Result:
             for name, (args, _) in hosts.items():
                 with open(tmp / f"{name}.log", "wb") as log:
                     processes[name] = subprocess.Popen(
-                        [sys.executable, "-m", "app.mega.cli", *args,
+                        [sys.executable, "-m", "mega", *args,
                          "--config", str(ROOT / "mega_config.py")],
                         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                     )  # fmt: skip

@@ -63,8 +63,8 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NatsClient
     from nats.js import JetStreamContext
 
-    from app.mega.jobqueue import JobQueue
     from bench.jobs_noop import NoopJob
+    from mega.jobs.queue import JobQueue
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET_KEY = "bench-secret-key-" + "x" * 32  # the config needs one outside dev (unused here)
@@ -301,9 +301,9 @@ class Bench:
         return job_class(self.subject(part), self.o.concurrency)
 
     async def connect(self) -> None:
-        from app.mega.boot import connect_nats
-        from app.mega.context import BusAdapter, Context, new_instance_id
-        from app.mega.jobqueue import JobQueue
+        from mega.context import BusAdapter, Context, new_instance_id
+        from mega.jobs.queue import JobQueue
+        from mega.runtime.boot import connect_nats
 
         self.nc = await connect_nats("jobs", self.url)
         self.js = self.nc.jetstream()
@@ -330,7 +330,7 @@ class Bench:
             **({"BENCH_JOBS_PROFILE": str(profile_path)} if profile_path else {}),
             **({"MEGA_LOG_LEVEL": self.o.log_level} if self.o.log_level else {}),
         )
-        command = [sys.executable, "-m", "app.mega.cli", "worker", "--config", str(self.config)]
+        command = [sys.executable, "-m", "mega", "worker", "--config", str(self.config)]
         with open(log, "wb") as out:
             spawned_at = time.time()
             proc = subprocess.Popen(
@@ -341,7 +341,7 @@ class Bench:
 
     async def wait_drained(self, worker: Worker, stream: str, total: int) -> float:
         """Poll the consumer until `total` messages are delivered and none is unacked."""
-        from app.mega.job import CONSUMER_NAME
+        from mega.jobs.job import CONSUMER_NAME
 
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while True:
@@ -361,7 +361,7 @@ class Bench:
 
     async def wait_ready(self, worker: Worker, stream: str) -> float:
         """Until the worker's first pull request waits on the consumer; spawn-to-ready s."""
-        from app.mega.job import CONSUMER_NAME
+        from mega.jobs.job import CONSUMER_NAME
 
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
@@ -583,7 +583,7 @@ def _print_profile(path: Path) -> None:
 
 
 async def _bench(options: Options) -> Result:
-    from app.mega.embedded import EmbeddedNats
+    from mega.runtime.embedded import EmbeddedNats
 
     with tempfile.TemporaryDirectory(prefix="bench-jobs-") as tmp_name:
         tmp = Path(tmp_name)

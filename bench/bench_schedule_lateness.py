@@ -29,12 +29,12 @@ from redis.asyncio import Redis
 if __package__ in (None, ""):  # run by path (python bench/x.py): make `app`, `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.mega.context import CacheAdapter, Context
-from app.mega.embedded import EmbeddedRedis
-from app.mega.locks import RedLock
-from app.mega.schedule import LockSettings, Schedule
-from app.mega.scheduler import Scheduler
 from bench.report import Result, ms, print_table, result, row, summary
+from mega.context import CacheAdapter, Context
+from mega.runtime.embedded import EmbeddedRedis
+from mega.schedules.locks import RedLock
+from mega.schedules.schedule import LockSettings, Schedule
+from mega.schedules.scheduler import Scheduler
 
 TARGET_P99_MS = 20.0  # SPEC section 7
 EVERY_SECOND = "* * * * * *"

@@ -22,10 +22,10 @@ from pathlib import Path
 if __package__ in (None, ""):  # run by path (python bench/x.py): make `app`, `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.mega.worker import Worker
-from app.mega.worker_pool import WorkerPool
 from bench.noop_tasks import noop
 from bench.report import Result, print_table, result, row
+from mega.workers.pool import WorkerPool
+from mega.workers.worker import Worker
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_RATIO = 2.0  # SPEC section 7: the pool must be at least this much faster

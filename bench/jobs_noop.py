@@ -32,10 +32,10 @@ from array import array
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from app.mega.job import Job
+from mega.jobs.job import Job
 
 if TYPE_CHECKING:
-    from app.mega.context import Context
+    from mega.context import Context
 
 SUBJECT_ENV = "BENCH_JOBS_SUBJECT"
 CONCURRENCY_ENV = "BENCH_JOBS_CONCURRENCY"

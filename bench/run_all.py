@@ -31,8 +31,8 @@ from typing import Any, cast
 if __package__ in (None, ""):  # run by path (python bench/x.py): make `app`, `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.mega.embedded import find_nats_server
 from bench.report import Result, markdown_table
+from mega.runtime.embedded import find_nats_server
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS = BENCH_DIR / "RESULTS.md"

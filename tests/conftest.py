@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.mega.embedded import EmbeddedNats, EmbeddedRedis, EmbeddedServer
+from mega.runtime.embedded import EmbeddedNats, EmbeddedRedis, EmbeddedServer
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

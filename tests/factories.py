@@ -11,18 +11,18 @@ from typing import Any
 
 import httpx
 
-from app.mega.boot import boot, shutdown
-from app.mega.config import Config, load_config
-from app.mega.web.auth import ensure_user
+from mega.config import Config, load_config
+from mega.runtime.boot import boot, shutdown
+from mega.web.auth import ensure_user
 
 TEST_SECRET = "test-secret-key-0123456789abcdef0123456789"
 DEMO_USER, DEMO_PASSWORD = "demo", "demo-password"
 # The sample's registrations, as mega_config.py lists them.
 SAMPLE_REGISTRATIONS = """
-from app.main.jobs.email import EmailJob
-from app.main.jobs.timeline import attach_timeline
-from app.main.schedules.cron_counter import CronCounterSchedule
-from app.main.workers.hash_worker import HashWorker
+from app.jobs.email import EmailJob
+from app.jobs.timeline import attach_timeline
+from app.schedules.cron_counter import CronCounterSchedule
+from app.workers.hash_worker import HashWorker
 schedules = [CronCounterSchedule]
 jobs = [EmailJob]
 workers = [HashWorker]
@@ -51,7 +51,7 @@ def write_config(
                 "buses": {{"jobs": {{"driver": "nats", "url": {nats_url!r}}}}},
                 "database": {{"url": {f"sqlite:///{tmp_path / 'test.db'}"!r}}},
             }}
-            web_app = "app.main.web:create_app"
+            web_app = "app.web:create_app"
             auth = {{"secret_key": {TEST_SECRET!r}, **{auth_options!r}}}
             """
         )
@@ -64,7 +64,7 @@ def write_config(
 async def web_client(config: Config, *, pools: bool = False) -> AsyncIterator[httpx.AsyncClient]:
     """The sample's web app booted on the config's servers, behind an in-process client.
     `pools` starts the config's CPU worker pools (child processes) as `mega start` does."""
-    from app.mega.hosts import load_web_app, start_worker_pools, stop_worker_pools
+    from mega.runtime.hosts import load_web_app, start_worker_pools, stop_worker_pools
 
     ctx = await boot(config, role="web")
     ensure_user(ctx.db, DEMO_USER, DEMO_PASSWORD)
@@ -104,8 +104,8 @@ def config_for(tmp_path: Path, nats_url: str, redis_url: str, **auth: Any) -> Co
 @asynccontextmanager
 async def job_worker(config: Config) -> AsyncIterator[Any]:
     """A JobWorker on the config's jobs and hooks, in this process: what `mega worker` runs."""
-    from app.mega.hosts import run_hooks
-    from app.mega.jobworker import JobWorker
+    from mega.jobs.jobworker import JobWorker
+    from mega.runtime.hosts import run_hooks
 
     ctx = await boot(config, role="worker", database=False)
     worker = JobWorker(ctx)

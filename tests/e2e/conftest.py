@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from app.mega.embedded import EmbeddedNats, EmbeddedRedis, free_port
+from mega.runtime.embedded import EmbeddedNats, EmbeddedRedis, free_port
 from tests.factories import DEMO_PASSWORD, DEMO_USER, TEST_SECRET
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +78,7 @@ def live_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
     for name, args in commands.items():
         log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it
         processes[name] = subprocess.Popen(
-            [sys.executable, "-m", "app.mega.cli", *args, "--config", str(ROOT / "mega_config.py")],
+            [sys.executable, "-m", "mega", *args, "--config", str(ROOT / "mega_config.py")],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         log.close()

@@ -1,0 +1,47 @@
+"""Turns the JobWorker's events into the EmailJob timeline the /demo/jobs page shows.
+
+Attached in mega_config.py as `hooks = {"worker": [attach_timeline]}`: the worker host calls
+`attach_timeline(worker, ctx)` once, after registering the jobs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.jobs.email import EmailJob
+from app.services import job_timeline
+from mega import Context, JobWorker
+
+
+def attach_timeline(worker: JobWorker, ctx: Context) -> None:
+    redis = ctx.cache("main").native
+
+    async def on_event(event: dict[str, Any]) -> None:
+        if event.get("job") != EmailJob.name:
+            return
+        job_id, attempt, kind = event["id"], event.get("attempt"), event["event"]
+        if kind == "start":
+            # Enqueue-to-start latency is what users feel; later attempts wait on the backoff.
+            latency = event.get("latency_ms") if attempt == 1 else None
+            waited = f", {latency} ms after enqueue" if latency is not None else ""
+            detail = f"attempt {attempt} started{waited}"
+            await job_timeline.record_event(
+                redis, job_id, "start", detail, status="running", attempt=attempt
+            )
+            if latency is not None:
+                await job_timeline.record_latency(redis, latency)
+        elif kind == "retry":
+            detail = f"attempt {attempt} failed: {event['error']}; retry in {event['delay_ms']} ms"
+            await job_timeline.record_event(redis, job_id, "retry", detail, status="retrying")
+        elif kind == "done":
+            detail = f"attempt {attempt} succeeded in {event['duration_ms']:.0f} ms"
+            await job_timeline.record_event(redis, job_id, "done", detail, status="done")
+        elif kind == "fail" and event.get("phase") == "run":
+            detail = f"attempt {attempt} failed: {event['error']}; no tries left"
+            await job_timeline.record_event(redis, job_id, "fail", detail)
+        elif kind == "dlq":
+            detail = f"moved to the dead-letter queue after {event['attempts']} attempts"
+            await job_timeline.record_event(redis, job_id, "dlq", detail, status="dlq")
+
+    for name in ("start", "retry", "done", "fail", "dlq"):
+        worker.on(name, on_event)

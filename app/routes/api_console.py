@@ -1,0 +1,67 @@
+"""GET /api/demo/console: one live view over the three abstractions, for the /demo page.
+
+Each part is read independently: a dependency that is down marks its own panel unavailable
+and the rest of the console keeps working.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from app.routes.api_cron import SCHEDULE, scheduler
+from app.routes.api_jobs import jobs_part
+from app.routes.api_worker import POOL
+from mega.web.auth import UserDep
+from mega.web.envelope import ok
+
+router = APIRouter(prefix="/api/demo")
+logger = logging.getLogger("mega.demo")
+# Instances seen in this many recent ticks count as alive.
+RECENT_TICKS = 10
+
+
+async def schedules_part(request: Request) -> dict[str, Any]:
+    ticks = await scheduler(request).recent_ticks(SCHEDULE, limit=RECENT_TICKS)
+    instances: dict[str, str] = {}
+    for tick in ticks:
+        for skipped in tick["skipped"]:
+            instances.setdefault(skipped["instance"], tick["instant"])
+        if tick["winner"] and tick["source"] == "schedule":
+            instances.setdefault(tick["winner"], tick["instant"])
+    return {
+        "instances": [{"instance": name, "last_seen": at} for name, at in instances.items()],
+        "ticks": ticks[:5],
+    }
+
+
+async def pool_part(request: Request) -> dict[str, Any]:
+    stats: dict[str, Any] = request.app.state.ctx.workers[POOL].stats()
+    return stats
+
+
+# Each console panel: name -> reader.
+PARTS: dict[str, Callable[[Request], Awaitable[dict[str, Any]]]] = {
+    "schedules": schedules_part,
+    "jobs": jobs_part,
+    "pool": pool_part,
+}
+
+
+async def console_state(request: Request) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for name, read in PARTS.items():
+        try:
+            data[name] = {"ok": True, **await read(request)}
+        except Exception as exc:  # one panel down must not take the console with it
+            logger.warning("console panel %s unavailable: %s", name, exc)
+            data[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return data
+
+
+@router.get("/console")
+async def console(request: Request, user: UserDep) -> Response:
+    return ok(await console_state(request))

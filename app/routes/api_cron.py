@@ -1,0 +1,72 @@
+"""The CronCounter demo: its state as JSON, a manual tick, and the page's no-JS form target."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import RedirectResponse
+
+from app.schedules.cron_counter import CronCounterSchedule
+from app.services.cron_counter import read_state
+from mega.schedules.scheduler import Scheduler
+from mega.web.auth import UserDep
+from mega.web.envelope import ok
+
+router = APIRouter()
+SCHEDULE = CronCounterSchedule.name
+
+
+def scheduler(request: Request) -> Scheduler:
+    """The web process's Scheduler: registered, never started; it serves run_now and reads."""
+    found: Scheduler = request.app.state.scheduler
+    return found
+
+
+async def cron_state(request: Request) -> dict[str, Any]:
+    state = await read_state(request.app.state.ctx.cache("main").native)
+    settings = scheduler(request).describe(SCHEDULE)
+    ticks = await scheduler(request).recent_ticks(SCHEDULE, limit=15)
+    return {
+        **state,
+        "history": [{"at": h["at"], "source": h["source"]} for h in state["history"]],
+        "next_runs": settings["next_runs"],
+        "cron": settings["cron"],
+        "timezone": settings["timezone"],
+        "lock": settings["lock"],
+        "ticks": [
+            {
+                "instant": t["instant"],
+                "source": t["source"],
+                "winner": t["winner"],
+                "fence": t["fence"],
+                "lateness_ms": t["lateness_ms"],
+                "skipped": t["skipped"],
+            }
+            for t in ticks
+        ],
+    }
+
+
+@router.get("/api/demo/cron")
+async def get_cron(request: Request, user: UserDep) -> Response:
+    return ok(await cron_state(request))
+
+
+@router.post("/api/demo/cron/run")
+async def run_cron(request: Request, user: UserDep) -> Response:
+    result = await scheduler(request).run_now(SCHEDULE)
+    data: dict[str, Any] = {"ran": result.ran}
+    if not result.ran:
+        data["reason"] = result.reason
+    elif result.error:
+        data["error"] = result.error
+    return ok(data)
+
+
+@router.post("/demo/cron/run", include_in_schema=False)
+async def run_cron_form(request: Request, user: UserDep) -> Response:
+    """The "Run now" button without JavaScript: post, redirect, get."""
+    result = await scheduler(request).run_now(SCHEDULE)
+    outcome = "ran" if result.ran and not result.error else "skipped"
+    return RedirectResponse(f"/demo/cron?manual={outcome}", status_code=303)

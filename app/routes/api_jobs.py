@@ -1,0 +1,189 @@
+"""The EmailJob demo: enqueue (JSON and form), the timeline and DLQ state, and DLQ requeue.
+
+Bad input is a 422 with field errors and enqueues nothing. NATS down: 503 naming it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import RedirectResponse
+from pydantic import BaseModel, Field, StringConstraints, ValidationError, model_validator
+
+from app.jobs.email import EmailJob
+from app.services import job_timeline
+from mega.jobs.job import CONSUMER_NAME
+from mega.jobs.queue import JobQueue
+from mega.web.auth import UserDep
+from mega.web.envelope import ApiError, field_errors, ok
+from mega.web.pages import render
+
+router = APIRouter()
+# How many dead letters the page lists (the count covers all of them).
+DLQ_LISTED = 20
+
+Recipient = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=254)]
+
+
+class EnqueueRequest(BaseModel):
+    to: Recipient
+    mode: Literal["ok", "flaky", "fail"] = "ok"
+
+
+class RequeueRequest(BaseModel):
+    id: Annotated[str | None, Field(min_length=1, max_length=100)] = None
+    all: bool = False
+
+    @model_validator(mode="after")
+    def one_of(self) -> RequeueRequest:
+        if (self.id is None) == (not self.all):
+            raise ValueError("give either an id or all: true")
+        return self
+
+
+def queue(request: Request) -> JobQueue:
+    """The web app's JobQueue on bus `jobs` (it only enqueues and reads; it never consumes)."""
+    found: JobQueue = request.app.state.job_queue
+    return found
+
+
+def redis(request: Request) -> Any:
+    return request.app.state.ctx.cache("main").native
+
+
+async def enqueue_email(request: Request, body: EnqueueRequest) -> str:
+    job_id = uuid.uuid4().hex[:12]
+    await job_timeline.record_enqueued(redis(request), job_id, body.to, body.mode)
+    try:
+        # The page's id is the job id: it is also the dedup key (Nats-Msg-Id).
+        await queue(request).enqueue(
+            EmailJob, {"id": job_id, "to": body.to, "mode": body.mode}, id=job_id
+        )
+    except BaseException:
+        await job_timeline.forget(redis(request), job_id)
+        raise
+    return job_id
+
+
+async def jobs_state(request: Request) -> dict[str, Any]:
+    dlq = queue(request).dlq
+    records = await dlq.list(EmailJob, limit=DLQ_LISTED)
+    return {
+        "jobs": await job_timeline.list_jobs(redis(request)),
+        "dlq": {
+            "count": await dlq.count(EmailJob),
+            "items": [
+                {
+                    "id": r["id"],
+                    "to": (r.get("payload") or {}).get("to"),
+                    "error": f"{r['error']['type']}: {r['error']['message']}",
+                    "attempts": r["attempts"],
+                    "failed_at": r["failed_at"],
+                }
+                for r in records
+            ],
+        },
+    }
+
+
+async def requeue(request: Request, body: RequeueRequest) -> int:
+    dlq = queue(request).dlq
+    if body.all:
+        ids = [r["id"] for r in await dlq.list(EmailJob, limit=10_000)]
+        count = await dlq.requeue_all(EmailJob)
+    else:
+        assert body.id is not None
+        ids = [body.id]
+        count = await dlq.requeue(EmailJob, body.id)
+    if count:
+        for job_id in ids:
+            await redis(request).delete(job_timeline.attempts_key(job_id))
+            await job_timeline.record_event(
+                redis(request), job_id, "requeued", "requeued from the DLQ, attempts reset",
+                status="queued", attempt=0,
+            )  # fmt: skip
+    return count
+
+
+@router.get("/api/demo/jobs")
+async def get_jobs(request: Request, user: UserDep) -> Response:
+    return ok(await jobs_state(request))
+
+
+@router.post("/api/demo/jobs")
+async def post_job(body: EnqueueRequest, request: Request, user: UserDep) -> Response:
+    return ok({"id": await enqueue_email(request, body)}, status=201)
+
+
+@router.post("/api/demo/jobs/dlq/requeue")
+async def post_requeue(body: RequeueRequest, request: Request, user: UserDep) -> Response:
+    count = await requeue(request, body)
+    if body.id is not None and count == 0:
+        raise ApiError(404, "not_found", f"no dead letter with id {body.id!r}")
+    return ok({"requeued": count})
+
+
+async def jobs_page_context(
+    request: Request, *, form: dict[str, str] | None = None, errors: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """What /demo/jobs renders: the state, the form (kept on a 422) and its field errors."""
+    return {
+        "title": "Jobs",
+        "state": await jobs_state(request),
+        "form": form or {"to": "ada@example.com", "mode": "flaky"},
+        "errors": errors or {},
+        "job": EmailJob,
+        "notice": _notice(request),
+    }
+
+
+def _notice(request: Request) -> str | None:
+    if "enqueued" in request.query_params:
+        return f"Job {request.query_params['enqueued']} enqueued."
+    if "requeued" in request.query_params:
+        return f"Requeued {request.query_params['requeued']} job(s) from the DLQ."
+    return None
+
+
+# ---- the page's forms without JavaScript: post, redirect, get --------------------------------
+
+
+@router.post("/demo/jobs", include_in_schema=False)
+async def post_job_form(request: Request, user: UserDep) -> Response:
+    form = await request.form()
+    try:
+        body = EnqueueRequest.model_validate(
+            {k: form.get(k) for k in ("to", "mode") if form.get(k)}
+        )
+    except ValidationError as exc:
+        form_values = {"to": str(form.get("to", "")), "mode": str(form.get("mode", "ok"))}
+        context = await jobs_page_context(
+            request, form=form_values, errors=field_errors(exc.errors())
+        )
+        return render(request, "demo/jobs.html", context, status_code=422)
+    job_id = await enqueue_email(request, body)
+    return RedirectResponse(f"/demo/jobs?enqueued={job_id}", status_code=303)
+
+
+@router.post("/demo/jobs/dlq/requeue", include_in_schema=False)
+async def requeue_form(request: Request, user: UserDep) -> Response:
+    form = await request.form()
+    job_id = form.get("id")
+    body = RequeueRequest(id=str(job_id)) if job_id else RequeueRequest(all=True)
+    count = await requeue(request, body)
+    return RedirectResponse(f"/demo/jobs?requeued={count}", status_code=303)
+
+
+async def jobs_part(request: Request) -> dict[str, Any]:
+    """The console's job panel: waiting, in flight, DLQ, enqueue-to-start p50."""
+    spec = await queue(request).ensure(EmailJob)
+    js = queue(request).js
+    consumer = await js.consumer_info(spec.stream, CONSUMER_NAME)
+    return {
+        "pending": consumer.num_pending,
+        "in_flight": consumer.num_ack_pending,
+        "dlq": await queue(request).dlq.count(EmailJob),
+        "start_latency_p50_ms": await job_timeline.latency_p50_ms(redis(request)),
+    }

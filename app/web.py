@@ -1,0 +1,46 @@
+"""The sample's web app: the framework's app plus the demo pages and their JSON routes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from app.routes import api_console, api_cron, api_jobs, api_worker, pages
+from mega import Config, Context
+from mega.jobs.queue import JobQueue
+from mega.runtime.metrics import observe_jobs, observe_scheduler
+from mega.schedules.scheduler import Scheduler
+from mega.web.app import create_web_app
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def create_app(config: Config, ctx: Context) -> FastAPI:
+    app = create_web_app(
+        config,
+        ctx,
+        routers=[
+            pages.router,
+            api_console.router,
+            api_cron.router,
+            api_jobs.router,
+            api_worker.router,
+        ],
+        templates_dir=PROJECT_ROOT / "templates",
+        static_dir=PROJECT_ROOT / "static",
+        title="mega-py demo",
+    )
+    # Registered but never started here: `mega scheduler` ticks; the web app only runs manual
+    # ticks (through the same lock) and reads the audit.
+    scheduler = Scheduler(ctx)
+    for schedule in config.schedules:
+        scheduler.register(schedule)
+    if config.metrics.enabled:
+        observe_scheduler(scheduler)  # manual ticks count in the web app's /metrics
+    app.state.scheduler = scheduler
+    # The web app enqueues and reads the DLQ; `mega worker` consumes.
+    app.state.job_queue = JobQueue(ctx, "jobs")
+    if config.metrics.enabled:
+        observe_jobs(app.state.job_queue)  # enqueues count as `dispatch` in /metrics
+    return app

@@ -1,0 +1,5 @@
+"""`python -m mega ...` is the `mega` command (what the hosts' own child processes run)."""
+
+from mega.runtime.cli import main
+
+main()

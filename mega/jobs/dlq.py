@@ -1,0 +1,174 @@
+"""Dead letters: the record format, and the tools to read, requeue and purge them.
+
+A job whose tries are exhausted (or that cannot be decoded, or that killed its worker too often)
+is published as one JSON record to `<subject>.dlq`, in the limits-retention stream
+`MEGA_JOBS_<subject>_DLQ` (kept `dlq_max_age_s`, 7 days by default):
+
+    {"id", "subject", "payload", "error": {"type", "message"}, "attempts",
+     "first_enqueued_at", "failed_at", "worker"}            (times in epoch ms)
+
+An undecodable message has `payload: null` and its body in `raw_b64`.
+
+    tools = DeadLetters(queue)
+    records = await tools.list(EmailJob, limit=20)          # newest first
+    await tools.requeue(EmailJob, records[0]["id"])          # back onto demo.email, attempts reset
+    await tools.purge(EmailJob)
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from nats.js.errors import NotFoundError
+
+from mega.errors import JobError
+from mega.jobs.job import HEADER_ENQUEUED_AT, HEADER_JOB_ID, HEADER_RUN_AT, Job, JobSpec
+
+if TYPE_CHECKING:
+    from mega.jobs.queue import JobQueue
+
+
+class DeadLetterError(TypedDict):
+    type: str
+    message: str
+
+
+class _DeadLetterBase(TypedDict):
+    id: str
+    subject: str
+    payload: Any
+    error: DeadLetterError
+    attempts: int
+    first_enqueued_at: int | None
+    failed_at: int
+    worker: str
+
+
+class DeadLetter(_DeadLetterBase, total=False):
+    """One DLQ record. `raw_b64` only for a message whose body was not JSON; `seq` (the DLQ
+    stream sequence) is added by `DeadLetters.list`."""
+
+    raw_b64: str
+    seq: int
+
+
+def make_record(
+    spec: JobSpec,
+    job_id: str,
+    payload: Any,
+    error_type: str,
+    error_message: str,
+    attempts: int,
+    first_enqueued_at: int | None,
+    worker: str,
+    raw: bytes | None = None,
+) -> DeadLetter:
+    """Build a DLQ record; `raw` (a body that could not be decoded) is kept as base64."""
+    record = DeadLetter(
+        id=job_id,
+        subject=spec.subject,
+        payload=payload,
+        error=DeadLetterError(type=error_type, message=error_message),
+        attempts=attempts,
+        first_enqueued_at=first_enqueued_at,
+        failed_at=int(time.time() * 1000),
+        worker=worker,
+    )
+    if raw is not None:
+        record["raw_b64"] = base64.b64encode(raw).decode("ascii")
+    return record
+
+
+class DeadLetters:
+    """DLQ tools over a JobQueue (same bus). Meant for operators and demo pages: each call reads
+    the stream message by message, fine for thousands of records, not for millions."""
+
+    def __init__(self, queue: JobQueue) -> None:
+        self.queue = queue
+
+    async def count(self, job_cls: type[Job]) -> int:
+        """Records currently kept in the job's DLQ stream."""
+        spec = await self.queue.ensure(job_cls)
+        info = await self.queue.js.stream_info(spec.dlq_stream)
+        return int(info.state.messages)
+
+    async def list(self, job_cls: type[Job], limit: int = 50) -> list[DeadLetter]:
+        """Up to `limit` records, newest first, each with its stream `seq`."""
+        spec = await self.queue.ensure(job_cls)
+        records: list[DeadLetter] = []
+        async for record in self._scan(spec, newest_first=True):
+            if len(records) >= limit:
+                break
+            records.append(record)
+        return records
+
+    async def requeue(self, job_cls: type[Job], job_id: str) -> int:
+        """Publish the record(s) with this job id back onto the job subject, attempts reset,
+        then delete them from the DLQ. Returns how many were requeued (0: no such id)."""
+        return await self._requeue(job_cls, job_id)
+
+    async def requeue_all(self, job_cls: type[Job]) -> int:
+        """Requeue every record of the job's DLQ; returns the count."""
+        return await self._requeue(job_cls, None)
+
+    async def purge(self, job_cls: type[Job]) -> int:
+        """Delete every record of the job's DLQ; returns how many there were."""
+        spec = await self.queue.ensure(job_cls)
+        before = (await self.queue.js.stream_info(spec.dlq_stream)).state.messages
+        await self.queue.js.purge_stream(spec.dlq_stream)
+        return int(before)
+
+    async def _requeue(self, job_cls: type[Job], job_id: str | None) -> int:
+        spec = await self.queue.ensure(job_cls)
+        requeued = 0
+        async for record in self._scan(spec, newest_first=False):
+            if job_id is not None and record["id"] != job_id:
+                continue
+            if "raw_b64" in record:
+                # Republishing bytes that failed to decode would only dead-letter them again.
+                raise JobError(
+                    f"{spec.name}: DLQ record {record['id']} holds an undecodable body; "
+                    "fix or purge it instead of requeueing",
+                    code="job.not_requeueable",
+                )
+            seq = record["seq"]
+            headers = {
+                HEADER_JOB_ID: record["id"],
+                HEADER_RUN_AT: str(int(time.time() * 1000)),
+                # A requeue retried after a lost PubAck must not publish the job twice.
+                "Nats-Msg-Id": f"{record['id']}:requeue:{spec.dlq_stream}:{seq}",
+            }
+            if record.get("first_enqueued_at") is not None:
+                headers[HEADER_ENQUEUED_AT] = str(record["first_enqueued_at"])
+            body = json.dumps(record["payload"], separators=(",", ":")).encode()
+            # A new message starts at num_delivered 1: that is the attempt reset.
+            await self.queue.js.publish(spec.subject, body, headers=headers)
+            await self.queue.js.delete_msg(spec.dlq_stream, seq)
+            requeued += 1
+        return requeued
+
+    async def _scan(self, spec: JobSpec, *, newest_first: bool) -> AsyncIterator[DeadLetter]:
+        js = self.queue.js
+        state = (await js.stream_info(spec.dlq_stream)).state
+        if state.messages == 0:
+            return
+        seqs = range(state.last_seq, state.first_seq - 1, -1)
+        if not newest_first:
+            seqs = range(state.first_seq, state.last_seq + 1)
+        for seq in seqs:
+            try:
+                raw = await js.get_msg(spec.dlq_stream, seq)
+            except NotFoundError:
+                continue  # deleted (requeued) or expired in the meantime
+            if raw.data is None:
+                continue
+            try:
+                record: DeadLetter = json.loads(raw.data)
+            except ValueError:
+                continue  # not one of ours; leave it alone
+            record["seq"] = seq
+            yield record

@@ -1,0 +1,291 @@
+"""A job is a class: where it lives on the bus (`subject`, `bus`), how it is run (`concurrency`,
+`retries`, `backoff`, `ack_wait_s`), how long its failures are kept (`dlq_*`) and what it does
+(`async def run(self, payload, ctx)`). `JobQueue` moves it; this module only describes it,
+validates it and names its streams.
+
+    class EmailJob(Job):
+        subject = "demo.email"
+        bus = "jobs"
+        concurrency = 2          # in flight for the whole worker group (NATS max_ack_pending)
+        retries = 2              # extra tries after the first: 3 runs at most
+        backoff = {"type": "exponential", "initial": 500, "max": 2000}
+
+        async def run(self, payload: dict[str, Any], ctx: Context) -> None:
+            await send_email(payload["to"])
+
+Delivery is at-least-once: a worker killed mid-run, or a lost ack, runs the job again, so `run`
+must be idempotent (key its side effects on the job id or on the payload).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import time
+import uuid
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeGuard
+
+from mega.errors import JobError, RegistrationError
+from mega.jobs.backoff import BackoffPolicy
+
+if TYPE_CHECKING:
+    from mega.context import Context
+
+# Letters, digits, `_` and `-` in non-empty tokens joined by dots: no wildcards, no spaces.
+SUBJECT_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
+# `<subject>.dlq` is the dead-letter subject, so no job may own it.
+DLQ_SUFFIX = ".dlq"
+# Delayed jobs wait as broker-side schedules on `<subject>._delay.<token>` (see queue.py), so
+# this token is reserved: a job on `a._delay.b` would overlap the stream of job `a`.
+DELAY_TOKEN = "_delay"
+# Stream names: `MEGA_JOBS_<subject, non-alphanumerics as _>` and the same with `_DLQ`.
+STREAM_PREFIX = "MEGA_JOBS_"
+DLQ_STREAM_SUFFIX = "_DLQ"
+# The one durable pull consumer every worker process binds to (one per work stream).
+CONSUMER_NAME = "mega_workers"
+
+DEFAULT_CONCURRENCY = 1
+DEFAULT_RETRIES = 3
+DEFAULT_BACKOFF: dict[str, Any] = {"type": "exponential", "initial": 1000, "max": 30_000}
+# Redelivery timeout of an unacked message; a running job renews it every third of it.
+DEFAULT_ACK_WAIT_S = 30.0
+# Dead letters expire after a week by default so a failing job cannot fill the disk.
+DEFAULT_DLQ_MAX_AGE_S = 7 * 24 * 3600
+
+# Message headers of the job envelope (the body is the JSON payload alone).
+HEADER_JOB_ID = "Mega-Job-Id"
+# Epoch ms of the first enqueue; kept through delays and DLQ requeues.
+HEADER_ENQUEUED_AT = "Mega-Enqueued-At"
+# Epoch ms from which the job may run (delayed or requeued); start latency is measured from it.
+HEADER_RUN_AT = "Mega-Run-At"
+# JetStream drops a second message with the same value within the stream's dedup window.
+NATS_MSG_ID = "Nats-Msg-Id"
+# Caller-given ids travel as header values; bounded so a dedup key stays a key.
+MAX_ID_LENGTH = 200
+
+
+class Job:
+    """Base class of every job. Subclasses set `subject` and `bus` and override `run`.
+
+    Class attributes: `subject` (see SUBJECT_RE; not ending in `.dlq`), `bus` (a bus alias of
+    the config), `concurrency` (>= 1, messages in flight for the whole worker group, so raise it
+    with the number of worker processes), `retries` (>= 0 extra tries), `backoff` (exponential,
+    ms), `ack_wait_s` (> 0 s before an unacknowledged delivery is redelivered; running jobs
+    renew it), `dlq_max_age_s` (>= 0 s, 0 keeps dead letters forever), `dlq_max_bytes` (None or
+    a positive byte cap of the DLQ stream), `name` (defaults to the class name).
+
+    The worker makes one instance per consume loop: keep no per-run state on `self`.
+    """
+
+    subject: ClassVar[str]
+    bus: ClassVar[str]
+    name: ClassVar[str]
+    concurrency: ClassVar[int] = DEFAULT_CONCURRENCY
+    retries: ClassVar[int] = DEFAULT_RETRIES
+    backoff: ClassVar[dict[str, Any]] = DEFAULT_BACKOFF
+    ack_wait_s: ClassVar[float] = DEFAULT_ACK_WAIT_S
+    dlq_max_age_s: ClassVar[float] = DEFAULT_DLQ_MAX_AGE_S
+    dlq_max_bytes: ClassVar[int | None] = None
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" not in cls.__dict__:
+            cls.name = cls.__name__
+
+    async def run(self, payload: Any, ctx: Context) -> None:
+        """Do the work. Raise to fail this attempt (it is retried, then dead-lettered)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated Job class with everything the queue derives from it."""
+
+    job_cls: type[Job]
+    name: str
+    subject: str
+    bus: str
+    concurrency: int
+    retries: int
+    backoff: BackoffPolicy
+    ack_wait_s: float
+    dlq_max_age_s: float
+    dlq_max_bytes: int | None
+
+    @property
+    def max_attempts(self) -> int:
+        return self.retries + 1
+
+    @property
+    def stream(self) -> str:
+        return stream_name(self.subject)
+
+    @property
+    def dlq_stream(self) -> str:
+        return dlq_stream_name(self.subject)
+
+    @property
+    def dlq_subject(self) -> str:
+        return self.subject + DLQ_SUFFIX
+
+    @property
+    def delay_subjects(self) -> str:
+        """The wildcard under which delayed copies of this job wait for their time."""
+        return f"{self.subject}.{DELAY_TOKEN}.*"
+
+
+def stream_name(subject: str) -> str:
+    """`MEGA_JOBS_<subject with every non-alphanumeric character as _>`."""
+    return STREAM_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", subject)
+
+
+def dlq_stream_name(subject: str) -> str:
+    return stream_name(subject) + DLQ_STREAM_SUFFIX
+
+
+def validate_job(job_cls: type[Job], bus_aliases: Collection[str]) -> JobSpec:
+    """Check every attribute of a Job class at once; RegistrationError names the field."""
+    where = getattr(job_cls, "__name__", repr(job_cls))
+    if not (isinstance(job_cls, type) and issubclass(job_cls, Job)):
+        raise RegistrationError(f"{where}: a job must be a subclass of mega.Job")
+
+    def fail(field: str, problem: str) -> RegistrationError:
+        return RegistrationError(f"{where}.{field}: {problem}")
+
+    subject = getattr(job_cls, "subject", None)
+    if not isinstance(subject, str) or not SUBJECT_RE.fullmatch(subject):
+        raise fail("subject", f"letters, digits, '.', '_' and '-' only, got {subject!r}")
+    if subject.endswith(DLQ_SUFFIX):
+        raise fail("subject", f"must not end in {DLQ_SUFFIX!r} (reserved for the dead letters)")
+    if DELAY_TOKEN in subject.split("."):
+        raise fail("subject", f"the token {DELAY_TOKEN!r} is reserved for delayed jobs")
+    bus = getattr(job_cls, "bus", None)
+    if not isinstance(bus, str) or bus not in bus_aliases:
+        declared = ", ".join(sorted(bus_aliases)) or "none"
+        raise fail("bus", f"{bus!r} is not a declared bus alias (declared: {declared})")
+    if not _is_int(job_cls.concurrency) or job_cls.concurrency < 1:
+        raise fail("concurrency", f"must be a positive int, got {job_cls.concurrency!r}")
+    if not _is_int(job_cls.retries) or job_cls.retries < 0:
+        raise fail("retries", f"must be an int >= 0, got {job_cls.retries!r}")
+    try:
+        backoff = BackoffPolicy.parse(job_cls.backoff)
+    except ValueError as exc:
+        raise fail("backoff", str(exc)) from None
+    if not _is_number(job_cls.ack_wait_s) or job_cls.ack_wait_s <= 0:
+        raise fail(
+            "ack_wait_s", f"must be a positive number of seconds, got {job_cls.ack_wait_s!r}"
+        )
+    if not _is_number(job_cls.dlq_max_age_s) or job_cls.dlq_max_age_s < 0:
+        raise fail("dlq_max_age_s", f"must be >= 0 s (0 = keep), got {job_cls.dlq_max_age_s!r}")
+    max_bytes = job_cls.dlq_max_bytes
+    if max_bytes is not None and (not _is_int(max_bytes) or max_bytes <= 0):
+        raise fail("dlq_max_bytes", f"must be None or a positive int, got {max_bytes!r}")
+    if job_cls.run is Job.run or not inspect.iscoroutinefunction(job_cls.run):
+        raise fail("run", "override it with `async def run(self, payload, ctx)`")
+    return JobSpec(
+        job_cls=job_cls,
+        name=job_cls.name,
+        subject=subject,
+        bus=bus,
+        concurrency=job_cls.concurrency,
+        retries=job_cls.retries,
+        backoff=backoff,
+        ack_wait_s=float(job_cls.ack_wait_s),
+        dlq_max_age_s=float(job_cls.dlq_max_age_s),
+        dlq_max_bytes=max_bytes,
+    )
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    # bool is an int subclass; `retries = True` is a mistake, not one retry.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> TypeGuard[int | float]:
+    return _is_int(value) or isinstance(value, float)
+
+
+# -- the wire format ---------------------------------------------------------------------------
+
+
+class Envelope(NamedTuple):
+    """One job message ready to publish: the body is the JSON payload, metadata is in headers."""
+
+    job_id: str
+    subject: str
+    body: bytes
+    headers: dict[str, str]
+
+
+def encode_job(
+    spec: JobSpec, payload: Any, *, job_id: str | None = None, due_ms: int | None = None
+) -> Envelope:
+    """Build the message of one job (pure but for the clock and a random id).
+
+    `job_id` (caller-given) becomes the `Nats-Msg-Id` dedup key; default a random uuid.
+    `due_ms` (epoch ms) in the future makes a broker-side schedule on `<subject>._delay.<token>`
+    that the server publishes onto `<subject>` at that time (nats-server 2.12+).
+    Raises JobError `job.invalid_payload` / `job.invalid_id` before anything is published.
+    """
+    try:
+        body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise JobError(
+            f"{spec.name}: payload must be JSON-serialisable ({exc})", code="job.invalid_payload"
+        ) from None
+    now_ms = int(time.time() * 1000)
+    headers = {HEADER_ENQUEUED_AT: str(now_ms)}
+    if job_id is None:
+        job_id = uuid.uuid4().hex
+    else:
+        _check_id(spec, job_id)
+        headers[NATS_MSG_ID] = job_id
+    headers[HEADER_JOB_ID] = job_id
+    if due_ms is None or due_ms <= now_ms:
+        return Envelope(job_id, spec.subject, body, headers)
+    due = datetime.fromtimestamp(due_ms / 1000, UTC)
+    headers[HEADER_RUN_AT] = str(due_ms)
+    headers["Nats-Schedule"] = "@at " + due.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    headers["Nats-Schedule-Target"] = spec.subject
+    # The server keeps one schedule per subject, so each delayed job gets its own.
+    return Envelope(job_id, f"{spec.subject}.{DELAY_TOKEN}.{uuid.uuid4().hex}", body, headers)
+
+
+def due_ms_of(
+    spec: JobSpec, delay: float | timedelta | None, run_at: datetime | None
+) -> int | None:
+    """Epoch ms a job is due at from `delay` (s or timedelta, >= 0) or `run_at` (aware), or
+    None when neither is given. Raises JobError `job.invalid_delay`."""
+    if delay is not None and run_at is not None:
+        raise JobError(f"{spec.name}: give delay or run_at, not both", code="job.invalid_delay")
+    if run_at is not None:
+        if run_at.tzinfo is None:
+            raise JobError(f"{spec.name}: run_at must be timezone-aware", code="job.invalid_delay")
+        return int(run_at.timestamp() * 1000)
+    if delay is None:
+        return None
+    seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+    if not _is_number(seconds) or seconds < 0:
+        raise JobError(
+            f"{spec.name}: delay must be >= 0 seconds, got {delay!r}", code="job.invalid_delay"
+        )
+    return int(time.time() * 1000 + seconds * 1000)
+
+
+def _check_id(spec: JobSpec, job_id: object) -> None:
+    # It travels as a header value: no whitespace (a CR/LF would forge headers), bounded.
+    if (
+        not isinstance(job_id, str)
+        or not 0 < len(job_id) <= MAX_ID_LENGTH
+        or not job_id.isprintable()
+        or any(c.isspace() for c in job_id)
+    ):
+        raise JobError(
+            f"{spec.name}: id must be 1-{MAX_ID_LENGTH} printable characters without spaces, "
+            f"got {job_id!r}",
+            code="job.invalid_id",
+        )

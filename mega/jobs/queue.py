@@ -1,0 +1,328 @@
+"""JobQueue: a job's streams on NATS JetStream, enqueueing, and the entry points of consuming.
+
+Streams, per job subject (created by `ensure`, never modified once they exist):
+    MEGA_JOBS_<s>      work queue (file storage) on `<subject>` and `<subject>._delay.*`
+    MEGA_JOBS_<s>_DLQ  limits retention on `<subject>.dlq` (max_age, optional max_bytes)
+and one durable pull consumer `mega_workers` on `<subject>` shared by every worker process:
+explicit ack, `ack_wait = ack_wait_s`, `max_ack_pending = concurrency` (the cap for the whole
+group), unlimited max_deliver (the consume loop decides when a job is dead).
+
+A message is the JSON payload as body plus headers: `Mega-Job-Id`, `Mega-Enqueued-At` (epoch ms),
+`Mega-Run-At` (epoch ms, delayed or requeued jobs) and `Nats-Msg-Id` when the caller gave an id
+(JetStream drops a duplicate within its 2 minute window).
+A delayed job is a broker-side message schedule (nats-server 2.12+): it waits in the stream
+on `<subject>._delay.<token>` and the server publishes a fresh copy onto `<subject>` at its
+time, so it holds no worker slot, no max_ack_pending and no delivery while it waits.
+A DLQ requeue publishes a new message, so its delivery count (the attempt) restarts at 1.
+
+`consume(JobClass)` runs the job's consume loop in this process and `stop()` drains every loop;
+the loop itself (pulling, leases, retries, dead-lettering) is `_Consumer` in consumer.py.
+Every step is reported to observers as an event of EVENT_NAMES.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import APIError, NotFoundError
+
+from mega.context import Context
+from mega.errors import DependencyUnavailable, JobError
+from mega.jobs.consumer import NATS_ERRORS, _Consumer
+from mega.jobs.job import (
+    CONSUMER_NAME,
+    HEADER_RUN_AT,
+    Job,
+    JobSpec,
+    due_ms_of,
+    encode_job,
+    validate_job,
+)
+from mega.signals import EventEmitter, Observer
+
+if TYPE_CHECKING:
+    from mega.jobs.dlq import DeadLetters
+
+logger = logging.getLogger("mega.jobqueue")
+
+EVENT_NAMES = ("dispatch", "start", "done", "retry", "fail", "dlq")
+# JetStream's dedup window (its default); the DLQ's is shortened to a smaller max_age.
+DEDUP_WINDOW_S = 120.0
+# enqueue_many: time for every PubAck, on top of this much per message in the batch.
+BULK_TIMEOUT_S = 5.0
+BULK_TIMEOUT_PER_MSG_S = 0.001
+# Broker-side message schedules (delayed jobs) exist since this nats-server version.
+SCHEDULES_SINCE = (2, 12)
+
+# An exhausted job whose DLQ record cannot be written comes back after this long to try again.
+DLQ_RETRY_DELAY_S = 5.0
+
+
+class JobQueue:
+    """Enqueue and consume the jobs of one bus alias.
+
+    `instance_id` names this process in DLQ records (default: the context's). Observers:
+    `on(name, fn)` with a name of EVENT_NAMES; unknown names raise ValueError.
+    """
+
+    def __init__(
+        self,
+        ctx: Context,
+        bus_alias: str,
+        *,
+        instance_id: str | None = None,
+        dlq_retry_delay_s: float = DLQ_RETRY_DELAY_S,
+    ) -> None:
+        self.ctx = ctx
+        self.dlq_retry_delay_s = dlq_retry_delay_s
+        self.bus_alias = bus_alias
+        self.instance_id = instance_id or ctx.instance_id
+        self.events = EventEmitter(EVENT_NAMES)
+        bus = ctx.bus(bus_alias)
+        self.nc = bus.native
+        # One JetStreamContext for the queue's life: its async-publish inbox is made once.
+        self.js: JetStreamContext = bus.js
+        self._specs: dict[type[Job], JobSpec] = {}
+        self._ensured: set[type[Job]] = set()
+        self._consumers: dict[type[Job], _Consumer] = {}
+        self._stopped = False
+
+    def on(self, name: str, observer: Observer) -> None:
+        self.events.on(name, observer)
+
+    @property
+    def dlq(self) -> DeadLetters:
+        """DLQ tools (list, count, requeue, purge) over this queue."""
+        from mega.jobs.dlq import DeadLetters
+
+        return DeadLetters(self)
+
+    def spec(self, job_cls: type[Job]) -> JobSpec:
+        """The validated spec of a Job class on this queue's bus (cached)."""
+        spec = self._specs.get(job_cls)
+        if spec is None:
+            spec = validate_job(job_cls, self.ctx.buses)
+            if spec.bus != self.bus_alias:
+                raise JobError(
+                    f"{spec.name} is on bus {spec.bus!r}, this queue serves {self.bus_alias!r}",
+                    code="job.wrong_bus",
+                )
+            self._specs[job_cls] = spec
+        return spec
+
+    # -- streams ------------------------------------------------------------------------------
+
+    async def ensure(self, job_cls: type[Job], *, force: bool = False) -> JobSpec:
+        """Create the job's work stream, DLQ stream and durable consumer where missing.
+
+        Idempotent and safe to race with other processes. An existing stream is never changed
+        (its limits are the operator's); the consumer is brought in line with the class
+        (`ack_wait_s`, `concurrency`), since its config is the job's contract. Raises
+        DependencyUnavailable when NATS does not answer.
+        """
+        spec = self.spec(job_cls)
+        if job_cls in self._ensured and not force:
+            return spec
+        try:
+            await self._ensure_stream(
+                StreamConfig(
+                    name=spec.stream,
+                    subjects=[spec.subject, spec.delay_subjects],
+                    retention=RetentionPolicy.WORK_QUEUE,
+                    storage=StorageType.FILE,
+                    duplicate_window=DEDUP_WINDOW_S,
+                    allow_msg_schedules=True if self._schedules_supported() else None,
+                )
+            )
+            max_age = spec.dlq_max_age_s
+            await self._ensure_stream(
+                StreamConfig(
+                    name=spec.dlq_stream,
+                    subjects=[spec.dlq_subject],
+                    retention=RetentionPolicy.LIMITS,
+                    storage=StorageType.FILE,
+                    max_age=max_age or None,
+                    max_bytes=spec.dlq_max_bytes,
+                    # The server refuses a dedup window longer than max_age.
+                    duplicate_window=min(DEDUP_WINDOW_S, max_age) if max_age else DEDUP_WINDOW_S,
+                )
+            )
+            await self._ensure_consumer(spec)
+        except NATS_ERRORS as exc:
+            raise DependencyUnavailable(
+                "nats", f"{spec.name}: cannot set up its streams on bus {self.bus_alias!r}: {exc}"
+            ) from exc
+        self._ensured.add(job_cls)
+        return spec
+
+    async def _ensure_stream(self, config: StreamConfig) -> None:
+        assert config.name is not None
+        try:
+            await self.js.stream_info(config.name)
+            return  # exists: never touch an operator's limits
+        except NotFoundError:
+            pass
+        try:
+            await self.js.add_stream(config)
+        except APIError as exc:
+            # A peer may have created it between our look-up and our create.
+            try:
+                await self.js.stream_info(config.name)
+            except NotFoundError:
+                raise JobError(
+                    f"cannot create stream {config.name} on {config.subjects}: {exc.description}",
+                    code="job.stream_conflict",
+                ) from exc
+
+    async def _ensure_consumer(self, spec: JobSpec) -> None:
+        wanted = ConsumerConfig(
+            durable_name=CONSUMER_NAME,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=spec.ack_wait_s,
+            max_ack_pending=spec.concurrency,
+            max_deliver=-1,
+            filter_subject=spec.subject,
+        )
+        try:
+            have = (await self.js.consumer_info(spec.stream, CONSUMER_NAME)).config
+            if (have.ack_wait, have.max_ack_pending) == (spec.ack_wait_s, spec.concurrency):
+                return
+            logger.info("%s: updating consumer to ack_wait/concurrency of the class", spec.name)
+        except NotFoundError:
+            pass
+        # Without an action the server creates, or updates the editable fields in place.
+        await self.js.add_consumer(spec.stream, wanted)
+
+    def _schedules_supported(self) -> bool:
+        version = self.nc.connected_server_version
+        return (version.major, version.minor) >= SCHEDULES_SINCE
+
+    # -- enqueue ------------------------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        job_cls: type[Job],
+        payload: Any,
+        *,
+        id: str | None = None,
+        delay: float | timedelta | None = None,
+        run_at: datetime | None = None,
+    ) -> str:
+        """Persist one job and return its id once JetStream has acknowledged it.
+
+        `payload`: any JSON-serialisable value (else JobError `job.invalid_payload`, nothing is
+        published). `id`: the dedup key (a second enqueue with the same id within 2 minutes is
+        dropped by JetStream and returns the same id); default a random uuid. `delay` (seconds
+        or timedelta) or `run_at` (aware datetime): hold the job until then without using a
+        worker slot. Raises DependencyUnavailable at once while NATS is disconnected, or after
+        the publish timeout (5 s) when it does not answer; in that last case the job may still
+        have been stored, so give an `id` when a retry must not duplicate it.
+        """
+        spec = await self.ensure(job_cls)
+        due_ms = due_ms_of(spec, delay, run_at)
+        if due_ms is not None and not self._schedules_supported():
+            raise JobError(
+                f"{spec.name}: delayed jobs need nats-server 2.12+ (message schedules)",
+                code="job.delay_unsupported",
+            )
+        job_id, subject, body, headers = encode_job(spec, payload, job_id=id, due_ms=due_ms)
+        self._check_connected(spec)
+        try:
+            ack = await self.js.publish(subject, body, headers=headers)
+        except NATS_ERRORS as exc:
+            raise DependencyUnavailable("nats", f"cannot enqueue {spec.name}: {exc}") from exc
+        await self.emit(
+            "dispatch",
+            job=spec.name,
+            id=job_id,
+            subject=spec.subject,
+            run_at=headers.get(HEADER_RUN_AT),
+            duplicate=bool(ack.duplicate),
+        )
+        return job_id
+
+    async def enqueue_many(self, job_cls: type[Job], payloads: Iterable[Any]) -> list[str]:
+        """Persist many jobs with their publishes pipelined; returns the ids (in order) once
+        every PubAck is in. Every payload is checked before the first publish."""
+        spec = await self.ensure(job_cls)
+        envelopes = [encode_job(spec, payload) for payload in payloads]
+        self._check_connected(spec)
+        futures: list[asyncio.Future[Any]] = []
+        try:
+            for _, subject, body, headers in envelopes:
+                futures.append(await self.js.publish_async(subject, body, headers=headers))
+            timeout_s = BULK_TIMEOUT_S + BULK_TIMEOUT_PER_MSG_S * len(envelopes)
+            await asyncio.wait_for(asyncio.gather(*futures), timeout_s)
+        except NATS_ERRORS as exc:
+            for future in futures:
+                future.cancel()  # frees nats-py's in-flight slot of an ack that never came
+            raise DependencyUnavailable(
+                "nats", f"cannot enqueue {len(envelopes)} x {spec.name}: {exc}"
+            ) from exc
+        ids = [job_id for job_id, *_ in envelopes]
+        if self.events.has_observers("dispatch"):
+            for job_id in ids:
+                await self.events.emit("dispatch", job=spec.name, id=job_id, subject=spec.subject)
+        return ids
+
+    def _check_connected(self, spec: JobSpec) -> None:
+        # While reconnecting, nats-py buffers publishes and sends them once back: an enqueue
+        # that timed out would then still run. Refusing up front keeps "raised" meaning "not
+        # enqueued" (but for a drop in mid-flight: pass an `id` to make retries safe).
+        if not self.nc.is_connected:
+            raise DependencyUnavailable(
+                "nats", f"cannot enqueue {spec.name}: NATS bus {self.bus_alias!r} is not connected"
+            )
+
+    # -- consume ------------------------------------------------------------------------------
+
+    async def consume(self, job_cls: type[Job], handler_ctx: Context | None = None) -> None:
+        """Run the job's consume loop in this process until `stop()` has drained it.
+
+        `handler_ctx` is what `run(payload, ctx)` receives (default: the queue's context).
+        """
+        spec = await self.ensure(job_cls)
+        if self._stopped:
+            return  # stop() came while we were setting up
+        if job_cls in self._consumers:
+            raise JobError(f"{spec.name} is already consumed by this queue", code="job.twice")
+        consumer = _Consumer(self, spec, handler_ctx or self.ctx)
+        self._consumers[job_cls] = consumer
+        try:
+            await consumer.run()
+        finally:
+            del self._consumers[job_cls]
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop pulling, wait up to `timeout_s` for in-flight jobs, hand the rest back.
+
+        Final for consuming (enqueue keeps working). Jobs still running at the timeout are
+        cancelled and nacked, so another worker gets them after a short delay
+        (consumer.HAND_BACK_DELAY_S)."""
+        self._stopped = True
+        consumers = list(self._consumers.values())
+        for consumer in consumers:
+            consumer.request_stop(timeout_s)
+        await asyncio.gather(*(consumer.closed.wait() for consumer in consumers))
+        with contextlib.suppress(*NATS_ERRORS):
+            await self.nc.flush(timeout=1)  # acks and naks of the drain leave before we return
+
+    async def emit(self, name: str, **fields: Any) -> None:
+        """Notify observers, skipping the work when nobody listens (the hot path)."""
+        if self.events.has_observers(name):
+            await self.events.emit(name, **fields)

@@ -1,0 +1,137 @@
+"""The `mega` command: start, scheduler, worker, dev, dlq.
+
+Every command takes `--config PATH` (or MEGA_CONFIG; default ./mega_config.py). Errors a user can
+fix (bad config, unreachable NATS/Redis) print one line naming the problem and exit non-zero;
+no traceback reaches the terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from mega.config import Config, default_config_path, load_config
+from mega.errors import ConfigError, DependencyUnavailable, MegaError
+from mega.runtime.logs import setup_logging
+
+EXIT_CONFIG = 2
+EXIT_UNAVAILABLE = 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mega",
+        description="Run the mega hosts: web, scheduler, job worker, or all of them in dev.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.add_argument(
+            "--config",
+            default=str(default_config_path()),
+            help="config file (default: $MEGA_CONFIG or ./mega_config.py)",
+        )
+        p.add_argument("--json-logs", action="store_true", help="one JSON object per log line")
+        return p
+
+    start = command("start", "Serve the web app (uvicorn) with the CPU worker pools.")
+    start.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"), help="bind address")
+    start.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")), help="port")
+
+    command("scheduler", "Run every schedule in config.schedules (once per tick across a cluster).")
+    command("worker", "Consume every job in config.jobs from NATS JetStream.")
+
+    dev = command(
+        "dev",
+        "Everything on a laptop: embedded NATS and Redis (unless NATS_URL/REDIS_URL are set), "
+        "then start + scheduler + worker with prefixed logs. Ctrl-C stops all.",
+    )
+    dev.add_argument("--host", default="127.0.0.1", help="bind address of the web app")
+    dev.add_argument(
+        "--port", type=int, default=int(os.environ.get("PORT", "8000")), help="web port"
+    )
+
+    dlq = command("dlq", "Inspect and repair dead-lettered jobs.")
+    dlq.add_argument("action", choices=["list", "requeue", "purge"], help="what to do")
+    dlq.add_argument("--job", help="job class name (default: every job in the config)")
+    dlq.add_argument("--id", help="requeue only this job id")
+    dlq.add_argument("--limit", type=int, default=20, help="how many records `list` shows")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    setup_logging(json_logs=args.json_logs)
+    try:
+        if args.command == "dev":
+            from mega.runtime.dev import run_dev
+
+            sys.exit(run_dev(args.config, host=args.host, port=args.port))
+        config = load_config(args.config)
+        _run(_COMMANDS[args.command](config, args))
+    except ConfigError as exc:
+        _die(args.command, exc.message, EXIT_CONFIG)
+    except DependencyUnavailable as exc:
+        _die(args.command, exc.message, EXIT_UNAVAILABLE)
+    except MegaError as exc:
+        _die(args.command, exc.message, 1)
+    except KeyboardInterrupt:
+        pass
+    except Exception as exc:  # a bug, not a user error: one line here, the trace on demand
+        if os.environ.get("MEGA_DEBUG"):
+            raise
+        _die(
+            args.command,
+            f"internal error: {type(exc).__name__}: {exc} (MEGA_DEBUG=1 shows the trace)",
+            1,
+        )
+
+
+def _run(coro: Coroutine[Any, Any, None]) -> None:
+    asyncio.run(coro)
+
+
+def _die(command: str, message: str, code: int) -> None:
+    print(f"mega {command}: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def _start(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:
+    from mega.runtime.hosts import run_web
+
+    return run_web(config, args.host, args.port)
+
+
+def _scheduler(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:
+    from mega.runtime.hosts import run_scheduler
+
+    return run_scheduler(config)
+
+
+def _worker(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:
+    from mega.runtime.hosts import run_worker
+
+    return run_worker(config)
+
+
+def _dlq(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:
+    from mega.runtime.dlq_cli import run_dlq_command
+
+    return run_dlq_command(config, args.action, job=args.job, job_id=args.id, limit=args.limit)
+
+
+_COMMANDS: dict[str, Callable[[Config, argparse.Namespace], Coroutine[Any, Any, None]]] = {
+    "start": _start,
+    "scheduler": _scheduler,
+    "worker": _worker,
+    "dlq": _dlq,
+}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""`mega dev`: the whole system on a laptop, in one terminal.
+
+1. Embedded nats-server (JetStream, file store under ./var/nats) and a Redis-compatible server,
+   each on a free port, unless NATS_URL / REDIS_URL are already set.
+2. `mega start`, `mega scheduler` and `mega worker` as child processes, their output prefixed
+   and coloured per process.
+3. The URL and the demo login, once the web app answers /healthz.
+4. Ctrl-C (or SIGTERM): SIGTERM to every child, wait for their graceful drain, then stop the
+   embedded servers. Nothing is left running. If one child dies, the others are stopped too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import IO
+
+from mega.config import load_config
+from mega.constants import DRAIN_TIMEOUT_S, VAR_DIR
+from mega.runtime.embedded import EmbeddedNats, EmbeddedRedis, EmbeddedServer, free_port
+from mega.runtime.hosts import check_port_free
+
+COLOURS = {
+    "web": "36",
+    "scheduler": "35",
+    "worker": "33",
+    "dev": "32",
+}  # ANSI cyan/magenta/yellow/green
+READY_TIMEOUT_S = 30.0
+
+
+class Prefixer:
+    """Copies a child's output to our stdout, each line prefixed `name |` in its colour."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
+        self.lock = threading.Lock()
+
+    def line(self, name: str, text: str) -> None:
+        label = f"{name:<{self.width}} |"
+        if self.colour:
+            label = f"\033[{COLOURS.get(name, '37')}m{label}\033[0m"
+        with self.lock:
+            sys.stdout.write(f"{label} {text}\n")
+            sys.stdout.flush()
+
+    def follow(self, name: str, stream: IO[bytes]) -> threading.Thread:
+        def pump() -> None:
+            for raw in iter(stream.readline, b""):
+                self.line(name, raw.decode(errors="replace").rstrip())
+
+        thread = threading.Thread(target=pump, daemon=True)
+        thread.start()
+        return thread
+
+
+def run_dev(config_path: str, *, host: str, port: int) -> int:
+    """Run everything until Ctrl-C; returns the exit code."""
+    config_file = Path(config_path).resolve()
+    root = config_file.parent
+    out = Prefixer(width=9)
+    servers: list[EmbeddedServer] = []
+    children: dict[str, subprocess.Popen[bytes]] = {}
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+
+    env = dict(os.environ, MEGA_ENV="dev", MEGA_CONFIG=str(config_file), PYTHONUNBUFFERED="1")
+    # Free metrics ports, so that two checkouts can run side by side (`make run PORT=...`).
+    env.setdefault("MEGA_SCHEDULER_METRICS_PORT", str(free_port()))
+    env.setdefault("MEGA_WORKER_METRICS_PORT", str(free_port()))
+    try:
+        load_config(config_file, dev=True)  # fail fast, before anything starts
+        check_port_free(host, port)
+        if not env.get("NATS_URL"):
+            servers.append(EmbeddedNats(data_dir=root / VAR_DIR / "nats").start())
+            env["NATS_URL"] = servers[-1].url
+            out.line("dev", f"embedded nats-server (JetStream) on {env['NATS_URL']}")
+        if not env.get("REDIS_URL"):
+            servers.append(EmbeddedRedis(data_dir=root / VAR_DIR / "redis").start())
+            env["REDIS_URL"] = servers[-1].url
+            out.line("dev", f"embedded Redis-compatible server on {env['REDIS_URL']}")
+        commands = {
+            "web": ["start", "--host", host, "--port", str(port)],
+            "scheduler": ["scheduler"],
+            "worker": ["worker"],
+        }
+        for name, args in commands.items():
+            children[name] = subprocess.Popen(
+                [sys.executable, "-m", "mega", *args, "--config", str(config_file)],
+                cwd=root,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C reaches only us; we stop children in order
+            )
+            out.follow(name, children[name].stdout)  # type: ignore[arg-type]
+        code = _supervise(out, children, stop, host, port, env)
+    except Exception as exc:
+        out.line("dev", f"error: {getattr(exc, 'message', exc)}")
+        code = 1
+    finally:
+        _stop_children(out, children)
+        for server in reversed(servers):
+            server.stop()
+        if servers:
+            out.line("dev", "embedded servers stopped")
+    return code
+
+
+def _supervise(
+    out: Prefixer,
+    children: dict[str, subprocess.Popen[bytes]],
+    stop: threading.Event,
+    host: str,
+    port: int,
+    env: dict[str, str],
+) -> int:
+    shown_host = "localhost" if host in ("127.0.0.1", "0.0.0.0") else host
+    url = f"http://{shown_host}:{port}"
+    announced = False
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not stop.wait(0.2):
+        for name, child in children.items():
+            if child.poll() is not None:
+                out.line("dev", f"{name} exited with code {child.returncode}; stopping the rest")
+                return 1
+        if not announced and _healthy(f"http://127.0.0.1:{port}/healthz"):
+            announced = True
+            user = env.get("MEGA_DEMO_USER", "demo")
+            password = env.get("MEGA_DEMO_PASSWORD", "demo")
+            out.line("dev", "")
+            out.line("dev", f"  mega-py is running: {url}/demo")
+            out.line("dev", f"  log in as {user} / {password}")
+            out.line("dev", "  Ctrl-C stops everything")
+            out.line("dev", "")
+        elif not announced and time.monotonic() > deadline:
+            out.line("dev", f"web did not answer on {url}/healthz within {READY_TIMEOUT_S:.0f} s")
+            deadline = float("inf")
+    out.line("dev", "stopping: web, scheduler and worker drain their work")
+    return 0
+
+
+def _stop_children(out: Prefixer, children: dict[str, subprocess.Popen[bytes]]) -> None:
+    for child in children.values():
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S + 5
+    for name, child in children.items():
+        try:
+            child.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            out.line("dev", f"{name} did not stop in time; killing it")
+            child.kill()
+            child.wait()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=0.5) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False

@@ -1,0 +1,271 @@
+"""The three long-running hosts: web (`mega start`), `mega scheduler`, `mega worker`.
+
+All share `boot()`; each registers its part of the config, runs until SIGINT/SIGTERM, drains
+gracefully and returns normally (the CLI then exits 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import logging
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from mega.config import Config
+from mega.constants import DRAIN_TIMEOUT_S
+from mega.context import Context
+from mega.errors import ConfigError, MegaError
+from mega.runtime.boot import boot, shutdown
+
+logger = logging.getLogger("mega.host")
+# Routine events (jobs started and done) are counted and logged once per this many seconds.
+SUMMARY_EVERY_S = 10.0
+
+
+async def wait_for_stop_signal() -> str:
+    """Block until SIGINT or SIGTERM; returns the signal's name."""
+    loop = asyncio.get_running_loop()
+    received: asyncio.Future[str] = loop.create_future()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not received.done():
+            received.set_result(sig.name)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        return await received
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def start_metrics_server(config: Config, port: int) -> None:
+    if config.metrics.enabled:
+        from prometheus_client import start_http_server
+
+        start_http_server(port, addr="0.0.0.0")
+        logger.info("metrics on http://0.0.0.0:%d/metrics", port)
+
+
+async def run_scheduler(config: Config) -> None:
+    """`mega scheduler`: every schedule of `config.schedules`, until SIGINT/SIGTERM."""
+    from mega.schedules.scheduler import Scheduler
+
+    await _run_host(
+        config,
+        role="scheduler",
+        make=Scheduler,
+        declarations=config.schedules,
+        events=("run", "skip", "done", "fail"),
+        metrics_observer="observe_scheduler",
+        metrics_port=config.metrics.scheduler_port,
+        ready="running {count} schedule(s): {names}",
+        stopping="stopping (waiting for running ticks)",
+    )
+
+
+async def run_worker(config: Config) -> None:
+    """`mega worker`: consume every job of `config.jobs`, until SIGINT/SIGTERM, then drain."""
+    from mega.jobs.jobworker import JobWorker
+
+    await _run_host(
+        config,
+        role="worker",
+        make=JobWorker,
+        declarations=config.jobs,
+        events=("start", "done", "retry", "fail", "dlq"),
+        routine=("start", "done"),
+        metrics_observer="observe_jobs",
+        metrics_port=config.metrics.worker_port,
+        ready="consuming {count} job(s): {names}",
+        stopping=f"draining in-flight jobs (up to {DRAIN_TIMEOUT_S:.0f} s)",
+    )
+
+
+async def _run_host(
+    config: Config,
+    *,
+    role: str,
+    make: Callable[..., Any],
+    declarations: list[type],
+    events: tuple[str, ...],
+    routine: tuple[str, ...] = (),
+    metrics_observer: str,
+    metrics_port: int,
+    ready: str,
+    stopping: str,
+) -> None:
+    """The shared life of the scheduler and worker hosts: boot, register, observe, start,
+    wait for a stop signal, stop with a bounded drain, close connections."""
+    ctx = await boot(config, role=role, database=False)
+    try:
+        runtime = make(ctx, instance_id=ctx.instance_id)
+        for declaration in declarations:
+            runtime.register(declaration)
+        _observe(runtime, events, routine=routine)
+        if config.metrics.enabled:  # prometheus_client is imported only when metrics are on
+            getattr(importlib.import_module("mega.runtime.metrics"), metrics_observer)(runtime)
+        await run_hooks(config, role, runtime, ctx)
+        start_metrics_server(config, metrics_port)
+        await runtime.start()
+        names = ", ".join(d.__name__ for d in declarations) or "none"
+        status = ready.format(count=len(declarations), names=names)
+        logger.info("%s %s %s", role, ctx.instance_id, status)
+        signal_name = await wait_for_stop_signal()
+        logger.info("%s received: %s", signal_name, stopping)
+        await runtime.stop(DRAIN_TIMEOUT_S)
+    finally:
+        await shutdown(ctx)
+    logger.info("%s stopped", role)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise a one-line MegaError when `host:port` cannot be bound (uvicorn would otherwise
+    fail with a traceback, after the pools had started)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise MegaError(
+                f"cannot listen on {host}:{port} ({exc.strerror}); is another server running "
+                "there? Pick another port with --port (make run PORT=8123)",
+                code="web.port_in_use",
+            ) from None
+
+
+async def run_web(config: Config, host: str, port: int) -> None:
+    import uvicorn
+
+    check_port_free(host, port)
+
+    class Server(uvicorn.Server):
+        """uvicorn, minus its own signal handling: it re-raises SIGTERM after shutting down,
+        which would kill the host before it stops its pools and exits 0. We own the signals."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    ctx = await boot(config, role="web")
+    try:
+        if config.auth.demo_user and config.auth.demo_password:
+            from mega.web.auth import ensure_user
+
+            await asyncio.to_thread(
+                ensure_user, ctx.db, config.auth.demo_user, config.auth.demo_password
+            )
+        await start_worker_pools(config, ctx)
+        app = load_web_app(config)(config, ctx)
+        await run_hooks(config, "web", app, ctx)
+        server = Server(
+            uvicorn.Config(
+                app,
+                host=host,
+                port=port,
+                log_config=None,
+                access_log=False,
+                lifespan="off",
+                proxy_headers=True,
+                timeout_graceful_shutdown=10,
+            )
+        )
+        logger.info("web listening on http://%s:%d", host, port)
+        serving = asyncio.create_task(server.serve())
+        stop = asyncio.create_task(wait_for_stop_signal())
+        await asyncio.wait({serving, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if stop.done():
+            logger.info("%s received: finishing open requests", stop.result())
+        server.should_exit = True
+        stop.cancel()
+        await serving
+    finally:
+        await stop_worker_pools(ctx)
+        await shutdown(ctx)
+    logger.info("web stopped")
+
+
+async def start_worker_pools(config: Config, ctx: Context) -> None:
+    if not config.workers:
+        return
+    from mega.workers.pool import WorkerPool
+
+    for worker_class in config.workers:
+        pool = WorkerPool(worker_class, root=config.root)
+        if config.metrics.enabled:
+            from mega.runtime.metrics import observe_pool
+
+            observe_pool(pool)
+        await pool.start()
+        ctx.workers[pool.name] = pool
+
+
+async def run_hooks(config: Config, host: str, runtime: Any, ctx: Context) -> None:
+    """The config's `hooks[host]`, each called as hook(runtime, ctx) (async or not)."""
+    for hook in config.hooks.get(host, []):
+        result = hook(runtime, ctx)
+        if inspect.isawaitable(result):
+            await result
+
+
+async def stop_worker_pools(ctx: Context) -> None:
+    for pool in ctx.workers.values():
+        await pool.stop()
+
+
+def load_web_app(config: Config) -> Callable[[Config, Context], Any]:
+    """Import `config.web_app` ("package.module:factory"), or the framework's bare app."""
+    if not config.web_app:
+        from mega.web.app import create_web_app
+
+        return lambda cfg, ctx: create_web_app(cfg, ctx)
+    module_name, _, attr = config.web_app.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr or "create_app")
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"web_app: cannot load {config.web_app!r} ({exc})") from exc
+    return factory  # type: ignore[no-any-return]
+
+
+def _observe(runtime: Any, names: tuple[str, ...], *, routine: tuple[str, ...] = ()) -> None:
+    """One log line per event, `key=value` fields (job id, attempt, tick, instance): the host's
+    live trace. Failures are WARNING, the rest INFO, but `routine` events (a worker's `start`
+    and `done`, thousands a second under load) are DEBUG, with one INFO line counting them
+    every SUMMARY_EVERY_S. Nothing is formatted for a level that is off."""
+    events = logging.getLogger("mega.events")
+    tally: dict[str, int] = dict.fromkeys(routine, 0)
+    window_start = time.monotonic()
+
+    def level_of(event: dict[str, Any]) -> int:
+        # A skip is routine (a peer won the tick) unless the lock backend failed.
+        if event["event"] in ("fail", "dlq") or "error" in str(event.get("reason", "")):
+            return logging.WARNING
+        return logging.DEBUG if event["event"] in routine else logging.INFO
+
+    def summarise(name: str) -> None:
+        nonlocal window_start
+        tally[name] += 1
+        now = time.monotonic()
+        if now - window_start >= SUMMARY_EVERY_S:
+            counts = " ".join(f"{key}={value}" for key, value in tally.items())
+            events.info("last %.0f s: %s", now - window_start, counts)
+            tally.update(dict.fromkeys(tally, 0))
+            window_start = now
+
+    def log(event: dict[str, Any]) -> None:
+        if event["event"] in tally:
+            summarise(event["event"])
+        level = level_of(event)
+        if events.isEnabledFor(level):
+            pairs = (f"{k}={v}" for k, v in event.items() if k != "event" and v is not None)
+            events.log(level, "%s %s", event["event"], " ".join(pairs))
+
+    for name in names:
+        runtime.on(name, log)

@@ -1,0 +1,347 @@
+"""Distributed locks over Redis: `ctx.lock(alias)` returns a `LockAdapter`.
+
+`RedLock` over one server is ``SET key token NX PX ttl`` plus a compare-and-delete release in
+Lua: a holder whose TTL ran out must never delete the lock a peer has taken since. Over several
+independent servers it is the Redlock quorum: the lock is held when a majority (N/2+1) accepted
+it within its validity (ttl - elapsed - clock drift); otherwise the partial holds are released.
+
+Read the Redlock critique (Kleppmann, "How to do distributed locking") before trusting any lock
+with correctness: a paused holder can outlive its TTL. `incr()` hands out fencing numbers so the
+protected writes can refuse a stale holder, and `acquire_fenced()` takes a lock together with its
+fencing number (plus an optional one-shot claim): what a scheduler tick needs, in one round trip
+on one server.
+
+A Redis failure is raised as `LockBackendError` (code ``lock.backend``) naming the server; a
+quorum tolerates a minority of servers down and only raises when no majority can answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeVar
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from mega.errors import ConfigError, MegaError
+
+# Delete the key only while it still holds our token.
+RELEASE_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+# Raise a counter to at least ARGV[1] (never lower it): the quorum form of INCR, see `incr()`.
+RAISE_TO_SCRIPT = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+local wanted = tonumber(ARGV[1])
+if current < wanted then
+    redis.call('SET', KEYS[1], wanted)
+    return wanted
+end
+return current
+"""
+# `acquire_fenced` on one server, atomically: KEYS = guard, fence[, claim]; ARGV = token, guard
+# ttl ms[, claim ttl ms]. The claim is taken first and kept even on "overlap" (tick consumed).
+# INCR comes before the guard's SET: a script that fails half-way keeps its earlier writes, and a
+# fence key holding a non-number must not leave a guard behind that blocks the next ticks.
+ACQUIRE_FENCED_SCRIPT = """
+if #KEYS == 3 and not redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[3]) then
+    return {'claimed'}
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+    return {'overlap'}
+end
+local fence = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {'acquired', fence}
+"""
+# 128 random bits: a token no other holder can guess or collide with.
+TOKEN_BYTES = 16
+# Bound on one command to one server, so a blackholed server cannot stall a caller.
+OP_TIMEOUT_S = 1.0
+# Quorum acquire: wait at most this fraction of the TTL on each server (Redlock's advice: the
+# per-server timeout must be small against the TTL), but never less than the floor.
+QUORUM_TIMEOUT_FRACTION = 0.1
+QUORUM_TIMEOUT_MIN_S = 0.05
+# Redlock's clock-drift allowance: 1% of the TTL plus 2 ms.
+DRIFT_FACTOR = 0.01
+DRIFT_MIN_MS = 2.0
+
+T = TypeVar("T")
+
+# Why `acquire_fenced` held nothing: the claim was taken already, or the guard is held.
+Refusal = Literal["claimed", "overlap"]
+
+
+class LockBackendError(MegaError):
+    """A lock server failed (refused, timed out, errored); the message names it."""
+
+    code = "lock.backend"
+
+
+@dataclass(frozen=True)
+class FencedLease:
+    """A lock held through `acquire_fenced`: `token` releases it, `fence` came with it."""
+
+    token: str
+    fence: int  # larger than every fencing number drawn before under the same fence key
+
+
+class LockAdapter(Protocol):
+    """What a schedule needs from a lock driver. Tokens are opaque strings."""
+
+    @property
+    def native(self) -> Redis:
+        """The first server's client, for side records such as the scheduler's audit."""
+        ...
+
+    async def acquire(self, key: str, ttl_ms: int) -> str | None:
+        """One attempt, no waiting: a fresh token when acquired for `ttl_ms` ms, else None."""
+        ...
+
+    async def release(self, key: str, token: str) -> bool:
+        """Delete `key` only if it still holds `token`; True when it did."""
+        ...
+
+    async def incr(self, key: str) -> int:
+        """The next fencing number under `key`: larger than every one handed out before."""
+        ...
+
+    async def acquire_fenced(
+        self,
+        key: str,
+        ttl_ms: int,
+        fence_key: str,
+        *,
+        claim_key: str | None = None,
+        claim_ttl_ms: int = 0,
+    ) -> FencedLease | Refusal:
+        """One attempt, no waiting, at a claim, a lock and its fencing number together.
+
+        With `claim_key`: "claimed" when that key is taken already; else it is taken for
+        `claim_ttl_ms` ms (a positive int) and left to expire, even when "overlap" follows (the
+        claim is a one-shot: whoever takes it consumes it). Then "overlap" when `key` is held;
+        else `key` is held for `ttl_ms` ms (a positive int) and the lease carries its token
+        (for `release(key, token)`) and the next fencing number under `fence_key`. A backend
+        failure raises LockBackendError and does not leave `key` held (the claim may be).
+        """
+        ...
+
+
+class RedLock:
+    """`LockAdapter` over one Redis (SET NX PX) or a quorum of independent ones (Redlock).
+
+    `clients` are redis.asyncio clients the caller owns (and closes). With N servers the quorum
+    is N // 2 + 1; fencing numbers are drawn as documented in `incr()`.
+    """
+
+    def __init__(self, alias: str, clients: list[Redis]) -> None:
+        if not clients:
+            raise ConfigError(f"services.locks.{alias}: a lock needs at least one Redis server")
+        self.alias = alias
+        self.clients = list(clients)
+        self.quorum = len(clients) // 2 + 1
+        self.servers = [server_name(client) for client in clients]
+        self._release_scripts = [client.register_script(RELEASE_SCRIPT) for client in clients]
+        self._raise_scripts = [client.register_script(RAISE_TO_SCRIPT) for client in clients]
+        self._fenced_scripts = [client.register_script(ACQUIRE_FENCED_SCRIPT) for client in clients]
+
+    @property
+    def native(self) -> Redis:
+        return self.clients[0]
+
+    async def acquire(self, key: str, ttl_ms: int) -> str | None:
+        """Try once on every server; the token when a majority accepted it within its validity."""
+        _check_ttl("ttl_ms", ttl_ms)
+        token = secrets.token_hex(TOKEN_BYTES)
+        timeout_s = self._acquire_timeout_s(ttl_ms)
+        started = time.monotonic()
+        results = await self._on_each(
+            lambda i: self.clients[i].set(key, token, nx=True, px=ttl_ms), timeout_s
+        )
+        elapsed_ms = (time.monotonic() - started) * 1000
+        held = sum(1 for result in results if result is True)
+        if len(self.clients) == 1:
+            valid = True  # the server's own TTL is the whole story; no peers to disagree with
+        else:
+            valid = ttl_ms - elapsed_ms - (ttl_ms * DRIFT_FACTOR + DRIFT_MIN_MS) > 0
+        if held >= self.quorum and valid:
+            return token
+        if held or any(isinstance(result, BaseException) for result in results):
+            # A timed-out SET may still have landed: release everywhere so peers can try now.
+            await self._release_quietly(key, token)
+        self._raise_without_majority(results, f"acquire {key!r}")
+        return None
+
+    async def release(self, key: str, token: str) -> bool:
+        """Compare-and-delete on every server; True when a majority still held our token."""
+        results = await self._on_each(
+            lambda i: self._release_scripts[i](keys=[key], args=[token]), OP_TIMEOUT_S
+        )
+        self._raise_without_majority(results, f"release {key!r}")
+        return sum(1 for result in results if result == 1) >= self.quorum
+
+    async def incr(self, key: str) -> int:
+        """The next fencing number under `key` (a counter with no TTL).
+
+        One server: INCR. A quorum: read the counter on every server, take the largest answer of
+        a majority plus one, and raise every server to at least that value. Any two majorities
+        share a server, so a number drawn later by the lock holder is always larger. Two callers
+        drawing at the same moment may get the same number; draw it while holding the lock.
+        """
+        if len(self.clients) == 1:
+            results = await self._on_each(lambda i: self.clients[i].incr(key), OP_TIMEOUT_S)
+            self._raise_without_majority(results, f"incr {key!r}")
+            return int(results[0])  # type: ignore[arg-type]
+        current = await self._on_each(lambda i: self.clients[i].get(key), OP_TIMEOUT_S)
+        self._raise_without_majority(current, f"incr {key!r}")
+        wanted = 1 + max(
+            int(value) if isinstance(value, bytes | str | int) else 0
+            for value in current
+            if not isinstance(value, BaseException)
+        )
+        raised = await self._on_each(
+            lambda i: self._raise_scripts[i](keys=[key], args=[wanted]), OP_TIMEOUT_S
+        )
+        self._raise_without_majority(raised, f"incr {key!r}")
+        return wanted
+
+    async def acquire_fenced(
+        self,
+        key: str,
+        ttl_ms: int,
+        fence_key: str,
+        *,
+        claim_key: str | None = None,
+        claim_ttl_ms: int = 0,
+    ) -> FencedLease | Refusal:
+        """See `LockAdapter.acquire_fenced`. One server: one Lua script, one round trip, and the
+        fence is issued atomically with the lock. A quorum: `acquire` (claim), `acquire` (lock),
+        `incr` (fence) in turn, since a script runs on one server and cannot span independent
+        ones; the fence is then drawn just after the lock is held.
+        """
+        _check_ttl("ttl_ms", ttl_ms)
+        if claim_key is not None:
+            _check_ttl("claim_ttl_ms", claim_ttl_ms)
+        if len(self.clients) > 1:
+            return await self._acquire_fenced_in_steps(
+                key, ttl_ms, fence_key, claim_key, claim_ttl_ms
+            )
+        token = secrets.token_hex(TOKEN_BYTES)
+        keys = [key, fence_key]
+        args: list[str | int] = [token, ttl_ms]
+        if claim_key is not None:
+            keys.append(claim_key)
+            args.append(claim_ttl_ms)
+        results = await self._on_each(
+            lambda i: self._fenced_scripts[i](keys=keys, args=args), OP_TIMEOUT_S
+        )
+        if isinstance(results[0], BaseException):
+            # A timed-out script may still have run: give back what it may hold, as `acquire`.
+            held = [k for k in keys if k != fence_key]
+            await asyncio.gather(*(self._release_quietly(k, token) for k in held))
+            self._raise_without_majority(results, f"acquire {key!r} with fence {fence_key!r}")
+        return self._fenced_reply(results[0], token)
+
+    def _fenced_reply(self, reply: Any, token: str) -> FencedLease | Refusal:
+        """Read `ACQUIRE_FENCED_SCRIPT`'s reply: ``[status]`` or ``["acquired", fence]``."""
+        status = _text(reply[0])
+        if status == "acquired":
+            return FencedLease(token, int(reply[1]))
+        if status == "claimed":
+            return "claimed"
+        if status == "overlap":
+            return "overlap"
+        raise LockBackendError(f"lock {self.alias!r}: unexpected script reply {reply!r}")
+
+    async def _acquire_fenced_in_steps(
+        self, key: str, ttl_ms: int, fence_key: str, claim_key: str | None, claim_ttl_ms: int
+    ) -> FencedLease | Refusal:
+        if claim_key is not None and await self.acquire(claim_key, claim_ttl_ms) is None:
+            return "claimed"
+        token = await self.acquire(key, ttl_ms)
+        if token is None:
+            return "overlap"
+        try:
+            fence = await self.incr(fence_key)
+        except BaseException:
+            # No fence, no lease: free the lock now rather than block the next holder for a TTL.
+            await self._release_quietly(key, token)
+            raise
+        return FencedLease(token, fence)
+
+    def _acquire_timeout_s(self, ttl_ms: int) -> float:
+        if len(self.clients) == 1:
+            return OP_TIMEOUT_S
+        fraction_s = ttl_ms / 1000 * QUORUM_TIMEOUT_FRACTION
+        return min(OP_TIMEOUT_S, max(QUORUM_TIMEOUT_MIN_S, fraction_s))
+
+    async def _on_each(
+        self, op: Callable[[int], Awaitable[T]], timeout_s: float
+    ) -> list[T | BaseException]:
+        """Run `op(i)` on every server at once; a failure is returned in place, not raised."""
+
+        async def one(i: int) -> T | BaseException:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    return await op(i)
+            except (RedisError, OSError, TimeoutError) as exc:
+                return exc
+
+        if len(self.clients) == 1:
+            return [await one(0)]
+        return list(await asyncio.gather(*(one(i) for i in range(len(self.clients)))))
+
+    async def _release_quietly(self, key: str, token: str) -> None:
+        await self._on_each(
+            lambda i: self._release_scripts[i](keys=[key], args=[token]), OP_TIMEOUT_S
+        )
+
+    def _raise_without_majority(self, results: list[Any], action: str) -> None:
+        failures = [
+            f"{server}: {_describe(result)}"
+            for server, result in zip(self.servers, results, strict=True)
+            if isinstance(result, BaseException)
+        ]
+        if len(results) - len(failures) >= self.quorum:
+            return
+        if len(self.clients) == 1:
+            message = f"lock {self.alias!r}: {action} failed on Redis at {failures[0]}"
+        else:
+            message = (
+                f"lock {self.alias!r}: {action}: only {len(results) - len(failures)} of "
+                f"{len(results)} Redis servers answered (quorum {self.quorum}); "
+                + "; ".join(failures)
+            )
+        raise LockBackendError(message)
+
+
+def server_name(client: Redis) -> str:
+    """`host:port/db` (or the socket path) of a client, for messages and audits."""
+    kwargs = client.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix:{kwargs['path']}"
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
+
+
+def _check_ttl(name: str, ttl_ms: object) -> None:
+    # bool is an int subclass, and `True` is a typo, not one millisecond.
+    if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or ttl_ms <= 0:
+        raise ValueError(f"{name} must be a positive int (milliseconds), got {ttl_ms!r}")
+
+
+def _text(value: object) -> str:
+    """A script's status string, whether the client decodes responses or not."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return str(exc) or type(exc).__name__

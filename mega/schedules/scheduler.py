@@ -1,0 +1,438 @@
+"""The Scheduler runs registered Schedule classes at their cron instants, once per instant across
+a cluster of scheduler processes.
+
+Why a per-tick claim: a lock taken once and released in `finally` lets a fast run release
+before a slower peer (clocks up to a second apart) even tries, and the tick runs twice. So each
+planned instant is claimed under its own key, ``<prefix>:tick:<utc epoch seconds>``, and the
+claim is left to expire. A separate overlap guard, ``<prefix>:running``, is released in
+`finally` and keeps a long run from overlapping the next tick anywhere in the cluster. The
+winner gets a fencing number from ``<prefix>:fence`` (INCR) with the guard, and its run gets it
+in `self.tick.fence`, so its writes can refuse a stale holder. Claim, guard and fence are one
+call, `LockAdapter.acquire_fenced`: one Lua script (one round trip) on a single Redis, three
+steps on a quorum (see `mega.schedules.locks`).
+
+Redis keys, with ``<prefix>`` = ``lock["key"]`` or ``mega:schedule:<ClassName>``:
+    <prefix>:tick:<epoch>   claim of one planned instant (left to expire)
+    <prefix>:running        overlap guard (released after the run; ttl = lock["ttl"])
+    <prefix>:fence          fencing counter (no TTL)
+    <prefix>:audit          last `audit_size` tick records of every instance (JSON list)
+
+Time: the next instant is computed from the planned one, so a slow run never drifts the
+schedule; instants missed while the process was down (or stalled past `LATE_LIMIT_S`) are not
+replayed. A lock backend error is a `skip` event carrying the error, never a crash: the loop
+keeps ticking and recovers when Redis returns. Schedules without a lock run on every instance.
+
+Each run gets its own Schedule instance with `self.tick` (a `Tick`), and a shallow copy of the
+context whose `extras["tick"]` is the same Tick, for code that only receives `ctx`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from mega.context import Context
+from mega.errors import MegaError, RegistrationError
+from mega.schedules import cron
+from mega.schedules.locks import LockAdapter, LockBackendError, Refusal
+from mega.schedules.schedule import (
+    LockPlan,
+    Schedule,
+    ScheduleSpec,
+    Tick,
+    TickSource,
+    validate_schedule,
+)
+from mega.signals import EventEmitter, Observer
+
+logger = logging.getLogger("mega.scheduler")
+
+EVENT_NAMES = ("run", "skip", "done", "fail")
+# An instant reached more than this late (event loop stalled, host suspended) counts as missed
+# and is not fired: a burst of stale ticks would be worse than a gap.
+LATE_LIMIT_S = 1.0
+# The claim must outlive the clock skew between peers (up to a second), or a late peer could
+# claim an instant again after the first claim expired; so never shorter than this.
+CLAIM_MIN_TTL_MS = 60_000
+# Longest single sleep, so a wall-clock step (NTP) is noticed within this delay.
+MAX_SLEEP_S = 30.0
+# After cancelling runs that outlived `stop()`, how long to let their `finally` release guards.
+CANCEL_GRACE_S = 2.0
+# Bound on one audit read or write, so a blackholed Redis cannot pile up tasks.
+AUDIT_TIMEOUT_S = 1.0
+# After an unexpected error in a schedule's loop, wait this long before ticking again.
+LOOP_RETRY_S = 1.0
+# How many next instants `describe()` lists.
+PREVIEW_RUNS = 5
+# The skip reason for each refusal of `acquire_fenced` (events, audit, the demo page).
+REFUSAL_REASONS: dict[Refusal, str] = {
+    "claimed": "claimed by another instance",
+    "overlap": "overlap: the previous run still runs",
+}
+
+
+class GuardExpired(MegaError):
+    """A run outlived its overlap guard's TTL (reported as a `fail` event, phase "release")."""
+
+    code = "schedule.guard_expired"
+
+
+@dataclass(frozen=True)
+class TickRecord:
+    """One instance's account of one tick, as stored in the audit (JSON)."""
+
+    instant: str  # planned instant, ISO-8601 UTC (a manual tick: the moment it was asked)
+    source: TickSource
+    instance: str
+    lateness_ms: float  # how long after `instant` the decision started
+    outcome: str = "skipped"  # or "ran"
+    reason: str | None = None
+    fence: int | None = None
+
+    def event_fields(self, schedule: str, **extra: Any) -> dict[str, Any]:
+        fields = {"instant": self.instant, "source": self.source, "instance": self.instance}
+        return {"schedule": schedule, **fields, **extra}
+
+
+@dataclass(frozen=True)
+class TickResult:
+    """What `run_now` reports: `ran` False with the `reason` when the lock logic skipped."""
+
+    ran: bool
+    reason: str | None = None
+    fence: int | None = None
+    error: str | None = None  # the run raised (a `fail` event was emitted too)
+
+
+class Scheduler:
+    """Runs Schedule classes on their cron. Events: run, skip, done, fail (see SPEC 3.3).
+
+    `stop_timeout_s` bounds how long `stop()` waits for running runs (seconds); `audit_size` is
+    how many tick records are kept per schedule (all instances together).
+    """
+
+    def __init__(
+        self,
+        ctx: Context,
+        *,
+        instance_id: str | None = None,
+        stop_timeout_s: float = 30.0,
+        audit_size: int = 200,
+    ) -> None:
+        self.ctx = ctx
+        self.instance_id = instance_id or ctx.instance_id
+        self.stop_timeout_s = stop_timeout_s
+        self.audit_size = audit_size
+        self.events = EventEmitter(EVENT_NAMES)
+        self._specs: dict[str, ScheduleSpec] = {}
+        self._loops: dict[str, asyncio.Task[None]] = {}
+        self._runs: set[asyncio.Task[TickResult]] = set()
+        self._background: set[asyncio.Task[None]] = set()
+        self._active: dict[str, int] = {}  # runs in progress here, per schedule name
+        self._local_audit: dict[str, deque[dict[str, Any]]] = {}
+        self._audit_failing = False
+        self._started = False
+
+    def on(self, name: str, observer: Observer) -> Callable[[], None]:
+        """Subscribe to an event (ValueError for an unknown name); returns an unsubscribe."""
+        return self.events.on(name, observer)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._specs)
+
+    def register(self, schedule: type[Schedule]) -> Scheduler:
+        """Validate every setting now (RegistrationError names each bad field); chainable."""
+        spec = validate_schedule(schedule, self.ctx.locks.keys())
+        if spec.name in self._specs:
+            raise RegistrationError(f"a schedule named {spec.name!r} is already registered")
+        if spec.timezone is None:
+            logger.warning(
+                "schedule %r has no timezone: it follows the host's local time (%s); "
+                "set `timezone` to an IANA name such as 'Europe/Berlin'",
+                spec.name,
+                spec.zone,
+            )
+        self._specs[spec.name] = spec
+        self._local_audit[spec.name] = deque(maxlen=self.audit_size)
+        if self._started:
+            self._start_loop(spec)
+        return self
+
+    async def start(self) -> None:
+        """Start one ticking task per registered schedule (idempotent)."""
+        self._started = True
+        for spec in self._specs.values():
+            self._start_loop(spec)
+
+    async def stop(self, timeout_s: float | None = None) -> None:
+        """No new ticks; wait up to `timeout_s` (default `stop_timeout_s`) for running runs,
+        then cancel what is left (their guards are still released)."""
+        self._started = False
+        loops = list(self._loops.values())
+        self._loops.clear()
+        for loop in loops:
+            loop.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        runs = set(self._runs)
+        if runs:
+            limit = self.stop_timeout_s if timeout_s is None else timeout_s
+            _, late = await asyncio.wait(runs, timeout=limit)
+            if late:
+                logger.warning("stop: cancelling %d run(s) still going after %ss", len(late), limit)
+                for run in late:
+                    run.cancel()
+                await asyncio.wait(late, timeout=CANCEL_GRACE_S)
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=CANCEL_GRACE_S)
+
+    async def run_now(self, name: str) -> TickResult:
+        """Run one tick of `name` now, through the overlap guard and fence (no per-instant
+        claim: a manual tick is its own instant). `ran` is False with the reason on a skip."""
+        spec = self._spec(name)
+        return await self._track(self._tick(spec, datetime.now(UTC), "manual"))
+
+    async def recent_ticks(self, name: str, limit: int = 20) -> list[dict[str, Any]]:
+        """Newest first: ``{instant, source, winner, fence, lateness_ms, skipped: [{instance,
+        reason}]}``, merged across instances. `instant` is ISO-8601 UTC; `lateness_ms` is the
+        winner's. Falls back to this instance's own records when Redis cannot be read."""
+        spec = self._spec(name)
+        records: list[dict[str, Any]] = list(self._local_audit[name])
+        if spec.lock is not None:
+            try:
+                async with asyncio.timeout(AUDIT_TIMEOUT_S):
+                    native = self.ctx.lock(spec.lock.alias).native
+                    raw = await native.lrange(f"{spec.lock.key_prefix}:audit", 0, -1)
+                records = [json.loads(item) for item in raw]
+            except (RedisError, OSError, TimeoutError, ValueError) as exc:
+                logger.debug("audit of %r unreadable (%s); showing local records", name, exc)
+        return _merge(records)[:limit]
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """Settings and the next `PREVIEW_RUNS` instants (ISO-8601 with the zone's offset)."""
+        spec = self._spec(name)
+        lock = None
+        if spec.lock is not None:
+            lock = {"lock": spec.lock.alias, "ttl": spec.lock.ttl_ms, "key": spec.lock.key_prefix}
+        runs = cron.next_runs(spec.cron, PREVIEW_RUNS, tz=spec.zone)
+        return {
+            "name": spec.name,
+            "cron": spec.cron,
+            "timezone": spec.timezone or f"host local time ({spec.zone})",
+            "lock": lock,
+            "next_runs": [instant.isoformat() for instant in runs],
+        }
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def _start_loop(self, spec: ScheduleSpec) -> None:
+        if spec.name not in self._loops:
+            task = asyncio.create_task(self._loop(spec), name=f"mega.schedule:{spec.name}")
+            self._loops[spec.name] = task
+
+    async def _loop(self, spec: ScheduleSpec) -> None:
+        while True:
+            try:
+                await self._tick_forever(spec)
+            except Exception:
+                # A bug here must not silently end the schedule: log, pause, start over from now.
+                logger.exception("schedule %r: loop error; restarting", spec.name)
+                await asyncio.sleep(LOOP_RETRY_S)
+
+    async def _tick_forever(self, spec: ScheduleSpec) -> None:
+        planned = _utc(cron.next(spec.cron, tz=spec.zone))
+        while True:
+            await _sleep_until(planned)
+            late_s = time.time() - planned.timestamp()
+            if late_s > LATE_LIMIT_S:
+                # Visible like any other skip (event + audit), so a stalled host shows up.
+                reason = f"missed: this instance woke {late_s:.1f} s late; not replayed"
+                missed = TickRecord(
+                    planned.isoformat(), "schedule", self.instance_id, round(late_s * 1000, 1)
+                )
+                await self._skip(spec, missed, reason)
+                planned = _utc(cron.next(spec.cron, tz=spec.zone))
+                continue
+            self._track(self._tick(spec, planned, "schedule"))
+            # From the planned instant, not from now: a late wake-up never drifts the schedule.
+            planned = _utc(cron.next(spec.cron, after=planned, tz=spec.zone))
+
+    def _track(self, tick: Coroutine[Any, Any, TickResult]) -> asyncio.Task[TickResult]:
+        task = asyncio.create_task(tick)
+        self._runs.add(task)
+        task.add_done_callback(self._runs.discard)
+        return task
+
+    # -- one tick -----------------------------------------------------------------------------
+
+    async def _tick(self, spec: ScheduleSpec, planned: datetime, source: TickSource) -> TickResult:
+        record = TickRecord(
+            instant=planned.isoformat(),
+            source=source,
+            instance=self.instance_id,
+            lateness_ms=round((time.time() - planned.timestamp()) * 1000, 1),
+        )
+        plan = spec.lock
+        if plan is None:
+            if self._active.get(spec.name):
+                return await self._skip(spec, record, "overlap: still running here")
+            return await self._execute(spec, Tick(planned, None, source, self.instance_id), record)
+        adapter = self.ctx.lock(plan.alias)
+        # A manual tick is its own instant: no claim, only the guard and the fence.
+        claim_key = None
+        if source == "schedule":
+            claim_key = f"{plan.key_prefix}:tick:{int(planned.timestamp())}"
+        try:
+            lease = await adapter.acquire_fenced(
+                f"{plan.key_prefix}:running",
+                plan.ttl_ms,
+                f"{plan.key_prefix}:fence",
+                claim_key=claim_key,
+                claim_ttl_ms=max(plan.ttl_ms, CLAIM_MIN_TTL_MS),
+            )
+        except Exception as exc:  # any adapter failure is a skip, never a crash of the host
+            detail = exc.message if isinstance(exc, LockBackendError) else repr(exc)
+            return await self._skip(spec, record, f"lock backend error: {detail}")
+        if isinstance(lease, str):
+            return await self._skip(spec, record, REFUSAL_REASONS[lease])
+        tick = Tick(planned, lease.fence, source, self.instance_id)
+        return await self._execute(spec, tick, record, (adapter, lease.token))
+
+    async def _execute(
+        self,
+        spec: ScheduleSpec,
+        tick: Tick,
+        record: TickRecord,
+        guard: tuple[LockAdapter, str] | None = None,
+    ) -> TickResult:
+        fields = record.event_fields(spec.name, fence=tick.fence)
+        self._active[spec.name] = self._active.get(spec.name, 0) + 1
+        self._record(spec, dataclasses.replace(record, outcome="ran", fence=tick.fence))
+        run_ctx = dataclasses.replace(self.ctx, extras={**self.ctx.extras, "tick": tick})
+        started = time.monotonic()
+        error: BaseException | None = None
+        release_error: Exception | None = None
+        try:
+            await self.events.emit("run", **fields, lateness_ms=record.lateness_ms)
+            await spec.schedule(tick).run(run_ctx)
+        except (Exception, asyncio.CancelledError) as exc:
+            error = exc
+        finally:
+            self._active[spec.name] -= 1
+            if guard is not None and spec.lock is not None:
+                release_error = await _release_guard(spec.lock, *guard)
+        duration_ms = round((time.monotonic() - started) * 1000, 1)
+        if error is None:
+            await self.events.emit("done", **fields, duration_ms=duration_ms)
+        else:
+            await self._fail(fields, "run", error)
+        if release_error is not None:
+            await self._fail(fields, "release", release_error)
+        if isinstance(error, asyncio.CancelledError):
+            raise error
+        message = None if error is None else _error_text(error)
+        return TickResult(ran=True, fence=tick.fence, error=message)
+
+    async def _skip(self, spec: ScheduleSpec, record: TickRecord, reason: str) -> TickResult:
+        self._record(spec, dataclasses.replace(record, reason=reason))
+        fields = record.event_fields(spec.name)
+        await self.events.emit("skip", **fields, reason=reason, lateness_ms=record.lateness_ms)
+        return TickResult(ran=False, reason=reason)
+
+    async def _fail(self, fields: dict[str, Any], phase: str, error: BaseException) -> None:
+        if phase == "run" and not isinstance(error, asyncio.CancelledError):
+            logger.error("schedule %r failed", fields["schedule"], exc_info=error)
+        await self.events.emit("fail", **fields, phase=phase, error=_error_text(error))
+
+    # -- audit --------------------------------------------------------------------------------
+
+    def _record(self, spec: ScheduleSpec, record: TickRecord) -> None:
+        """Keep the record here, and push it to Redis in the background (never delays a run)."""
+        self._local_audit[spec.name].appendleft(dataclasses.asdict(record))
+        if spec.lock is not None:
+            task = asyncio.create_task(self._push_audit(spec.lock, record))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _push_audit(self, plan: LockPlan, record: TickRecord) -> None:
+        key = f"{plan.key_prefix}:audit"
+        try:
+            async with asyncio.timeout(AUDIT_TIMEOUT_S):
+                pipe = self.ctx.lock(plan.alias).native.pipeline(transaction=False)
+                pipe.lpush(key, json.dumps(dataclasses.asdict(record)))
+                pipe.ltrim(key, 0, self.audit_size - 1)
+                await pipe.execute()
+        except (RedisError, OSError, TimeoutError) as exc:
+            if not self._audit_failing:
+                logger.warning("tick audit not written to Redis (%s); kept locally", exc)
+            self._audit_failing = True
+            return
+        if self._audit_failing:
+            logger.info("tick audit written to Redis again")
+            self._audit_failing = False
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _spec(self, name: str) -> ScheduleSpec:
+        try:
+            return self._specs[name]
+        except KeyError:
+            known = ", ".join(sorted(self._specs)) or "none"
+            raise ValueError(f"no schedule named {name!r} (registered: {known})") from None
+
+
+async def _release_guard(plan: LockPlan, adapter: LockAdapter, token: str) -> Exception | None:
+    """Release the overlap guard; the error to report, if any (never raises)."""
+    try:
+        if await adapter.release(f"{plan.key_prefix}:running", token):
+            return None
+    except Exception as exc:
+        return exc
+    return GuardExpired(
+        f"the overlap guard expired before the run ended (lock.ttl is {plan.ttl_ms} ms): a peer "
+        "could have started the next tick; raise lock.ttl above the longest run"
+    )
+
+
+async def _sleep_until(instant: datetime) -> None:
+    """Sleep until the wall clock reaches `instant`; asyncio wakes within about a millisecond."""
+    target = instant.timestamp()
+    while (remaining := target - time.time()) > 0:
+        await asyncio.sleep(min(remaining, MAX_SLEEP_S))
+
+
+def _merge(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Group per-instance records by tick (instant + source), newest instant first."""
+    ticks: dict[tuple[str, str], dict[str, Any]] = {}
+    for record in records:
+        instant, source = key = (record["instant"], record["source"])
+        if key not in ticks:
+            ticks[key] = {"instant": instant, "source": source, "winner": None, "fence": None}
+            ticks[key].update(lateness_ms=None, skipped=[])
+        tick = ticks[key]
+        if record["outcome"] == "ran":
+            tick.update(winner=record["instance"], fence=record["fence"])
+            tick["lateness_ms"] = record["lateness_ms"]
+        else:
+            tick["skipped"].append({"instance": record["instance"], "reason": record["reason"]})
+    return sorted(ticks.values(), key=lambda t: datetime.fromisoformat(t["instant"]), reverse=True)
+
+
+def _error_text(error: BaseException) -> str:
+    if isinstance(error, asyncio.CancelledError):
+        return "cancelled: the scheduler stopped before the run finished"
+    return f"{type(error).__name__}: {error}"
+
+
+def _utc(instant: datetime) -> datetime:
+    return instant.astimezone(UTC)

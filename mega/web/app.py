@@ -1,0 +1,111 @@
+"""`create_web_app`: the FastAPI app every mega application starts from.
+
+It wires the JSON envelope, security headers, CSRF on every unsafe request, login/logout,
+`/healthz`, `/readyz` and `/metrics`, and the templates; the application adds its own routers.
+The app's `templates/` folder provides `base.html`, `login.html` and `error.html`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+
+from mega.config import Config
+from mega.constants import ANON_CSRF_COOKIE, CSRF_HEADER
+from mega.context import Context
+from mega.web import auth
+from mega.web.envelope import fail, install_error_handlers
+from mega.web.health import router as health_router
+from mega.web.login import router as login_router
+
+# No form or JSON body of this app comes near this; anything larger is refused unread.
+MAX_BODY_BYTES = 64 * 1024
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
+        "base-uri 'self'; form-action 'self'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "Cross-Origin-Opener-Policy": "same-origin",
+}
+
+
+def create_web_app(
+    config: Config,
+    ctx: Context,
+    *,
+    routers: Iterable[APIRouter] = (),
+    templates_dir: Path | None = None,
+    static_dir: Path | None = None,
+    title: str = "mega",
+) -> FastAPI:
+    app = FastAPI(
+        title=title,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        dependencies=[Depends(auth.csrf_protect)],
+    )
+    app.state.ctx = ctx
+    app.state.config = config
+    app.state.auth = config.auth
+    templates = Jinja2Templates(
+        directory=str(templates_dir or config.root / "templates"),
+        context_processors=[_template_globals],
+    )
+    app.state.templates = templates
+    install_error_handlers(app)
+    app.middleware("http")(_security_middleware)
+    static = static_dir or config.root / "static"
+    if static.is_dir():
+        app.mount("/static", StaticFiles(directory=static), name="static")
+    app.include_router(health_router)
+    app.include_router(login_router)
+    for router in routers:
+        app.include_router(router)
+    app.add_api_route(
+        "/api/{path:path}", _api_not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]
+    )
+    return app
+
+
+async def _api_not_found(path: str, user: auth.UserDep) -> Response:
+    return fail(404, "not_found", f"no API route /api/{path}")
+
+
+def _template_globals(request: Request) -> dict[str, Any]:
+    user = getattr(request.state, "user", None)
+    token = user.csrf_token if user else auth.anon_csrf_token(request)
+    return {"csrf_token": token, "user": user, "csrf_header": CSRF_HEADER}
+
+
+async def _security_middleware(
+    request: Request, call_next: Callable[[Request], Awaitable[Response]]
+) -> Response:
+    length = request.headers.get("content-length", "0")
+    if not length.isdigit() or int(length) > MAX_BODY_BYTES:
+        limit = f"the request body is over the {MAX_BODY_BYTES // 1024} KiB limit"
+        response: Response = fail(422, "validation_failed", limit, fields={"body": limit})
+    else:
+        response = await call_next(request)
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+    new_token = getattr(request.state, "new_anon_csrf", None)
+    if new_token and getattr(request.state, "user", None) is None:
+        response.set_cookie(
+            ANON_CSRF_COOKIE,
+            auth.sign(new_token, request.app.state.auth.secret_key),
+            httponly=True,
+            samesite="lax",
+            secure=request.url.scheme == "https",
+            path="/",
+        )
+    return response

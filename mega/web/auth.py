@@ -1,0 +1,263 @@
+"""Login, server-side sessions, CSRF and failed-login limiting.
+
+- The session cookie carries one random id, HMAC-signed; the database holds its SHA-256.
+  Logging in always starts a new session (no fixation) with a fresh CSRF token; logging out
+  deletes the row, so a stolen cookie dies with it.
+- CSRF: every POST/PUT/PATCH/DELETE carries the token as form field `csrf_token` or header
+  `X-CSRF-Token`, compared in constant time with the session's token (or, before login, with
+  the signed anonymous token cookie: a signed double-submit).
+- Failed logins are counted per username and per IP in a sliding window; past the limit the
+  answer stays the same generic message and no password is checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Annotated
+from urllib.parse import urlsplit
+
+from fastapi import Depends, HTTPException, Request
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from mega.config import AuthConfig
+from mega.constants import ANON_CSRF_COOKIE, CSRF_FORM_FIELD, CSRF_HEADER, SESSION_COOKIE
+from mega.database import Database
+from mega.web.models import LoginFailure, User, UserSession
+from mega.web.passwords import DUMMY_HASH, hash_password, verify_password
+
+UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+DEFAULT_NEXT = "/demo"
+
+
+@dataclass(frozen=True)
+class CurrentUser:
+    id: int
+    username: str
+    csrf_token: str
+
+
+# ---- signing -------------------------------------------------------------------------------
+
+
+def sign(value: str, key: str) -> str:
+    mac = hmac.new(key.encode(), value.encode(), hashlib.sha256).hexdigest()
+    return f"{value}.{mac}"
+
+
+def unsign(signed: str | None, key: str) -> str | None:
+    if not signed or "." not in signed:
+        return None
+    value, mac = signed.rsplit(".", 1)
+    expected = hmac.new(key.encode(), value.encode(), hashlib.sha256).hexdigest()
+    return value if hmac.compare_digest(mac, expected) else None
+
+
+def _id_hash(session_id: str) -> str:
+    return hashlib.sha256(session_id.encode()).hexdigest()
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _aware(value: datetime) -> datetime:
+    # SQLite hands back naive datetimes; every value we store is UTC.
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+# ---- sessions ------------------------------------------------------------------------------
+
+
+def settings(request: Request) -> AuthConfig:
+    config: AuthConfig = request.app.state.auth
+    return config
+
+
+def database(request: Request) -> Database:
+    db: Database = request.app.state.ctx.db
+    return db
+
+
+async def current_user(request: Request) -> CurrentUser | None:
+    """The logged-in user, or None. Looked up once per request."""
+    if hasattr(request.state, "user"):
+        user: CurrentUser | None = request.state.user
+        return user
+    session_id = unsign(request.cookies.get(SESSION_COOKIE), settings(request).secret_key)
+    found: CurrentUser | None = None
+    if session_id:
+        id_hash = _id_hash(session_id)
+
+        def lookup(db: Session) -> CurrentUser | None:
+            row = db.execute(
+                select(UserSession, User)
+                .join(User, User.id == UserSession.user_id)
+                .where(UserSession.id_hash == id_hash)
+            ).first()
+            if row is None:
+                return None
+            session, user = row
+            if _aware(session.expires_at) <= _now():
+                db.delete(session)
+                return None
+            return CurrentUser(user.id, user.username, session.csrf_token)
+
+        found = await database(request).run(lookup)
+    request.state.user = found
+    return found
+
+
+async def require_user(request: Request) -> CurrentUser:
+    """Dependency for every /demo page and /api route: 401 (JSON) or a redirect to /login."""
+    user = await current_user(request)
+    if user is None:
+        raise HTTPException(401, "log in first")
+    return user
+
+
+UserDep = Annotated[CurrentUser, Depends(require_user)]
+
+
+async def start_session(request: Request, user_id: int) -> tuple[str, str]:
+    """Create a session; returns (signed cookie value, csrf token)."""
+    session_id = secrets.token_urlsafe(32)
+    csrf_token = secrets.token_urlsafe(32)
+    max_age = timedelta(seconds=settings(request).session_max_age_s)
+    now = _now()
+
+    def insert(db: Session) -> None:
+        db.execute(delete(UserSession).where(UserSession.expires_at <= now))
+        db.add(
+            UserSession(
+                id_hash=_id_hash(session_id),
+                user_id=user_id,
+                csrf_token=csrf_token,
+                created_at=now,
+                expires_at=now + max_age,
+            )
+        )
+
+    await database(request).run(insert)
+    return sign(session_id, settings(request).secret_key), csrf_token
+
+
+async def end_session(request: Request) -> None:
+    session_id = unsign(request.cookies.get(SESSION_COOKIE), settings(request).secret_key)
+    if session_id:
+        id_hash = _id_hash(session_id)
+        await database(request).run(
+            lambda db: db.execute(delete(UserSession).where(UserSession.id_hash == id_hash))
+        )
+
+
+# ---- CSRF ----------------------------------------------------------------------------------
+
+
+def anon_csrf_token(request: Request) -> str:
+    """The pre-login token: from the signed cookie, or a new one the middleware will set."""
+    key = settings(request).secret_key
+    token = unsign(request.cookies.get(ANON_CSRF_COOKIE), key)
+    if token is None:
+        token = getattr(request.state, "new_anon_csrf", None) or secrets.token_urlsafe(32)
+        request.state.new_anon_csrf = token
+    return token
+
+
+async def csrf_token(request: Request) -> str:
+    user = await current_user(request)
+    return user.csrf_token if user else anon_csrf_token(request)
+
+
+async def csrf_protect(request: Request) -> None:
+    """App-wide dependency: unsafe methods must carry the right token, else 403."""
+    if request.method not in UNSAFE_METHODS:
+        return
+    user = await current_user(request)
+    if user is None and request.url.path.startswith("/api/"):
+        # Every API route needs a session: say so (401) before judging the token.
+        raise HTTPException(401, "log in first")
+    sent = request.headers.get(CSRF_HEADER)
+    if sent is None and request.headers.get("content-type", "").startswith(
+        ("application/x-www-form-urlencoded", "multipart/form-data")
+    ):
+        value = (await request.form()).get(CSRF_FORM_FIELD)
+        sent = value if isinstance(value, str) else None
+    if user is not None:
+        expected = user.csrf_token
+    else:
+        expected = unsign(request.cookies.get(ANON_CSRF_COOKIE), settings(request).secret_key) or ""
+    if not sent or not expected or not hmac.compare_digest(sent.encode(), expected.encode()):
+        raise HTTPException(403, "missing or wrong CSRF token; reload the page and try again")
+
+
+# ---- login ---------------------------------------------------------------------------------
+
+
+def safe_next(target: str | None) -> str:
+    """Only a local path: no scheme, no host, not `//host` nor `/\\host`, no control chars."""
+    if not target or not target.startswith("/") or target.startswith(("//", "/\\")):
+        return DEFAULT_NEXT
+    if "\\" in target or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in target):
+        return DEFAULT_NEXT
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc:
+        return DEFAULT_NEXT
+    return target
+
+
+async def authenticate(request: Request, username: str, password: str, ip: str) -> int | None:
+    """The user id on success; None on a bad login or when rate-limited (same answer)."""
+    config = settings(request)
+    since = _now() - timedelta(seconds=config.login_window_s)
+    username = username.strip()[:64]
+
+    def failures(db: Session) -> tuple[int, int, User | None]:
+        by_user = db.scalar(
+            select(func.count()).where(LoginFailure.username == username, LoginFailure.at > since)
+        )
+        by_ip = db.scalar(
+            select(func.count()).where(LoginFailure.ip == ip, LoginFailure.at > since)
+        )
+        user = db.scalar(select(User).where(User.username == username))
+        return by_user or 0, by_ip or 0, user
+
+    db = database(request)
+    by_user, by_ip, user = await db.run(failures)
+    if max(by_user, by_ip) >= config.login_max_failures:
+        return None
+    # Always run the KDF, against a dummy hash for unknown users: timing reveals nothing.
+    encoded = user.password_hash if user else DUMMY_HASH
+    good = await _verify_off_loop(password, encoded)
+    if good and user is not None:
+        return user.id
+    now = _now()
+
+    def record(db: Session) -> None:
+        db.execute(delete(LoginFailure).where(LoginFailure.at <= since))
+        db.add(LoginFailure(username=username, ip=ip, at=now))
+
+    await db.run(record)
+    return None
+
+
+async def _verify_off_loop(password: str, encoded: str) -> bool:
+    import anyio.to_thread
+
+    return await anyio.to_thread.run_sync(verify_password, password, encoded)
+
+
+def ensure_user(db: Database, username: str, password: str) -> None:
+    """Create the user, or reset its password if it differs (used to seed the demo login)."""
+    with db.sessions.begin() as session:
+        user = session.scalar(select(User).where(User.username == username))
+        if user is None:
+            session.add(
+                User(username=username, password_hash=hash_password(password), created_at=_now())
+            )
+        elif not verify_password(password, user.password_hash):
+            user.password_hash = hash_password(password)

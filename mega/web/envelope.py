@@ -1,0 +1,195 @@
+"""The one JSON shape every /api response has, and the handlers that keep errors in it.
+
+    {"ok": true,  "data": ..., "meta": {...}}
+    {"ok": false, "error": {"code", "message", "fields"?}, "meta": {...}}
+
+No handler ever returns a stack trace: unexpected exceptions are logged with their trace on the
+server and answered with a 500 envelope that carries a request id to find that log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from nats import errors as nats_errors
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from mega.errors import DependencyUnavailable, MegaError, WorkerError
+from mega.web.pages import render
+
+logger = logging.getLogger("mega.web")
+
+# CPU pool failures as HTTP: a full queue asks the client to come back (with Retry-After).
+WORKER_STATUS = {
+    "worker.overloaded": 429,
+    "worker.task_timeout": 504,
+    "worker.crashed": 503,
+    "worker.stopped": 503,
+    "worker.invalid_args": 422,
+    "worker.task_failed": 500,
+    "worker.unknown_task": 500,
+}
+
+# nats-py errors that mean "the server is not there right now" (not a bad request).
+NATS_UNAVAILABLE: tuple[type[Exception], ...] = (
+    nats_errors.TimeoutError,
+    nats_errors.NoServersError,
+    nats_errors.ConnectionClosedError,
+    nats_errors.StaleConnectionError,
+    nats_errors.NoRespondersError,
+    nats_errors.OutboundBufferLimitError,
+)
+
+STATUS_CODES = {
+    400: "bad_request",
+    401: "auth.required",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    422: "validation_failed",
+    429: "rate_limited",
+    500: "internal",
+    503: "dependency.unavailable",
+}
+
+
+class ApiError(Exception):
+    """Raise from a route to answer with an error envelope."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        fields: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+        self.fields, self.headers = fields, headers
+
+
+def ok(data: Any, status: int = 200, **meta: Any) -> JSONResponse:
+    return JSONResponse({"ok": True, "data": data, "meta": _meta(meta)}, status_code=status)
+
+
+def fail(
+    status: int,
+    code: str,
+    message: str,
+    *,
+    fields: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
+    **meta: Any,
+) -> JSONResponse:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if fields:
+        error["fields"] = fields
+    body = {"ok": False, "error": error, "meta": _meta(meta)}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _meta(extra: dict[str, Any]) -> dict[str, Any]:
+    return {"ts": int(time.time() * 1000), **extra}
+
+
+def wants_json(request: Request) -> bool:
+    """API routes and fetch() calls get envelopes; page navigations get HTML or redirects."""
+    return request.url.path.startswith("/api/") or "application/json" in request.headers.get(
+        "accept", ""
+    )
+
+
+def field_errors(errors: Sequence[Any]) -> dict[str, str]:
+    """Pydantic's error list as {"field.path": "message"} (the first message per field)."""
+    fields: dict[str, str] = {}
+    for err in errors:
+        loc = [str(part) for part in err.get("loc", ()) if part not in ("body", "query", "form")]
+        fields.setdefault(".".join(loc) or "body", str(err.get("msg", "invalid")))
+    return fields
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> Response:
+        return fail(exc.status, exc.code, exc.message, fields=exc.fields, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation(request: Request, exc: RequestValidationError) -> Response:
+        return fail(
+            422, "validation_failed", "some fields are invalid", fields=field_errors(exc.errors())
+        )
+
+    @app.exception_handler(DependencyUnavailable)
+    async def unavailable(request: Request, exc: DependencyUnavailable) -> Response:
+        logger.warning("%s %s: %s", request.method, request.url.path, exc.message)
+        if not wants_json(request):
+            return _html_error(request, 503, "A service is unavailable", exc.message)
+        return fail(503, exc.code, exc.message, dependency=exc.dependency)
+
+    @app.exception_handler(RedisConnectionError)
+    @app.exception_handler(RedisTimeoutError)
+    async def redis_down(request: Request, exc: Exception) -> Response:
+        return await unavailable(
+            request, DependencyUnavailable("redis", f"Redis is unavailable: {exc}")
+        )
+
+    async def nats_down(request: Request, exc: Exception) -> Response:
+        reason = str(exc) or type(exc).__name__
+        return await unavailable(
+            request, DependencyUnavailable("nats", f"NATS is unavailable: {reason}")
+        )
+
+    for nats_error in NATS_UNAVAILABLE:
+        app.add_exception_handler(nats_error, nats_down)
+
+    @app.exception_handler(WorkerError)
+    async def worker_error(request: Request, exc: WorkerError) -> Response:
+        status = WORKER_STATUS.get(exc.code, 500)
+        retry_after = getattr(exc, "retry_after_s", None)
+        headers = {"Retry-After": str(retry_after)} if retry_after else None
+        return fail(status, exc.code, exc.message, headers=headers)
+
+    @app.exception_handler(MegaError)
+    async def mega_error(request: Request, exc: MegaError) -> Response:
+        return fail(400, exc.code, exc.message)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 401 and not wants_json(request):
+            return RedirectResponse(login_url(request), status_code=303)
+        if not wants_json(request) and exc.status_code == 404:
+            return _html_error(request, 404, "Not found", "There is no page at this address.")
+        code = STATUS_CODES.get(exc.status_code, "http_error")
+        return fail(exc.status_code, code, str(exc.detail), headers=dict(exc.headers or {}))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        request_id = uuid.uuid4().hex[:12]
+        logger.exception("unhandled error (request %s) on %s", request_id, request.url.path)
+        message = f"internal error; the server log has the details (request {request_id})"
+        if wants_json(request):
+            return fail(500, "internal", message, request_id=request_id)
+        return _html_error(request, 500, "Something went wrong", message)
+
+
+def login_url(request: Request) -> str:
+    from urllib.parse import quote
+
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return f"/login?next={quote(target, safe='/')}"
+
+
+def _html_error(request: Request, status: int, title: str, message: str) -> Response:
+    return render(request, "error.html", {"title": title, "message": message}, status_code=status)

@@ -1,0 +1,153 @@
+"""The child process of a process-mode Worker pool, and the pipe protocol both sides speak.
+
+Run as `python -P path/to/mega/workers/child.py <dotted task module>` by
+`mega.workers.process.WorkerProcess`, one per slot of a `WorkerPool` (by path, so that
+starting it never imports the `mega` package and all it re-exports). It
+imports the task module once, then answers task frames until its stdin closes.
+
+Protocol: every frame is a 4-byte big-endian length followed by that many bytes of pickle.
+- child -> parent, once at startup: `(0, STATUS_READY, [task names])`, or
+  `(0, STATUS_IMPORT_FAILED, (exc type name, message))` and exit.
+- parent -> child: `(task_id, task_name, pickled args)`. The args are pickled on their own, in
+  the parent at dispatch, so a value the child cannot unpickle is reported against its task id
+  instead of killing the child.
+- child -> parent: `(task_id, STATUS_OK, return value)` or `(task_id, STATUS_*, (exc type name,
+  message))`.
+
+Keep this module light (standard library only, nothing from fastapi or the app): every pool
+slot, and every replacement after a crash or timeout, pays its import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pickle
+import signal
+import struct
+import sys
+import traceback
+import types
+from collections.abc import Callable
+from typing import Any, BinaryIO
+
+# Length prefix of every frame: unsigned 32-bit big-endian, so one frame holds up to 4 GiB.
+FRAME_HEADER = struct.Struct(">I")
+# Newest pickle protocol: both ends are the same interpreter, so there is nothing to negotiate.
+PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
+
+# Status of a child -> parent frame.
+STATUS_OK = 0  # the task returned; the value follows
+STATUS_TASK_FAILED = 1  # the task raised (or its return value cannot be pickled)
+STATUS_BAD_ARGS = 2  # the child could not unpickle the args
+STATUS_UNKNOWN_TASK = 3  # no task of that name in the module
+STATUS_READY = 4  # startup hello; the task names follow
+STATUS_IMPORT_FAILED = 5  # startup failed importing the task module; the child then exits
+
+Task = Callable[[Any], Any]
+
+
+def encode_frame(message: object) -> bytes:
+    """Pickle `message` and prefix its length. Raises whatever pickle raises."""
+    body = pickle.dumps(message, protocol=PICKLE_PROTOCOL)
+    return FRAME_HEADER.pack(len(body)) + body
+
+
+def read_frame(stream: BinaryIO) -> Any | None:
+    """Read one frame from a blocking stream; None at a clean end of stream."""
+    header = stream.read(FRAME_HEADER.size)
+    if len(header) < FRAME_HEADER.size:
+        return None
+    (size,) = FRAME_HEADER.unpack(header)
+    body = stream.read(size)
+    if len(body) < size:
+        return None
+    return pickle.loads(body)
+
+
+def task_functions(module: types.ModuleType) -> dict[str, Task]:
+    """The tasks of a task module: its public functions defined in that module itself.
+
+    Functions it merely imports (`from hashlib import sha256`) are not tasks.
+    """
+    return {
+        name: value
+        for name, value in vars(module).items()
+        if isinstance(value, types.FunctionType)
+        and value.__module__ == module.__name__
+        and not name.startswith("_")
+    }
+
+
+def call_task(fn: Task, args: Any) -> Any:
+    """Call a task as `fn(args)`; an `async def` task is run to completion on a fresh loop."""
+    result = fn(args)
+    if isinstance(result, types.CoroutineType):
+        import asyncio  # only async tasks pay for importing asyncio
+
+        return asyncio.run(result)
+    return result
+
+
+def _error(exc: BaseException) -> tuple[str, str]:
+    return type(exc).__name__, str(exc)
+
+
+def _answer(tasks: dict[str, Task], task_id: int, name: str, args_pickle: bytes) -> bytes:
+    fn = tasks.get(name)
+    if fn is None:
+        return encode_frame((task_id, STATUS_UNKNOWN_TASK, ("LookupError", f"no task {name!r}")))
+    try:
+        args = pickle.loads(args_pickle)
+    except Exception as exc:
+        return encode_frame((task_id, STATUS_BAD_ARGS, _error(exc)))
+    try:
+        reply = (task_id, STATUS_OK, call_task(fn, args))
+    except Exception as exc:
+        # A task's own failure goes back to its caller; the child lives on for the next task.
+        reply = (task_id, STATUS_TASK_FAILED, _error(exc))
+    try:
+        return encode_frame(reply)
+    except Exception as exc:
+        message = f"the return value of {name} cannot be pickled: {exc}"
+        return encode_frame((task_id, STATUS_TASK_FAILED, (type(exc).__name__, message)))
+
+
+def main(argv: list[str]) -> int:
+    """Serve tasks of the module named in argv[1] over stdin/stdout until stdin closes."""
+    if len(argv) != 2:
+        print("usage: python -P mega/workers/child.py <dotted.task.module>", file=sys.stderr)
+        return 2
+    # Ctrl-C in a terminal reaches the whole process group; the parent decides when we stop
+    # (it closes our stdin), so a keyboard interrupt must not print a traceback per child.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Keep private copies of the protocol pipes, then point fds 0 and 1 elsewhere: a task that
+    # print()s (or reads stdin) must not corrupt a frame. Its prints go to our stderr.
+    protocol_in = os.fdopen(os.dup(0), "rb")
+    protocol_out = os.fdopen(os.dup(1), "wb")
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(2, 1)
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+
+    try:
+        module = importlib.import_module(argv[1])
+    except Exception as exc:
+        traceback.print_exc()
+        protocol_out.write(encode_frame((0, STATUS_IMPORT_FAILED, _error(exc))))
+        protocol_out.flush()
+        return 1
+    tasks = task_functions(module)
+    protocol_out.write(encode_frame((0, STATUS_READY, sorted(tasks))))
+    protocol_out.flush()
+
+    while (frame := read_frame(protocol_in)) is not None:
+        task_id, name, args_pickle = frame
+        protocol_out.write(_answer(tasks, task_id, name, args_pickle))
+        protocol_out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

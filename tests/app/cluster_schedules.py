@@ -1,0 +1,24 @@
+"""Schedules for the cluster tests, run by real `mega scheduler` processes.
+
+The key prefix comes from the environment so that every test has its own keys."""
+
+from __future__ import annotations
+
+import os
+
+from mega import Context, Schedule
+
+PREFIX = os.environ.get("CLUSTER_PREFIX", "cluster")
+
+
+class EverySecond(Schedule):
+    cron = "* * * * * *"
+    timezone = "UTC"
+    # The overlap guard outlives a killed winner by at most 900 ms: less than one tick.
+    lock = {"lock": "main", "ttl": 900, "key": f"{PREFIX}:lock"}
+
+    async def run(self, ctx: Context) -> None:
+        redis = ctx.cache("main").native
+        instant = str(int(self.tick.instant.timestamp()))
+        await redis.hincrby(f"{PREFIX}:runs", instant, 1)
+        await redis.hset(f"{PREFIX}:winner", instant, self.tick.instance_id)

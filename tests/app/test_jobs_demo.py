@@ -1,0 +1,244 @@
+"""/demo/jobs and its JSON with a real JobWorker: ok, flaky and fail modes end to end, the DLQ,
+requeue, and bad input that enqueues nothing. Each test has its own NATS and Redis."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app.jobs.email import EmailJob
+from mega.config import Config
+from mega.jobs.job import stream_name
+from tests.factories import config_for, csrf_from, job_worker, login, web_client
+
+
+@pytest.fixture
+def config(
+    tmp_path: Path, nats_factory: Callable[[], Any], redis_factory: Callable[[], Any]
+) -> Config:
+    return config_for(tmp_path, nats_factory().url, redis_factory().url)
+
+
+async def authed(client: httpx.AsyncClient) -> dict[str, str]:
+    await login(client)
+    return {"X-CSRF-Token": csrf_from((await client.get("/demo/jobs")).text)}
+
+
+async def wait_for_job(
+    client: httpx.AsyncClient, job_id: str, status: str, timeout_s: float = 20
+) -> dict[str, Any]:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        data = (await client.get("/api/demo/jobs")).json()["data"]
+        job = next((j for j in data["jobs"] if j["id"] == job_id), None)
+        if job is not None and job["status"] == status:
+            return data
+        assert asyncio.get_running_loop().time() < deadline, (
+            f"job {job_id} never reached {status}: {job}"
+        )
+        await asyncio.sleep(0.1)
+
+
+async def stream_messages(client: httpx.AsyncClient) -> int:
+    js = client.app.state.ctx.bus("jobs").js  # type: ignore[attr-defined]
+    return int((await js.stream_info(stream_name(EmailJob.subject))).state.messages)
+
+
+async def enqueue(client: httpx.AsyncClient, headers: dict[str, str], mode: str) -> str:
+    response = await client.post(
+        "/api/demo/jobs", json={"to": "ada@example.com", "mode": mode}, headers=headers
+    )
+    assert response.status_code == 201, response.text
+    return str(response.json()["data"]["id"])
+
+
+async def test_anonymous_is_refused(config: Config) -> None:
+    async with web_client(config) as client:
+        assert (await client.get("/api/demo/jobs")).status_code == 401
+        assert (
+            await client.post("/api/demo/jobs", json={"to": "a", "mode": "ok"})
+        ).status_code == 401
+        assert (await client.get("/demo/jobs")).status_code == 303
+
+
+async def test_ok_flaky_and_fail_end_to_end(config: Config) -> None:
+    async with web_client(config) as client, job_worker(config):
+        headers = await authed(client)
+        ok_id = await enqueue(client, headers, "ok")
+        flaky_id = await enqueue(client, headers, "flaky")
+        fail_id = await enqueue(client, headers, "fail")
+
+        data = await wait_for_job(client, ok_id, "done")
+        ok_job = next(j for j in data["jobs"] if j["id"] == ok_id)
+        assert ok_job["attempts"] == 1
+        assert [e["kind"] for e in ok_job["events"]] == ["enqueued", "start", "done"]
+
+        data = await wait_for_job(client, flaky_id, "done")
+        flaky = next(j for j in data["jobs"] if j["id"] == flaky_id)
+        assert flaky["attempts"] == 2
+        assert [e["kind"] for e in flaky["events"]] == [
+            "enqueued",
+            "start",
+            "retry",
+            "start",
+            "done",
+        ]
+        assert "retry in" in flaky["events"][2]["detail"]
+
+        data = await wait_for_job(client, fail_id, "dlq")
+        failed = next(j for j in data["jobs"] if j["id"] == fail_id)
+        assert failed["attempts"] == 3
+        assert [e["kind"] for e in failed["events"]] == [
+            "enqueued", "start", "retry", "start", "retry", "start", "fail", "dlq",
+        ]  # fmt: skip
+        assert data["dlq"]["count"] == 1
+        (item,) = data["dlq"]["items"]
+        assert item["id"] == fail_id and item["attempts"] == 3
+        assert item["error"] == "SimulatedSendError: mailbox ada@example.com rejected the message"
+        assert item["failed_at"] > 0
+        assert await stream_messages(client) == 0  # the work stream holds nothing any more
+
+        console = (await client.get("/api/demo/console")).json()["data"]["jobs"]
+        assert console["ok"] and console["dlq"] == 1 and console["pending"] == 0
+        assert console["start_latency_p50_ms"] is not None
+
+
+async def test_requeue_from_the_dlq_resets_attempts(config: Config) -> None:
+    async with web_client(config) as client, job_worker(config):
+        headers = await authed(client)
+        fail_id = await enqueue(client, headers, "fail")
+        await wait_for_job(client, fail_id, "dlq")
+        missing = await client.post(
+            "/api/demo/jobs/dlq/requeue", json={"id": "nope"}, headers=headers
+        )
+        assert missing.status_code == 404
+        requeued = await client.post(
+            "/api/demo/jobs/dlq/requeue", json={"id": fail_id}, headers=headers
+        )
+        assert requeued.json()["data"] == {"requeued": 1}
+        data = await wait_for_job(client, fail_id, "dlq")
+        job = next(j for j in data["jobs"] if j["id"] == fail_id)
+        assert job["attempts"] == 3  # counted again from 1
+        assert [e["kind"] for e in job["events"]].count("start") == 6
+        assert "requeued" in [e["kind"] for e in job["events"]]
+        assert data["dlq"]["count"] == 1
+
+
+@pytest.mark.parametrize(
+    "body,field",
+    [
+        ({"to": "a@b.c", "mode": "sometimes"}, "mode"),
+        ({"to": "", "mode": "ok"}, "to"),
+        ({"to": "   ", "mode": "ok"}, "to"),
+        ({"to": "x" * 255, "mode": "ok"}, "to"),
+        ({"mode": "ok"}, "to"),
+        ({"to": ["a"], "mode": "ok"}, "to"),
+    ],
+)
+async def test_bad_input_is_422_and_enqueues_nothing(
+    config: Config, body: dict, field: str
+) -> None:
+    async with web_client(config) as client:
+        headers = await authed(client)
+        before = (await client.get("/api/demo/jobs")).json()["data"]
+        response = await client.post("/api/demo/jobs", json=body, headers=headers)
+        assert response.status_code == 422
+        assert field in response.json()["error"]["fields"]
+        assert (await client.get("/api/demo/jobs")).json()["data"] == before
+        assert await stream_messages(client) == 0
+
+
+async def test_no_js_form_enqueues_and_shows_field_errors(config: Config) -> None:
+    async with web_client(config) as client:
+        await login(client)
+        token = csrf_from((await client.get("/demo/jobs")).text)
+        bad = await client.post("/demo/jobs", data={"csrf_token": token, "to": "", "mode": "ok"})
+        assert bad.status_code == 422 and "field-error" in bad.text
+        assert await stream_messages(client) == 0
+        good = await client.post(
+            "/demo/jobs", data={"csrf_token": token, "to": "<b>x</b>", "mode": "ok"}
+        )
+        assert good.status_code == 303
+        page = await client.get(good.headers["location"])
+        assert "enqueued" in page.text and "&lt;b&gt;x&lt;/b&gt;" in page.text
+        assert await stream_messages(client) == 1
+
+
+async def test_nats_down_is_503_naming_it_and_other_pages_work(
+    tmp_path: Path, nats_factory: Callable[[], Any], redis_factory: Callable[[], Any]
+) -> None:
+    nats = nats_factory()
+    config = config_for(tmp_path, nats.url, redis_factory().url)
+    async with web_client(config) as client:
+        headers = await authed(client)
+        nats.stop()
+        await asyncio.sleep(0.3)
+        response = await client.post(
+            "/api/demo/jobs", json={"to": "a@b.c", "mode": "ok"}, headers=headers
+        )
+        assert response.status_code == 503
+        assert response.json()["error"]["code"] == "dependency.unavailable"
+        assert "NATS" in response.json()["error"]["message"]
+        assert response.json()["meta"]["dependency"] == "nats"
+        state = await client.get("/api/demo/jobs")  # it reads the DLQ from NATS: 503 too
+        assert state.status_code == 503 and state.json()["meta"]["dependency"] == "nats"
+        assert (await client.get("/api/demo/cron")).status_code == 200
+        nats.start()
+        for _ in range(50):
+            response = await client.post(
+                "/api/demo/jobs", json={"to": "a@b.c", "mode": "ok"}, headers=headers
+            )
+            if response.status_code == 201:
+                break
+            await asyncio.sleep(0.2)
+        assert response.status_code == 201
+        data = (await client.get("/api/demo/jobs")).json()["data"]
+        assert len(data["jobs"]) == 1  # the refused enqueue left no phantom job behind
+
+
+async def test_dlq_cli_lists_requeues_and_purges(config: Config) -> None:
+    """`mega dlq` as a user runs it, against the DLQ a failing job filled."""
+    import subprocess
+    import sys
+
+    def mega_dlq(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "mega", "dlq", *args, "--config", str(config.path)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    async with web_client(config) as client:
+        headers = await authed(client)
+        async with job_worker(config):
+            fail_id = await enqueue(client, headers, "fail")
+            await wait_for_job(client, fail_id, "dlq")
+        listed = await asyncio.to_thread(mega_dlq, "list")
+        assert listed.returncode == 0, listed.stderr
+        assert "EmailJob: 1 dead letter(s)" in listed.stdout and fail_id in listed.stdout
+        assert "SimulatedSendError" in listed.stdout
+
+        refused = await asyncio.to_thread(mega_dlq, "purge")
+        assert refused.returncode == 2 and "--job" in refused.stderr
+        unknown = await asyncio.to_thread(mega_dlq, "list", "--job", "Nope")
+        assert unknown.returncode == 2 and "no job named 'Nope'" in unknown.stderr
+
+        requeued = await asyncio.to_thread(
+            mega_dlq, "requeue", "--job", "EmailJob", "--id", fail_id
+        )
+        assert "requeued 1 job(s)" in requeued.stdout
+        assert await stream_messages(client) == 1  # back on the work stream, nobody consuming
+        async with job_worker(config):
+            # The CLI knows nothing of the page's timeline: watch the DLQ itself refill.
+            for _ in range(200):
+                if (await client.get("/api/demo/jobs")).json()["data"]["dlq"]["count"] == 1:
+                    break
+                await asyncio.sleep(0.1)
+        assert await stream_messages(client) == 0
+        purged = await asyncio.to_thread(mega_dlq, "purge", "--job", "EmailJob")
+        assert "purged 1 record(s)" in purged.stdout
+        assert (await client.get("/api/demo/jobs")).json()["data"]["dlq"]["count"] == 0

@@ -1,0 +1,63 @@
+"""The SQL path on PostgreSQL: users, sessions and login limiting on a real server.
+
+Optional: runs when a PostgreSQL answers at MEGA_TEST_POSTGRES_URL (default
+postgresql://postgres@127.0.0.1:5432/postgres), on a fresh database it creates and drops.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.factories import DEMO_USER, csrf_from, login, web_client, write_config
+
+pytestmark = pytest.mark.postgres
+ADMIN_URL = os.environ.get(
+    "MEGA_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    psycopg = pytest.importorskip("psycopg")
+    try:
+        admin = psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=2)
+    except psycopg.OperationalError as exc:
+        pytest.skip(f"no PostgreSQL at {ADMIN_URL}: {exc}")
+    name = f"mega_test_{uuid.uuid4().hex[:10]}"
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        admin.close()
+
+
+async def test_login_logout_and_limiting_on_postgres(
+    tmp_path: Path,
+    nats_url: str,
+    redis_url: str,
+    postgres_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mega.config import load_config
+
+    monkeypatch.setenv("DATABASE_URL", postgres_url)
+    config = load_config(write_config(tmp_path, nats_url=nats_url, redis_url=redis_url))
+    assert config.database_url == postgres_url
+    async with web_client(config) as client:
+        assert client.app.state.ctx.db.url.startswith("postgresql+psycopg://")  # type: ignore[attr-defined]
+        assert (await login(client, DEMO_USER, "wrong")).status_code == 401
+        assert (await login(client)).status_code == 303
+        page = await client.get("/demo")
+        assert page.status_code == 200
+        ready = (await client.get("/readyz")).json()
+        assert ready["data"]["checks"]["db"] == "ok"
+        logout = await client.post("/logout", data={"csrf_token": csrf_from(page.text)})
+        assert logout.status_code == 303
+        assert (await client.get("/api/demo/ping")).status_code == 401
+    assert not (tmp_path / "test.db").exists()  # users and sessions lived in PostgreSQL

@@ -1,0 +1,79 @@
+"""Jobs for tests/mega/jobs/test_jobs_faults.py, run by real `mega worker` processes.
+
+The subjects and Redis keys carry a prefix from the environment (FAULT_PREFIX), so that every
+test has its own streams and keys. What each run does is recorded in the config's `main` cache:
+
+    <prefix>:started:<pid>   hash, job id -> 1     the process <pid> began running the job
+    <prefix>:done            hash, job id -> n     the job's effect: n runs completed
+    <prefix>:runs            hash, job id -> n     CrashJob runs (each one ends its process)
+
+Which jobs a process had acked is the broker's to say: they are gone from the work-queue stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from mega import Context, Job
+
+PREFIX = os.environ.get("FAULT_PREFIX", "faults")
+# Redelivery of an unacked job after a worker dies comes this quickly (running jobs renew it).
+ACK_WAIT_S = 1.0
+# Retries in milliseconds: the tests wait on behaviour, not on backoff.
+FAST_BACKOFF = {"type": "exponential", "initial": 10, "max": 10}
+
+
+async def record_start(ctx: Context, job_id: str) -> None:
+    await ctx.cache("main").native.hset(f"{PREFIX}:started:{os.getpid()}", job_id, 1)
+
+
+async def record_effect(ctx: Context, job_id: str) -> None:
+    await ctx.cache("main").native.hincrby(f"{PREFIX}:done", job_id, 1)
+
+
+class BusyJob(Job):
+    """Many short jobs with 20 in flight: the SIGKILL test kills a worker in the middle."""
+
+    subject = f"{PREFIX}.busy"
+    bus = "jobs"
+    concurrency = 20
+    retries = 3
+    backoff = FAST_BACKOFF
+    ack_wait_s = ACK_WAIT_S
+
+    async def run(self, payload: dict[str, Any], ctx: Context) -> None:
+        await record_start(ctx, payload["id"])
+        await asyncio.sleep(0.1)
+        await record_effect(ctx, payload["id"])
+
+
+class SlowJob(Job):
+    """Jobs of one second, five in flight: the SIGTERM test drains them."""
+
+    subject = f"{PREFIX}.slow"
+    bus = "jobs"
+    concurrency = 5
+    retries = 3
+    backoff = FAST_BACKOFF
+    ack_wait_s = 5.0
+
+    async def run(self, payload: dict[str, Any], ctx: Context) -> None:
+        await record_start(ctx, payload["id"])
+        await asyncio.sleep(1.0)
+        await record_effect(ctx, payload["id"])
+
+
+class CrashJob(Job):
+    """Ends its worker process, as a segfault or an OOM kill would: no ack, no nak, nothing."""
+
+    subject = f"{PREFIX}.crash"
+    bus = "jobs"
+    retries = 1
+    backoff = FAST_BACKOFF
+    ack_wait_s = ACK_WAIT_S
+
+    async def run(self, payload: dict[str, Any], ctx: Context) -> None:
+        await ctx.cache("main").native.hincrby(f"{PREFIX}:runs", payload["id"], 1)
+        os._exit(1)

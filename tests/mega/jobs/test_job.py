@@ -1,0 +1,241 @@
+"""Job validation, stream names and the message envelope (pure, no broker)."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from mega.errors import JobError, RegistrationError
+from mega.jobs.job import (
+    HEADER_ENQUEUED_AT,
+    HEADER_JOB_ID,
+    HEADER_RUN_AT,
+    Job,
+    JobSpec,
+    dlq_stream_name,
+    due_ms_of,
+    encode_job,
+    stream_name,
+    validate_job,
+)
+
+BUSES = {"jobs"}
+
+
+class EmailJob(Job):
+    subject = "demo.email"
+    bus = "jobs"
+    concurrency = 2
+    retries = 2
+    backoff = {"type": "exponential", "initial": 500, "max": 2000}
+
+    async def run(self, payload: Any, ctx: Any) -> None:
+        return None
+
+
+def variant(**attrs: Any) -> type[Job]:
+    """EmailJob with some class attributes replaced."""
+    return type("Variant", (EmailJob,), attrs)
+
+
+def test_valid_job_spec() -> None:
+    spec = validate_job(EmailJob, BUSES)
+    assert spec.name == "EmailJob"
+    assert (spec.subject, spec.bus, spec.concurrency, spec.retries) == ("demo.email", "jobs", 2, 2)
+    assert spec.max_attempts == 3
+    assert (spec.backoff.initial_ms, spec.backoff.max_ms) == (500, 2000)
+    assert spec.ack_wait_s == 30.0
+    assert spec.dlq_max_age_s == 7 * 24 * 3600
+    assert spec.dlq_max_bytes is None
+    assert spec.stream == "MEGA_JOBS_demo_email"
+    assert spec.dlq_stream == "MEGA_JOBS_demo_email_DLQ"
+    assert spec.dlq_subject == "demo.email.dlq"
+    assert spec.delay_subjects == "demo.email._delay.*"
+
+
+def test_defaults() -> None:
+    class Minimal(Job):
+        subject = "a"
+        bus = "jobs"
+
+        async def run(self, payload: Any, ctx: Any) -> None:
+            return None
+
+    spec = validate_job(Minimal, BUSES)
+    assert (spec.concurrency, spec.retries) == (1, 3)
+    assert (spec.backoff.initial_ms, spec.backoff.max_ms) == (1000, 30_000)
+
+
+@pytest.mark.parametrize(
+    ("subject", "stream"),
+    [
+        ("demo.email", "MEGA_JOBS_demo_email"),
+        ("a-b_c.d", "MEGA_JOBS_a_b_c_d"),
+        ("X9", "MEGA_JOBS_X9"),
+    ],
+)
+def test_stream_names(subject: str, stream: str) -> None:
+    assert stream_name(subject) == stream
+    assert dlq_stream_name(subject) == stream + "_DLQ"
+
+
+@pytest.mark.parametrize(
+    ("attrs", "field"),
+    [
+        ({"subject": "demo.*"}, "subject"),
+        ({"subject": "demo.>"}, "subject"),
+        ({"subject": "demo email"}, "subject"),
+        ({"subject": ""}, "subject"),
+        ({"subject": "demo..email"}, "subject"),
+        ({"subject": ".demo"}, "subject"),
+        ({"subject": "demo."}, "subject"),
+        ({"subject": "demo.email.dlq"}, "subject"),
+        ({"subject": "demo._delay.x"}, "subject"),
+        ({"subject": 42}, "subject"),
+        ({"bus": "nope"}, "bus"),
+        ({"bus": None}, "bus"),
+        ({"concurrency": 0}, "concurrency"),
+        ({"concurrency": -1}, "concurrency"),
+        ({"concurrency": 1.5}, "concurrency"),
+        ({"concurrency": True}, "concurrency"),
+        ({"retries": -1}, "retries"),
+        ({"retries": "3"}, "retries"),
+        ({"backoff": {"type": "fixed", "initial": 1, "max": 1}}, "backoff"),
+        ({"backoff": {"type": "exponential", "initial": 100, "max": 10}}, "backoff"),
+        ({"ack_wait_s": 0}, "ack_wait_s"),
+        ({"ack_wait_s": "30"}, "ack_wait_s"),
+        ({"dlq_max_age_s": -1}, "dlq_max_age_s"),
+        ({"dlq_max_bytes": 0}, "dlq_max_bytes"),
+        ({"dlq_max_bytes": 1.5}, "dlq_max_bytes"),
+    ],
+)
+def test_invalid_attributes_name_the_field(attrs: dict[str, Any], field: str) -> None:
+    with pytest.raises(RegistrationError) as caught:
+        validate_job(variant(**attrs), BUSES)
+    assert f"Variant.{field}:" in str(caught.value)
+
+
+@pytest.mark.parametrize("subject", ["dlq", "dlq.stats", "demo.dlqx", "a_delay.b", "A-1.b_2"])
+def test_unusual_but_valid_subjects(subject: str) -> None:
+    assert validate_job(variant(subject=subject), BUSES).subject == subject
+
+
+def test_zero_dlq_age_means_forever_and_byte_cap_is_kept() -> None:
+    spec = validate_job(variant(dlq_max_age_s=0, dlq_max_bytes=1_000_000), BUSES)
+    assert (spec.dlq_max_age_s, spec.dlq_max_bytes) == (0, 1_000_000)
+
+
+def test_run_must_be_an_overridden_coroutine() -> None:
+    class NoRun(Job):
+        subject = "a"
+        bus = "jobs"
+
+    class SyncRun(Job):
+        subject = "a"
+        bus = "jobs"
+
+        def run(self, payload: Any, ctx: Any) -> None:  # type: ignore[override]
+            return None
+
+    for job_cls in (NoRun, SyncRun):
+        with pytest.raises(RegistrationError, match=r"\.run:"):
+            validate_job(job_cls, BUSES)
+
+
+def test_not_a_job_class() -> None:
+    with pytest.raises(RegistrationError, match=r"subclass of mega\.Job"):
+        validate_job(dict, BUSES)  # type: ignore[arg-type]
+
+
+def test_missing_subject() -> None:
+    class Unnamed(Job):
+        bus = "jobs"
+
+        async def run(self, payload: Any, ctx: Any) -> None:
+            return None
+
+    with pytest.raises(RegistrationError, match=r"Unnamed\.subject"):
+        validate_job(Unnamed, BUSES)
+
+
+# -- envelope ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def spec() -> JobSpec:
+    return validate_job(EmailJob, BUSES)
+
+
+def test_envelope_of_a_plain_job(spec: JobSpec) -> None:
+    before = int(time.time() * 1000)
+    job_id, subject, body, headers = encode_job(spec, {"to": "a@b.c", "n": [1, 2]})
+    assert subject == "demo.email"
+    assert json.loads(body) == {"to": "a@b.c", "n": [1, 2]}
+    assert headers[HEADER_JOB_ID] == job_id and len(job_id) == 32
+    assert before <= int(headers[HEADER_ENQUEUED_AT]) <= int(time.time() * 1000)
+    assert "Nats-Msg-Id" not in headers  # only a caller id is a dedup key
+    assert HEADER_RUN_AT not in headers
+
+
+def test_caller_id_is_the_dedup_key(spec: JobSpec) -> None:
+    job_id, _, _, headers = encode_job(spec, 1, job_id="order-17")
+    assert job_id == headers[HEADER_JOB_ID] == headers["Nats-Msg-Id"] == "order-17"
+
+
+@pytest.mark.parametrize("bad_id", ["", "a b", "line\r\nX-Forged: 1", "x" * 201, 17])
+def test_bad_ids_are_rejected(spec: JobSpec, bad_id: Any) -> None:
+    with pytest.raises(JobError) as caught:
+        encode_job(spec, 1, job_id=bad_id)
+    assert caught.value.code == "job.invalid_id"
+
+
+@pytest.mark.parametrize("payload", [object(), {1, 2}, b"bytes", float("nan"), {"x": float("inf")}])
+def test_non_json_payloads_are_rejected(spec: JobSpec, payload: Any) -> None:
+    with pytest.raises(JobError) as caught:
+        encode_job(spec, payload)
+    assert caught.value.code == "job.invalid_payload"
+
+
+def test_delayed_envelope_is_a_broker_schedule(spec: JobSpec) -> None:
+    due_ms = int(time.time() * 1000) + 60_000
+    _, subject, _, headers = encode_job(spec, {}, due_ms=due_ms)
+    assert subject.startswith("demo.email._delay.")
+    assert headers["Nats-Schedule-Target"] == "demo.email"
+    assert headers[HEADER_RUN_AT] == str(due_ms)
+    at = datetime.strptime(headers["Nats-Schedule"], "@at %Y-%m-%dT%H:%M:%S.%fZ")
+    assert abs(at.replace(tzinfo=UTC).timestamp() * 1000 - due_ms) < 1
+
+
+def test_a_due_time_in_the_past_runs_now(spec: JobSpec) -> None:
+    _, subject, _, headers = encode_job(spec, {}, due_ms=int(time.time() * 1000) - 5)
+    assert subject == "demo.email"
+    assert "Nats-Schedule" not in headers
+
+
+def test_due_time_from_delay_or_run_at(spec: JobSpec) -> None:
+    now_ms = time.time() * 1000
+    assert due_ms_of(spec, None, None) is None
+    assert abs(due_ms_of(spec, 2.5, None) - (now_ms + 2500)) < 100  # type: ignore[operator]
+    assert abs(due_ms_of(spec, timedelta(seconds=3), None) - (now_ms + 3000)) < 100  # type: ignore[operator]
+    run_at = datetime(2030, 1, 1, tzinfo=UTC)
+    assert due_ms_of(spec, None, run_at) == int(run_at.timestamp() * 1000)
+
+
+@pytest.mark.parametrize(
+    ("delay", "run_at"),
+    [
+        (-1, None),
+        ("5", None),
+        (True, None),
+        (None, datetime(2030, 1, 1)),  # naive: ambiguous
+        (1, datetime(2030, 1, 1, tzinfo=UTC)),  # both
+    ],
+)
+def test_bad_delays_are_rejected(spec: JobSpec, delay: Any, run_at: Any) -> None:
+    with pytest.raises(JobError) as caught:
+        due_ms_of(spec, delay, run_at)
+    assert caught.value.code == "job.invalid_delay"

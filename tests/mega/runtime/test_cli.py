@@ -1,0 +1,181 @@
+"""The `mega` command run as a user runs it: real processes, real signals."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from mega.runtime.embedded import free_port
+from tests.factories import write_config
+from tests.processes import alive, descendants
+
+ROOT = Path(__file__).resolve().parents[3]
+MEGA = [sys.executable, "-m", "mega"]
+
+
+def run_mega(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*MEGA, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["start", "scheduler", "worker", "dev", "dlq"])
+def test_every_command_has_help(command: str) -> None:
+    result = run_mega(command, "--help")
+    assert result.returncode == 0
+    assert "--config" in result.stdout
+
+
+@pytest.mark.parametrize("command", ["worker", "scheduler", "start"])
+def test_unreachable_nats_or_redis_is_one_clear_line(
+    tmp_path: Path, redis_url: str, nats_url: str, command: str
+) -> None:
+    closed = f"127.0.0.1:{free_port()}"
+    nats = f"nats://{closed}" if command != "scheduler" else nats_url
+    redis = f"redis://{closed}/0" if command == "scheduler" else redis_url
+    config = write_config(tmp_path, nats_url=nats, redis_url=redis)
+    result = run_mega(command, "--config", str(config))
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"mega {command}: error: cannot reach")
+    assert closed in lines[0] and "mega dev" in lines[0] and "docker compose up" in lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_bad_config_key_is_named(tmp_path: Path) -> None:
+    config = tmp_path / "cfg.py"
+    config.write_text('services = {"caches": {"main": {"driver": "memcached", "url": "x"}}}\n')
+    result = run_mega("worker", "--config", str(config), env={"MEGA_SECRET_KEY": "k" * 40})
+    assert result.returncode == 2
+    assert "services.caches.main.driver" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_dev_comes_up_serves_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    shutil.copy(ROOT / "mega_config.py", tmp_path / "mega_config.py")
+    port = free_port()
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("NATS_URL", "REDIS_URL", "DATABASE_URL")
+    }
+    env["NO_COLOR"] = "1"
+    dev = subprocess.Popen(
+        [*MEGA, "dev", "--port", str(port), "--config", str(tmp_path / "mega_config.py")],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    output: list[str] = []
+    try:
+        assert dev.stdout is not None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = dev.stdout.readline()
+            output.append(line)
+            if "log in as" in line:
+                break
+        text = "".join(output)
+        assert f"http://localhost:{port}/demo" in text, text
+        assert "log in as demo / demo" in text
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+            assert response.status == 200
+        family = descendants(dev.pid)
+        assert len(family) >= 5  # nats, redis, web, scheduler, worker (+ pool processes)
+        dev.send_signal(signal.SIGINT)
+        rest, _ = dev.communicate(timeout=60)
+        assert dev.returncode == 0, text + rest
+        assert "Traceback" not in text + rest
+        time.sleep(0.2)
+        assert [pid for pid in family if alive(pid)] == []
+        assert (tmp_path / "var" / "nats" / "jetstream").is_dir()  # the file store lives in ./var
+    finally:
+        if dev.poll() is None:
+            dev.kill()
+            dev.wait()
+        if dev.stdout is not None:
+            dev.stdout.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_start_stops_gracefully_on_signal_and_exits_0(
+    tmp_path: Path, nats_url: str, redis_url: str, sig: signal.Signals
+) -> None:
+    config = write_config(tmp_path, nats_url=nats_url, redis_url=redis_url)
+    port = free_port()
+    web = subprocess.Popen(
+        [*MEGA, "start", "--port", str(port), "--config", str(config)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.1)
+        pool_pids = descendants(web.pid)
+        assert len(pool_pids) == 2  # the sample's hash pool: two child processes
+        web.send_signal(sig)
+        output, _ = web.communicate(timeout=30)
+        assert web.returncode == 0, output
+        assert "web stopped" in output and "Traceback" not in output
+        time.sleep(0.2)
+        assert [pid for pid in pool_pids if alive(pid)] == []
+    finally:
+        if web.poll() is None:
+            web.kill()
+            web.communicate()
+
+
+def test_json_logs_are_one_object_per_line_with_the_event_fields(
+    tmp_path: Path, nats_url: str, redis_url: str, prefix: str
+) -> None:
+    import json
+
+    body = "from tests.app.cluster_schedules import EverySecond\nschedules = [EverySecond]\n"
+    config = write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body)
+    scheduler = subprocess.Popen(
+        [*MEGA, "scheduler", "--json-logs", "--config", str(config)],
+        cwd=ROOT, env={**os.environ, "CLUSTER_PREFIX": prefix},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    time.sleep(3)
+    scheduler.send_signal(signal.SIGTERM)
+    output, _ = scheduler.communicate(timeout=30)
+    assert scheduler.returncode == 0
+    entries = [json.loads(line) for line in output.splitlines()]  # every line is JSON
+    assert {"ts", "level", "logger", "message"} <= set(entries[0])
+    runs = [e["message"] for e in entries if e["logger"] == "mega.events"]
+    assert any(
+        m.startswith("run schedule=EverySecond") and "fence=" in m and "instance=" in m
+        for m in runs
+    )
+    assert entries[-1]["message"] == "scheduler stopped"
+
+
+@pytest.mark.parametrize("command", ["start", "dev"])
+def test_port_in_use_is_one_clear_line(
+    tmp_path: Path, nats_url: str, redis_url: str, command: str
+) -> None:
+    import socket
+
+    config = write_config(tmp_path, nats_url=nats_url, redis_url=redis_url)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_mega(command, "--port", str(port), "--config", str(config))
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in output and "--port" in output
+    assert "Traceback" not in output

@@ -1,0 +1,435 @@
+"""mega.schedules.schedule + mega.schedules.scheduler against a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar
+
+import pytest
+from redis.asyncio import Redis
+
+from mega.context import Context
+from mega.errors import RegistrationError
+from mega.runtime.embedded import EmbeddedServer
+from mega.schedules.locks import LockBackendError, RedLock
+from mega.schedules.schedule import LockSettings, Schedule, Tick
+from mega.schedules.scheduler import Scheduler
+
+Run = tuple[datetime, str, int | None, str]  # planned instant, instance, fence, source
+
+
+def context(instance: str, client: Redis) -> Context:
+    return Context(instance_id=instance, locks={"main": RedLock("main", [client])})
+
+
+def schedule(
+    key: str | None,
+    runs: list[Run],
+    *,
+    expr: str = "* * * * * *",
+    ttl_ms: int = 5_000,
+    sleep_s: float = 0.0,
+    error: Exception | None = None,
+) -> type[Schedule]:
+    """A Schedule that records each run; `key` None means no lock."""
+    lock_settings: LockSettings | None = (
+        None if key is None else {"lock": "main", "ttl": ttl_ms, "key": key}
+    )
+
+    class Probe(Schedule):
+        cron = expr
+        timezone = "UTC"
+        lock = lock_settings
+
+        async def run(self, ctx: Context) -> None:
+            assert ctx.extras["tick"] is self.tick
+            runs.append(
+                (self.tick.instant, self.tick.instance_id, self.tick.fence, self.tick.source)
+            )
+            await asyncio.sleep(sleep_s)
+            if error is not None:
+                raise error
+
+    return Probe
+
+
+async def wait_for(condition: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+def strictly_increasing(values: list[int | None]) -> bool:
+    numbers = [value for value in values if value is not None]
+    return len(numbers) == len(values) and all(a < b for a, b in itertools.pairwise(numbers))
+
+
+# -- registration (pure) --------------------------------------------------------------------
+
+
+def bad(**attrs: Any) -> type[Schedule]:
+    async def run(self: Schedule, ctx: Context) -> None:
+        return None
+
+    body: dict[str, Any] = {"cron": "* * * * *", "timezone": "UTC", "run": run, **attrs}
+    return type("Bad", (Schedule,), {k: v for k, v in body.items() if v is not MISSING})
+
+
+MISSING = object()
+
+
+def sync_run(self: Schedule, ctx: Context) -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    ("attrs", "field"),
+    [
+        ({"cron": MISSING}, "cron: missing"),
+        ({"cron": "nope"}, "cron:"),
+        ({"cron": "0 0 31 2 *"}, "cron:"),
+        ({"timezone": "Mars/Base"}, "timezone:"),
+        ({"timezone": 9}, "timezone:"),
+        ({"lock": {"lock": "other", "ttl": 1000}}, "lock.lock: alias 'other' is not declared"),
+        ({"lock": {"ttl": 1000}}, "lock.lock"),
+        ({"lock": {"lock": "main"}}, "lock.ttl"),
+        ({"lock": {"lock": "main", "ttl": 0}}, "lock.ttl"),
+        ({"lock": {"lock": "main", "ttl": -5}}, "lock.ttl"),
+        ({"lock": {"lock": "main", "ttl": True}}, "lock.ttl"),
+        ({"lock": {"lock": "main", "ttl": 1.5}}, "lock.ttl"),
+        ({"lock": {"lock": "main", "ttl": "1000"}}, "lock.ttl"),
+        ({"lock": {"lock": "main", "ttl": 1000, "tll": 5}}, "lock: unknown keys ['tll']"),
+        ({"lock": {"lock": "main", "ttl": 1000, "key": ""}}, "lock.key"),
+        ({"lock": "main"}, "lock: must be a dict"),
+        ({"run": MISSING}, "run: not overridden"),
+        ({"run": sync_run}, "run: must be `async def"),
+    ],
+)
+def test_register_fails_fast_on_each_bad_field(
+    attrs: dict[str, Any], field: str, redis_url: str
+) -> None:
+    scheduler = Scheduler(context("a", Redis.from_url(redis_url)))
+    with pytest.raises(RegistrationError) as caught:
+        scheduler.register(bad(**attrs))
+    assert field in caught.value.message
+    assert "'Bad'" in caught.value.message
+    assert scheduler.names == []
+
+
+def test_register_reports_every_problem_at_once(redis_url: str) -> None:
+    scheduler = Scheduler(context("a", Redis.from_url(redis_url)))
+    broken = bad(cron=MISSING, timezone="Nowhere/City", lock={"lock": "x", "ttl": 0})
+    with pytest.raises(RegistrationError) as caught:
+        scheduler.register(broken)
+    for field in ("cron: missing", "timezone:", "lock.lock", "lock.ttl"):
+        assert field in caught.value.message
+
+
+def test_register_rejects_duplicates_and_non_schedules(redis_url: str) -> None:
+    scheduler = Scheduler(context("a", Redis.from_url(redis_url)))
+    scheduler.register(bad())
+    with pytest.raises(RegistrationError, match="already registered"):
+        scheduler.register(bad())
+    with pytest.raises(RegistrationError, match="not a Schedule"):
+        scheduler.register(int)  # type: ignore[arg-type]
+
+
+def test_missing_timezone_warns_once_at_register(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    scheduler = Scheduler(context("a", Redis.from_url(redis_url)))
+    with caplog.at_level(logging.WARNING, logger="mega.scheduler"):
+        scheduler.register(bad(timezone=None))
+    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
+    assert "host's local time" in caplog.records[0].message
+
+
+def test_unknown_event_name_raises(redis_url: str) -> None:
+    scheduler = Scheduler(context("a", Redis.from_url(redis_url)))
+    with pytest.raises(ValueError, match="unknown event 'tick'"):
+        scheduler.on("tick", lambda event: None)
+    scheduler.on("skip", lambda event: None)
+
+
+def test_name_defaults_to_the_class_name_and_describe(redis_url: str) -> None:
+    class Nightly(Schedule):
+        cron = "0 3 * * *"
+        timezone = "Asia/Seoul"
+        lock: ClassVar[LockSettings] = {"lock": "main", "ttl": 20_000}
+
+        async def run(self, ctx: Context) -> None:
+            return None
+
+    scheduler = Scheduler(context("a", Redis.from_url(redis_url))).register(Nightly)
+    info = scheduler.describe("Nightly")
+    assert info["cron"] == "0 3 * * *"
+    assert info["timezone"] == "Asia/Seoul"
+    assert info["lock"] == {"lock": "main", "ttl": 20_000, "key": "mega:schedule:Nightly"}
+    assert len(info["next_runs"]) == 5
+    assert all(run.endswith("T03:00:00+09:00") for run in info["next_runs"])
+
+
+# -- the cluster guarantee ------------------------------------------------------------------
+
+
+async def test_two_instances_run_each_tick_exactly_once(
+    redis_url: str, clients: Callable[[str], Redis], prefix: str
+) -> None:
+    runs: list[Run] = []
+    probe = schedule(prefix, runs)
+    a = Scheduler(context("a", clients(redis_url))).register(probe)
+    b = Scheduler(context("b", clients(redis_url))).register(probe)
+    await a.start()
+    await b.start()
+    started = datetime.now(UTC)
+    await wait_for(lambda: len(runs) >= 6, timeout_s=12)
+    stopping = datetime.now(UTC)
+    await a.stop()
+    await b.stop()
+
+    # Instants both loops planned: after both started, and settled before the stop.
+    window = sorted({r[0] for r in runs if started < r[0] <= stopping - timedelta(seconds=1)})
+    assert len(window) >= 4
+    per_instant = Counter(r[0] for r in runs)
+    assert all(per_instant[instant] == 1 for instant in window)
+    fences = [r[2] for r in sorted(runs, key=lambda r: r[0])]
+    assert all(isinstance(fence, int) for fence in fences)
+    assert strictly_increasing(fences)
+
+    ticks = {t["instant"]: t for t in await a.recent_ticks("Probe", limit=100)}
+    assert ticks == {t["instant"]: t for t in await b.recent_ticks("Probe", limit=100)}
+    for instant in window:
+        tick = ticks[instant.isoformat()]
+        winner = next(r[1] for r in runs if r[0] == instant)
+        loser = "b" if winner == "a" else "a"
+        assert tick["winner"] == winner
+        assert tick["skipped"] == [{"instance": loser, "reason": "claimed by another instance"}]
+        assert 0 <= tick["lateness_ms"] < 1000
+        assert tick["source"] == "schedule"
+
+
+async def test_a_tick_meeting_a_long_run_is_consumed_by_the_overlap_guard(
+    redis_url: str, clients: Callable[[str], Redis], prefix: str
+) -> None:
+    runs: list[Run] = []
+    probe = schedule(prefix, runs, sleep_s=1.3)  # longer than the period
+    a = Scheduler(context("a", clients(redis_url))).register(probe)
+    b = Scheduler(context("b", clients(redis_url))).register(probe)
+    await a.start()
+    await b.start()
+    await wait_for(lambda: len(runs) >= 3, timeout_s=12)
+    await a.stop()
+    await b.stop()
+
+    assert len({r[0] for r in runs}) == len(runs)  # never twice, never overlapping
+    assert strictly_increasing([r[2] for r in sorted(runs, key=lambda r: r[0])])
+    first, last = min(r[0] for r in runs), max(r[0] for r in runs)
+    ticks = [t for t in await a.recent_ticks("Probe", limit=100) if t["winner"] is None]
+    between = [t for t in ticks if first < datetime.fromisoformat(t["instant"]) < last]
+    assert between, "no tick fell on a running run"
+    for tick in between:  # one instance met the guard; the claim kept the other one out
+        reasons = sorted(skip["reason"] for skip in tick["skipped"])
+        assert reasons == ["claimed by another instance", "overlap: the previous run still runs"]
+        assert tick["source"] == "schedule"
+
+
+async def test_quorum_lock_with_one_server_down_still_runs_each_tick_once(
+    redis_factory: Callable[[], EmbeddedServer], clients: Callable[[str], Redis], prefix: str
+) -> None:
+    servers = [redis_factory() for _ in range(3)]
+    servers[2].stop()  # a minority down (the audit lives on the first server)
+
+    def quorum(instance: str) -> Context:
+        lock = RedLock("main", [clients(server.url) for server in servers])
+        return Context(instance_id=instance, locks={"main": lock})
+
+    runs: list[Run] = []
+    probe = schedule(prefix, runs)
+    a = Scheduler(quorum("a")).register(probe)
+    b = Scheduler(quorum("b")).register(probe)
+    manual = await a.run_now("Probe")
+    assert manual.ran is True and manual.fence == 1
+    await a.start()
+    await b.start()
+    await wait_for(lambda: len(runs) >= 4, timeout_s=10)
+    await a.stop()
+    await b.stop()
+
+    scheduled = [r for r in runs if r[3] == "schedule"]
+    assert Counter(r[0] for r in scheduled).most_common(1)[0][1] == 1
+    assert strictly_increasing([r[2] for r in runs])
+    ticks = [t for t in await a.recent_ticks("Probe", limit=100) if t["source"] == "schedule"]
+    assert all(
+        skip["reason"] == "claimed by another instance" for t in ticks for skip in t["skipped"]
+    )
+
+
+async def test_lockless_schedule_runs_on_every_instance(
+    redis_url: str, clients: Callable[[str], Redis]
+) -> None:
+    runs: list[Run] = []
+    probe = schedule(None, runs)
+    a = Scheduler(context("a", clients(redis_url))).register(probe)
+    b = Scheduler(context("b", clients(redis_url))).register(probe)
+    assert (await a.run_now("Probe")).ran and (await b.run_now("Probe")).ran
+    assert [(r[1], r[2], r[3]) for r in runs] == [("a", None, "manual"), ("b", None, "manual")]
+    ticks = await a.recent_ticks("Probe")
+    assert len(ticks) == 1 and ticks[0]["winner"] == "a"  # in memory, this instance only
+
+
+async def test_run_now_goes_through_the_lock(
+    redis_url: str, clients: Callable[[str], Redis], prefix: str
+) -> None:
+    runs: list[Run] = []
+    scheduler = Scheduler(context("a", clients(redis_url))).register(
+        schedule(prefix, runs, sleep_s=0.5)
+    )
+    events: list[dict[str, Any]] = []
+    scheduler.on("skip", events.append)
+    first = asyncio.create_task(scheduler.run_now("Probe"))
+    await wait_for(lambda: len(runs) == 1, timeout_s=5)
+    second = await scheduler.run_now("Probe")
+    assert second.ran is False
+    assert second.reason is not None and second.reason.startswith("overlap")
+    result = await first
+    assert result.ran is True and result.reason is None and result.fence == 1
+    assert runs[0][1:] == ("a", 1, "manual")
+    assert [e["source"] for e in events] == ["manual"]
+    third = await scheduler.run_now("Probe")
+    assert third.ran is True and third.fence == 2
+    history = await scheduler.recent_ticks("Probe")
+    assert [t["winner"] for t in history] == ["a", None, "a"]
+    assert history[1]["skipped"][0]["reason"].startswith("overlap")
+
+
+async def test_run_failure_and_release_failure_are_fail_events(
+    redis_url: str, clients: Callable[[str], Redis], prefix: str
+) -> None:
+    class BrokenRelease(RedLock):
+        async def release(self, key: str, token: str) -> bool:
+            raise LockBackendError("release refused")
+
+    runs: list[Run] = []
+    ctx = Context(instance_id="a", locks={"main": BrokenRelease("main", [clients(redis_url)])})
+    scheduler = Scheduler(ctx).register(schedule(prefix, runs, error=RuntimeError("boom")))
+    fails: list[dict[str, Any]] = []
+    scheduler.on("fail", fails.append)
+    result = await scheduler.run_now("Probe")
+    assert result.ran is True and result.error == "RuntimeError: boom"
+    assert [(f["phase"], f["error"]) for f in fails] == [
+        ("run", "RuntimeError: boom"),
+        ("release", "LockBackendError: release refused"),
+    ]
+
+
+async def test_a_run_outliving_its_guard_is_reported(
+    redis_url: str, clients: Callable[[str], Redis], prefix: str
+) -> None:
+    runs: list[Run] = []
+    scheduler = Scheduler(context("a", clients(redis_url))).register(
+        schedule(prefix, runs, ttl_ms=100, sleep_s=0.3)
+    )
+    fails: list[dict[str, Any]] = []
+    scheduler.on("fail", fails.append)
+    assert (await scheduler.run_now("Probe")).ran is True
+    assert [f["phase"] for f in fails] == ["release"]
+    assert "guard expired" in fails[0]["error"] and "100 ms" in fails[0]["error"]
+
+
+# -- failure and shutdown -------------------------------------------------------------------
+
+
+async def test_redis_down_is_a_skip_and_ticks_resume_after_restart(
+    redis_factory: Callable[[], EmbeddedServer], clients: Callable[[str], Redis], prefix: str
+) -> None:
+    server = redis_factory()
+    runs: list[Run] = []
+    scheduler = Scheduler(context("a", clients(server.url))).register(schedule(prefix, runs))
+    skips: list[dict[str, Any]] = []
+    scheduler.on("skip", skips.append)
+    await scheduler.start()
+    await wait_for(lambda: len(runs) >= 1, timeout_s=5)
+    server.stop()
+    ran_before = len(runs)
+    await wait_for(lambda: len(skips) >= 2, timeout_s=6)
+    assert len(runs) <= ran_before + 1  # at most a tick already past its lock when it stopped
+    assert all(s["reason"].startswith("lock backend error: ") for s in skips)
+    assert f"127.0.0.1:{server.port}" in skips[0]["reason"]
+    server.start()
+    resumed_from = len(runs)
+    await wait_for(lambda: len(runs) >= resumed_from + 2, timeout_s=8)
+    await scheduler.stop()
+    # The fence counter lives in Redis: this one keeps nothing on disk, so it restarted at 1.
+    for fences in ([r[2] for r in runs[:resumed_from]], [r[2] for r in runs[resumed_from:]]):
+        assert strictly_increasing(fences)
+
+
+async def test_stop_waits_for_a_running_run(
+    redis_url: str, clients: Callable[[str], Redis], prefix: str
+) -> None:
+    runs: list[Run] = []
+    finished: list[Tick] = []
+
+    class Slow(Schedule):
+        cron = "* * * * * *"
+        timezone = "UTC"
+        lock: ClassVar[LockSettings] = {"lock": "main", "ttl": 10_000, "key": prefix}
+
+        async def run(self, ctx: Context) -> None:
+            runs.append((self.tick.instant, "a", self.tick.fence, self.tick.source))
+            await asyncio.sleep(1.0)
+            finished.append(self.tick)
+
+    scheduler = Scheduler(context("a", clients(redis_url))).register(Slow)
+    await scheduler.start()
+    await wait_for(lambda: len(runs) == 1, timeout_s=5)
+    await scheduler.stop(timeout_s=5)
+    assert len(finished) == len(runs) == 1
+    assert await scheduler.ctx.lock("main").native.get(f"{prefix}:running") is None
+
+
+async def test_stop_is_bounded_and_cancelled_runs_release_the_guard(
+    redis_url: str, clients: Callable[[str], Redis], prefix: str
+) -> None:
+    runs: list[Run] = []
+    scheduler = Scheduler(context("a", clients(redis_url))).register(
+        schedule(prefix, runs, sleep_s=30)
+    )
+    fails: list[dict[str, Any]] = []
+    scheduler.on("fail", fails.append)
+    await scheduler.start()
+    await wait_for(lambda: len(runs) == 1, timeout_s=5)
+    began = time.monotonic()
+    await scheduler.stop(timeout_s=0.2)
+    assert time.monotonic() - began < 3
+    assert [f["phase"] for f in fails] == ["run"]
+    assert fails[0]["error"].startswith("cancelled")
+    assert await scheduler.ctx.lock("main").native.get(f"{prefix}:running") is None
+
+
+async def test_an_instant_missed_by_a_stalled_loop_is_an_audited_skip(
+    redis_url: str, clients: Callable[[str], Redis]
+) -> None:
+    runs: list[Run] = []
+    scheduler = Scheduler(context("a", clients(redis_url))).register(schedule(None, runs))
+    skips: list[dict[str, Any]] = []
+    scheduler.on("skip", skips.append)
+    await scheduler.start()
+    try:
+        await wait_for(lambda: len(runs) >= 1, 3)
+        time.sleep(2.3)  # the event loop stalls (a blocking call): the next instant is missed
+        await wait_for(lambda: len(skips) >= 1, 3)
+    finally:
+        await scheduler.stop()
+    assert skips[0]["reason"].startswith("missed:")
+    assert skips[0]["lateness_ms"] > 1000
+    ticks = await scheduler.recent_ticks("Probe")
+    missed = [t for t in ticks if t["winner"] is None]
+    assert missed and missed[0]["skipped"][0]["reason"].startswith("missed:")

@@ -1,0 +1,202 @@
+"""Auth as SPEC.md 4.1: login, sessions, CSRF, next=, rate limiting, escaping, headers."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from mega.constants import SESSION_COOKIE
+from mega.web.auth import safe_next
+from tests.factories import DEMO_PASSWORD, DEMO_USER, config_for, csrf_from, login, web_client
+
+GENERIC = "Wrong username or password, or too many attempts."
+
+
+@pytest.fixture
+def config(tmp_path: Path, nats_url: str, redis_url: str):
+    return config_for(tmp_path, nats_url, redis_url, login_max_failures=3, login_window_s=2)
+
+
+async def test_good_login_sets_session_and_redirects_to_next(config) -> None:
+    async with web_client(config) as client:
+        page = await client.get("/login?next=/demo/jobs")
+        token = csrf_from(page.text)
+        response = await client.post(
+            "/login",
+            data={"username": DEMO_USER, "password": DEMO_PASSWORD, "csrf_token": token,
+                  "next": "/demo/jobs"},
+        )  # fmt: skip
+        assert response.status_code == 303
+        assert response.headers["location"] == "/demo/jobs"
+        cookie = response.headers["set-cookie"]
+        assert SESSION_COOKIE in cookie and "HttpOnly" in cookie and "SameSite=lax" in cookie
+        console = await client.get("/demo")
+        assert console.status_code == 200
+        assert "Console" in console.text and DEMO_USER in console.text
+
+
+@pytest.mark.parametrize("username,password", [(DEMO_USER, "wrong"), ("nobody", DEMO_PASSWORD)])
+async def test_bad_login_gives_one_generic_message(config, username: str, password: str) -> None:
+    async with web_client(config) as client:
+        response = await login(client, username, password)
+        assert response.status_code == 401
+        assert GENERIC in response.text
+        assert SESSION_COOKIE not in response.headers.get("set-cookie", "")
+        assert (await client.get("/api/demo/ping")).status_code == 401
+
+
+async def test_rate_limit_kicks_in_then_releases(config) -> None:
+    async with web_client(config) as client:
+        for _ in range(3):
+            assert (await login(client, DEMO_USER, "wrong")).status_code == 401
+        # Limited: even the right password is refused, with the same message.
+        blocked = await login(client)
+        assert blocked.status_code == 401 and GENERIC in blocked.text
+        await asyncio.sleep(2.2)  # the test config's window is 2 s
+        assert (await login(client)).status_code == 303
+
+
+async def test_rate_limit_counts_per_ip_across_usernames(config) -> None:
+    async with web_client(config) as client:
+        for name in ("a", "b", "c"):
+            await login(client, name, "x")
+        assert (await login(client)).status_code == 401
+
+
+async def test_session_rotated_at_login_and_revoked_at_logout(config) -> None:
+    async with web_client(config) as client:
+        await login(client)
+        first_cookie = client.cookies[SESSION_COOKIE]
+        first_token = csrf_from((await client.get("/demo")).text)
+        await login_again(client)
+        second_cookie = client.cookies[SESSION_COOKIE]
+        second_token = csrf_from((await client.get("/demo")).text)
+        assert first_cookie != second_cookie and first_token != second_token
+
+        response = await client.post("/logout", data={"csrf_token": second_token})
+        assert response.status_code == 303 and response.headers["location"] == "/login"
+        # The old cookie, replayed, no longer opens anything: the session is gone server-side.
+        client.cookies.set(SESSION_COOKIE, second_cookie)
+        assert (await client.get("/api/demo/ping")).status_code == 401
+        client.cookies.set(SESSION_COOKIE, first_cookie)
+        assert (await client.get("/api/demo/ping")).status_code == 401
+
+
+async def login_again(client) -> None:
+    # A logged-in user posting the login form again gets a brand-new session.
+    token = csrf_from((await client.get("/demo")).text)
+    response = await client.post(
+        "/login", data={"username": DEMO_USER, "password": DEMO_PASSWORD, "csrf_token": token}
+    )
+    assert response.status_code == 303
+
+
+async def test_csrf_missing_or_wrong_is_403_for_forms_and_json(config) -> None:
+    async with web_client(config) as client:
+        page = await client.get("/login")
+        token = csrf_from(page.text)
+        creds = {"username": DEMO_USER, "password": DEMO_PASSWORD}
+        assert (await client.post("/login", data=creds)).status_code == 403
+        assert (
+            await client.post("/login", data={**creds, "csrf_token": "x" + token})
+        ).status_code == 403
+        await login(client)
+        token = csrf_from((await client.get("/demo")).text)
+        assert (await client.post("/logout", data={})).status_code == 403
+        missing = await client.post("/api/demo/cron/run", json={})
+        assert missing.status_code == 403
+        body = missing.json()
+        assert body["ok"] is False and body["error"]["code"] == "forbidden"
+        wrong = await client.post("/api/demo/cron/run", json={}, headers={"X-CSRF-Token": "nope"})
+        assert wrong.status_code == 403
+        # Still logged in: nothing changed.
+        assert (await client.get("/demo")).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["//evil.example", "https://evil.example", "/\\evil", "http:/evil", "javascript:alert(1)",
+     "/ok\r\nSet-Cookie:x", "", "demo"],
+)  # fmt: skip
+def test_next_only_to_a_local_path(target: str) -> None:
+    assert safe_next(target) == "/demo"
+
+
+@pytest.mark.parametrize("target", ["/demo/jobs", "/demo/cron?x=1", "/"])
+def test_next_keeps_local_paths(target: str) -> None:
+    assert safe_next(target) == target
+
+
+async def test_login_with_evil_next_redirects_home(config) -> None:
+    async with web_client(config) as client:
+        for evil in ("//evil.example", "https://evil.example", "/\\evil"):
+            client.cookies.clear()
+            page = await client.get("/login")
+            response = await client.post(
+                "/login",
+                data={"username": DEMO_USER, "password": DEMO_PASSWORD,
+                      "csrf_token": csrf_from(page.text), "next": evil},
+            )  # fmt: skip
+            assert response.headers["location"] == "/demo"
+
+
+async def test_anonymous_page_redirects_and_json_gets_401_envelope(config) -> None:
+    async with web_client(config) as client:
+        page = await client.get("/demo/jobs?x=1")
+        assert page.status_code == 303
+        assert page.headers["location"] == "/login?next=/demo/jobs%3Fx%3D1"
+        for path in ("/", "/demo", "/demo/cron", "/demo/worker"):
+            assert (await client.get(path)).status_code == 303
+        api = await client.get("/api/demo/cron")
+        assert api.status_code == 401
+        body = api.json()
+        assert body["ok"] is False and body["error"]["code"] == "auth.required"
+        assert "meta" in body
+
+
+async def test_user_text_is_escaped(config) -> None:
+    async with web_client(config) as client:
+        evil = '<script>alert("x")</script>'
+        response = await login(client, evil, "nope")
+        assert evil not in response.text
+        assert "&lt;script&gt;" in response.text
+
+
+async def test_security_headers_on_pages_and_api(config) -> None:
+    async with web_client(config) as client:
+        for path in ("/login", "/api/nothing", "/healthz"):
+            headers = (await client.get(path)).headers
+            assert "default-src 'self'" in headers["content-security-policy"]
+            assert "frame-ancestors 'none'" in headers["content-security-policy"]
+            assert headers["x-content-type-options"] == "nosniff"
+            assert headers["referrer-policy"] == "same-origin"
+
+
+async def test_unknown_api_route_is_404_envelope(config) -> None:
+    async with web_client(config) as client:
+        await login(client)
+        response = await client.get("/api/no/such/thing")
+        assert response.status_code == 404
+        assert response.json()["error"]["code"] == "not_found"
+
+
+async def test_anonymous_api_post_is_401_even_without_a_token(config) -> None:
+    async with web_client(config) as client:
+        response = await client.post("/api/demo/cron/run", json={})
+        assert response.status_code == 401
+        assert response.json()["error"]["code"] == "auth.required"
+
+
+async def test_oversized_body_is_422_and_changes_nothing(config) -> None:
+    async with web_client(config) as client:
+        await login(client)
+        token = csrf_from((await client.get("/demo")).text)
+        response = await client.post(
+            "/api/demo/worker/hash",
+            content=b'{"input": "' + b"x" * 70_000 + b'"}',
+            headers={"X-CSRF-Token": token, "Content-Type": "application/json"},
+        )
+        assert response.status_code == 422
+        assert "body" in response.json()["error"]["fields"]
