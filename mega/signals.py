@@ -1,8 +1,13 @@
-"""Named events with a closed set of names, for observers (logs, metrics, the demo pages).
+"""Signals: named notifications a runtime sends its observers (logs, metrics, the demo pages).
 
-Subscribing to a name the runtime does not emit raises ValueError at once: a typo in an
-observer must not become a silent no-op. An observer that raises is logged and skipped; it
-never breaks the runtime that emitted the event.
+Not to be confused with domain events (`Event`, facts such as "user.signed_up" that travel on
+the bus to listeners): a signal is the runtime telling this process what it just did ("a job
+started", "a tick was skipped"), and it never leaves the process.
+
+Each runtime sends a closed set of signal names. Subscribing to a name the runtime does not
+send raises ValueError at once: a typo in an observer must not become a silent no-op. An
+observer receives one dict, `{"signal": name, **fields}`; an observer that raises is logged and
+skipped, and never breaks the runtime that sent the signal.
 """
 
 from __future__ import annotations
@@ -13,17 +18,17 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-logger = logging.getLogger("mega.events")
+logger = logging.getLogger("mega.signals")
 
 Observer = Callable[[dict[str, Any]], Awaitable[None] | None]
 
 
-class EventEmitter:
+class Signals:
     """`on(name, fn)` to observe, `emit(name, **fields)` to notify (awaits async observers)."""
 
     def __init__(self, names: Iterable[str]) -> None:
-        self.event_names: frozenset[str] = frozenset(names)
-        self._observers: dict[str, list[Observer]] = {name: [] for name in self.event_names}
+        self.names: frozenset[str] = frozenset(names)
+        self._observers: dict[str, list[Observer]] = {name: [] for name in self.names}
 
     def on(self, name: str, observer: Observer) -> Callable[[], None]:
         """Subscribe; returns a function that unsubscribes."""
@@ -38,21 +43,21 @@ class EventEmitter:
 
     async def emit(self, name: str, **fields: Any) -> None:
         self._check(name)
-        event = {"event": name, **fields}
+        signal = {"signal": name, **fields}
         for observer in list(self._observers[name]):
             try:
-                result = observer(event)
+                result = observer(signal)
                 if inspect.isawaitable(result):
                     await result
             except asyncio.CancelledError:
                 raise
             except Exception:
-                logger.exception("observer %r of event %r raised; ignored", observer, name)
+                logger.exception("observer %r of signal %r raised; ignored", observer, name)
 
     def has_observers(self, name: str) -> bool:
         return bool(self._observers[name])
 
     def _check(self, name: str) -> None:
-        if name not in self.event_names:
-            known = ", ".join(sorted(self.event_names))
-            raise ValueError(f"unknown event {name!r}; this runtime emits: {known}")
+        if name not in self.names:
+            known = ", ".join(sorted(self.names))
+            raise ValueError(f"unknown signal {name!r}; this runtime sends: {known}")

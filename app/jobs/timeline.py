@@ -16,13 +16,13 @@ from mega import Context, JobWorker
 def attach_timeline(worker: JobWorker, ctx: Context) -> None:
     redis = ctx.cache("main").native
 
-    async def on_event(event: dict[str, Any]) -> None:
-        if event.get("job") != EmailJob.name:
+    async def on_signal(signal: dict[str, Any]) -> None:
+        if signal.get("job") != EmailJob.name:
             return
-        job_id, attempt, kind = event["id"], event.get("attempt"), event["event"]
+        job_id, attempt, kind = signal["id"], signal.get("attempt"), signal["signal"]
         if kind == "start":
             # Enqueue-to-start latency is what users feel; later attempts wait on the backoff.
-            latency = event.get("latency_ms") if attempt == 1 else None
+            latency = signal.get("latency_ms") if attempt == 1 else None
             waited = f", {latency} ms after enqueue" if latency is not None else ""
             detail = f"attempt {attempt} started{waited}"
             await job_timeline.record_event(
@@ -31,17 +31,19 @@ def attach_timeline(worker: JobWorker, ctx: Context) -> None:
             if latency is not None:
                 await job_timeline.record_latency(redis, latency)
         elif kind == "retry":
-            detail = f"attempt {attempt} failed: {event['error']}; retry in {event['delay_ms']} ms"
+            detail = (
+                f"attempt {attempt} failed: {signal['error']}; retry in {signal['delay_ms']} ms"
+            )
             await job_timeline.record_event(redis, job_id, "retry", detail, status="retrying")
         elif kind == "done":
-            detail = f"attempt {attempt} succeeded in {event['duration_ms']:.0f} ms"
+            detail = f"attempt {attempt} succeeded in {signal['duration_ms']:.0f} ms"
             await job_timeline.record_event(redis, job_id, "done", detail, status="done")
-        elif kind == "fail" and event.get("phase") == "run":
-            detail = f"attempt {attempt} failed: {event['error']}; no tries left"
+        elif kind == "fail" and signal.get("phase") == "run":
+            detail = f"attempt {attempt} failed: {signal['error']}; no tries left"
             await job_timeline.record_event(redis, job_id, "fail", detail)
         elif kind == "dlq":
-            detail = f"moved to the dead-letter queue after {event['attempts']} attempts"
+            detail = f"moved to the dead-letter queue after {signal['attempts']} attempts"
             await job_timeline.record_event(redis, job_id, "dlq", detail, status="dlq")
 
     for name in ("start", "retry", "done", "fail", "dlq"):
-        worker.on(name, on_event)
+        worker.on(name, on_signal)

@@ -70,7 +70,7 @@ HAND_BACK_DELAY_S = 1.0
 MIN_NAK_DELAY_S = 0.001
 # DLQ records whose publish failed, kept so the redelivery carries the real error.
 UNREPORTED_MEMO_SIZE = 1024
-# Error messages in events and DLQ records are cut to this many characters.
+# Error messages in signals and DLQ records are cut to this many characters.
 MAX_ERROR_CHARS = 2000
 
 

@@ -9,7 +9,7 @@ Not to be confused with `Worker` (a CPU pool): a JobWorker takes jobs off NATS J
     ...
     await worker.stop(timeout_s=30)     # stop pulling, finish in-flight jobs, hand back the rest
 
-It keeps one JobQueue per bus alias and re-emits every event of its queues, so one observer
+It keeps one JobQueue per bus alias and re-sends every signal of its queues, so one observer
 sees the whole host: dispatch, start, done, retry, fail (with `phase`), dlq.
 """
 
@@ -22,8 +22,8 @@ from typing import Any
 from mega.context import Context
 from mega.errors import JobError
 from mega.jobs.job import Job, JobSpec, validate_job
-from mega.jobs.queue import EVENT_NAMES, JobQueue
-from mega.signals import EventEmitter, Observer
+from mega.jobs.queue import SIGNALS, JobQueue
+from mega.signals import Observer, Signals
 
 logger = logging.getLogger("mega.jobworker")
 
@@ -37,15 +37,15 @@ class JobWorker:
     def __init__(self, ctx: Context, *, instance_id: str | None = None) -> None:
         self.ctx = ctx
         self.instance_id = instance_id or ctx.instance_id
-        self.events = EventEmitter(EVENT_NAMES)
+        self.signals = Signals(SIGNALS)
         self.queues: dict[str, JobQueue] = {}
         self._specs: list[JobSpec] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._forwarded: set[tuple[str, str]] = set()
 
     def on(self, name: str, observer: Observer) -> None:
-        """Observe an event of any queue; unknown names raise ValueError."""
-        self.events.on(name, observer)
+        """Observe a signal of any queue; unknown names raise ValueError."""
+        self.signals.on(name, observer)
         for queue in self.queues.values():
             self._forward(queue, name)
 
@@ -65,8 +65,8 @@ class JobWorker:
         if queue is None:
             queue = JobQueue(self.ctx, bus_alias, instance_id=self.instance_id)
             self.queues[bus_alias] = queue
-            for name in EVENT_NAMES:
-                if self.events.has_observers(name):
+            for name in SIGNALS:
+                if self.signals.has_observers(name):
                     self._forward(queue, name)
         return queue
 
@@ -92,15 +92,15 @@ class JobWorker:
         self._tasks.clear()
 
     def _forward(self, queue: JobQueue, name: str) -> None:
-        # Forward only events someone observes: a queue skips building events nobody hears,
+        # Forward only signals someone observes: a queue skips building signals nobody hears,
         # which matters at thousands of jobs per second.
         if (queue.bus_alias, name) in self._forwarded:
             return
         self._forwarded.add((queue.bus_alias, name))
 
-        async def forward(event: dict[str, Any]) -> None:
-            fields = {key: value for key, value in event.items() if key != "event"}
-            await self.events.emit(name, **fields)
+        async def forward(signal: dict[str, Any]) -> None:
+            fields = {key: value for key, value in signal.items() if key != "signal"}
+            await self.signals.emit(name, **fields)
 
         queue.on(name, forward)
 

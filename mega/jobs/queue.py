@@ -17,7 +17,7 @@ A DLQ requeue publishes a new message, so its delivery count (the attempt) resta
 
 `consume(JobClass)` runs the job's consume loop in this process and `stop()` drains every loop;
 the loop itself (pulling, leases, retries, dead-lettering) is `_Consumer` in consumer.py.
-Every step is reported to observers as an event of EVENT_NAMES.
+Every step is reported to observers as a signal of SIGNALS.
 """
 
 from __future__ import annotations
@@ -52,14 +52,14 @@ from mega.jobs.job import (
     encode_job,
     validate_job,
 )
-from mega.signals import EventEmitter, Observer
+from mega.signals import Observer, Signals
 
 if TYPE_CHECKING:
     from mega.jobs.dlq import DeadLetters
 
 logger = logging.getLogger("mega.jobqueue")
 
-EVENT_NAMES = ("dispatch", "start", "done", "retry", "fail", "dlq")
+SIGNALS = ("dispatch", "start", "done", "retry", "fail", "dlq")
 # JetStream's dedup window (its default); the DLQ's is shortened to a smaller max_age.
 DEDUP_WINDOW_S = 120.0
 # enqueue_many: time for every PubAck, on top of this much per message in the batch.
@@ -76,7 +76,7 @@ class JobQueue:
     """Enqueue and consume the jobs of one bus alias.
 
     `instance_id` names this process in DLQ records (default: the context's). Observers:
-    `on(name, fn)` with a name of EVENT_NAMES; unknown names raise ValueError.
+    `on(name, fn)` with a name of SIGNALS; unknown names raise ValueError.
     """
 
     def __init__(
@@ -91,7 +91,7 @@ class JobQueue:
         self.dlq_retry_delay_s = dlq_retry_delay_s
         self.bus_alias = bus_alias
         self.instance_id = instance_id or ctx.instance_id
-        self.events = EventEmitter(EVENT_NAMES)
+        self.signals = Signals(SIGNALS)
         bus = ctx.bus(bus_alias)
         self.nc = bus.native
         # One JetStreamContext for the queue's life: its async-publish inbox is made once.
@@ -102,7 +102,7 @@ class JobQueue:
         self._stopped = False
 
     def on(self, name: str, observer: Observer) -> None:
-        self.events.on(name, observer)
+        self.signals.on(name, observer)
 
     @property
     def dlq(self) -> DeadLetters:
@@ -275,9 +275,9 @@ class JobQueue:
                 "nats", f"cannot enqueue {len(envelopes)} x {spec.name}: {exc}"
             ) from exc
         ids = [job_id for job_id, *_ in envelopes]
-        if self.events.has_observers("dispatch"):
+        if self.signals.has_observers("dispatch"):
             for job_id in ids:
-                await self.events.emit("dispatch", job=spec.name, id=job_id, subject=spec.subject)
+                await self.signals.emit("dispatch", job=spec.name, id=job_id, subject=spec.subject)
         return ids
 
     def _check_connected(self, spec: JobSpec) -> None:
@@ -324,5 +324,5 @@ class JobQueue:
 
     async def emit(self, name: str, **fields: Any) -> None:
         """Notify observers, skipping the work when nobody listens (the hot path)."""
-        if self.events.has_observers(name):
-            await self.events.emit(name, **fields)
+        if self.signals.has_observers(name):
+            await self.signals.emit(name, **fields)

@@ -11,7 +11,7 @@ import contextlib
 import importlib
 import inspect
 import logging
-import signal
+import signal as os_signal
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +24,7 @@ from mega.errors import ConfigError, MegaError
 from mega.runtime.boot import boot, shutdown
 
 logger = logging.getLogger("mega.host")
-# Routine events (jobs started and done) are counted and logged once per this many seconds.
+# Routine signals (jobs started and done) are counted and logged once per this many seconds.
 SUMMARY_EVERY_S = 10.0
 
 
@@ -33,16 +33,16 @@ async def wait_for_stop_signal() -> str:
     loop = asyncio.get_running_loop()
     received: asyncio.Future[str] = loop.create_future()
 
-    def on_signal(sig: signal.Signals) -> None:
+    def on_signal(sig: os_signal.Signals) -> None:
         if not received.done():
             received.set_result(sig.name)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (os_signal.SIGINT, os_signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
     try:
         return await received
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (os_signal.SIGINT, os_signal.SIGTERM):
             loop.remove_signal_handler(sig)
 
 
@@ -63,7 +63,7 @@ async def run_scheduler(config: Config) -> None:
         role="scheduler",
         make=Scheduler,
         declarations=config.schedules,
-        events=("run", "skip", "done", "fail"),
+        signals=("run", "skip", "done", "fail"),
         metrics_observer="observe_scheduler",
         metrics_port=config.metrics.scheduler_port,
         ready="running {count} schedule(s): {names}",
@@ -80,7 +80,7 @@ async def run_worker(config: Config) -> None:
         role="worker",
         make=JobWorker,
         declarations=config.jobs,
-        events=("start", "done", "retry", "fail", "dlq"),
+        signals=("start", "done", "retry", "fail", "dlq"),
         routine=("start", "done"),
         metrics_observer="observe_jobs",
         metrics_port=config.metrics.worker_port,
@@ -95,7 +95,7 @@ async def _run_host(
     role: str,
     make: Callable[..., Any],
     declarations: list[type],
-    events: tuple[str, ...],
+    signals: tuple[str, ...],
     routine: tuple[str, ...] = (),
     metrics_observer: str,
     metrics_port: int,
@@ -109,7 +109,7 @@ async def _run_host(
         runtime = make(ctx, instance_id=ctx.instance_id)
         for declaration in declarations:
             runtime.register(declaration)
-        _observe(runtime, events, routine=routine)
+        _observe(runtime, signals, routine=routine)
         if config.metrics.enabled:  # prometheus_client is imported only when metrics are on
             getattr(importlib.import_module("mega.runtime.metrics"), metrics_observer)(runtime)
         await run_hooks(config, role, runtime, ctx)
@@ -235,19 +235,19 @@ def load_web_app(config: Config) -> Callable[[Config, Context], Any]:
 
 
 def _observe(runtime: Any, names: tuple[str, ...], *, routine: tuple[str, ...] = ()) -> None:
-    """One log line per event, `key=value` fields (job id, attempt, tick, instance): the host's
-    live trace. Failures are WARNING, the rest INFO, but `routine` events (a worker's `start`
+    """One log line per signal, `key=value` fields (job id, attempt, tick, instance): the host's
+    live trace. Failures are WARNING, the rest INFO, but `routine` signals (a worker's `start`
     and `done`, thousands a second under load) are DEBUG, with one INFO line counting them
     every SUMMARY_EVERY_S. Nothing is formatted for a level that is off."""
-    events = logging.getLogger("mega.events")
+    trace = logging.getLogger("mega.signals")
     tally: dict[str, int] = dict.fromkeys(routine, 0)
     window_start = time.monotonic()
 
-    def level_of(event: dict[str, Any]) -> int:
+    def level_of(signal: dict[str, Any]) -> int:
         # A skip is routine (a peer won the tick) unless the lock backend failed.
-        if event["event"] in ("fail", "dlq") or "error" in str(event.get("reason", "")):
+        if signal["signal"] in ("fail", "dlq") or "error" in str(signal.get("reason", "")):
             return logging.WARNING
-        return logging.DEBUG if event["event"] in routine else logging.INFO
+        return logging.DEBUG if signal["signal"] in routine else logging.INFO
 
     def summarise(name: str) -> None:
         nonlocal window_start
@@ -255,17 +255,17 @@ def _observe(runtime: Any, names: tuple[str, ...], *, routine: tuple[str, ...] =
         now = time.monotonic()
         if now - window_start >= SUMMARY_EVERY_S:
             counts = " ".join(f"{key}={value}" for key, value in tally.items())
-            events.info("last %.0f s: %s", now - window_start, counts)
+            trace.info("last %.0f s: %s", now - window_start, counts)
             tally.update(dict.fromkeys(tally, 0))
             window_start = now
 
-    def log(event: dict[str, Any]) -> None:
-        if event["event"] in tally:
-            summarise(event["event"])
-        level = level_of(event)
-        if events.isEnabledFor(level):
-            pairs = (f"{k}={v}" for k, v in event.items() if k != "event" and v is not None)
-            events.log(level, "%s %s", event["event"], " ".join(pairs))
+    def log(signal: dict[str, Any]) -> None:
+        if signal["signal"] in tally:
+            summarise(signal["signal"])
+        level = level_of(signal)
+        if trace.isEnabledFor(level):
+            pairs = (f"{k}={v}" for k, v in signal.items() if k != "signal" and v is not None)
+            trace.log(level, "%s %s", signal["signal"], " ".join(pairs))
 
     for name in names:
         runtime.on(name, log)

@@ -47,25 +47,25 @@ class Observable(Protocol):
 def observe_jobs(runtime: Observable) -> None:
     """Count every JobWorker/JobQueue event; time runs and enqueue-to-start latency."""
 
-    def count(event: dict[str, Any]) -> None:
-        job = str(event.get("job", "unknown"))
-        JOB_EVENTS.labels(job, event["event"]).inc()
-        first_start = event["event"] == "start" and event.get("attempt") == 1
-        if first_start and event.get("latency_ms") is not None:
-            JOB_START_LATENCY.labels(job).observe(event["latency_ms"] / 1000)
-        if event["event"] in ("done", "retry", "fail") and event.get("duration_ms") is not None:
-            JOB_DURATION.labels(job).observe(event["duration_ms"] / 1000)
+    def count(signal: dict[str, Any]) -> None:
+        job = str(signal.get("job", "unknown"))
+        JOB_EVENTS.labels(job, signal["signal"]).inc()
+        first_start = signal["signal"] == "start" and signal.get("attempt") == 1
+        if first_start and signal.get("latency_ms") is not None:
+            JOB_START_LATENCY.labels(job).observe(signal["latency_ms"] / 1000)
+        if signal["signal"] in ("done", "retry", "fail") and signal.get("duration_ms") is not None:
+            JOB_DURATION.labels(job).observe(signal["duration_ms"] / 1000)
 
     for name in ("dispatch", "start", "done", "retry", "fail", "dlq"):
         runtime.on(name, count)
 
 
 def observe_scheduler(runtime: Observable) -> None:
-    def count(event: dict[str, Any]) -> None:
-        schedule = str(event.get("schedule", "unknown"))
-        SCHEDULE_EVENTS.labels(schedule, event["event"]).inc()
-        if event["event"] == "run" and event.get("lateness_ms") is not None:
-            SCHEDULE_LATENESS.labels(schedule).observe(event["lateness_ms"] / 1000)
+    def count(signal: dict[str, Any]) -> None:
+        schedule = str(signal.get("schedule", "unknown"))
+        SCHEDULE_EVENTS.labels(schedule, signal["signal"]).inc()
+        if signal["signal"] == "run" and signal.get("lateness_ms") is not None:
+            SCHEDULE_LATENESS.labels(schedule).observe(signal["lateness_ms"] / 1000)
 
     for name in ("run", "skip", "done", "fail"):
         runtime.on(name, count)
@@ -77,14 +77,14 @@ def observe_pool(pool: Any) -> None:
     POOL_QUEUE.labels(name).set_function(lambda: pool.stats()["queued"])
     POOL_BUSY.labels(name).set_function(lambda: pool.stats()["busy"])
 
-    def count(event: dict[str, Any]) -> None:
-        if event["event"] == "crash":
+    def count(signal: dict[str, Any]) -> None:
+        if signal["signal"] == "crash":
             POOL_CRASHES.labels(name).inc()
             return
-        outcome = "done" if event["event"] == "done" else str(event.get("code", "failed"))
+        outcome = "done" if signal["signal"] == "done" else str(signal.get("code", "failed"))
         POOL_TASKS.labels(name, outcome).inc()
-        if event.get("ms") is not None:
-            POOL_DURATION.labels(name).observe(event["ms"] / 1000)
+        if signal.get("ms") is not None:
+            POOL_DURATION.labels(name).observe(signal["ms"] / 1000)
 
     for event_name in ("done", "fail", "crash"):
         pool.on(event_name, count)

@@ -19,7 +19,7 @@ Redis keys, with ``<prefix>`` = ``lock["key"]`` or ``mega:schedule:<ClassName>``
 
 Time: the next instant is computed from the planned one, so a slow run never drifts the
 schedule; instants missed while the process was down (or stalled past `LATE_LIMIT_S`) are not
-replayed. A lock backend error is a `skip` event carrying the error, never a crash: the loop
+replayed. A lock backend error is a `skip` signal carrying the error, never a crash: the loop
 keeps ticking and recovers when Redis returns. Schedules without a lock run on every instance.
 
 Each run gets its own Schedule instance with `self.tick` (a `Tick`), and a shallow copy of the
@@ -53,11 +53,11 @@ from mega.schedules.schedule import (
     TickSource,
     validate_schedule,
 )
-from mega.signals import EventEmitter, Observer
+from mega.signals import Observer, Signals
 
 logger = logging.getLogger("mega.scheduler")
 
-EVENT_NAMES = ("run", "skip", "done", "fail")
+SIGNALS = ("run", "skip", "done", "fail")
 # An instant reached more than this late (event loop stalled, host suspended) counts as missed
 # and is not fired: a burst of stale ticks would be worse than a gap.
 LATE_LIMIT_S = 1.0
@@ -74,7 +74,7 @@ AUDIT_TIMEOUT_S = 1.0
 LOOP_RETRY_S = 1.0
 # How many next instants `describe()` lists.
 PREVIEW_RUNS = 5
-# The skip reason for each refusal of `acquire_fenced` (events, audit, the demo page).
+# The skip reason for each refusal of `acquire_fenced` (signals, audit, the demo page).
 REFUSAL_REASONS: dict[Refusal, str] = {
     "claimed": "claimed by another instance",
     "overlap": "overlap: the previous run still runs",
@@ -82,7 +82,7 @@ REFUSAL_REASONS: dict[Refusal, str] = {
 
 
 class GuardExpired(MegaError):
-    """A run outlived its overlap guard's TTL (reported as a `fail` event, phase "release")."""
+    """A run outlived its overlap guard's TTL (reported as a `fail` signal, phase "release")."""
 
     code = "schedule.guard_expired"
 
@@ -111,11 +111,11 @@ class TickResult:
     ran: bool
     reason: str | None = None
     fence: int | None = None
-    error: str | None = None  # the run raised (a `fail` event was emitted too)
+    error: str | None = None  # the run raised (a `fail` signal was sent too)
 
 
 class Scheduler:
-    """Runs Schedule classes on their cron. Events: run, skip, done, fail (see SPEC 3.3).
+    """Runs Schedule classes on their cron. Signals: run, skip, done, fail (see SPEC 3.3).
 
     `stop_timeout_s` bounds how long `stop()` waits for running runs (seconds); `audit_size` is
     how many tick records are kept per schedule (all instances together).
@@ -133,7 +133,7 @@ class Scheduler:
         self.instance_id = instance_id or ctx.instance_id
         self.stop_timeout_s = stop_timeout_s
         self.audit_size = audit_size
-        self.events = EventEmitter(EVENT_NAMES)
+        self.signals = Signals(SIGNALS)
         self._specs: dict[str, ScheduleSpec] = {}
         self._loops: dict[str, asyncio.Task[None]] = {}
         self._runs: set[asyncio.Task[TickResult]] = set()
@@ -144,8 +144,8 @@ class Scheduler:
         self._started = False
 
     def on(self, name: str, observer: Observer) -> Callable[[], None]:
-        """Subscribe to an event (ValueError for an unknown name); returns an unsubscribe."""
-        return self.events.on(name, observer)
+        """Subscribe to a signal (ValueError for an unknown name); returns an unsubscribe."""
+        return self.signals.on(name, observer)
 
     @property
     def names(self) -> list[str]:
@@ -255,7 +255,7 @@ class Scheduler:
             await _sleep_until(planned)
             late_s = time.time() - planned.timestamp()
             if late_s > LATE_LIMIT_S:
-                # Visible like any other skip (event + audit), so a stalled host shows up.
+                # Visible like any other skip (signal + audit), so a stalled host shows up.
                 reason = f"missed: this instance woke {late_s:.1f} s late; not replayed"
                 missed = TickRecord(
                     planned.isoformat(), "schedule", self.instance_id, round(late_s * 1000, 1)
@@ -323,7 +323,7 @@ class Scheduler:
         error: BaseException | None = None
         release_error: Exception | None = None
         try:
-            await self.events.emit("run", **fields, lateness_ms=record.lateness_ms)
+            await self.signals.emit("run", **fields, lateness_ms=record.lateness_ms)
             await spec.schedule(tick).run(run_ctx)
         except (Exception, asyncio.CancelledError) as exc:
             error = exc
@@ -333,7 +333,7 @@ class Scheduler:
                 release_error = await _release_guard(spec.lock, *guard)
         duration_ms = round((time.monotonic() - started) * 1000, 1)
         if error is None:
-            await self.events.emit("done", **fields, duration_ms=duration_ms)
+            await self.signals.emit("done", **fields, duration_ms=duration_ms)
         else:
             await self._fail(fields, "run", error)
         if release_error is not None:
@@ -346,13 +346,13 @@ class Scheduler:
     async def _skip(self, spec: ScheduleSpec, record: TickRecord, reason: str) -> TickResult:
         self._record(spec, dataclasses.replace(record, reason=reason))
         fields = record.event_fields(spec.name)
-        await self.events.emit("skip", **fields, reason=reason, lateness_ms=record.lateness_ms)
+        await self.signals.emit("skip", **fields, reason=reason, lateness_ms=record.lateness_ms)
         return TickResult(ran=False, reason=reason)
 
     async def _fail(self, fields: dict[str, Any], phase: str, error: BaseException) -> None:
         if phase == "run" and not isinstance(error, asyncio.CancelledError):
             logger.error("schedule %r failed", fields["schedule"], exc_info=error)
-        await self.events.emit("fail", **fields, phase=phase, error=_error_text(error))
+        await self.signals.emit("fail", **fields, phase=phase, error=_error_text(error))
 
     # -- audit --------------------------------------------------------------------------------
 

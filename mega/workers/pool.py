@@ -1,7 +1,7 @@
 """WorkerPool: the runtime of a Worker declaration (`ctx.workers[name]`).
 
 This module holds the pool: the bounded FIFO queue, dispatch to idle slots, task timeouts,
-crash replacement and the broken state, stop(), stats() and events. A slot is one child process
+crash replacement and the broken state, stop(), stats() and signals. A slot is one child process
 (`mega.workers.process.WorkerProcess`, which owns its pipes) or, in thread mode, one thread
 of an executor. Each slot runs one task at a time; callers beyond the idle slots wait in the
 queue. Children talk length-prefixed pickle frames driven from the event loop itself: no
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mega.errors import TaskFailed, WorkerError, WorkerOverloaded
-from mega.signals import EventEmitter
+from mega.signals import Signals
 from mega.workers.child import (
     PICKLE_PROTOCOL,
     STATUS_BAD_ARGS,
@@ -44,7 +44,7 @@ from mega.workers.worker import Worker
 
 logger = logging.getLogger("mega.worker")
 
-EVENT_NAMES = frozenset({"dispatch", "done", "fail", "crash", "stopped"})  # WorkerPool.on()
+SIGNALS = frozenset({"dispatch", "done", "fail", "crash", "stopped"})  # WorkerPool.on()
 CHILD_EXIT_GRACE_S = 2.0  # after closing a child's stdin, how long it gets before SIGKILL
 DEFAULT_STOP_TIMEOUT_S = 10.0  # how long stop() waits for in-flight tasks by default
 RETRY_AFTER_SMOOTHING = 0.2  # weight of the newest task duration in the Retry-After estimate
@@ -86,7 +86,7 @@ class WorkerPool:
     """The runtime of one Worker declaration; `ctx.workers[name]` is one of these.
 
     `await start()`, then `await run(task_name, args, timeout_ms=None)` from coroutines of the
-    same event loop, and `await stop()` at shutdown. Events, each with `event` and `worker`:
+    same event loop, and `await stop()` at shutdown. Signals, each with `signal` and `worker`:
     `dispatch` (task, task_id, queued_ms), `done` (task, task_id, ms), `fail` (task, task_id,
     ms, code, error), `crash` (pid, exit_code, task or None, restarts) and `stopped`
     (rejected, interrupted). Observers run in order on a separate task, never inline.
@@ -95,7 +95,7 @@ class WorkerPool:
     def __init__(self, worker: type[Worker], *, root: Path | str | None = None) -> None:
         self.settings = worker.validate(root)
         self.name = self.settings.name
-        self.events = EventEmitter(EVENT_NAMES)
+        self.signals = Signals(SIGNALS)
         self._state = "new"  # -> running -> stopping -> stopped
         self._broken = False
         self._restarts = 0
@@ -107,15 +107,15 @@ class WorkerPool:
         self._runners: set[asyncio.Task[None]] = set()  # child watchers and thread waiters
         self._drained = asyncio.Event()  # set once stop() has no task in flight left
         self._stopped = asyncio.Event()  # set when stop() has finished
-        self._pending_events: deque[tuple[str, dict[str, Any]]] = deque()
+        self._pending_signals: deque[tuple[str, dict[str, Any]]] = deque()
         self._event_pump: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._functions: dict[str, Task] = {}
         self._child_env = child_env(self.settings.root)  # os.environ as of construction
 
     def on(self, name: str, observer: Callable[[dict[str, Any]], Any]) -> Callable[[], None]:
-        """Observe an event; an unknown name raises ValueError. Returns an unsubscribe function."""
-        return self.events.on(name, observer)
+        """Observe a signal; an unknown name raises ValueError. Returns an unsubscribe function."""
+        return self.signals.on(name, observer)
 
     def stats(self) -> dict[str, Any]:
         """`busy` slots running a task, `queued` waiting tasks, `size` live slots (processes or
@@ -453,14 +453,14 @@ class WorkerPool:
         return WorkerOverloaded(message, retry_after_s=retry_after_s)
 
     def _emit(self, name: str, **fields: Any) -> None:
-        """Queue an event for the observers; one pump delivers them in order, off the hot path."""
-        if not self.events.has_observers(name):
+        """Queue a signal for the observers; one pump delivers them in order, off the hot path."""
+        if not self.signals.has_observers(name):
             return
-        self._pending_events.append((name, fields))
+        self._pending_signals.append((name, fields))
         if self._event_pump is None or self._event_pump.done():
-            self._event_pump = asyncio.get_running_loop().create_task(self._pump_events())
+            self._event_pump = asyncio.get_running_loop().create_task(self._pump_signals())
 
-    async def _pump_events(self) -> None:
-        while self._pending_events:
-            name, fields = self._pending_events.popleft()
-            await self.events.emit(name, worker=self.name, **fields)
+    async def _pump_signals(self) -> None:
+        while self._pending_signals:
+            name, fields = self._pending_signals.popleft()
+            await self.signals.emit(name, worker=self.name, **fields)

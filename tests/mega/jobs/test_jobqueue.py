@@ -23,7 +23,7 @@ from mega.errors import DependencyUnavailable, JobError, RegistrationError
 from mega.jobs.backoff import BackoffPolicy
 from mega.jobs.job import HEADER_JOB_ID, Job
 from mega.jobs.jobworker import JobWorker
-from mega.jobs.queue import EVENT_NAMES, JobQueue
+from mega.jobs.queue import SIGNALS, JobQueue
 
 # Retries in milliseconds, so the tests spend their time on behaviour, not on waiting.
 FAST_BACKOFF = {"type": "exponential", "initial": 20, "max": 50}
@@ -65,18 +65,18 @@ def make_job(prefix: str, run: Run, **attrs: Any) -> type[Job]:
 
 
 class Recorder:
-    """Every event of an emitter, in order, with a wait helper."""
+    """Every signal of a runtime, in order, with a wait helper."""
 
     def __init__(self, runtime: JobQueue | JobWorker) -> None:
-        self.events: list[dict[str, Any]] = []
-        for name in EVENT_NAMES:
-            runtime.on(name, self.events.append)
+        self.signals: list[dict[str, Any]] = []
+        for name in SIGNALS:
+            runtime.on(name, self.signals.append)
 
     def of(self, name: str, **match: Any) -> list[dict[str, Any]]:
         return [
             e
-            for e in self.events
-            if e["event"] == name and all(e.get(k) == v for k, v in match.items())
+            for e in self.signals
+            if e["signal"] == name and all(e.get(k) == v for k, v in match.items())
         ]
 
     async def wait(
@@ -85,7 +85,7 @@ class Recorder:
         deadline = time.monotonic() + timeout_s
         while len(found := self.of(name, **match)) < count:
             if time.monotonic() > deadline:
-                raise AssertionError(f"{count} x {name} {match} not seen; got {self.events}")
+                raise AssertionError(f"{count} x {name} {match} not seen; got {self.signals}")
             await asyncio.sleep(0.01)
         return found
 
@@ -123,7 +123,7 @@ async def test_ok_job_is_done_after_one_attempt(queue: JobQueue, prefix: str) ->
     [start] = seen.of("start")
     assert start["attempt"] == 1 and 0 <= start["latency_ms"] < 5000
     # `dispatch` follows the PubAck, which can arrive after the (fast) worker has started.
-    events = [e["event"] for e in seen.events]
+    events = [e["signal"] for e in seen.signals]
     assert sorted(events) == ["dispatch", "done", "start"]
     assert events.index("start") < events.index("done")
     assert await stream_size(queue, queue.spec(job).stream) == 0
@@ -605,7 +605,7 @@ async def test_worker_runs_registered_jobs_and_re_emits_events(ctx: Context, pre
         worker.register(job_a)
     with pytest.raises(RegistrationError, match=r"\.bus:"):
         worker.register(make_job(prefix + "c", run_a, bus="elsewhere"))
-    with pytest.raises(ValueError, match="unknown event"):
+    with pytest.raises(ValueError, match="unknown signal"):
         worker.on("finished", print)
     began = time.monotonic()
     await worker.start()
@@ -620,7 +620,7 @@ async def test_worker_runs_registered_jobs_and_re_emits_events(ctx: Context, pre
         await worker.stop(5)
     assert ran == ["a"]
     assert dlq["attempts"] == 2
-    names = {e["event"] for e in seen.events}
+    names = {e["signal"] for e in seen.signals}
     assert names == {"dispatch", "start", "done", "retry", "fail", "dlq"}
     [record] = await worker.queue("jobs").dlq.list(job_b)
     assert record["worker"] == "host-1"

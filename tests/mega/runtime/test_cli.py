@@ -155,7 +155,7 @@ def test_json_logs_are_one_object_per_line_with_the_event_fields(
     assert scheduler.returncode == 0
     entries = [json.loads(line) for line in output.splitlines()]  # every line is JSON
     assert {"ts", "level", "logger", "message"} <= set(entries[0])
-    runs = [e["message"] for e in entries if e["logger"] == "mega.events"]
+    runs = [e["message"] for e in entries if e["logger"] == "mega.signals"]
     assert any(
         m.startswith("run schedule=EverySecond") and "fence=" in m and "instance=" in m
         for m in runs

@@ -7,8 +7,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from mega.schedules import cron
 from mega.errors import ConfigError
+from mega.schedules import cron
 from mega.schedules.cron import Cron, CronError
 
 NY = "America/New_York"

@@ -153,7 +153,7 @@ def test_missing_timezone_warns_once_at_register(
 
 def test_unknown_event_name_raises(redis_url: str) -> None:
     scheduler = Scheduler(context("a", Redis.from_url(redis_url)))
-    with pytest.raises(ValueError, match="unknown event 'tick'"):
+    with pytest.raises(ValueError, match="unknown signal 'tick'"):
         scheduler.on("tick", lambda event: None)
     scheduler.on("skip", lambda event: None)
 

@@ -353,11 +353,11 @@ async def test_cancelled_queued_caller_never_runs(make_pool: MakePool, tmp_path:
 
 async def test_events_are_a_closed_set_and_fire_in_order(make_pool: MakePool) -> None:
     pool = await make_pool()
-    with pytest.raises(ValueError, match="unknown event 'finished'"):
+    with pytest.raises(ValueError, match="unknown signal 'finished'"):
         pool.on("finished", print)
     seen: list[tuple[str, str | None, str | None]] = []
     for name in ("dispatch", "done", "fail", "stopped"):
-        pool.on(name, lambda e: seen.append((e["event"], e.get("task"), e.get("code"))))
+        pool.on(name, lambda e: seen.append((e["signal"], e.get("task"), e.get("code"))))
     await pool.run("echo", 1)
     await code_of(pool.run("boom", None))
     await pool.stop()

@@ -1,4 +1,4 @@
-"""The closed event sets every runtime exposes (SPEC 3.2)."""
+"""The closed signal sets every runtime exposes (SPEC 3.2)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from mega.signals import EventEmitter
+from mega.signals import Signals
 
 
 async def test_sync_and_async_observers_get_every_field_in_order() -> None:
-    events = EventEmitter({"done", "fail"})
+    events = Signals({"done", "fail"})
     seen: list[tuple[str, dict[str, Any]]] = []
 
     def sync_observer(event: dict[str, Any]) -> None:
@@ -24,27 +24,27 @@ async def test_sync_and_async_observers_get_every_field_in_order() -> None:
     events.on("done", async_observer)
     await events.emit("done", job="EmailJob", attempt=1)
     assert seen == [
-        ("sync", {"event": "done", "job": "EmailJob", "attempt": 1}),
-        ("async", {"event": "done", "job": "EmailJob", "attempt": 1}),
+        ("sync", {"signal": "done", "job": "EmailJob", "attempt": 1}),
+        ("async", {"signal": "done", "job": "EmailJob", "attempt": 1}),
     ]
 
 
 @pytest.mark.parametrize("method", ["on", "off"])
 def test_unknown_event_names_raise_at_once(method: str) -> None:
-    events = EventEmitter({"run", "skip"})
-    with pytest.raises(ValueError, match=r"unknown event 'sikp'; this runtime emits: run, skip"):
+    events = Signals({"run", "skip"})
+    with pytest.raises(ValueError, match=r"unknown signal 'sikp'; this runtime sends: run, skip"):
         getattr(events, method)("sikp", print)
 
 
 async def test_emitting_an_unknown_name_is_a_bug_too() -> None:
-    with pytest.raises(ValueError, match="unknown event"):
-        await EventEmitter({"run"}).emit("ran")
+    with pytest.raises(ValueError, match="unknown signal"):
+        await Signals({"run"}).emit("ran")
 
 
 async def test_a_raising_observer_is_logged_and_the_others_still_run(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    events = EventEmitter({"done"})
+    events = Signals({"done"})
     seen: list[str] = []
 
     def broken(event: dict[str, Any]) -> None:
@@ -52,14 +52,14 @@ async def test_a_raising_observer_is_logged_and_the_others_still_run(
 
     events.on("done", broken)
     events.on("done", lambda event: seen.append("after"))
-    with caplog.at_level(logging.ERROR, logger="mega.events"):
+    with caplog.at_level(logging.ERROR, logger="mega.signals"):
         await events.emit("done")
     assert seen == ["after"]
     assert "observer" in caplog.text and "observer bug" in caplog.text
 
 
 async def test_unsubscribe_stops_delivery() -> None:
-    events = EventEmitter({"done"})
+    events = Signals({"done"})
     seen: list[dict[str, Any]] = []
     unsubscribe = events.on("done", seen.append)
     assert events.has_observers("done")
