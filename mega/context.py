@@ -2,6 +2,10 @@
 
 `ctx.cache(alias)`, `ctx.lock(alias)`, `ctx.bus(alias)`, `ctx.db` and `ctx.workers[name]` are
 looked up by the aliases the config declares. An unknown alias raises ConfigError naming it.
+
+The context sits below the abstractions, so it names what it hands out by interface: a lock is
+any `LockAdapter` (`mega.schedules.locks.RedLock` is the driver), a CPU pool any `TaskPool`
+(`mega.workers.pool.WorkerPool`). The hosts in `mega.runtime` fill it in at boot.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from mega.errors import ConfigError
 
@@ -20,13 +24,81 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
 
     from mega.database import Database
-    from mega.schedules.locks import LockAdapter
-    from mega.workers.pool import WorkerPool
+
+# Why `acquire_fenced` held nothing: the claim was taken already, or the guard is held.
+Refusal = Literal["claimed", "overlap"]
 
 
 def new_instance_id(role: str) -> str:
     """`<role>@<host>:<pid>:<random>`: readable in audits, unique across restarts."""
     return f"{role}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class FencedLease:
+    """A lock held through `acquire_fenced`: `token` releases it, `fence` came with it."""
+
+    token: str
+    fence: int  # larger than every fencing number drawn before under the same fence key
+
+
+class LockAdapter(Protocol):
+    """What `ctx.lock(alias)` gives: one-attempt locks with tokens (opaque strings)."""
+
+    @property
+    def native(self) -> Redis:
+        """The first server's client, for side records such as the scheduler's audit."""
+        ...
+
+    async def acquire(self, key: str, ttl_ms: int) -> str | None:
+        """One attempt, no waiting: a fresh token when acquired for `ttl_ms` ms, else None."""
+        ...
+
+    async def release(self, key: str, token: str) -> bool:
+        """Delete `key` only if it still holds `token`; True when it did."""
+        ...
+
+    async def incr(self, key: str) -> int:
+        """The next fencing number under `key`: larger than every one handed out before."""
+        ...
+
+    async def acquire_fenced(
+        self,
+        key: str,
+        ttl_ms: int,
+        fence_key: str,
+        *,
+        claim_key: str | None = None,
+        claim_ttl_ms: int = 0,
+    ) -> FencedLease | Refusal:
+        """One attempt, no waiting, at a claim, a lock and its fencing number together.
+
+        With `claim_key`: "claimed" when that key is taken already; else it is taken for
+        `claim_ttl_ms` ms (a positive int) and left to expire, even when "overlap" follows (the
+        claim is a one-shot: whoever takes it consumes it). Then "overlap" when `key` is held;
+        else `key` is held for `ttl_ms` ms (a positive int) and the lease carries its token
+        (for `release(key, token)`) and the next fencing number under `fence_key`. A backend
+        failure raises LockBackendError and does not leave `key` held (the claim may be).
+        """
+        ...
+
+
+class TaskPool(Protocol):
+    """What `ctx.workers[name]` gives: a running CPU pool (see `mega.workers`)."""
+
+    name: str
+
+    async def run(self, task_name: str, args: Any = None, timeout_ms: float | None = None) -> Any:
+        """Run one task off the event loop and return its result (WorkerError on failure)."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Size, busy and queued slots, restarts, and whether the pool is broken."""
+        ...
+
+    async def stop(self, timeout_s: float = ...) -> None:
+        """Refuse new runs, wait for in-flight ones (bounded), end the children."""
+        ...
 
 
 @dataclass
@@ -62,7 +134,7 @@ class Context:
     database: Database | None = None
     # Hosts without a web app open the database lazily, on first use of `ctx.db`.
     database_url: str | None = None
-    workers: dict[str, WorkerPool] = field(default_factory=dict)
+    workers: dict[str, TaskPool] = field(default_factory=dict)
     # Free-form room for the application (the sample keeps its services here).
     extras: dict[str, Any] = field(default_factory=dict)
 

@@ -37,6 +37,12 @@ class RegistrationError(MegaError):
     code = "registration.invalid"
 
 
+class LockBackendError(MegaError):
+    """A lock server failed (refused, timed out, errored); the message names it."""
+
+    code = "lock.backend"
+
+
 class WorkerError(MegaError):
     """A CPU worker pool failure. `code` is one of the `worker.*` codes in SPEC.md 3.5."""
 

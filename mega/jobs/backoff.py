@@ -13,7 +13,9 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeGuard
+from typing import Any, Protocol
+
+from mega.validation import is_int
 
 # The only backoff type the spec defines; others are rejected at register().
 EXPONENTIAL = "exponential"
@@ -55,10 +57,10 @@ class BackoffPolicy:
         if kind != EXPONENTIAL:
             raise ValueError(f"type {kind!r} is not supported; use 'exponential'")
         initial = raw.get("initial")
-        if not _is_int(initial) or initial <= 0:
+        if not is_int(initial) or initial <= 0:
             raise ValueError(f"initial must be a positive int (ms), got {initial!r}")
         ceiling = raw.get("max")
-        if not _is_int(ceiling) or ceiling < initial:
+        if not is_int(ceiling) or ceiling < initial:
             raise ValueError(f"max must be an int (ms) >= initial ({initial}), got {ceiling!r}")
         return cls(initial_ms=initial, max_ms=ceiling)
 
@@ -81,8 +83,3 @@ def backoff_delay_ms(
     """
     delay_ms: int = rng.randint(0, BackoffPolicy.parse(policy).ceiling_ms(attempt))
     return delay_ms
-
-
-def _is_int(value: object) -> TypeGuard[int]:
-    # bool is an int subclass; `initial: True` is a typo, not one millisecond.
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -27,10 +27,11 @@ import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeGuard
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from mega.errors import JobError, RegistrationError
 from mega.jobs.backoff import BackoffPolicy
+from mega.validation import int_problem, is_number
 
 if TYPE_CHECKING:
     from mega.context import Context
@@ -148,44 +149,45 @@ def dlq_stream_name(subject: str) -> str:
 
 
 def validate_job(job_cls: type[Job], bus_aliases: Collection[str]) -> JobSpec:
-    """Check every attribute of a Job class at once; RegistrationError names the field."""
+    """Check every attribute of a Job class at once; RegistrationError lists each bad field."""
     where = getattr(job_cls, "__name__", repr(job_cls))
     if not (isinstance(job_cls, type) and issubclass(job_cls, Job)):
         raise RegistrationError(f"{where}: a job must be a subclass of mega.Job")
-
-    def fail(field: str, problem: str) -> RegistrationError:
-        return RegistrationError(f"{where}.{field}: {problem}")
-
+    problems: list[str] = []
     subject = getattr(job_cls, "subject", None)
     if not isinstance(subject, str) or not SUBJECT_RE.fullmatch(subject):
-        raise fail("subject", f"letters, digits, '.', '_' and '-' only, got {subject!r}")
-    if subject.endswith(DLQ_SUFFIX):
-        raise fail("subject", f"must not end in {DLQ_SUFFIX!r} (reserved for the dead letters)")
-    if DELAY_TOKEN in subject.split("."):
-        raise fail("subject", f"the token {DELAY_TOKEN!r} is reserved for delayed jobs")
+        problems.append(f"subject: letters, digits, '.', '_' and '-' only, got {subject!r}")
+    elif subject.endswith(DLQ_SUFFIX):
+        problems.append(f"subject: must not end in {DLQ_SUFFIX!r} (reserved for the dead letters)")
+    elif DELAY_TOKEN in subject.split("."):
+        problems.append(f"subject: the token {DELAY_TOKEN!r} is reserved for delayed jobs")
     bus = getattr(job_cls, "bus", None)
     if not isinstance(bus, str) or bus not in bus_aliases:
         declared = ", ".join(sorted(bus_aliases)) or "none"
-        raise fail("bus", f"{bus!r} is not a declared bus alias (declared: {declared})")
-    if not _is_int(job_cls.concurrency) or job_cls.concurrency < 1:
-        raise fail("concurrency", f"must be a positive int, got {job_cls.concurrency!r}")
-    if not _is_int(job_cls.retries) or job_cls.retries < 0:
-        raise fail("retries", f"must be an int >= 0, got {job_cls.retries!r}")
+        problems.append(f"bus: {bus!r} is not a declared bus alias (declared: {declared})")
+    for field, minimum in (("concurrency", 1), ("retries", 0)):
+        problem = int_problem(getattr(job_cls, field), minimum=minimum)
+        if problem:
+            problems.append(f"{field}: {problem}")
+    backoff: BackoffPolicy | None = None
     try:
         backoff = BackoffPolicy.parse(job_cls.backoff)
     except ValueError as exc:
-        raise fail("backoff", str(exc)) from None
-    if not _is_number(job_cls.ack_wait_s) or job_cls.ack_wait_s <= 0:
-        raise fail(
-            "ack_wait_s", f"must be a positive number of seconds, got {job_cls.ack_wait_s!r}"
+        problems.append(f"backoff: {exc}")
+    if not is_number(job_cls.ack_wait_s) or job_cls.ack_wait_s <= 0:
+        problems.append(
+            f"ack_wait_s: must be a positive number of seconds, got {job_cls.ack_wait_s!r}"
         )
-    if not _is_number(job_cls.dlq_max_age_s) or job_cls.dlq_max_age_s < 0:
-        raise fail("dlq_max_age_s", f"must be >= 0 s (0 = keep), got {job_cls.dlq_max_age_s!r}")
+    if not is_number(job_cls.dlq_max_age_s) or job_cls.dlq_max_age_s < 0:
+        problems.append(f"dlq_max_age_s: must be >= 0 s (0 = keep), got {job_cls.dlq_max_age_s!r}")
     max_bytes = job_cls.dlq_max_bytes
-    if max_bytes is not None and (not _is_int(max_bytes) or max_bytes <= 0):
-        raise fail("dlq_max_bytes", f"must be None or a positive int, got {max_bytes!r}")
+    if max_bytes is not None and int_problem(max_bytes):
+        problems.append(f"dlq_max_bytes: must be None or a positive int, got {max_bytes!r}")
     if job_cls.run is Job.run or not inspect.iscoroutinefunction(job_cls.run):
-        raise fail("run", "override it with `async def run(self, payload, ctx)`")
+        problems.append("run: override it with `async def run(self, payload, ctx)`")
+    if problems:
+        raise RegistrationError(f"job {where!r} is invalid: " + "; ".join(problems))
+    assert isinstance(subject, str) and isinstance(bus, str) and backoff is not None
     return JobSpec(
         job_cls=job_cls,
         name=job_cls.name,
@@ -198,15 +200,6 @@ def validate_job(job_cls: type[Job], bus_aliases: Collection[str]) -> JobSpec:
         dlq_max_age_s=float(job_cls.dlq_max_age_s),
         dlq_max_bytes=max_bytes,
     )
-
-
-def _is_int(value: object) -> TypeGuard[int]:
-    # bool is an int subclass; `retries = True` is a mistake, not one retry.
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> TypeGuard[int | float]:
-    return _is_int(value) or isinstance(value, float)
 
 
 # -- the wire format ---------------------------------------------------------------------------
@@ -269,7 +262,7 @@ def due_ms_of(
     if delay is None:
         return None
     seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
-    if not _is_number(seconds) or seconds < 0:
+    if not is_number(seconds) or seconds < 0:
         raise JobError(
             f"{spec.name}: delay must be >= 0 seconds, got {delay!r}", code="job.invalid_delay"
         )

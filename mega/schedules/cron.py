@@ -36,6 +36,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterBadDateError, croniter
 
 from mega.errors import ConfigError
+from mega.validation import int_problem
 
 # Field counts: classic cron, and the same with a leading seconds field.
 MINUTE_FIELDS = 5
@@ -86,8 +87,9 @@ def next_runs(
     expr: str, n: int, after: datetime | None = None, tz: str | tzinfo | None = None
 ) -> list[datetime]:
     """The `n` (>= 0) first instants strictly after `after` (default: now), ascending, in `tz`."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"n must be an int >= 0, got {n!r}")
+    problem = int_problem(n, minimum=0)
+    if problem:
+        raise ValueError(f"n {problem}")
     parsed = _parse(expr)
     zone = resolve_zone(tz)
     if after is None:

@@ -1,4 +1,4 @@
-"""Distributed locks over Redis: `ctx.lock(alias)` returns a `LockAdapter`.
+"""Distributed locks over Redis: `RedLock`, what `ctx.lock(alias)` gives (a `LockAdapter`).
 
 `RedLock` over one server is ``SET key token NX PX ttl`` plus a compare-and-delete release in
 Lua: a holder whose TTL ran out must never delete the lock a peer has taken since. Over several
@@ -21,13 +21,14 @@ import asyncio
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from mega.errors import ConfigError, MegaError
+from mega.context import FencedLease, Refusal
+from mega.errors import ConfigError, LockBackendError
+from mega.validation import int_problem
 
 # Delete the key only while it still holds our token.
 RELEASE_SCRIPT = """
@@ -74,64 +75,6 @@ DRIFT_FACTOR = 0.01
 DRIFT_MIN_MS = 2.0
 
 T = TypeVar("T")
-
-# Why `acquire_fenced` held nothing: the claim was taken already, or the guard is held.
-Refusal = Literal["claimed", "overlap"]
-
-
-class LockBackendError(MegaError):
-    """A lock server failed (refused, timed out, errored); the message names it."""
-
-    code = "lock.backend"
-
-
-@dataclass(frozen=True)
-class FencedLease:
-    """A lock held through `acquire_fenced`: `token` releases it, `fence` came with it."""
-
-    token: str
-    fence: int  # larger than every fencing number drawn before under the same fence key
-
-
-class LockAdapter(Protocol):
-    """What a schedule needs from a lock driver. Tokens are opaque strings."""
-
-    @property
-    def native(self) -> Redis:
-        """The first server's client, for side records such as the scheduler's audit."""
-        ...
-
-    async def acquire(self, key: str, ttl_ms: int) -> str | None:
-        """One attempt, no waiting: a fresh token when acquired for `ttl_ms` ms, else None."""
-        ...
-
-    async def release(self, key: str, token: str) -> bool:
-        """Delete `key` only if it still holds `token`; True when it did."""
-        ...
-
-    async def incr(self, key: str) -> int:
-        """The next fencing number under `key`: larger than every one handed out before."""
-        ...
-
-    async def acquire_fenced(
-        self,
-        key: str,
-        ttl_ms: int,
-        fence_key: str,
-        *,
-        claim_key: str | None = None,
-        claim_ttl_ms: int = 0,
-    ) -> FencedLease | Refusal:
-        """One attempt, no waiting, at a claim, a lock and its fencing number together.
-
-        With `claim_key`: "claimed" when that key is taken already; else it is taken for
-        `claim_ttl_ms` ms (a positive int) and left to expire, even when "overlap" follows (the
-        claim is a one-shot: whoever takes it consumes it). Then "overlap" when `key` is held;
-        else `key` is held for `ttl_ms` ms (a positive int) and the lease carries its token
-        (for `release(key, token)`) and the next fencing number under `fence_key`. A backend
-        failure raises LockBackendError and does not leave `key` held (the claim may be).
-        """
-        ...
 
 
 class RedLock:
@@ -331,9 +274,9 @@ def server_name(client: Redis) -> str:
 
 
 def _check_ttl(name: str, ttl_ms: object) -> None:
-    # bool is an int subclass, and `True` is a typo, not one millisecond.
-    if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or ttl_ms <= 0:
-        raise ValueError(f"{name} must be a positive int (milliseconds), got {ttl_ms!r}")
+    problem = int_problem(ttl_ms, unit="milliseconds")
+    if problem:
+        raise ValueError(f"{name} {problem}")
 
 
 def _text(value: object) -> str:

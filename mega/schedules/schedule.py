@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal, TypedDict
 
 from mega.errors import RegistrationError
 from mega.schedules import cron
+from mega.validation import int_problem
 
 if TYPE_CHECKING:
     from mega.context import Context
@@ -165,9 +166,9 @@ def _check_lock(
         declared = ", ".join(sorted(aliases)) or "none"
         problems.append(f"lock.lock: alias {alias!r} is not declared (declared: {declared})")
     ttl = lock.get("ttl")
-    # bool is an int subclass, and `ttl: True` is a typo, not one millisecond.
-    if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl <= 0:
-        problems.append(f"lock.ttl: must be a positive int in milliseconds, got {ttl!r}")
+    problem = int_problem(ttl, unit="milliseconds")
+    if problem:
+        problems.append(f"lock.ttl: {problem}")
     key = lock.get("key")
     if key is not None and (not isinstance(key, str) or not key):
         problems.append(f"lock.key: must be a non-empty string, got {key!r}")

@@ -41,10 +41,9 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from mega.context import Context
-from mega.errors import MegaError, RegistrationError
+from mega.context import Context, LockAdapter, Refusal
+from mega.errors import LockBackendError, MegaError, RegistrationError
 from mega.schedules import cron
-from mega.schedules.locks import LockAdapter, LockBackendError, Refusal
 from mega.schedules.schedule import (
     LockPlan,
     Schedule,

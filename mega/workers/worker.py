@@ -15,15 +15,11 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-from mega.errors import RegistrationError, TaskFailed, WorkerOverloaded
+from mega.errors import RegistrationError
+from mega.validation import int_problem
 from mega.workers.child import Task, task_functions
-
-if TYPE_CHECKING:
-    from mega.workers.pool import WorkerPool
-
-__all__ = ["TaskFailed", "Worker", "WorkerOverloaded", "WorkerPool", "WorkerSettings"]
 
 MODES = ("process", "thread")
 DEFAULT_MAX_RESTARTS = 5  # crash replacements for the whole pool before it is declared broken
@@ -101,8 +97,9 @@ class Worker:
 
 
 def _check_int(field: str, value: object, *, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise RegistrationError(f"{field}: must be an integer >= {minimum}, got {value!r}")
+    problem = int_problem(value, minimum=minimum)
+    if problem:
+        raise RegistrationError(f"{field}: {problem}")
 
 
 def _module_name(field: str, task_file: object, root: Path) -> str:
@@ -137,13 +134,3 @@ def _import_tasks(field: str, module_name: str, root: Path) -> dict[str, Task]:
     if not tasks:
         raise RegistrationError(f"{field}: {module_name!r} defines no public top-level function")
     return tasks
-
-
-def __getattr__(name: str) -> Any:
-    # `from mega.workers.worker import WorkerPool` keeps working, loaded on first use: worker_pool
-    # imports this module, so importing it from here at the top would be circular.
-    if name == "WorkerPool":
-        from mega.workers.pool import WorkerPool
-
-        return WorkerPool
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

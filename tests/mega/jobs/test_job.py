@@ -116,7 +116,16 @@ def test_stream_names(subject: str, stream: str) -> None:
 def test_invalid_attributes_name_the_field(attrs: dict[str, Any], field: str) -> None:
     with pytest.raises(RegistrationError) as caught:
         validate_job(variant(**attrs), BUSES)
-    assert f"Variant.{field}:" in str(caught.value)
+    assert str(caught.value).startswith("job 'Variant' is invalid: ")
+    assert f" {field}: " in str(caught.value)
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    with pytest.raises(RegistrationError) as caught:
+        validate_job(variant(subject="a b", bus="nope", retries=True, ack_wait_s=0), BUSES)
+    problems = str(caught.value).split(": ", 1)[1].split("; ")
+    assert [p.split(":")[0] for p in problems] == ["subject", "bus", "retries", "ack_wait_s"]
+    assert "retries: must be an int >= 0, got True" in problems
 
 
 @pytest.mark.parametrize("subject", ["dlq", "dlq.stats", "demo.dlqx", "a_delay.b", "A-1.b_2"])
@@ -142,7 +151,7 @@ def test_run_must_be_an_overridden_coroutine() -> None:
             return None
 
     for job_cls in (NoRun, SyncRun):
-        with pytest.raises(RegistrationError, match=r"\.run:"):
+        with pytest.raises(RegistrationError, match=r"invalid: run: "):
             validate_job(job_cls, BUSES)
 
 
@@ -158,7 +167,7 @@ def test_missing_subject() -> None:
         async def run(self, payload: Any, ctx: Any) -> None:
             return None
 
-    with pytest.raises(RegistrationError, match=r"Unnamed\.subject"):
+    with pytest.raises(RegistrationError, match=r"job .Unnamed. is invalid: subject: "):
         validate_job(Unnamed, BUSES)
 
 

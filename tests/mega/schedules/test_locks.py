@@ -8,8 +8,10 @@ from collections.abc import Callable
 import pytest
 from redis.asyncio import Redis
 
+from mega.context import FencedLease, Refusal
+from mega.errors import LockBackendError
 from mega.runtime.embedded import EmbeddedServer
-from mega.schedules.locks import FencedLease, LockBackendError, RedLock, Refusal
+from mega.schedules.locks import RedLock
 
 
 @pytest.fixture

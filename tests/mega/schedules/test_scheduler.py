@@ -15,9 +15,9 @@ import pytest
 from redis.asyncio import Redis
 
 from mega.context import Context
-from mega.errors import RegistrationError
+from mega.errors import LockBackendError, RegistrationError
 from mega.runtime.embedded import EmbeddedServer
-from mega.schedules.locks import LockBackendError, RedLock
+from mega.schedules.locks import RedLock
 from mega.schedules.schedule import LockSettings, Schedule, Tick
 from mega.schedules.scheduler import Scheduler
 
