@@ -1,4 +1,4 @@
-"""The SQL database: a SQLAlchemy engine plus the framework's own tables (users, sessions).
+"""The SQL database: a SQLAlchemy engine and the declarative `Base` every table derives from.
 
 SQLite under ./var/ by default, PostgreSQL by `DATABASE_URL=postgresql://...` (psycopg).
 SQLAlchemy is used synchronously; async callers go through `run()`, which moves the call to a
@@ -35,9 +35,7 @@ class Database:
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     def create_all(self) -> None:
-        # Importing the framework's models registers their tables on Base.metadata.
-        from mega.web import models  # noqa: F401
-
+        """Create every table registered on `Base` (imported models) that does not exist yet."""
         Base.metadata.create_all(self.engine)
 
     def ping(self) -> None:

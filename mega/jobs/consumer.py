@@ -1,8 +1,9 @@
 """The consume loop of one job in one worker process: `_Consumer`, run by `JobQueue.consume`.
 
-Attempts are JetStream's own delivery count, `num_delivered`, so they survive a worker crash:
-every delivery of a message is one attempt. A retry is `nak(delay=backoff)` of the same message
-(the next delivery is the next attempt); while it waits, NATS still counts it against
+What to do with each delivery is decided by `delivery.decide` (pure, table-tested); this module
+carries the decision out on the broker. Attempts are JetStream's own delivery count,
+`num_delivered`, so they survive a worker crash. A retry is `nak(delay=backoff)` of the same
+message (the next delivery is the next attempt); while it waits, NATS still counts it against
 max_ack_pending, so a backing-off job holds one of the group's `concurrency` slots.
 A delivery beyond `retries + 1` means the last attempt never reported back (the job killed its
 worker): it goes straight to the DLQ as `WorkerCrashed` instead of running again.
@@ -19,32 +20,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
 import time
 from collections import OrderedDict
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import nats.errors
 from nats.aio.msg import Msg
 
 from mega.errors import MegaError
-from mega.jobs.backoff import backoff_delay_ms
-from mega.jobs.dlq import DeadLetter, make_record
+from mega.jobs.delivery import DeadLetter, Decision, Outcome, Retry, decide, is_unreported
+from mega.jobs.dlq import DlqRecord, make_record, publish_record
 from mega.jobs.job import (
     CONSUMER_NAME,
     HEADER_ENQUEUED_AT,
     HEADER_JOB_ID,
     HEADER_RUN_AT,
-    NATS_MSG_ID,
+    Job,
     JobSpec,
 )
 
 if TYPE_CHECKING:
+    from nats.aio.client import Client as NatsClient
+    from nats.js import JetStreamContext
+
     from mega.context import Context
-    from mega.jobs.queue import JobQueue
 
 # The queue's logger: to an operator, the consume loop is part of the job queue.
 logger = logging.getLogger("mega.jobqueue")
@@ -74,6 +78,23 @@ UNREPORTED_MEMO_SIZE = 1024
 MAX_ERROR_CHARS = 2000
 
 
+class QueueLink(Protocol):
+    """What a consume loop needs from its JobQueue, and nothing more."""
+
+    nc: NatsClient
+    js: JetStreamContext
+    instance_id: str
+    dlq_retry_delay_s: float
+
+    async def emit(self, name: str, **fields: Any) -> None:
+        """Send a signal to the queue's observers."""
+        ...
+
+    async def ensure(self, job_cls: type[Job], *, force: bool = False) -> JobSpec:
+        """(Re)create the job's streams and consumer."""
+        ...
+
+
 class _Lease:
     """A message being run and when its ack wait was last renewed (monotonic s)."""
 
@@ -95,7 +116,7 @@ class _Consumer:
     slots, and the consumer's max_ack_pending keeps the whole group within `concurrency`.
     """
 
-    def __init__(self, queue: JobQueue, spec: JobSpec, ctx: Context) -> None:
+    def __init__(self, queue: QueueLink, spec: JobSpec, ctx: Context) -> None:
         self.queue = queue
         self.spec = spec
         self.ctx = ctx
@@ -112,7 +133,7 @@ class _Consumer:
         self.stopping = False
         self.drain_timeout_s = 0.0
         self.closed = asyncio.Event()
-        self.unreported: OrderedDict[int, DeadLetter] = OrderedDict()
+        self.unreported: OrderedDict[int, DlqRecord] = OrderedDict()
         self.pull_subject = f"$JS.API.CONSUMER.MSG.NEXT.{spec.stream}.{CONSUMER_NAME}"
         self.pull_expires_ns = int(PULL_EXPIRES_S * 1e9)
 
@@ -238,6 +259,9 @@ class _Consumer:
         headers = msg.headers or {}
         job_id = headers.get(HEADER_JOB_ID) or f"{spec.stream}:{meta.sequence.stream}"
         enqueued_at = _int_header(headers, HEADER_ENQUEUED_AT)
+        record_of = functools.partial(
+            make_record, spec, job_id, worker=self.queue.instance_id, first_enqueued_at=enqueued_at
+        )
         try:
             payload = json.loads(msg.data)
         except ValueError as exc:  # also bad UTF-8
@@ -245,21 +269,23 @@ class _Consumer:
                 "fail", job=spec.name, id=job_id, attempt=attempt, phase="decode",
                 error_type="DecodeError", error=str(exc),
             )  # fmt: skip
-            record = make_record(
-                spec, job_id, None, "DecodeError", str(exc), attempt, enqueued_at,
-                self.queue.instance_id, raw=msg.data,
-            )  # fmt: skip
-            await self._dead_letter(msg, record, terminate=True)
+            record = record_of(None, "DecodeError", str(exc), attempts=attempt, raw=msg.data)
+            await self._dead_letter(decide(Outcome.UNDECODABLE, attempt, spec), msg, record)
             return
-        if attempt > spec.max_attempts:
+        if is_unreported(attempt, spec):
             unreported = self.unreported.get(meta.sequence.stream)
             if unreported is None:  # not a DLQ publish of ours that failed: a crash
-                unreported = self._crash_record(msg, job_id, payload, enqueued_at)
+                runs = attempt - 1
+                message = (
+                    f"attempt {runs} of {spec.max_attempts} never reported back: its worker died "
+                    "(crash, os._exit, OOM kill) or its DLQ record could not be written"
+                )
+                unreported = record_of(payload, "WorkerCrashed", message, attempts=runs)
                 await self.queue.emit(
                     "fail", job=spec.name, id=job_id, attempt=attempt, phase="run",
-                    error_type="WorkerCrashed", error=unreported["error"]["message"],
+                    error_type="WorkerCrashed", error=message,
                 )  # fmt: skip
-            await self._dead_letter(msg, unreported)
+            await self._dead_letter(decide(Outcome.UNREPORTED, attempt, spec), msg, unreported)
             return
         started = time.time()
         run_at = _int_header(headers, HEADER_RUN_AT) or enqueued_at
@@ -274,8 +300,22 @@ class _Consumer:
             await _settle(msg.nak(delay=HAND_BACK_DELAY_S))
             raise
         except Exception as exc:
-            duration_ms = round((time.time() - started) * 1000, 3)
-            await self._failed(msg, job_id, payload, attempt, enqueued_at, exc, duration_ms)
+            error_type, error = type(exc).__name__, str(exc)[:MAX_ERROR_CHARS]
+            fields = {
+                "job": spec.name, "id": job_id, "attempt": attempt,
+                "duration_ms": round((time.time() - started) * 1000, 3),
+            }  # fmt: skip
+            decision = decide(Outcome.FAILED, attempt, spec)
+            if isinstance(decision, Retry):
+                await _settle(msg.nak(delay=max(decision.delay_ms / 1000, MIN_NAK_DELAY_S)))
+                await self.queue.emit(
+                    "retry", **fields, delay_ms=decision.delay_ms, error_type=error_type,
+                    error=error,
+                )  # fmt: skip
+                return
+            await self.queue.emit("fail", **fields, phase="run", error_type=error_type, error=error)
+            record = record_of(payload, error_type, error, attempts=attempt)
+            await self._dead_letter(decision, msg, record)
             return
         await _settle(msg.ack())
         await self.queue.emit(
@@ -283,73 +323,28 @@ class _Consumer:
             duration_ms=round((time.time() - started) * 1000, 3),
         )  # fmt: skip
 
-    async def _failed(
-        self,
-        msg: Msg,
-        job_id: str,
-        payload: Any,
-        attempt: int,
-        enqueued_at: int | None,
-        exc: Exception,
-        duration_ms: float,
-    ) -> None:
-        spec = self.spec
-        error_type, error = type(exc).__name__, str(exc)[:MAX_ERROR_CHARS]
-        fields = {"job": spec.name, "id": job_id, "attempt": attempt, "duration_ms": duration_ms}
-        if attempt < spec.max_attempts:
-            delay_ms = backoff_delay_ms(attempt, spec.backoff)
-            await _settle(msg.nak(delay=max(delay_ms / 1000, MIN_NAK_DELAY_S)))
-            await self.queue.emit(
-                "retry", **fields, delay_ms=delay_ms, error_type=error_type, error=error
-            )
-            return
-        await self.queue.emit("fail", **fields, phase="run", error_type=error_type, error=error)
-        record = make_record(
-            spec, job_id, payload, error_type, error, attempt, enqueued_at, self.queue.instance_id
-        )
-        await self._dead_letter(msg, record)
-
-    def _crash_record(
-        self, msg: Msg, job_id: str, payload: Any, enqueued_at: int | None
-    ) -> DeadLetter:
-        """The record of a delivery past `retries + 1` whose last attempt never reported back."""
-        runs = msg.metadata.num_delivered - 1
-        message = (
-            f"attempt {runs} of {self.spec.max_attempts} never reported back: its worker died "
-            "(crash, os._exit, OOM kill) or its DLQ record could not be written"
-        )
-        return make_record(
-            self.spec, job_id, payload, "WorkerCrashed", message, runs, enqueued_at,
-            self.queue.instance_id,
-        )  # fmt: skip
-
-    async def _dead_letter(self, msg: Msg, record: DeadLetter, *, terminate: bool = False) -> None:
-        """Publish the record, wait for its PubAck, and only then ack (or term) the original.
-
-        If the publish fails the original is nacked with a delay, so it comes back and tries
-        again: nothing is lost, and the dedup id keeps a retried record single."""
-        spec, seq = self.spec, msg.metadata.sequence.stream
-        # Keyed on the work-stream sequence: a retried publish of this message dedups, while
-        # the same job requeued (a new message) and failing again gets a record of its own.
-        headers = {NATS_MSG_ID: f"{record['id']}:dlq:{seq}"}
+    async def _dead_letter(self, decision: Decision, msg: Msg, record: DlqRecord) -> None:
+        """Dead-letter: publish the record, wait for its PubAck, and only then ack (or term)
+        the original. If the publish fails the original is nacked with a delay, so it comes
+        back and tries again: nothing is lost, and the dedup id keeps a retried record single."""
+        assert isinstance(decision, DeadLetter), decision  # the other decisions are settled inline
+        seq = msg.metadata.sequence.stream
         try:
-            await self.queue.js.publish(
-                spec.dlq_subject, json.dumps(record).encode(), headers=headers
-            )
+            await publish_record(self.queue.js, self.spec, record, seq=seq)
         except NATS_ERRORS as exc:
             self.unreported[seq] = record
             while len(self.unreported) > UNREPORTED_MEMO_SIZE:
                 self.unreported.popitem(last=False)
             await _settle(msg.nak(delay=self.queue.dlq_retry_delay_s))
             await self.queue.emit(
-                "fail", job=spec.name, id=record["id"], attempt=msg.metadata.num_delivered,
+                "fail", job=self.spec.name, id=record["id"], attempt=msg.metadata.num_delivered,
                 phase="dlq_publish", error_type=type(exc).__name__, error=str(exc) or repr(exc),
             )  # fmt: skip
             return
         self.unreported.pop(seq, None)
-        await _settle(msg.term() if terminate else msg.ack())
+        await _settle(msg.term() if decision.terminate else msg.ack())
         await self.queue.emit(
-            "dlq", job=spec.name, id=record["id"], attempts=record["attempts"],
+            "dlq", job=self.spec.name, id=record["id"], attempts=record["attempts"],
             error_type=record["error"]["type"], error=record["error"]["message"],
         )  # fmt: skip
 

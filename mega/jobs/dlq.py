@@ -1,4 +1,4 @@
-"""Dead letters: the record format, and the tools to read, requeue and purge them.
+"""Dead letters: the record, its publish, and the tools to read, requeue and purge them.
 
 A job whose tries are exhausted (or that cannot be decoded, or that killed its worker too often)
 is published as one JSON record to `<subject>.dlq`, in the limits-retention stream
@@ -9,7 +9,7 @@ is published as one JSON record to `<subject>.dlq`, in the limits-retention stre
 
 An undecodable message has `payload: null` and its body in `raw_b64`.
 
-    tools = DeadLetters(queue)
+    tools = queue.dlq                                         # a DeadLetters over the queue
     records = await tools.list(EmailJob, limit=20)          # newest first
     await tools.requeue(EmailJob, records[0]["id"])          # back onto demo.email, attempts reset
     await tools.purge(EmailJob)
@@ -20,35 +20,42 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from nats.js.errors import NotFoundError
 
 from mega.errors import JobError
-from mega.jobs.job import HEADER_ENQUEUED_AT, HEADER_JOB_ID, HEADER_RUN_AT, Job, JobSpec
+from mega.jobs.job import (
+    HEADER_ENQUEUED_AT,
+    HEADER_JOB_ID,
+    HEADER_RUN_AT,
+    NATS_MSG_ID,
+    Job,
+    JobSpec,
+)
 
 if TYPE_CHECKING:
-    from mega.jobs.queue import JobQueue
+    from nats.js import JetStreamContext
 
 
-class DeadLetterError(TypedDict):
+class DlqRecordError(TypedDict):
     type: str
     message: str
 
 
-class _DeadLetterBase(TypedDict):
+class _DlqRecordBase(TypedDict):
     id: str
     subject: str
     payload: Any
-    error: DeadLetterError
+    error: DlqRecordError
     attempts: int
     first_enqueued_at: int | None
     failed_at: int
     worker: str
 
 
-class DeadLetter(_DeadLetterBase, total=False):
+class DlqRecord(_DlqRecordBase, total=False):
     """One DLQ record. `raw_b64` only for a message whose body was not JSON; `seq` (the DLQ
     stream sequence) is added by `DeadLetters.list`."""
 
@@ -62,17 +69,18 @@ def make_record(
     payload: Any,
     error_type: str,
     error_message: str,
+    *,
     attempts: int,
     first_enqueued_at: int | None,
     worker: str,
     raw: bytes | None = None,
-) -> DeadLetter:
+) -> DlqRecord:
     """Build a DLQ record; `raw` (a body that could not be decoded) is kept as base64."""
-    record = DeadLetter(
+    record = DlqRecord(
         id=job_id,
         subject=spec.subject,
         payload=payload,
-        error=DeadLetterError(type=error_type, message=error_message),
+        error=DlqRecordError(type=error_type, message=error_message),
         attempts=attempts,
         first_enqueued_at=first_enqueued_at,
         failed_at=int(time.time() * 1000),
@@ -83,23 +91,40 @@ def make_record(
     return record
 
 
-class DeadLetters:
-    """DLQ tools over a JobQueue (same bus). Meant for operators and demo pages: each call reads
-    the stream message by message, fine for thousands of records, not for millions."""
+async def publish_record(
+    js: JetStreamContext, spec: JobSpec, record: DlqRecord, *, seq: int
+) -> None:
+    """Publish a record to the job's DLQ stream and wait for the PubAck (raises NATS errors).
 
-    def __init__(self, queue: JobQueue) -> None:
-        self.queue = queue
+    The dedup id is keyed on `seq`, the work-stream sequence of the failed message: a retried
+    publish of that message dedups, while the same job requeued (a new message) and failing
+    again gets a record of its own."""
+    headers = {NATS_MSG_ID: f"{record['id']}:dlq:{seq}"}
+    await js.publish(spec.dlq_subject, json.dumps(record).encode(), headers=headers)
+
+
+class DeadLetters:
+    """DLQ tools over one bus (a JobQueue's `dlq`). Meant for operators and demo pages: each
+    call reads the stream message by message, fine for thousands of records, not for millions.
+
+    `ensure(job_cls)` makes sure the job's streams exist and returns its spec."""
+
+    def __init__(
+        self, js: JetStreamContext, ensure: Callable[[type[Job]], Awaitable[JobSpec]]
+    ) -> None:
+        self.js = js
+        self.ensure = ensure
 
     async def count(self, job_cls: type[Job]) -> int:
         """Records currently kept in the job's DLQ stream."""
-        spec = await self.queue.ensure(job_cls)
-        info = await self.queue.js.stream_info(spec.dlq_stream)
+        spec = await self.ensure(job_cls)
+        info = await self.js.stream_info(spec.dlq_stream)
         return int(info.state.messages)
 
-    async def list(self, job_cls: type[Job], limit: int = 50) -> list[DeadLetter]:
+    async def list(self, job_cls: type[Job], limit: int = 50) -> list[DlqRecord]:
         """Up to `limit` records, newest first, each with its stream `seq`."""
-        spec = await self.queue.ensure(job_cls)
-        records: list[DeadLetter] = []
+        spec = await self.ensure(job_cls)
+        records: list[DlqRecord] = []
         async for record in self._scan(spec, newest_first=True):
             if len(records) >= limit:
                 break
@@ -117,13 +142,13 @@ class DeadLetters:
 
     async def purge(self, job_cls: type[Job]) -> int:
         """Delete every record of the job's DLQ; returns how many there were."""
-        spec = await self.queue.ensure(job_cls)
-        before = (await self.queue.js.stream_info(spec.dlq_stream)).state.messages
-        await self.queue.js.purge_stream(spec.dlq_stream)
+        spec = await self.ensure(job_cls)
+        before = (await self.js.stream_info(spec.dlq_stream)).state.messages
+        await self.js.purge_stream(spec.dlq_stream)
         return int(before)
 
     async def _requeue(self, job_cls: type[Job], job_id: str | None) -> int:
-        spec = await self.queue.ensure(job_cls)
+        spec = await self.ensure(job_cls)
         requeued = 0
         async for record in self._scan(spec, newest_first=False):
             if job_id is not None and record["id"] != job_id:
@@ -140,19 +165,19 @@ class DeadLetters:
                 HEADER_JOB_ID: record["id"],
                 HEADER_RUN_AT: str(int(time.time() * 1000)),
                 # A requeue retried after a lost PubAck must not publish the job twice.
-                "Nats-Msg-Id": f"{record['id']}:requeue:{spec.dlq_stream}:{seq}",
+                NATS_MSG_ID: f"{record['id']}:requeue:{spec.dlq_stream}:{seq}",
             }
             if record.get("first_enqueued_at") is not None:
                 headers[HEADER_ENQUEUED_AT] = str(record["first_enqueued_at"])
             body = json.dumps(record["payload"], separators=(",", ":")).encode()
             # A new message starts at num_delivered 1: that is the attempt reset.
-            await self.queue.js.publish(spec.subject, body, headers=headers)
-            await self.queue.js.delete_msg(spec.dlq_stream, seq)
+            await self.js.publish(spec.subject, body, headers=headers)
+            await self.js.delete_msg(spec.dlq_stream, seq)
             requeued += 1
         return requeued
 
-    async def _scan(self, spec: JobSpec, *, newest_first: bool) -> AsyncIterator[DeadLetter]:
-        js = self.queue.js
+    async def _scan(self, spec: JobSpec, *, newest_first: bool) -> AsyncIterator[DlqRecord]:
+        js = self.js
         state = (await js.stream_info(spec.dlq_stream)).state
         if state.messages == 0:
             return
@@ -167,7 +192,7 @@ class DeadLetters:
             if raw.data is None:
                 continue
             try:
-                record: DeadLetter = json.loads(raw.data)
+                record: DlqRecord = json.loads(raw.data)
             except ValueError:
                 continue  # not one of ours; leave it alone
             record["seq"] = seq

@@ -26,8 +26,9 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -43,6 +44,7 @@ from nats.js.errors import APIError, NotFoundError
 from mega.context import Context
 from mega.errors import DependencyUnavailable, JobError
 from mega.jobs.consumer import NATS_ERRORS, _Consumer
+from mega.jobs.dlq import DeadLetters
 from mega.jobs.job import (
     CONSUMER_NAME,
     HEADER_RUN_AT,
@@ -53,9 +55,6 @@ from mega.jobs.job import (
     validate_job,
 )
 from mega.signals import Observer, Signals
-
-if TYPE_CHECKING:
-    from mega.jobs.dlq import DeadLetters
 
 logger = logging.getLogger("mega.jobqueue")
 
@@ -70,6 +69,17 @@ SCHEDULES_SINCE = (2, 12)
 
 # An exhausted job whose DLQ record cannot be written comes back after this long to try again.
 DLQ_RETRY_DELAY_S = 5.0
+
+
+@dataclass(frozen=True)
+class JobStats:
+    """One job's queue at an instant. `pending`: enqueued, not yet delivered (delayed jobs not
+    counted until due); `in_flight`: delivered and not yet acked (running, or waiting for a
+    retry's backoff); `dlq`: dead letters kept."""
+
+    pending: int
+    in_flight: int
+    dlq: int
 
 
 class JobQueue:
@@ -106,10 +116,24 @@ class JobQueue:
 
     @property
     def dlq(self) -> DeadLetters:
-        """DLQ tools (list, count, requeue, purge) over this queue."""
-        from mega.jobs.dlq import DeadLetters
+        """DLQ tools (list, count, requeue, purge) over this queue's bus."""
+        return DeadLetters(self.js, self.ensure)
 
-        return DeadLetters(self)
+    async def stats(self, job_cls: type[Job]) -> JobStats:
+        """The job's queue right now, as the broker counts it (for consoles and health pages).
+
+        Raises DependencyUnavailable when NATS does not answer."""
+        spec = await self.ensure(job_cls)
+        try:
+            consumer = await self.js.consumer_info(spec.stream, CONSUMER_NAME)
+            dlq = await self.js.stream_info(spec.dlq_stream)
+        except NATS_ERRORS as exc:
+            raise DependencyUnavailable("nats", f"cannot read {spec.name}'s queue: {exc}") from exc
+        return JobStats(
+            pending=consumer.num_pending or 0,
+            in_flight=consumer.num_ack_pending or 0,
+            dlq=dlq.state.messages,
+        )
 
     def spec(self, job_cls: type[Job]) -> JobSpec:
         """The validated spec of a Job class on this queue's bus (cached)."""

@@ -131,6 +131,7 @@ async def _probe_tcp(url: str) -> None:
 async def connect_database(url: str) -> Database:
     # Imported here: SQLAlchemy costs ~0.3 s to import and only the web host needs it.
     from mega.database import Database
+    from mega.web import models  # noqa: F401  (registers the framework's tables on Base)
 
     db = Database(url)
     try:
@@ -149,10 +150,10 @@ def _reason(exc: BaseException) -> str:
 
 
 def _redact(url: str) -> str:
-    """Hide a password in a URL before it reaches a log line."""
-    if "@" not in url or "://" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    creds, host = rest.rsplit("@", 1)
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}"
+    """Hide a password in a database URL before it reaches a log line."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy can parse: say nothing of it
+        return "<unparseable URL>"

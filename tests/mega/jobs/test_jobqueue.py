@@ -603,7 +603,7 @@ async def test_worker_runs_registered_jobs_and_re_emits_events(ctx: Context, pre
     worker.register(job_b)
     with pytest.raises(JobError):
         worker.register(job_a)
-    with pytest.raises(RegistrationError, match=r"\.bus:"):
+    with pytest.raises(RegistrationError, match=r"invalid: bus: "):
         worker.register(make_job(prefix + "c", run_a, bus="elsewhere"))
     with pytest.raises(ValueError, match="unknown signal"):
         worker.on("finished", print)

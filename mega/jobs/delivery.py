@@ -1,0 +1,89 @@
+"""What the consume loop does with one delivery of a job: a pure decision, no broker.
+
+    decide(outcome, attempt, spec) -> Ack() | Retry(delay_ms) | DeadLetter(kind)
+
+`attempt` is the delivery count of the message (JetStream's `num_delivered`, 1-based), so it
+survives a worker crash: every delivery is one attempt. The consume loop (`consumer.py`) turns
+the decision into broker calls; `tests/mega/jobs/test_delivery.py` checks it as a table.
+
+- SUCCEEDED: ack.
+- FAILED with tries left (attempt < retries + 1): retry after the backoff (full jitter).
+- FAILED on the last try: dead-letter, kind "failed".
+- UNDECODABLE (the body is not JSON): dead-letter at once, kind "undecodable", and terminate the
+  message instead of acking it (nothing would ever decode it).
+- UNREPORTED, a delivery past retries + 1: the previous attempt never reported back, because
+  the job killed its worker (segfault, os._exit, OOM kill). It is not run again: dead-letter,
+  kind "crashed", instead of crash-looping the fleet.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from enum import Enum
+from typing import Literal, Protocol
+
+from mega.jobs.backoff import BackoffPolicy, RandomSource, backoff_delay_ms
+
+
+class Outcome(Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    UNDECODABLE = "undecodable"
+    UNREPORTED = "unreported"
+
+
+@dataclass(frozen=True)
+class Ack:
+    """Done: acknowledge the message."""
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Run it again after `delay_ms` (the next delivery is the next attempt)."""
+
+    delay_ms: int
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """Publish a DLQ record, then settle the message: term it when `terminate`, else ack."""
+
+    kind: Literal["failed", "undecodable", "crashed"]
+
+    @property
+    def terminate(self) -> bool:
+        return self.kind == "undecodable"
+
+
+Decision = Ack | Retry | DeadLetter
+
+
+class RetryPolicy(Protocol):
+    """How often and how patiently a job is retried (a `JobSpec` is one)."""
+
+    @property
+    def max_attempts(self) -> int: ...
+
+    @property
+    def backoff(self) -> BackoffPolicy: ...
+
+
+def is_unreported(attempt: int, policy: RetryPolicy) -> bool:
+    """A delivery past the last attempt: the one before it never reported back."""
+    return attempt > policy.max_attempts
+
+
+def decide(
+    outcome: Outcome, attempt: int, policy: RetryPolicy, rng: RandomSource = random
+) -> Decision:
+    """The decision for delivery number `attempt` (1-based) that ended in `outcome`."""
+    if outcome is Outcome.SUCCEEDED:
+        return Ack()
+    if outcome is Outcome.UNDECODABLE:
+        return DeadLetter("undecodable")
+    if outcome is Outcome.UNREPORTED or is_unreported(attempt, policy):
+        return DeadLetter("crashed")
+    if attempt < policy.max_attempts:
+        return Retry(backoff_delay_ms(attempt, policy.backoff, rng))
+    return DeadLetter("failed")
