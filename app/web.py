@@ -7,11 +7,8 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from app.routes import api_console, api_cron, api_jobs, api_worker, pages
-from mega import Config, Context
-from mega.jobs.queue import JobQueue
-from mega.runtime.metrics import observe_jobs, observe_scheduler
-from mega.schedules.scheduler import Scheduler
-from mega.web.app import create_web_app
+from mega import Config, Context, JobQueue, Scheduler, observe_jobs, observe_scheduler
+from mega.web import create_web_app
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 

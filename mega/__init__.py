@@ -2,8 +2,12 @@
 
     from mega import Schedule, Job, Worker                        # what you declare
     from mega import Scheduler, JobQueue, JobWorker, WorkerPool   # what runs them
+    from mega.web import create_web_app, UserDep, ok              # the web side (mega.web)
 
-Names load on first use, so a host (or a CPU pool's child process) imports only what it needs.
+Every public name is listed once, in `_EXPORTS` below, with the module that defines it. Names
+load on first use, so a host (or a CPU pool's child process) imports only what it needs. No
+public name is also the name of a submodule of `mega`, so `from mega import X` gives the same
+object whatever was imported before (tests/mega/test_public_api.py checks both).
 """
 
 from __future__ import annotations
@@ -11,58 +15,52 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# public name -> module that defines it
+# public name -> the module that defines it: the one table of the public API.
 _EXPORTS = {
+    # configuration, context, errors, signals
     "Config": "mega.config",
     "load_config": "mega.config",
     "BusAdapter": "mega.context",
     "CacheAdapter": "mega.context",
     "Context": "mega.context",
-    "boot": "mega.runtime.boot",
-    "shutdown": "mega.runtime.boot",
-    "Cron": "mega.schedules.cron",
+    "FencedLease": "mega.context",
+    "LockAdapter": "mega.context",
+    "TaskPool": "mega.context",
     "ConfigError": "mega.errors",
     "DependencyUnavailable": "mega.errors",
     "JobError": "mega.errors",
+    "LockBackendError": "mega.errors",
     "MegaError": "mega.errors",
     "RegistrationError": "mega.errors",
+    "TaskFailed": "mega.errors",
     "WorkerError": "mega.errors",
+    "WorkerOverloaded": "mega.errors",
+    "Observer": "mega.signals",
+    "Signals": "mega.signals",
+    # schedules
+    "Cron": "mega.schedules.cron",
     "RedLock": "mega.schedules.locks",
     "Schedule": "mega.schedules.schedule",
     "Tick": "mega.schedules.schedule",
     "Scheduler": "mega.schedules.scheduler",
-    "Worker": "mega.workers.worker",
-    "WorkerPool": "mega.workers.pool",
+    # jobs
+    "DlqRecord": "mega.jobs.dlq",
     "Job": "mega.jobs.job",
-    "JobQueue": "mega.jobs.queue",
     "JobWorker": "mega.jobs.jobworker",
+    "JobQueue": "mega.jobs.queue",
+    "JobStats": "mega.jobs.queue",
+    # CPU workers
+    "WorkerPool": "mega.workers.pool",
+    "Worker": "mega.workers.worker",
+    # hosts
+    "boot": "mega.runtime.boot",
+    "shutdown": "mega.runtime.boot",
+    "observe_jobs": "mega.runtime.metrics",
+    "observe_pool": "mega.runtime.metrics",
+    "observe_scheduler": "mega.runtime.metrics",
 }
 
-__all__ = [
-    "BusAdapter",
-    "CacheAdapter",
-    "Config",
-    "ConfigError",
-    "Context",
-    "Cron",
-    "DependencyUnavailable",
-    "Job",
-    "JobError",
-    "JobQueue",
-    "JobWorker",
-    "MegaError",
-    "RedLock",
-    "RegistrationError",
-    "Schedule",
-    "Scheduler",
-    "Tick",
-    "Worker",
-    "WorkerError",
-    "WorkerPool",
-    "boot",
-    "load_config",
-    "shutdown",
-]
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
@@ -74,24 +72,44 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-if TYPE_CHECKING:
-    from mega.config import Config, load_config
-    from mega.context import BusAdapter, CacheAdapter, Context
-    from mega.errors import (
-        ConfigError,
-        DependencyUnavailable,
-        JobError,
-        MegaError,
-        RegistrationError,
-        WorkerError,
-    )
-    from mega.jobs.job import Job
-    from mega.jobs.jobworker import JobWorker
-    from mega.jobs.queue import JobQueue
-    from mega.runtime.boot import boot, shutdown
-    from mega.schedules.cron import Cron
-    from mega.schedules.locks import RedLock
-    from mega.schedules.schedule import Schedule, Tick
-    from mega.schedules.scheduler import Scheduler
-    from mega.workers.pool import WorkerPool
-    from mega.workers.worker import Worker
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_api.py compares)
+    from mega.config import Config as Config
+    from mega.config import load_config as load_config
+    from mega.context import BusAdapter as BusAdapter
+    from mega.context import CacheAdapter as CacheAdapter
+    from mega.context import Context as Context
+    from mega.context import FencedLease as FencedLease
+    from mega.context import LockAdapter as LockAdapter
+    from mega.context import TaskPool as TaskPool
+    from mega.errors import ConfigError as ConfigError
+    from mega.errors import DependencyUnavailable as DependencyUnavailable
+    from mega.errors import JobError as JobError
+    from mega.errors import LockBackendError as LockBackendError
+    from mega.errors import MegaError as MegaError
+    from mega.errors import RegistrationError as RegistrationError
+    from mega.errors import TaskFailed as TaskFailed
+    from mega.errors import WorkerError as WorkerError
+    from mega.errors import WorkerOverloaded as WorkerOverloaded
+    from mega.jobs.dlq import DlqRecord as DlqRecord
+    from mega.jobs.job import Job as Job
+    from mega.jobs.jobworker import JobWorker as JobWorker
+    from mega.jobs.queue import JobQueue as JobQueue
+    from mega.jobs.queue import JobStats as JobStats
+    from mega.runtime.boot import boot as boot
+    from mega.runtime.boot import shutdown as shutdown
+    from mega.runtime.metrics import observe_jobs as observe_jobs
+    from mega.runtime.metrics import observe_pool as observe_pool
+    from mega.runtime.metrics import observe_scheduler as observe_scheduler
+    from mega.schedules.cron import Cron as Cron
+    from mega.schedules.locks import RedLock as RedLock
+    from mega.schedules.schedule import Schedule as Schedule
+    from mega.schedules.schedule import Tick as Tick
+    from mega.schedules.scheduler import Scheduler as Scheduler
+    from mega.signals import Observer as Observer
+    from mega.signals import Signals as Signals
+    from mega.workers.pool import WorkerPool as WorkerPool
+    from mega.workers.worker import Worker as Worker

@@ -15,8 +15,6 @@ from typing import Any
 from app.services.job_timeline import attempts_key
 from mega import Context, Job
 
-MODES = ("ok", "flaky", "fail")
-
 
 class SimulatedSendError(RuntimeError):
     """The failure the demo modes produce on purpose."""

@@ -15,8 +15,7 @@ from fastapi import APIRouter, Request, Response
 from app.routes.api_cron import SCHEDULE, scheduler
 from app.routes.api_jobs import jobs_part
 from app.routes.api_worker import POOL
-from mega.web.auth import UserDep
-from mega.web.envelope import ok
+from mega.web import UserDep, ok
 
 router = APIRouter(prefix="/api/demo")
 logger = logging.getLogger("mega.demo")

@@ -9,9 +9,8 @@ from fastapi.responses import RedirectResponse
 
 from app.schedules.cron_counter import CronCounterSchedule
 from app.services.cron_counter import read_state
-from mega.schedules.scheduler import Scheduler
-from mega.web.auth import UserDep
-from mega.web.envelope import ok
+from mega import Scheduler
+from mega.web import UserDep, ok
 
 router = APIRouter()
 SCHEDULE = CronCounterSchedule.name

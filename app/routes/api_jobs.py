@@ -14,11 +14,8 @@ from pydantic import BaseModel, Field, StringConstraints, ValidationError, model
 
 from app.jobs.email import EmailJob
 from app.services import job_timeline
-from mega.jobs.job import CONSUMER_NAME
-from mega.jobs.queue import JobQueue
-from mega.web.auth import UserDep
-from mega.web.envelope import ApiError, field_errors, ok
-from mega.web.pages import render
+from mega import JobQueue
+from mega.web import ApiError, UserDep, field_errors, ok, render
 
 router = APIRouter()
 # How many dead letters the page lists (the count covers all of them).
@@ -178,12 +175,10 @@ async def requeue_form(request: Request, user: UserDep) -> Response:
 
 async def jobs_part(request: Request) -> dict[str, Any]:
     """The console's job panel: waiting, in flight, DLQ, enqueue-to-start p50."""
-    spec = await queue(request).ensure(EmailJob)
-    js = queue(request).js
-    consumer = await js.consumer_info(spec.stream, CONSUMER_NAME)
+    stats = await queue(request).stats(EmailJob)
     return {
-        "pending": consumer.num_pending,
-        "in_flight": consumer.num_ack_pending,
-        "dlq": await queue(request).dlq.count(EmailJob),
+        "pending": stats.pending,
+        "in_flight": stats.in_flight,
+        "dlq": stats.dlq,
         "start_latency_p50_ms": await job_timeline.latency_p50_ms(redis(request)),
     }

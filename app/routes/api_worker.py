@@ -13,8 +13,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field
 
 from app.workers.hash_tasks import MAX_ROUNDS, sha256_loop
-from mega.web.auth import UserDep
-from mega.web.envelope import ok
+from mega.web import UserDep, ok
 
 router = APIRouter(prefix="/api/demo")
 POOL = "hash"

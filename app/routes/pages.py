@@ -17,8 +17,7 @@ from app.routes.api_cron import cron_state
 from app.routes.api_jobs import jobs_page_context
 from app.routes.api_worker import HASH_TIMEOUT_MS, POOL, HashRequest
 from app.workers.hash_tasks import MAX_ROUNDS, sha256_loop
-from mega.web.auth import UserDep
-from mega.web.pages import render
+from mega.web import UserDep, render
 
 router = APIRouter(include_in_schema=False)
 # The page's default: about 2 s of hashing here, long enough to watch the heartbeat keep going.

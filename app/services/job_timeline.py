@@ -27,8 +27,6 @@ MAX_EVENTS = 40
 MAX_LATENCIES = 200
 TTL_S = 24 * 3600
 
-STATUSES = ("queued", "running", "retrying", "done", "dlq")
-
 
 def job_key(job_id: str) -> str:
     return f"demo:jobs:job:{job_id}"

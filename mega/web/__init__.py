@@ -1,1 +1,28 @@
-"""The framework's web layer: app factory, JSON envelope, auth, health."""
+"""mega.web: the FastAPI side of the framework, for applications that serve pages and JSON.
+
+    from mega.web import create_web_app, UserDep, ok, render
+
+    @router.get("/api/things")
+    async def things(request: Request, user: UserDep) -> Response:   # 401 when anonymous
+        return ok({"things": [...]})                                  # the JSON envelope
+
+`create_web_app(config, ctx, routers=[...])` wires login, sessions, CSRF, security headers, the
+envelope, /healthz, /readyz and /metrics; see the guide's http chapter.
+"""
+
+from mega.web.app import create_web_app
+from mega.web.auth import CurrentUser, UserDep, ensure_user
+from mega.web.envelope import ApiError, fail, field_errors, ok
+from mega.web.pages import render
+
+__all__ = [
+    "ApiError",
+    "CurrentUser",
+    "UserDep",
+    "create_web_app",
+    "ensure_user",
+    "fail",
+    "field_errors",
+    "ok",
+    "render",
+]
