@@ -40,10 +40,18 @@ web_app = "app.web:create_app"
 # Called once per host as hook(runtime, ctx): the worker's events feed the /demo/jobs timeline.
 hooks = {"worker": [attach_timeline]}
 
+# The demo's login: MEGA_DEMO_USER / MEGA_DEMO_PASSWORD, or demo / demo under `mega dev` only.
+DEV = os.environ.get("MEGA_ENV") == "dev"
+demo_user = os.environ.get("MEGA_DEMO_USER") or ("demo" if DEV else "")
+demo_password = os.environ.get("MEGA_DEMO_PASSWORD") or ("demo" if DEV else "")
+
 auth = {
     "session_max_age_s": 8 * 3600,
     "login_max_failures": 5,
     "login_window_s": 15 * 60,
+    "landing_path": "/demo",  # where a login lands when no page sent it
+    # Created (or their password reset) when the web app starts.
+    "users": {demo_user: demo_password} if demo_user and demo_password else {},
 }
 
 # Prometheus: the web app serves /metrics; scheduler and worker hosts listen on their own ports.

@@ -1,11 +1,13 @@
 """Load and validate the application's config file (plain Python, e.g. ./mega_config.py).
 
 The file declares services, schedules, jobs, workers, auth and metrics options as module-level
-names. Everything is checked here, at boot, and a mistake raises ConfigError naming the key.
+names. Everything is validated here, at boot, by the pydantic models below, and every mistake is
+reported at once in one ConfigError whose lines name the key (`services.buses.jobs.url: ...`).
 
 Environment overrides (documented in the README): a cache alias `main` takes its URL from
 `REDIS_MAIN_URL` when set, a bus alias `jobs` from `NATS_JOBS_URL`; the config file itself
-usually defaults its URLs to `REDIS_URL` / `NATS_URL`.
+usually defaults its URLs to `REDIS_URL` / `NATS_URL`. `DATABASE_URL` and `MEGA_SECRET_KEY`
+win over the file.
 """
 
 from __future__ import annotations
@@ -13,37 +15,116 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+    model_validator,
+)
 
 from mega.constants import DEV_SECRET_KEY, MIN_SECRET_KEY_LENGTH
 from mega.errors import ConfigError
 
-CACHE_DRIVERS = {"redis"}
-LOCK_DRIVERS = {"redlock"}
-BUS_DRIVERS = {"nats"}
+PositiveInt = Annotated[StrictInt, Field(gt=0)]
+Port = Annotated[StrictInt, Field(gt=0, lt=65536)]
 
 
-@dataclass(frozen=True)
-class AuthConfig:
-    """Login options. Windows and limits are per username and per client IP."""
+def _url_with(*schemes: str) -> AfterValidator:
+    def check(url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in schemes or not (parts.hostname or parts.scheme == "unix"):
+            raise ValueError(f"bad URL {url!r} (expected {'/'.join(schemes)}://host:port)")
+        return url
 
+    return AfterValidator(check)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CacheSpec(_Model):
+    driver: Literal["redis"]
+    url: Annotated[str, _url_with("redis", "rediss", "unix")]
+
+
+class LockSpec(_Model):
+    driver: Literal["redlock"]
+    # One cache alias is a single Redis; several independent ones make a quorum (scale-out).
+    caches: Annotated[list[str], Field(min_length=1)] | None = None
+    cache: str | None = None
+
+    @model_validator(mode="after")
+    def one_or_more(self) -> LockSpec:
+        if not self.caches and not self.cache:
+            raise ValueError("list the cache aliases the lock uses in `caches`")
+        return self
+
+    @property
+    def cache_aliases(self) -> list[str]:
+        return list(self.caches) if self.caches else [str(self.cache)]
+
+
+class BusSpec(_Model):
+    driver: Literal["nats"]
+    url: Annotated[str, _url_with("nats", "tls")]
+
+
+class DatabaseSpec(_Model):
+    url: str | None = None  # default: SQLite under <config folder>/var/mega.db
+
+
+class ServicesSpec(_Model):
+    caches: dict[str, CacheSpec] = {}
+    locks: dict[str, LockSpec] = {}
+    buses: dict[str, BusSpec] = {}
+    database: DatabaseSpec = DatabaseSpec()
+
+
+class AuthConfig(_Model):
+    """Login options. Failure windows and limits are per username and per client IP."""
+
+    # From MEGA_SECRET_KEY (or the file); required outside dev, at least 32 characters.
     secret_key: str
-    session_max_age_s: int = 8 * 3600
-    login_max_failures: int = 5
-    login_window_s: int = 15 * 60
-    demo_user: str | None = None
-    demo_password: str | None = None
+    session_max_age_s: PositiveInt = 8 * 3600
+    login_max_failures: PositiveInt = 5
+    login_window_s: PositiveInt = 15 * 60
+    # Where a login lands when it was not sent from a page (`next=`); a local path.
+    landing_path: Annotated[str, Field(pattern=r"^/([^/\\].*)?$")] = "/"
+    # Users the web host creates at start (a changed password is reset): username -> password.
+    users: dict[Annotated[str, Field(min_length=1, max_length=64)], str] = {}
 
 
-@dataclass(frozen=True)
-class MetricsConfig:
-    enabled: bool = False
-    scheduler_port: int = 9101
-    worker_port: int = 9102
+class MetricsConfig(_Model):
+    enabled: StrictBool = False
+    scheduler_port: Port = 9101
+    worker_port: Port = 9102
+
+
+class ConfigFile(_Model):
+    """The module-level names of a config file, as the loader reads them."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, arbitrary_types_allowed=True)
+
+    services: ServicesSpec = ServicesSpec()
+    schedules: list[type] = []
+    jobs: list[type] = []
+    workers: list[type] = []
+    web_app: Annotated[str, Field(pattern=r"^[\w.]+(:\w+)?$")] | None = None
+    hooks: dict[Literal["scheduler", "worker", "web"], list[Callable[..., Any]]] = {}
+    auth: AuthConfig
+    metrics: MetricsConfig = MetricsConfig()
 
 
 @dataclass(frozen=True)
@@ -82,22 +163,36 @@ def load_config(path: str | Path | None = None, *, dev: bool | None = None) -> C
 
 
 def build_config(module: ModuleType, path: Path, *, dev: bool) -> Config:
-    services = _get(module, "services", dict, {})
-    caches = _caches(services.get("caches", {}))
+    names = {
+        name: getattr(module, name) for name in ConfigFile.model_fields if hasattr(module, name)
+    }
+    try:
+        names = _with_env_overrides(names)
+        names["auth"] = _with_secret(names.get("auth", {}), dev=dev)
+        spec = ConfigFile.model_validate(names)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+    services = spec.services
+    for alias, lock in services.locks.items():
+        for name in lock.cache_aliases:
+            if name not in services.caches:
+                raise ConfigError(
+                    f"services.locks.{alias}.caches: {name!r} names no cache in services.caches"
+                )
     return Config(
         path=path,
         root=path.parent,
-        caches=caches,
-        locks=_locks(services.get("locks", {}), caches),
-        buses=_buses(services.get("buses", {})),
-        database_url=_database_url(services.get("database", {}), path.parent),
-        auth=_auth(_get(module, "auth", dict, {}), dev=dev),
-        metrics=_metrics(_get(module, "metrics", dict, {})),
-        schedules=list(_get(module, "schedules", list, [])),
-        jobs=list(_get(module, "jobs", list, [])),
-        workers=list(_get(module, "workers", list, [])),
-        web_app=_get(module, "web_app", str, None),
-        hooks=_hooks(_get(module, "hooks", dict, {})),
+        caches={alias: cache.url for alias, cache in services.caches.items()},
+        locks={alias: lock.cache_aliases for alias, lock in services.locks.items()},
+        buses={alias: bus.url for alias, bus in services.buses.items()},
+        database_url=_database_url(services.database, path.parent),
+        auth=spec.auth,
+        metrics=spec.metrics,
+        schedules=list(spec.schedules),
+        jobs=list(spec.jobs),
+        workers=list(spec.workers),
+        web_app=spec.web_app,
+        hooks={host: list(hooks) for host, hooks in spec.hooks.items()},
         dev=dev,
         module=module,
     )
@@ -124,120 +219,58 @@ def _import_file(path: Path) -> ModuleType:
     return module
 
 
-def _get(module: ModuleType, name: str, kind: type, default: Any) -> Any:
-    value = getattr(module, name, default)
-    if value is not default and not isinstance(value, kind):
-        raise ConfigError(f"{name}: expected a {kind.__name__}, got {type(value).__name__}")
-    return value
+def _with_env_overrides(names: dict[str, Any]) -> dict[str, Any]:
+    """REDIS_<ALIAS>_URL and NATS_<ALIAS>_URL replace a declared alias's URL."""
+    services = names.get("services")
+    if not isinstance(services, dict):
+        return names
+    services = dict(services)
+    for section, prefix in (("caches", "REDIS"), ("buses", "NATS")):
+        declared = services.get(section)
+        if not isinstance(declared, dict):
+            continue
+        services[section] = {
+            alias: _override(item, os.environ.get(f"{prefix}_{str(alias).upper()}_URL"))
+            for alias, item in declared.items()
+        }
+    return {**names, "services": services}
 
 
-def _driver(key: str, spec: Any, allowed: set[str]) -> dict[str, Any]:
-    if not isinstance(spec, dict):
-        raise ConfigError(f"{key}: expected a dict like {{'driver': ..., ...}}")
-    driver = spec.get("driver")
-    if driver not in allowed:
-        raise ConfigError(f"{key}.driver: unknown driver {driver!r} (known: {sorted(allowed)})")
-    return spec
+def _override(item: Any, url: str | None) -> Any:
+    return {**item, "url": url} if url and isinstance(item, dict) else item
 
 
-def _url(key: str, url: Any, schemes: set[str]) -> str:
-    if not isinstance(url, str) or not url:
-        raise ConfigError(f"{key}: a URL is required")
-    parts = urlsplit(url)
-    if parts.scheme not in schemes or not parts.hostname:
-        raise ConfigError(
-            f"{key}: bad URL {url!r} (expected {'/'.join(sorted(schemes))}://host:port)"
-        )
-    return url
+def _describe(exc: ValidationError) -> str:
+    """One line per problem, each naming its key: `services.buses.jobs.url: bad URL ...`."""
+    lines = []
+    for error in exc.errors():
+        loc = [str(part) for part in error["loc"] if not str(part).startswith("function-")]
+        key = ".".join(loc) or "config"
+        message = str(error["msg"]).removeprefix("Value error, ")
+        if error["type"] == "literal_error" and loc and loc[-1] == "driver":
+            message = f"unknown driver {error['input']!r} ({message.lower()})"
+        elif error["type"] == "extra_forbidden":
+            message = "unknown key"
+        lines.append(f"{key}: {message}")
+    return "; ".join(lines)
 
 
-def _env_override(prefix: str, alias: str) -> str | None:
-    return os.environ.get(f"{prefix}_{alias.upper()}_URL")
-
-
-def _caches(spec: dict[str, Any]) -> dict[str, str]:
-    caches = {}
-    for alias, item in spec.items():
-        key = f"services.caches.{alias}"
-        item = _driver(key, item, CACHE_DRIVERS)
-        url = _env_override("REDIS", alias) or item.get("url")
-        caches[alias] = _url(f"{key}.url", url, {"redis", "rediss", "unix"})
-    return caches
-
-
-def _locks(spec: dict[str, Any], caches: dict[str, str]) -> dict[str, list[str]]:
-    locks = {}
-    for alias, item in spec.items():
-        key = f"services.locks.{alias}"
-        item = _driver(key, item, LOCK_DRIVERS)
-        names = item.get("caches", [item["cache"]] if "cache" in item else None)
-        if not names or not isinstance(names, list):
-            raise ConfigError(f"{key}.caches: list the cache aliases the lock uses")
-        for name in names:
-            if name not in caches:
-                raise ConfigError(f"{key}.caches: {name!r} names no cache in services.caches")
-        locks[alias] = list(names)
-    return locks
-
-
-def _buses(spec: dict[str, Any]) -> dict[str, str]:
-    buses = {}
-    for alias, item in spec.items():
-        key = f"services.buses.{alias}"
-        item = _driver(key, item, BUS_DRIVERS)
-        url = _env_override("NATS", alias) or item.get("url")
-        buses[alias] = _url(f"{key}.url", url, {"nats", "tls"})
-    return buses
-
-
-def _database_url(spec: dict[str, Any], root: Path) -> str:
-    url = (
-        os.environ.get("DATABASE_URL") or spec.get("url") or f"sqlite:///{root / 'var' / 'mega.db'}"
-    )
-    if not isinstance(url, str) or "://" not in url:
+def _database_url(spec: DatabaseSpec, root: Path) -> str:
+    url = os.environ.get("DATABASE_URL") or spec.url or f"sqlite:///{root / 'var' / 'mega.db'}"
+    if "://" not in url:
         raise ConfigError(f"services.database.url: bad URL {url!r}")
     return url
 
 
-def _auth(spec: dict[str, Any], *, dev: bool) -> AuthConfig:
-    secret = os.environ.get("MEGA_SECRET_KEY") or spec.get("secret_key")
+def _with_secret(auth: Any, *, dev: bool) -> Any:
+    """MEGA_SECRET_KEY over the file's; only `mega dev` may go without (a fixed dev key)."""
+    if not isinstance(auth, dict):
+        return auth  # pydantic names the mistake
+    secret = os.environ.get("MEGA_SECRET_KEY") or auth.get("secret_key")
     if not secret:
         if not dev:
             raise ConfigError("MEGA_SECRET_KEY: required outside dev (a long random string)")
         secret = DEV_SECRET_KEY
-    elif len(secret) < MIN_SECRET_KEY_LENGTH and not dev:
+    elif isinstance(secret, str) and len(secret) < MIN_SECRET_KEY_LENGTH and not dev:
         raise ConfigError(f"MEGA_SECRET_KEY: use at least {MIN_SECRET_KEY_LENGTH} characters")
-    user = os.environ.get("MEGA_DEMO_USER") or spec.get("demo_user")
-    password = os.environ.get("MEGA_DEMO_PASSWORD") or spec.get("demo_password")
-    if dev:  # only `mega dev` has a default login; elsewhere users are created explicitly
-        user, password = user or "demo", password or "demo"
-    options = {
-        k: spec[k]
-        for k in ("session_max_age_s", "login_max_failures", "login_window_s")
-        if k in spec
-    }
-    for name, value in options.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ConfigError(f"auth.{name}: expected a positive int, got {value!r}")
-    return AuthConfig(secret_key=secret, demo_user=user, demo_password=password, **options)
-
-
-HOOK_HOSTS = {"scheduler", "worker", "web"}
-
-
-def _hooks(spec: dict[str, Any]) -> dict[str, list[Any]]:
-    unknown = set(spec) - HOOK_HOSTS
-    if unknown:
-        raise ConfigError(f"hooks: unknown hosts {sorted(unknown)} (known: {sorted(HOOK_HOSTS)})")
-    for host, hooks in spec.items():
-        if not isinstance(hooks, list) or not all(callable(hook) for hook in hooks):
-            raise ConfigError(f"hooks.{host}: expected a list of callables hook(runtime, ctx)")
-    return {host: list(hooks) for host, hooks in spec.items()}
-
-
-def _metrics(spec: dict[str, Any]) -> MetricsConfig:
-    allowed = {"enabled", "scheduler_port", "worker_port"}
-    unknown = set(spec) - allowed
-    if unknown:
-        raise ConfigError(f"metrics: unknown keys {sorted(unknown)} (known: {sorted(allowed)})")
-    return MetricsConfig(**spec)
+    return {**auth, "secret_key": secret}

@@ -1,4 +1,4 @@
-"""Signals: named notifications a runtime sends its observers (logs, metrics, the demo pages).
+"""Signals: named notifications a runtime sends its observers (logs, metrics, live pages).
 
 Not to be confused with domain events (`Event`, facts such as "user.signed_up" that travel on
 the bus to listeners): a signal is the runtime telling this process what it just did ("a job

@@ -1,4 +1,8 @@
-"""Small factories shared by the tests: a config file per test, a booted web app, a client."""
+"""Small factories shared by the tests: a config file per test, a booted web app, a client.
+
+`write_config` / `config_for` make a framework-only config (the test site of
+tests/mega/web/site.py, no schedules, jobs or workers): what the framework's tests use.
+`sample_config` / `sample_config_for` make the sample application's: what tests/app uses."""
 
 from __future__ import annotations
 
@@ -17,6 +21,9 @@ from mega.web.auth import ensure_user
 
 TEST_SECRET = "test-secret-key-0123456789abcdef0123456789"
 DEMO_USER, DEMO_PASSWORD = "demo", "demo-password"
+# The framework's test application, and the sample's, as `web_app` names them.
+FRAMEWORK_SITE = "tests.mega.web.site:create_app"
+SAMPLE_APP = "app.web:create_app"
 # The sample's registrations, as mega_config.py lists them.
 SAMPLE_REGISTRATIONS = """
 from app.jobs.email import EmailJob
@@ -35,12 +42,16 @@ def write_config(
     *,
     nats_url: str,
     redis_url: str,
-    body: str = SAMPLE_REGISTRATIONS,
+    body: str = "",
+    web_app: str = FRAMEWORK_SITE,
     name: str = "mega_config.py",
     **auth: Any,
 ) -> Path:
-    """A config file for one test: its own servers, its own SQLite, the sample's web app."""
-    auth_options = {"login_max_failures": 5, "login_window_s": 900, **auth}
+    """A config file for one test: its own servers, its own SQLite, `body` for the rest."""
+    landing = "/demo" if web_app == SAMPLE_APP else "/home"
+    auth_options = {
+        "login_max_failures": 5, "login_window_s": 900, "landing_path": landing, **auth
+    }  # fmt: skip
     path = tmp_path / name
     path.write_text(
         textwrap.dedent(
@@ -51,7 +62,7 @@ def write_config(
                 "buses": {{"jobs": {{"driver": "nats", "url": {nats_url!r}}}}},
                 "database": {{"url": {f"sqlite:///{tmp_path / 'test.db'}"!r}}},
             }}
-            web_app = "app.web:create_app"
+            web_app = {web_app!r}
             auth = {{"secret_key": {TEST_SECRET!r}, **{auth_options!r}}}
             """
         )
@@ -60,9 +71,18 @@ def write_config(
     return path
 
 
+def sample_config(
+    tmp_path: Path, *, nats_url: str, redis_url: str, body: str = SAMPLE_REGISTRATIONS, **auth: Any
+) -> Path:
+    """A config file for one test of the sample application (tests/app, tests/e2e)."""
+    return write_config(
+        tmp_path, nats_url=nats_url, redis_url=redis_url, body=body, web_app=SAMPLE_APP, **auth
+    )
+
+
 @asynccontextmanager
 async def web_client(config: Config, *, pools: bool = False) -> AsyncIterator[httpx.AsyncClient]:
-    """The sample's web app booted on the config's servers, behind an in-process client.
+    """The config's web app booted on its servers, behind an in-process client.
     `pools` starts the config's CPU worker pools (child processes) as `mega start` does."""
     from mega.runtime.hosts import load_web_app, start_worker_pools, stop_worker_pools
 
@@ -99,6 +119,10 @@ async def login(
 
 def config_for(tmp_path: Path, nats_url: str, redis_url: str, **auth: Any) -> Config:
     return load_config(write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, **auth))
+
+
+def sample_config_for(tmp_path: Path, nats_url: str, redis_url: str, **auth: Any) -> Config:
+    return load_config(sample_config(tmp_path, nats_url=nats_url, redis_url=redis_url, **auth))
 
 
 @asynccontextmanager

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import math
@@ -259,9 +258,6 @@ class _Consumer:
         headers = msg.headers or {}
         job_id = headers.get(HEADER_JOB_ID) or f"{spec.stream}:{meta.sequence.stream}"
         enqueued_at = _int_header(headers, HEADER_ENQUEUED_AT)
-        record_of = functools.partial(
-            make_record, spec, job_id, worker=self.queue.instance_id, first_enqueued_at=enqueued_at
-        )
         try:
             payload = json.loads(msg.data)
         except ValueError as exc:  # also bad UTF-8
@@ -269,7 +265,9 @@ class _Consumer:
                 "fail", job=spec.name, id=job_id, attempt=attempt, phase="decode",
                 error_type="DecodeError", error=str(exc),
             )  # fmt: skip
-            record = record_of(None, "DecodeError", str(exc), attempts=attempt, raw=msg.data)
+            record = self._record(
+                job_id, enqueued_at, None, "DecodeError", str(exc), attempts=attempt, raw=msg.data
+            )
             await self._dead_letter(decide(Outcome.UNDECODABLE, attempt, spec), msg, record)
             return
         if is_unreported(attempt, spec):
@@ -280,7 +278,9 @@ class _Consumer:
                     f"attempt {runs} of {spec.max_attempts} never reported back: its worker died "
                     "(crash, os._exit, OOM kill) or its DLQ record could not be written"
                 )
-                unreported = record_of(payload, "WorkerCrashed", message, attempts=runs)
+                unreported = self._record(
+                    job_id, enqueued_at, payload, "WorkerCrashed", message, attempts=runs
+                )
                 await self.queue.emit(
                     "fail", job=spec.name, id=job_id, attempt=attempt, phase="run",
                     error_type="WorkerCrashed", error=message,
@@ -314,13 +314,29 @@ class _Consumer:
                 )  # fmt: skip
                 return
             await self.queue.emit("fail", **fields, phase="run", error_type=error_type, error=error)
-            record = record_of(payload, error_type, error, attempts=attempt)
+            record = self._record(job_id, enqueued_at, payload, error_type, error, attempts=attempt)
             await self._dead_letter(decision, msg, record)
             return
         await _settle(msg.ack())
         await self.queue.emit(
             "done", job=spec.name, id=job_id, attempt=attempt,
             duration_ms=round((time.time() - started) * 1000, 3),
+        )  # fmt: skip
+
+    def _record(
+        self,
+        job_id: str,
+        enqueued_at: int | None,
+        payload: Any,
+        error_type: str,
+        error: str,
+        *,
+        attempts: int,
+        raw: bytes | None = None,
+    ) -> DlqRecord:
+        return make_record(
+            self.spec, job_id, payload, error_type, error, attempts=attempts,
+            first_enqueued_at=enqueued_at, worker=self.queue.instance_id, raw=raw,
         )  # fmt: skip
 
     async def _dead_letter(self, decision: Decision, msg: Msg, record: DlqRecord) -> None:

@@ -104,7 +104,7 @@ async def publish_record(
 
 
 class DeadLetters:
-    """DLQ tools over one bus (a JobQueue's `dlq`). Meant for operators and demo pages: each
+    """DLQ tools over one bus (a JobQueue's `dlq`). Meant for operators and status pages: each
     call reads the stream message by message, fine for thousands of records, not for millions.
 
     `ensure(job_cls)` makes sure the job's streams exist and returns its spec."""

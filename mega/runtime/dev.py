@@ -4,7 +4,8 @@
    each on a free port, unless NATS_URL / REDIS_URL are already set.
 2. `mega start`, `mega scheduler` and `mega worker` as child processes, their output prefixed
    and coloured per process.
-3. The URL and the demo login, once the web app answers /healthz.
+3. The URL (with the config's `auth.landing_path`) and the logins of `auth.users`, once the
+   web app answers /healthz.
 4. Ctrl-C (or SIGTERM): SIGTERM to every child, wait for their graceful drain, then stop the
    embedded servers. Nothing is left running. If one child dies, the others are stopped too.
 """
@@ -21,7 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import IO
 
-from mega.config import load_config
+from mega.config import Config, load_config
 from mega.constants import DRAIN_TIMEOUT_S, VAR_DIR
 from mega.runtime.embedded import EmbeddedNats, EmbeddedRedis, EmbeddedServer, free_port
 from mega.runtime.hosts import check_port_free
@@ -72,12 +73,14 @@ def run_dev(config_path: str, *, host: str, port: int) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
 
-    env = dict(os.environ, MEGA_ENV="dev", MEGA_CONFIG=str(config_file), PYTHONUNBUFFERED="1")
+    # The config file may read MEGA_ENV too (the sample's default login exists only in dev).
+    os.environ["MEGA_ENV"] = "dev"
+    env = dict(os.environ, MEGA_CONFIG=str(config_file), PYTHONUNBUFFERED="1")
     # Free metrics ports, so that two checkouts can run side by side (`make run PORT=...`).
     env.setdefault("MEGA_SCHEDULER_METRICS_PORT", str(free_port()))
     env.setdefault("MEGA_WORKER_METRICS_PORT", str(free_port()))
     try:
-        load_config(config_file, dev=True)  # fail fast, before anything starts
+        config = load_config(config_file, dev=True)  # fail fast, before anything starts
         check_port_free(host, port)
         if not env.get("NATS_URL"):
             servers.append(EmbeddedNats(data_dir=root / VAR_DIR / "nats").start())
@@ -103,7 +106,7 @@ def run_dev(config_path: str, *, host: str, port: int) -> int:
                 start_new_session=True,  # Ctrl-C reaches only us; we stop children in order
             )
             out.follow(name, children[name].stdout)  # type: ignore[arg-type]
-        code = _supervise(out, children, stop, host, port, env)
+        code = _supervise(config, out, children, stop, host, port)
     except Exception as exc:
         out.line("dev", f"error: {getattr(exc, 'message', exc)}")
         code = 1
@@ -117,12 +120,12 @@ def run_dev(config_path: str, *, host: str, port: int) -> int:
 
 
 def _supervise(
+    config: Config,
     out: Prefixer,
     children: dict[str, subprocess.Popen[bytes]],
     stop: threading.Event,
     host: str,
     port: int,
-    env: dict[str, str],
 ) -> int:
     shown_host = "localhost" if host in ("127.0.0.1", "0.0.0.0") else host
     url = f"http://{shown_host}:{port}"
@@ -135,11 +138,10 @@ def _supervise(
                 return 1
         if not announced and _healthy(f"http://127.0.0.1:{port}/healthz"):
             announced = True
-            user = env.get("MEGA_DEMO_USER", "demo")
-            password = env.get("MEGA_DEMO_PASSWORD", "demo")
             out.line("dev", "")
-            out.line("dev", f"  mega-py is running: {url}/demo")
-            out.line("dev", f"  log in as {user} / {password}")
+            out.line("dev", f"  mega-py is running: {url}{config.auth.landing_path}")
+            for user, password in config.auth.users.items():
+                out.line("dev", f"  log in as {user} / {password}")
             out.line("dev", "  Ctrl-C stops everything")
             out.line("dev", "")
         elif not announced and time.monotonic() > deadline:

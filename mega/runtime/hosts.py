@@ -156,12 +156,11 @@ async def run_web(config: Config, host: str, port: int) -> None:
 
     ctx = await boot(config, role="web")
     try:
-        if config.auth.demo_user and config.auth.demo_password:
+        if config.auth.users:
             from mega.web.auth import ensure_user
 
-            await asyncio.to_thread(
-                ensure_user, ctx.db, config.auth.demo_user, config.auth.demo_password
-            )
+            for username, password in config.auth.users.items():
+                await asyncio.to_thread(ensure_user, ctx.db, username, password)
         await start_worker_pools(config, ctx)
         app = load_web_app(config)(config, ctx)
         await run_hooks(config, "web", app, ctx)

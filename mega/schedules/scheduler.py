@@ -73,7 +73,7 @@ AUDIT_TIMEOUT_S = 1.0
 LOOP_RETRY_S = 1.0
 # How many next instants `describe()` lists.
 PREVIEW_RUNS = 5
-# The skip reason for each refusal of `acquire_fenced` (signals, audit, the demo page).
+# The skip reason for each refusal of `acquire_fenced` (signals, audit, status pages).
 REFUSAL_REASONS: dict[Refusal, str] = {
     "claimed": "claimed by another instance",
     "overlap": "overlap: the previous run still runs",

@@ -2,7 +2,9 @@
 
 It wires the JSON envelope, security headers, CSRF on every unsafe request, login/logout,
 `/healthz`, `/readyz` and `/metrics`, and the templates; the application adds its own routers.
-The app's `templates/` folder provides `base.html`, `login.html` and `error.html`.
+Templates are looked up in the application's `templates/` folder first, then in the framework's
+own (`mega/web/templates/`: plain `base.html`, `login.html` and `error.html`), so an application
+restyles the login page by shipping its own `login.html`, and works without one.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from mega.web.envelope import fail, install_error_handlers
 from mega.web.health import router as health_router
 from mega.web.login import router as login_router
 
+# The framework's fallback templates, after the application's own.
+FRAMEWORK_TEMPLATES = Path(__file__).with_name("templates")
 # No form or JSON body of this app comes near this; anything larger is refused unread.
 MAX_BODY_BYTES = 64 * 1024
 
@@ -58,7 +62,7 @@ def create_web_app(
     app.state.config = config
     app.state.auth = config.auth
     templates = Jinja2Templates(
-        directory=str(templates_dir or config.root / "templates"),
+        directory=[templates_dir or config.root / "templates", FRAMEWORK_TEMPLATES],
         context_processors=[_template_globals],
     )
     app.state.templates = templates
@@ -84,7 +88,12 @@ async def _api_not_found(path: str, user: auth.UserDep) -> Response:
 def _template_globals(request: Request) -> dict[str, Any]:
     user = getattr(request.state, "user", None)
     token = user.csrf_token if user else auth.anon_csrf_token(request)
-    return {"csrf_token": token, "user": user, "csrf_header": CSRF_HEADER}
+    return {
+        "csrf_token": token,
+        "user": user,
+        "csrf_header": CSRF_HEADER,
+        "landing_path": request.app.state.auth.landing_path,
+    }
 
 
 async def _security_middleware(

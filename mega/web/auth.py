@@ -1,6 +1,7 @@
 """Login, server-side sessions, CSRF and failed-login limiting.
 
-- The session cookie carries one random id, HMAC-signed; the database holds its SHA-256.
+- The session cookie carries one random id, signed with itsdangerous; the database holds its
+  SHA-256.
   Logging in always starts a new session (no fixation) with a fresh CSRF token; logging out
   deletes the row, so a stolen cookie dies with it.
 - CSRF: every POST/PUT/PATCH/DELETE carries the token as form field `csrf_token` or header
@@ -8,10 +9,13 @@
   the signed anonymous token cookie: a signed double-submit).
 - Failed logins are counted per username and per IP in a sliding window; past the limit the
   answer stays the same generic message and no password is checked.
+- Passwords are Argon2id (see passwords.py); a hash in an older format is replaced at the next
+  successful login.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import secrets
@@ -20,7 +24,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated
 from urllib.parse import urlsplit
 
+import anyio.to_thread
 from fastapi import Depends, HTTPException, Request
+from itsdangerous import BadSignature, Signer
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
@@ -28,10 +34,9 @@ from mega.config import AuthConfig
 from mega.constants import ANON_CSRF_COOKIE, CSRF_FORM_FIELD, CSRF_HEADER, SESSION_COOKIE
 from mega.database import Database
 from mega.web.models import LoginFailure, User, UserSession
-from mega.web.passwords import DUMMY_HASH, hash_password, verify_password
+from mega.web.passwords import DUMMY_HASH, hash_password, verify_and_update, verify_password
 
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
-DEFAULT_NEXT = "/demo"
 
 
 @dataclass(frozen=True)
@@ -44,17 +49,27 @@ class CurrentUser:
 # ---- signing -------------------------------------------------------------------------------
 
 
+@functools.cache
+def _signer(key: str) -> Signer:
+    # HMAC-SHA1 over a key derived from MEGA_SECRET_KEY and this salt (itsdangerous' defaults).
+    return Signer(key, salt="mega.cookie")
+
+
 def sign(value: str, key: str) -> str:
-    mac = hmac.new(key.encode(), value.encode(), hashlib.sha256).hexdigest()
-    return f"{value}.{mac}"
+    """`value` with its signature appended (itsdangerous), for a cookie."""
+    signed: bytes = _signer(key).sign(value)
+    return signed.decode()
 
 
 def unsign(signed: str | None, key: str) -> str | None:
-    if not signed or "." not in signed:
+    """The value of a cookie signed by `sign`, or None when it is absent, forged or malformed."""
+    if not signed:
         return None
-    value, mac = signed.rsplit(".", 1)
-    expected = hmac.new(key.encode(), value.encode(), hashlib.sha256).hexdigest()
-    return value if hmac.compare_digest(mac, expected) else None
+    try:
+        value: bytes = _signer(key).unsign(signed)
+        return value.decode()
+    except (BadSignature, UnicodeError):
+        return None
 
 
 def _id_hash(session_id: str) -> str:
@@ -113,7 +128,8 @@ async def current_user(request: Request) -> CurrentUser | None:
 
 
 async def require_user(request: Request) -> CurrentUser:
-    """Dependency for every /demo page and /api route: 401 (JSON) or a redirect to /login."""
+    """Dependency for every page and /api route behind the login: 401 (JSON) or a redirect
+    to /login."""
     user = await current_user(request)
     if user is None:
         raise HTTPException(401, "log in first")
@@ -168,11 +184,6 @@ def anon_csrf_token(request: Request) -> str:
     return token
 
 
-async def csrf_token(request: Request) -> str:
-    user = await current_user(request)
-    return user.csrf_token if user else anon_csrf_token(request)
-
-
 async def csrf_protect(request: Request) -> None:
     """App-wide dependency: unsafe methods must carry the right token, else 403."""
     if request.method not in UNSAFE_METHODS:
@@ -198,15 +209,17 @@ async def csrf_protect(request: Request) -> None:
 # ---- login ---------------------------------------------------------------------------------
 
 
-def safe_next(target: str | None) -> str:
-    """Only a local path: no scheme, no host, not `//host` nor `/\\host`, no control chars."""
+def safe_next(target: str | None, default: str = "/") -> str:
+    """`target` if it is a local path, else `default` (the config's `auth.landing_path`).
+
+    Local: no scheme, no host, not `//host` nor `/\\host`, no control characters."""
     if not target or not target.startswith("/") or target.startswith(("//", "/\\")):
-        return DEFAULT_NEXT
+        return default
     if "\\" in target or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in target):
-        return DEFAULT_NEXT
+        return default
     parts = urlsplit(target)
     if parts.scheme or parts.netloc:
-        return DEFAULT_NEXT
+        return default
     return target
 
 
@@ -232,8 +245,10 @@ async def authenticate(request: Request, username: str, password: str, ip: str) 
         return None
     # Always run the KDF, against a dummy hash for unknown users: timing reveals nothing.
     encoded = user.password_hash if user else DUMMY_HASH
-    good = await _verify_off_loop(password, encoded)
+    good, new_hash = await anyio.to_thread.run_sync(verify_and_update, password, encoded)
     if good and user is not None:
+        if new_hash is not None:  # an older format or cost: store the current one
+            await db.run(functools.partial(_store_hash, user.id, new_hash))
         return user.id
     now = _now()
 
@@ -245,14 +260,15 @@ async def authenticate(request: Request, username: str, password: str, ip: str) 
     return None
 
 
-async def _verify_off_loop(password: str, encoded: str) -> bool:
-    import anyio.to_thread
-
-    return await anyio.to_thread.run_sync(verify_password, password, encoded)
+def _store_hash(user_id: int, password_hash: str, db: Session) -> None:
+    user = db.get(User, user_id)
+    if user is not None:
+        user.password_hash = password_hash
 
 
 def ensure_user(db: Database, username: str, password: str) -> None:
-    """Create the user, or reset its password if it differs (used to seed the demo login)."""
+    """Create the user, or reset its password if it differs (the web host does this for each
+    user of the config's `auth.users`)."""
     with db.sessions.begin() as session:
         user = session.scalar(select(User).where(User.username == username))
         if user is None:

@@ -20,11 +20,15 @@ def _client_ip(request: Request) -> str:
     return request.client.host if request.client else "unknown"
 
 
+def _next(request: Request, target: str | None) -> str:
+    return auth.safe_next(target, auth.settings(request).landing_path)
+
+
 @router.get("/login", include_in_schema=False)
 async def login_page(request: Request, next: str | None = None) -> Response:
     if await auth.current_user(request):
-        return RedirectResponse(auth.safe_next(next), status_code=303)
-    return _render(request, next=auth.safe_next(next))
+        return RedirectResponse(_next(request, next), status_code=303)
+    return _render(request, next=_next(request, next))
 
 
 @router.post("/login", include_in_schema=False)
@@ -34,7 +38,7 @@ async def login(
     password: Annotated[str, Form(max_length=1000)] = "",
     next: Annotated[str, Form(max_length=2000)] = "",
 ) -> Response:
-    target = auth.safe_next(next)
+    target = _next(request, next)
     user_id = await auth.authenticate(request, username, password, _client_ip(request))
     if user_id is None:
         return _render(

@@ -9,7 +9,7 @@ import pytest
 import redis.asyncio as redis
 
 from app.services.cron_counter import COUNT_KEY, FENCE_KEY, HISTORY_KEY, read_state, record_run
-from tests.factories import config_for, csrf_from, login, web_client
+from tests.factories import csrf_from, login, sample_config_for, web_client
 
 
 @pytest.fixture
@@ -23,7 +23,7 @@ async def fresh_redis(redis_url: str):
 
 
 async def test_anonymous_is_refused(tmp_path: Path, nats_url: str, redis_url: str) -> None:
-    async with web_client(config_for(tmp_path, nats_url, redis_url)) as client:
+    async with web_client(sample_config_for(tmp_path, nats_url, redis_url)) as client:
         assert (await client.get("/api/demo/cron")).status_code == 401
         assert (await client.get("/demo/cron")).status_code == 303
         page = await client.get("/login")
@@ -36,7 +36,7 @@ async def test_anonymous_is_refused(tmp_path: Path, nats_url: str, redis_url: st
 async def test_state_and_manual_run(
     tmp_path: Path, nats_url: str, redis_url: str, fresh_redis
 ) -> None:
-    async with web_client(config_for(tmp_path, nats_url, redis_url)) as client:
+    async with web_client(sample_config_for(tmp_path, nats_url, redis_url)) as client:
         await login(client)
         state = (await client.get("/api/demo/cron")).json()["data"]
         assert state["count"] == 0 and state["history"] == []
@@ -67,7 +67,7 @@ async def test_state_and_manual_run(
 async def test_manual_run_skips_while_a_run_holds_the_guard(
     tmp_path: Path, nats_url: str, redis_url: str, fresh_redis
 ) -> None:
-    async with web_client(config_for(tmp_path, nats_url, redis_url)) as client:
+    async with web_client(sample_config_for(tmp_path, nats_url, redis_url)) as client:
         await login(client)
         await fresh_redis.set("mega:schedule:CronCounterSchedule:running", "someone", px=5000)
         token = csrf_from((await client.get("/demo/cron")).text)

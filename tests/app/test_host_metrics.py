@@ -17,8 +17,8 @@ import pytest
 
 from mega.config import load_config
 from mega.runtime.embedded import free_port
-from tests.factories import SAMPLE_REGISTRATIONS, csrf_from, login, web_client, write_config
-from tests.mega.runtime.test_metrics import sample
+from tests.factories import SAMPLE_REGISTRATIONS, csrf_from, login, sample_config, web_client
+from tests.app.test_web_metrics import sample
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -58,7 +58,7 @@ async def test_worker_host_counts_jobs_and_web_counts_enqueues(
 ) -> None:
     port = free_port()
     metrics = f'\nmetrics = {{"enabled": True, "worker_port": {port}}}\n'
-    path = write_config(
+    path = sample_config(
         tmp_path, nats_url=nats_factory().url, redis_url=redis_factory().url,
         body=SAMPLE_REGISTRATIONS + metrics,
     )  # fmt: skip
@@ -96,7 +96,7 @@ async def test_scheduler_host_counts_ticks(
         "from tests.app.cluster_schedules import EverySecond\nschedules = [EverySecond]\n"
         f'metrics = {{"enabled": True, "scheduler_port": {port}}}\n'
     )
-    path = write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body)
+    path = sample_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body)
     with host("scheduler", path, {"CLUSTER_PREFIX": prefix}):
         await scrape(port)
         await asyncio.sleep(2.5)

@@ -14,14 +14,14 @@ import pytest
 from app.jobs.email import EmailJob
 from mega.config import Config
 from mega.jobs.job import stream_name
-from tests.factories import config_for, csrf_from, job_worker, login, web_client
+from tests.factories import csrf_from, job_worker, login, sample_config_for, web_client
 
 
 @pytest.fixture
 def config(
     tmp_path: Path, nats_factory: Callable[[], Any], redis_factory: Callable[[], Any]
 ) -> Config:
-    return config_for(tmp_path, nats_factory().url, redis_factory().url)
+    return sample_config_for(tmp_path, nats_factory().url, redis_factory().url)
 
 
 async def authed(client: httpx.AsyncClient) -> dict[str, str]:
@@ -173,7 +173,7 @@ async def test_nats_down_is_503_naming_it_and_other_pages_work(
     tmp_path: Path, nats_factory: Callable[[], Any], redis_factory: Callable[[], Any]
 ) -> None:
     nats = nats_factory()
-    config = config_for(tmp_path, nats.url, redis_factory().url)
+    config = sample_config_for(tmp_path, nats.url, redis_factory().url)
     async with web_client(config) as client:
         headers = await authed(client)
         nats.stop()

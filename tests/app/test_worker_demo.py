@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from app.workers.hash_tasks import MAX_ROUNDS, sha256_loop
-from tests.factories import config_for, csrf_from, login, web_client
+from tests.factories import csrf_from, login, sample_config_for, web_client
 
 
 def chain(text: str, rounds: int) -> str:
@@ -41,7 +41,7 @@ def test_task_rejects_bad_rounds(rounds: object) -> None:
 
 @pytest.fixture
 def config(tmp_path: Path, nats_url: str, redis_url: str):
-    return config_for(tmp_path, nats_url, redis_url)
+    return sample_config_for(tmp_path, nats_url, redis_url)
 
 
 async def authed(client: httpx.AsyncClient) -> dict[str, str]:

@@ -53,11 +53,11 @@ async def test_login_logout_and_limiting_on_postgres(
         assert client.app.state.ctx.db.url.startswith("postgresql+psycopg://")  # type: ignore[attr-defined]
         assert (await login(client, DEMO_USER, "wrong")).status_code == 401
         assert (await login(client)).status_code == 303
-        page = await client.get("/demo")
+        page = await client.get("/home")
         assert page.status_code == 200
         ready = (await client.get("/readyz")).json()
         assert ready["data"]["checks"]["db"] == "ok"
         logout = await client.post("/logout", data={"csrf_token": csrf_from(page.text)})
         assert logout.status_code == 303
-        assert (await client.get("/api/demo/ping")).status_code == 401
+        assert (await client.get("/api/things")).status_code == 401
     assert not (tmp_path / "test.db").exists()  # users and sessions lived in PostgreSQL

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -23,7 +23,7 @@ class Policy:
     """What `decide` reads from a JobSpec: retries 2 (3 attempts), backoff 500..2000 ms."""
 
     max_attempts: int = 3
-    backoff: BackoffPolicy = BackoffPolicy(initial_ms=500, max_ms=2000)
+    backoff: BackoffPolicy = field(default_factory=lambda: BackoffPolicy(500, 2000))
 
 
 class Highest:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +18,16 @@ from tests.processes import alive, descendants
 
 ROOT = Path(__file__).resolve().parents[3]
 MEGA = [sys.executable, "-m", "mega"]
+# A CPU pool of two child processes, declared in the config as an application would.
+TWO_CHILD_POOL = """
+from mega import Worker
+
+class Pool(Worker):
+    task_file = "tests.mega.workers.worker_tasks"
+    pool_size = 2
+
+workers = [Pool]
+"""
 
 
 def run_mega(
@@ -62,54 +71,11 @@ def test_bad_config_key_is_named(tmp_path: Path) -> None:
     assert "services.caches.main.driver" in result.stderr and "Traceback" not in result.stderr
 
 
-@pytest.mark.slow
-def test_dev_comes_up_serves_and_leaves_nothing_behind(tmp_path: Path) -> None:
-    shutil.copy(ROOT / "mega_config.py", tmp_path / "mega_config.py")
-    port = free_port()
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("NATS_URL", "REDIS_URL", "DATABASE_URL")
-    }
-    env["NO_COLOR"] = "1"
-    dev = subprocess.Popen(
-        [*MEGA, "dev", "--port", str(port), "--config", str(tmp_path / "mega_config.py")],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    output: list[str] = []
-    try:
-        assert dev.stdout is not None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = dev.stdout.readline()
-            output.append(line)
-            if "log in as" in line:
-                break
-        text = "".join(output)
-        assert f"http://localhost:{port}/demo" in text, text
-        assert "log in as demo / demo" in text
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
-            assert response.status == 200
-        family = descendants(dev.pid)
-        assert len(family) >= 5  # nats, redis, web, scheduler, worker (+ pool processes)
-        dev.send_signal(signal.SIGINT)
-        rest, _ = dev.communicate(timeout=60)
-        assert dev.returncode == 0, text + rest
-        assert "Traceback" not in text + rest
-        time.sleep(0.2)
-        assert [pid for pid in family if alive(pid)] == []
-        assert (tmp_path / "var" / "nats" / "jetstream").is_dir()  # the file store lives in ./var
-    finally:
-        if dev.poll() is None:
-            dev.kill()
-            dev.wait()
-        if dev.stdout is not None:
-            dev.stdout.close()
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_start_stops_gracefully_on_signal_and_exits_0(
     tmp_path: Path, nats_url: str, redis_url: str, sig: signal.Signals
 ) -> None:
-    config = write_config(tmp_path, nats_url=nats_url, redis_url=redis_url)
+    config = write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=TWO_CHILD_POOL)
     port = free_port()
     web = subprocess.Popen(
         [*MEGA, "start", "--port", str(port), "--config", str(config)],
@@ -124,7 +90,7 @@ def test_start_stops_gracefully_on_signal_and_exits_0(
             except OSError:
                 time.sleep(0.1)
         pool_pids = descendants(web.pid)
-        assert len(pool_pids) == 2  # the sample's hash pool: two child processes
+        assert len(pool_pids) == 2  # the pool's two child processes
         web.send_signal(sig)
         output, _ = web.communicate(timeout=30)
         assert web.returncode == 0, output

@@ -33,7 +33,8 @@ def test_good_config_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert config.database_url.startswith("sqlite:///") and config.database_url.endswith(
         "var/mega.db"
     )
-    assert config.auth.demo_user is None  # outside dev there is no default login
+    assert config.auth.users == {}  # the framework seeds no login of its own
+    assert config.auth.landing_path == "/"
 
 
 def test_per_alias_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -69,9 +70,51 @@ def test_secret_key_required_outside_dev(tmp_path: Path, monkeypatch: pytest.Mon
     with pytest.raises(ConfigError, match="MEGA_SECRET_KEY: required outside dev"):
         load_config(path, dev=False)
     dev = load_config(path, dev=True)
-    assert (dev.auth.demo_user, dev.auth.demo_password) == ("demo", "demo")
+    assert dev.auth.secret_key and dev.auth.users == {}
 
 
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "nope.py")
+
+
+def test_every_problem_is_named_at_once(tmp_path: Path) -> None:
+    text = GOOD.replace('"driver": "nats"', '"driver": "kafka"').replace(
+        'auth = {"secret_key": "x" * 40}',
+        'auth = {"secret_key": "x" * 40, "login_max_failures": True, "sessions": 1}\n'
+        'metrics = {"enabled": "yes", "worker_port": 70000}',
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text))
+    problems = str(info.value).split("; ")
+    assert [p.split(":")[0] for p in problems] == [
+        "services.buses.jobs.driver",
+        "auth.login_max_failures",  # a bool is not a count
+        "auth.sessions",
+        "metrics.enabled",
+        "metrics.worker_port",
+    ]
+    assert "auth.sessions: unknown key" in problems
+
+
+@pytest.mark.parametrize(
+    ("auth", "expected"),
+    [
+        ('{"landing_path": "//evil.example"}', "auth.landing_path"),
+        ('{"users": {"": "pw"}}', "auth.users"),
+        ('"not a dict"', "auth: "),
+    ],
+)
+def test_bad_auth_options(tmp_path: Path, auth: str, expected: str) -> None:
+    text = GOOD.replace('auth = {"secret_key": "x" * 40}', f"auth = {auth}")
+    with pytest.raises(ConfigError, match=expected):
+        load_config(write(tmp_path, text), dev=True)
+
+
+def test_users_and_landing_path(tmp_path: Path) -> None:
+    text = GOOD.replace(
+        'auth = {"secret_key": "x" * 40}',
+        'auth = {"secret_key": "x" * 40, "users": {"ada": "pw"}, "landing_path": "/home"}',
+    )
+    config = load_config(write(tmp_path, text))
+    assert (config.auth.users, config.auth.landing_path) == ({"ada": "pw"}, "/home")

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from mega.constants import SESSION_COOKIE
 from mega.web.auth import safe_next
+from mega.web.models import User
+from mega.web.passwords import hash_password, verify_password
 from tests.factories import DEMO_PASSWORD, DEMO_USER, config_for, csrf_from, login, web_client
 
 GENERIC = "Wrong username or password, or too many attempts."
@@ -21,20 +27,20 @@ def config(tmp_path: Path, nats_url: str, redis_url: str):
 
 async def test_good_login_sets_session_and_redirects_to_next(config) -> None:
     async with web_client(config) as client:
-        page = await client.get("/login?next=/demo/jobs")
+        page = await client.get("/login?next=/home?tab=2")
         token = csrf_from(page.text)
         response = await client.post(
             "/login",
             data={"username": DEMO_USER, "password": DEMO_PASSWORD, "csrf_token": token,
-                  "next": "/demo/jobs"},
+                  "next": "/home?tab=2"},
         )  # fmt: skip
         assert response.status_code == 303
-        assert response.headers["location"] == "/demo/jobs"
+        assert response.headers["location"] == "/home?tab=2"
         cookie = response.headers["set-cookie"]
         assert SESSION_COOKIE in cookie and "HttpOnly" in cookie and "SameSite=lax" in cookie
-        console = await client.get("/demo")
-        assert console.status_code == 200
-        assert "Console" in console.text and DEMO_USER in console.text
+        home = await client.get("/home")
+        assert home.status_code == 200
+        assert "<title>Home</title>" in home.text and DEMO_USER in home.text
 
 
 @pytest.mark.parametrize("username,password", [(DEMO_USER, "wrong"), ("nobody", DEMO_PASSWORD)])
@@ -44,7 +50,7 @@ async def test_bad_login_gives_one_generic_message(config, username: str, passwo
         assert response.status_code == 401
         assert GENERIC in response.text
         assert SESSION_COOKIE not in response.headers.get("set-cookie", "")
-        assert (await client.get("/api/demo/ping")).status_code == 401
+        assert (await client.get("/api/things")).status_code == 401
 
 
 async def test_rate_limit_kicks_in_then_releases(config) -> None:
@@ -69,24 +75,24 @@ async def test_session_rotated_at_login_and_revoked_at_logout(config) -> None:
     async with web_client(config) as client:
         await login(client)
         first_cookie = client.cookies[SESSION_COOKIE]
-        first_token = csrf_from((await client.get("/demo")).text)
+        first_token = csrf_from((await client.get("/home")).text)
         await login_again(client)
         second_cookie = client.cookies[SESSION_COOKIE]
-        second_token = csrf_from((await client.get("/demo")).text)
+        second_token = csrf_from((await client.get("/home")).text)
         assert first_cookie != second_cookie and first_token != second_token
 
         response = await client.post("/logout", data={"csrf_token": second_token})
         assert response.status_code == 303 and response.headers["location"] == "/login"
         # The old cookie, replayed, no longer opens anything: the session is gone server-side.
         client.cookies.set(SESSION_COOKIE, second_cookie)
-        assert (await client.get("/api/demo/ping")).status_code == 401
+        assert (await client.get("/api/things")).status_code == 401
         client.cookies.set(SESSION_COOKIE, first_cookie)
-        assert (await client.get("/api/demo/ping")).status_code == 401
+        assert (await client.get("/api/things")).status_code == 401
 
 
 async def login_again(client) -> None:
     # A logged-in user posting the login form again gets a brand-new session.
-    token = csrf_from((await client.get("/demo")).text)
+    token = csrf_from((await client.get("/home")).text)
     response = await client.post(
         "/login", data={"username": DEMO_USER, "password": DEMO_PASSWORD, "csrf_token": token}
     )
@@ -103,16 +109,18 @@ async def test_csrf_missing_or_wrong_is_403_for_forms_and_json(config) -> None:
             await client.post("/login", data={**creds, "csrf_token": "x" + token})
         ).status_code == 403
         await login(client)
-        token = csrf_from((await client.get("/demo")).text)
+        token = csrf_from((await client.get("/home")).text)
         assert (await client.post("/logout", data={})).status_code == 403
-        missing = await client.post("/api/demo/cron/run", json={})
+        missing = await client.post("/api/things", json={"name": "x"})
         assert missing.status_code == 403
         body = missing.json()
         assert body["ok"] is False and body["error"]["code"] == "forbidden"
-        wrong = await client.post("/api/demo/cron/run", json={}, headers={"X-CSRF-Token": "nope"})
+        wrong = await client.post(
+            "/api/things", json={"name": "x"}, headers={"X-CSRF-Token": "nope"}
+        )
         assert wrong.status_code == 403
         # Still logged in: nothing changed.
-        assert (await client.get("/demo")).status_code == 200
+        assert (await client.get("/api/things")).json()["data"] == {"things": []}
 
 
 @pytest.mark.parametrize(
@@ -121,12 +129,12 @@ async def test_csrf_missing_or_wrong_is_403_for_forms_and_json(config) -> None:
      "/ok\r\nSet-Cookie:x", "", "demo"],
 )  # fmt: skip
 def test_next_only_to_a_local_path(target: str) -> None:
-    assert safe_next(target) == "/demo"
+    assert safe_next(target, "/home") == "/home"
 
 
 @pytest.mark.parametrize("target", ["/demo/jobs", "/demo/cron?x=1", "/"])
 def test_next_keeps_local_paths(target: str) -> None:
-    assert safe_next(target) == target
+    assert safe_next(target, "/home") == target
 
 
 async def test_login_with_evil_next_redirects_home(config) -> None:
@@ -139,17 +147,15 @@ async def test_login_with_evil_next_redirects_home(config) -> None:
                 data={"username": DEMO_USER, "password": DEMO_PASSWORD,
                       "csrf_token": csrf_from(page.text), "next": evil},
             )  # fmt: skip
-            assert response.headers["location"] == "/demo"
+            assert response.headers["location"] == "/home"  # the config's landing_path
 
 
 async def test_anonymous_page_redirects_and_json_gets_401_envelope(config) -> None:
     async with web_client(config) as client:
-        page = await client.get("/demo/jobs?x=1")
+        page = await client.get("/home?x=1")
         assert page.status_code == 303
-        assert page.headers["location"] == "/login?next=/demo/jobs%3Fx%3D1"
-        for path in ("/", "/demo", "/demo/cron", "/demo/worker"):
-            assert (await client.get(path)).status_code == 303
-        api = await client.get("/api/demo/cron")
+        assert page.headers["location"] == "/login?next=/home%3Fx%3D1"
+        api = await client.get("/api/things")
         assert api.status_code == 401
         body = api.json()
         assert body["ok"] is False and body["error"]["code"] == "auth.required"
@@ -184,7 +190,7 @@ async def test_unknown_api_route_is_404_envelope(config) -> None:
 
 async def test_anonymous_api_post_is_401_even_without_a_token(config) -> None:
     async with web_client(config) as client:
-        response = await client.post("/api/demo/cron/run", json={})
+        response = await client.post("/api/things", json={"name": "x"})
         assert response.status_code == 401
         assert response.json()["error"]["code"] == "auth.required"
 
@@ -192,11 +198,62 @@ async def test_anonymous_api_post_is_401_even_without_a_token(config) -> None:
 async def test_oversized_body_is_422_and_changes_nothing(config) -> None:
     async with web_client(config) as client:
         await login(client)
-        token = csrf_from((await client.get("/demo")).text)
+        token = csrf_from((await client.get("/home")).text)
         response = await client.post(
-            "/api/demo/worker/hash",
-            content=b'{"input": "' + b"x" * 70_000 + b'"}',
+            "/api/things",
+            content=b'{"name": "' + b"x" * 70_000 + b'"}',
             headers={"X-CSRF-Token": token, "Content-Type": "application/json"},
         )
         assert response.status_code == 422
         assert "body" in response.json()["error"]["fields"]
+        assert (await client.get("/api/things")).json()["data"] == {"things": []}
+
+
+def legacy_scrypt_hash(password: str) -> str:
+    """A hash as mega-py wrote it before Argon2: `scrypt$n$r$p$salt_b64$hash_b64`."""
+    salt = b"0123456789abcdef"
+    digest = hashlib.scrypt(password.encode(), salt=salt, n=2**14, r=8, p=1, dklen=32)
+    return "$".join(
+        [
+            "scrypt",
+            "16384",
+            "8",
+            "1",
+            base64.b64encode(salt).decode(),
+            base64.b64encode(digest).decode(),
+        ]
+    )
+
+
+async def test_an_old_scrypt_hash_logs_in_and_is_upgraded_to_argon2(config) -> None:
+    async with web_client(config) as client:
+        db = client.app.state.ctx.db  # type: ignore[attr-defined]
+
+        def set_hash(session: Session) -> None:
+            user = session.scalar(select(User).where(User.username == DEMO_USER))
+            user.password_hash = legacy_scrypt_hash(DEMO_PASSWORD)
+
+        def stored_hash(session: Session) -> str:
+            return session.scalar(select(User.password_hash).where(User.username == DEMO_USER))
+
+        await db.run(set_hash)
+        assert (await login(client, DEMO_USER, "wrong")).status_code == 401
+        assert (await db.run(stored_hash)).startswith("scrypt$")  # a failed login changes nothing
+        assert (await login(client)).status_code == 303
+        upgraded = await db.run(stored_hash)
+        assert upgraded.startswith("$argon2id$")
+        assert verify_password(DEMO_PASSWORD, upgraded) and not verify_password("x", upgraded)
+
+
+def test_hashes_in_no_known_format_never_match() -> None:
+    assert not verify_password("pw", "md5$abc")
+    assert not verify_password("pw", "scrypt$broken")
+    assert hash_password("pw").startswith("$argon2id$")
+
+
+async def test_the_framework_renders_a_login_page_without_app_templates(config) -> None:
+    async with web_client(config) as client:
+        page = await client.get("/login")
+        assert page.status_code == 200
+        assert '<form method="post" action="/login">' in page.text
+        assert csrf_from(page.text) and 'name="next" value="/home"' in page.text

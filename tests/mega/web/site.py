@@ -1,0 +1,41 @@
+"""A minimal application on the framework alone, for the framework's own tests: the bare
+`create_web_app` with one page and one JSON resource behind the login, and no templates of its
+own (the framework's fallback templates render the login page)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, FastAPI, Request, Response
+from pydantic import BaseModel, StringConstraints
+
+from mega import Config, Context
+from mega.web import UserDep, create_web_app, ok, render
+
+router = APIRouter()
+
+
+class Thing(BaseModel):
+    name: Annotated[str, StringConstraints(min_length=1, max_length=100)]
+
+
+@router.get("/home")
+async def home(request: Request, user: UserDep) -> Response:
+    return render(request, "base.html", {"title": "Home"})
+
+
+@router.get("/api/things")
+async def list_things(request: Request, user: UserDep) -> Response:
+    return ok({"things": request.app.state.things})
+
+
+@router.post("/api/things")
+async def add_thing(body: Thing, request: Request, user: UserDep) -> Response:
+    request.app.state.things.append(body.name)
+    return ok({"name": body.name}, status=201)
+
+
+def create_app(config: Config, ctx: Context) -> FastAPI:
+    app = create_web_app(config, ctx, routers=[router], title="site")
+    app.state.things = []
+    return app
