@@ -22,9 +22,10 @@ lint: install
 	$(BIN)/ruff check mega app tests bench mega_config.py
 	$(BIN)/ruff format --check mega app tests bench mega_config.py
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache  # the architecture contracts of pyproject.toml
 
-test: lint  ## lint, then every test (fault, cluster and browser tests included)
-	$(BIN)/pytest
+test: lint  ## lint, then every test (fault, cluster and browser tests included), coverage gate
+	$(BIN)/pytest --cov=mega --cov-report=term-missing:skip-covered --cov-fail-under=90
 
 format: install
 	$(BIN)/ruff check --fix mega app tests bench mega_config.py
