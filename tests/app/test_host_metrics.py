@@ -17,8 +17,8 @@ import pytest
 
 from mega.config import load_config
 from mega.runtime.embedded import free_port
-from tests.factories import SAMPLE_REGISTRATIONS, csrf_from, login, sample_config, web_client
 from tests.app.test_web_metrics import sample
+from tests.factories import SAMPLE_REGISTRATIONS, csrf_from, login, sample_config, web_client
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
