@@ -25,29 +25,22 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 import nats.errors
 from nats.aio.msg import Msg
 
 from mega.errors import MegaError
+from mega.jobs.backoff import BackoffPolicy
 from mega.jobs.delivery import DeadLetter, Decision, Outcome, Retry, decide, is_unreported
 from mega.jobs.dlq import DlqRecord, make_record, publish_record
-from mega.jobs.job import (
-    CONSUMER_NAME,
-    HEADER_ENQUEUED_AT,
-    HEADER_JOB_ID,
-    HEADER_RUN_AT,
-    Job,
-    JobSpec,
-)
+from mega.jobs.job import HEADER_RUN_AT
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NatsClient
     from nats.js import JetStreamContext
 
-    from mega.context import Context
 
 # The queue's logger: to an operator, the consume loop is part of the job queue.
 logger = logging.getLogger("mega.jobqueue")
@@ -78,7 +71,7 @@ MAX_ERROR_CHARS = 2000
 
 
 class QueueLink(Protocol):
-    """What a consume loop needs from its JobQueue, and nothing more."""
+    """What a consume loop needs from its queue (a JobQueue, an EventBus), and nothing more."""
 
     nc: NatsClient
     js: JetStreamContext
@@ -89,9 +82,38 @@ class QueueLink(Protocol):
         """Send a signal to the queue's observers."""
         ...
 
-    async def ensure(self, job_cls: type[Job], *, force: bool = False) -> JobSpec:
-        """(Re)create the job's streams and consumer."""
+
+class ConsumeSpec(Protocol):
+    """What a consume loop needs to know of what it consumes (a JobSpec, a ListenerSpec)."""
+
+    @property
+    def name(self) -> str: ...  # in signals and logs
+    @property
+    def stream(self) -> str: ...
+    @property
+    def durable(self) -> str: ...  # the durable consumer on `stream`
+    @property
+    def concurrency(self) -> int: ...
+    @property
+    def ack_wait_s(self) -> float: ...
+    @property
+    def max_attempts(self) -> int: ...
+    @property
+    def backoff(self) -> BackoffPolicy: ...
+    @property
+    def dlq_subject(self) -> str: ...
+    @property
+    def id_header(self) -> str: ...  # the header holding the message's id
+    @property
+    def enqueued_header(self) -> str: ...  # epoch ms of the first enqueue (or emit)
+
+    def record_subject(self, subject: str, headers: dict[str, str]) -> str:
+        """The subject a DLQ record names for a message of this spec."""
         ...
+
+
+# Runs one decoded message: (payload, headers, attempt). Raising fails the attempt.
+Handler = Callable[[Any, dict[str, str], int], Awaitable[None]]
 
 
 class _Lease:
@@ -115,11 +137,17 @@ class _Consumer:
     slots, and the consumer's max_ack_pending keeps the whole group within `concurrency`.
     """
 
-    def __init__(self, queue: QueueLink, spec: JobSpec, ctx: Context) -> None:
+    def __init__(
+        self,
+        queue: QueueLink,
+        spec: ConsumeSpec,
+        handler: Handler,
+        restore: Callable[[], Awaitable[object]],
+    ) -> None:
         self.queue = queue
         self.spec = spec
-        self.ctx = ctx
-        self.job = spec.job_cls()
+        self.handler = handler
+        self.restore = restore
         self.nc = queue.nc
         self.running: dict[asyncio.Task[None], _Lease] = {}
         self.credits = 0
@@ -133,7 +161,7 @@ class _Consumer:
         self.drain_timeout_s = 0.0
         self.closed = asyncio.Event()
         self.unreported: OrderedDict[int, DlqRecord] = OrderedDict()
-        self.pull_subject = f"$JS.API.CONSUMER.MSG.NEXT.{spec.stream}.{CONSUMER_NAME}"
+        self.pull_subject = f"$JS.API.CONSUMER.MSG.NEXT.{spec.stream}.{spec.durable}"
         self.pull_expires_ns = int(PULL_EXPIRES_S * 1e9)
 
     def request_stop(self, timeout_s: float) -> None:
@@ -202,7 +230,7 @@ class _Consumer:
     async def _ensure_again(self) -> None:
         self.needs_ensure = False
         try:
-            await self.queue.ensure(self.spec.job_cls, force=True)
+            await self.restore()
         except MegaError as exc:
             self._warn(f"{self.spec.name}: cannot restore its stream/consumer yet: {exc}")
             self.needs_ensure = True
@@ -256,8 +284,8 @@ class _Consumer:
         meta = msg.metadata
         attempt = meta.num_delivered
         headers = msg.headers or {}
-        job_id = headers.get(HEADER_JOB_ID) or f"{spec.stream}:{meta.sequence.stream}"
-        enqueued_at = _int_header(headers, HEADER_ENQUEUED_AT)
+        job_id = headers.get(spec.id_header) or f"{spec.stream}:{meta.sequence.stream}"
+        enqueued_at = _int_header(headers, spec.enqueued_header)
         try:
             payload = json.loads(msg.data)
         except ValueError as exc:  # also bad UTF-8
@@ -266,7 +294,7 @@ class _Consumer:
                 error_type="DecodeError", error=str(exc),
             )  # fmt: skip
             record = self._record(
-                job_id, enqueued_at, None, "DecodeError", str(exc), attempts=attempt, raw=msg.data
+                msg, None, "DecodeError", str(exc), attempts=attempt, raw=msg.data
             )
             await self._dead_letter(decide(Outcome.UNDECODABLE, attempt, spec), msg, record)
             return
@@ -278,9 +306,7 @@ class _Consumer:
                     f"attempt {runs} of {spec.max_attempts} never reported back: its worker died "
                     "(crash, os._exit, OOM kill) or its DLQ record could not be written"
                 )
-                unreported = self._record(
-                    job_id, enqueued_at, payload, "WorkerCrashed", message, attempts=runs
-                )
+                unreported = self._record(msg, payload, "WorkerCrashed", message, attempts=runs)
                 await self.queue.emit(
                     "fail", job=spec.name, id=job_id, attempt=attempt, phase="run",
                     error_type="WorkerCrashed", error=message,
@@ -294,7 +320,7 @@ class _Consumer:
             latency_ms=None if run_at is None else max(0, round(started * 1000) - run_at),
         )  # fmt: skip
         try:
-            await self.job.run(payload, self.ctx)
+            await self.handler(payload, headers, attempt)
         except asyncio.CancelledError:
             # Cut off by the drain timeout: hand it back now rather than after the ack wait.
             await _settle(msg.nak(delay=HAND_BACK_DELAY_S))
@@ -314,7 +340,7 @@ class _Consumer:
                 )  # fmt: skip
                 return
             await self.queue.emit("fail", **fields, phase="run", error_type=error_type, error=error)
-            record = self._record(job_id, enqueued_at, payload, error_type, error, attempts=attempt)
+            record = self._record(msg, payload, error_type, error, attempts=attempt)
             await self._dead_letter(decision, msg, record)
             return
         await _settle(msg.ack())
@@ -325,8 +351,7 @@ class _Consumer:
 
     def _record(
         self,
-        job_id: str,
-        enqueued_at: int | None,
+        msg: Msg,
         payload: Any,
         error_type: str,
         error: str,
@@ -334,9 +359,13 @@ class _Consumer:
         attempts: int,
         raw: bytes | None = None,
     ) -> DlqRecord:
+        spec, headers = self.spec, msg.headers or {}
         return make_record(
-            self.spec, job_id, payload, error_type, error, attempts=attempts,
-            first_enqueued_at=enqueued_at, worker=self.queue.instance_id, raw=raw,
+            spec.record_subject(msg.subject, headers),
+            headers.get(spec.id_header) or f"{spec.stream}:{msg.metadata.sequence.stream}",
+            payload, error_type, error, attempts=attempts,
+            first_enqueued_at=_int_header(headers, spec.enqueued_header),
+            worker=self.queue.instance_id, raw=raw,
         )  # fmt: skip
 
     async def _dead_letter(self, decision: Decision, msg: Msg, record: DlqRecord) -> None:
@@ -346,7 +375,7 @@ class _Consumer:
         assert isinstance(decision, DeadLetter), decision  # the other decisions are settled inline
         seq = msg.metadata.sequence.stream
         try:
-            await publish_record(self.queue.js, self.spec, record, seq=seq)
+            await publish_record(self.queue.js, self.spec.dlq_subject, record, seq=seq)
         except NATS_ERRORS as exc:
             self.unreported[seq] = record
             while len(self.unreported) > UNREPORTED_MEMO_SIZE:

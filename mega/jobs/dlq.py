@@ -21,19 +21,12 @@ import base64
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from nats.js.errors import NotFoundError
 
 from mega.errors import JobError
-from mega.jobs.job import (
-    HEADER_ENQUEUED_AT,
-    HEADER_JOB_ID,
-    HEADER_RUN_AT,
-    NATS_MSG_ID,
-    Job,
-    JobSpec,
-)
+from mega.jobs.job import NATS_MSG_ID
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
@@ -64,7 +57,7 @@ class DlqRecord(_DlqRecordBase, total=False):
 
 
 def make_record(
-    spec: JobSpec,
+    subject: str,
     job_id: str,
     payload: Any,
     error_type: str,
@@ -78,7 +71,7 @@ def make_record(
     """Build a DLQ record; `raw` (a body that could not be decoded) is kept as base64."""
     record = DlqRecord(
         id=job_id,
-        subject=spec.subject,
+        subject=subject,
         payload=payload,
         error=DlqRecordError(type=error_type, message=error_message),
         attempts=attempts,
@@ -92,36 +85,53 @@ def make_record(
 
 
 async def publish_record(
-    js: JetStreamContext, spec: JobSpec, record: DlqRecord, *, seq: int
+    js: JetStreamContext, dlq_subject: str, record: DlqRecord, *, seq: int
 ) -> None:
-    """Publish a record to the job's DLQ stream and wait for the PubAck (raises NATS errors).
+    """Publish a record to a DLQ stream's subject and wait for the PubAck (raises NATS errors).
 
     The dedup id is keyed on `seq`, the work-stream sequence of the failed message: a retried
     publish of that message dedups, while the same job requeued (a new message) and failing
     again gets a record of its own."""
     headers = {NATS_MSG_ID: f"{record['id']}:dlq:{seq}"}
-    await js.publish(spec.dlq_subject, json.dumps(record).encode(), headers=headers)
+    await js.publish(dlq_subject, json.dumps(record).encode(), headers=headers)
+
+
+class DlqSpec(Protocol):
+    """What the DLQ tools need to know of a job (JobSpec) or a listener group (ListenerSpec)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def dlq_stream(self) -> str: ...
+    @property
+    def requeue_subject(self) -> str: ...  # where a requeued record is published
+
+    def requeue_headers(self, record: DlqRecord) -> dict[str, str]:
+        """The headers of the message a requeue publishes (attempts restart at 1)."""
+        ...
 
 
 class DeadLetters:
-    """DLQ tools over one bus (a JobQueue's `dlq`). Meant for operators and status pages: each
-    call reads the stream message by message, fine for thousands of records, not for millions.
+    """DLQ tools over one bus (a JobQueue's `dlq`, an EventBus's `dlq`). Meant for operators
+    and status pages: each call reads the stream message by message, fine for thousands of
+    records, not for millions.
 
-    `ensure(job_cls)` makes sure the job's streams exist and returns its spec."""
+    `ensure(cls)` makes sure the streams of a Job (or Listener) class exist and returns its
+    spec."""
 
     def __init__(
-        self, js: JetStreamContext, ensure: Callable[[type[Job]], Awaitable[JobSpec]]
+        self, js: JetStreamContext, ensure: Callable[[type[Any]], Awaitable[DlqSpec]]
     ) -> None:
         self.js = js
         self.ensure = ensure
 
-    async def count(self, job_cls: type[Job]) -> int:
+    async def count(self, job_cls: type[Any]) -> int:
         """Records currently kept in the job's DLQ stream."""
         spec = await self.ensure(job_cls)
         info = await self.js.stream_info(spec.dlq_stream)
         return int(info.state.messages)
 
-    async def list(self, job_cls: type[Job], limit: int = 50) -> list[DlqRecord]:
+    async def list(self, job_cls: type[Any], limit: int = 50) -> list[DlqRecord]:
         """Up to `limit` records, newest first, each with its stream `seq`."""
         spec = await self.ensure(job_cls)
         records: list[DlqRecord] = []
@@ -131,23 +141,23 @@ class DeadLetters:
             records.append(record)
         return records
 
-    async def requeue(self, job_cls: type[Job], job_id: str) -> int:
+    async def requeue(self, job_cls: type[Any], job_id: str) -> int:
         """Publish the record(s) with this job id back onto the job subject, attempts reset,
         then delete them from the DLQ. Returns how many were requeued (0: no such id)."""
         return await self._requeue(job_cls, job_id)
 
-    async def requeue_all(self, job_cls: type[Job]) -> int:
+    async def requeue_all(self, job_cls: type[Any]) -> int:
         """Requeue every record of the job's DLQ; returns the count."""
         return await self._requeue(job_cls, None)
 
-    async def purge(self, job_cls: type[Job]) -> int:
+    async def purge(self, job_cls: type[Any]) -> int:
         """Delete every record of the job's DLQ; returns how many there were."""
         spec = await self.ensure(job_cls)
         before = (await self.js.stream_info(spec.dlq_stream)).state.messages
         await self.js.purge_stream(spec.dlq_stream)
         return int(before)
 
-    async def _requeue(self, job_cls: type[Job], job_id: str | None) -> int:
+    async def _requeue(self, job_cls: type[Any], job_id: str | None) -> int:
         spec = await self.ensure(job_cls)
         requeued = 0
         async for record in self._scan(spec, newest_first=False):
@@ -162,21 +172,18 @@ class DeadLetters:
                 )
             seq = record["seq"]
             headers = {
-                HEADER_JOB_ID: record["id"],
-                HEADER_RUN_AT: str(int(time.time() * 1000)),
+                **spec.requeue_headers(record),
                 # A requeue retried after a lost PubAck must not publish the job twice.
                 NATS_MSG_ID: f"{record['id']}:requeue:{spec.dlq_stream}:{seq}",
             }
-            if record.get("first_enqueued_at") is not None:
-                headers[HEADER_ENQUEUED_AT] = str(record["first_enqueued_at"])
             body = json.dumps(record["payload"], separators=(",", ":")).encode()
             # A new message starts at num_delivered 1: that is the attempt reset.
-            await self.js.publish(spec.subject, body, headers=headers)
+            await self.js.publish(spec.requeue_subject, body, headers=headers)
             await self.js.delete_msg(spec.dlq_stream, seq)
             requeued += 1
         return requeued
 
-    async def _scan(self, spec: JobSpec, *, newest_first: bool) -> AsyncIterator[DlqRecord]:
+    async def _scan(self, spec: DlqSpec, *, newest_first: bool) -> AsyncIterator[DlqRecord]:
         js = self.js
         state = (await js.stream_info(spec.dlq_stream)).state
         if state.messages == 0:

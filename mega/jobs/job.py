@@ -24,7 +24,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
@@ -132,6 +132,33 @@ class JobSpec:
     @property
     def dlq_subject(self) -> str:
         return self.subject + DLQ_SUFFIX
+
+    # -- what the consume loop and the DLQ tools need (ConsumeSpec, DlqSpec) ------------------
+
+    @property
+    def durable(self) -> str:
+        return CONSUMER_NAME
+
+    @property
+    def id_header(self) -> str:
+        return HEADER_JOB_ID
+
+    @property
+    def enqueued_header(self) -> str:
+        return HEADER_ENQUEUED_AT
+
+    def record_subject(self, subject: str, headers: dict[str, str]) -> str:
+        return self.subject
+
+    @property
+    def requeue_subject(self) -> str:
+        return self.subject
+
+    def requeue_headers(self, record: Mapping[str, Any]) -> dict[str, str]:
+        headers = {HEADER_JOB_ID: record["id"], HEADER_RUN_AT: str(int(time.time() * 1000))}
+        if record.get("first_enqueued_at") is not None:
+            headers[HEADER_ENQUEUED_AT] = str(record["first_enqueued_at"])
+        return headers
 
     @property
     def delay_subjects(self) -> str:

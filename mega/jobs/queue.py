@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -325,7 +326,12 @@ class JobQueue:
             return  # stop() came while we were setting up
         if job_cls in self._consumers:
             raise JobError(f"{spec.name} is already consumed by this queue", code="job.twice")
-        consumer = _Consumer(self, spec, handler_ctx or self.ctx)
+        job, ctx = spec.job_cls(), handler_ctx or self.ctx
+
+        async def run(payload: Any, headers: dict[str, str], attempt: int) -> None:
+            await job.run(payload, ctx)
+
+        consumer = _Consumer(self, spec, run, functools.partial(self.ensure, job_cls, force=True))
         self._consumers[job_cls] = consumer
         try:
             await consumer.run()
