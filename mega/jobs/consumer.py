@@ -78,7 +78,7 @@ class QueueLink(Protocol):
     instance_id: str
     dlq_retry_delay_s: float
 
-    async def emit(self, name: str, **fields: Any) -> None:
+    async def signal(self, name: str, **fields: Any) -> None:
         """Send a signal to the queue's observers."""
         ...
 
@@ -289,7 +289,7 @@ class _Consumer:
         try:
             payload = json.loads(msg.data)
         except ValueError as exc:  # also bad UTF-8
-            await self.queue.emit(
+            await self.queue.signal(
                 "fail", job=spec.name, id=job_id, attempt=attempt, phase="decode",
                 error_type="DecodeError", error=str(exc),
             )  # fmt: skip
@@ -307,7 +307,7 @@ class _Consumer:
                     "(crash, os._exit, OOM kill) or its DLQ record could not be written"
                 )
                 unreported = self._record(msg, payload, "WorkerCrashed", message, attempts=runs)
-                await self.queue.emit(
+                await self.queue.signal(
                     "fail", job=spec.name, id=job_id, attempt=attempt, phase="run",
                     error_type="WorkerCrashed", error=message,
                 )  # fmt: skip
@@ -315,7 +315,7 @@ class _Consumer:
             return
         started = time.time()
         run_at = _int_header(headers, HEADER_RUN_AT) or enqueued_at
-        await self.queue.emit(
+        await self.queue.signal(
             "start", job=spec.name, id=job_id, attempt=attempt,
             latency_ms=None if run_at is None else max(0, round(started * 1000) - run_at),
         )  # fmt: skip
@@ -334,17 +334,19 @@ class _Consumer:
             decision = decide(Outcome.FAILED, attempt, spec)
             if isinstance(decision, Retry):
                 await _settle(msg.nak(delay=max(decision.delay_ms / 1000, MIN_NAK_DELAY_S)))
-                await self.queue.emit(
+                await self.queue.signal(
                     "retry", **fields, delay_ms=decision.delay_ms, error_type=error_type,
                     error=error,
                 )  # fmt: skip
                 return
-            await self.queue.emit("fail", **fields, phase="run", error_type=error_type, error=error)
+            await self.queue.signal(
+                "fail", **fields, phase="run", error_type=error_type, error=error
+            )
             record = self._record(msg, payload, error_type, error, attempts=attempt)
             await self._dead_letter(decision, msg, record)
             return
         await _settle(msg.ack())
-        await self.queue.emit(
+        await self.queue.signal(
             "done", job=spec.name, id=job_id, attempt=attempt,
             duration_ms=round((time.time() - started) * 1000, 3),
         )  # fmt: skip
@@ -381,14 +383,14 @@ class _Consumer:
             while len(self.unreported) > UNREPORTED_MEMO_SIZE:
                 self.unreported.popitem(last=False)
             await _settle(msg.nak(delay=self.queue.dlq_retry_delay_s))
-            await self.queue.emit(
+            await self.queue.signal(
                 "fail", job=self.spec.name, id=record["id"], attempt=msg.metadata.num_delivered,
                 phase="dlq_publish", error_type=type(exc).__name__, error=str(exc) or repr(exc),
             )  # fmt: skip
             return
         self.unreported.pop(seq, None)
         await _settle(msg.term() if decision.terminate else msg.ack())
-        await self.queue.emit(
+        await self.queue.signal(
             "dlq", job=self.spec.name, id=record["id"], attempts=record["attempts"],
             error_type=record["error"]["type"], error=record["error"]["message"],
         )  # fmt: skip

@@ -72,6 +72,44 @@ SCHEDULES_SINCE = (2, 12)
 DLQ_RETRY_DELAY_S = 5.0
 
 
+async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    """Create a stream unless it exists; an existing one is never changed (its limits are the
+    operator's). Safe to race with other processes."""
+    assert config.name is not None
+    try:
+        await js.stream_info(config.name)
+        return
+    except NotFoundError:
+        pass
+    try:
+        await js.add_stream(config)
+    except APIError as exc:
+        # A peer may have created it between our look-up and our create.
+        try:
+            await js.stream_info(config.name)
+        except NotFoundError:
+            raise JobError(
+                f"cannot create stream {config.name} on {config.subjects}: {exc.description}",
+                code="job.stream_conflict",
+            ) from exc
+
+
+def dlq_stream_config(
+    name: str, subject: str, max_age_s: float, max_bytes: int | None
+) -> StreamConfig:
+    """A dead-letter stream: limits retention, kept `max_age_s` (0: forever), optional byte cap."""
+    return StreamConfig(
+        name=name,
+        subjects=[subject],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        max_age=max_age_s or None,
+        max_bytes=max_bytes,
+        # The server refuses a dedup window longer than max_age.
+        duplicate_window=min(DEDUP_WINDOW_S, max_age_s) if max_age_s else DEDUP_WINDOW_S,
+    )
+
+
 @dataclass(frozen=True)
 class JobStats:
     """One job's queue at an instant. `pending`: enqueued, not yet delivered (delayed jobs not
@@ -163,7 +201,8 @@ class JobQueue:
         if job_cls in self._ensured and not force:
             return spec
         try:
-            await self._ensure_stream(
+            await ensure_stream(
+                self.js,
                 StreamConfig(
                     name=spec.stream,
                     subjects=[spec.subject, spec.delay_subjects],
@@ -171,20 +210,13 @@ class JobQueue:
                     storage=StorageType.FILE,
                     duplicate_window=DEDUP_WINDOW_S,
                     allow_msg_schedules=True if self._schedules_supported() else None,
-                )
+                ),
             )
-            max_age = spec.dlq_max_age_s
-            await self._ensure_stream(
-                StreamConfig(
-                    name=spec.dlq_stream,
-                    subjects=[spec.dlq_subject],
-                    retention=RetentionPolicy.LIMITS,
-                    storage=StorageType.FILE,
-                    max_age=max_age or None,
-                    max_bytes=spec.dlq_max_bytes,
-                    # The server refuses a dedup window longer than max_age.
-                    duplicate_window=min(DEDUP_WINDOW_S, max_age) if max_age else DEDUP_WINDOW_S,
-                )
+            await ensure_stream(
+                self.js,
+                dlq_stream_config(
+                    spec.dlq_stream, spec.dlq_subject, spec.dlq_max_age_s, spec.dlq_max_bytes
+                ),
             )
             await self._ensure_consumer(spec)
         except NATS_ERRORS as exc:
@@ -193,25 +225,6 @@ class JobQueue:
             ) from exc
         self._ensured.add(job_cls)
         return spec
-
-    async def _ensure_stream(self, config: StreamConfig) -> None:
-        assert config.name is not None
-        try:
-            await self.js.stream_info(config.name)
-            return  # exists: never touch an operator's limits
-        except NotFoundError:
-            pass
-        try:
-            await self.js.add_stream(config)
-        except APIError as exc:
-            # A peer may have created it between our look-up and our create.
-            try:
-                await self.js.stream_info(config.name)
-            except NotFoundError:
-                raise JobError(
-                    f"cannot create stream {config.name} on {config.subjects}: {exc.description}",
-                    code="job.stream_conflict",
-                ) from exc
 
     async def _ensure_consumer(self, spec: JobSpec) -> None:
         wanted = ConsumerConfig(
@@ -271,7 +284,7 @@ class JobQueue:
             ack = await self.js.publish(subject, body, headers=headers)
         except NATS_ERRORS as exc:
             raise DependencyUnavailable("nats", f"cannot enqueue {spec.name}: {exc}") from exc
-        await self.emit(
+        await self.signal(
             "dispatch",
             job=spec.name,
             id=job_id,
@@ -352,7 +365,7 @@ class JobQueue:
         with contextlib.suppress(*NATS_ERRORS):
             await self.nc.flush(timeout=1)  # acks and naks of the drain leave before we return
 
-    async def emit(self, name: str, **fields: Any) -> None:
+    async def signal(self, name: str, **fields: Any) -> None:
         """Notify observers, skipping the work when nobody listens (the hot path)."""
         if self.signals.has_observers(name):
             await self.signals.emit(name, **fields)

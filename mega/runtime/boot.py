@@ -131,7 +131,8 @@ async def _probe_tcp(url: str) -> None:
 async def connect_database(url: str) -> Database:
     # Imported here: SQLAlchemy costs ~0.3 s to import and only the web host needs it.
     from mega.database import Database
-    from mega.web import models  # noqa: F401  (registers the framework's tables on Base)
+    from mega.events import outbox  # noqa: F401  (registers the framework's tables on Base)
+    from mega.web import models  # noqa: F401
 
     db = Database(url)
     try:

@@ -1,0 +1,141 @@
+"""An event is a class: a fact that already happened ("user.signed_up"), with a `name`, the `bus`
+it travels on and, optionally, a pydantic `schema` its payload is validated against at emit.
+
+    class UserSignedUp(Event):
+        name = "user.signed_up"
+        bus = "jobs"
+        schema = SignupPayload          # optional: a pydantic model
+
+A job is work someone asked for (one consumer group does it once); an event is news (every
+listener group hears it). Events of a bus live on one stream, `MEGA_EVENTS` on `events.>`
+(limits retention, kept `EVENTS_MAX_AGE_S` for replay), under the subject `events.<name>`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
+
+from pydantic import BaseModel, ValidationError
+
+from mega.errors import JobError, RegistrationError
+
+# Event names: letters, digits, `_` and `-` in non-empty tokens joined by dots, like job subjects.
+NAME_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
+# Every event of a bus is published under this prefix; the events stream covers `events.>`.
+SUBJECT_PREFIX = "events."
+EVENTS_STREAM = "MEGA_EVENTS"
+# A listener group's requeued events come back on `events_requeue.<group>` (same stream), so a
+# requeue reaches that group only, not every group.
+REQUEUE_PREFIX = "events_requeue."
+# Events are kept this long for replay (a new listener group starts from the oldest kept).
+EVENTS_MAX_AGE_S = 7 * 24 * 3600
+
+# Message headers of an event (the body is the JSON payload alone).
+HEADER_EVENT_ID = "Mega-Event-Id"
+HEADER_EVENT_NAME = "Mega-Event-Name"
+# Epoch ms when the event was emitted (for an outbox event: when its row was written).
+HEADER_EMITTED_AT = "Mega-Emitted-At"
+NATS_MSG_ID = "Nats-Msg-Id"
+
+
+class Event:
+    """Base class of every event. Subclasses set `name` and `bus`; `schema` is optional."""
+
+    name: ClassVar[str]
+    bus: ClassVar[str]
+    schema: ClassVar[type[BaseModel] | None] = None
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """A validated Event class."""
+
+    event_cls: type[Event]
+    name: str
+    bus: str
+    schema: type[BaseModel] | None
+
+    @property
+    def subject(self) -> str:
+        return SUBJECT_PREFIX + self.name
+
+
+@dataclass(frozen=True)
+class ReceivedEvent:
+    """What a listener's `run(event, ctx)` receives: the event as emitted, and which delivery
+    of it this is (1 the first time; more after a retry or a crash)."""
+
+    id: str
+    name: str
+    data: Any
+    emitted_at: int | None  # epoch ms
+    attempt: int
+
+
+def validate_event(event_cls: type[Event], bus_aliases: Collection[str]) -> EventSpec:
+    """Check an Event class at once; RegistrationError lists each bad field."""
+    where = getattr(event_cls, "__name__", repr(event_cls))
+    if not (isinstance(event_cls, type) and issubclass(event_cls, Event)):
+        raise RegistrationError(f"{where}: an event must be a subclass of mega.Event")
+    problems = []
+    name = getattr(event_cls, "name", None)
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        problems.append(f"name: letters, digits, '.', '_' and '-' only, got {name!r}")
+    bus = getattr(event_cls, "bus", None)
+    if not isinstance(bus, str) or bus not in bus_aliases:
+        declared = ", ".join(sorted(bus_aliases)) or "none"
+        problems.append(f"bus: {bus!r} is not a declared bus alias (declared: {declared})")
+    schema = event_cls.schema
+    if schema is not None and not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+        problems.append(f"schema: must be a pydantic model class or None, got {schema!r}")
+    if problems:
+        raise RegistrationError(f"event {where!r} is invalid: " + "; ".join(problems))
+    assert isinstance(name, str) and isinstance(bus, str)
+    return EventSpec(event_cls, name, bus, schema)
+
+
+class EventMessage(NamedTuple):
+    """One event ready to publish (or to store in the outbox)."""
+
+    event_id: str
+    subject: str
+    body: bytes
+    headers: dict[str, str]
+
+
+def encode_event(
+    spec: EventSpec, payload: Any, *, event_id: str | None = None, emitted_at_ms: int | None = None
+) -> EventMessage:
+    """Validate the payload (against `schema`, then as JSON) and build the message.
+
+    The event id is also the `Nats-Msg-Id`, so a second publish of the same event within the
+    stream's duplicate window is dropped. Raises JobError `event.invalid_payload`."""
+    if spec.schema is not None:
+        try:
+            payload = spec.schema.model_validate(payload).model_dump(mode="json")
+        except ValidationError as exc:
+            raise JobError(
+                f"{spec.name}: payload does not match {spec.schema.__name__}: {exc}",
+                code="event.invalid_payload",
+            ) from None
+    try:
+        body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise JobError(
+            f"{spec.name}: payload must be JSON-serialisable ({exc})", code="event.invalid_payload"
+        ) from None
+    event_id = event_id or uuid.uuid4().hex
+    emitted = emitted_at_ms if emitted_at_ms is not None else int(time.time() * 1000)
+    headers = {
+        NATS_MSG_ID: event_id,
+        HEADER_EVENT_ID: event_id,
+        HEADER_EVENT_NAME: spec.name,
+        HEADER_EMITTED_AT: str(emitted),
+    }
+    return EventMessage(event_id, spec.subject, body, headers)

@@ -1,0 +1,226 @@
+"""A listener is a class: which events it hears (`event`), the group it belongs to (`group`), how
+it is run (`concurrency`, `retries`, `backoff`, `ack_wait_s`) and what it does
+(`async def run(self, event, ctx)`).
+
+    class WelcomeEmailListener(Listener):
+        event = UserSignedUp            # or a pattern of names: "user.*", "user.>"
+        retries = 2
+        inbox = "main"                  # skip an event id this group already completed
+
+        async def run(self, event: ReceivedEvent, ctx: Context) -> None:
+            await JobQueue(ctx, "jobs").enqueue(EmailJob, {...}, id=f"welcome-{event.id}")
+
+Fan-out: every group receives every event it listens to; the processes of one group share them
+(one durable consumer per group on the events stream). A failure retries with backoff and then
+lands in the group's own dead-letter stream, exactly as a job does (the same consume loop).
+Delivery is at-least-once: make `run` idempotent, or let the inbox skip completed ids.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from mega.errors import RegistrationError
+from mega.events.event import (
+    EVENTS_STREAM,
+    HEADER_EMITTED_AT,
+    HEADER_EVENT_ID,
+    HEADER_EVENT_NAME,
+    REQUEUE_PREFIX,
+    SUBJECT_PREFIX,
+    Event,
+    ReceivedEvent,
+)
+from mega.jobs.backoff import BackoffPolicy
+from mega.jobs.job import DEFAULT_ACK_WAIT_S, DEFAULT_BACKOFF, DEFAULT_DLQ_MAX_AGE_S
+from mega.validation import int_problem, is_number
+
+if TYPE_CHECKING:
+    from mega.context import Context
+
+# A pattern of event names: tokens joined by dots, where `*` matches one token and a final `>`
+# the rest (NATS subject wildcards).
+PATTERN_RE = re.compile(r"(?:[A-Za-z0-9_-]+|\*)(?:\.(?:[A-Za-z0-9_-]+|\*))*(?:\.>)?|>")
+GROUP_RE = re.compile(r"[A-Za-z0-9_-]+")
+# Each group's dead letters: `events_dlq.<group>` in the stream MEGA_EVENTS_<GROUP>_DLQ.
+DLQ_SUBJECT_PREFIX = "events_dlq."
+DLQ_STREAM_PREFIX = "MEGA_EVENTS_"
+DLQ_STREAM_SUFFIX = "_DLQ"
+# The inbox remembers a completed event id this long: longer than the events are kept.
+DEFAULT_INBOX_TTL_S = 14 * 24 * 3600
+
+
+class Listener:
+    """Base class of every listener. Subclasses set `event` and override `run`.
+
+    Class attributes: `event` (an Event class, or a name pattern with `*` / `>`), `group`
+    (default the class name; letters, digits, `_`, `-`), `bus` (default the Event class's; a
+    pattern needs it), `concurrency` (>= 1, for the whole group), `retries` (>= 0),
+    `backoff` (exponential, ms), `ack_wait_s` (> 0), `dlq_max_age_s` (>= 0, 0 keeps forever),
+    `inbox` (None, or a cache alias where the group remembers completed event ids for
+    `inbox_ttl_s` seconds and skips them when they come again).
+    """
+
+    event: ClassVar[type[Event] | str]
+    group: ClassVar[str]
+    bus: ClassVar[str | None] = None
+    concurrency: ClassVar[int] = 1
+    retries: ClassVar[int] = 3
+    backoff: ClassVar[dict[str, Any]] = DEFAULT_BACKOFF
+    ack_wait_s: ClassVar[float] = DEFAULT_ACK_WAIT_S
+    dlq_max_age_s: ClassVar[float] = DEFAULT_DLQ_MAX_AGE_S
+    inbox: ClassVar[str | None] = None
+    inbox_ttl_s: ClassVar[int] = DEFAULT_INBOX_TTL_S
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "group" not in cls.__dict__:
+            cls.group = cls.__name__
+
+    async def run(self, event: ReceivedEvent, ctx: Context) -> None:
+        """Handle one event. Raise to fail this attempt (it is retried, then dead-lettered)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class ListenerSpec:
+    """A validated Listener class with everything the event bus derives from it."""
+
+    listener_cls: type[Listener]
+    group: str
+    bus: str
+    pattern: str  # event names, with NATS wildcards
+    concurrency: int
+    retries: int
+    backoff: BackoffPolicy
+    ack_wait_s: float
+    dlq_max_age_s: float
+    inbox: str | None
+    inbox_ttl_s: int
+
+    @property
+    def name(self) -> str:
+        return self.group
+
+    @property
+    def max_attempts(self) -> int:
+        return self.retries + 1
+
+    @property
+    def stream(self) -> str:
+        return EVENTS_STREAM
+
+    @property
+    def durable(self) -> str:
+        return f"mega_group_{self.group}"
+
+    @property
+    def filter_subjects(self) -> list[str]:
+        """The events the group hears, and its own requeued ones."""
+        return [SUBJECT_PREFIX + self.pattern, self.requeue_subject]
+
+    @property
+    def subject(self) -> str:
+        return SUBJECT_PREFIX + self.pattern
+
+    @property
+    def dlq_subject(self) -> str:
+        return DLQ_SUBJECT_PREFIX + self.group
+
+    @property
+    def dlq_stream(self) -> str:
+        return (
+            DLQ_STREAM_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", self.group).upper() + DLQ_STREAM_SUFFIX
+        )
+
+    @property
+    def id_header(self) -> str:
+        return HEADER_EVENT_ID
+
+    @property
+    def enqueued_header(self) -> str:
+        return HEADER_EMITTED_AT
+
+    def record_subject(self, subject: str, headers: dict[str, str]) -> str:
+        # A requeued event arrives on the group's requeue subject: name the event itself.
+        name = headers.get(HEADER_EVENT_NAME)
+        return SUBJECT_PREFIX + name if name else subject
+
+    @property
+    def requeue_subject(self) -> str:
+        return REQUEUE_PREFIX + self.group
+
+    def requeue_headers(self, record: Mapping[str, Any]) -> dict[str, str]:
+        headers = {
+            HEADER_EVENT_ID: record["id"],
+            HEADER_EVENT_NAME: str(record["subject"]).removeprefix(SUBJECT_PREFIX),
+        }
+        emitted = record.get("first_enqueued_at")
+        headers[HEADER_EMITTED_AT] = str(
+            emitted if emitted is not None else int(time.time() * 1000)
+        )
+        return headers
+
+
+def validate_listener(
+    listener_cls: type[Listener], bus_aliases: Collection[str], cache_aliases: Collection[str]
+) -> ListenerSpec:
+    """Check every attribute of a Listener class at once; RegistrationError lists each one."""
+    where = getattr(listener_cls, "__name__", repr(listener_cls))
+    if not (isinstance(listener_cls, type) and issubclass(listener_cls, Listener)):
+        raise RegistrationError(f"{where}: a listener must be a subclass of mega.Listener")
+    problems: list[str] = []
+    event = getattr(listener_cls, "event", None)
+    pattern, bus = "", listener_cls.bus
+    if isinstance(event, type) and issubclass(event, Event):
+        pattern, bus = getattr(event, "name", ""), bus or getattr(event, "bus", None)
+    elif isinstance(event, str) and PATTERN_RE.fullmatch(event):
+        pattern = event
+    else:
+        problems.append(f"event: an Event class or a name pattern such as 'user.*', got {event!r}")
+    if not isinstance(bus, str) or bus not in bus_aliases:
+        declared = ", ".join(sorted(bus_aliases)) or "none"
+        problems.append(f"bus: {bus!r} is not a declared bus alias (declared: {declared})")
+    group = listener_cls.group
+    if not isinstance(group, str) or not GROUP_RE.fullmatch(group):
+        problems.append(f"group: letters, digits, '_' and '-' only, got {group!r}")
+    for field, minimum in (("concurrency", 1), ("retries", 0), ("inbox_ttl_s", 1)):
+        problem = int_problem(getattr(listener_cls, field), minimum=minimum)
+        if problem:
+            problems.append(f"{field}: {problem}")
+    backoff: BackoffPolicy | None = None
+    try:
+        backoff = BackoffPolicy.parse(listener_cls.backoff)
+    except ValueError as exc:
+        problems.append(f"backoff: {exc}")
+    if not is_number(listener_cls.ack_wait_s) or listener_cls.ack_wait_s <= 0:
+        problems.append(f"ack_wait_s: must be a positive number, got {listener_cls.ack_wait_s!r}")
+    if not is_number(listener_cls.dlq_max_age_s) or listener_cls.dlq_max_age_s < 0:
+        problems.append(f"dlq_max_age_s: must be >= 0 s, got {listener_cls.dlq_max_age_s!r}")
+    inbox = listener_cls.inbox
+    if inbox is not None and inbox not in cache_aliases:
+        declared = ", ".join(sorted(cache_aliases)) or "none"
+        problems.append(f"inbox: {inbox!r} is not a declared cache alias (declared: {declared})")
+    if listener_cls.run is Listener.run or not inspect.iscoroutinefunction(listener_cls.run):
+        problems.append("run: override it with `async def run(self, event, ctx)`")
+    if problems:
+        raise RegistrationError(f"listener {where!r} is invalid: " + "; ".join(problems))
+    assert isinstance(bus, str) and backoff is not None
+    return ListenerSpec(
+        listener_cls=listener_cls,
+        group=group,
+        bus=bus,
+        pattern=pattern,
+        concurrency=listener_cls.concurrency,
+        retries=listener_cls.retries,
+        backoff=backoff,
+        ack_wait_s=float(listener_cls.ack_wait_s),
+        dlq_max_age_s=float(listener_cls.dlq_max_age_s),
+        inbox=inbox,
+        inbox_ttl_s=listener_cls.inbox_ttl_s,
+    )

@@ -1,0 +1,122 @@
+"""The transactional outbox: an event written in the same transaction as the data it is about.
+
+    with db.sessions.begin() as session:          # or inside `await ctx.db.run(fn)`
+        session.add(Signup(email=email))
+        outbox.add(session, UserSignedUp, {"email": email})
+    # committed: the event exists and a relay will publish it; rolled back: it never existed
+
+Publishing after the commit loses the event when the process dies in between; publishing before
+it announces something that may roll back. Here the event is a row of `mega_outbox` until a
+relay (`mega.events.relay`) publishes it with `Nats-Msg-Id` = the event id and marks it.
+
+A commit that added outbox rows wakes the relays of this process at once (`on_commit`); the
+others find the rows within their poll interval.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, DateTime, Index, Integer, String, Text, event
+from sqlalchemy.orm import Mapped, Session, mapped_column
+
+from mega.database import Base
+from mega.events.event import Event, EventSpec, encode_event, validate_event
+
+# Set on a session by `add`, read after its commit to wake this process's relays.
+SESSION_FLAG = "mega_outbox_added"
+# Relays of this process to wake after a commit that added rows (each a thread-safe callable).
+_wakers: set[Callable[[], None]] = set()
+
+
+class OutboxRow(Base):
+    """One event waiting for (or done with) its publish. `seq` orders them by insertion."""
+
+    __tablename__ = "mega_outbox"
+
+    seq: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    event_id: Mapped[str] = mapped_column(String(64), unique=True)
+    bus: Mapped[str] = mapped_column(String(64))
+    subject: Mapped[str] = mapped_column(String(255))
+    body: Mapped[str] = mapped_column(Text)
+    headers: Mapped[str] = mapped_column(Text)  # JSON object
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    published_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    __table_args__ = (
+        # The relay reads only pending rows, in order: this index holds nothing else, so the
+        # rows already published (until they are pruned) cost it nothing.
+        Index(
+            "ix_mega_outbox_pending",
+            "seq",
+            postgresql_where=published_at.is_(None),
+            sqlite_where=published_at.is_(None),
+        ),
+        Index("ix_mega_outbox_published_at", "published_at"),
+    )
+
+
+class Outbox:
+    """`add(session, Event, payload)`: write an event in the caller's transaction."""
+
+    def add(
+        self, session: Session, event_cls: type[Event], payload: Any, *, id: str | None = None
+    ) -> str:
+        """Insert the event's row in `session` (nothing is published yet) and return its id.
+
+        The payload is validated now (the Event's schema, JSON): a bad one raises JobError
+        `event.invalid_payload` and the caller's transaction decides what to do with it."""
+        spec = _spec(event_cls)
+        now_ms = time.time_ns() // 10**6
+        message = encode_event(spec, payload, event_id=id, emitted_at_ms=now_ms)
+        session.add(
+            OutboxRow(
+                event_id=message.event_id,
+                bus=spec.bus,
+                subject=message.subject,
+                body=message.body.decode(),
+                headers=json.dumps(message.headers),
+                created_at=datetime.fromtimestamp(now_ms / 1000, UTC),
+            )
+        )
+        session.info[SESSION_FLAG] = True
+        return message.event_id
+
+
+outbox = Outbox()
+
+
+def on_commit(waker: Callable[[], None]) -> Callable[[], None]:
+    """Call `waker` (from the committing thread) after every commit that added outbox rows.
+    Returns a function that unregisters it."""
+    _wakers.add(waker)
+    return lambda: _wakers.discard(waker)
+
+
+_specs: dict[type[Event], EventSpec] = {}
+
+
+def _spec(event_cls: type[Event]) -> EventSpec:
+    # The bus alias is checked against the config at boot (`events = [...]`); here any will do.
+    spec = _specs.get(event_cls)
+    if spec is None:
+        spec = _specs[event_cls] = validate_event(event_cls, {getattr(event_cls, "bus", "")})
+    return spec
+
+
+@event.listens_for(Session, "after_commit")
+def _wake_relays(session: Session) -> None:
+    if session.info.pop(SESSION_FLAG, False):
+        for waker in list(_wakers):
+            waker()
+
+
+@event.listens_for(Session, "after_rollback")
+def _forget(session: Session) -> None:
+    session.info.pop(SESSION_FLAG, None)
