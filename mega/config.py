@@ -112,6 +112,19 @@ class MetricsConfig(_Model):
     worker_port: Port = 9102
 
 
+class OutboxConfig(_Model):
+    """The relay each `mega worker` runs when the config declares `events`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    relay: StrictBool = True
+    batch: PositiveInt = 500  # rows per publish batch
+    poll_s: Annotated[float, Field(gt=0)] = 0.5  # when no commit woke it
+    retention_s: Annotated[float, Field(ge=0)] = 3600.0  # published rows kept, then deleted
+    # `async def paused(ctx) -> bool`: while True the relay publishes nothing (rows pile up).
+    paused: Callable[..., Any] | None = None
+
+
 class ConfigFile(_Model):
     """The module-level names of a config file, as the loader reads them."""
 
@@ -121,8 +134,13 @@ class ConfigFile(_Model):
     schedules: list[type] = []
     jobs: list[type] = []
     workers: list[type] = []
+    events: list[type] = []
+    listeners: list[type] = []
+    outbox: OutboxConfig = OutboxConfig()
     web_app: Annotated[str, Field(pattern=r"^[\w.]+(:\w+)?$")] | None = None
-    hooks: dict[Literal["scheduler", "worker", "web"], list[Callable[..., Any]]] = {}
+    hooks: dict[
+        Literal["scheduler", "worker", "web", "listeners", "relay"], list[Callable[..., Any]]
+    ] = {}
     auth: AuthConfig
     metrics: MetricsConfig = MetricsConfig()
 
@@ -140,6 +158,9 @@ class Config:
     schedules: list[type] = field(default_factory=list)
     jobs: list[type] = field(default_factory=list)
     workers: list[type] = field(default_factory=list)
+    events: list[type] = field(default_factory=list)
+    listeners: list[type] = field(default_factory=list)
+    outbox: OutboxConfig = field(default_factory=OutboxConfig)
     web_app: str | None = None  # "module:factory" building the FastAPI app from a Context
     # Called once per host after registration, as hook(runtime, ctx): attach observers there.
     hooks: dict[str, list[Any]] = field(default_factory=dict)
@@ -191,6 +212,9 @@ def build_config(module: ModuleType, path: Path, *, dev: bool) -> Config:
         schedules=list(spec.schedules),
         jobs=list(spec.jobs),
         workers=list(spec.workers),
+        events=list(spec.events),
+        listeners=list(spec.listeners),
+        outbox=spec.outbox,
         web_app=spec.web_app,
         hooks={host: list(hooks) for host, hooks in spec.hooks.items()},
         dev=dev,

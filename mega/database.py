@@ -20,7 +20,8 @@ T = TypeVar("T")
 
 
 class Base(DeclarativeBase):
-    """Declarative base for every table (framework and application)."""
+    """Declarative base of the framework's tables (created by the migrations of
+    mega/runtime/migrations, never by `create_all`). Applications keep their own base."""
 
 
 class Database:
@@ -34,9 +35,10 @@ class Database:
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
 
-    def create_all(self) -> None:
-        """Create every table registered on `Base` (imported models) that does not exist yet."""
-        Base.metadata.create_all(self.engine)
+    @property
+    def redacted_url(self) -> str:
+        """The URL with its password hidden, for log lines and messages."""
+        return make_url(self.url).render_as_string(hide_password=True)
 
     def ping(self) -> None:
         with self.engine.connect() as conn:

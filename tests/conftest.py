@@ -4,6 +4,7 @@ tests that stop a server get their own through the `nats_factory` / `redis_facto
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -73,3 +74,25 @@ def nats_factory(tmp_path: Path) -> Iterator[Callable[[], EmbeddedServer]]:
 def redis_factory(tmp_path: Path) -> Iterator[Callable[[], EmbeddedServer]]:
     """Start a private Redis the test may stop and restart (`.stop()`, `.start()`)."""
     yield from _factory(EmbeddedRedis, tmp_path)
+
+
+ADMIN_URL = os.environ.get(
+    "MEGA_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for one test (skips when no server answers)."""
+    psycopg = pytest.importorskip("psycopg")
+    try:
+        admin = psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=2)
+    except psycopg.OperationalError as exc:
+        pytest.skip(f"no PostgreSQL at {ADMIN_URL}: {exc}")
+    name = f"mega_test_{uuid.uuid4().hex[:10]}"
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        admin.close()

@@ -101,9 +101,14 @@ class OutboxRelay:
         # Every database call of this relay runs on this one thread, in order.
         self._db_thread = ThreadPoolExecutor(1, thread_name_prefix="mega-relay")
         self._last_warning = ""
+        self._task: asyncio.Task[None] | None = None
 
     def on(self, name: str, observer: Observer) -> None:
         self.signals.on(name, observer)
+
+    async def start(self) -> None:
+        """Run the relay in the background until `stop()`."""
+        self._task = asyncio.create_task(self.run(), name="mega-outbox-relay")
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -129,18 +129,29 @@ async def _probe_tcp(url: str) -> None:
 
 
 async def connect_database(url: str) -> Database:
+    """Open the database and bring the framework's tables to the newest migration."""
+    return await open_database(url, migrate=True)
+
+
+async def open_database(url: str, *, migrate: bool) -> Database:
+    """Open the database (and apply pending migrations when `migrate`); one clear line when it
+    cannot be reached."""
     # Imported here: SQLAlchemy costs ~0.3 s to import and only the web host needs it.
     from mega.database import Database
-    from mega.events import outbox  # noqa: F401  (registers the framework's tables on Base)
-    from mega.web import models  # noqa: F401
 
     db = Database(url)
     try:
-        await asyncio.to_thread(db.create_all)
+        await asyncio.to_thread(db.ping)
+        if migrate:
+            from mega.runtime.migrate import upgrade
+
+            before, after = await asyncio.to_thread(upgrade, db)
+            if before != after:
+                logger.info("database %s upgraded from %s to %s", db.redacted_url, before, after)
     except Exception as exc:
         db.dispose()
         raise DependencyUnavailable(
-            "db", f"cannot open the database at {_redact(url)} ({_reason(exc)})"
+            "db", f"cannot open the database at {db.redacted_url} ({_reason(exc)})"
         ) from exc
     return db
 
@@ -148,13 +159,3 @@ async def connect_database(url: str) -> Database:
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _redact(url: str) -> str:
-    """Hide a password in a database URL before it reaches a log line."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL SQLAlchemy can parse: say nothing of it
-        return "<unparseable URL>"

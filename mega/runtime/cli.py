@@ -1,4 +1,4 @@
-"""The `mega` command: start, scheduler, worker, dev, dlq.
+"""The `mega` command: start, scheduler, worker, dev, dlq, db.
 
 Every command takes `--config PATH` (or MEGA_CONFIG; default ./mega_config.py). Errors a user can
 fix (bad config, unreachable NATS/Redis) print one line naming the problem and exit non-zero;
@@ -44,7 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")), help="port")
 
     command("scheduler", "Run every schedule in config.schedules (once per tick across a cluster).")
-    command("worker", "Consume every job in config.jobs from NATS JetStream.")
+    command(
+        "worker",
+        "Consume every job in config.jobs, run the listener groups of config.listeners, and "
+        "relay the outbox when config.events declares events.",
+    )
 
     dev = command(
         "dev",
@@ -61,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     dlq.add_argument("--job", help="job class name (default: every job in the config)")
     dlq.add_argument("--id", help="requeue only this job id")
     dlq.add_argument("--limit", type=int, default=20, help="how many records `list` shows")
+    db = command("db", "The framework's database schema (Alembic migrations shipped with mega).")
+    db.add_argument(
+        "action",
+        choices=["upgrade", "current"],
+        help="apply missing migrations, or show the revision",
+    )
     return parser
 
 
@@ -125,11 +135,29 @@ def _dlq(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:
     return run_dlq_command(config, args.action, job=args.job, job_id=args.id, limit=args.limit)
 
 
+async def _db(config: Config, args: argparse.Namespace) -> None:
+    from mega.runtime.boot import open_database
+    from mega.runtime.migrate import current, head, upgrade
+
+    db = await open_database(config.database_url, migrate=False)
+    try:
+        if args.action == "upgrade":
+            before, after = await asyncio.to_thread(upgrade, db)
+            change = "already at" if before == after else f"upgraded from {before or 'empty'} to"
+            print(f"database {db.redacted_url}: {change} {after}")
+        else:
+            now = await asyncio.to_thread(current, db)
+            print(f"database {db.redacted_url}: at {now or 'nothing (empty)'}; newest {head()}")
+    finally:
+        db.dispose()
+
+
 _COMMANDS: dict[str, Callable[[Config, argparse.Namespace], Coroutine[Any, Any, None]]] = {
     "start": _start,
     "scheduler": _scheduler,
     "worker": _worker,
     "dlq": _dlq,
+    "db": _db,
 }
 
 

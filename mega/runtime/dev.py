@@ -90,6 +90,7 @@ def run_dev(config_path: str, *, host: str, port: int) -> int:
             servers.append(EmbeddedRedis(data_dir=root / VAR_DIR / "redis").start())
             env["REDIS_URL"] = servers[-1].url
             out.line("dev", f"embedded Redis-compatible server on {env['REDIS_URL']}")
+        _upgrade_database(out, config.database_url)
         commands = {
             "web": ["start", "--host", host, "--port", str(port)],
             "scheduler": ["scheduler"],
@@ -149,6 +150,20 @@ def _supervise(
             deadline = float("inf")
     out.line("dev", "stopping: web, scheduler and worker drain their work")
     return 0
+
+
+def _upgrade_database(out: Prefixer, url: str) -> None:
+    """`mega db upgrade`, before the hosts start."""
+    from mega.database import Database
+    from mega.runtime.migrate import upgrade
+
+    db = Database(url)
+    try:
+        before, after = upgrade(db)
+        change = "at" if before == after else f"upgraded from {before or 'empty'} to"
+        out.line("dev", f"database {db.redacted_url}: {change} {after}")
+    finally:
+        db.dispose()
 
 
 def _stop_children(out: Prefixer, children: dict[str, subprocess.Popen[bytes]]) -> None:

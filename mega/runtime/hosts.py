@@ -15,6 +15,7 @@ import signal as os_signal
 import socket
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from mega.config import Config
@@ -54,6 +55,23 @@ def start_metrics_server(config: Config, port: int) -> None:
         logger.info("metrics on http://0.0.0.0:%d/metrics", port)
 
 
+@dataclass
+class Part:
+    """One runtime of a host: what it runs, how it is observed, which hooks it gets.
+
+    `make(ctx, instance_id=...)` builds it; each of `declarations` is `register`ed; `signals`
+    are logged (the `routine` ones at DEBUG, counted); `metrics` names the observer of
+    mega.runtime.metrics; `hook` the config's hooks key. Parts stop in the order listed."""
+
+    hook: str
+    make: Callable[..., Any]
+    declarations: list[type]
+    signals: tuple[str, ...]
+    describe: str  # "{count} job(s): {names}"
+    routine: tuple[str, ...] = ()
+    metrics: str | None = None
+
+
 async def run_scheduler(config: Config) -> None:
     """`mega scheduler`: every schedule of `config.schedules`, until SIGINT/SIGTERM."""
     from mega.schedules.scheduler import Scheduler
@@ -61,67 +79,99 @@ async def run_scheduler(config: Config) -> None:
     await _run_host(
         config,
         role="scheduler",
-        make=Scheduler,
-        declarations=config.schedules,
-        signals=("run", "skip", "done", "fail"),
-        metrics_observer="observe_scheduler",
+        parts=[
+            Part(
+                "scheduler", Scheduler, config.schedules, ("run", "skip", "done", "fail"),
+                "running {count} schedule(s): {names}", metrics="observe_scheduler",
+            )
+        ],
         metrics_port=config.metrics.scheduler_port,
-        ready="running {count} schedule(s): {names}",
         stopping="stopping (waiting for running ticks)",
-    )
+    )  # fmt: skip
 
 
 async def run_worker(config: Config) -> None:
-    """`mega worker`: consume every job of `config.jobs`, until SIGINT/SIGTERM, then drain."""
-    from mega.jobs.jobworker import JobWorker
-
+    """`mega worker`: the outbox relay (when the config declares events), every listener group
+    of `config.listeners` and every job of `config.jobs`, until SIGINT/SIGTERM; then the relay
+    finishes its batch and the listeners and jobs drain."""
     await _run_host(
         config,
         role="worker",
-        make=JobWorker,
-        declarations=config.jobs,
-        signals=("start", "done", "retry", "fail", "dlq"),
-        routine=("start", "done"),
-        metrics_observer="observe_jobs",
+        parts=worker_parts(config),
         metrics_port=config.metrics.worker_port,
-        ready="consuming {count} job(s): {names}",
-        stopping=f"draining in-flight jobs (up to {DRAIN_TIMEOUT_S:.0f} s)",
+        stopping=f"draining in-flight work (up to {DRAIN_TIMEOUT_S:.0f} s)",
     )
 
 
+def worker_parts(config: Config) -> list[Part]:
+    """What `mega worker` runs, in stop order: relay, listeners, jobs."""
+    from mega.jobs.jobworker import JobWorker
+
+    parts = []
+    if config.events and config.outbox.relay:
+        from mega.events.relay import OutboxRelay
+
+        def relay(ctx: Context, *, instance_id: str) -> OutboxRelay:
+            options = config.outbox
+            return OutboxRelay(
+                ctx, batch=options.batch, poll_s=options.poll_s,
+                retention_s=options.retention_s, paused=options.paused,
+            )  # fmt: skip
+
+        parts.append(
+            Part("relay", relay, [], ("error",), "relaying the outbox", metrics="observe_relay")
+        )
+    if config.listeners:
+        from mega.events.worker import ListenerWorker
+
+        parts.append(
+            Part(
+                "listeners", ListenerWorker, config.listeners,
+                ("start", "done", "retry", "fail", "dlq", "skip"),
+                "listening with {count} group(s): {names}", routine=("start", "done", "skip"),
+                metrics="observe_listeners",
+            )
+        )  # fmt: skip
+    parts.append(
+        Part(
+            "worker", JobWorker, config.jobs, ("start", "done", "retry", "fail", "dlq"),
+            "consuming {count} job(s): {names}", routine=("start", "done"),
+            metrics="observe_jobs",
+        )
+    )  # fmt: skip
+    return parts
+
+
 async def _run_host(
-    config: Config,
-    *,
-    role: str,
-    make: Callable[..., Any],
-    declarations: list[type],
-    signals: tuple[str, ...],
-    routine: tuple[str, ...] = (),
-    metrics_observer: str,
-    metrics_port: int,
-    ready: str,
-    stopping: str,
+    config: Config, *, role: str, parts: list[Part], metrics_port: int, stopping: str
 ) -> None:
     """The shared life of the scheduler and worker hosts: boot, register, observe, start,
-    wait for a stop signal, stop with a bounded drain, close connections."""
+    wait for a stop signal, stop each part in order with a bounded drain, close connections."""
     ctx = await boot(config, role=role, database=False)
+    started: list[Any] = []
     try:
-        runtime = make(ctx, instance_id=ctx.instance_id)
-        for declaration in declarations:
-            runtime.register(declaration)
-        _observe(runtime, signals, routine=routine)
-        if config.metrics.enabled:  # prometheus_client is imported only when metrics are on
-            getattr(importlib.import_module("mega.runtime.metrics"), metrics_observer)(runtime)
-        await run_hooks(config, role, runtime, ctx)
+        runtimes = []
+        for part in parts:
+            runtime = part.make(ctx, instance_id=ctx.instance_id)
+            for declaration in part.declarations:
+                runtime.register(declaration)
+            _observe(runtime, part.signals, routine=part.routine)
+            if config.metrics.enabled and part.metrics:  # prometheus_client only when on
+                getattr(importlib.import_module("mega.runtime.metrics"), part.metrics)(runtime)
+            await run_hooks(config, part.hook, runtime, ctx)
+            runtimes.append(runtime)
         start_metrics_server(config, metrics_port)
-        await runtime.start()
-        names = ", ".join(d.__name__ for d in declarations) or "none"
-        status = ready.format(count=len(declarations), names=names)
-        logger.info("%s %s %s", role, ctx.instance_id, status)
+        for part, runtime in zip(parts, runtimes, strict=True):
+            await runtime.start()
+            started.append(runtime)
+            names = ", ".join(d.__name__ for d in part.declarations) or "none"
+            status = part.describe.format(count=len(part.declarations), names=names)
+            logger.info("%s %s %s", role, ctx.instance_id, status)
         signal_name = await wait_for_stop_signal()
         logger.info("%s received: %s", signal_name, stopping)
-        await runtime.stop(DRAIN_TIMEOUT_S)
     finally:
+        for runtime in started:  # in order: relay, listeners, jobs
+            await runtime.stop(DRAIN_TIMEOUT_S)
         await shutdown(ctx)
     logger.info("%s stopped", role)
 

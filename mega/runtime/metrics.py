@@ -38,6 +38,14 @@ POOL_DURATION = Histogram(
 )
 POOL_QUEUE = Gauge("mega_pool_queue_depth", "Tasks waiting for a free slot", ["worker"])
 POOL_BUSY = Gauge("mega_pool_busy", "Slots running a task", ["worker"])
+LISTENER_EVENTS = Counter(
+    "mega_listener_events_total", "Listener group signals (start, done, retry, fail, dlq, skip)",
+    ["group", "event"],
+)  # fmt: skip
+OUTBOX_PUBLISHED = Counter("mega_outbox_published_total", "Outbox rows published by the relay")
+OUTBOX_LAG = Gauge(
+    "mega_outbox_lag_seconds", "Age of the oldest row still pending after the relay's last batch"
+)
 
 
 class Observable(Protocol):
@@ -86,5 +94,25 @@ def observe_pool(pool: Any) -> None:
         if signal.get("ms") is not None:
             POOL_DURATION.labels(name).observe(signal["ms"] / 1000)
 
-    for event_name in ("done", "fail", "crash"):
-        pool.on(event_name, count)
+    for signal_name in ("done", "fail", "crash"):
+        pool.on(signal_name, count)
+
+
+def observe_listeners(runtime: Observable) -> None:
+    """Count every listener group's signals: delivered (start), done, retry, fail, dlq, skip."""
+
+    def count(signal: dict[str, Any]) -> None:
+        LISTENER_EVENTS.labels(str(signal.get("group", "unknown")), signal["signal"]).inc()
+
+    for name in ("start", "done", "retry", "fail", "dlq", "skip"):
+        runtime.on(name, count)
+
+
+def observe_relay(relay: Any) -> None:
+    """Rows published, and the relay's lag (oldest pending row age) read live."""
+    OUTBOX_LAG.set_function(lambda: relay.lag_ms / 1000)
+
+    def count(signal: dict[str, Any]) -> None:
+        OUTBOX_PUBLISHED.inc(signal["count"])
+
+    relay.on("published", count)

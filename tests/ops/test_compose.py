@@ -30,7 +30,17 @@ def command(service: dict[str, Any]) -> list[str]:
 
 
 def test_every_service_is_there(services: dict[str, dict[str, Any]]) -> None:
-    assert sorted(services) == ["app", "nats", "postgres", "redis", "scheduler", "worker"]
+    assert sorted(services) == [
+        "app", "migrate", "nats", "postgres", "redis", "scheduler", "worker"
+    ]  # fmt: skip
+
+
+def test_migrations_run_once_before_the_web_app(services: dict[str, dict[str, Any]]) -> None:
+    assert command(services["migrate"]) == ["mega", "db", "upgrade"]
+    assert services["migrate"]["restart"] == "no"
+    assert services["app"]["depends_on"]["migrate"] == {
+        "condition": "service_completed_successfully"
+    }
 
 
 def test_app_containers_run_the_commands_the_tests_run(
@@ -56,15 +66,18 @@ def test_app_waits_for_every_backing_service_to_be_healthy(
         "nats": {"condition": "service_healthy"},
         "redis": {"condition": "service_healthy"},
         "postgres": {"condition": "service_healthy"},
+        "migrate": {"condition": "service_completed_successfully"},
     }
     for name, service in services.items():
         for dependency, options in service.get("depends_on", {}).items():
-            assert options == {"condition": "service_healthy"}, (name, dependency)
+            if dependency != "migrate":  # a one-shot: it completes, it is never healthy
+                assert options == {"condition": "service_healthy"}, (name, dependency)
 
 
 def test_every_service_has_a_healthcheck(services: dict[str, dict[str, Any]]) -> None:
     for name, service in services.items():
-        assert service["healthcheck"]["test"], name
+        if name != "migrate":  # a one-shot command
+            assert service["healthcheck"]["test"], name
     assert services["nats"]["healthcheck"]["test"] == [
         "CMD", "wget", "-qO-", "http://localhost:8222/healthz",
     ]  # fmt: skip

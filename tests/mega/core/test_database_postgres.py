@@ -6,9 +6,6 @@ postgresql://postgres@127.0.0.1:5432/postgres), on a fresh database it creates a
 
 from __future__ import annotations
 
-import os
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,25 +13,6 @@ import pytest
 from tests.factories import DEMO_USER, csrf_from, login, web_client, write_config
 
 pytestmark = pytest.mark.postgres
-ADMIN_URL = os.environ.get(
-    "MEGA_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
-
-
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    psycopg = pytest.importorskip("psycopg")
-    try:
-        admin = psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=2)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"no PostgreSQL at {ADMIN_URL}: {exc}")
-    name = f"mega_test_{uuid.uuid4().hex[:10]}"
-    admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        admin.close()
 
 
 async def test_login_logout_and_limiting_on_postgres(

@@ -1,0 +1,97 @@
+"""The framework's schema by migrations: an empty database, a database made by `create_all`
+before migrations existed (users and sessions kept), and `mega db` from the command line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect, select
+
+from mega.database import Base, Database
+from mega.events.outbox import OutboxRow
+from mega.runtime.migrate import current, head, upgrade
+from mega.web.models import LoginFailure, User, UserSession
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def legacy_database(url: str) -> Database:
+    """A database as the web host made it before migrations: create_all of the login tables,
+    with a user and a live session in them."""
+    db = Database(url)
+    tables = [User.__table__, UserSession.__table__, LoginFailure.__table__]
+    Base.metadata.drop_all(db.engine, tables=[OutboxRow.__table__, *tables])  # type: ignore[list-item]
+    Base.metadata.create_all(db.engine, tables=tables)  # type: ignore[arg-type]
+    now = datetime.now(UTC)
+    with db.sessions.begin() as session:
+        user = User(username="ada", password_hash="scrypt$1$1$1$x$y", created_at=now)
+        session.add(user)
+        session.flush()
+        session.add(
+            UserSession(
+                id_hash="h" * 64, user_id=user.id, csrf_token="t", created_at=now,
+                expires_at=now + timedelta(hours=1),
+            )
+        )  # fmt: skip
+    return db
+
+
+def check_upgraded_keeps_rows(db: Database) -> None:
+    assert current(db) is None  # no version recorded: made by create_all
+    before, after = upgrade(db)
+    assert (before, after) == (None, head())
+    assert current(db) == head() == "0002"
+    assert inspect(db.engine).has_table("mega_outbox")
+    with db.sessions() as session:
+        assert session.scalars(select(User.username)).all() == ["ada"]
+        assert session.scalars(select(UserSession.id_hash)).all() == ["h" * 64]
+    assert upgrade(db) == ("0002", "0002")  # idempotent
+
+
+def test_an_empty_sqlite_database_gets_every_table(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path / 'new.db'}")
+    assert upgrade(db) == (None, "0002")
+    names = set(inspect(db.engine).get_table_names())
+    assert {"mega_users", "mega_sessions", "mega_login_failures", "mega_outbox"} <= names
+    assert "mega_alembic_version" in names and "alembic_version" not in names
+    db.dispose()
+
+
+def test_a_sqlite_database_made_before_migrations_keeps_its_users(tmp_path: Path) -> None:
+    db = legacy_database(f"sqlite:///{tmp_path / 'old.db'}")
+    check_upgraded_keeps_rows(db)
+    db.dispose()
+
+
+@pytest.mark.postgres
+def test_a_postgres_database_made_before_migrations_keeps_its_users(postgres_url: str) -> None:
+    db = legacy_database(postgres_url)
+    try:
+        check_upgraded_keeps_rows(db)
+    finally:
+        db.dispose()
+
+
+def test_mega_db_upgrade_and_current_from_the_command_line(tmp_path: Path) -> None:
+    config = tmp_path / "cfg.py"
+    config.write_text(f'services = {{"database": {{"url": "sqlite:///{tmp_path / "cli.db"}"}}}}\n')
+    env = {**os.environ, "MEGA_SECRET_KEY": "k" * 40}
+    env.pop("DATABASE_URL", None)
+
+    def mega_db(action: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "mega", "db", action, "--config", str(config)],
+            capture_output=True, text=True, cwd=ROOT, env=env, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+    assert mega_db("current").endswith("at nothing (empty); newest 0002")
+    assert mega_db("upgrade").endswith("upgraded from empty to 0002")
+    assert mega_db("upgrade").endswith("already at 0002")
+    assert mega_db("current").endswith("at 0002; newest 0002")
