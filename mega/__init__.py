@@ -1,7 +1,8 @@
 """mega: schedules, a durable job queue and a CPU worker pool for FastAPI services.
 
-    from mega import Schedule, Job, Worker                        # what you declare
+    from mega import Schedule, Job, Event, Listener, Worker       # what you declare
     from mega import Scheduler, JobQueue, JobWorker, WorkerPool   # what runs them
+    from mega import outbox, emit                                  # events, in a transaction or now
     from mega.web import create_web_app, UserDep, ok              # the web side (mega.web)
 
 Every public name is listed once, in `_EXPORTS` below, with the module that defines it. Names
@@ -49,6 +50,16 @@ _EXPORTS = {
     "JobWorker": "mega.jobs.jobworker",
     "JobQueue": "mega.jobs.queue",
     "JobStats": "mega.jobs.queue",
+    # events
+    "EventBus": "mega.events.bus",
+    "emit": "mega.events.bus",
+    "Event": "mega.events.event",
+    "ReceivedEvent": "mega.events.event",
+    "Listener": "mega.events.listener",
+    "Outbox": "mega.events.outbox",
+    "outbox": "mega.events.outbox",
+    "OutboxRelay": "mega.events.relay",
+    "ListenerWorker": "mega.events.worker",
     # CPU workers
     "WorkerPool": "mega.workers.pool",
     "Worker": "mega.workers.worker",
@@ -56,6 +67,8 @@ _EXPORTS = {
     "boot": "mega.runtime.boot",
     "shutdown": "mega.runtime.boot",
     "observe_jobs": "mega.runtime.metrics",
+    "observe_listeners": "mega.runtime.metrics",
+    "observe_relay": "mega.runtime.metrics",
     "observe_pool": "mega.runtime.metrics",
     "observe_scheduler": "mega.runtime.metrics",
 }
@@ -94,6 +107,15 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.errors import TaskFailed as TaskFailed
     from mega.errors import WorkerError as WorkerError
     from mega.errors import WorkerOverloaded as WorkerOverloaded
+    from mega.events.bus import EventBus as EventBus
+    from mega.events.bus import emit as emit
+    from mega.events.event import Event as Event
+    from mega.events.event import ReceivedEvent as ReceivedEvent
+    from mega.events.listener import Listener as Listener
+    from mega.events.outbox import Outbox as Outbox
+    from mega.events.outbox import outbox as outbox
+    from mega.events.relay import OutboxRelay as OutboxRelay
+    from mega.events.worker import ListenerWorker as ListenerWorker
     from mega.jobs.dlq import DlqRecord as DlqRecord
     from mega.jobs.job import Job as Job
     from mega.jobs.jobworker import JobWorker as JobWorker
@@ -102,7 +124,9 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.runtime.boot import boot as boot
     from mega.runtime.boot import shutdown as shutdown
     from mega.runtime.metrics import observe_jobs as observe_jobs
+    from mega.runtime.metrics import observe_listeners as observe_listeners
     from mega.runtime.metrics import observe_pool as observe_pool
+    from mega.runtime.metrics import observe_relay as observe_relay
     from mega.runtime.metrics import observe_scheduler as observe_scheduler
     from mega.schedules.cron import Cron as Cron
     from mega.schedules.locks import RedLock as RedLock

@@ -271,3 +271,14 @@ class EventBus:
             if "job" in fields:  # the consume loop names what it runs `job`: here, a group
                 fields["group"] = fields.pop("job")
             await self.signals.emit(name, **fields)
+
+
+async def emit(ctx: Context, event_cls: type[Event], payload: Any, *, id: str | None = None) -> str:
+    """Publish one event now on its bus (after the PubAck); returns its id. For code with no
+    database write to pair it with; otherwise `outbox.add` in the same transaction."""
+    buses: dict[str, EventBus] = ctx.extras.setdefault("mega.event_buses", {})
+    alias = getattr(event_cls, "bus", "")
+    bus = buses.get(alias)
+    if bus is None:
+        bus = buses[alias] = EventBus(ctx, alias)
+    return await bus.emit(event_cls, payload, id=id)

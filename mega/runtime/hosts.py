@@ -205,12 +205,17 @@ async def run_web(config: Config, host: str, port: int) -> None:
             yield
 
     ctx = await boot(config, role="web")
+    stop_announcing: Callable[[], None] = lambda: None  # noqa: E731
     try:
         if config.auth.users:
             from mega.web.auth import ensure_user
 
             for username, password in config.auth.users.items():
                 await asyncio.to_thread(ensure_user, ctx.db, username, password)
+        if config.events:  # relays in the workers hear of each commit that adds an event
+            from mega.events.relay import announce_commits
+
+            stop_announcing = announce_commits(ctx)
         await start_worker_pools(config, ctx)
         app = load_web_app(config)(config, ctx)
         await run_hooks(config, "web", app, ctx)
@@ -236,6 +241,7 @@ async def run_web(config: Config, host: str, port: int) -> None:
         stop.cancel()
         await serving
     finally:
+        stop_announcing()
         await stop_worker_pools(ctx)
         await shutdown(ctx)
     logger.info("web stopped")
