@@ -12,6 +12,10 @@ URLs and secrets come from the environment; the defaults suit `mega dev` on a la
 
 import os
 
+from app.events.listeners import LISTENERS
+from app.events.relay_switch import relay_paused
+from app.events.signups import UserSignedUp
+from app.events.status import attach_event_status
 from app.jobs.email import EmailJob
 from app.jobs.timeline import attach_timeline
 from app.schedules.cron_counter import CronCounterSchedule
@@ -34,11 +38,17 @@ services = {
 schedules = [CronCounterSchedule]
 jobs = [EmailJob]
 workers = [HashWorker]
+# Events the app emits (the outbox's rows), and the listener groups `mega worker` runs.
+events = [UserSignedUp]
+listeners = LISTENERS
+# The relay in each `mega worker`: the demo's pause switch lets the outbox pile up.
+outbox = {"paused": relay_paused}
 
 web_app = "app.web:create_app"
 
-# Called once per host as hook(runtime, ctx): the worker's events feed the /demo/jobs timeline.
-hooks = {"worker": [attach_timeline]}
+# Called once per host as hook(runtime, ctx): the job worker's signals feed the /demo/jobs
+# timeline, the listener groups' signals the statuses of /demo/events.
+hooks = {"worker": [attach_timeline], "listeners": [attach_event_status]}
 
 # The demo's login: MEGA_DEMO_USER / MEGA_DEMO_PASSWORD, or demo / demo under `mega dev` only.
 DEV = os.environ.get("MEGA_ENV") == "dev"

@@ -6,8 +6,9 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from app.routes import api_console, api_cron, api_jobs, api_worker, pages
-from mega import Config, Context, JobQueue, Scheduler, observe_jobs, observe_scheduler
+from app.routes import api_console, api_cron, api_events, api_jobs, api_worker, pages
+from app.services.signups import create_tables
+from mega import Config, Context, EventBus, JobQueue, Scheduler, observe_jobs, observe_scheduler
 from mega.web import create_web_app
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +24,7 @@ def create_app(config: Config, ctx: Context) -> FastAPI:
             api_cron.router,
             api_jobs.router,
             api_worker.router,
+            api_events.router,
         ],
         templates_dir=PROJECT_ROOT / "templates",
         static_dir=PROJECT_ROOT / "static",
@@ -40,4 +42,8 @@ def create_app(config: Config, ctx: Context) -> FastAPI:
     app.state.job_queue = JobQueue(ctx, "jobs")
     if config.metrics.enabled:
         observe_jobs(app.state.job_queue)  # enqueues count as `dispatch` in /metrics
+    # The web app signs people up (their events go through the outbox) and reads the listeners'
+    # dead letters; `mega worker` relays the outbox and runs the listeners.
+    create_tables(ctx.db)
+    app.state.event_bus = EventBus(ctx, "jobs")
     return app

@@ -24,6 +24,7 @@ _EXPORTS = {
     "BusAdapter": "mega.context",
     "CacheAdapter": "mega.context",
     "Context": "mega.context",
+    "Database": "mega.database",
     "FencedLease": "mega.context",
     "LockAdapter": "mega.context",
     "TaskPool": "mega.context",
@@ -57,6 +58,7 @@ _EXPORTS = {
     "ReceivedEvent": "mega.events.event",
     "Listener": "mega.events.listener",
     "Outbox": "mega.events.outbox",
+    "OutboxStats": "mega.events.outbox",
     "outbox": "mega.events.outbox",
     "OutboxRelay": "mega.events.relay",
     "ListenerWorker": "mega.events.worker",
@@ -98,6 +100,7 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.context import FencedLease as FencedLease
     from mega.context import LockAdapter as LockAdapter
     from mega.context import TaskPool as TaskPool
+    from mega.database import Database as Database
     from mega.errors import ConfigError as ConfigError
     from mega.errors import DependencyUnavailable as DependencyUnavailable
     from mega.errors import JobError as JobError
@@ -113,6 +116,7 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.events.event import ReceivedEvent as ReceivedEvent
     from mega.events.listener import Listener as Listener
     from mega.events.outbox import Outbox as Outbox
+    from mega.events.outbox import OutboxStats as OutboxStats
     from mega.events.outbox import outbox as outbox
     from mega.events.relay import OutboxRelay as OutboxRelay
     from mega.events.worker import ListenerWorker as ListenerWorker

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from app.routes.api_cron import SCHEDULE, scheduler
+from app.routes.api_events import events_part
 from app.routes.api_jobs import jobs_part
 from app.routes.api_worker import POOL
 from mega.web import UserDep, ok
@@ -46,6 +47,7 @@ async def pool_part(request: Request) -> dict[str, Any]:
 PARTS: dict[str, Callable[[Request], Awaitable[dict[str, Any]]]] = {
     "schedules": schedules_part,
     "jobs": jobs_part,
+    "events": events_part,
     "pool": pool_part,
 }
 

@@ -14,6 +14,7 @@ from fastapi.responses import RedirectResponse
 
 from app.routes.api_console import console_state
 from app.routes.api_cron import cron_state
+from app.routes.api_events import events_page_context
 from app.routes.api_jobs import jobs_page_context
 from app.routes.api_worker import HASH_TIMEOUT_MS, POOL, HashRequest
 from app.workers.hash_tasks import MAX_ROUNDS, sha256_loop
@@ -96,3 +97,8 @@ async def worker_form(request: Request, user: UserDep) -> Response:
 @router.get("/demo/jobs")
 async def jobs_page(request: Request, user: UserDep) -> Response:
     return page(request, "demo/jobs.html", **await jobs_page_context(request))
+
+
+@router.get("/demo/events")
+async def events_page(request: Request, user: UserDep) -> Response:
+    return page(request, "demo/events.html", **await events_page_context(request))

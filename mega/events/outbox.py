@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, Index, Integer, String, Text, event
+from sqlalchemy import BigInteger, DateTime, Index, Integer, String, Text, event, func, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from mega.database import Base
@@ -62,6 +63,16 @@ class OutboxRow(Base):
     )
 
 
+@dataclass(frozen=True)
+class OutboxStats:
+    """The outbox at an instant: rows waiting for the relay, rows published and not yet pruned,
+    and the age of the oldest waiting row (the relay's lag; 0 when none waits)."""
+
+    pending: int
+    published: int
+    lag_ms: float
+
+
 class Outbox:
     """`add(session, Event, payload)`: write an event in the caller's transaction."""
 
@@ -87,6 +98,30 @@ class Outbox:
         )
         session.info[SESSION_FLAG] = True
         return message.event_id
+
+    def stats(self, session: Session) -> OutboxStats:
+        """Counts and lag, for consoles and health pages."""
+        pending = OutboxRow.published_at.is_(None)
+        waiting, oldest = session.execute(
+            select(func.count(), func.min(OutboxRow.created_at)).where(pending)
+        ).one()
+        published = session.scalar(select(func.count()).where(~pending)) or 0
+        lag_ms = 0.0
+        if oldest is not None:
+            oldest = oldest if oldest.tzinfo else oldest.replace(tzinfo=UTC)
+            lag_ms = max(0.0, (datetime.now(UTC) - oldest).total_seconds() * 1000)
+        return OutboxStats(int(waiting), int(published), round(lag_ms, 1))
+
+    def pending_ids(self, session: Session, event_ids: Collection[str]) -> set[str]:
+        """Which of these events still wait for the relay (the others were published)."""
+        if not event_ids:
+            return set()
+        rows = session.scalars(
+            select(OutboxRow.event_id).where(
+                OutboxRow.event_id.in_(list(event_ids)), OutboxRow.published_at.is_(None)
+            )
+        )
+        return set(rows)
 
 
 outbox = Outbox()

@@ -35,7 +35,8 @@ def setup_logging(*, json_logs: bool = False) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(os.environ.get("MEGA_LOG_LEVEL", "INFO").upper())
-    # uvicorn.error repeats the host's own start/stop lines at INFO; keep its warnings.
-    for noisy in ("nats", "uvicorn.access", "uvicorn.error", "httpx"):
+    # uvicorn.error repeats the host's own start/stop lines at INFO, alembic narrates each step
+    # of a migration (the host logs one line for the upgrade); keep their warnings.
+    for noisy in ("nats", "uvicorn.access", "uvicorn.error", "httpx", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     logging.getLogger("nats").setLevel(logging.CRITICAL)  # reconnect noise; boot logs it once

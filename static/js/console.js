@@ -1,4 +1,4 @@
-// /demo: the live console over schedules, jobs and the CPU pool.
+// /demo: the live console over schedules, jobs, events and the CPU pool.
 "use strict";
 
 (() => {
@@ -30,6 +30,16 @@
       $("jobs-inflight").textContent = dash(j.in_flight);
       $("jobs-dlq").textContent = dash(j.dlq);
       $("jobs-p50").textContent = j.start_latency_p50_ms === null ? "-" : j.start_latency_p50_ms + " ms";
+    }
+    const e = data.events;
+    if (panel("events", e)) {
+      $("events-outbox").textContent = e.outbox_pending;
+      $("events-lag").textContent = Math.round(e.lag_ms) + " ms";
+      replaceRows($("events-groups").tBodies[0], e.groups.map((g) =>
+        el("tr", {},
+          el("td", { class: "mono small" }, g.group),
+          el("td", { class: "num" }, g.pending),
+          el("td", { class: "num" }, g.dlq))));
     }
     const p = data.pool;
     if (panel("pool", p)) {

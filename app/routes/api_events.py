@@ -1,0 +1,217 @@
+"""The events demo: a signup form whose commit emits UserSignedUp through the outbox, the
+outbox itself (pending rows, relay lag, the pause switch), each event with every listener
+group's status, and the listener groups' dead letters with requeue.
+
+Bad input is a 422 with field errors and writes nothing. The JSON routes and the forms (post,
+redirect, get: they work without JavaScript) share the functions below.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import RedirectResponse
+from pydantic import BaseModel, EmailStr, Field, ValidationError, model_validator
+
+from app.events import relay_switch, status
+from app.events.listeners import LISTENERS
+from app.events.signups import UserSignedUp
+from app.services.signups import SignupService
+from mega import EventBus, Listener, outbox
+from mega.web import ApiError, UserDep, field_errors, ok, render
+
+router = APIRouter()
+GROUPS: dict[str, type[Listener]] = {listener.group: listener for listener in LISTENERS}
+# Dead letters listed per group (the count covers all of them).
+DLQ_LISTED = 10
+
+
+class SignupRequest(BaseModel):
+    email: Annotated[EmailStr, Field(max_length=254)]
+    mode: Literal["ok", "rollback"] = "ok"
+
+
+class RelayRequest(BaseModel):
+    paused: Annotated[bool, Field(strict=True)]
+
+
+class GroupRequeueRequest(BaseModel):
+    group: Literal["WelcomeEmailListener", "SignupStatsListener", "CrmSyncListener"]
+    id: Annotated[str | None, Field(min_length=1, max_length=100)] = None
+    all: bool = False
+
+    @model_validator(mode="after")
+    def one_of(self) -> GroupRequeueRequest:
+        if (self.id is None) == (not self.all):
+            raise ValueError("give either an id or all: true")
+        return self
+
+
+def bus(request: Request) -> EventBus:
+    found: EventBus = request.app.state.event_bus
+    return found
+
+
+def redis(request: Request) -> Any:
+    return request.app.state.ctx.cache("main").native
+
+
+async def sign_up(request: Request, body: SignupRequest) -> dict[str, Any]:
+    result = await SignupService(request.app.state.ctx.db).sign_up(str(body.email), body.mode)
+    return {
+        "committed": result.committed,
+        "signup_id": result.signup_id,
+        "event_id": result.event_id,
+    }
+
+
+async def events_state(request: Request) -> dict[str, Any]:
+    db = request.app.state.ctx.db
+    signups = await SignupService(db).recent()
+    ids = [signup.event_id for signup in signups]
+    pending = await db.run(lambda session: outbox.pending_ids(session, ids))
+    stats = await db.run(outbox.stats)
+    heard = await status.statuses(redis(request), ids)
+    listeners, dead = [], []
+    for group, listener in GROUPS.items():
+        dlq = bus(request).dlq
+        count = await dlq.count(listener)
+        listeners.append(
+            {
+                "group": group, "event": UserSignedUp.name,
+                **await status.group_counts(redis(request), group), "dlq": count,
+            }
+        )  # fmt: skip
+        if count:
+            for record in await dlq.list(listener, limit=DLQ_LISTED):
+                dead.append({
+                    "group": group, "id": record["id"],
+                    "email": (record.get("payload") or {}).get("email"),
+                    "error": f"{record['error']['type']}: {record['error']['message']}",
+                    "attempts": record["attempts"], "failed_at": record["failed_at"],
+                })  # fmt: skip
+    return {
+        "outbox": {
+            "pending": stats.pending,
+            "published": stats.published,
+            "lag_ms": stats.lag_ms,
+            "paused": await relay_switch.is_paused(redis(request)),
+        },
+        "events": [
+            {
+                "id": signup.event_id,
+                "name": UserSignedUp.name,
+                "email": signup.email,
+                "signup_id": signup.id,
+                "status": "pending" if signup.event_id in pending else "published",
+                "listeners": {g: heard[signup.event_id].get(g, "queued") for g in GROUPS},
+            }
+            for signup in signups
+        ],
+        "listeners": listeners,
+        "dlq": dead,
+    }
+
+
+async def requeue(request: Request, body: GroupRequeueRequest) -> int:
+    dlq = bus(request).dlq
+    listener = GROUPS[body.group]
+    if body.all:
+        return await dlq.requeue_all(listener)
+    assert body.id is not None
+    return await dlq.requeue(listener, body.id)
+
+
+@router.get("/api/demo/events")
+async def get_events(request: Request, user: UserDep) -> Response:
+    return ok(await events_state(request))
+
+
+@router.post("/api/demo/events/signup")
+async def post_signup(body: SignupRequest, request: Request, user: UserDep) -> Response:
+    result = await sign_up(request, body)
+    return ok(result, status=201 if result["committed"] else 200)
+
+
+@router.post("/api/demo/events/relay")
+async def post_relay(body: RelayRequest, request: Request, user: UserDep) -> Response:
+    await relay_switch.set_paused(redis(request), body.paused)
+    return ok({"paused": body.paused})
+
+
+@router.post("/api/demo/events/dlq/requeue")
+async def post_requeue(body: GroupRequeueRequest, request: Request, user: UserDep) -> Response:
+    count = await requeue(request, body)
+    if body.id is not None and count == 0:
+        raise ApiError(404, "not_found", f"no dead letter with id {body.id!r} in {body.group}")
+    return ok({"requeued": count})
+
+
+async def events_page_context(
+    request: Request, *, form: dict[str, str] | None = None, errors: dict[str, str] | None = None
+) -> dict[str, Any]:
+    return {
+        "title": "Events",
+        "state": await events_state(request),
+        "form": form or {"email": "grace@example.com", "mode": "ok"},
+        "errors": errors or {},
+        "notice": request.query_params.get("notice"),
+    }
+
+
+# ---- the page's forms without JavaScript: post, redirect, get --------------------------------
+
+
+@router.post("/demo/events", include_in_schema=False)
+async def signup_form(request: Request, user: UserDep) -> Response:
+    form = await request.form()
+    values = {"email": str(form.get("email", "")), "mode": str(form.get("mode", "ok"))}
+    try:
+        body = SignupRequest.model_validate(values)
+    except ValidationError as exc:
+        context = await events_page_context(request, form=values, errors=field_errors(exc.errors()))
+        return render(request, "demo/events.html", context, status_code=422)
+    result = await sign_up(request, body)
+    notice = (
+        f"Signup {result['signup_id']} committed; event {result['event_id']} is in the outbox."
+        if result["committed"]
+        else "Rolled back: no signup, no event."
+    )
+    return RedirectResponse(f"/demo/events?notice={notice}", status_code=303)
+
+
+@router.post("/demo/events/relay", include_in_schema=False)
+async def relay_form(request: Request, user: UserDep) -> Response:
+    form = await request.form()
+    await relay_switch.set_paused(redis(request), form.get("paused") == "true")
+    return RedirectResponse("/demo/events", status_code=303)
+
+
+@router.post("/demo/events/dlq/requeue", include_in_schema=False)
+async def requeue_form(request: Request, user: UserDep) -> Response:
+    form = await request.form()
+    try:
+        body = GroupRequeueRequest.model_validate(
+            {"group": form.get("group"), "id": form.get("id") or None, "all": not form.get("id")}
+        )
+    except ValidationError:
+        return RedirectResponse("/demo/events?notice=Unknown listener group.", status_code=303)
+    count = await requeue(request, body)
+    return RedirectResponse(f"/demo/events?notice=Requeued {count} event(s).", status_code=303)
+
+
+async def events_part(request: Request) -> dict[str, Any]:
+    """The console's events panel: the outbox and each listener group."""
+    db = request.app.state.ctx.db
+    stats = await db.run(outbox.stats)
+    groups = []
+    for group, listener in GROUPS.items():
+        backlog = await bus(request).stats(listener)
+        groups.append({"group": group, "pending": backlog.pending, "dlq": backlog.dlq})
+    return {
+        "outbox_pending": stats.pending,
+        "lag_ms": stats.lag_ms,
+        "paused": await relay_switch.is_paused(redis(request)),
+        "groups": groups,
+    }

@@ -1,0 +1,81 @@
+"""The signup demo's data: the `demo_signups` table and SignupService.sign_up.
+
+A signup and its UserSignedUp event are written in one transaction: the row in `demo_signups`
+and the event's row in the framework's outbox. `mode="rollback"` raises after both inserts, so
+neither is committed and no listener ever hears of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
+
+from sqlalchemy import DateTime, Integer, String, select
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from app.events.signups import UserSignedUp
+from mega import Database, outbox
+
+# The signups the page lists.
+LISTED = 20
+
+
+class AppBase(DeclarativeBase):
+    """The sample's own tables (the framework's are made by its migrations, not here)."""
+
+
+class Signup(AppBase):
+    __tablename__ = "demo_signups"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    email: Mapped[str] = mapped_column(String(254))
+    event_id: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class RolledBack(Exception):
+    """What mode "rollback" raises after both inserts, to undo them."""
+
+
+@dataclass(frozen=True)
+class SignupResult:
+    committed: bool
+    signup_id: int | None
+    event_id: str | None
+
+
+def create_tables(db: Database) -> None:
+    """The demo's table, if missing (called when the web app starts)."""
+    AppBase.metadata.create_all(db.engine)
+
+
+class SignupService:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def sign_up(self, email: str, mode: Literal["ok", "rollback"]) -> SignupResult:
+        """Insert the signup and its event in one transaction (or in none, for "rollback")."""
+
+        def transaction(session: Session) -> SignupResult:
+            signup = Signup(email=email, event_id="", created_at=datetime.now(UTC))
+            session.add(signup)
+            session.flush()  # the row's id, for the event
+            signup.event_id = outbox.add(
+                session, UserSignedUp, {"signup_id": signup.id, "email": email}
+            )
+            if mode == "rollback":
+                raise RolledBack(f"signup {signup.id} rolled back on purpose")
+            return SignupResult(True, signup.id, signup.event_id)
+
+        try:
+            return await self.db.run(transaction)
+        except RolledBack:
+            return SignupResult(False, None, None)
+
+    async def recent(self) -> list[Signup]:
+        def query(session: Session) -> list[Signup]:
+            rows = session.scalars(select(Signup).order_by(Signup.id.desc()).limit(LISTED))
+            return list(rows)
+
+        return await self.db.run(query)
