@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, select, update
 
+from mega.events.bus import EventBus
 from mega.events.outbox import OutboxRow, on_commit
 from mega.jobs.consumer import NATS_ERRORS
 from mega.signals import Observer, Signals
@@ -102,6 +103,7 @@ class OutboxRelay:
         self._db_thread = ThreadPoolExecutor(1, thread_name_prefix="mega-relay")
         self._last_warning = ""
         self._task: asyncio.Task[None] | None = None
+        self._streams_ready: set[str] = set()
 
     def on(self, name: str, observer: Observer) -> None:
         self.signals.on(name, observer)
@@ -190,6 +192,11 @@ class OutboxRelay:
                 return total
 
     async def _publish(self, rows: list[_Row]) -> None:
+        for alias in {row.bus for row in rows} - self._streams_ready:
+            # The events stream may not exist yet (no listener ever started): make it, or the
+            # publishes would find no stream to answer them.
+            await EventBus(self.ctx, alias).ensure_stream()
+            self._streams_ready.add(alias)
         futures: list[asyncio.Future[Any]] = []
         try:
             for row in rows:
