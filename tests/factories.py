@@ -26,6 +26,10 @@ FRAMEWORK_SITE = "tests.mega.web.site:create_app"
 SAMPLE_APP = "app.web:create_app"
 # The sample's registrations, as mega_config.py lists them.
 SAMPLE_REGISTRATIONS = """
+from app.events.listeners import LISTENERS
+from app.events.relay_switch import relay_paused
+from app.events.signups import UserSignedUp
+from app.events.status import attach_event_status
 from app.jobs.email import EmailJob
 from app.jobs.timeline import attach_timeline
 from app.schedules.cron_counter import CronCounterSchedule
@@ -33,7 +37,10 @@ from app.workers.hash_worker import HashWorker
 schedules = [CronCounterSchedule]
 jobs = [EmailJob]
 workers = [HashWorker]
-hooks = {"worker": [attach_timeline]}
+events = [UserSignedUp]
+listeners = LISTENERS
+outbox = {"paused": relay_paused, "poll_s": 0.1}
+hooks = {"worker": [attach_timeline], "listeners": [attach_event_status]}
 """
 
 
@@ -141,4 +148,26 @@ async def job_worker(config: Config) -> AsyncIterator[Any]:
         yield worker
     finally:
         await worker.stop(5)
+        await shutdown(ctx)
+
+
+@asynccontextmanager
+async def worker_host(config: Config) -> AsyncIterator[list[Any]]:
+    """What `mega worker` runs (outbox relay, listener groups, job worker), in this process."""
+    from mega.runtime.hosts import run_hooks, worker_parts
+
+    ctx = await boot(config, role="worker", database=False)
+    runtimes: list[Any] = []
+    try:
+        for part in worker_parts(config):
+            runtime = part.make(ctx, instance_id=ctx.instance_id)
+            for declaration in part.declarations:
+                runtime.register(declaration)
+            await run_hooks(config, part.hook, runtime, ctx)
+            await runtime.start()
+            runtimes.append(runtime)
+        yield runtimes
+    finally:
+        for runtime in runtimes:
+            await runtime.stop(5)
         await shutdown(ctx)

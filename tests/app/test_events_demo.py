@@ -1,0 +1,201 @@
+"""/demo/events and its JSON with what `mega worker` runs (relay, listeners, jobs) in process:
+a committed signup reaches every listener group once, a rolled-back one none; the CRM group
+dead-letters fail...@ addresses and requeue works; the relay's pause switch; bad input."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app.events.listeners import STATS_KEY
+from mega.config import Config
+from tests.factories import csrf_from, login, sample_config_for, web_client, worker_host
+
+GROUPS = ["WelcomeEmailListener", "SignupStatsListener", "CrmSyncListener"]
+
+
+@pytest.fixture
+def config(
+    tmp_path: Path, nats_factory: Callable[[], Any], redis_factory: Callable[[], Any]
+) -> Config:
+    return sample_config_for(tmp_path, nats_factory().url, redis_factory().url)
+
+
+async def authed(client: httpx.AsyncClient) -> dict[str, str]:
+    await login(client)
+    return {"X-CSRF-Token": csrf_from((await client.get("/demo/events")).text)}
+
+
+async def state(client: httpx.AsyncClient) -> dict[str, Any]:
+    response = await client.get("/api/demo/events")
+    assert response.status_code == 200, response.text
+    data: dict[str, Any] = response.json()["data"]
+    return data
+
+
+async def until(
+    client: httpx.AsyncClient, check: Callable[[dict[str, Any]], bool], timeout_s: float = 20
+) -> dict[str, Any]:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        data = await state(client)
+        if check(data):
+            return data
+        assert asyncio.get_running_loop().time() < deadline, f"never happened: {data}"
+        await asyncio.sleep(0.1)
+
+
+async def sign_up(
+    client: httpx.AsyncClient, headers: dict[str, str], email: str, mode: str = "ok"
+) -> dict[str, Any]:
+    response = await client.post(
+        "/api/demo/events/signup", json={"email": email, "mode": mode}, headers=headers
+    )
+    assert response.status_code in (200, 201), response.text
+    data: dict[str, Any] = response.json()["data"]
+    return data
+
+
+def statuses(data: dict[str, Any], event_id: str) -> dict[str, str]:
+    event = next(e for e in data["events"] if e["id"] == event_id)
+    return {**event["listeners"], "event": event["status"]}
+
+
+async def test_anonymous_is_refused(config: Config) -> None:
+    async with web_client(config) as client:
+        assert (await client.get("/api/demo/events")).status_code == 401
+        response = await client.post("/api/demo/events/signup", json={"email": "a@b.co"})
+        assert response.status_code == 401
+
+
+async def test_a_committed_signup_reaches_every_group_once_a_rolled_back_one_none(
+    config: Config,
+) -> None:
+    async with web_client(config) as client, worker_host(config):
+        headers = await authed(client)
+        committed = await sign_up(client, headers, "ada@example.com")
+        assert committed["committed"] is True and committed["signup_id"] == 1
+        rolled_back = await sign_up(client, headers, "bob@example.org", mode="rollback")
+        assert rolled_back == {"committed": False, "signup_id": None, "event_id": None}
+        event_id = committed["event_id"]
+        data = await until(
+            client, lambda d: set(statuses(d, event_id).values()) == {"done", "published"}
+        )
+        assert [e["email"] for e in data["events"]] == ["ada@example.com"]  # bob: never
+        assert data["outbox"] == {"pending": 0, "published": 1, "lag_ms": 0.0, "paused": False}
+        counts = {g["group"]: (g["done"], g["failed"], g["dlq"]) for g in data["listeners"]}
+        assert counts == dict.fromkeys(GROUPS, (1, 0, 0))
+        redis = client.app.state.ctx.cache("main").native  # type: ignore[attr-defined]
+        assert await redis.hgetall(STATS_KEY) == {"example.com": "1"}
+        # The welcome email is a job: it ran, on the jobs page's timeline.
+        jobs = (await client.get("/api/demo/jobs")).json()["data"]["jobs"]
+        deadline = asyncio.get_running_loop().time() + 20
+        while not any(j["to"] == "ada@example.com" and j["status"] == "done" for j in jobs):
+            assert asyncio.get_running_loop().time() < deadline, jobs
+            await asyncio.sleep(0.1)
+            jobs = (await client.get("/api/demo/jobs")).json()["data"]["jobs"]
+        assert [j["id"] for j in jobs] == ["w" + event_id[:11]]
+
+
+async def test_the_crm_group_dead_letters_and_requeue_brings_it_back(config: Config) -> None:
+    async with web_client(config) as client, worker_host(config):
+        headers = await authed(client)
+        event_id = (await sign_up(client, headers, "fail.fast@example.com"))["event_id"]
+        data = await until(client, lambda d: statuses(d, event_id)["CrmSyncListener"] == "dlq")
+        assert statuses(data, event_id) == {
+            "WelcomeEmailListener": "done", "SignupStatsListener": "done",
+            "CrmSyncListener": "dlq", "event": "published",
+        }  # fmt: skip
+        [dead] = data["dlq"]
+        assert (dead["group"], dead["id"], dead["attempts"]) == ("CrmSyncListener", event_id, 3)
+        assert dead["error"] == "CrmRejected: the CRM rejected fail.fast@example.com"
+        crm = next(g for g in data["listeners"] if g["group"] == "CrmSyncListener")
+        assert (crm["failed"], crm["dlq"]) == (3, 1)
+
+        response = await client.post(
+            "/api/demo/events/dlq/requeue",
+            json={"group": "CrmSyncListener", "id": event_id}, headers=headers,
+        )  # fmt: skip
+        assert response.json()["data"] == {"requeued": 1}
+        # It fails again (the address has not changed) and comes back to the DLQ: 3 more tries.
+        data = await until(
+            client,
+            lambda d: (
+                next(g for g in d["listeners"] if g["group"] == "CrmSyncListener")["failed"] == 6
+                and len(d["dlq"]) == 1
+            ),
+        )
+        others = {
+            g["group"]: g["done"] for g in data["listeners"] if g["group"] != "CrmSyncListener"
+        }
+        assert others == {"WelcomeEmailListener": 1, "SignupStatsListener": 1}  # untouched
+        missing = await client.post(
+            "/api/demo/events/dlq/requeue",
+            json={"group": "CrmSyncListener", "id": "nope"}, headers=headers,
+        )  # fmt: skip
+        assert missing.status_code == 404
+
+
+async def test_a_paused_relay_lets_rows_pile_up_then_they_drain(config: Config) -> None:
+    async with web_client(config) as client, worker_host(config):
+        headers = await authed(client)
+        paused = await client.post("/api/demo/events/relay", json={"paused": True}, headers=headers)
+        assert paused.json()["data"] == {"paused": True}
+        ids = [(await sign_up(client, headers, f"u{n}@example.com"))["event_id"] for n in range(3)]
+        await asyncio.sleep(0.5)  # several relay polls
+        data = await state(client)
+        assert data["outbox"]["pending"] == 3 and data["outbox"]["paused"] is True
+        assert {statuses(data, i)["event"] for i in ids} == {"pending"}
+        assert {statuses(data, i)["WelcomeEmailListener"] for i in ids} == {"queued"}
+        await client.post("/api/demo/events/relay", json={"paused": False}, headers=headers)
+        data = await until(
+            client,
+            lambda d: (
+                d["outbox"]["pending"] == 0
+                and all(set(statuses(d, i).values()) == {"done", "published"} for i in ids)
+            ),
+        )
+        assert data["outbox"]["published"] == 3
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"email": "not-an-address", "mode": "ok"},
+        {"email": "ada@example.com", "mode": "later"},
+        {"mode": "ok"},
+        {"email": "a" * 250 + "@example.com"},
+        {"email": "ada@example.com\\nX: y"},
+    ],
+)
+async def test_bad_input_is_422_and_writes_nothing(config: Config, body: dict[str, Any]) -> None:
+    async with web_client(config) as client:
+        headers = await authed(client)
+        response = await client.post("/api/demo/events/signup", json=body, headers=headers)
+        assert response.status_code == 422
+        error = response.json()["error"]
+        assert error["code"] == "validation_failed" and error["fields"]
+        data = await state(client)
+        assert data["events"] == [] and data["outbox"]["pending"] == 0
+
+
+async def test_the_page_and_its_forms_work_without_javascript(config: Config) -> None:
+    async with web_client(config) as client:
+        await login(client)
+        page = await client.get("/demo/events")
+        assert page.status_code == 200 and "Sign someone up" in page.text
+        token = csrf_from(page.text)
+        sent = await client.post(
+            "/demo/events", data={"email": "grace@example.com", "mode": "ok", "csrf_token": token}
+        )
+        assert sent.status_code == 303 and "committed" in sent.headers["location"]
+        bad = await client.post(
+            "/demo/events", data={"email": "nope", "mode": "ok", "csrf_token": token}
+        )
+        assert bad.status_code == 422 and "valid email" in bad.text
+        assert [e["email"] for e in (await state(client))["events"]] == ["grace@example.com"]
