@@ -1,0 +1,61 @@
+"""/demo/events in the browser: a signup shows its event pending, then published with each
+listener group's status; a rollback shows nothing new; a paused relay lets rows pile up."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.e2e.conftest import LiveStack, log_in, screenshot
+
+pytestmark = pytest.mark.e2e
+
+
+def sign_up(page, email: str, mode: str = "ok") -> str:  # type: ignore[no-untyped-def]
+    page.fill("#signup-email", email)
+    page.select_option("#signup-mode", mode)
+    page.click("#signup")
+    expect(page.locator("#signup-result")).not_to_be_empty()
+    return str(page.locator("#signup-result").inner_text())
+
+
+def test_signup_event_flows_to_every_listener_and_the_relay_pauses(
+    page, live_stack: LiveStack
+) -> None:  # type: ignore[no-untyped-def]
+    log_in(page, live_stack.url)
+    page.goto(live_stack.url + "/demo/events")
+    assert "Committed" in sign_up(page, "grace@example.com")
+    card = page.locator("#events article.job").first
+    expect(card).to_have_attribute("data-status", "published", timeout=20_000)
+    for group in ("WelcomeEmailListener", "SignupStatsListener", "CrmSyncListener"):
+        expect(card.locator(f'li[data-group="{group}"] .badge')).to_have_text(
+            "done", timeout=20_000
+        )
+
+    assert "Rolled back" in sign_up(page, "nobody@example.com", "rollback")
+    page.wait_for_timeout(1500)  # a poll or two: nothing new appears
+    expect(page.locator("#events article.job")).to_have_count(1)
+
+    page.click("#relay-toggle")  # pause
+    expect(page.locator("#relay-state")).to_have_text("relay paused")
+    sign_up(page, "piled.up@example.com")
+    sign_up(page, "also.piled@example.com")
+    expect(page.locator("#outbox-pending")).to_have_text("2", timeout=10_000)
+    expect(page.locator("#events article.job").first).to_have_attribute("data-status", "pending")
+    screenshot(page, "events-paused")
+    page.click("#relay-toggle")  # resume: the rows drain
+    expect(page.locator("#outbox-pending")).to_have_text("0", timeout=20_000)
+    expect(page.locator('#events article.job[data-status="pending"]')).to_have_count(0)
+
+    assert "Committed" in sign_up(page, "fail.crm@example.com")
+    dead = page.locator("#dlq-items li").first
+    expect(dead).to_contain_text("CrmRejected", timeout=30_000)
+    screenshot(page, "events")
+
+
+def test_a_bad_address_shows_the_field_error(page, live_stack: LiveStack) -> None:  # type: ignore[no-untyped-def]
+    log_in(page, live_stack.url)
+    page.goto(live_stack.url + "/demo/events")
+    page.fill("#signup-email", "not an address")
+    page.click("#signup")
+    expect(page.locator("#error-email")).to_contain_text("valid email")
