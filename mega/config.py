@@ -118,7 +118,7 @@ class OutboxConfig(_Model):
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
     relay: StrictBool = True
-    batch: PositiveInt = 500  # rows per publish batch
+    batch: PositiveInt = 2000  # rows per publish batch (SQLite writers wait for one)
     poll_s: Annotated[float, Field(gt=0)] = 0.5  # when no commit woke it
     retention_s: Annotated[float, Field(ge=0)] = 3600.0  # published rows kept, then deleted
     # `async def paused(ctx) -> bool`: while True the relay publishes nothing (rows pile up).

@@ -25,9 +25,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import delete, select, update
 
@@ -37,6 +36,7 @@ from mega.jobs.consumer import NATS_ERRORS
 from mega.signals import Observer, Signals
 
 if TYPE_CHECKING:
+    from nats.js import JetStreamContext
     from sqlalchemy.orm import Session
 
     from mega.context import Context
@@ -47,7 +47,7 @@ SIGNALS = ("published", "error")
 # A commit that added rows in another process says so here (core NATS, fire and forget), so
 # relays wake at once wherever the row was written; the poll is only the fallback.
 WAKE_SUBJECT = "mega.outbox.wake"
-DEFAULT_BATCH = 500
+DEFAULT_BATCH = 2000
 DEFAULT_POLL_S = 0.5
 # Published rows are kept this long (for the pages that show them), then deleted.
 DEFAULT_RETENTION_S = 3600.0
@@ -61,8 +61,7 @@ PUBLISH_TIMEOUT_S = 2.0
 ERROR_BACKOFF_S = 1.0
 
 
-@dataclass(frozen=True)
-class _Row:
+class _Row(NamedTuple):
     seq: int
     event_id: str
     bus: str
@@ -104,6 +103,7 @@ class OutboxRelay:
         self._last_warning = ""
         self._task: asyncio.Task[None] | None = None
         self._streams_ready: set[str] = set()
+        self._js: dict[str, JetStreamContext] = {}
 
     def on(self, name: str, observer: Observer) -> None:
         self.signals.on(name, observer)
@@ -200,7 +200,9 @@ class OutboxRelay:
         futures: list[asyncio.Future[Any]] = []
         try:
             for row in rows:
-                js = self.ctx.bus(row.bus).js
+                js = self._js.get(row.bus)
+                if js is None:  # one JetStreamContext per bus: each has its own PubAck inbox
+                    js = self._js[row.bus] = self.ctx.bus(row.bus).js
                 futures.append(await js.publish_async(row.subject, row.body, headers=row.headers))
             await asyncio.wait_for(asyncio.gather(*futures), PUBLISH_TIMEOUT_S)
         except (*NATS_ERRORS, TimeoutError):
@@ -263,24 +265,20 @@ def _take_batch(session: Session, limit: int) -> list[_Row]:
         # SQLite has no row locks: take the database's write lock now, so that relays in other
         # processes wait for this batch to be marked instead of publishing the same rows.
         session.execute(update(OutboxRow).where(OutboxRow.seq == -1).values(seq=OutboxRow.seq))
-    rows = session.scalars(
-        select(OutboxRow)
+    columns = (
+        OutboxRow.seq, OutboxRow.event_id, OutboxRow.bus, OutboxRow.subject, OutboxRow.body,
+        OutboxRow.headers, OutboxRow.created_at,
+    )  # fmt: skip
+    rows = session.execute(
+        select(*columns)
         .where(OutboxRow.published_at.is_(None))
         .order_by(OutboxRow.seq)
         .limit(limit)
         .with_for_update(skip_locked=True)
     ).all()
     return [
-        _Row(
-            seq=row.seq,
-            event_id=row.event_id,
-            bus=row.bus,
-            subject=row.subject,
-            body=row.body.encode(),
-            headers=json.loads(row.headers),
-            created_at=row.created_at,
-        )
-        for row in rows
+        _Row(seq, event_id, bus, subject, body.encode(), json.loads(headers), created_at)
+        for seq, event_id, bus, subject, body, headers, created_at in rows
     ]
 
 
