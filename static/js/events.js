@@ -71,6 +71,7 @@
     event.preventDefault();
     $("error-email").textContent = "";
     $("error-mode").textContent = "";
+    $("signup-result").textContent = "";
     const button = $("signup");
     button.disabled = true;
     try {

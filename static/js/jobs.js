@@ -58,6 +58,7 @@
     event.preventDefault();
     $("error-to").textContent = "";
     $("error-mode").textContent = "";
+    $("enqueue-result").textContent = "";
     const button = $("enqueue");
     button.disabled = true;
     try {

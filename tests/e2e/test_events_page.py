@@ -14,7 +14,10 @@ pytestmark = pytest.mark.e2e
 def sign_up(page, email: str, mode: str = "ok") -> str:  # type: ignore[no-untyped-def]
     page.fill("#signup-email", email)
     page.select_option("#signup-mode", mode)
+    before = page.locator("#signup-result").inner_text()
     page.click("#signup")
+    # The answer to this click, not the previous one still on the page.
+    expect(page.locator("#signup-result")).not_to_have_text(before)
     expect(page.locator("#signup-result")).not_to_be_empty()
     return str(page.locator("#signup-result").inner_text())
 

@@ -14,7 +14,10 @@ pytestmark = pytest.mark.e2e
 def enqueue(page, mode: str) -> str:  # type: ignore[no-untyped-def]
     page.fill("#job-to", f"{mode}@example.com")
     page.select_option("#job-mode", mode)
+    before = page.locator("#enqueue-result").inner_text()
     page.click("#enqueue")
+    # The answer to this click, not the previous one still on the page.
+    expect(page.locator("#enqueue-result")).not_to_have_text(before)
     expect(page.locator("#enqueue-result")).to_contain_text("Enqueued")
     return page.locator("#enqueue-result").inner_text().split()[1].rstrip(".")
 
