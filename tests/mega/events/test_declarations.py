@@ -1,0 +1,116 @@
+"""Event and Listener classes are checked at registration, every problem named at once (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from mega import Context, Event, Listener, ReceivedEvent
+from mega.errors import JobError, RegistrationError
+from mega.events.event import encode_event, validate_event
+from mega.events.listener import validate_listener
+
+BUSES, CACHES = {"jobs"}, {"main"}
+
+
+class Payload(BaseModel):
+    email: str
+
+
+class Signed(Event):
+    name = "user.signed_up"
+    bus = "jobs"
+    schema = Payload
+
+
+class Good(Listener):
+    event = Signed
+
+    async def run(self, event: ReceivedEvent, ctx: Context) -> None:
+        return None
+
+
+def listener(**attrs: Any) -> type[Listener]:
+    return type("Variant", (Good,), attrs)
+
+
+def test_a_good_listener_and_what_it_derives() -> None:
+    spec = validate_listener(Good, BUSES, CACHES)
+    assert (spec.group, spec.bus, spec.pattern, spec.max_attempts) == (
+        "Good",
+        "jobs",
+        "user.signed_up",
+        4,
+    )
+    assert spec.filter_subjects == ["events.user.signed_up", "events_requeue.Good"]
+    assert (spec.durable, spec.dlq_subject, spec.dlq_stream) == (
+        "mega_group_Good",
+        "events_dlq.Good",
+        "MEGA_EVENTS_GOOD_DLQ",
+    )
+    assert spec.record_subject("events_requeue.Good", {"Mega-Event-Name": "user.signed_up"}) == (
+        "events.user.signed_up"
+    )
+    record = {"id": "e1", "subject": "events.user.signed_up", "first_enqueued_at": 5}
+    headers = spec.requeue_headers(record)
+    assert headers == {
+        "Mega-Event-Id": "e1", "Mega-Event-Name": "user.signed_up", "Mega-Emitted-At": "5"
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("attrs", "field"),
+    [
+        ({"event": "bad pattern"}, "event"),
+        ({"event": 42}, "event"),
+        ({"event": "user.*", "bus": None}, "bus"),
+        ({"group": "a group"}, "group"),
+        ({"concurrency": 0}, "concurrency"),
+        ({"retries": True}, "retries"),
+        ({"backoff": {"type": "fixed"}}, "backoff"),
+        ({"ack_wait_s": 0}, "ack_wait_s"),
+        ({"dlq_max_age_s": -1}, "dlq_max_age_s"),
+        ({"inbox": "nope"}, "inbox"),
+        ({"inbox_ttl_s": 0}, "inbox_ttl_s"),
+        ({"run": lambda self, event, ctx: None}, "run"),
+    ],
+)
+def test_a_bad_listener_names_the_field(attrs: dict[str, Any], field: str) -> None:
+    with pytest.raises(RegistrationError) as caught:
+        validate_listener(listener(**attrs), BUSES, CACHES)
+    assert f" {field}: " in str(caught.value)
+
+
+def test_patterns_and_a_bus_for_them() -> None:
+    spec = validate_listener(listener(event="user.>", bus="jobs"), BUSES, CACHES)
+    assert spec.filter_subjects[0] == "events.user.>"
+    with pytest.raises(RegistrationError, match=r"subclass of mega\.Listener"):
+        validate_listener(object, BUSES, CACHES)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("attrs", "field"),
+    [({"name": "a b"}, "name"), ({"bus": "nope"}, "bus"), ({"schema": dict}, "schema")],
+)
+def test_a_bad_event_names_the_field(attrs: dict[str, Any], field: str) -> None:
+    with pytest.raises(RegistrationError, match=f" {field}: "):
+        validate_event(type("Bad", (Signed,), attrs), BUSES)
+    with pytest.raises(RegistrationError, match=r"subclass of mega\.Event"):
+        validate_event(int, BUSES)  # type: ignore[arg-type]
+
+
+def test_the_payload_is_checked_against_the_schema_and_as_json() -> None:
+    spec = validate_event(Signed, BUSES)
+    message = encode_event(spec, {"email": "a@b.co"}, event_id="e1", emitted_at_ms=7)
+    assert message.subject == "events.user.signed_up" and message.body == b'{"email":"a@b.co"}'
+    assert message.headers == {
+        "Nats-Msg-Id": "e1", "Mega-Event-Id": "e1", "Mega-Event-Name": "user.signed_up",
+        "Mega-Emitted-At": "7",
+    }  # fmt: skip
+    with pytest.raises(JobError, match="does not match Payload"):
+        encode_event(spec, {"mail": "x"})
+    plain = validate_event(type("Plain", (Event,), {"name": "x.y", "bus": "jobs"}), BUSES)
+    with pytest.raises(JobError, match="JSON-serialisable"):
+        encode_event(plain, {"when": object()})
