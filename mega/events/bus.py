@@ -21,6 +21,7 @@ import contextlib
 import functools
 from typing import Any
 
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -37,7 +38,6 @@ from mega.events.event import (
     EVENTS_MAX_AGE_S,
     EVENTS_STREAM,
     HEADER_EMITTED_AT,
-    HEADER_EVENT_ID,
     HEADER_EVENT_NAME,
     REQUEUE_PREFIX,
     SUBJECT_PREFIX,
@@ -216,11 +216,12 @@ class EventBus:
             else None
         )
 
-        async def run(payload: Any, headers: dict[str, str], attempt: int) -> None:
+        async def run(payload: Any, msg: Msg, attempt: int) -> None:
+            headers = msg.headers or {}
             emitted = headers.get(HEADER_EMITTED_AT)
             event = ReceivedEvent(
-                id=headers.get(HEADER_EVENT_ID, ""),
-                name=headers.get(HEADER_EVENT_NAME, ""),
+                id=spec.message_id(headers) or "",
+                name=headers.get(HEADER_EVENT_NAME) or msg.subject.removeprefix(SUBJECT_PREFIX),
                 data=payload,
                 emitted_at=int(emitted) if emitted and emitted.isdigit() else None,
                 attempt=attempt,

@@ -31,6 +31,7 @@ from mega.events.event import (
     HEADER_EMITTED_AT,
     HEADER_EVENT_ID,
     HEADER_EVENT_NAME,
+    NATS_MSG_ID,
     REQUEUE_PREFIX,
     SUBJECT_PREFIX,
     Event,
@@ -138,16 +139,17 @@ class ListenerSpec:
             DLQ_STREAM_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", self.group).upper() + DLQ_STREAM_SUFFIX
         )
 
-    @property
-    def id_header(self) -> str:
-        return HEADER_EVENT_ID
+    def message_id(self, headers: dict[str, str]) -> str | None:
+        # Published once: the dedup id is the event id. Requeued: the event id is a header of
+        # its own, since the requeue has a dedup id of its own.
+        return headers.get(HEADER_EVENT_ID) or headers.get(NATS_MSG_ID)
 
     @property
     def enqueued_header(self) -> str:
         return HEADER_EMITTED_AT
 
     def record_subject(self, subject: str, headers: dict[str, str]) -> str:
-        # A requeued event arrives on the group's requeue subject: name the event itself.
+        # A requeued event arrives on the group's requeue subject, its name in a header.
         name = headers.get(HEADER_EVENT_NAME)
         return SUBJECT_PREFIX + name if name else subject
 

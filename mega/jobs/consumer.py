@@ -102,8 +102,10 @@ class ConsumeSpec(Protocol):
     def backoff(self) -> BackoffPolicy: ...
     @property
     def dlq_subject(self) -> str: ...
-    @property
-    def id_header(self) -> str: ...  # the header holding the message's id
+    def message_id(self, headers: dict[str, str]) -> str | None:
+        """The id a message carries in its headers (None: the loop names it by sequence)."""
+        ...
+
     @property
     def enqueued_header(self) -> str: ...  # epoch ms of the first enqueue (or emit)
 
@@ -112,8 +114,8 @@ class ConsumeSpec(Protocol):
         ...
 
 
-# Runs one decoded message: (payload, headers, attempt). Raising fails the attempt.
-Handler = Callable[[Any, dict[str, str], int], Awaitable[None]]
+# Runs one decoded message: (payload, the message, attempt). Raising fails the attempt.
+Handler = Callable[[Any, Msg, int], Awaitable[None]]
 
 
 class _Lease:
@@ -284,7 +286,7 @@ class _Consumer:
         meta = msg.metadata
         attempt = meta.num_delivered
         headers = msg.headers or {}
-        job_id = headers.get(spec.id_header) or f"{spec.stream}:{meta.sequence.stream}"
+        job_id = spec.message_id(headers) or f"{spec.stream}:{meta.sequence.stream}"
         enqueued_at = _int_header(headers, spec.enqueued_header)
         try:
             payload = json.loads(msg.data)
@@ -320,7 +322,7 @@ class _Consumer:
             latency_ms=None if run_at is None else max(0, round(started * 1000) - run_at),
         )  # fmt: skip
         try:
-            await self.handler(payload, headers, attempt)
+            await self.handler(payload, msg, attempt)
         except asyncio.CancelledError:
             # Cut off by the drain timeout: hand it back now rather than after the ack wait.
             await _settle(msg.nak(delay=HAND_BACK_DELAY_S))
@@ -364,7 +366,7 @@ class _Consumer:
         spec, headers = self.spec, msg.headers or {}
         return make_record(
             spec.record_subject(msg.subject, headers),
-            headers.get(spec.id_header) or f"{spec.stream}:{msg.metadata.sequence.stream}",
+            spec.message_id(headers) or f"{spec.stream}:{msg.metadata.sequence.stream}",
             payload, error_type, error, attempts=attempts,
             first_enqueued_at=_int_header(headers, spec.enqueued_header),
             worker=self.queue.instance_id, raw=raw,

@@ -139,9 +139,8 @@ class JobSpec:
     def durable(self) -> str:
         return CONSUMER_NAME
 
-    @property
-    def id_header(self) -> str:
-        return HEADER_JOB_ID
+    def message_id(self, headers: dict[str, str]) -> str | None:
+        return headers.get(HEADER_JOB_ID)
 
     @property
     def enqueued_header(self) -> str:

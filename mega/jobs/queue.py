@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -341,7 +342,7 @@ class JobQueue:
             raise JobError(f"{spec.name} is already consumed by this queue", code="job.twice")
         job, ctx = spec.job_cls(), handler_ctx or self.ctx
 
-        async def run(payload: Any, headers: dict[str, str], attempt: int) -> None:
+        async def run(payload: Any, msg: Msg, attempt: int) -> None:
             await job.run(payload, ctx)
 
         consumer = _Consumer(self, spec, run, functools.partial(self.ensure, job_cls, force=True))
