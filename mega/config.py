@@ -125,6 +125,12 @@ class OutboxConfig(_Model):
     paused: Callable[..., Any] | None = None
 
 
+class WorkConfig(_Model):
+    """`mega work`: what the single process runs beyond jobs, listeners and the relay."""
+
+    scheduler: StrictBool = False  # also tick the schedules (as --with-scheduler)
+
+
 class ConfigFile(_Model):
     """The module-level names of a config file, as the loader reads them."""
 
@@ -137,6 +143,7 @@ class ConfigFile(_Model):
     events: list[type] = []
     listeners: list[type] = []
     outbox: OutboxConfig = OutboxConfig()
+    work: WorkConfig = WorkConfig()
     web_app: Annotated[str, Field(pattern=r"^[\w.]+(:\w+)?$")] | None = None
     hooks: dict[
         Literal["scheduler", "worker", "web", "listeners", "relay"], list[Callable[..., Any]]
@@ -161,6 +168,7 @@ class Config:
     events: list[type] = field(default_factory=list)
     listeners: list[type] = field(default_factory=list)
     outbox: OutboxConfig = field(default_factory=OutboxConfig)
+    work: WorkConfig = field(default_factory=WorkConfig)
     web_app: str | None = None  # "module:factory" building the FastAPI app from a Context
     # Called once per host after registration, as hook(runtime, ctx): attach observers there.
     hooks: dict[str, list[Any]] = field(default_factory=dict)
@@ -215,6 +223,7 @@ def build_config(module: ModuleType, path: Path, *, dev: bool) -> Config:
         events=list(spec.events),
         listeners=list(spec.listeners),
         outbox=spec.outbox,
+        work=spec.work,
         web_app=spec.web_app,
         hooks={host: list(hooks) for host, hooks in spec.hooks.items()},
         dev=dev,

@@ -136,8 +136,9 @@ class OutboxRelay:
                         await self.prune()
                     self._last_warning = ""
                 except Exception as exc:  # NATS or the database away: wait, never die
-                    self._warn(f"outbox relay: {type(exc).__name__}: {exc}")
-                    await self.signals.emit("error", error=f"{type(exc).__name__}: {exc}")
+                    error = _describe(exc)
+                    self._warn(f"outbox relay: {error}; retrying")
+                    await self.signals.emit("error", error=error)
                     await self._sleep(ERROR_BACKOFF_S)
                     continue
                 if not full:
@@ -308,6 +309,14 @@ def _prune_some(sessions: Callable[[], Session], cutoff: datetime) -> int:
         )
         result = session.execute(delete(OutboxRow).where(OutboxRow.seq.in_(oldest)))
         return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+def _describe(exc: Exception) -> str:
+    """One line: SQLAlchemy's errors carry the statement and a link on the lines after."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if "no such table" in text or "does not exist" in text:
+        text += " (run `mega db upgrade`, or start the web app, which applies the migrations)"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _aware(value: datetime) -> datetime:

@@ -147,7 +147,9 @@ async def open_database(url: str, *, migrate: bool) -> Database:
 
             before, after = await asyncio.to_thread(upgrade, db)
             if before != after:
-                logger.info("database %s upgraded from %s to %s", db.redacted_url, before, after)
+                logger.info(
+                    "database %s upgraded from %s to %s", db.redacted_url, before or "empty", after
+                )
     except Exception as exc:
         db.dispose()
         raise DependencyUnavailable(

@@ -1,4 +1,4 @@
-"""The `mega` command: start, scheduler, worker, dev, dlq, db.
+"""The `mega` command: start, scheduler, worker, work, dev, dlq, db.
 
 Every command takes `--config PATH` (or MEGA_CONFIG; default ./mega_config.py). Errors a user can
 fix (bad config, unreachable NATS/Redis) print one line naming the problem and exit non-zero;
@@ -48,6 +48,17 @@ def build_parser() -> argparse.ArgumentParser:
         "worker",
         "Consume every job in config.jobs, run the listener groups of config.listeners, and "
         "relay the outbox when config.events declares events.",
+    )
+
+    work = command(
+        "work",
+        "One process for a small deployment: the job worker, the listener groups, the outbox "
+        "relay and, with --with-scheduler, the schedules. SIGTERM stops them in that order.",
+    )
+    work.add_argument(
+        "--with-scheduler",
+        action="store_true",
+        help="also run the schedules (or set work = {'scheduler': True} in the config)",
     )
 
     dev = command(
@@ -129,6 +140,12 @@ def _worker(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, Non
     return run_worker(config)
 
 
+def _work(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:
+    from mega.runtime.hosts import run_work
+
+    return run_work(config, with_scheduler=args.with_scheduler)
+
+
 def _dlq(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:
     from mega.runtime.dlq_cli import run_dlq_command
 
@@ -156,6 +173,7 @@ _COMMANDS: dict[str, Callable[[Config, argparse.Namespace], Coroutine[Any, Any, 
     "start": _start,
     "scheduler": _scheduler,
     "worker": _worker,
+    "work": _work,
     "dlq": _dlq,
     "db": _db,
 }

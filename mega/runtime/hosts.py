@@ -74,19 +74,21 @@ class Part:
 
 async def run_scheduler(config: Config) -> None:
     """`mega scheduler`: every schedule of `config.schedules`, until SIGINT/SIGTERM."""
-    from mega.schedules.scheduler import Scheduler
-
     await _run_host(
         config,
         role="scheduler",
-        parts=[
-            Part(
-                "scheduler", Scheduler, config.schedules, ("run", "skip", "done", "fail"),
-                "running {count} schedule(s): {names}", metrics="observe_scheduler",
-            )
-        ],
+        parts=[scheduler_part(config)],
         metrics_port=config.metrics.scheduler_port,
         stopping="stopping (waiting for running ticks)",
+    )
+
+
+def scheduler_part(config: Config) -> Part:
+    from mega.schedules.scheduler import Scheduler
+
+    return Part(
+        "scheduler", Scheduler, config.schedules, ("run", "skip", "done", "fail"),
+        "running {count} schedule(s): {names}", metrics="observe_scheduler",
     )  # fmt: skip
 
 
@@ -100,6 +102,25 @@ async def run_worker(config: Config) -> None:
         parts=worker_parts(config),
         metrics_port=config.metrics.worker_port,
         stopping=f"draining in-flight work (up to {DRAIN_TIMEOUT_S:.0f} s)",
+    )
+
+
+async def run_work(config: Config, *, with_scheduler: bool = False) -> None:
+    """`mega work`: one process for a small deployment. The scheduler (with `--with-scheduler`
+    or `work = {"scheduler": True}`), the outbox relay, the listener groups and the job worker,
+    on one event loop. On SIGTERM they stop in that order: no new ticks (claims are left to
+    expire), the relay finishes its batch, then listeners and jobs drain, all within one
+    DRAIN_TIMEOUT_S."""
+    parts = worker_parts(config)
+    if with_scheduler or config.work.scheduler:
+        parts.insert(0, scheduler_part(config))
+    await _run_host(
+        config,
+        role="work",
+        parts=parts,
+        metrics_port=config.metrics.worker_port,
+        stopping=f"stopping in order: {', '.join(p.hook for p in parts)} "
+        f"(up to {DRAIN_TIMEOUT_S:.0f} s in all)",
     )
 
 
@@ -170,8 +191,11 @@ async def _run_host(
         signal_name = await wait_for_stop_signal()
         logger.info("%s received: %s", signal_name, stopping)
     finally:
-        for runtime in started:  # in order: relay, listeners, jobs
-            await runtime.stop(DRAIN_TIMEOUT_S)
+        # In the parts' order (scheduler, relay, listeners, jobs), within one drain budget.
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        for part, runtime in zip(parts, started, strict=False):
+            await runtime.stop(max(0.0, deadline - time.monotonic()))
+            logger.info("%s stopped", part.hook)
         await shutdown(ctx)
     logger.info("%s stopped", role)
 

@@ -31,8 +31,16 @@ def command(service: dict[str, Any]) -> list[str]:
 
 def test_every_service_is_there(services: dict[str, dict[str, Any]]) -> None:
     assert sorted(services) == [
-        "app", "migrate", "nats", "postgres", "redis", "scheduler", "worker"
+        "app", "migrate", "nats", "postgres", "redis", "scheduler", "work", "worker"
     ]  # fmt: skip
+
+
+def test_the_single_layout_runs_one_mega_work(services: dict[str, dict[str, Any]]) -> None:
+    work = services["work"]
+    assert work["profiles"] == ["single"]  # off unless asked for: `--profile single`
+    assert command(work) == ["mega", "work", "--with-scheduler"]
+    assert work["depends_on"]["migrate"] == {"condition": "service_completed_successfully"}
+    assert "http://127.0.0.1:9102/metrics" in " ".join(work["healthcheck"]["test"])
 
 
 def test_migrations_run_once_before_the_web_app(services: dict[str, dict[str, Any]]) -> None:

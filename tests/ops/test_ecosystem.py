@@ -319,3 +319,40 @@ def test_supervisord_runs_the_shipped_config_and_sigterm_stops_everything(
             assert "Traceback" not in (run_dir / f"{name}.log").read_text(), name
     finally:
         clean_up(supervisord, family)
+
+
+@pytest.mark.slow
+def test_honcho_runs_the_single_layout_with_one_mega_work(
+    tmp_path: Path, stack_env: dict[str, str]
+) -> None:
+    port = free_port_base(0, 100)  # web gets $PORT, work +100
+    no_dotenv = tmp_path / "empty.env"
+    no_dotenv.write_text("")
+    log_path = tmp_path / "honcho.log"
+    with log_path.open("wb") as log:
+        honcho = subprocess.Popen(
+            [BIN / "honcho", "--no-colour", "-e", no_dotenv, "-f", "ecosystem/Procfile.single",
+             "-d", ROOT, "start"],
+            cwd=ROOT, env={**stack_env, "PORT": str(port)}, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    family: set[int] = set()
+    try:
+        for url in (f"http://127.0.0.1:{port}/readyz", f"http://127.0.0.1:{port + 100}/metrics"):
+            wait_for_status(
+                url, 200, BOOT_TIMEOUT_S, while_alive=honcho.pid, logs=lambda: tail(log_path)
+            )
+        for pattern in (r"mega\.host: work \S+ running", r"mega\.host: work \S+ consuming"):
+            wait_for_text(log_path.read_text, pattern, 1, 30, while_alive=honcho.pid)
+        family = descendants(honcho.pid)
+        assert mega_commands(family) == [f"start --port {port}", "work --with-scheduler"]
+        assert stop_and_wait(honcho, signal.SIGINT, 60) == 130
+        output = log_path.read_text()
+        assert dict(re.findall(r"(\S+) stopped \(rc=(-?\d+)\)", output)) == {
+            "web.1": "0", "work.1": "0"
+        }, tail(log_path)  # fmt: skip
+        assert "Traceback" not in output
+        time.sleep(0.2)
+        assert kill_leftovers(family) == []
+    finally:
+        clean_up(honcho, family)
