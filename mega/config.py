@@ -30,6 +30,8 @@ from pydantic import (
     StrictBool,
     StrictInt,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -40,14 +42,15 @@ PositiveInt = Annotated[StrictInt, Field(gt=0)]
 Port = Annotated[StrictInt, Field(gt=0, lt=65536)]
 
 
-def _url_with(*schemes: str) -> AfterValidator:
-    def check(url: str) -> str:
-        parts = urlsplit(url)
-        if parts.scheme not in schemes or not (parts.hostname or parts.scheme == "unix"):
-            raise ValueError(f"bad URL {url!r} (expected {'/'.join(schemes)}://host:port)")
-        return url
+def _check_url(url: str, *schemes: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in schemes or not (parts.hostname or parts.scheme == "unix"):
+        raise ValueError(f"bad URL {url!r} (expected {'/'.join(schemes)}://host:port)")
+    return url
 
-    return AfterValidator(check)
+
+def _url_with(*schemes: str) -> AfterValidator:
+    return AfterValidator(lambda url: _check_url(url, *schemes))
 
 
 class _Model(BaseModel):
@@ -77,8 +80,15 @@ class LockSpec(_Model):
 
 
 class BusSpec(_Model):
-    driver: Literal["nats"]
-    url: Annotated[str, _url_with("nats", "tls")]
+    driver: Literal["nats", "memory"]
+    url: str = "memory://"  # a nats:// (or tls://) URL for the nats driver
+
+    @field_validator("url")
+    @classmethod
+    def nats_url(cls, url: str, info: ValidationInfo) -> str:
+        if info.data.get("driver") == "nats":
+            _check_url(url, "nats", "tls")
+        return url
 
 
 class DatabaseSpec(_Model):
@@ -158,10 +168,11 @@ class Config:
     root: Path
     caches: dict[str, str]  # alias -> redis URL
     locks: dict[str, list[str]]  # alias -> cache aliases (one = single Redis, several = quorum)
-    buses: dict[str, str]  # alias -> NATS URL
+    buses: dict[str, str]  # alias -> NATS URL (memory:// for a memory bus)
     database_url: str
     auth: AuthConfig
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    bus_drivers: dict[str, str] = field(default_factory=dict)  # alias -> nats | memory
     schedules: list[type] = field(default_factory=list)
     jobs: list[type] = field(default_factory=list)
     workers: list[type] = field(default_factory=list)
@@ -214,6 +225,7 @@ def build_config(module: ModuleType, path: Path, *, dev: bool) -> Config:
         caches={alias: cache.url for alias, cache in services.caches.items()},
         locks={alias: lock.cache_aliases for alias, lock in services.locks.items()},
         buses={alias: bus.url for alias, bus in services.buses.items()},
+        bus_drivers={alias: bus.driver for alias, bus in services.buses.items()},
         database_url=_database_url(services.database, path.parent),
         auth=spec.auth,
         metrics=spec.metrics,

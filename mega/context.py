@@ -112,11 +112,13 @@ class CacheAdapter:
 
 @dataclass
 class BusAdapter:
-    """A NATS connection that reconnects forever. `native` is the nats-py client."""
+    """A bus: for the `nats` driver a connection that reconnects forever (`native` is the
+    nats-py client); for `memory`, an in-process broker (`native` is its MemoryBroker)."""
 
     alias: str
     url: str
     native: NatsClient
+    driver: str = "nats"
 
     @property
     def js(self) -> JetStreamContext:

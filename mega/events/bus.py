@@ -82,6 +82,12 @@ class EventBus:
         self.dlq_retry_delay_s = dlq_retry_delay_s
         self.signals = Signals(SIGNALS)
         bus = ctx.bus(bus_alias)
+        if bus.driver != "nats":
+            raise JobError(
+                f"bus {bus_alias!r} ({bus.driver}): events and listeners run on a nats bus; "
+                "the memory driver carries jobs only for now",
+                code="event.driver",
+            )
         self.nc = bus.native
         self.js: JetStreamContext = bus.js
         self._stream_ready = False

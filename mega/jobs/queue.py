@@ -29,7 +29,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -46,7 +46,7 @@ from nats.js.errors import APIError, NotFoundError
 from mega.context import Context
 from mega.errors import DependencyUnavailable, JobError
 from mega.jobs.consumer import NATS_ERRORS, _Consumer
-from mega.jobs.dlq import DeadLetters
+from mega.jobs.dlq import DeadLetters, DlqRecord
 from mega.jobs.job import (
     CONSUMER_NAME,
     HEADER_RUN_AT,
@@ -122,12 +122,34 @@ class JobStats:
     dlq: int
 
 
-class JobQueue:
-    """Enqueue and consume the jobs of one bus alias.
+class DeadLetterTools(Protocol):
+    """The DLQ tools of a queue, whatever its driver (`DeadLetters` on NATS)."""
 
-    `instance_id` names this process in DLQ records (default: the context's). Observers:
-    `on(name, fn)` with a name of SIGNALS; unknown names raise ValueError.
+    async def count(self, job_cls: type[Any]) -> int: ...
+    async def list(self, job_cls: type[Any], limit: int = 50) -> list[DlqRecord]: ...
+    async def requeue(self, job_cls: type[Any], job_id: str) -> int: ...
+    async def requeue_all(self, job_cls: type[Any]) -> int: ...
+    async def purge(self, job_cls: type[Any]) -> int: ...
+
+
+class JobQueue:
+    """Enqueue and consume the jobs of one bus alias, on the driver its config names.
+
+    `JobQueue(ctx, alias)` gives the driver's queue: `NatsJobQueue` (below) for a `nats` bus,
+    `MemoryJobQueue` (mega/jobs/memory.py) for a `memory` one; a Job does not change when its
+    bus changes driver. `instance_id` names this process in DLQ records (default: the
+    context's). Observers: `on(name, fn)` with a name of SIGNALS; unknown names raise
+    ValueError.
     """
+
+    # driver name -> queue class; each driver module adds itself (the hosts import it).
+    drivers: ClassVar[dict[str, type[JobQueue]]] = {}
+
+    def __new__(cls, ctx: Context, bus_alias: str, **options: Any) -> JobQueue:
+        if cls is JobQueue:
+            driver = ctx.bus(bus_alias).driver
+            cls = JobQueue.drivers.get(driver) or _nats_queue(driver)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -142,17 +164,87 @@ class JobQueue:
         self.bus_alias = bus_alias
         self.instance_id = instance_id or ctx.instance_id
         self.signals = Signals(SIGNALS)
+        self._specs: dict[type[Job], JobSpec] = {}
+
+    def on(self, name: str, observer: Observer) -> None:
+        self.signals.on(name, observer)
+
+    def spec(self, job_cls: type[Job]) -> JobSpec:
+        """The validated spec of a Job class on this queue's bus (cached)."""
+        spec = self._specs.get(job_cls)
+        if spec is None:
+            spec = validate_job(job_cls, self.ctx.buses)
+            if spec.bus != self.bus_alias:
+                raise JobError(
+                    f"{spec.name} is on bus {spec.bus!r}, this queue serves {self.bus_alias!r}",
+                    code="job.wrong_bus",
+                )
+            self._specs[job_cls] = spec
+        return spec
+
+    async def signal(self, name: str, **fields: Any) -> None:
+        """Notify observers, skipping the work when nobody listens (the hot path)."""
+        if self.signals.has_observers(name):
+            await self.signals.emit(name, **fields)
+
+    # -- what each driver implements ----------------------------------------------------------
+
+    @property
+    def dlq(self) -> DeadLetterTools:
+        """DLQ tools (list, count, requeue, purge) over this queue's bus."""
+        raise NotImplementedError
+
+    async def stats(self, job_cls: type[Job]) -> JobStats:
+        """The job's queue right now, as the broker counts it (for consoles and health pages)."""
+        raise NotImplementedError
+
+    async def ensure(self, job_cls: type[Job], *, force: bool = False) -> JobSpec:
+        """Make the job's queue (and dead-letter queue) exist; returns its spec."""
+        raise NotImplementedError
+
+    async def enqueue(
+        self,
+        job_cls: type[Job],
+        payload: Any,
+        *,
+        id: str | None = None,
+        delay: float | timedelta | None = None,
+        run_at: datetime | None = None,
+    ) -> str:
+        """Persist one job and return its id once the broker has it (see NatsJobQueue)."""
+        raise NotImplementedError
+
+    async def enqueue_many(self, job_cls: type[Job], payloads: Iterable[Any]) -> list[str]:
+        """Persist many jobs; returns their ids, in order, once every one is stored."""
+        raise NotImplementedError
+
+    async def consume(self, job_cls: type[Job], handler_ctx: Context | None = None) -> None:
+        """Run the job's consume loop in this process until `stop()` has drained it."""
+        raise NotImplementedError
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop consuming, wait up to `timeout_s` for running jobs, hand the rest back."""
+        raise NotImplementedError
+
+
+def _nats_queue(driver: str) -> type[JobQueue]:
+    if driver != "nats":
+        raise JobError(f"no job queue for bus driver {driver!r}", code="job.driver")
+    return NatsJobQueue
+
+
+class NatsJobQueue(JobQueue):
+    """The jobs of one bus alias on NATS JetStream (see the module's docstring)."""
+
+    def __init__(self, ctx: Context, bus_alias: str, **options: Any) -> None:
+        super().__init__(ctx, bus_alias, **options)
         bus = ctx.bus(bus_alias)
         self.nc = bus.native
         # One JetStreamContext for the queue's life: its async-publish inbox is made once.
         self.js: JetStreamContext = bus.js
-        self._specs: dict[type[Job], JobSpec] = {}
         self._ensured: set[type[Job]] = set()
         self._consumers: dict[type[Job], _Consumer] = {}
         self._stopped = False
-
-    def on(self, name: str, observer: Observer) -> None:
-        self.signals.on(name, observer)
 
     @property
     def dlq(self) -> DeadLetters:
@@ -174,19 +266,6 @@ class JobQueue:
             in_flight=consumer.num_ack_pending or 0,
             dlq=dlq.state.messages,
         )
-
-    def spec(self, job_cls: type[Job]) -> JobSpec:
-        """The validated spec of a Job class on this queue's bus (cached)."""
-        spec = self._specs.get(job_cls)
-        if spec is None:
-            spec = validate_job(job_cls, self.ctx.buses)
-            if spec.bus != self.bus_alias:
-                raise JobError(
-                    f"{spec.name} is on bus {spec.bus!r}, this queue serves {self.bus_alias!r}",
-                    code="job.wrong_bus",
-                )
-            self._specs[job_cls] = spec
-        return spec
 
     # -- streams ------------------------------------------------------------------------------
 
@@ -365,8 +444,3 @@ class JobQueue:
         await asyncio.gather(*(consumer.closed.wait() for consumer in consumers))
         with contextlib.suppress(*NATS_ERRORS):
             await self.nc.flush(timeout=1)  # acks and naks of the drain leave before we return
-
-    async def signal(self, name: str, **fields: Any) -> None:
-        """Notify observers, skipping the work when nobody listens (the hot path)."""
-        if self.signals.has_observers(name):
-            await self.signals.emit(name, **fields)

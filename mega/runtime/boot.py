@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from nats.aio.client import Client as NatsClient
@@ -40,13 +40,29 @@ async def boot(config: Config, *, role: str, database: bool = True) -> Context:
             clients = [ctx.caches[name].native for name in cache_aliases]
             ctx.locks[alias] = RedLock(alias, clients)
         for alias, url in config.buses.items():
-            ctx.buses[alias] = BusAdapter(alias, url, await connect_nats(alias, url))
+            if config.bus_drivers.get(alias) == "memory":
+                ctx.buses[alias] = memory_bus(alias, url)
+            else:
+                ctx.buses[alias] = BusAdapter(alias, url, await connect_nats(alias, url))
         if database:
             ctx.database = await connect_database(config.database_url)
     except BaseException:
         await shutdown(ctx)
         raise
     return ctx
+
+
+def memory_bus(alias: str, url: str) -> BusAdapter:
+    """A `memory` bus: an in-process broker. Said at start: nothing on it outlives the process."""
+    from mega.jobs.memory import MemoryBroker  # also registers the memory job queue
+
+    logger.warning(
+        "bus %r is in memory: its jobs live and die with this process, and no other process "
+        "sees them (fine for tests and trying things; use the nats driver for real work)",
+        alias,
+    )
+    broker: Any = MemoryBroker()
+    return BusAdapter(alias, url, broker, driver="memory")
 
 
 async def shutdown(ctx: Context) -> None:

@@ -46,7 +46,8 @@ async def readiness(ctx: Context) -> dict[str, str]:
     for alias, cache in ctx.caches.items():
         probes[f"redis:{alias}"] = cache.native.ping()
     for alias, bus in ctx.buses.items():
-        probes[f"nats:{alias}"] = _nats_probe(bus.native)
+        if bus.driver == "nats":  # a memory bus is this process: nothing to reach
+            probes[f"nats:{alias}"] = _nats_probe(bus.native)
     if ctx.database is not None:
         probes["db"] = asyncio.to_thread(ctx.database.ping)
     for name, pool in ctx.workers.items():

@@ -1,0 +1,178 @@
+"""The job queue's contract, written once and proven on every bus driver: exact attempt counts,
+DLQ records, requeue, dedup ids, delay, enqueue_many, bad payloads and the drain. The `nats`
+driver runs on the session's nats-server; `memory` in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mega import Context, Job, JobQueue, JobWorker
+from mega.config import load_config
+from mega.errors import JobError
+from mega.runtime.boot import boot, shutdown
+from tests.factories import write_config
+
+RUNS: Counter[str] = Counter()  # job id -> runs started
+DONE: Counter[str] = Counter()  # job id -> runs that succeeded
+MEMORY_BUS = """
+services = {
+    "caches": services["caches"], "locks": services["locks"],
+    "buses": {"jobs": {"driver": "memory"}}, "database": services["database"],
+}
+"""
+
+
+class Contract(Job):
+    """`fail_first` in the payload: how many runs fail before one succeeds."""
+
+    bus = "jobs"
+    retries = 2
+    concurrency = 4
+    backoff = {"type": "exponential", "initial": 10, "max": 20}
+
+    async def run(self, payload: dict[str, Any], ctx: Context) -> None:
+        RUNS[payload["id"]] += 1
+        await asyncio.sleep(payload.get("sleep_s", 0))
+        if RUNS[payload["id"]] <= payload.get("fail_first", 0):
+            raise RuntimeError(f"planned failure {RUNS[payload['id']]}")
+        DONE[payload["id"]] += 1
+
+
+@pytest.fixture(params=["nats", "memory"])
+async def setup(
+    request: pytest.FixtureRequest, tmp_path: Path, nats_url: str, redis_url: str, prefix: str
+) -> AsyncIterator[tuple[Context, type[Job], JobQueue, list[dict[str, Any]]]]:
+    body = MEMORY_BUS if request.param == "memory" else ""
+    config = load_config(write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body))
+    ctx = await boot(config, role="test", database=False)
+    job = type("Contract", (Contract,), {"subject": f"{prefix}.contract"})
+    worker = JobWorker(ctx)
+    worker.register(job)
+    seen: list[dict[str, Any]] = []
+    for name in ("start", "done", "retry", "fail", "dlq"):
+        worker.on(name, seen.append)
+    await worker.start()
+    queue = worker.queue("jobs")
+    assert (
+        type(queue).__name__ == {"nats": "NatsJobQueue", "memory": "MemoryJobQueue"}[request.param]
+    )
+    yield ctx, job, queue, seen
+    await worker.stop(5)
+    await shutdown(ctx)
+
+
+async def until(check: Any, what: str, timeout_s: float = 15) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out: {what}"
+        await asyncio.sleep(0.01)
+
+
+def signals(seen: list[dict[str, Any]], job_id: str) -> list[tuple[str, int]]:
+    return [(s["signal"], s.get("attempt") or s.get("attempts")) for s in seen if s["id"] == job_id]
+
+
+async def test_ok_runs_once(setup: Any, prefix: str) -> None:
+    _, job, queue, seen = setup
+    job_id = await queue.enqueue(job, {"id": f"{prefix}-ok"})
+    await until(lambda: DONE[f"{prefix}-ok"] == 1, "done")
+    await asyncio.sleep(0.1)
+    assert RUNS[f"{prefix}-ok"] == 1 and job_id
+    assert signals(seen, job_id) == [("start", 1), ("done", 1)]
+
+
+async def test_a_failure_is_retried_then_succeeds(setup: Any, prefix: str) -> None:
+    _, job, queue, seen = setup
+    job_id = await queue.enqueue(job, {"id": f"{prefix}-flaky", "fail_first": 1})
+    await until(lambda: DONE[f"{prefix}-flaky"] == 1, "done")
+    assert RUNS[f"{prefix}-flaky"] == 2
+    assert signals(seen, job_id) == [("start", 1), ("retry", 1), ("start", 2), ("done", 2)]
+
+
+async def test_retries_plus_one_attempts_then_the_dlq_and_requeue(setup: Any, prefix: str) -> None:
+    _, job, queue, seen = setup
+    key = f"{prefix}-fail"
+    job_id = await queue.enqueue(job, {"id": key, "fail_first": 3}, id=key)
+    await until(lambda: any(s["signal"] == "dlq" for s in seen), "dlq")
+    assert RUNS[key] == 3 and DONE[key] == 0
+    assert [s for s, _ in signals(seen, job_id)] == [
+        "start", "retry", "start", "retry", "start", "fail", "dlq"
+    ]  # fmt: skip
+    assert await queue.dlq.count(job) == 1
+    [record] = await queue.dlq.list(job)
+    assert (record["id"], record["subject"], record["attempts"]) == (key, f"{prefix}.contract", 3)
+    assert record["payload"] == {"id": key, "fail_first": 3}
+    assert record["error"] == {"type": "RuntimeError", "message": "planned failure 3"}
+    assert record["worker"] and record["first_enqueued_at"] and record["failed_at"]
+    # Requeued, its attempts start again at 1 (and the 4th run overall succeeds).
+    assert await queue.dlq.requeue(job, key) == 1
+    await until(lambda: DONE[key] == 1, "requeued run")
+    assert signals(seen, job_id)[-2:] == [("start", 1), ("done", 1)]
+    assert await queue.dlq.count(job) == 0
+    assert await queue.dlq.requeue(job, "nope") == 0
+
+
+async def test_an_id_is_a_dedup_key(setup: Any, prefix: str) -> None:
+    _, job, queue, _seen = setup
+    key = f"{prefix}-dedup"
+    assert await queue.enqueue(job, {"id": key}, id=key) == key
+    assert await queue.enqueue(job, {"id": key}, id=key) == key
+    await until(lambda: DONE[key] == 1, "done")
+    await asyncio.sleep(0.3)
+    assert RUNS[key] == 1
+
+
+async def test_a_delayed_job_waits_without_a_slot(setup: Any, prefix: str) -> None:
+    _, job, queue, _seen = setup
+    started = time.monotonic()
+    await queue.enqueue(job, {"id": f"{prefix}-later"}, delay=0.6)
+    await queue.enqueue(job, {"id": f"{prefix}-now"})
+    await until(lambda: DONE[f"{prefix}-now"] == 1, "the job behind it")
+    assert RUNS[f"{prefix}-later"] == 0  # still waiting, and it did not block the other one
+    await until(lambda: DONE[f"{prefix}-later"] == 1, "the delayed job")
+    assert time.monotonic() - started >= 0.5
+
+
+async def test_enqueue_many_and_bad_payloads(setup: Any, prefix: str) -> None:
+    _, job, queue, _seen = setup
+    ids = await queue.enqueue_many(job, [{"id": f"{prefix}-m{n}"} for n in range(20)])
+    assert len(set(ids)) == 20
+    await until(lambda: all(DONE[f"{prefix}-m{n}"] == 1 for n in range(20)), "all 20")
+    with pytest.raises(JobError) as caught:
+        await queue.enqueue(job, {"id": object()})
+    assert caught.value.code == "job.invalid_payload"
+    stats = await queue.stats(job)
+    assert (stats.pending, stats.dlq) == (0, 0)
+
+
+async def test_stop_drains_running_jobs(setup: Any, prefix: str) -> None:
+    _ctx, job, queue, _seen = setup
+    await queue.enqueue(job, {"id": f"{prefix}-slow", "sleep_s": 0.5})
+    await until(lambda: RUNS[f"{prefix}-slow"] == 1, "started")
+    await queue.stop(5)  # waits for the running job
+    assert DONE[f"{prefix}-slow"] == 1
+
+
+async def test_a_memory_bus_says_so_at_start(
+    tmp_path: Path, nats_url: str, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = load_config(
+        write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=MEMORY_BUS)
+    )
+    ctx = await boot(config, role="test", database=False)
+    try:
+        assert ctx.bus("jobs").driver == "memory"
+        assert "bus 'jobs' is in memory" in caplog.text
+        with pytest.raises(JobError, match="events and listeners run on a nats bus"):
+            from mega import EventBus
+
+            EventBus(ctx, "jobs")
+    finally:
+        await shutdown(ctx)
