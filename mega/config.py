@@ -80,14 +80,17 @@ class LockSpec(_Model):
 
 
 class BusSpec(_Model):
-    driver: Literal["nats", "memory"]
-    url: str = "memory://"  # a nats:// (or tls://) URL for the nats driver
+    driver: Literal["nats", "redis", "memory"]
+    url: str = "memory://"  # nats:// (or tls://) for nats, redis:// (or rediss://) for redis
 
     @field_validator("url")
     @classmethod
-    def nats_url(cls, url: str, info: ValidationInfo) -> str:
-        if info.data.get("driver") == "nats":
+    def driver_url(cls, url: str, info: ValidationInfo) -> str:
+        driver = info.data.get("driver")
+        if driver == "nats":
             _check_url(url, "nats", "tls")
+        elif driver == "redis":
+            _check_url(url, "redis", "rediss", "unix")
         return url
 
 
@@ -168,11 +171,11 @@ class Config:
     root: Path
     caches: dict[str, str]  # alias -> redis URL
     locks: dict[str, list[str]]  # alias -> cache aliases (one = single Redis, several = quorum)
-    buses: dict[str, str]  # alias -> NATS URL (memory:// for a memory bus)
+    buses: dict[str, str]  # alias -> URL (NATS, Redis, or memory:// for a memory bus)
     database_url: str
     auth: AuthConfig
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
-    bus_drivers: dict[str, str] = field(default_factory=dict)  # alias -> nats | memory
+    bus_drivers: dict[str, str] = field(default_factory=dict)  # alias -> nats|redis|memory
     schedules: list[type] = field(default_factory=list)
     jobs: list[type] = field(default_factory=list)
     workers: list[type] = field(default_factory=list)

@@ -40,8 +40,14 @@ async def boot(config: Config, *, role: str, database: bool = True) -> Context:
             clients = [ctx.caches[name].native for name in cache_aliases]
             ctx.locks[alias] = RedLock(alias, clients)
         for alias, url in config.buses.items():
-            if config.bus_drivers.get(alias) == "memory":
+            driver = config.bus_drivers.get(alias, "nats")
+            if driver == "memory":
                 ctx.buses[alias] = memory_bus(alias, url)
+            elif driver == "redis":
+                import mega.jobs.redis_queue  # noqa: F401  (registers the redis job queue)
+
+                client: Any = await connect_redis(alias, url, decode_responses=False)
+                ctx.buses[alias] = BusAdapter(alias, url, client, driver="redis")
             else:
                 ctx.buses[alias] = BusAdapter(alias, url, await connect_nats(alias, url))
         if database:
@@ -69,7 +75,10 @@ async def shutdown(ctx: Context) -> None:
     """Close every connection the context holds. Never raises."""
     for bus in ctx.buses.values():
         with contextlib.suppress(Exception):
-            await bus.native.drain()
+            if bus.driver == "nats":
+                await bus.native.drain()
+            elif bus.driver == "redis":
+                await bus.native.aclose()  # type: ignore[attr-defined]
     for cache in ctx.caches.values():
         with contextlib.suppress(Exception):
             await cache.native.aclose()
@@ -77,7 +86,7 @@ async def shutdown(ctx: Context) -> None:
         ctx.database.dispose()
 
 
-async def connect_redis(alias: str, url: str) -> Redis:
+async def connect_redis(alias: str, url: str, *, decode_responses: bool = True) -> Redis:
     from redis.asyncio import Redis  # ~0.1 s to import: only for configs that declare caches
 
     client: Redis = Redis.from_url(
@@ -85,7 +94,7 @@ async def connect_redis(alias: str, url: str) -> Redis:
         socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=CONNECT_TIMEOUT_S,
         health_check_interval=15,
-        decode_responses=True,
+        decode_responses=decode_responses,
     )
     try:
         await asyncio.wait_for(client.ping(), CONNECT_TIMEOUT_S)

@@ -48,6 +48,8 @@ async def readiness(ctx: Context) -> dict[str, str]:
     for alias, bus in ctx.buses.items():
         if bus.driver == "nats":  # a memory bus is this process: nothing to reach
             probes[f"nats:{alias}"] = _nats_probe(bus.native)
+        elif bus.driver == "redis":
+            probes[f"redis:{alias}"] = bus.native.ping()  # type: ignore[attr-defined]
     if ctx.database is not None:
         probes["db"] = asyncio.to_thread(ctx.database.ping)
     for name, pool in ctx.workers.items():

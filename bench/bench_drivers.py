@@ -1,0 +1,143 @@
+"""The other bus drivers (SPEC section 7): the memory driver's no-op jobs/s in one process, and
+the redis driver against a bare redis-py loop on the same server.
+
+    .venv/bin/python -m bench.bench_drivers [--jobs 20000]
+
+Memory: `enqueue_many` of N no-op jobs, then one consume loop (concurrency 200) until every one
+has run; target >= 50,000 jobs/s. Redis: N entries XADDed to a stream on a private Redis;
+baseline: XREADGROUP(count=100) with one awaited XACK per entry; mega: the same backlog through
+`RedisJobQueue` (concurrency 200, each entry acked and deleted after its run); target >= 0.7x.
+Every job is checked to have run exactly once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run by path (python bench/x.py): make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.report import Result, print_table, result, row
+from mega import Context, Job, JobWorker
+from mega.context import BusAdapter
+
+MEMORY_TARGET = 50_000.0
+REDIS_TARGET = 0.7
+RAN: Counter[int] = Counter()
+
+
+class Noop(Job):
+    subject = "bench.noop"
+    bus = "jobs"
+    concurrency = 200
+    retries = 0
+
+    async def run(self, payload: int, ctx: Context) -> None:
+        RAN[payload] += 1
+
+
+async def _drain(ctx: Context, jobs: int) -> float:
+    """Enqueue `jobs` no-op jobs (untimed), then time one consume loop until all have run."""
+    RAN.clear()
+    worker = JobWorker(ctx)
+    worker.register(Noop)
+    await worker.queue("jobs").enqueue_many(Noop, range(jobs))
+    started = time.perf_counter()
+    await worker.start()
+    while len(RAN) < jobs:
+        await asyncio.sleep(0.001)
+    elapsed = time.perf_counter() - started
+    await worker.stop(5)
+    assert set(RAN.values()) == {1} and sorted(RAN) == list(range(jobs)), "not exactly once"
+    return jobs / elapsed
+
+
+async def _bare_redis(redis: Any, jobs: int) -> float:
+    key = "bench:bare"
+    await redis.delete(key)
+    await redis.xgroup_create(key, "g", id="0", mkstream=True)
+    async with redis.pipeline(transaction=False) as pipe:
+        for n in range(jobs):
+            pipe.xadd(key, {"body": str(n)})
+        await pipe.execute()
+    seen: Counter[bytes] = Counter()
+    started = time.perf_counter()
+    while len(seen) < jobs:
+        answer = await redis.xreadgroup("g", "c", {key: ">"}, count=100, block=100)
+        for _, entries in answer or []:
+            for entry_id, fields in entries:
+                seen[fields[b"body"]] += 1
+                await redis.xack(key, "g", entry_id)
+    return jobs / (time.perf_counter() - started)
+
+
+async def _bench(jobs: int) -> Result:
+    from redis.asyncio import Redis
+
+    from mega.jobs.memory import MemoryBroker
+    from mega.jobs.redis_queue import RedisJobQueue  # noqa: F401  (registers the driver)
+    from mega.runtime.embedded import EmbeddedRedis
+
+    memory_ctx = Context(instance_id="bench")
+    broker: Any = MemoryBroker()
+    memory_ctx.buses["jobs"] = BusAdapter("jobs", "memory://", broker, driver="memory")
+    memory = await _drain(memory_ctx, jobs)
+
+    with tempfile.TemporaryDirectory(prefix="bench-drivers-") as tmp:
+        server = EmbeddedRedis(Path(tmp) / "redis").start()
+        client: Any = Redis.from_url(server.url)
+        try:
+            bare = await _bare_redis(client, jobs)
+            redis_ctx = Context(instance_id="bench")
+            redis_ctx.buses["jobs"] = BusAdapter("jobs", server.url, client, driver="redis")
+            redis = await _drain(redis_ctx, jobs)
+        finally:
+            await client.aclose()
+            server.stop()
+    res = result(
+        "drivers",
+        "Bus drivers: memory and redis",
+        f"{jobs:,} no-op jobs per run, concurrency 200; a private Redis-compatible server",
+        [
+            row(
+                "memory driver (jobs/s)",
+                memory,
+                target=f">= {MEMORY_TARGET:,.0f}/s",
+                passed=memory >= MEMORY_TARGET,
+            ),
+            row("bare XREADGROUP(count=100) + XACK each (entries/s)", bare),
+            row(
+                "redis driver (jobs/s)",
+                redis,
+                baseline=bare,
+                baseline_name="bare loop",
+                target=f">= {REDIS_TARGET}x",
+                passed=redis / bare >= REDIS_TARGET,
+            ),
+        ],
+        notes=["every job checked to have run exactly once on both drivers"],
+        data={"memory_jobs_per_s": memory, "redis_jobs_per_s": redis, "bare_per_s": bare},
+    )
+    print_table(res)
+    return res
+
+
+def run(jobs: int = 20_000) -> Result:
+    return asyncio.run(_bench(jobs))
+
+
+def _main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=20_000)
+    return 0 if run(parser.parse_args().jobs)["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
