@@ -18,6 +18,8 @@ CSRF_HEADER = "X-CSRF-Token"
 CONNECT_TIMEOUT_S = 3.0
 # /readyz: a dependency that does not answer within this is reported down.
 READY_CHECK_TIMEOUT_S = 1.0
+# Connections one Redis client keeps at most; more concurrent calls wait for a free one.
+REDIS_MAX_CONNECTIONS = 64
 # NATS clients reconnect forever (an outage is not a crash) at this pace.
 NATS_RECONNECT_WAIT_S = 0.5
 

@@ -16,7 +16,12 @@ from urllib.parse import urlsplit
 from nats.aio.client import Client as NatsClient
 
 from mega.config import Config
-from mega.constants import CONNECT_TIMEOUT_S, HOW_TO_GET_SERVICES, NATS_RECONNECT_WAIT_S
+from mega.constants import (
+    CONNECT_TIMEOUT_S,
+    HOW_TO_GET_SERVICES,
+    NATS_RECONNECT_WAIT_S,
+    REDIS_MAX_CONNECTIONS,
+)
 from mega.context import BusAdapter, CacheAdapter, Context, new_instance_id
 from mega.errors import DependencyUnavailable
 
@@ -87,15 +92,21 @@ async def shutdown(ctx: Context) -> None:
 
 
 async def connect_redis(alias: str, url: str, *, decode_responses: bool = True) -> Redis:
-    from redis.asyncio import Redis  # ~0.1 s to import: only for configs that declare caches
+    # ~0.1 s to import: only for configs that declare caches
+    from redis.asyncio import BlockingConnectionPool, Redis
 
-    client: Redis = Redis.from_url(
+    # A burst beyond the pool (300 enqueues gathered at once) waits for a free connection,
+    # instead of failing with "Too many connections".
+    pool = BlockingConnectionPool.from_url(
         url,
+        max_connections=REDIS_MAX_CONNECTIONS,
+        timeout=CONNECT_TIMEOUT_S,
         socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=CONNECT_TIMEOUT_S,
         health_check_interval=15,
         decode_responses=decode_responses,
     )
+    client: Redis = Redis.from_pool(pool)  # aclose() closes the pool too
     try:
         await asyncio.wait_for(client.ping(), CONNECT_TIMEOUT_S)
     except Exception as exc:

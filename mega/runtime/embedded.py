@@ -152,17 +152,22 @@ class EmbeddedNats(EmbeddedServer):
 
 @dataclass
 class EmbeddedRedis(EmbeddedServer):
-    """A Redis-compatible server (valkey) that keeps nothing on disk."""
+    """A Redis-compatible server (valkey) that keeps nothing on disk, or with `appendonly`
+    every write in an fsynced append-only file under `data_dir` (it survives a restart)."""
 
     name: ClassVar[str] = "redis"
+    appendonly: bool = False
 
     def command(self) -> list[str]:
+        durable = ["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly else [
+            "--appendonly", "no"
+        ]  # fmt: skip
         return [
             find_redis_server(),
             "--bind", "127.0.0.1",
             "--port", str(self.port),
             "--save", "",
-            "--appendonly", "no",
+            *durable,
             "--dir", str(self.data_dir),
         ]  # fmt: skip
 
