@@ -241,14 +241,15 @@ class RedisJobQueue(JobQueue):
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*running, return_exceptions=True)
         if self._flusher is not None:
-            self._flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flusher
+            # Woken to see `_stopping`, not cancelled: a cancelled flusher was seen not to end
+            # (the benchmark's stop() then waited forever).
+            self._acks_waiting.set()
+            await self._flusher
         with contextlib.suppress(RedisError, OSError):
             await self._flush_acks()  # the finished jobs' acks leave before we return
 
     async def _flush_acks_forever(self) -> None:
-        while True:
+        while not self._stopping:
             await self._acks_waiting.wait()
             self._acks_waiting.clear()
             try:
