@@ -179,9 +179,12 @@ async def open_database(url: str, *, migrate: bool) -> Database:
     try:
         await asyncio.to_thread(db.ping)
         if migrate:
-            from mega.runtime.migrate import upgrade
+            from mega.runtime.migrate import is_current, upgrade
 
-            before, after = await asyncio.to_thread(upgrade, db)
+            before: str | None = "current"
+            after = "current"
+            if not await asyncio.to_thread(is_current, db):
+                before, after = await asyncio.to_thread(upgrade, db)
             if before != after:
                 logger.info(
                     "database %s upgraded from %s to %s", db.redacted_url, before or "empty", after

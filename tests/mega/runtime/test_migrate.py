@@ -14,7 +14,7 @@ from sqlalchemy import inspect, select
 
 from mega.database import Base, Database
 from mega.events.outbox import OutboxRow
-from mega.runtime.migrate import current, head, upgrade
+from mega.runtime.migrate import HEAD, current, head, is_current, upgrade
 from mega.web.models import LoginFailure, User, UserSession
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -53,9 +53,15 @@ def check_upgraded_keeps_rows(db: Database) -> None:
     assert upgrade(db) == ("0002", "0002")  # idempotent
 
 
+def test_the_fast_check_knows_alembics_head() -> None:
+    assert head() == HEAD
+
+
 def test_an_empty_sqlite_database_gets_every_table(tmp_path: Path) -> None:
     db = Database(f"sqlite:///{tmp_path / 'new.db'}")
+    assert not is_current(db)
     assert upgrade(db) == (None, "0002")
+    assert is_current(db)
     names = set(inspect(db.engine).get_table_names())
     assert {"mega_users", "mega_sessions", "mega_login_failures", "mega_outbox"} <= names
     assert "mega_alembic_version" in names and "alembic_version" not in names
