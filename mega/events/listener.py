@@ -38,8 +38,13 @@ from mega.events.event import (
     ReceivedEvent,
 )
 from mega.jobs.backoff import BackoffPolicy
-from mega.jobs.job import DEFAULT_ACK_WAIT_S, DEFAULT_BACKOFF, DEFAULT_DLQ_MAX_AGE_S
-from mega.validation import int_problem, is_number
+from mega.jobs.job import (
+    DEFAULT_ACK_WAIT_S,
+    DEFAULT_BACKOFF,
+    DEFAULT_DLQ_MAX_AGE_S,
+    delivery_problems,
+)
+from mega.validation import int_problem
 
 if TYPE_CHECKING:
     from mega.context import Context
@@ -191,19 +196,10 @@ def validate_listener(
     group = listener_cls.group
     if not isinstance(group, str) or not GROUP_RE.fullmatch(group):
         problems.append(f"group: letters, digits, '_' and '-' only, got {group!r}")
-    for field, minimum in (("concurrency", 1), ("retries", 0), ("inbox_ttl_s", 1)):
-        problem = int_problem(getattr(listener_cls, field), minimum=minimum)
-        if problem:
-            problems.append(f"{field}: {problem}")
-    backoff: BackoffPolicy | None = None
-    try:
-        backoff = BackoffPolicy.parse(listener_cls.backoff)
-    except ValueError as exc:
-        problems.append(f"backoff: {exc}")
-    if not is_number(listener_cls.ack_wait_s) or listener_cls.ack_wait_s <= 0:
-        problems.append(f"ack_wait_s: must be a positive number, got {listener_cls.ack_wait_s!r}")
-    if not is_number(listener_cls.dlq_max_age_s) or listener_cls.dlq_max_age_s < 0:
-        problems.append(f"dlq_max_age_s: must be >= 0 s, got {listener_cls.dlq_max_age_s!r}")
+    backoff = delivery_problems(listener_cls, problems)
+    problem = int_problem(listener_cls.inbox_ttl_s)
+    if problem:
+        problems.append(f"inbox_ttl_s: {problem}")
     inbox = listener_cls.inbox
     if inbox is not None and inbox not in cache_aliases:
         declared = ", ".join(sorted(cache_aliases)) or "none"

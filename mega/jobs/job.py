@@ -191,21 +191,7 @@ def validate_job(job_cls: type[Job], bus_aliases: Collection[str]) -> JobSpec:
     if not isinstance(bus, str) or bus not in bus_aliases:
         declared = ", ".join(sorted(bus_aliases)) or "none"
         problems.append(f"bus: {bus!r} is not a declared bus alias (declared: {declared})")
-    for field, minimum in (("concurrency", 1), ("retries", 0)):
-        problem = int_problem(getattr(job_cls, field), minimum=minimum)
-        if problem:
-            problems.append(f"{field}: {problem}")
-    backoff: BackoffPolicy | None = None
-    try:
-        backoff = BackoffPolicy.parse(job_cls.backoff)
-    except ValueError as exc:
-        problems.append(f"backoff: {exc}")
-    if not is_number(job_cls.ack_wait_s) or job_cls.ack_wait_s <= 0:
-        problems.append(
-            f"ack_wait_s: must be a positive number of seconds, got {job_cls.ack_wait_s!r}"
-        )
-    if not is_number(job_cls.dlq_max_age_s) or job_cls.dlq_max_age_s < 0:
-        problems.append(f"dlq_max_age_s: must be >= 0 s (0 = keep), got {job_cls.dlq_max_age_s!r}")
+    backoff = delivery_problems(job_cls, problems)
     max_bytes = job_cls.dlq_max_bytes
     if max_bytes is not None and int_problem(max_bytes):
         problems.append(f"dlq_max_bytes: must be None or a positive int, got {max_bytes!r}")
@@ -226,6 +212,27 @@ def validate_job(job_cls: type[Job], bus_aliases: Collection[str]) -> JobSpec:
         dlq_max_age_s=float(job_cls.dlq_max_age_s),
         dlq_max_bytes=max_bytes,
     )
+
+
+def delivery_problems(cls: Any, problems: list[str]) -> BackoffPolicy | None:
+    """Check what the consume loop reads of a Job (or Listener) class: `concurrency`,
+    `retries`, `backoff`, `ack_wait_s` and `dlq_max_age_s`. Appends one line per problem;
+    returns the parsed backoff (None when it is wrong)."""
+    for field, minimum in (("concurrency", 1), ("retries", 0)):
+        problem = int_problem(getattr(cls, field), minimum=minimum)
+        if problem:
+            problems.append(f"{field}: {problem}")
+    backoff: BackoffPolicy | None = None
+    try:
+        backoff = BackoffPolicy.parse(cls.backoff)
+    except ValueError as exc:
+        problems.append(f"backoff: {exc}")
+    ack_wait_s, dlq_max_age_s = cls.ack_wait_s, cls.dlq_max_age_s
+    if not is_number(ack_wait_s) or ack_wait_s <= 0:
+        problems.append(f"ack_wait_s: must be a positive number of seconds, got {ack_wait_s!r}")
+    if not is_number(dlq_max_age_s) or dlq_max_age_s < 0:
+        problems.append(f"dlq_max_age_s: must be >= 0 s (0 = keep), got {dlq_max_age_s!r}")
+    return backoff
 
 
 # -- the wire format ---------------------------------------------------------------------------
