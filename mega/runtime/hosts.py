@@ -343,8 +343,25 @@ def _observe(runtime: Any, names: tuple[str, ...], *, routine: tuple[str, ...] =
             summarise(signal["signal"])
         level = level_of(signal)
         if trace.isEnabledFor(level):
-            pairs = (f"{k}={v}" for k, v in signal.items() if k != "signal" and v is not None)
+            pairs = (
+                f"{k}={_field(v)}" for k, v in signal.items() if k != "signal" and v is not None
+            )
             trace.log(level, "%s %s", signal["signal"], " ".join(pairs))
 
     for name in names:
         runtime.on(name, log)
+
+
+def _field(value: Any) -> str:
+    """A log field's value: as is when plain, else quoted with quotes, backslashes and every
+    unprintable character (CR, LF, NUL, bidi overrides...) escaped, so user text (an e-mail, an
+    error message) can never forge a line of its own or hide what it says."""
+    text = str(value)
+    if text and all(ch.isprintable() and ch not in _SPECIAL for ch in text):
+        return text
+    escaped = (_ESCAPES.get(ch) or (ch if ch.isprintable() else f"\\u{ord(ch):04x}") for ch in text)
+    return '"' + "".join(escaped) + '"'
+
+
+_SPECIAL = frozenset(' "=\\')
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}

@@ -257,3 +257,20 @@ async def test_the_framework_renders_a_login_page_without_app_templates(config) 
         assert page.status_code == 200
         assert '<form method="post" action="/login">' in page.text
         assert csrf_from(page.text) and 'name="next" value="/home"' in page.text
+
+
+@pytest.mark.parametrize("cookie", ["mega_session", "mega_csrf"])
+async def test_a_malformed_cookie_is_treated_as_absent(config, cookie: str) -> None:
+    async with web_client(config) as client:
+        for value in (
+            "\u00fcn\u00efcode.x".encode("latin-1"),
+            b"no-dot-at-all",
+            b"a.b.c",
+            b"x" * 500,
+        ):
+            raw = {"cookie": cookie.encode() + b"=" + value}
+            page = await client.get("/login", headers=raw)
+            assert page.status_code == 200, value  # never a 500
+            assert "content-security-policy" in page.headers
+            assert (await client.get("/api/things", headers=raw)).status_code == 401
+        assert (await login(client)).status_code == 303  # and logging in still works
