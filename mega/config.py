@@ -121,6 +121,9 @@ class AuthConfig(_Model):
 
 class MetricsConfig(_Model):
     enabled: StrictBool = False
+    # Where the scheduler's and worker's metrics ports listen; MEGA_METRICS_BIND overrides it
+    # (`mega dev` sets 127.0.0.1: on a laptop nothing outside needs them).
+    bind: str = "0.0.0.0"
     scheduler_port: Port = 9101
     worker_port: Port = 9102
 
@@ -211,6 +214,8 @@ def build_config(module: ModuleType, path: Path, *, dev: bool) -> Config:
     }
     try:
         names = _with_env_overrides(names)
+        if os.environ.get("MEGA_METRICS_BIND") and isinstance(names.get("metrics", {}), dict):
+            names["metrics"] = {**names.get("metrics", {}), "bind": os.environ["MEGA_METRICS_BIND"]}
         names["auth"] = _with_secret(names.get("auth", {}), dev=dev)
         spec = ConfigFile.model_validate(names)
     except ValidationError as exc:

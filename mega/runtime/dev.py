@@ -76,6 +76,7 @@ def run_dev(config_path: str, *, host: str, port: int) -> int:
     # The config file may read MEGA_ENV too (the sample's default login exists only in dev).
     os.environ["MEGA_ENV"] = "dev"
     env = dict(os.environ, MEGA_CONFIG=str(config_file), PYTHONUNBUFFERED="1")
+    env.setdefault("MEGA_METRICS_BIND", "127.0.0.1")  # the hosts' metrics: this laptop only
     # Free metrics ports, so that two checkouts can run side by side (`make run PORT=...`).
     env.setdefault("MEGA_SCHEDULER_METRICS_PORT", str(free_port()))
     env.setdefault("MEGA_WORKER_METRICS_PORT", str(free_port()))

@@ -51,8 +51,8 @@ def start_metrics_server(config: Config, port: int) -> None:
     if config.metrics.enabled:
         from prometheus_client import start_http_server
 
-        start_http_server(port, addr="0.0.0.0")
-        logger.info("metrics on http://0.0.0.0:%d/metrics", port)
+        start_http_server(port, addr=config.metrics.bind)
+        logger.info("metrics on http://%s:%d/metrics", config.metrics.bind, port)
 
 
 @dataclass

@@ -107,6 +107,9 @@ async def _security_middleware(
         response = await call_next(request)
     for name, value in SECURITY_HEADERS.items():
         response.headers.setdefault(name, value)
+    if not request.url.path.startswith("/static/"):
+        # Pages and answers may carry a user's data or a CSRF token: no cache keeps a copy.
+        response.headers.setdefault("Cache-Control", "no-store")
     new_token = getattr(request.state, "new_anon_csrf", None)
     if new_token and getattr(request.state, "user", None) is None:
         response.set_cookie(

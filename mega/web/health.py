@@ -14,12 +14,12 @@ from mega.web.envelope import fail, ok
 router = APIRouter()
 
 
-@router.get("/healthz", include_in_schema=False)
+@router.api_route("/healthz", methods=["GET", "HEAD"], include_in_schema=False)
 async def healthz() -> Response:
     return ok({"status": "alive"})
 
 
-@router.get("/readyz", include_in_schema=False)
+@router.api_route("/readyz", methods=["GET", "HEAD"], include_in_schema=False)
 async def readyz(request: Request) -> Response:
     checks = await readiness(request.app.state.ctx)
     down = {name: state for name, state in checks.items() if state != "ok"}

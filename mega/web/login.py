@@ -24,7 +24,7 @@ def _next(request: Request, target: str | None) -> str:
     return auth.safe_next(target, auth.settings(request).landing_path)
 
 
-@router.get("/login", include_in_schema=False)
+@router.api_route("/login", methods=["GET", "HEAD"], include_in_schema=False)
 async def login_page(request: Request, next: str | None = None) -> Response:
     if await auth.current_user(request):
         return RedirectResponse(_next(request, next), status_code=303)

@@ -118,3 +118,11 @@ def test_users_and_landing_path(tmp_path: Path) -> None:
     )
     config = load_config(write(tmp_path, text))
     assert (config.auth.users, config.auth.landing_path) == ({"ada": "pw"}, "/home")
+
+
+def test_metrics_bind_comes_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert load_config(write(tmp_path, GOOD)).metrics.bind == "0.0.0.0"
+    monkeypatch.setenv("MEGA_METRICS_BIND", "127.0.0.1")
+    assert load_config(write(tmp_path, GOOD)).metrics.bind == "127.0.0.1"

@@ -274,3 +274,14 @@ async def test_a_malformed_cookie_is_treated_as_absent(config, cookie: str) -> N
             assert "content-security-policy" in page.headers
             assert (await client.get("/api/things", headers=raw)).status_code == 401
         assert (await login(client)).status_code == 303  # and logging in still works
+
+
+async def test_no_page_or_answer_is_cached_and_head_is_allowed(config) -> None:
+    async with web_client(config) as client:
+        for path in ("/login", "/healthz", "/api/things"):
+            assert (await client.get(path)).headers["cache-control"] == "no-store", path
+        await login(client)
+        assert (await client.get("/home")).headers["cache-control"] == "no-store"
+        for path in ("/healthz", "/readyz", "/login"):
+            head = await client.head(path)
+            assert head.status_code in (200, 303) and head.content == b"", path
