@@ -13,9 +13,10 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mega.config import Config
 from mega.constants import ANON_CSRF_COOKIE, CSRF_HEADER
@@ -29,6 +30,42 @@ from mega.web.login import router as login_router
 FRAMEWORK_TEMPLATES = Path(__file__).with_name("templates")
 # No form or JSON body of this app comes near this; anything larger is refused unread.
 MAX_BODY_BYTES = 64 * 1024
+BODY_LIMIT = f"the request body is over the {MAX_BODY_BYTES // 1024} KiB limit"
+
+
+class BodyTooLarge(HTTPException):
+    """Raised while a body streams in (chunked, or longer than it said): the answer is the
+    same 422 as for a Content-Length over the limit, and nothing more is read."""
+
+    def __init__(self) -> None:
+        super().__init__(422, BODY_LIMIT)
+
+
+class BodyLimit:
+    """Counts a request's body as it arrives and stops it at `max_bytes`: a chunked body, or one
+    longer than its Content-Length, is never read (nor parsed) in full."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise BodyTooLarge
+            return message
+
+        await self.app(scope, counted, send)
+
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -67,6 +104,9 @@ def create_web_app(
     )
     app.state.templates = templates
     install_error_handlers(app)
+    # Inside the security middleware: an error raised from a body read there would reach the
+    # app wrapped in an exception group (BaseHTTPMiddleware reads in a task group).
+    app.add_middleware(BodyLimit)
     app.middleware("http")(_security_middleware)
     static = static_dir or config.root / "static"
     if static.is_dir():
@@ -100,9 +140,16 @@ async def _security_middleware(
     request: Request, call_next: Callable[[Request], Awaitable[Response]]
 ) -> Response:
     length = request.headers.get("content-length", "0")
+    response: Response
     if not length.isdigit() or int(length) > MAX_BODY_BYTES:
-        limit = f"the request body is over the {MAX_BODY_BYTES // 1024} KiB limit"
-        response: Response = fail(422, "validation_failed", limit, fields={"body": limit})
+        response = fail(422, "validation_failed", BODY_LIMIT, fields={"body": BODY_LIMIT})
+    elif (
+        request.method in auth.UNSAFE_METHODS
+        and request.url.path.startswith("/api/")
+        and await auth.current_user(request) is None
+    ):
+        # Every API route needs a session: say so before a byte of the body is read.
+        response = fail(401, "auth.required", "log in first")
     else:
         response = await call_next(request)
     for name, value in SECURITY_HEADERS.items():

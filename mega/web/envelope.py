@@ -172,7 +172,10 @@ def install_error_handlers(app: FastAPI) -> None:
         if not wants_json(request) and exc.status_code == 404:
             return _html_error(request, 404, "Not found", "There is no page at this address.")
         code = STATUS_CODES.get(exc.status_code, "http_error")
-        return fail(exc.status_code, code, str(exc.detail), headers=dict(exc.headers or {}))
+        fields = {"body": str(exc.detail)} if exc.status_code == 422 else None
+        return fail(
+            exc.status_code, code, str(exc.detail), fields=fields, headers=dict(exc.headers or {})
+        )
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:

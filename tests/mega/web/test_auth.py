@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -285,3 +287,49 @@ async def test_no_page_or_answer_is_cached_and_head_is_allowed(config) -> None:
         for path in ("/healthz", "/readyz", "/login"):
             head = await client.head(path)
             assert head.status_code in (200, 303) and head.content == b"", path
+
+
+def chunks(total: int, piece: int = 16 * 1024) -> Any:
+    """A body without Content-Length (chunked), and how much of it the app pulled."""
+
+    async def body() -> AsyncIterator[bytes]:
+        sent = 0
+        while sent < total:
+            chunks.pulled = sent = sent + piece  # type: ignore[attr-defined]
+            yield b"x" * piece
+
+    chunks.pulled = 0  # type: ignore[attr-defined]
+    return body()
+
+
+async def test_a_chunked_body_is_stopped_at_the_limit_not_read_in_full(config) -> None:
+    async with web_client(config) as client:
+        # Anonymous on /api: 401 before a byte of the body is read.
+        anonymous = await client.post("/api/things", content=chunks(50 * 1024 * 1024))
+        assert anonymous.status_code == 401
+        assert anonymous.json()["error"]["code"] == "auth.required"
+        # The login form: 422 once 64 KiB have arrived, the rest never pulled.
+        big = await client.post(
+            "/login", content=chunks(50 * 1024 * 1024),
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )  # fmt: skip
+        assert big.status_code == 422 and "body" in big.json()["error"]["fields"]
+        assert chunks.pulled <= 128 * 1024  # type: ignore[attr-defined]
+        # Logged in: the same for a JSON route, and nothing is changed.
+        await login(client)
+        token = csrf_from((await client.get("/home")).text)
+        response = await client.post(
+            "/api/things", content=chunks(10 * 1024 * 1024),
+            headers={"X-CSRF-Token": token, "Content-Type": "application/json"},
+        )  # fmt: skip
+        assert response.status_code == 422 and "body" in response.json()["error"]["fields"]
+        assert chunks.pulled <= 128 * 1024  # type: ignore[attr-defined]
+        assert (await client.get("/api/things")).json()["data"] == {"things": []}
+
+
+async def test_anonymous_bad_json_on_the_api_is_401_not_422(config) -> None:
+    async with web_client(config) as client:
+        response = await client.post(
+            "/api/things", content=b"{not json", headers={"Content-Type": "application/json"}
+        )
+        assert response.status_code == 401
