@@ -16,8 +16,14 @@ from app.routes.api_console import console_state
 from app.routes.api_cron import cron_state
 from app.routes.api_events import events_page_context
 from app.routes.api_jobs import jobs_page_context
-from app.routes.api_worker import HASH_TIMEOUT_MS, POOL, HashRequest
-from app.workers.hash_tasks import MAX_ROUNDS, sha256_loop
+from app.routes.api_worker import (
+    HASH_TIMEOUT_MS,
+    MAX_INLINE_ROUNDS,
+    POOL,
+    HashRequest,
+    inline_hash,
+)
+from app.workers.hash_tasks import MAX_ROUNDS
 from mega.web import UserDep, render
 
 router = APIRouter(include_in_schema=False)
@@ -73,19 +79,20 @@ async def worker_page(
 async def worker_form(request: Request, user: UserDep) -> Response:
     """The hash form without JavaScript: post, redirect, get (with the result in the query)."""
     form = await request.form()
+    mode = "inline" if form.get("mode") == "inline" else "pool"
     try:
         rounds = int(str(form.get("rounds", "")))
-        body = HashRequest(input=str(form.get("input", "")), rounds=rounds)
+        body = HashRequest(input=str(form.get("input", "")), rounds=rounds, inline=mode == "inline")
     except ValueError:
         error = (
-            f"rounds must be a whole number from 1 to {MAX_ROUNDS:,}; input at most 1000 characters"
+            f"rounds must be a whole number from 1 to {MAX_ROUNDS:,} "
+            f"({MAX_INLINE_ROUNDS:,} inline); input at most 1000 characters"
         )
         return RedirectResponse(f"/demo/worker?{urlencode({'error': error})}", status_code=303)
-    mode = "inline" if form.get("mode") == "inline" else "pool"
     started = time.perf_counter()
     task = {"input": body.input, "rounds": body.rounds}
     if mode == "inline":
-        result = sha256_loop(task)
+        result = inline_hash(request, task)
     else:
         pool = request.app.state.ctx.workers[POOL]
         result = await pool.run("sha256_loop", task, timeout_ms=HASH_TIMEOUT_MS)

@@ -193,3 +193,27 @@ async def test_a_broken_pool_makes_readyz_fail_naming_it(config) -> None:
         ready = await client.get("/readyz")
         assert ready.status_code == 503
         assert "worker:hash" in ready.json()["error"]["message"]
+
+
+async def test_inline_runs_are_capped_and_one_at_a_time(config) -> None:
+    async with web_client(config, pools=True) as client:
+        await login(client)
+        headers = {"X-CSRF-Token": csrf_from((await client.get("/demo/worker")).text)}
+        over = await client.post(
+            "/api/demo/worker/hash",
+            json={"input": "x", "rounds": 8_000_001, "inline": True}, headers=headers,
+        )  # fmt: skip
+        assert over.status_code == 422
+        assert "8,000,000" in over.json()["error"]["fields"]["body"]
+        # The pool still takes it: the cap is for the event loop only.
+        body = {"input": "x", "rounds": 1_500_000, "inline": True}
+        first = await client.post("/api/demo/worker/hash", json=body, headers=headers)
+        assert first.status_code == 200
+        # A request that waited behind the stall is refused, not run inline again.
+        second = await client.post("/api/demo/worker/hash", json=body, headers=headers)
+        assert second.status_code == 429 and int(second.headers["retry-after"]) >= 1
+        assert second.json()["error"]["code"] == "rate_limited"
+        pool = await client.post(
+            "/api/demo/worker/hash", json={**body, "inline": False}, headers=headers
+        )
+        assert pool.status_code == 200  # the pool is never gated
