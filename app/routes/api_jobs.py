@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import RedirectResponse
-from pydantic import BaseModel, Field, StringConstraints, ValidationError, model_validator
+from pydantic import BaseModel, EmailStr, Field, ValidationError, model_validator
 
 from app.jobs.email import EmailJob
 from app.services import job_timeline
@@ -21,7 +21,9 @@ router = APIRouter()
 # How many dead letters the page lists (the count covers all of them).
 DLQ_LISTED = 20
 
-Recipient = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=254)]
+# An e-mail address (email-validator, through pydantic): no CR, LF, NUL or bidi override can
+# ride along into a log line or a header.
+Recipient = Annotated[EmailStr, Field(max_length=254)]
 
 
 class EnqueueRequest(BaseModel):

@@ -138,6 +138,9 @@ async def test_requeue_from_the_dlq_resets_attempts(config: Config) -> None:
         ({"to": "x" * 255, "mode": "ok"}, "to"),
         ({"mode": "ok"}, "to"),
         ({"to": ["a"], "mode": "ok"}, "to"),
+        ({"to": "a@b.co\n23:59:59 INFO forged", "mode": "ok"}, "to"),  # no forged log line
+        ({"to": "a\u202eb@example.com", "mode": "ok"}, "to"),
+        ({"to": "not-an-address", "mode": "ok"}, "to"),
     ],
 )
 async def test_bad_input_is_422_and_enqueues_nothing(
@@ -161,11 +164,11 @@ async def test_no_js_form_enqueues_and_shows_field_errors(config: Config) -> Non
         assert bad.status_code == 422 and "field-error" in bad.text
         assert await stream_messages(client) == 0
         good = await client.post(
-            "/demo/jobs", data={"csrf_token": token, "to": "<b>x</b>", "mode": "ok"}
+            "/demo/jobs", data={"csrf_token": token, "to": "o'neil&co@example.com", "mode": "ok"}
         )
         assert good.status_code == 303
         page = await client.get(good.headers["location"])
-        assert "enqueued" in page.text and "&lt;b&gt;x&lt;/b&gt;" in page.text
+        assert "enqueued" in page.text and "o&#39;neil&amp;co@example.com" in page.text
         assert await stream_messages(client) == 1
 
 
