@@ -397,3 +397,15 @@ async def test_thread_mode_timeout_reports_but_keeps_the_slot_busy(
     release.touch()
     assert await pool.run("echo", "next") == "next"
     assert pool.stats()["busy"] == 0
+
+
+async def test_children_run_at_a_lower_priority_than_the_web_process(make_pool: MakePool) -> None:
+    import os
+
+    from mega.workers.child import CHILD_NICENESS
+
+    pool = await make_pool()
+    child = await pool.run("pid", None)
+    parent_nice = os.getpriority(os.PRIO_PROCESS, 0)
+    # The event loop gets the CPU first when every core hashes (SPEC 7).
+    assert os.getpriority(os.PRIO_PROCESS, child) == min(19, parent_nice + CHILD_NICENESS)
