@@ -69,6 +69,17 @@ class RetryPolicy(Protocol):
     def backoff(self) -> BackoffPolicy: ...
 
 
+class LaneSpec(RetryPolicy, Protocol):
+    """What a consume loop needs of what it runs (a JobSpec, a ListenerSpec)."""
+
+    @property
+    def name(self) -> str: ...  # in signals: a job's name, a listener group
+    @property
+    def concurrency(self) -> int: ...
+    @property
+    def ack_wait_s(self) -> float: ...
+
+
 def is_unreported(attempt: int, policy: RetryPolicy) -> bool:
     """A delivery past the last attempt: the one before it never reported back."""
     return attempt > policy.max_attempts

@@ -15,7 +15,7 @@ import contextlib
 import json
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -23,15 +23,19 @@ from typing import Any
 from mega.context import Context
 from mega.errors import JobError
 from mega.jobs.consumer import MAX_ERROR_CHARS
-from mega.jobs.delivery import DeadLetter, Outcome, Retry, decide
+from mega.jobs.delivery import DeadLetter, LaneSpec, Outcome, Retry, decide
 from mega.jobs.dlq import DlqRecord, make_record
 from mega.jobs.job import HEADER_ENQUEUED_AT, Job, JobSpec, due_ms_of, encode_job
 from mega.jobs.queue import DEDUP_WINDOW_S, JobQueue, JobStats
+
+# Events a memory bus keeps for listener groups that start later (the oldest go first).
+EVENTS_KEPT = 100_000
 
 
 @dataclass
 class _Message:
     job_id: str
+    subject: str  # what it was published on (a job's subject, `events.<name>`)
     body: bytes
     enqueued_at_ms: int
     run_at_ms: int
@@ -40,7 +44,8 @@ class _Message:
 
 @dataclass
 class _Subject:
-    """One job subject's queue: ready messages, scheduled ones, dead letters."""
+    """One lane's queue (a job subject's, a listener group's): ready messages, scheduled ones,
+    dead letters."""
 
     ready: deque[_Message] = field(default_factory=deque)
     scheduled: int = 0  # delayed jobs and retries waiting for their time
@@ -49,13 +54,39 @@ class _Subject:
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     seq: int = 0
 
+    def stats(self) -> JobStats:
+        return JobStats(
+            pending=len(self.ready) + self.scheduled, in_flight=self.running, dlq=len(self.dead)
+        )
+
+    def put(self, message: _Message, *, at_ms: int | None = None) -> None:
+        """Ready now, or at `at_ms` (epoch ms) without holding anything while it waits."""
+        delay_s = 0.0 if at_ms is None else (at_ms - time.time() * 1000) / 1000
+        if delay_s <= 0:
+            self._ready(message)
+            return
+        self.scheduled += 1
+
+        def due() -> None:
+            self.scheduled -= 1
+            self._ready(message)
+
+        asyncio.get_running_loop().call_later(delay_s, due)
+
+    def _ready(self, message: _Message) -> None:
+        self.ready.append(message)
+        self.wakeup.set()
+
 
 class MemoryBroker:
-    """What a `memory` bus holds (`ctx.bus(alias).native`): the queues of its job subjects."""
+    """What a `memory` bus holds (`ctx.bus(alias).native`): the queues of its job subjects and
+    listener groups, and the events log new groups replay."""
 
     def __init__(self) -> None:
         self.subjects: dict[str, _Subject] = {}
         self.dedup: dict[str, float] = {}  # job id -> when it leaves the dedup window (monotonic)
+        # Emitted events (subject, id, body, emitted at ms), oldest first, for groups to come.
+        self.events: deque[tuple[str, str, bytes, int]] = deque(maxlen=EVENTS_KEPT)
 
     def subject(self, name: str) -> _Subject:
         found = self.subjects.get(name)
@@ -75,21 +106,114 @@ class MemoryBroker:
         return False
 
 
+Handler = Callable[[Any, _Message, int], Awaitable[None]]  # (payload, message, attempt)
+
+
+class MemoryConsumer:
+    """The consume loops of one process on a memory bus: a lane is a `_Subject` and the spec
+    of what runs there (a JobSpec, a ListenerSpec). Retries, backoff and dead letters follow
+    `delivery.decide`, as on every driver."""
+
+    def __init__(self, instance_id: str, signal: Callable[..., Awaitable[None]]) -> None:
+        self.instance_id = instance_id
+        self.signal = signal
+        self._queues: list[_Subject] = []
+        self._running: dict[asyncio.Task[None], tuple[_Subject, _Message]] = {}
+        self._stopping = False
+
+    async def run(self, spec: LaneSpec, queue: _Subject, handler: Handler) -> None:
+        self._queues.append(queue)
+        while not self._stopping:
+            while queue.ready and queue.running < spec.concurrency and not self._stopping:
+                message = queue.ready.popleft()
+                queue.running += 1
+                task = asyncio.create_task(self._process(spec, queue, handler, message))
+                self._running[task] = (queue, message)
+                task.add_done_callback(self._running.pop)
+            queue.wakeup.clear()
+            if not self._stopping:
+                await queue.wakeup.wait()
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        self._stopping = True
+        for queue in self._queues:
+            queue.wakeup.set()
+        running = list(self._running)
+        if running:
+            await asyncio.wait(running, timeout=timeout_s)
+        for task in list(self._running):
+            queue, message = self._running[task]
+            task.cancel()
+            queue.ready.appendleft(message)  # handed back: the next consumer gets it first
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def _process(
+        self, spec: LaneSpec, queue: _Subject, handler: Handler, message: _Message
+    ) -> None:
+        message.deliveries += 1
+        attempt = message.deliveries
+        try:
+            payload = json.loads(message.body)
+            started = time.time()
+            latency_ms = max(0, round(started * 1000) - message.run_at_ms)
+            await self.signal(
+                "start", job=spec.name, id=message.job_id, attempt=attempt, latency_ms=latency_ms
+            )
+            try:
+                await handler(payload, message, attempt)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                await self._failed(spec, queue, message, payload, attempt, started, exc)
+                return
+            await self.signal("done", job=spec.name, id=message.job_id, attempt=attempt,
+                              duration_ms=round((time.time() - started) * 1000, 3))  # fmt: skip
+        finally:
+            queue.running -= 1
+            queue.wakeup.set()
+
+    async def _failed(
+        self, spec: LaneSpec, queue: _Subject, message: _Message, payload: Any, attempt: int,
+        started: float, exc: Exception,
+    ) -> None:  # fmt: skip
+        error_type, error = type(exc).__name__, str(exc)[:MAX_ERROR_CHARS]
+        fields = {"job": spec.name, "id": message.job_id, "attempt": attempt,
+                  "duration_ms": round((time.time() - started) * 1000, 3)}  # fmt: skip
+        decision = decide(Outcome.FAILED, attempt, spec)
+        if isinstance(decision, Retry):
+            message.run_at_ms = int(time.time() * 1000) + decision.delay_ms
+            queue.put(message, at_ms=message.run_at_ms)
+            await self.signal("retry", **fields, delay_ms=decision.delay_ms,
+                              error_type=error_type, error=error)  # fmt: skip
+            return
+        assert isinstance(decision, DeadLetter)
+        await self.signal("fail", **fields, phase="run", error_type=error_type, error=error)
+        queue.seq += 1
+        record = make_record(
+            message.subject, message.job_id, payload, error_type, error, attempts=attempt,
+            first_enqueued_at=message.enqueued_at_ms, worker=self.instance_id,
+        )  # fmt: skip
+        record["seq"] = queue.seq
+        queue.dead.append(record)
+        await self.signal("dlq", job=spec.name, id=message.job_id, attempts=attempt,
+                          error_type=error_type, error=error)  # fmt: skip
+
+
 class MemoryJobQueue(JobQueue):
     """JobQueue on a memory bus: see the module's docstring."""
 
     def __init__(self, ctx: Context, bus_alias: str, **options: Any) -> None:
         super().__init__(ctx, bus_alias, **options)
-        broker = ctx.bus(bus_alias).native
-        if not isinstance(broker, MemoryBroker):
-            raise JobError(f"bus {bus_alias!r} is not a memory bus", code="job.driver")
-        self.broker = broker
-        self._running: dict[asyncio.Task[None], tuple[_Subject, _Message]] = {}
-        self._stopping = False
+        self.broker = memory_broker(ctx, bus_alias)
+        self.consumer = MemoryConsumer(self.instance_id, self.signal)
 
     @property
     def dlq(self) -> MemoryDeadLetters:
-        return MemoryDeadLetters(self)
+        return MemoryDeadLetters(self._queue)
+
+    async def _queue(self, job_cls: type[Any]) -> _Subject:
+        return self.broker.subject((await self.ensure(job_cls)).subject)
 
     async def ensure(self, job_cls: type[Job], *, force: bool = False) -> JobSpec:
         spec = self.spec(job_cls)
@@ -97,11 +221,7 @@ class MemoryJobQueue(JobQueue):
         return spec
 
     async def stats(self, job_cls: type[Job]) -> JobStats:
-        queue = self.broker.subject((await self.ensure(job_cls)).subject)
-        return JobStats(
-            pending=len(queue.ready) + queue.scheduled, in_flight=queue.running,
-            dlq=len(queue.dead),
-        )  # fmt: skip
+        return (await self._queue(job_cls)).stats()
 
     async def enqueue(
         self,
@@ -118,8 +238,8 @@ class MemoryJobQueue(JobQueue):
         duplicate = id is not None and self.broker.seen(id)
         if not duplicate:
             now_ms = int(headers[HEADER_ENQUEUED_AT])
-            message = _Message(job_id, body, now_ms, max(now_ms, due_ms or now_ms))
-            self._put(spec, message, at_ms=due_ms)
+            message = _Message(job_id, spec.subject, body, now_ms, max(now_ms, due_ms or now_ms))
+            self.broker.subject(spec.subject).put(message, at_ms=due_ms)
         await self.signal("dispatch", job=spec.name, id=job_id, subject=spec.subject,
                           duplicate=duplicate)  # fmt: skip
         return job_id
@@ -127,148 +247,67 @@ class MemoryJobQueue(JobQueue):
     async def enqueue_many(self, job_cls: type[Job], payloads: Iterable[Any]) -> list[str]:
         spec = await self.ensure(job_cls)
         envelopes = [encode_job(spec, payload) for payload in payloads]  # all checked first
+        queue = self.broker.subject(spec.subject)
         for job_id, _, body, headers in envelopes:
             now_ms = int(headers[HEADER_ENQUEUED_AT])
-            self._put(spec, _Message(job_id, body, now_ms, now_ms))
+            queue.put(_Message(job_id, spec.subject, body, now_ms, now_ms))
         return [job_id for job_id, *_ in envelopes]
 
     async def consume(self, job_cls: type[Job], handler_ctx: Context | None = None) -> None:
         spec = await self.ensure(job_cls)
-        queue = self.broker.subject(spec.subject)
         job, ctx = spec.job_cls(), handler_ctx or self.ctx
-        while not self._stopping:
-            while queue.ready and queue.running < spec.concurrency and not self._stopping:
-                message = queue.ready.popleft()
-                queue.running += 1
-                task = asyncio.create_task(self._process(spec, queue, job, ctx, message))
-                self._running[task] = (queue, message)
-                task.add_done_callback(self._running.pop)
-            queue.wakeup.clear()
-            if not self._stopping:
-                await queue.wakeup.wait()
+
+        async def run(payload: Any, message: _Message, attempt: int) -> None:
+            await job.run(payload, ctx)
+
+        await self.consumer.run(spec, self.broker.subject(spec.subject), run)
 
     async def stop(self, timeout_s: float = 30.0) -> None:
-        self._stopping = True
-        for queue in self.broker.subjects.values():
-            queue.wakeup.set()
-        running = list(self._running)
-        if running:
-            await asyncio.wait(running, timeout=timeout_s)
-        for task in list(self._running):
-            queue, message = self._running[task]
-            task.cancel()
-            queue.ready.appendleft(message)  # handed back: the next consumer gets it first
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*running, return_exceptions=True)
+        await self.consumer.stop(timeout_s)
 
-    # -- running ----------------------------------------------------------------------------
 
-    async def _process(
-        self, spec: JobSpec, queue: _Subject, job: Job, ctx: Context, message: _Message
-    ) -> None:
-        message.deliveries += 1
-        attempt = message.deliveries
-        try:
-            payload = json.loads(message.body)
-            started = time.time()
-            latency_ms = max(0, round(started * 1000) - message.run_at_ms)
-            await self.signal(
-                "start", job=spec.name, id=message.job_id, attempt=attempt, latency_ms=latency_ms
-            )
-            try:
-                await job.run(payload, ctx)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                await self._failed(spec, queue, message, payload, attempt, started, exc)
-                return
-            await self.signal("done", job=spec.name, id=message.job_id, attempt=attempt,
-                              duration_ms=round((time.time() - started) * 1000, 3))  # fmt: skip
-        finally:
-            queue.running -= 1
-            queue.wakeup.set()
-
-    async def _failed(
-        self, spec: JobSpec, queue: _Subject, message: _Message, payload: Any, attempt: int,
-        started: float, exc: Exception,
-    ) -> None:  # fmt: skip
-        error_type, error = type(exc).__name__, str(exc)[:MAX_ERROR_CHARS]
-        fields = {"job": spec.name, "id": message.job_id, "attempt": attempt,
-                  "duration_ms": round((time.time() - started) * 1000, 3)}  # fmt: skip
-        decision = decide(Outcome.FAILED, attempt, spec)
-        if isinstance(decision, Retry):
-            message.run_at_ms = int(time.time() * 1000) + decision.delay_ms
-            self._put(spec, message, at_ms=message.run_at_ms)
-            await self.signal("retry", **fields, delay_ms=decision.delay_ms,
-                              error_type=error_type, error=error)  # fmt: skip
-            return
-        assert isinstance(decision, DeadLetter)
-        await self.signal("fail", **fields, phase="run", error_type=error_type, error=error)
-        queue.seq += 1
-        record = make_record(
-            spec.subject, message.job_id, payload, error_type, error, attempts=attempt,
-            first_enqueued_at=message.enqueued_at_ms, worker=self.instance_id,
-        )  # fmt: skip
-        record["seq"] = queue.seq
-        queue.dead.append(record)
-        await self.signal("dlq", job=spec.name, id=message.job_id, attempts=attempt,
-                          error_type=error_type, error=error)  # fmt: skip
-
-    def _put(self, spec: JobSpec, message: _Message, *, at_ms: int | None = None) -> None:
-        queue = self.broker.subject(spec.subject)
-        delay_s = 0.0 if at_ms is None else (at_ms - time.time() * 1000) / 1000
-        if delay_s <= 0:
-            queue.ready.append(message)
-            queue.wakeup.set()
-            return
-        queue.scheduled += 1
-
-        def due() -> None:
-            queue.scheduled -= 1
-            queue.ready.append(message)
-            queue.wakeup.set()
-
-        asyncio.get_running_loop().call_later(delay_s, due)
+def memory_broker(ctx: Context, bus_alias: str) -> MemoryBroker:
+    broker = ctx.bus(bus_alias).native
+    if not isinstance(broker, MemoryBroker):
+        raise JobError(f"bus {bus_alias!r} is not a memory bus", code="job.driver")
+    return broker
 
 
 class MemoryDeadLetters:
-    """The DLQ tools of a memory queue (the same calls as DeadLetters on NATS)."""
+    """The DLQ tools of memory lanes (the same calls as DeadLetters on NATS); `locate(cls)`
+    gives the queue of a Job or Listener class."""
 
-    def __init__(self, queue: MemoryJobQueue) -> None:
-        self.queue = queue
+    def __init__(self, locate: Callable[[type[Any]], Awaitable[_Subject]]) -> None:
+        self.locate = locate
 
-    async def _dead(self, job_cls: type[Any]) -> tuple[JobSpec, list[DlqRecord]]:
-        spec = await self.queue.ensure(job_cls)
-        return spec, self.queue.broker.subject(spec.subject).dead
+    async def count(self, cls: type[Any]) -> int:
+        return len((await self.locate(cls)).dead)
 
-    async def count(self, job_cls: type[Any]) -> int:
-        return len((await self._dead(job_cls))[1])
+    async def list(self, cls: type[Any], limit: int = 50) -> list[DlqRecord]:
+        return list(reversed((await self.locate(cls)).dead))[:limit]
 
-    async def list(self, job_cls: type[Any], limit: int = 50) -> list[DlqRecord]:
-        return list(reversed((await self._dead(job_cls))[1]))[:limit]
+    async def requeue(self, cls: type[Any], job_id: str) -> int:
+        return await self._requeue(cls, job_id)
 
-    async def requeue(self, job_cls: type[Any], job_id: str) -> int:
-        return await self._requeue(job_cls, job_id)
+    async def requeue_all(self, cls: type[Any]) -> int:
+        return await self._requeue(cls, None)
 
-    async def requeue_all(self, job_cls: type[Any]) -> int:
-        return await self._requeue(job_cls, None)
-
-    async def purge(self, job_cls: type[Any]) -> int:
-        _, dead = await self._dead(job_cls)
+    async def purge(self, cls: type[Any]) -> int:
+        dead = (await self.locate(cls)).dead
         count = len(dead)
         dead.clear()
         return count
 
-    async def _requeue(self, job_cls: type[Any], job_id: str | None) -> int:
-        spec, dead = await self._dead(job_cls)
-        chosen = [r for r in dead if job_id is None or r["id"] == job_id]
+    async def _requeue(self, cls: type[Any], job_id: str | None) -> int:
+        queue = await self.locate(cls)
+        chosen = [r for r in queue.dead if job_id is None or r["id"] == job_id]
         for record in chosen:
-            dead.remove(record)
+            queue.dead.remove(record)
             body = json.dumps(record["payload"], separators=(",", ":")).encode()
             now_ms = int(time.time() * 1000)
             enqueued = record.get("first_enqueued_at") or now_ms
             # A new message: its deliveries (the attempts) start again at 1.
-            self.queue._put(spec, _Message(record["id"], body, enqueued, now_ms))
+            queue.put(_Message(record["id"], record["subject"], body, enqueued, now_ms))
         return len(chosen)
 
 

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
@@ -39,7 +39,7 @@ from redis.exceptions import RedisError, ResponseError
 from mega.context import Context
 from mega.errors import DependencyUnavailable
 from mega.jobs.consumer import MAX_ERROR_CHARS
-from mega.jobs.delivery import DeadLetter, Outcome, Retry, RetryPolicy, decide, is_unreported
+from mega.jobs.delivery import DeadLetter, LaneSpec, Outcome, Retry, decide, is_unreported
 from mega.jobs.dlq import DlqRecord, make_record
 from mega.jobs.job import HEADER_ENQUEUED_AT, Job, JobSpec, due_ms_of, encode_job
 from mega.jobs.queue import DEDUP_WINDOW_S, JobQueue, JobStats
@@ -99,17 +99,6 @@ return 1
 Fields = dict[str, Any]  # an entry's fields, names decoded, values as Redis returned them
 Handler = Callable[[Any, Fields, int], Awaitable[None]]  # (payload, fields, attempt)
 Signal = Callable[..., Awaitable[None]]
-
-
-class LaneSpec(RetryPolicy, Protocol):
-    """What a lane needs of what it runs (a JobSpec, a ListenerSpec)."""
-
-    @property
-    def name(self) -> str: ...  # in signals: a job's name, a listener group
-    @property
-    def concurrency(self) -> int: ...
-    @property
-    def ack_wait_s(self) -> float: ...
 
 
 @dataclass(frozen=True)
