@@ -31,12 +31,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from sqlalchemy import delete, select, update
 
 from mega.events.bus import EventBus
+from mega.events.event import EventMessage
 from mega.events.outbox import OutboxRow, on_commit
-from mega.jobs.consumer import NATS_ERRORS
 from mega.signals import Observer, Signals
 
 if TYPE_CHECKING:
-    from nats.js import JetStreamContext
     from sqlalchemy.orm import Session
 
     from mega.context import Context
@@ -44,9 +43,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("mega.relay")
 
 SIGNALS = ("published", "error")
-# A commit that added rows in another process says so here (core NATS, fire and forget), so
-# relays wake at once wherever the row was written; the poll is only the fallback.
-WAKE_SUBJECT = "mega.outbox.wake"
 DEFAULT_BATCH = 2000
 DEFAULT_POLL_S = 0.5
 # Published rows are kept this long (for the pages that show them), then deleted.
@@ -54,9 +50,6 @@ DEFAULT_RETENTION_S = 3600.0
 # Published rows deleted per statement while pruning, and how often pruning runs.
 PRUNE_BATCH = 1000
 PRUNE_EVERY_S = 10.0
-# How long a batch waits for its PubAcks before it gives up (the rows stay pending). On SQLite
-# writers wait for the relay's transaction meanwhile, so this stays short.
-PUBLISH_TIMEOUT_S = 2.0
 # After a failed batch (NATS or the database away), wait this long before the next try.
 ERROR_BACKOFF_S = 1.0
 
@@ -102,8 +95,8 @@ class OutboxRelay:
         self._db_thread = ThreadPoolExecutor(1, thread_name_prefix="mega-relay")
         self._last_warning = ""
         self._task: asyncio.Task[None] | None = None
-        self._streams_ready: set[str] = set()
-        self._js: dict[str, JetStreamContext] = {}
+        # One EventBus per bus alias, kept: each holds its JetStreamContext (its PubAck inbox).
+        self._buses: dict[str, EventBus] = {}
 
     def on(self, name: str, observer: Observer) -> None:
         self.signals.on(name, observer)
@@ -119,10 +112,7 @@ class OutboxRelay:
             loop.call_soon_threadsafe(self._wakeup.set)
 
         unregister = on_commit(wake)
-        subscriptions = []
-        for bus in self.ctx.buses.values():
-            with contextlib.suppress(*NATS_ERRORS):
-                subscriptions.append(await bus.native.subscribe(WAKE_SUBJECT, cb=self._on_wake))
+        unwatch = [await self.bus(name).watch_commits(self._wakeup.set) for name in self.ctx.buses]
         pruned_at = 0.0
         try:
             while not self._stopping:
@@ -145,9 +135,8 @@ class OutboxRelay:
                     await self._sleep(self.poll_s)
         finally:
             unregister()
-            for subscription in subscriptions:
-                with contextlib.suppress(*NATS_ERRORS):
-                    await subscription.unsubscribe()
+            for stop_watching in unwatch:
+                await stop_watching()
             self._db_thread.shutdown(wait=False)
             self._done.set()
 
@@ -161,8 +150,9 @@ class OutboxRelay:
 
     async def relay_once(self) -> int:
         """Publish one batch of pending rows; returns how many were published."""
-        if not all(bus.native.is_connected for bus in self.ctx.buses.values()):
-            raise ConnectionError("NATS is not connected; the outbox waits")
+        for alias in self.ctx.buses:
+            if not self.bus(alias).connected:
+                raise ConnectionError(f"bus {alias!r} is not connected; the outbox waits")
         session = self.ctx.db.sessions()
         try:
             rows = await self._in_db(_take_batch, session, self.batch)
@@ -192,27 +182,19 @@ class OutboxRelay:
             if deleted < PRUNE_BATCH:
                 return total
 
-    async def _publish(self, rows: list[_Row]) -> None:
-        for alias in {row.bus for row in rows} - self._streams_ready:
-            # The events stream may not exist yet (no listener ever started): make it, or the
-            # publishes would find no stream to answer them.
-            await EventBus(self.ctx, alias).ensure_stream()
-            self._streams_ready.add(alias)
-        futures: list[asyncio.Future[Any]] = []
-        try:
-            for row in rows:
-                js = self._js.get(row.bus)
-                if js is None:  # one JetStreamContext per bus: each has its own PubAck inbox
-                    js = self._js[row.bus] = self.ctx.bus(row.bus).js
-                futures.append(await js.publish_async(row.subject, row.body, headers=row.headers))
-            await asyncio.wait_for(asyncio.gather(*futures), PUBLISH_TIMEOUT_S)
-        except (*NATS_ERRORS, TimeoutError):
-            for future in futures:
-                future.cancel()
-            raise
+    def bus(self, alias: str) -> EventBus:
+        bus = self._buses.get(alias)
+        if bus is None:
+            bus = self._buses[alias] = EventBus(self.ctx, alias)
+        return bus
 
-    async def _on_wake(self, msg: Any) -> None:
-        self._wakeup.set()
+    async def _publish(self, rows: list[_Row]) -> None:
+        by_bus: dict[str, list[EventMessage]] = {}
+        for row in rows:
+            message = EventMessage(row.event_id, row.subject, row.body, row.headers)
+            by_bus.setdefault(row.bus, []).append(message)
+        for alias, messages in by_bus.items():
+            await self.bus(alias).publish_many(messages)
 
     async def _in_db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -233,26 +215,13 @@ def announce_commits(ctx: Context) -> Callable[[], None]:
     """In a process without a relay (the web app): after each commit that added outbox rows,
     tell the relays elsewhere to look now. Returns a function that stops it."""
     loop = asyncio.get_running_loop()
-    buses = list(ctx.buses.values())
+    buses = [EventBus(ctx, alias) for alias in ctx.buses]
 
     def announce() -> None:  # called from the thread that committed
         for bus in buses:
-            loop.call_soon_threadsafe(_publish_quietly, bus.native)
+            loop.call_soon_threadsafe(bus.announce_commit)
 
     return on_commit(announce)
-
-
-_announcing: set[asyncio.Task[None]] = set()  # keeps the fire-and-forget tasks alive
-
-
-def _publish_quietly(nc: Any) -> None:
-    async def publish() -> None:
-        with contextlib.suppress(*NATS_ERRORS):
-            await nc.publish(WAKE_SUBJECT, b"")
-
-    task = asyncio.get_running_loop().create_task(publish())
-    _announcing.add(task)
-    task.add_done_callback(_announcing.discard)
 
 
 # -- database steps (run on the relay's thread) ---------------------------------------------------
