@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 PORT   ?= 8000
+BUS    ?= nats
 
 .PHONY: run test lint format bench install clean
 
@@ -15,8 +16,8 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed
 
-run: install  ## the whole demo: embedded NATS + Redis, web, scheduler, worker
-	$(BIN)/mega dev --port $(PORT)
+run: install  ## the whole demo: embedded NATS + Redis, web, scheduler, worker (BUS=redis: jobs and events on Redis)
+	MEGA_BUS=$(BUS) $(BIN)/mega dev --port $(PORT)
 
 lint: install
 	$(BIN)/ruff check mega app tests bench mega_config.py

@@ -8,6 +8,8 @@ URLs and secrets come from the environment; the defaults suit `mega dev` on a la
     DATABASE_URL     sqlite:///./var/mega.db    (postgresql://user:pass@host/db for PostgreSQL)
     MEGA_SECRET_KEY  required outside `mega dev` (32+ random characters)
     MEGA_DEMO_USER / MEGA_DEMO_PASSWORD   the login to create at start (dev: demo / demo)
+    MEGA_BUS         nats (default) or redis: the driver of the jobs and events bus
+                     (`make run BUS=redis`; on redis the bus uses REDIS_URL)
 """
 
 import os
@@ -21,16 +23,25 @@ from app.jobs.timeline import attach_timeline
 from app.schedules.cron_counter import CronCounterSchedule
 from app.workers.hash_worker import HashWorker
 
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+BUS = os.environ.get("MEGA_BUS") or "nats"
+BUSES = {
+    "nats": {"driver": "nats", "url": os.environ.get("NATS_URL", "nats://127.0.0.1:4222")},
+    "redis": {"driver": "redis", "url": REDIS_URL},
+}
+if BUS not in BUSES:
+    raise ValueError(f"MEGA_BUS: 'nats' or 'redis', got {BUS!r}")
+
 services = {
     "caches": {
-        "main": {"driver": "redis", "url": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")},
+        "main": {"driver": "redis", "url": REDIS_URL},
     },
     "locks": {
         # One Redis is the default; list several independent caches for a quorum (scale-out).
         "main": {"driver": "redlock", "caches": ["main"]},
     },
     "buses": {
-        "jobs": {"driver": "nats", "url": os.environ.get("NATS_URL", "nats://127.0.0.1:4222")},
+        "jobs": BUSES[BUS],
     },
     "database": {"url": os.environ.get("DATABASE_URL")},
 }

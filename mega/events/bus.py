@@ -363,7 +363,7 @@ class NatsEventBus(EventBus):
         try:
             subscription = await self.nc.subscribe(WAKE_SUBJECT, cb=woken)
         except NATS_ERRORS:  # not connected now: the relay polls meanwhile
-            return _nothing
+            return not_watching
 
         async def unsubscribe() -> None:
             with contextlib.suppress(*NATS_ERRORS):
@@ -438,7 +438,7 @@ def fire_and_forget(coro: Coroutine[Any, Any, None]) -> None:
     task.add_done_callback(_background.discard)
 
 
-async def _nothing() -> None:
+async def not_watching() -> None:
     return None
 
 

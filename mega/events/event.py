@@ -111,6 +111,10 @@ class EventMessage(NamedTuple):
     body: bytes
     headers: dict[str, str]
 
+    @property
+    def emitted_at_ms(self) -> int:
+        return int(self.headers[HEADER_EMITTED_AT])
+
 
 def encode_event(
     spec: EventSpec, payload: Any, *, event_id: str | None = None, emitted_at_ms: int | None = None

@@ -21,7 +21,7 @@ from __future__ import annotations
 import inspect
 import re
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -59,6 +59,17 @@ DLQ_STREAM_PREFIX = "MEGA_EVENTS_"
 DLQ_STREAM_SUFFIX = "_DLQ"
 # The inbox remembers a completed event id this long: longer than the events are kept.
 DEFAULT_INBOX_TTL_S = 14 * 24 * 3600
+
+
+def subject_matcher(pattern: str) -> Callable[[str], bool]:
+    """A test of event subjects against a group's pattern, with the NATS wildcards (`*` one
+    token, a final `>` one or more), for the drivers whose broker cannot filter."""
+    tokens = (SUBJECT_PREFIX + pattern).split(".")
+    regex = r"\.".join(
+        "[^.]+" if token == "*" else ".+" if token == ">" else re.escape(token) for token in tokens
+    )
+    compiled = re.compile(regex)
+    return lambda subject: compiled.fullmatch(subject) is not None
 
 
 class Listener:

@@ -33,7 +33,7 @@ EVENTS_KEPT = 100_000
 
 
 @dataclass
-class _Message:
+class MemoryMessage:
     job_id: str
     subject: str  # what it was published on (a job's subject, `events.<name>`)
     body: bytes
@@ -43,11 +43,11 @@ class _Message:
 
 
 @dataclass
-class _Subject:
+class MemoryLane:
     """One lane's queue (a job subject's, a listener group's): ready messages, scheduled ones,
     dead letters."""
 
-    ready: deque[_Message] = field(default_factory=deque)
+    ready: deque[MemoryMessage] = field(default_factory=deque)
     scheduled: int = 0  # delayed jobs and retries waiting for their time
     running: int = 0
     dead: list[DlqRecord] = field(default_factory=list)
@@ -59,7 +59,7 @@ class _Subject:
             pending=len(self.ready) + self.scheduled, in_flight=self.running, dlq=len(self.dead)
         )
 
-    def put(self, message: _Message, *, at_ms: int | None = None) -> None:
+    def put(self, message: MemoryMessage, *, at_ms: int | None = None) -> None:
         """Ready now, or at `at_ms` (epoch ms) without holding anything while it waits."""
         delay_s = 0.0 if at_ms is None else (at_ms - time.time() * 1000) / 1000
         if delay_s <= 0:
@@ -73,7 +73,7 @@ class _Subject:
 
         asyncio.get_running_loop().call_later(delay_s, due)
 
-    def _ready(self, message: _Message) -> None:
+    def _ready(self, message: MemoryMessage) -> None:
         self.ready.append(message)
         self.wakeup.set()
 
@@ -83,15 +83,17 @@ class MemoryBroker:
     listener groups, and the events log new groups replay."""
 
     def __init__(self) -> None:
-        self.subjects: dict[str, _Subject] = {}
+        self.subjects: dict[str, MemoryLane] = {}
         self.dedup: dict[str, float] = {}  # job id -> when it leaves the dedup window (monotonic)
         # Emitted events (subject, id, body, emitted at ms), oldest first, for groups to come.
         self.events: deque[tuple[str, str, bytes, int]] = deque(maxlen=EVENTS_KEPT)
+        # Listener groups: group -> (its pattern's test of a subject, the name of its queue).
+        self.groups: dict[str, tuple[Callable[[str], bool], str]] = {}
 
-    def subject(self, name: str) -> _Subject:
+    def subject(self, name: str) -> MemoryLane:
         found = self.subjects.get(name)
         if found is None:
-            found = self.subjects[name] = _Subject()
+            found = self.subjects[name] = MemoryLane()
         return found
 
     def seen(self, job_id: str) -> bool:
@@ -106,22 +108,22 @@ class MemoryBroker:
         return False
 
 
-Handler = Callable[[Any, _Message, int], Awaitable[None]]  # (payload, message, attempt)
+Handler = Callable[[Any, MemoryMessage, int], Awaitable[None]]  # (payload, message, attempt)
 
 
 class MemoryConsumer:
-    """The consume loops of one process on a memory bus: a lane is a `_Subject` and the spec
+    """The consume loops of one process on a memory bus: a lane is a `MemoryLane` and the spec
     of what runs there (a JobSpec, a ListenerSpec). Retries, backoff and dead letters follow
     `delivery.decide`, as on every driver."""
 
     def __init__(self, instance_id: str, signal: Callable[..., Awaitable[None]]) -> None:
         self.instance_id = instance_id
         self.signal = signal
-        self._queues: list[_Subject] = []
-        self._running: dict[asyncio.Task[None], tuple[_Subject, _Message]] = {}
+        self._queues: list[MemoryLane] = []
+        self._running: dict[asyncio.Task[None], tuple[MemoryLane, MemoryMessage]] = {}
         self._stopping = False
 
-    async def run(self, spec: LaneSpec, queue: _Subject, handler: Handler) -> None:
+    async def run(self, spec: LaneSpec, queue: MemoryLane, handler: Handler) -> None:
         self._queues.append(queue)
         while not self._stopping:
             while queue.ready and queue.running < spec.concurrency and not self._stopping:
@@ -149,7 +151,7 @@ class MemoryConsumer:
             await asyncio.gather(*running, return_exceptions=True)
 
     async def _process(
-        self, spec: LaneSpec, queue: _Subject, handler: Handler, message: _Message
+        self, spec: LaneSpec, queue: MemoryLane, handler: Handler, message: MemoryMessage
     ) -> None:
         message.deliveries += 1
         attempt = message.deliveries
@@ -174,7 +176,7 @@ class MemoryConsumer:
             queue.wakeup.set()
 
     async def _failed(
-        self, spec: LaneSpec, queue: _Subject, message: _Message, payload: Any, attempt: int,
+        self, spec: LaneSpec, queue: MemoryLane, message: MemoryMessage, payload: Any, attempt: int,
         started: float, exc: Exception,
     ) -> None:  # fmt: skip
         error_type, error = type(exc).__name__, str(exc)[:MAX_ERROR_CHARS]
@@ -212,7 +214,7 @@ class MemoryJobQueue(JobQueue):
     def dlq(self) -> MemoryDeadLetters:
         return MemoryDeadLetters(self._queue)
 
-    async def _queue(self, job_cls: type[Any]) -> _Subject:
+    async def _queue(self, job_cls: type[Any]) -> MemoryLane:
         return self.broker.subject((await self.ensure(job_cls)).subject)
 
     async def ensure(self, job_cls: type[Job], *, force: bool = False) -> JobSpec:
@@ -238,7 +240,8 @@ class MemoryJobQueue(JobQueue):
         duplicate = id is not None and self.broker.seen(id)
         if not duplicate:
             now_ms = int(headers[HEADER_ENQUEUED_AT])
-            message = _Message(job_id, spec.subject, body, now_ms, max(now_ms, due_ms or now_ms))
+            due = max(now_ms, due_ms or now_ms)
+            message = MemoryMessage(job_id, spec.subject, body, now_ms, due)
             self.broker.subject(spec.subject).put(message, at_ms=due_ms)
         await self.signal("dispatch", job=spec.name, id=job_id, subject=spec.subject,
                           duplicate=duplicate)  # fmt: skip
@@ -250,14 +253,14 @@ class MemoryJobQueue(JobQueue):
         queue = self.broker.subject(spec.subject)
         for job_id, _, body, headers in envelopes:
             now_ms = int(headers[HEADER_ENQUEUED_AT])
-            queue.put(_Message(job_id, spec.subject, body, now_ms, now_ms))
+            queue.put(MemoryMessage(job_id, spec.subject, body, now_ms, now_ms))
         return [job_id for job_id, *_ in envelopes]
 
     async def consume(self, job_cls: type[Job], handler_ctx: Context | None = None) -> None:
         spec = await self.ensure(job_cls)
         job, ctx = spec.job_cls(), handler_ctx or self.ctx
 
-        async def run(payload: Any, message: _Message, attempt: int) -> None:
+        async def run(payload: Any, message: MemoryMessage, attempt: int) -> None:
             await job.run(payload, ctx)
 
         await self.consumer.run(spec, self.broker.subject(spec.subject), run)
@@ -277,7 +280,7 @@ class MemoryDeadLetters:
     """The DLQ tools of memory lanes (the same calls as DeadLetters on NATS); `locate(cls)`
     gives the queue of a Job or Listener class."""
 
-    def __init__(self, locate: Callable[[type[Any]], Awaitable[_Subject]]) -> None:
+    def __init__(self, locate: Callable[[type[Any]], Awaitable[MemoryLane]]) -> None:
         self.locate = locate
 
     async def count(self, cls: type[Any]) -> int:
@@ -307,7 +310,7 @@ class MemoryDeadLetters:
             now_ms = int(time.time() * 1000)
             enqueued = record.get("first_enqueued_at") or now_ms
             # A new message: its deliveries (the attempts) start again at 1.
-            queue.put(_Message(record["id"], record["subject"], body, enqueued, now_ms))
+            queue.put(MemoryMessage(record["id"], record["subject"], body, enqueued, now_ms))
         return len(chosen)
 
 

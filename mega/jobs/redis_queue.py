@@ -260,7 +260,7 @@ class RedisConsumer:
         self, lane: Lane, handler: Handler, stream: str, entry_id: Any, raw: dict[Any, Any],
         deliveries: int,
     ) -> None:  # fmt: skip
-        fields = {_text(k): v for k, v in raw.items()}
+        fields = {as_text(k): v for k, v in raw.items()}
         if lane.accepts is not None and not lane.accepts(fields):
             self._ack(lane, stream, entry_id)  # not for this lane: acked untouched
             return
@@ -284,7 +284,7 @@ class RedisConsumer:
         deliveries: int,
     ) -> None:  # fmt: skip
         spec = lane.spec
-        job_id = _text(fields["id"])
+        job_id = as_text(fields["id"])
         attempt = int(fields.get("base", 0)) + deliveries
         payload = json.loads(fields["body"])
         if is_unreported(attempt, spec):
@@ -318,14 +318,14 @@ class RedisConsumer:
         self, lane: Lane, stream: str, entry_id: Any, fields: Fields, payload: Any,
         attempt: int, started: float, exc: Exception,
     ) -> None:  # fmt: skip
-        spec, job_id = lane.spec, _text(fields["id"])
+        spec, job_id = lane.spec, as_text(fields["id"])
         error_type, error = type(exc).__name__, str(exc)[:MAX_ERROR_CHARS]
         report = {"job": spec.name, "id": job_id, "attempt": attempt,
                   "duration_ms": round((time.time() - started) * 1000, 3)}  # fmt: skip
         decision = decide(Outcome.FAILED, attempt, spec)
         if isinstance(decision, Retry):
             due = int(time.time() * 1000) + decision.delay_ms
-            again = {**{k: _text(v) for k, v in fields.items()}, "run_at": due, "base": attempt}
+            again = {**{k: as_text(v) for k, v in fields.items()}, "run_at": due, "base": attempt}
             member = [str(item) for pair in again.items() for item in pair]
             await self._scripts["retry"](
                 keys=[stream, lane.scheduled],
@@ -342,7 +342,7 @@ class RedisConsumer:
         self, lane: Lane, stream: str, entry_id: Any, fields: Fields, payload: Any,
         error_type: str, error: str, attempts: int,
     ) -> None:  # fmt: skip
-        job_id = _text(fields["id"])
+        job_id = as_text(fields["id"])
         record = make_record(
             lane.record_subject(fields), job_id, payload, error_type, error, attempts=attempts,
             first_enqueued_at=int(fields["enqueued_at"]), worker=self.instance_id,
@@ -540,11 +540,11 @@ class RedisDeadLetters:
 def _record(entry_id: Any, fields: dict[Any, Any]) -> DlqRecord:
     raw: Any = fields.get(b"record", fields.get("record"))
     record: DlqRecord = json.loads(raw)
-    record["seq"] = int(_text(entry_id).split("-")[0])
+    record["seq"] = int(as_text(entry_id).split("-")[0])
     return record
 
 
-def _text(value: Any) -> str:
+def as_text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 

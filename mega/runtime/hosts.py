@@ -171,6 +171,9 @@ async def _run_host(
     ctx = await boot(config, role=role, database=False)
     started: list[Any] = []
     try:
+        if any(part.hook != "scheduler" for part in parts):
+            buses = ", ".join(f"{alias!r} on {bus.driver}" for alias, bus in ctx.buses.items())
+            logger.info("%s %s buses: %s", role, ctx.instance_id, buses or "none")
         runtimes = []
         for part in parts:
             runtime = part.make(ctx, instance_id=ctx.instance_id)

@@ -49,12 +49,16 @@ def _wait_http(url: str, timeout_s: float = 30) -> None:
     raise TimeoutError(f"{url} did not answer")
 
 
-@pytest.fixture(scope="session")
-def live_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
+@pytest.fixture(scope="session", params=["nats", "redis"])
+def live_stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveStack]:
     """`mega start`, `mega scheduler` and `mega worker` with the real mega_config.py, its URLs
     and secrets from the environment: the app exactly as an operator runs it. It has servers of
-    its own, so its ticking scheduler never touches another test's keys."""
-    tmp = tmp_path_factory.mktemp("live")
+    its own, so its ticking scheduler never touches another test's keys. Every page test runs
+    twice: jobs and events on NATS, then on Redis (`MEGA_BUS=redis`, what `make run BUS=redis`
+    sets)."""
+    tmp = tmp_path_factory.mktemp(f"live-{request.param}")
     nats_server = EmbeddedNats(data_dir=tmp / "nats").start()
     redis_server = EmbeddedRedis(data_dir=tmp / "redis").start()
     port = free_port()
@@ -68,6 +72,7 @@ def live_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
         "MEGA_DEMO_PASSWORD": DEMO_PASSWORD,
         "MEGA_SCHEDULER_METRICS_PORT": str(free_port()),
         "MEGA_WORKER_METRICS_PORT": str(free_port()),
+        "MEGA_BUS": request.param,
     }
     commands = {
         "web": ["start", "--port", str(port)],

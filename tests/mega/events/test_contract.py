@@ -1,0 +1,167 @@
+"""The listeners' contract, written once and proven on every bus driver: fan-out to each group,
+exact attempt counts, DLQ records and a requeue that reaches one group only, dedup ids, name
+patterns, a new group replaying kept events, stats and the drain. `nats` runs on the session's
+nats-server, `redis` on its Redis, `memory` in this process (as the jobs' contract suite)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mega import Context, Event, EventBus, Listener, ListenerWorker, ReceivedEvent
+from mega.config import load_config
+from mega.runtime.boot import boot, shutdown
+from tests.factories import write_config
+from tests.mega.jobs.test_contract import MEMORY_BUS, REDIS_BUS, until
+
+RUNS: Counter[tuple[str, str]] = Counter()  # (group, event id) -> runs started
+ATTEMPTS: dict[tuple[str, str], list[int]] = {}
+
+
+class Recorder(Listener):
+    """Records each run; `fail_first` in the payload fails that many runs of each group."""
+
+    retries = 2
+    concurrency = 4
+    backoff = {"type": "exponential", "initial": 10, "max": 20}
+
+    async def run(self, event: ReceivedEvent, ctx: Context) -> None:
+        key = (self.group, event.id)
+        RUNS[key] += 1
+        ATTEMPTS.setdefault(key, []).append(event.attempt)
+        await asyncio.sleep(event.data.get("sleep_s", 0))
+        if RUNS[key] <= event.data.get("fail_first", 0):
+            raise RuntimeError(f"planned failure {RUNS[key]}")
+
+
+class Setup:
+    def __init__(self, ctx: Context, prefix: str, driver: str) -> None:
+        self.ctx, self.prefix, self.driver = ctx, prefix, driver
+        self.signed = type("Signed", (Event,), {"name": f"{prefix}.user.signed_up", "bus": "jobs"})
+        self.ordered = type("Ordered", (Event,), {"name": f"{prefix}.order.placed", "bus": "jobs"})
+        self.welcome = self.listener("welcome", self.signed)
+        self.audit = self.listener("audit", f"{prefix}.>")
+        self.workers: list[ListenerWorker] = []
+        self.seen: list[dict[str, Any]] = []
+        self.bus = EventBus(ctx, "jobs")
+
+    def listener(self, name: str, event: Any) -> type[Listener]:
+        attributes = {"event": event, "group": f"{self.prefix}-{name}", "bus": "jobs"}
+        return type(name, (Recorder,), attributes)
+
+    async def start(self, *listeners: type[Listener]) -> ListenerWorker:
+        worker = ListenerWorker(self.ctx)
+        for listener in listeners:
+            worker.register(listener)
+        for name in ("start", "done", "retry", "fail", "dlq"):
+            worker.on(name, self.seen.append)
+        await worker.start()
+        self.workers.append(worker)
+        return worker
+
+    def signals(self, group: type[Listener], event_id: str) -> list[tuple[str, int]]:
+        return [
+            (s["signal"], s.get("attempt") or s.get("attempts"))
+            for s in self.seen
+            if s["id"] == event_id and s["group"] == group.group
+        ]
+
+
+@pytest.fixture(params=["nats", "redis", "memory"])
+async def setup(
+    request: pytest.FixtureRequest, tmp_path: Path, nats_url: str, redis_url: str, prefix: str
+) -> AsyncIterator[Setup]:
+    body = {"nats": "", "redis": REDIS_BUS, "memory": MEMORY_BUS}[request.param]
+    config = load_config(write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body))
+    ctx = await boot(config, role="test", database=False)
+    found = Setup(ctx, prefix, request.param)
+    expected = {"nats": "NatsEventBus", "redis": "RedisEventBus", "memory": "MemoryEventBus"}
+    assert type(found.bus).__name__ == expected[request.param]
+    yield found
+    for worker in found.workers:
+        await worker.stop(5)
+    await shutdown(ctx)
+
+
+async def test_every_group_runs_every_event_once(setup: Setup) -> None:
+    await setup.start(setup.welcome, setup.audit)
+    ids = [await setup.bus.emit(setup.signed, {"n": n}) for n in range(5)]
+    other = await setup.bus.emit(setup.ordered, {"n": 5})
+    await until(lambda: sum(RUNS[(setup.audit.group, i)] for i in [*ids, other]) == 6, "audit")
+    await until(lambda: sum(RUNS[(setup.welcome.group, i)] for i in ids) == 5, "welcome")
+    await asyncio.sleep(0.2)
+    assert [RUNS[(setup.welcome.group, i)] for i in ids] == [1] * 5
+    assert RUNS[(setup.welcome.group, other)] == 0  # not its event
+    assert setup.signals(setup.welcome, ids[0]) == [("start", 1), ("done", 1)]
+
+
+async def test_a_failure_is_retried_in_its_group_only(setup: Setup) -> None:
+    await setup.start(setup.welcome, setup.audit)
+    flaky = setup.listener("flaky", setup.signed)
+    await setup.start(flaky)
+    event_id = await setup.bus.emit(setup.signed, {"fail_first": 1})
+    await until(lambda: len(setup.signals(flaky, event_id)) == 4, "flaky done")
+    assert setup.signals(flaky, event_id) == [("start", 1), ("retry", 1), ("start", 2), ("done", 2)]
+    # Every group fails its first run, retries once, and no group runs a third time.
+    await until(lambda: RUNS[(setup.welcome.group, event_id)] == 2, "welcome retried")
+    await asyncio.sleep(0.2)
+    assert ATTEMPTS[(setup.welcome.group, event_id)] == [1, 2]
+    assert ATTEMPTS[(setup.audit.group, event_id)] == [1, 2]
+
+
+async def test_retries_plus_one_then_the_dlq_and_a_requeue_for_that_group(setup: Setup) -> None:
+    doomed = setup.listener("doomed", setup.signed)
+    await setup.start(doomed, setup.audit)
+    event_id = await setup.bus.emit(setup.signed, {"fail_first": 3}, id=f"{setup.prefix}-e1")
+    await until(lambda: ("dlq", 3) in setup.signals(doomed, event_id), "dlq")
+    assert [s for s, _ in setup.signals(doomed, event_id)] == [
+        "start", "retry", "start", "retry", "start", "fail", "dlq"
+    ]  # fmt: skip
+    await until(lambda: ATTEMPTS.get((setup.audit.group, event_id)) == [1, 2, 3], "audit dead")
+    dlq = setup.bus.dlq
+    assert await dlq.count(doomed) == 1
+    [record] = await dlq.list(doomed)
+    assert (record["id"], record["attempts"]) == (event_id, 3)
+    assert record["subject"] == f"events.{setup.prefix}.user.signed_up"
+    assert record["payload"] == {"fail_first": 3}
+    assert record["error"] == {"type": "RuntimeError", "message": "planned failure 3"}
+    assert (await setup.bus.stats(doomed)).dlq == 1
+    # Requeued, it reaches the doomed group only, its attempts starting again at 1.
+    assert await dlq.requeue(doomed, event_id) == 1
+    await until(lambda: RUNS[(doomed.group, event_id)] == 4, "requeued run")
+    await asyncio.sleep(0.3)
+    assert ATTEMPTS[(doomed.group, event_id)] == [1, 2, 3, 1]
+    assert RUNS[(setup.audit.group, event_id)] == 3
+    assert await dlq.count(doomed) == 0
+    assert await dlq.purge(setup.audit) == 1 and await dlq.count(setup.audit) == 0
+
+
+async def test_an_id_is_a_dedup_key(setup: Setup) -> None:
+    await setup.start(setup.welcome)
+    key = f"{setup.prefix}-once"
+    assert await setup.bus.emit(setup.signed, {}, id=key) == key
+    assert await setup.bus.emit(setup.signed, {}, id=key) == key
+    await until(lambda: RUNS[(setup.welcome.group, key)] == 1, "run")
+    await asyncio.sleep(0.3)
+    assert RUNS[(setup.welcome.group, key)] == 1
+
+
+async def test_a_new_group_replays_the_kept_events(setup: Setup) -> None:
+    first = await setup.bus.emit(setup.signed, {})
+    await setup.bus.emit(setup.ordered, {})
+    await setup.start(setup.welcome)
+    await until(lambda: RUNS[(setup.welcome.group, first)] == 1, "replayed")
+    assert (await setup.bus.stats(setup.welcome)).dlq == 0
+
+
+async def test_stop_drains_running_listeners(setup: Setup) -> None:
+    worker = await setup.start(setup.welcome)
+    event_id = await setup.bus.emit(setup.signed, {"sleep_s": 0.5})
+    await until(lambda: RUNS[(setup.welcome.group, event_id)] == 1, "started")
+    await worker.stop(5)
+    assert setup.signals(setup.welcome, event_id) == [("start", 1), ("done", 1)]
