@@ -68,8 +68,8 @@ def memory_bus(alias: str, url: str) -> BusAdapter:
     from mega.jobs.memory import MemoryBroker  # also registers the memory job queue
 
     logger.warning(
-        "bus %r is in memory: its jobs and events live and die with this process, and no other process "
-        "sees them (fine for tests and trying things; use the nats driver for real work)",
+        "bus %r is in memory: its jobs and events live and die with this process, and no other "
+        "process sees them (fine for tests and trying things; use the nats driver for real work)",
         alias,
     )
     broker: Any = MemoryBroker()
