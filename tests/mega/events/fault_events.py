@@ -33,7 +33,8 @@ class Recorder(Listener):
     async def run(self, event: ReceivedEvent, ctx: Context) -> None:
         redis = ctx.cache("main").native
         prefix = event.name.split(".", 1)[0]  # the test's, also where no FAULT_PREFIX is set
-        await asyncio.sleep(0.001)
+        data = event.data if isinstance(event.data, dict) else {}
+        await asyncio.sleep(data.get("sleep_s", 0.001))
         async with redis.pipeline(transaction=False) as pipe:
             pipe.hincrby(f"{prefix}:runs:{self.group}", event.id, 1)
             pipe.sadd(f"{prefix}:pids:{self.group}", os.getpid())
