@@ -16,6 +16,14 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed
 
+# The peers the benchmarks compare with, in a virtualenv of their own (they must not change
+# what mega's own environment imports).
+PEERS := .venv-peers
+$(PEERS)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/pip install --quiet 'taskiq>=0.13' 'taskiq-redis>=1.2'
+	@touch $@
+
 run: install  ## the whole demo: embedded NATS + Redis, web, scheduler, worker (BUS=redis: jobs and events on Redis)
 	MEGA_BUS=$(BUS) $(BIN)/mega dev --port $(PORT)
 
@@ -32,8 +40,8 @@ format: install
 	$(BIN)/ruff check --fix mega app tests bench mega_config.py
 	$(BIN)/ruff format mega app tests bench mega_config.py
 
-bench: install  ## every benchmark in one go; results go to bench/RESULTS.md
+bench: install $(PEERS)/.installed  ## every benchmark in one go; results go to bench/RESULTS.md
 	$(BIN)/python -m bench.run_all
 
 clean:
-	rm -rf $(VENV) var .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PEERS) var .mypy_cache .ruff_cache

@@ -7,13 +7,18 @@ Memory: `enqueue_many` of N no-op jobs, then one consume loop (concurrency 200) 
 has run; target >= 50,000 jobs/s. Redis: N entries XADDed to a stream on a private Redis;
 baseline: XREADGROUP(count=100) with one awaited XACK per entry; mega: the same backlog through
 `RedisJobQueue` (concurrency 200, each entry acked and deleted after its run); target >= 0.7x.
-Every job is checked to have run exactly once.
+Peer: taskiq on Redis streams (`taskiq-redis`'s RedisStreamBroker, in its own virtualenv:
+bench/peers/taskiq_redis_drain.py), N tasks kicked one at a time, then its receiver in that
+process (200 async tasks, reads of 100) until every one has run; target: the redis driver
+>= 2x. Every job is checked to have run exactly
+once.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import tempfile
 import time
@@ -30,6 +35,10 @@ from mega.context import BusAdapter
 
 MEMORY_TARGET = 50_000.0
 REDIS_TARGET = 0.7
+TASKIQ_TARGET = 2.0
+TASKIQ_ATTEMPTS = 4
+# The peers' own virtualenv (`make bench` makes it: the `bench` extra, taskiq and taskiq-redis).
+PEERS_PYTHON = Path(__file__).resolve().parents[1] / ".venv-peers" / "bin" / "python"
 RAN: Counter[int] = Counter()
 
 
@@ -78,6 +87,25 @@ async def _bare_redis(redis: Any, jobs: int) -> float:
     return jobs / (time.perf_counter() - started)
 
 
+async def _taskiq_redis(url: str, jobs: int) -> tuple[float, int]:
+    """taskiq on Redis streams, in the peers' virtualenv (bench/peers/taskiq_redis_drain.py):
+    the first complete run of up to TASKIQ_ATTEMPTS, each on a fresh queue; also how many runs
+    stalled short of the end before it."""
+    script = Path(__file__).parent / "peers" / "taskiq_redis_drain.py"
+    for attempt in range(TASKIQ_ATTEMPTS):
+        proc = await asyncio.create_subprocess_exec(
+            str(PEERS_PYTHON), str(script), url, str(jobs), f"bench:taskiq:{attempt}",
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await proc.communicate()
+        assert proc.returncode == 0, f"the taskiq peer failed (exit {proc.returncode})"
+        answer = json.loads(out.decode().strip().splitlines()[-1])
+        if answer["ran"] == jobs:
+            assert answer["exactly_once"], "taskiq: not exactly once"
+            return float(answer["tasks_per_s"]), attempt
+    raise AssertionError(f"taskiq: no complete run in {TASKIQ_ATTEMPTS} attempts")
+
+
 async def _bench(jobs: int) -> Result:
     from redis.asyncio import Redis
 
@@ -98,6 +126,7 @@ async def _bench(jobs: int) -> Result:
             redis_ctx = Context(instance_id="bench")
             redis_ctx.buses["jobs"] = BusAdapter("jobs", server.url, client, driver="redis")
             redis = await _drain(redis_ctx, jobs)
+            taskiq, stalled = await _taskiq_redis(server.url, jobs)
         finally:
             await client.aclose()
             server.stop()
@@ -121,9 +150,27 @@ async def _bench(jobs: int) -> Result:
                 target=f">= {REDIS_TARGET}x",
                 passed=redis / bare >= REDIS_TARGET,
             ),
+            row("taskiq-redis stream broker, one receiver (tasks/s)", taskiq),
+            row(
+                "redis driver against taskiq on Redis (jobs/s)",
+                redis,
+                baseline=taskiq,
+                baseline_name="taskiq-redis",
+                target=f">= {TASKIQ_TARGET}x",
+                passed=redis / taskiq >= TASKIQ_TARGET,
+            ),
         ],
-        notes=["every job checked to have run exactly once on both drivers"],
-        data={"memory_jobs_per_s": memory, "redis_jobs_per_s": redis, "bare_per_s": bare},
+        notes=[
+            "every job (and every taskiq task) checked to have run exactly once",
+            f"taskiq: runs stalled short of the end and run again on a fresh queue: {stalled} "
+            "(see bench/peers/taskiq_redis_drain.py)",
+        ],
+        data={
+            "memory_jobs_per_s": memory,
+            "redis_jobs_per_s": redis,
+            "bare_per_s": bare,
+            "taskiq_redis_per_s": taskiq,
+        },
     )
     print_table(res)
     return res
