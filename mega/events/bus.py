@@ -52,7 +52,7 @@ from mega.events.event import (
 )
 from mega.events.inbox import Inbox
 from mega.events.listener import Listener, ListenerSpec, validate_listener
-from mega.jobs.consumer import NATS_ERRORS, _Consumer
+from mega.jobs.consumer import NATS_ERRORS, _Consumer, schedules_supported
 from mega.jobs.dlq import DeadLetters
 from mega.jobs.queue import (
     DEDUP_WINDOW_S,
@@ -283,6 +283,8 @@ class NatsEventBus(EventBus):
                     storage=StorageType.FILE,
                     max_age=self.max_age_s or None,
                     duplicate_window=DEDUP_WINDOW_S,
+                    # A group's retries wait as schedules on `events_requeue.<group>._delay.*`.
+                    allow_msg_schedules=True if schedules_supported(self.nc) else None,
                 ),
             )
         except NATS_ERRORS as exc:

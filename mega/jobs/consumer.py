@@ -2,9 +2,12 @@
 
 What to do with each delivery is decided by `delivery.decide` (pure, table-tested); this module
 carries the decision out on the broker. Attempts are JetStream's own delivery count,
-`num_delivered`, so they survive a worker crash. A retry is `nak(delay=backoff)` of the same
-message (the next delivery is the next attempt); while it waits, NATS still counts it against
-max_ack_pending, so a backing-off job holds one of the group's `concurrency` slots.
+`num_delivered`, plus the attempts made before the message (`Mega-Attempts`), so they survive a
+worker crash. A retry is a new message, a broker-side schedule (nats-server 2.12+) that lands on
+the requeue subject at the backoff's end, and the failed one is acked once it is stored: a job
+backing off holds no slot of the group's `concurrency`. Without schedules (an older server, a
+stream made before it) a retry is `nak(delay=backoff)`, and the message holds its slot while it
+waits.
 A delivery beyond `retries + 1` means the last attempt never reported back (the job killed its
 worker): it goes straight to the DLQ as `WorkerCrashed` instead of running again.
 Tries exhausted: the DLQ record is published and, only after its PubAck, the original is acked
@@ -25,17 +28,24 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import nats.errors
 from nats.aio.msg import Msg
+from nats.js.errors import APIError
 
 from mega.errors import MegaError
 from mega.jobs.backoff import BackoffPolicy
 from mega.jobs.delivery import DeadLetter, Decision, Outcome, Retry, decide, is_unreported
 from mega.jobs.dlq import DlqRecord, make_record, publish_record
-from mega.jobs.job import HEADER_RUN_AT
+from mega.jobs.job import (
+    HEADER_ATTEMPTS,
+    HEADER_RUN_AT,
+    SCHEDULES_SINCE,
+    schedule_headers,
+    schedule_subject,
+)
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NatsClient
@@ -113,6 +123,13 @@ class ConsumeSpec(Protocol):
         """The subject a DLQ record names for a message of this spec."""
         ...
 
+    @property
+    def requeue_subject(self) -> str: ...  # where a retry (or a DLQ requeue) comes back
+    def requeue_headers(self, record: Mapping[str, Any]) -> dict[str, str]:
+        """The headers of a message that brings back what `record` describes (id, subject,
+        first_enqueued_at)."""
+        ...
+
 
 # Runs one decoded message: (payload, the message, attempt). Raising fails the attempt.
 Handler = Callable[[Any, Msg, int], Awaitable[None]]
@@ -165,6 +182,7 @@ class _Consumer:
         self.unreported: OrderedDict[int, DlqRecord] = OrderedDict()
         self.pull_subject = f"$JS.API.CONSUMER.MSG.NEXT.{spec.stream}.{spec.durable}"
         self.pull_expires_ns = int(PULL_EXPIRES_S * 1e9)
+        self.schedules = schedules_supported(self.nc)
 
     def request_stop(self, timeout_s: float) -> None:
         self.stopping = True
@@ -284,8 +302,8 @@ class _Consumer:
     async def _process(self, msg: Msg) -> None:
         spec = self.spec
         meta = msg.metadata
-        attempt = meta.num_delivered
         headers = msg.headers or {}
+        attempt = (_int_header(headers, HEADER_ATTEMPTS) or 0) + meta.num_delivered
         job_id = spec.message_id(headers) or f"{spec.stream}:{meta.sequence.stream}"
         enqueued_at = _int_header(headers, spec.enqueued_header)
         try:
@@ -335,7 +353,7 @@ class _Consumer:
             }  # fmt: skip
             decision = decide(Outcome.FAILED, attempt, spec)
             if isinstance(decision, Retry):
-                await _settle(msg.nak(delay=max(decision.delay_ms / 1000, MIN_NAK_DELAY_S)))
+                await self._retry(msg, job_id, enqueued_at, attempt, decision.delay_ms)
                 await self.queue.signal(
                     "retry", **fields, delay_ms=decision.delay_ms, error_type=error_type,
                     error=error,
@@ -352,6 +370,40 @@ class _Consumer:
             "done", job=spec.name, id=job_id, attempt=attempt,
             duration_ms=round((time.time() - started) * 1000, 3),
         )  # fmt: skip
+
+    async def _retry(
+        self, msg: Msg, job_id: str, enqueued_at: int | None, attempt: int, delay_ms: int
+    ) -> None:
+        """The next attempt as a message scheduled for the backoff's end, then ack this one
+        (a job backing off holds no slot). Where schedules are missing, or the publish fails,
+        nak with the delay instead: the message comes back, holding its slot meanwhile."""
+        if self.schedules:
+            spec, headers = self.spec, msg.headers or {}
+            due_ms = int(time.time() * 1000) + delay_ms
+            copy = spec.requeue_headers(
+                {"id": job_id, "subject": spec.record_subject(msg.subject, headers),
+                 "first_enqueued_at": enqueued_at}
+            )  # fmt: skip
+            copy[HEADER_RUN_AT] = str(due_ms)
+            copy[HEADER_ATTEMPTS] = str(attempt)
+            copy.update(schedule_headers(spec.requeue_subject, due_ms))
+            try:
+                await self.queue.js.publish(
+                    schedule_subject(spec.requeue_subject), msg.data, headers=copy
+                )
+            except APIError as exc:  # the stream refuses schedules (made before 2.12)
+                self.schedules = False
+                logger.warning(
+                    "%s: its stream takes no message schedules (%s): a retry waits holding its "
+                    "slot (recreate the stream on nats-server 2.12+ to lift this)",
+                    spec.name, exc.description,
+                )  # fmt: skip
+            except NATS_ERRORS as exc:
+                logger.debug("%s: retry not scheduled (%s); nak instead", spec.name, exc)
+            else:
+                await _settle(msg.ack())
+                return
+        await _settle(msg.nak(delay=max(delay_ms / 1000, MIN_NAK_DELAY_S)))
 
     def _record(
         self,
@@ -418,6 +470,12 @@ class _Consumer:
             task.cancel()
         if leftovers:
             await asyncio.wait(leftovers)
+
+
+def schedules_supported(nc: NatsClient) -> bool:
+    """Whether the connected nats-server has message schedules (2.12+)."""
+    version = nc.connected_server_version
+    return (version.major, version.minor) >= SCHEDULES_SINCE
 
 
 async def _settle(reply: Coroutine[Any, Any, Any]) -> None:

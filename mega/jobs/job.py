@@ -43,6 +43,8 @@ DLQ_SUFFIX = ".dlq"
 # Delayed jobs wait as broker-side schedules on `<subject>._delay.<token>` (see queue.py), so
 # this token is reserved: a job on `a._delay.b` would overlap the stream of job `a`.
 DELAY_TOKEN = "_delay"
+# Broker-side message schedules (delayed jobs, scheduled retries) exist since this nats-server.
+SCHEDULES_SINCE = (2, 12)
 # Stream names: `MEGA_JOBS_<subject, non-alphanumerics as _>` and the same with `_DLQ`.
 STREAM_PREFIX = "MEGA_JOBS_"
 DLQ_STREAM_SUFFIX = "_DLQ"
@@ -63,6 +65,8 @@ HEADER_JOB_ID = "Mega-Job-Id"
 HEADER_ENQUEUED_AT = "Mega-Enqueued-At"
 # Epoch ms from which the job may run (delayed or requeued); start latency is measured from it.
 HEADER_RUN_AT = "Mega-Run-At"
+# On a retry's copy: the attempts made before it (the attempt is this plus the delivery count).
+HEADER_ATTEMPTS = "Mega-Attempts"
 # JetStream drops a second message with the same value within the stream's dedup window.
 NATS_MSG_ID = "Nats-Msg-Id"
 # Caller-given ids travel as header values; bounded so a dedup key stays a key.
@@ -247,6 +251,21 @@ class Envelope(NamedTuple):
     headers: dict[str, str]
 
 
+def schedule_headers(target: str, due_ms: int) -> dict[str, str]:
+    """The headers of a broker-side message schedule: publish onto `target` at `due_ms`."""
+    due = datetime.fromtimestamp(due_ms / 1000, UTC)
+    return {
+        "Nats-Schedule": "@at " + due.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "Nats-Schedule-Target": target,
+    }
+
+
+def schedule_subject(target: str) -> str:
+    """Where a schedule for `target` waits: the server keeps one schedule per subject, so each
+    delayed message gets a subject of its own."""
+    return f"{target}.{DELAY_TOKEN}.{uuid.uuid4().hex}"
+
+
 def encode_job(
     spec: JobSpec, payload: Any, *, job_id: str | None = None, due_ms: int | None = None
 ) -> Envelope:
@@ -273,12 +292,9 @@ def encode_job(
     headers[HEADER_JOB_ID] = job_id
     if due_ms is None or due_ms <= now_ms:
         return Envelope(job_id, spec.subject, body, headers)
-    due = datetime.fromtimestamp(due_ms / 1000, UTC)
     headers[HEADER_RUN_AT] = str(due_ms)
-    headers["Nats-Schedule"] = "@at " + due.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    headers["Nats-Schedule-Target"] = spec.subject
-    # The server keeps one schedule per subject, so each delayed job gets its own.
-    return Envelope(job_id, f"{spec.subject}.{DELAY_TOKEN}.{uuid.uuid4().hex}", body, headers)
+    headers.update(schedule_headers(spec.subject, due_ms))
+    return Envelope(job_id, schedule_subject(spec.subject), body, headers)
 
 
 def due_ms_of(

@@ -45,7 +45,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from mega.context import Context
 from mega.errors import DependencyUnavailable, JobError
-from mega.jobs.consumer import NATS_ERRORS, _Consumer
+from mega.jobs.consumer import NATS_ERRORS, _Consumer, schedules_supported
 from mega.jobs.dlq import DeadLetters, DlqRecord
 from mega.jobs.job import (
     CONSUMER_NAME,
@@ -66,8 +66,6 @@ DEDUP_WINDOW_S = 120.0
 # enqueue_many: time for every PubAck, on top of this much per message in the batch.
 BULK_TIMEOUT_S = 5.0
 BULK_TIMEOUT_PER_MSG_S = 0.001
-# Broker-side message schedules (delayed jobs) exist since this nats-server version.
-SCHEDULES_SINCE = (2, 12)
 
 # An exhausted job whose DLQ record cannot be written comes back after this long to try again.
 DLQ_RETRY_DELAY_S = 5.0
@@ -289,7 +287,7 @@ class NatsJobQueue(JobQueue):
                     retention=RetentionPolicy.WORK_QUEUE,
                     storage=StorageType.FILE,
                     duplicate_window=DEDUP_WINDOW_S,
-                    allow_msg_schedules=True if self._schedules_supported() else None,
+                    allow_msg_schedules=True if schedules_supported(self.nc) else None,
                 ),
             )
             await ensure_stream(
@@ -326,10 +324,6 @@ class NatsJobQueue(JobQueue):
         # Without an action the server creates, or updates the editable fields in place.
         await self.js.add_consumer(spec.stream, wanted)
 
-    def _schedules_supported(self) -> bool:
-        version = self.nc.connected_server_version
-        return (version.major, version.minor) >= SCHEDULES_SINCE
-
     # -- enqueue ------------------------------------------------------------------------------
 
     async def enqueue(
@@ -353,7 +347,7 @@ class NatsJobQueue(JobQueue):
         """
         spec = await self.ensure(job_cls)
         due_ms = due_ms_of(spec, delay, run_at)
-        if due_ms is not None and not self._schedules_supported():
+        if due_ms is not None and not schedules_supported(self.nc):
             raise JobError(
                 f"{spec.name}: delayed jobs need nats-server 2.12+ (message schedules)",
                 code="job.delay_unsupported",

@@ -146,6 +146,35 @@ async def test_a_delayed_job_waits_without_a_slot(setup: Any, prefix: str) -> No
     assert time.monotonic() - started >= 0.5
 
 
+async def test_a_job_backing_off_holds_no_slot(setup: Any, prefix: str) -> None:
+    """200 jobs that fail and back off (full jitter, up to a minute), two slots: a new job still
+    starts at once (a retry waits as a scheduled message, a sorted-set member or a timer, not
+    in a slot)."""
+    ctx, _job, _queue, _seen = setup
+    backoff = {"type": "exponential", "initial": 60_000, "max": 60_000}
+    narrow = type("Narrow", (Contract,), {
+        "subject": f"{prefix}.narrow", "concurrency": 2, "retries": 1, "backoff": backoff,
+    })  # fmt: skip
+    worker = JobWorker(ctx)
+    worker.register(narrow)
+    seen: list[dict[str, Any]] = []
+    worker.on("retry", seen.append)
+    worker.on("start", seen.append)
+    await worker.start()
+    try:
+        queue = worker.queue("jobs")
+        await queue.enqueue_many(
+            narrow, [{"id": f"{prefix}-f{n}", "fail_first": 9} for n in range(200)]
+        )
+        await until(lambda: sum(s["signal"] == "retry" for s in seen) == 200, "200 backing off")
+        fresh = await queue.enqueue(narrow, {"id": f"{prefix}-fresh"})
+        await until(lambda: DONE[f"{prefix}-fresh"] == 1, "the new job", timeout_s=5)
+        [start] = [s for s in seen if s["signal"] == "start" and s["id"] == fresh]
+        assert start["latency_ms"] < 1000, start
+    finally:
+        await worker.stop(5)
+
+
 async def test_enqueue_many_and_bad_payloads(setup: Any, prefix: str) -> None:
     _, job, queue, _seen = setup
     ids = await queue.enqueue_many(job, [{"id": f"{prefix}-m{n}"} for n in range(20)])
