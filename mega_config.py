@@ -68,7 +68,7 @@ demo_password = os.environ.get("MEGA_DEMO_PASSWORD") or ("demo" if DEV else "")
 
 auth = {
     "session_max_age_s": 8 * 3600,
-    "login_max_failures": 5,
+    "login_max_failures": 5,  # per (username, IP); per IP: login_ip_max_failures (50)
     "login_window_s": 15 * 60,
     "landing_path": "/demo",  # where a login lands when no page sent it
     # Created (or their password reset) when the web app starts.

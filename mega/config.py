@@ -106,12 +106,15 @@ class ServicesSpec(_Model):
 
 
 class AuthConfig(_Model):
-    """Login options. Failure windows and limits are per username and per client IP."""
+    """Login options. Failed logins are limited per (username, client IP) pair, with a delay
+    that doubles after the second failure, and per client IP across usernames; both within a
+    sliding window."""
 
     # From MEGA_SECRET_KEY (or the file); required outside dev, at least 32 characters.
     secret_key: str
     session_max_age_s: PositiveInt = 8 * 3600
-    login_max_failures: PositiveInt = 5
+    login_max_failures: PositiveInt = 5  # per (username, IP)
+    login_ip_max_failures: PositiveInt = 50  # per IP, every username (an office behind a NAT)
     login_window_s: PositiveInt = 15 * 60
     # Where a login lands when it was not sent from a page (`next=`); a local path.
     landing_path: Annotated[str, Field(pattern=r"^/([^/\\].*)?$")] = "/"

@@ -7,8 +7,12 @@
 - CSRF: every POST/PUT/PATCH/DELETE carries the token as form field `csrf_token` or header
   `X-CSRF-Token`, compared in constant time with the session's token (or, before login, with
   the signed anonymous token cookie: a signed double-submit).
-- Failed logins are counted per username and per IP in a sliding window; past the limit the
-  answer stays the same generic message and no password is checked.
+- Failed logins are counted per (username, IP) and per IP in a sliding window. After the second
+  failure of a pair the next try waits a delay that doubles each time; past a limit, the pair
+  (or the IP) waits until enough failures leave the window. A refused try is answered 429 with
+  Retry-After, takes as long as a checked one (the KDF runs against a dummy hash) and is not
+  itself counted. A success clears its pair's failures, so one user cannot lock another out
+  from elsewhere.
 - Passwords are Argon2id (see passwords.py); a hash in an older format is replaced at the next
   successful login.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
+import math
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -27,7 +32,7 @@ from urllib.parse import urlsplit
 import anyio.to_thread
 from fastapi import Depends, HTTPException, Request
 from itsdangerous import BadSignature, Signer
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from mega.config import AuthConfig
@@ -37,6 +42,8 @@ from mega.web.models import LoginFailure, User, UserSession
 from mega.web.passwords import DUMMY_HASH, hash_password, verify_and_update, verify_password
 
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+# The longest delay between two tries of a (username, IP) pair below its limit.
+MAX_LOGIN_DELAY_S = 60
 
 
 @dataclass(frozen=True)
@@ -223,41 +230,78 @@ def safe_next(target: str | None, default: str = "/") -> str:
     return target
 
 
-async def authenticate(request: Request, username: str, password: str, ip: str) -> int | None:
-    """The user id on success; None on a bad login or when rate-limited (same answer)."""
+@dataclass(frozen=True)
+class LoginAttempt:
+    """What `authenticate` decided: the user id, or none; `retry_after_s` > 0 when the try was
+    refused by the limits before its password was looked at."""
+
+    user_id: int | None = None
+    retry_after_s: int = 0
+
+
+def wait_before_next_try(
+    now: datetime, failures: list[datetime], limit: int, window_s: int, *, progressive: bool
+) -> float:
+    """Seconds until the next try is allowed, from the failures still in the window (oldest
+    first). At `limit` failures: until the oldest that matters leaves the window. Before that,
+    when `progressive`, a delay after the last failure: 1 s after the second, doubling with each
+    one after it (at most MAX_LOGIN_DELAY_S)."""
+    count = len(failures)
+    if count >= limit:
+        release = failures[count - limit] + timedelta(seconds=window_s)
+    elif progressive and count >= 2:
+        release = failures[-1] + timedelta(seconds=min(2 ** (count - 2), MAX_LOGIN_DELAY_S))
+    else:
+        return 0.0
+    return max(0.0, (release - now).total_seconds())
+
+
+async def authenticate(request: Request, username: str, password: str, ip: str) -> LoginAttempt:
+    """Check a login against the limits, then the password (see the module's docstring)."""
     config = settings(request)
-    since = _now() - timedelta(seconds=config.login_window_s)
+    now = _now()
+    since = now - timedelta(seconds=config.login_window_s)
     username = username.strip()[:64]
 
-    def failures(db: Session) -> tuple[int, int, User | None]:
-        by_user = db.scalar(
-            select(func.count()).where(LoginFailure.username == username, LoginFailure.at > since)
-        )
-        by_ip = db.scalar(
-            select(func.count()).where(LoginFailure.ip == ip, LoginFailure.at > since)
-        )
+    def look_up(db: Session) -> tuple[list[datetime], list[datetime], User | None]:
+        recent = select(LoginFailure.at).where(LoginFailure.ip == ip, LoginFailure.at > since)
+        pair = db.scalars(recent.where(LoginFailure.username == username).order_by("at"))
+        from_ip = db.scalars(recent.order_by("at"))
         user = db.scalar(select(User).where(User.username == username))
-        return by_user or 0, by_ip or 0, user
+        return [_aware(at) for at in pair], [_aware(at) for at in from_ip], user
 
     db = database(request)
-    by_user, by_ip, user = await db.run(failures)
-    if max(by_user, by_ip) >= config.login_max_failures:
-        return None
-    # Always run the KDF, against a dummy hash for unknown users: timing reveals nothing.
-    encoded = user.password_hash if user else DUMMY_HASH
+    pair, from_ip, user = await db.run(look_up)
+    window = config.login_window_s
+    wait_s = max(
+        wait_before_next_try(now, pair, config.login_max_failures, window, progressive=True),
+        wait_before_next_try(now, from_ip, config.login_ip_max_failures, window, progressive=False),
+    )
+    # The KDF always runs (against a dummy hash for an unknown user or a refused try), so the
+    # time of an answer tells neither whether the user exists nor whether a limit was hit.
+    encoded = user.password_hash if user is not None and not wait_s else DUMMY_HASH
     good, new_hash = await anyio.to_thread.run_sync(verify_and_update, password, encoded)
+    if wait_s:
+        return LoginAttempt(retry_after_s=math.ceil(wait_s))
     if good and user is not None:
-        if new_hash is not None:  # an older format or cost: store the current one
-            await db.run(functools.partial(_store_hash, user.id, new_hash))
-        return user.id
-    now = _now()
+        user_id = user.id
+
+        def succeeded(db: Session) -> None:
+            if new_hash is not None:  # an older format or cost: store the current one
+                _store_hash(user_id, new_hash, db)
+            db.execute(
+                delete(LoginFailure).where(LoginFailure.username == username, LoginFailure.ip == ip)
+            )
+
+        await db.run(succeeded)
+        return LoginAttempt(user_id=user_id)
 
     def record(db: Session) -> None:
         db.execute(delete(LoginFailure).where(LoginFailure.at <= since))
         db.add(LoginFailure(username=username, ip=ip, at=now))
 
     await db.run(record)
-    return None
+    return LoginAttempt()
 
 
 def _store_hash(user_id: int, password_hash: str, db: Session) -> None:

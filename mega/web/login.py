@@ -13,7 +13,7 @@ from mega.web.pages import render
 
 router = APIRouter()
 
-GENERIC_LOGIN_ERROR = "Wrong username or password, or too many attempts. Try again later."
+GENERIC_LOGIN_ERROR = "Wrong username or password."
 
 
 def _client_ip(request: Request) -> str:
@@ -39,7 +39,14 @@ async def login(
     next: Annotated[str, Form(max_length=2000)] = "",
 ) -> Response:
     target = _next(request, next)
-    user_id = await auth.authenticate(request, username, password, _client_ip(request))
+    attempt = await auth.authenticate(request, username, password, _client_ip(request))
+    if attempt.retry_after_s:
+        wait = attempt.retry_after_s
+        error = f"Too many attempts. Try again in {wait} second{'s' if wait != 1 else ''}."
+        response = _render(request, next=target, username=username, error=error, status=429)
+        response.headers["Retry-After"] = str(wait)
+        return response
+    user_id = attempt.user_id
     if user_id is None:
         return _render(
             request, next=target, username=username, error=GENERIC_LOGIN_ERROR, status=401

@@ -5,26 +5,39 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import statistics
+import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from mega.constants import SESSION_COOKIE
-from mega.web.auth import safe_next
+from mega.web.auth import safe_next, wait_before_next_try
 from mega.web.models import User
 from mega.web.passwords import hash_password, verify_password
 from tests.factories import DEMO_PASSWORD, DEMO_USER, config_for, csrf_from, login, web_client
 
-GENERIC = "Wrong username or password, or too many attempts."
+GENERIC = "Wrong username or password."
 
 
 @pytest.fixture
 def config(tmp_path: Path, nats_url: str, redis_url: str):
-    return config_for(tmp_path, nats_url, redis_url, login_max_failures=3, login_window_s=2)
+    return config_for(
+        tmp_path, nats_url, redis_url, login_max_failures=3, login_ip_max_failures=4,
+        login_window_s=3,
+    )  # fmt: skip
+
+
+def from_ip(client: Any, ip: str) -> httpx.AsyncClient:
+    """Another client of the same app, from another address."""
+    transport = httpx.ASGITransport(app=client.app, client=(ip, 4444))
+    return httpx.AsyncClient(transport=transport, base_url="http://testserver")
 
 
 async def test_good_login_sets_session_and_redirects_to_next(config) -> None:
@@ -55,22 +68,86 @@ async def test_bad_login_gives_one_generic_message(config, username: str, passwo
         assert (await client.get("/api/things")).status_code == 401
 
 
-async def test_rate_limit_kicks_in_then_releases(config) -> None:
+async def test_failures_slow_down_then_lock_the_pair_with_429_and_retry_after(config) -> None:
     async with web_client(config) as client:
-        for _ in range(3):
-            assert (await login(client, DEMO_USER, "wrong")).status_code == 401
-        # Limited: even the right password is refused, with the same message.
-        blocked = await login(client)
-        assert blocked.status_code == 401 and GENERIC in blocked.text
-        await asyncio.sleep(2.2)  # the test config's window is 2 s
+        assert (await login(client, DEMO_USER, "wrong")).status_code == 401
+        assert (await login(client, DEMO_USER, "wrong")).status_code == 401
+        # After the second failure the next try waits 1 s: refused, unchecked, not counted.
+        early = await login(client)
+        assert early.status_code == 429 and early.headers["retry-after"] == "1"
+        assert "Too many attempts. Try again in 1 second." in early.text
+        await asyncio.sleep(1.05)
+        assert (await login(client, DEMO_USER, "wrong")).status_code == 401  # the 3rd: locked
+        locked = await login(client)  # even the right password
+        assert locked.status_code == 429 and 1 <= int(locked.headers["retry-after"]) <= 3
+        assert SESSION_COOKIE not in locked.headers.get("set-cookie", "")
+        await asyncio.sleep(int(locked.headers["retry-after"]) + 0.1)
         assert (await login(client)).status_code == 303
 
 
-async def test_rate_limit_counts_per_ip_across_usernames(config) -> None:
+async def test_a_lock_holds_one_address_only_and_a_success_resets_it(config) -> None:
     async with web_client(config) as client:
-        for name in ("a", "b", "c"):
-            await login(client, name, "x")
-        assert (await login(client)).status_code == 401
+        for pause in (0, 0, 1.05):
+            await asyncio.sleep(pause)
+            assert (await login(client, DEMO_USER, "wrong")).status_code == 401
+        assert (await login(client)).status_code == 429
+        # The same user from another address is not locked out by the attacker's failures.
+        async with from_ip(client, "10.9.9.9") as other:
+            assert (await login(other)).status_code == 303
+        async with from_ip(client, "10.8.8.8") as third:
+            assert (await login(third, DEMO_USER, "wrong")).status_code == 401
+            assert (await login(third)).status_code == 303  # a success clears its failures
+            await third.post(
+                "/logout", data={"csrf_token": csrf_from((await third.get("/home")).text)}
+            )
+            assert (await login(third, DEMO_USER, "wrong")).status_code == 401
+            assert (await login(third, DEMO_USER, "wrong")).status_code == 401  # no delay yet
+
+
+async def test_failures_from_one_address_across_usernames_are_limited(config) -> None:
+    async with web_client(config) as client:
+        for name in ("a", "b", "c", "d"):
+            assert (await login(client, name, "x")).status_code == 401
+        refused = await login(client)
+        assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+
+
+async def test_a_refused_try_takes_as_long_as_a_checked_one(config) -> None:
+    """The KDF runs for every answer: a locked pair cannot be told by its speed (a ratio of
+    medians, each side with the same argon2 work; never an absolute time)."""
+    async with web_client(config) as client:
+        token = csrf_from((await client.get("/login")).text)
+
+        async def timed(username: str) -> float:
+            started = time.perf_counter()
+            await client.post(
+                "/login", data={"username": username, "password": "x", "csrf_token": token}
+            )
+            return time.perf_counter() - started
+
+        checked = [await timed(f"nobody{n}") for n in range(3)]  # 3 failures of 3 pairs
+        for pause in (0, 0, 1.05):
+            await asyncio.sleep(pause)
+            await timed("victim")
+        refused = [await timed("victim") for _ in range(5)]
+        assert statistics.median(refused) > 0.5 * statistics.median(checked)
+
+
+def test_the_wait_before_the_next_try() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    ago = [now - timedelta(seconds=s) for s in (50, 30, 3)]
+
+    def wait(failures: list[datetime], limit: int = 5, progressive: bool = True) -> float:
+        return wait_before_next_try(now, failures, limit, 60, progressive=progressive)
+
+    assert wait([]) == 0 and wait(ago[2:]) == 0  # one failure: no delay
+    assert wait(ago[1:]) == 0  # two: 1 s after the last, which was 3 s ago
+    assert wait(ago) == 0  # three: 2 s after the last
+    assert wait([*ago[:2], now]) == 2.0
+    assert wait([now - timedelta(seconds=1)] * 3 + [now]) == 4.0  # four: 4 s; five: the limit
+    assert wait(ago, limit=3) == 10.0  # locked until the oldest leaves the 60 s window
+    assert wait([*ago[:2], now], progressive=False) == 0  # an IP: the limit only
+    assert wait([now] * 10, limit=5) == 60.0  # the 6th oldest (of 10) leaves last of five
 
 
 async def test_session_rotated_at_login_and_revoked_at_logout(config) -> None:
