@@ -70,6 +70,7 @@ class LockAdapter(Protocol):
         *,
         claim_key: str | None = None,
         claim_ttl_ms: int = 0,
+        fence_floor: int = 0,
     ) -> FencedLease | Refusal:
         """One attempt, no waiting, at a claim, a lock and its fencing number together.
 
@@ -77,8 +78,11 @@ class LockAdapter(Protocol):
         `claim_ttl_ms` ms (a positive int) and left to expire, even when "overlap" follows (the
         claim is a one-shot: whoever takes it consumes it). Then "overlap" when `key` is held;
         else `key` is held for `ttl_ms` ms (a positive int) and the lease carries its token
-        (for `release(key, token)`) and the next fencing number under `fence_key`. A backend
-        failure raises LockBackendError and does not leave `key` held (the claim may be).
+        (for `release(key, token)`) and the next fencing number under `fence_key`, at least
+        `fence_floor`: give something that grows on its own (the scheduler gives the tick's
+        planned instant in epoch ms), and fences keep increasing even when the counter is lost
+        with a Redis restarted empty. A backend failure raises LockBackendError and does not
+        leave `key` held (the claim may be).
         """
         ...
 

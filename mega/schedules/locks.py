@@ -48,17 +48,23 @@ end
 return current
 """
 # `acquire_fenced` on one server, atomically: KEYS = guard, fence[, claim]; ARGV = token, guard
-# ttl ms[, claim ttl ms]. The claim is taken first and kept even on "overlap" (tick consumed).
+# ttl ms, fence floor[, claim ttl ms]. The claim is taken first and kept even on "overlap" (tick
+# consumed). The fence is the counter plus one, or the floor when that is larger: a counter
+# lost with a Redis restarted empty starts again above every fence drawn before.
 # INCR comes before the guard's SET: a script that fails half-way keeps its earlier writes, and a
 # fence key holding a non-number must not leave a guard behind that blocks the next ticks.
 ACQUIRE_FENCED_SCRIPT = """
-if #KEYS == 3 and not redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[3]) then
+if #KEYS == 3 and not redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[4]) then
     return {'claimed'}
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
     return {'overlap'}
 end
 local fence = redis.call('INCR', KEYS[2])
+if fence < tonumber(ARGV[3]) then
+    redis.call('SET', KEYS[2], ARGV[3])
+    fence = ARGV[3]
+end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {'acquired', fence}
 """
@@ -130,24 +136,36 @@ class RedLock:
         self._raise_without_majority(results, f"release {key!r}")
         return sum(1 for result in results if result == 1) >= self.quorum
 
-    async def incr(self, key: str) -> int:
-        """The next fencing number under `key` (a counter with no TTL).
+    async def incr(self, key: str, floor: int = 0) -> int:
+        """The next fencing number under `key` (a counter with no TTL), at least `floor`.
 
-        One server: INCR. A quorum: read the counter on every server, take the largest answer of
-        a majority plus one, and raise every server to at least that value. Any two majorities
-        share a server, so a number drawn later by the lock holder is always larger. Two callers
-        drawing at the same moment may get the same number; draw it while holding the lock.
+        One server: INCR (raised to `floor`). A quorum: read the counter on every server, take
+        the largest answer of a majority plus one (or `floor`), and raise every server to at
+        least that value. Any two majorities share a server, so a number drawn later by the lock
+        holder is always larger. Two callers drawing at the same moment may get the same
+        number; draw it while holding the lock.
         """
         if len(self.clients) == 1:
             results = await self._on_each(lambda i: self.clients[i].incr(key), OP_TIMEOUT_S)
             self._raise_without_majority(results, f"incr {key!r}")
-            return int(results[0])  # type: ignore[arg-type]
+            drawn = int(results[0])  # type: ignore[arg-type]
+            if drawn >= floor:
+                return drawn
+            raised = await self._on_each(
+                lambda i: self._raise_scripts[i](keys=[key], args=[floor]), OP_TIMEOUT_S
+            )
+            self._raise_without_majority(raised, f"incr {key!r}")
+            return int(raised[0])  # type: ignore[arg-type]
         current = await self._on_each(lambda i: self.clients[i].get(key), OP_TIMEOUT_S)
         self._raise_without_majority(current, f"incr {key!r}")
-        wanted = 1 + max(
-            int(value) if isinstance(value, bytes | str | int) else 0
-            for value in current
-            if not isinstance(value, BaseException)
+        wanted = max(
+            floor,
+            1
+            + max(
+                int(value) if isinstance(value, bytes | str | int) else 0
+                for value in current
+                if not isinstance(value, BaseException)
+            ),
         )
         raised = await self._on_each(
             lambda i: self._raise_scripts[i](keys=[key], args=[wanted]), OP_TIMEOUT_S
@@ -163,6 +181,7 @@ class RedLock:
         *,
         claim_key: str | None = None,
         claim_ttl_ms: int = 0,
+        fence_floor: int = 0,
     ) -> FencedLease | Refusal:
         """See `LockAdapter.acquire_fenced`. One server: one Lua script, one round trip, and the
         fence is issued atomically with the lock. A quorum: `acquire` (claim), `acquire` (lock),
@@ -174,11 +193,11 @@ class RedLock:
             _check_ttl("claim_ttl_ms", claim_ttl_ms)
         if len(self.clients) > 1:
             return await self._acquire_fenced_in_steps(
-                key, ttl_ms, fence_key, claim_key, claim_ttl_ms
+                key, ttl_ms, fence_key, claim_key, claim_ttl_ms, fence_floor
             )
         token = secrets.token_hex(TOKEN_BYTES)
         keys = [key, fence_key]
-        args: list[str | int] = [token, ttl_ms]
+        args: list[str | int] = [token, ttl_ms, fence_floor]
         if claim_key is not None:
             keys.append(claim_key)
             args.append(claim_ttl_ms)
@@ -204,15 +223,16 @@ class RedLock:
         raise LockBackendError(f"lock {self.alias!r}: unexpected script reply {reply!r}")
 
     async def _acquire_fenced_in_steps(
-        self, key: str, ttl_ms: int, fence_key: str, claim_key: str | None, claim_ttl_ms: int
-    ) -> FencedLease | Refusal:
+        self, key: str, ttl_ms: int, fence_key: str, claim_key: str | None, claim_ttl_ms: int,
+        fence_floor: int,
+    ) -> FencedLease | Refusal:  # fmt: skip
         if claim_key is not None and await self.acquire(claim_key, claim_ttl_ms) is None:
             return "claimed"
         token = await self.acquire(key, ttl_ms)
         if token is None:
             return "overlap"
         try:
-            fence = await self.incr(fence_key)
+            fence = await self.incr(fence_key, fence_floor)
         except BaseException:
             # No fence, no lease: free the lock now rather than block the next holder for a TTL.
             await self._release_quietly(key, token)

@@ -6,7 +6,8 @@ before a slower peer (clocks up to a second apart) even tries, and the tick runs
 planned instant is claimed under its own key, ``<prefix>:tick:<utc epoch seconds>``, and the
 claim is left to expire. A separate overlap guard, ``<prefix>:running``, is released in
 `finally` and keeps a long run from overlapping the next tick anywhere in the cluster. The
-winner gets a fencing number from ``<prefix>:fence`` (INCR) with the guard, and its run gets it
+winner gets a fencing number from ``<prefix>:fence`` (INCR, at least the planned instant in epoch
+ms, so it keeps rising after a Redis restarted empty) with the guard, and its run gets it
 in `self.tick.fence`, so its writes can refuse a stale holder. Claim, guard and fence are one
 call, `LockAdapter.acquire_fenced`: one Lua script (one round trip) on a single Redis, three
 steps on a quorum (see `mega.schedules.locks`).
@@ -298,6 +299,8 @@ class Scheduler:
                 f"{plan.key_prefix}:fence",
                 claim_key=claim_key,
                 claim_ttl_ms=max(plan.ttl_ms, CLAIM_MIN_TTL_MS),
+                # The planned instant (ms) keeps fences rising after a Redis restarted empty.
+                fence_floor=int(planned.timestamp() * 1000),
             )
         except Exception as exc:  # any adapter failure is a skip, never a crash of the host
             detail = exc.message if isinstance(exc, LockBackendError) else repr(exc)

@@ -53,6 +53,20 @@ async def test_incr_counts_up(lock: RedLock, prefix: str) -> None:
     assert [await lock.incr(f"{prefix}:fence") for _ in range(3)] == [1, 2, 3]
 
 
+async def test_a_fence_floor_lifts_the_counter_and_never_lowers_it(
+    lock: RedLock, prefix: str
+) -> None:
+    key = f"{prefix}:fence"
+    assert await lock.incr(key, floor=1_000) == 1_000
+    assert await lock.incr(key) == 1_001
+    assert await lock.incr(key, floor=50) == 1_002  # a floor below the counter changes nothing
+    lease = await lock.acquire_fenced(f"{prefix}:g", 5_000, key, fence_floor=1_764_547_200_000)
+    assert isinstance(lease, FencedLease) and lease.fence == 1_764_547_200_000
+    await lock.release(f"{prefix}:g", lease.token)
+    again = await lock.acquire_fenced(f"{prefix}:g", 5_000, key, fence_floor=10)
+    assert isinstance(again, FencedLease) and again.fence == 1_764_547_200_001
+
+
 @pytest.mark.parametrize("ttl_ms", [0, -1, True, 1.5, "1000"])
 async def test_ttl_must_be_a_positive_int(lock: RedLock, prefix: str, ttl_ms: object) -> None:
     with pytest.raises(ValueError, match="ttl_ms"):
@@ -129,6 +143,8 @@ async def test_quorum_fence_keeps_increasing_across_a_restart(
     servers[0].start()  # back empty (no persistence): its counter restarts at 0
     assert [await lock.incr("fence") for _ in range(2)] == [4, 5]
     assert await lock.clients[0].get("fence") == b"5"
+    assert await lock.incr("fence", floor=100) == 100  # a quorum honours the floor too
+    assert await lock.incr("fence") == 101
 
 
 # -- acquire_fenced: claim, guard and fence in one step ------------------------------------
