@@ -163,6 +163,8 @@ class ConfigFile(_Model):
     listeners: list[type] = []
     outbox: OutboxConfig = OutboxConfig()
     work: WorkConfig = WorkConfig()
+    # A worker may change a running consumer's limits to its classes' (as --apply-limits).
+    apply_limits: StrictBool = False
     web_app: Annotated[str, Field(pattern=r"^[\w.]+(:\w+)?$")] | None = None
     hooks: dict[
         Literal["scheduler", "worker", "web", "listeners", "relay"], list[Callable[..., Any]]
@@ -189,6 +191,7 @@ class Config:
     listeners: list[type] = field(default_factory=list)
     outbox: OutboxConfig = field(default_factory=OutboxConfig)
     work: WorkConfig = field(default_factory=WorkConfig)
+    apply_limits: bool = False  # see ConfigFile.apply_limits
     web_app: str | None = None  # "module:factory" building the FastAPI app from a Context
     # Called once per host after registration, as hook(runtime, ctx): attach observers there.
     hooks: dict[str, list[Any]] = field(default_factory=dict)
@@ -247,6 +250,7 @@ def build_config(module: ModuleType, path: Path, *, dev: bool) -> Config:
         listeners=list(spec.listeners),
         outbox=spec.outbox,
         work=spec.work,
+        apply_limits=spec.apply_limits,
         web_app=spec.web_app,
         hooks={host: list(hooks) for host, hooks in spec.hooks.items()},
         dev=dev,

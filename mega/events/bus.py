@@ -59,6 +59,7 @@ from mega.jobs.queue import (
     DeadLetterTools,
     JobStats,
     dlq_stream_config,
+    ensure_consumer,
     ensure_stream,
 )
 from mega.signals import Observer, Signals
@@ -102,8 +103,10 @@ class EventBus:
         instance_id: str | None = None,
         max_age_s: float = EVENTS_MAX_AGE_S,
         dlq_retry_delay_s: float = DLQ_RETRY_DELAY_S,
+        apply_limits: bool = False,
     ) -> None:
         self.ctx = ctx
+        self.apply_limits = apply_limits
         self.bus_alias = bus_alias
         self.instance_id = instance_id or ctx.instance_id
         self.max_age_s = max_age_s
@@ -295,7 +298,8 @@ class NatsEventBus(EventBus):
 
     async def ensure(self, listener_cls: type[Listener], *, force: bool = False) -> ListenerSpec:
         """The events stream, the group's DLQ stream and its durable consumer, where missing.
-        The consumer is brought in line with the class (filter, ack wait, concurrency)."""
+        The consumer is brought in line with the class's pattern; its limits (ack wait,
+        concurrency) only with `apply_limits` (see `ensure_consumer`)."""
         spec = self.spec(listener_cls)
         if listener_cls in self._ensured and not force:
             return spec
@@ -307,7 +311,8 @@ class NatsEventBus(EventBus):
                 self.js,
                 dlq_stream_config(spec.dlq_stream, spec.dlq_subject, spec.dlq_max_age_s, None),
             )
-            await self.js.add_consumer(
+            await ensure_consumer(
+                self.js,
                 EVENTS_STREAM,
                 ConsumerConfig(
                     durable_name=spec.durable,
@@ -318,6 +323,8 @@ class NatsEventBus(EventBus):
                     max_deliver=-1,
                     filter_subjects=spec.filter_subjects,
                 ),
+                what=spec.group,
+                apply_limits=self.apply_limits,
             )
         except NATS_ERRORS as exc:
             raise DependencyUnavailable(

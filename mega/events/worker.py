@@ -27,9 +27,12 @@ logger = logging.getLogger("mega.listeners")
 class ListenerWorker:
     """Run every registered Listener group in this process."""
 
-    def __init__(self, ctx: Context, *, instance_id: str | None = None) -> None:
+    def __init__(
+        self, ctx: Context, *, instance_id: str | None = None, apply_limits: bool = False
+    ) -> None:
         self.ctx = ctx
         self.instance_id = instance_id or ctx.instance_id
+        self.apply_limits = apply_limits
         self.signals = Signals(SIGNALS)
         self.buses: dict[str, EventBus] = {}
         self.specs: list[ListenerSpec] = []
@@ -56,7 +59,9 @@ class ListenerWorker:
         """The event bus of an alias (made on first use), its signals forwarded here."""
         bus = self.buses.get(alias)
         if bus is None:
-            bus = self.buses[alias] = EventBus(self.ctx, alias, instance_id=self.instance_id)
+            bus = self.buses[alias] = EventBus(
+                self.ctx, alias, instance_id=self.instance_id, apply_limits=self.apply_limits
+            )
             for name in SIGNALS:
                 if self.signals.has_observers(name):
                     self._forward(bus, name)

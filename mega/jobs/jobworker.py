@@ -31,12 +31,16 @@ logger = logging.getLogger("mega.jobworker")
 class JobWorker:
     """Consume every registered Job class of this process.
 
-    `instance_id` names the process in DLQ records (default: the context's).
+    `instance_id` names the process in DLQ records (default: the context's); `apply_limits`
+    lets the classes' limits change running consumers (see `ensure_consumer`).
     """
 
-    def __init__(self, ctx: Context, *, instance_id: str | None = None) -> None:
+    def __init__(
+        self, ctx: Context, *, instance_id: str | None = None, apply_limits: bool = False
+    ) -> None:
         self.ctx = ctx
         self.instance_id = instance_id or ctx.instance_id
+        self.apply_limits = apply_limits
         self.signals = Signals(SIGNALS)
         self.queues: dict[str, JobQueue] = {}
         self._specs: list[JobSpec] = []
@@ -63,7 +67,9 @@ class JobWorker:
         """The queue of a bus alias (made on first use), sharing this worker's observers."""
         queue = self.queues.get(bus_alias)
         if queue is None:
-            queue = JobQueue(self.ctx, bus_alias, instance_id=self.instance_id)
+            queue = JobQueue(
+                self.ctx, bus_alias, instance_id=self.instance_id, apply_limits=self.apply_limits
+            )
             self.queues[bus_alias] = queue
             for name in SIGNALS:
                 if self.signals.has_observers(name):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections.abc import Iterable
@@ -93,6 +94,44 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
             ) from exc
 
 
+async def ensure_consumer(
+    js: JetStreamContext, stream: str, wanted: ConsumerConfig, *, what: str, apply_limits: bool
+) -> None:
+    """Create a durable consumer, or bring an existing one in line with `wanted`. Its limits
+    (`ack_wait`, `max_ack_pending`: the class's `ack_wait_s` and `concurrency`) change only with
+    `apply_limits`; otherwise a difference is said in one line and the running limits are kept,
+    so a stale deployment cannot silently rewrite the whole fleet's."""
+    assert wanted.durable_name is not None
+    try:
+        have = (await js.consumer_info(stream, wanted.durable_name)).config
+    except NotFoundError:
+        await js.add_consumer(stream, wanted)
+        return
+    running = (have.ack_wait, have.max_ack_pending)
+    declared = (wanted.ack_wait, wanted.max_ack_pending)
+    if running != declared:
+        change = (
+            f"{what}: the running consumer has concurrency {have.max_ack_pending} and ack wait "
+            f"{have.ack_wait:g} s, the class says {wanted.max_ack_pending} and "
+            f"{wanted.ack_wait:g} s"
+        )
+        if apply_limits:
+            logger.info("%s: applying the class's (--apply-limits)", change)
+        else:
+            logger.warning(
+                "%s: keeping the running ones (start with --apply-limits, or set "
+                "apply_limits = True in the config, to change them)", change,
+            )  # fmt: skip
+            wanted = dataclasses.replace(
+                wanted, ack_wait=have.ack_wait, max_ack_pending=have.max_ack_pending
+            )
+    fields = ("ack_wait", "max_ack_pending", "filter_subject", "filter_subjects")
+    if all(getattr(have, name) == getattr(wanted, name) for name in fields):
+        return
+    # Without an action the server creates, or updates the editable fields in place.
+    await js.add_consumer(stream, wanted)
+
+
 def dlq_stream_config(
     name: str, subject: str, max_age_s: float, max_bytes: int | None
 ) -> StreamConfig:
@@ -136,8 +175,9 @@ class JobQueue:
     `JobQueue(ctx, alias)` gives the driver's queue: `NatsJobQueue` (below) for a `nats` bus,
     `MemoryJobQueue` (mega/jobs/memory.py) for a `memory` one; a Job does not change when its
     bus changes driver. `instance_id` names this process in DLQ records (default: the
-    context's). Observers: `on(name, fn)` with a name of SIGNALS; unknown names raise
-    ValueError.
+    context's). `apply_limits`: a consumer whose running limits differ from the class's is
+    changed (the worker's `--apply-limits`), not only reported. Observers: `on(name, fn)`
+    with a name of SIGNALS; unknown names raise ValueError.
     """
 
     # driver name -> queue class; each driver module adds itself (the hosts import it).
@@ -156,9 +196,11 @@ class JobQueue:
         *,
         instance_id: str | None = None,
         dlq_retry_delay_s: float = DLQ_RETRY_DELAY_S,
+        apply_limits: bool = False,
     ) -> None:
         self.ctx = ctx
         self.dlq_retry_delay_s = dlq_retry_delay_s
+        self.apply_limits = apply_limits
         self.bus_alias = bus_alias
         self.instance_id = instance_id or ctx.instance_id
         self.signals = Signals(SIGNALS)
@@ -271,9 +313,9 @@ class NatsJobQueue(JobQueue):
         """Create the job's work stream, DLQ stream and durable consumer where missing.
 
         Idempotent and safe to race with other processes. An existing stream is never changed
-        (its limits are the operator's); the consumer is brought in line with the class
-        (`ack_wait_s`, `concurrency`), since its config is the job's contract. Raises
-        DependencyUnavailable when NATS does not answer.
+        (its limits are the operator's); an existing consumer keeps its limits unless the queue
+        was made with `apply_limits` (see `ensure_consumer`). Raises DependencyUnavailable when
+        NATS does not answer.
         """
         spec = self.spec(job_cls)
         if job_cls in self._ensured and not force:
@@ -314,15 +356,9 @@ class NatsJobQueue(JobQueue):
             max_deliver=-1,
             filter_subject=spec.subject,
         )
-        try:
-            have = (await self.js.consumer_info(spec.stream, CONSUMER_NAME)).config
-            if (have.ack_wait, have.max_ack_pending) == (spec.ack_wait_s, spec.concurrency):
-                return
-            logger.info("%s: updating consumer to ack_wait/concurrency of the class", spec.name)
-        except NotFoundError:
-            pass
-        # Without an action the server creates, or updates the editable fields in place.
-        await self.js.add_consumer(spec.stream, wanted)
+        await ensure_consumer(
+            self.js, spec.stream, wanted, what=spec.name, apply_limits=self.apply_limits
+        )
 
     # -- enqueue ------------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")), help="port")
 
     command("scheduler", "Run every schedule in config.schedules (once per tick across a cluster).")
-    command(
+    worker = command(
         "worker",
         "Consume every job in config.jobs, run the listener groups of config.listeners, and "
         "relay the outbox when config.events declares events.",
@@ -60,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run the schedules (or set work = {'scheduler': True} in the config)",
     )
+    for host in (worker, work):
+        host.add_argument(
+            "--apply-limits",
+            action="store_true",
+            help="change a running consumer whose concurrency or ack wait differs from its "
+            "class (without it the difference is reported and kept; or set apply_limits = True)",
+        )
 
     dev = command(
         "dev",
@@ -137,13 +144,13 @@ def _scheduler(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, 
 def _worker(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:
     from mega.runtime.hosts import run_worker
 
-    return run_worker(config)
+    return run_worker(config, apply_limits=args.apply_limits)
 
 
 def _work(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:
     from mega.runtime.hosts import run_work
 
-    return run_work(config, with_scheduler=args.with_scheduler)
+    return run_work(config, with_scheduler=args.with_scheduler, apply_limits=args.apply_limits)
 
 
 def _dlq(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:

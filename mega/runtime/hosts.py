@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import inspect
 import logging
@@ -92,26 +93,29 @@ def scheduler_part(config: Config) -> Part:
     )  # fmt: skip
 
 
-async def run_worker(config: Config) -> None:
+async def run_worker(config: Config, *, apply_limits: bool = False) -> None:
     """`mega worker`: the outbox relay (when the config declares events), every listener group
     of `config.listeners` and every job of `config.jobs`, until SIGINT/SIGTERM; then the relay
-    finishes its batch and the listeners and jobs drain."""
+    finishes its batch and the listeners and jobs drain. `apply_limits` (or the config's):
+    running consumers take the classes' limits instead of only reporting the difference."""
     await _run_host(
         config,
         role="worker",
-        parts=worker_parts(config),
+        parts=worker_parts(config, apply_limits=apply_limits),
         metrics_port=config.metrics.worker_port,
         stopping=f"draining in-flight work (up to {DRAIN_TIMEOUT_S:.0f} s)",
     )
 
 
-async def run_work(config: Config, *, with_scheduler: bool = False) -> None:
+async def run_work(
+    config: Config, *, with_scheduler: bool = False, apply_limits: bool = False
+) -> None:
     """`mega work`: one process for a small deployment. The scheduler (with `--with-scheduler`
     or `work = {"scheduler": True}`), the outbox relay, the listener groups and the job worker,
     on one event loop. On SIGTERM they stop in that order: no new ticks (claims are left to
     expire), the relay finishes its batch, then listeners and jobs drain, all within one
     DRAIN_TIMEOUT_S."""
-    parts = worker_parts(config)
+    parts = worker_parts(config, apply_limits=apply_limits)
     if with_scheduler or config.work.scheduler:
         parts.insert(0, scheduler_part(config))
     await _run_host(
@@ -124,8 +128,9 @@ async def run_work(config: Config, *, with_scheduler: bool = False) -> None:
     )
 
 
-def worker_parts(config: Config) -> list[Part]:
+def worker_parts(config: Config, *, apply_limits: bool = False) -> list[Part]:
     """What `mega worker` runs, in stop order: relay, listeners, jobs."""
+    apply_limits = apply_limits or config.apply_limits
     from mega.jobs.jobworker import JobWorker
 
     parts = []
@@ -147,7 +152,8 @@ def worker_parts(config: Config) -> list[Part]:
 
         parts.append(
             Part(
-                "listeners", ListenerWorker, config.listeners,
+                "listeners", functools.partial(ListenerWorker, apply_limits=apply_limits),
+                config.listeners,
                 ("start", "done", "retry", "fail", "dlq", "skip"),
                 "listening with {count} group(s): {names}", routine=("start", "done", "skip"),
                 metrics="observe_listeners",
@@ -155,7 +161,8 @@ def worker_parts(config: Config) -> list[Part]:
         )  # fmt: skip
     parts.append(
         Part(
-            "worker", JobWorker, config.jobs, ("start", "done", "retry", "fail", "dlq"),
+            "worker", functools.partial(JobWorker, apply_limits=apply_limits), config.jobs,
+            ("start", "done", "retry", "fail", "dlq"),
             "consuming {count} job(s): {names}", routine=("start", "done"),
             metrics="observe_jobs",
         )

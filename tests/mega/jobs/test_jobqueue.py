@@ -528,9 +528,23 @@ async def test_ensure_is_idempotent_and_keeps_existing_limits(
     assert work.retention == "workqueue" and work.storage == "file"
     consumer = (await queue.js.consumer_info(spec.stream, "mega_workers")).config
     assert (consumer.max_ack_pending, consumer.ack_wait) == (4, 7)
-    # The consumer follows the class: raising concurrency takes effect at the next ensure.
+
+
+async def test_different_limits_are_reported_and_applied_only_when_told(
+    queue: JobQueue, ctx: Context, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    job = make_job(prefix, lambda payload: asyncio.sleep(0), concurrency=4, ack_wait_s=7)
+    spec = await queue.ensure(job)
+    # A stale deployment (or a typo) says concurrency 9: said in one line, not applied.
     bigger = make_job(prefix, lambda payload: asyncio.sleep(0), concurrency=9, ack_wait_s=7)
     await JobQueue(ctx, "jobs").ensure(bigger)
+    consumer = (await queue.js.consumer_info(spec.stream, "mega_workers")).config
+    assert consumer.max_ack_pending == 4
+    [line] = [r.getMessage() for r in caplog.records if "running consumer" in r.getMessage()]
+    assert "concurrency 4 and ack wait 7 s, the class says 9 and 7 s" in line
+    assert "--apply-limits" in line
+    # Told (`mega worker --apply-limits`): the class's limits take effect.
+    await JobQueue(ctx, "jobs", apply_limits=True).ensure(bigger)
     consumer = (await queue.js.consumer_info(spec.stream, "mega_workers")).config
     assert consumer.max_ack_pending == 9
 
