@@ -100,6 +100,11 @@ def fail(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+# What FastAPI raises (as a 400) when `json.loads` fails with anything but a JSONDecodeError:
+# bytes that are not UTF-8, or nesting past the parser's recursion limit.
+BODY_PARSE_ERROR = "There was an error parsing the body"
+
+
 def _meta(extra: dict[str, Any]) -> dict[str, Any]:
     return {"ts": int(time.time() * 1000), **extra}
 
@@ -167,6 +172,14 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 400 and exc.detail == BODY_PARSE_ERROR:
+            # A body JSON could not even read (invalid UTF-8, nested too deep): bad input like
+            # any other, so a 422 with the field, not FastAPI's bare 400.
+            return fail(
+                422, "validation_failed", "some fields are invalid",
+                fields={"body": "not valid JSON: it must be UTF-8 text, nested a few hundred "
+                        "levels at most"},
+            )  # fmt: skip
         if exc.status_code == 401 and not wants_json(request):
             return RedirectResponse(login_url(request), status_code=303)
         if not wants_json(request) and exc.status_code == 404:

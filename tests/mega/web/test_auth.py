@@ -410,3 +410,21 @@ async def test_anonymous_bad_json_on_the_api_is_401_not_422(config) -> None:
             "/api/things", content=b"{not json", headers={"Content-Type": "application/json"}
         )
         assert response.status_code == 401
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"name": "\xff\xfe"}', b"[" * 5000 + b"]" * 5000, b'{"a":' * 3000 + b"1" + b"}" * 3000],
+)
+async def test_invalid_utf8_and_over_deep_json_are_422_and_change_nothing(
+    config, body: bytes
+) -> None:
+    async with web_client(config) as client:
+        await login(client)
+        token = csrf_from((await client.get("/home")).text)
+        headers = {"X-CSRF-Token": token, "Content-Type": "application/json"}
+        response = await client.post("/api/things", content=body, headers=headers)
+        assert response.status_code == 422
+        error = response.json()["error"]
+        assert error["code"] == "validation_failed" and "not valid JSON" in error["fields"]["body"]
+        assert (await client.get("/api/things")).json()["data"] == {"things": []}
