@@ -75,7 +75,9 @@ auth = {
     "users": {demo_user: demo_password} if demo_user and demo_password else {},
 }
 
-# Prometheus: the web app serves /metrics; scheduler and worker hosts listen on their own ports.
+# Prometheus: the web app serves /metrics; scheduler and worker hosts listen on their own ports
+# (MEGA_METRICS_BIND: which address). MEGA_METRICS_TOKEN: the web's /metrics asks for it as a
+# bearer token (set it wherever the web port is public).
 metrics = {
     "enabled": True,
     "scheduler_port": int(os.environ.get("MEGA_SCHEDULER_METRICS_PORT", "9101")),

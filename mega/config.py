@@ -129,6 +129,10 @@ class MetricsConfig(_Model):
     bind: str = "0.0.0.0"
     scheduler_port: Port = 9101
     worker_port: Port = 9102
+    # The web app's /metrics is on the public port: with a token (MEGA_METRICS_TOKEN overrides
+    # it) a scrape must send `Authorization: Bearer <token>`; `web = False` serves none there.
+    token: Annotated[str, Field(min_length=16)] | None = None
+    web: StrictBool = True
 
 
 class OutboxConfig(_Model):
@@ -220,8 +224,9 @@ def build_config(module: ModuleType, path: Path, *, dev: bool) -> Config:
     }
     try:
         names = _with_env_overrides(names)
-        if os.environ.get("MEGA_METRICS_BIND") and isinstance(names.get("metrics", {}), dict):
-            names["metrics"] = {**names.get("metrics", {}), "bind": os.environ["MEGA_METRICS_BIND"]}
+        for variable, key in (("MEGA_METRICS_BIND", "bind"), ("MEGA_METRICS_TOKEN", "token")):
+            if os.environ.get(variable) and isinstance(names.get("metrics", {}), dict):
+                names["metrics"] = {**names.get("metrics", {}), key: os.environ[variable]}
         names["auth"] = _with_secret(names.get("auth", {}), dev=dev)
         spec = ConfigFile.model_validate(names)
     except ValidationError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -31,10 +32,18 @@ async def readyz(request: Request) -> Response:
 
 @router.get("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
-    if not request.app.state.config.metrics.enabled:
-        return fail(
-            404, "not_found", "metrics are off; set metrics = {'enabled': True} in the config"
-        )
+    """Prometheus text, when `metrics.enabled` and `metrics.web`; with `metrics.token`, only for
+    a scrape that sends it as a bearer token (compared in constant time)."""
+    config = request.app.state.config.metrics
+    if not (config.enabled and config.web):
+        return fail(404, "not_found", "metrics are off here; see metrics = {...} in the config")
+    if config.token is not None:
+        sent = request.headers.get("authorization", "")
+        if not hmac.compare_digest(sent.encode(), f"Bearer {config.token}".encode()):
+            return fail(
+                401, "unauthorized", "send the metrics token: Authorization: Bearer <token>",
+                headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
+            )  # fmt: skip
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
