@@ -11,6 +11,8 @@ MIN_SECRET_KEY_LENGTH = 32
 # cookie backs the login form before any session exists (signed double-submit).
 SESSION_COOKIE = "mega_session"
 ANON_CSRF_COOKIE = "mega_csrf"
+# A one-time message for the next page (post, redirect, get), signed; see mega.web.pages.flash.
+FLASH_COOKIE = "mega_flash"
 CSRF_FORM_FIELD = "csrf_token"
 CSRF_HEADER = "X-CSRF-Token"
 

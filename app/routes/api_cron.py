@@ -10,7 +10,7 @@ from fastapi.responses import RedirectResponse
 from app.schedules.cron_counter import CronCounterSchedule
 from app.services.cron_counter import read_state
 from mega import Scheduler
-from mega.web import UserDep, ok
+from mega.web import UserDep, flash, ok
 
 router = APIRouter()
 SCHEDULE = CronCounterSchedule.name
@@ -67,5 +67,9 @@ async def run_cron(request: Request, user: UserDep) -> Response:
 async def run_cron_form(request: Request, user: UserDep) -> Response:
     """The "Run now" button without JavaScript: post, redirect, get."""
     result = await scheduler(request).run_now(SCHEDULE)
-    outcome = "ran" if result.ran and not result.error else "skipped"
-    return RedirectResponse(f"/demo/cron?manual={outcome}", status_code=303)
+    message = (
+        "Manual tick ran."
+        if result.ran and not result.error
+        else "Manual tick skipped: a run was in progress."
+    )
+    return flash(request, RedirectResponse("/demo/cron", status_code=303), message)

@@ -19,7 +19,7 @@ from app.events.listeners import LISTENERS
 from app.events.signups import UserSignedUp
 from app.services.signups import SignupService
 from mega import EventBus, Listener, outbox
-from mega.web import ApiError, UserDep, field_errors, ok, render
+from mega.web import ApiError, UserDep, field_errors, flash, ok, render
 
 router = APIRouter()
 GROUPS: dict[str, type[Listener]] = {listener.group: listener for listener in LISTENERS}
@@ -156,7 +156,6 @@ async def events_page_context(
         "state": await events_state(request),
         "form": form or {"email": "grace@example.com", "mode": "ok"},
         "errors": errors or {},
-        "notice": request.query_params.get("notice"),
     }
 
 
@@ -178,7 +177,7 @@ async def signup_form(request: Request, user: UserDep) -> Response:
         if result["committed"]
         else "Rolled back: no signup, no event."
     )
-    return RedirectResponse(f"/demo/events?notice={notice}", status_code=303)
+    return flash(request, RedirectResponse("/demo/events", status_code=303), notice)
 
 
 @router.post("/demo/events/relay", include_in_schema=False)
@@ -196,9 +195,11 @@ async def requeue_form(request: Request, user: UserDep) -> Response:
             {"group": form.get("group"), "id": form.get("id") or None, "all": not form.get("id")}
         )
     except ValidationError:
-        return RedirectResponse("/demo/events?notice=Unknown listener group.", status_code=303)
+        back = RedirectResponse("/demo/events", status_code=303)
+        return flash(request, back, "Unknown listener group.")
     count = await requeue(request, body)
-    return RedirectResponse(f"/demo/events?notice=Requeued {count} event(s).", status_code=303)
+    back = RedirectResponse("/demo/events", status_code=303)
+    return flash(request, back, f"Requeued {count} event(s).")
 
 
 async def events_part(request: Request) -> dict[str, Any]:

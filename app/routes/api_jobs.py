@@ -15,7 +15,7 @@ from pydantic import BaseModel, EmailStr, Field, ValidationError, model_validato
 from app.jobs.email import EmailJob
 from app.services import job_timeline
 from mega import JobQueue
-from mega.web import ApiError, UserDep, field_errors, ok, render
+from mega.web import ApiError, UserDep, field_errors, flash, ok, render
 
 router = APIRouter()
 # How many dead letters the page lists (the count covers all of them).
@@ -134,16 +134,7 @@ async def jobs_page_context(
         "form": form or {"to": "ada@example.com", "mode": "flaky"},
         "errors": errors or {},
         "job": EmailJob,
-        "notice": _notice(request),
     }
-
-
-def _notice(request: Request) -> str | None:
-    if "enqueued" in request.query_params:
-        return f"Job {request.query_params['enqueued']} enqueued."
-    if "requeued" in request.query_params:
-        return f"Requeued {request.query_params['requeued']} job(s) from the DLQ."
-    return None
 
 
 # ---- the page's forms without JavaScript: post, redirect, get --------------------------------
@@ -163,7 +154,9 @@ async def post_job_form(request: Request, user: UserDep) -> Response:
         )
         return render(request, "demo/jobs.html", context, status_code=422)
     job_id = await enqueue_email(request, body)
-    return RedirectResponse(f"/demo/jobs?enqueued={job_id}", status_code=303)
+    return flash(
+        request, RedirectResponse("/demo/jobs", status_code=303), f"Job {job_id} enqueued."
+    )
 
 
 @router.post("/demo/jobs/dlq/requeue", include_in_schema=False)
@@ -172,7 +165,8 @@ async def requeue_form(request: Request, user: UserDep) -> Response:
     job_id = form.get("id")
     body = RequeueRequest(id=str(job_id)) if job_id else RequeueRequest(all=True)
     count = await requeue(request, body)
-    return RedirectResponse(f"/demo/jobs?requeued={count}", status_code=303)
+    back = RedirectResponse("/demo/jobs", status_code=303)
+    return flash(request, back, f"Requeued {count} job(s) from the DLQ.")
 
 
 async def jobs_part(request: Request) -> dict[str, Any]:

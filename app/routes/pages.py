@@ -47,9 +47,9 @@ async def console(request: Request, user: UserDep) -> Response:
 
 
 @router.get("/demo/cron")
-async def cron_page(request: Request, user: UserDep, manual: str | None = None) -> Response:
+async def cron_page(request: Request, user: UserDep) -> Response:
     state = await cron_state(request)
-    return page(request, "demo/cron.html", title="Schedules", state=state, manual=manual)
+    return page(request, "demo/cron.html", title="Schedules", state=state)
 
 
 @router.get("/demo/worker")

@@ -13,7 +13,7 @@ envelope, /healthz, /readyz and /metrics; see the guide's http chapter.
 from mega.web.app import create_web_app
 from mega.web.auth import CurrentUser, UserDep, ensure_user
 from mega.web.envelope import ApiError, fail, field_errors, ok
-from mega.web.pages import render
+from mega.web.pages import flash, render
 
 __all__ = [
     "ApiError",
@@ -23,6 +23,7 @@ __all__ = [
     "ensure_user",
     "fail",
     "field_errors",
+    "flash",
     "ok",
     "render",
 ]

@@ -193,7 +193,11 @@ async def test_the_page_and_its_forms_work_without_javascript(config: Config) ->
         sent = await client.post(
             "/demo/events", data={"email": "grace@example.com", "mode": "ok", "csrf_token": token}
         )
-        assert sent.status_code == 303 and "committed" in sent.headers["location"]
+        assert sent.status_code == 303 and sent.headers["location"] == "/demo/events"
+        assert "committed" in (await client.get("/demo/events")).text  # the one-time message
+        # Text in the query string is never shown: a link cannot make the page say anything.
+        forged = await client.get("/demo/events?notice=Your+account+is+locked")
+        assert "Your account is locked" not in forged.text
         bad = await client.post(
             "/demo/events", data={"email": "nope", "mode": "ok", "csrf_token": token}
         )

@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.responses import RedirectResponse
 from pydantic import BaseModel, StringConstraints
 
 from mega import Config, Context
-from mega.web import UserDep, create_web_app, ok, render
+from mega.web import UserDep, create_web_app, flash, ok, render
 
 router = APIRouter()
 
@@ -22,6 +23,12 @@ class Thing(BaseModel):
 @router.get("/home")
 async def home(request: Request, user: UserDep) -> Response:
     return render(request, "base.html", {"title": "Home"})
+
+
+@router.post("/home/note")
+async def note(request: Request, user: UserDep) -> Response:
+    """Post, redirect, get: the page after the redirect says it once."""
+    return flash(request, RedirectResponse("/home", status_code=303), "Noted <b>once</b>.")
 
 
 @router.get("/api/things")

@@ -428,3 +428,17 @@ async def test_invalid_utf8_and_over_deep_json_are_422_and_change_nothing(
         error = response.json()["error"]
         assert error["code"] == "validation_failed" and "not valid JSON" in error["fields"]["body"]
         assert (await client.get("/api/things")).json()["data"] == {"things": []}
+
+
+async def test_a_flash_is_shown_once_escaped_and_cannot_be_forged(config) -> None:
+    async with web_client(config) as client:
+        await login(client)
+        token = csrf_from((await client.get("/home")).text)
+        posted = await client.post("/home/note", data={"csrf_token": token})
+        assert posted.status_code == 303 and "mega_flash=" in posted.headers["set-cookie"]
+        shown = await client.get("/home")
+        assert "Noted &lt;b&gt;once&lt;/b&gt;." in shown.text
+        assert "mega_flash=" in shown.headers["set-cookie"]  # cleared as it is shown
+        assert "Noted" not in (await client.get("/home")).text
+        client.cookies.set("mega_flash", "WW91IGFyZSBsb2NrZWQ.forged")  # unsigned text
+        assert 'role="status"' not in (await client.get("/home")).text
