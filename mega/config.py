@@ -81,17 +81,25 @@ class LockSpec(_Model):
 
 class BusSpec(_Model):
     driver: Literal["nats", "redis", "memory"]
-    url: str = "memory://"  # nats:// (or tls://) for nats, redis:// (or rediss://) for redis
+    # nats:// (or tls://) for nats, several for a cluster (a list, or joined by commas: what
+    # NATS_URL can carry); redis:// (or rediss://) for redis.
+    url: str | list[str] = "memory://"
+    # Copies of the events stream in a NATS cluster (Jobs and Listeners say their own).
+    replicas: Annotated[int, Field(ge=1, le=5)] = 1
 
     @field_validator("url")
     @classmethod
-    def driver_url(cls, url: str, info: ValidationInfo) -> str:
+    def driver_url(cls, url: str | list[str], info: ValidationInfo) -> str:
+        urls = [part.strip() for part in url.split(",")] if isinstance(url, str) else url
         driver = info.data.get("driver")
         if driver == "nats":
-            _check_url(url, "nats", "tls")
+            for one in urls:
+                _check_url(one, "nats", "tls")
+        elif len(urls) > 1:
+            raise ValueError(f"one URL for a {driver} bus, got {len(urls)}")
         elif driver == "redis":
-            _check_url(url, "redis", "rediss", "unix")
-        return url
+            _check_url(urls[0], "redis", "rediss", "unix")
+        return ",".join(urls)
 
 
 class DatabaseSpec(_Model):
@@ -188,6 +196,7 @@ class Config:
     auth: AuthConfig
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     bus_drivers: dict[str, str] = field(default_factory=dict)  # alias -> nats|redis|memory
+    bus_replicas: dict[str, int] = field(default_factory=dict)  # alias -> events stream copies
     schedules: list[type] = field(default_factory=list)
     jobs: list[type] = field(default_factory=list)
     workers: list[type] = field(default_factory=list)
@@ -243,8 +252,9 @@ def build_config(module: ModuleType, path: Path, *, dev: bool) -> Config:
         root=path.parent,
         caches={alias: cache.url for alias, cache in services.caches.items()},
         locks={alias: lock.cache_aliases for alias, lock in services.locks.items()},
-        buses={alias: bus.url for alias, bus in services.buses.items()},
+        buses={alias: str(bus.url) for alias, bus in services.buses.items()},
         bus_drivers={alias: bus.driver for alias, bus in services.buses.items()},
+        bus_replicas={alias: bus.replicas for alias, bus in services.buses.items()},
         database_url=_database_url(services.database, path.parent),
         auth=spec.auth,
         metrics=spec.metrics,

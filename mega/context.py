@@ -120,9 +120,10 @@ class BusAdapter:
     nats-py client); for `memory`, an in-process broker (`native` is its MemoryBroker)."""
 
     alias: str
-    url: str
+    url: str  # for a NATS cluster, its URLs joined by commas
     native: NatsClient
     driver: str = "nats"
+    replicas: int = 1  # copies of the events stream in a NATS cluster
 
     @property
     def js(self) -> JetStreamContext:

@@ -288,6 +288,7 @@ class NatsEventBus(EventBus):
                     duplicate_window=DEDUP_WINDOW_S,
                     # A group's retries wait as schedules on `events_requeue.<group>._delay.*`.
                     allow_msg_schedules=True if schedules_supported(self.nc) else None,
+                    num_replicas=self.ctx.bus(self.bus_alias).replicas,
                 ),
             )
         except NATS_ERRORS as exc:
@@ -309,7 +310,9 @@ class NatsEventBus(EventBus):
         try:
             await ensure_stream(
                 self.js,
-                dlq_stream_config(spec.dlq_stream, spec.dlq_subject, spec.dlq_max_age_s, None),
+                dlq_stream_config(
+                    spec.dlq_stream, spec.dlq_subject, spec.dlq_max_age_s, None, spec.replicas
+                ),
             )
             await ensure_consumer(
                 self.js,

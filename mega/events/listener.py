@@ -80,7 +80,8 @@ class Listener:
     pattern needs it), `concurrency` (>= 1, for the whole group), `retries` (>= 0),
     `backoff` (exponential, ms), `ack_wait_s` (> 0), `dlq_max_age_s` (>= 0, 0 keeps forever),
     `inbox` (None, or a cache alias where the group remembers completed event ids for
-    `inbox_ttl_s` seconds and skips them when they come again).
+    `inbox_ttl_s` seconds and skips them when they come again), `replicas` (1 to 5: copies of
+    its DLQ stream in a NATS cluster; the events stream's are the bus's `replicas`).
     """
 
     event: ClassVar[type[Event] | str]
@@ -93,6 +94,7 @@ class Listener:
     dlq_max_age_s: ClassVar[float] = DEFAULT_DLQ_MAX_AGE_S
     inbox: ClassVar[str | None] = None
     inbox_ttl_s: ClassVar[int] = DEFAULT_INBOX_TTL_S
+    replicas: ClassVar[int] = 1
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -119,6 +121,7 @@ class ListenerSpec:
     dlq_max_age_s: float
     inbox: str | None
     inbox_ttl_s: int
+    replicas: int = 1
 
     @property
     def name(self) -> str:
@@ -232,4 +235,5 @@ def validate_listener(
         dlq_max_age_s=float(listener_cls.dlq_max_age_s),
         inbox=inbox,
         inbox_ttl_s=listener_cls.inbox_ttl_s,
+        replicas=listener_cls.replicas,
     )

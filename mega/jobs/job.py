@@ -43,6 +43,8 @@ DLQ_SUFFIX = ".dlq"
 # Delayed jobs wait as broker-side schedules on `<subject>._delay.<token>` (see queue.py), so
 # this token is reserved: a job on `a._delay.b` would overlap the stream of job `a`.
 DELAY_TOKEN = "_delay"
+# Stream replicas in a NATS cluster: JetStream allows at most five.
+MAX_REPLICAS = 5
 # Broker-side message schedules (delayed jobs, scheduled retries) exist since this nats-server.
 SCHEDULES_SINCE = (2, 12)
 # Stream names: `MEGA_JOBS_<subject, non-alphanumerics as _>` and the same with `_DLQ`.
@@ -81,7 +83,8 @@ class Job:
     with the number of worker processes), `retries` (>= 0 extra tries), `backoff` (exponential,
     ms), `ack_wait_s` (> 0 s before an unacknowledged delivery is redelivered; running jobs
     renew it), `dlq_max_age_s` (>= 0 s, 0 keeps dead letters forever), `dlq_max_bytes` (None or
-    a positive byte cap of the DLQ stream), `name` (defaults to the class name).
+    a positive byte cap of the DLQ stream), `replicas` (1 to 5: copies of its streams in a NATS
+    cluster; 3 survives the loss of one node), `name` (defaults to the class name).
 
     The worker makes one instance per consume loop: keep no per-run state on `self`.
     """
@@ -95,6 +98,7 @@ class Job:
     ack_wait_s: ClassVar[float] = DEFAULT_ACK_WAIT_S
     dlq_max_age_s: ClassVar[float] = DEFAULT_DLQ_MAX_AGE_S
     dlq_max_bytes: ClassVar[int | None] = None
+    replicas: ClassVar[int] = 1
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -120,6 +124,7 @@ class JobSpec:
     ack_wait_s: float
     dlq_max_age_s: float
     dlq_max_bytes: int | None
+    replicas: int = 1
 
     @property
     def max_attempts(self) -> int:
@@ -215,17 +220,20 @@ def validate_job(job_cls: type[Job], bus_aliases: Collection[str]) -> JobSpec:
         ack_wait_s=float(job_cls.ack_wait_s),
         dlq_max_age_s=float(job_cls.dlq_max_age_s),
         dlq_max_bytes=max_bytes,
+        replicas=job_cls.replicas,
     )
 
 
 def delivery_problems(cls: Any, problems: list[str]) -> BackoffPolicy | None:
     """Check what the consume loop reads of a Job (or Listener) class: `concurrency`,
-    `retries`, `backoff`, `ack_wait_s` and `dlq_max_age_s`. Appends one line per problem;
-    returns the parsed backoff (None when it is wrong)."""
-    for field, minimum in (("concurrency", 1), ("retries", 0)):
+    `retries`, `backoff`, `ack_wait_s`, `dlq_max_age_s` and `replicas`. Appends one line per
+    problem; returns the parsed backoff (None when it is wrong)."""
+    for field, minimum in (("concurrency", 1), ("retries", 0), ("replicas", 1)):
         problem = int_problem(getattr(cls, field), minimum=minimum)
         if problem:
             problems.append(f"{field}: {problem}")
+    if isinstance(cls.replicas, int) and cls.replicas > MAX_REPLICAS:
+        problems.append(f"replicas: at most {MAX_REPLICAS} (NATS's limit), got {cls.replicas}")
     backoff: BackoffPolicy | None = None
     try:
         backoff = BackoffPolicy.parse(cls.backoff)

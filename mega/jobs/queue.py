@@ -133,10 +133,12 @@ async def ensure_consumer(
 
 
 def dlq_stream_config(
-    name: str, subject: str, max_age_s: float, max_bytes: int | None
+    name: str, subject: str, max_age_s: float, max_bytes: int | None, replicas: int = 1
 ) -> StreamConfig:
-    """A dead-letter stream: limits retention, kept `max_age_s` (0: forever), optional byte cap."""
+    """A dead-letter stream: limits retention, kept `max_age_s` (0: forever), optional byte cap,
+    `replicas` copies in a cluster."""
     return StreamConfig(
+        num_replicas=replicas,
         name=name,
         subjects=[subject],
         retention=RetentionPolicy.LIMITS,
@@ -330,12 +332,17 @@ class NatsJobQueue(JobQueue):
                     storage=StorageType.FILE,
                     duplicate_window=DEDUP_WINDOW_S,
                     allow_msg_schedules=True if schedules_supported(self.nc) else None,
+                    num_replicas=spec.replicas,
                 ),
             )
             await ensure_stream(
                 self.js,
                 dlq_stream_config(
-                    spec.dlq_stream, spec.dlq_subject, spec.dlq_max_age_s, spec.dlq_max_bytes
+                    spec.dlq_stream,
+                    spec.dlq_subject,
+                    spec.dlq_max_age_s,
+                    spec.dlq_max_bytes,
+                    spec.replicas,
                 ),
             )
             await self._ensure_consumer(spec)

@@ -54,7 +54,9 @@ async def boot(config: Config, *, role: str, database: bool = True) -> Context:
                 client: Any = await connect_redis(alias, url, decode_responses=False)
                 ctx.buses[alias] = BusAdapter(alias, url, client, driver="redis")
             else:
-                ctx.buses[alias] = BusAdapter(alias, url, await connect_nats(alias, url))
+                replicas = config.bus_replicas.get(alias, 1)
+                client = await connect_nats(alias, url)
+                ctx.buses[alias] = BusAdapter(alias, url, client, replicas=replicas)
         if database:
             ctx.database = await connect_database(config.database_url)
     except BaseException:
@@ -134,9 +136,10 @@ async def connect_nats(alias: str, url: str) -> NatsClient:
     try:
         # nats-py retries the *first* connect forever too when reconnects are unlimited, so
         # reachability is checked with a bounded probe first and the connect itself is capped.
-        await _probe_tcp(url)
+        servers = url.split(",")  # a cluster: any node will do, the client learns the others
+        await _probe_any(servers)
         connect = client.connect(
-            url,
+            servers=servers,
             name=f"mega:{alias}",
             connect_timeout=int(CONNECT_TIMEOUT_S),
             allow_reconnect=True,
@@ -154,14 +157,23 @@ async def connect_nats(alias: str, url: str) -> NatsClient:
         ) from exc
 
 
-async def _probe_tcp(url: str) -> None:
-    parts = urlsplit(url)
-    _reader, writer = await asyncio.wait_for(
-        asyncio.open_connection(parts.hostname, parts.port or 4222), CONNECT_TIMEOUT_S
-    )
-    writer.close()
-    with contextlib.suppress(Exception):
-        await writer.wait_closed()
+async def _probe_any(urls: list[str]) -> None:
+    """Return once one of `urls` accepts a TCP connection; raise the last error otherwise."""
+    error: BaseException = OSError("no URL")
+    for url in urls:
+        parts = urlsplit(url)
+        try:
+            _reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(parts.hostname, parts.port or 4222), CONNECT_TIMEOUT_S
+            )
+        except (OSError, TimeoutError) as exc:
+            error = exc
+            continue
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+        return
+    raise error
 
 
 async def connect_database(url: str) -> Database:

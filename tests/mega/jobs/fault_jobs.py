@@ -77,3 +77,21 @@ class CrashJob(Job):
     async def run(self, payload: dict[str, Any], ctx: Context) -> None:
         await ctx.cache("main").native.hincrby(f"{PREFIX}:runs", payload["id"], 1)
         os._exit(1)
+
+
+class ClusterJob(Job):
+    """Jobs on a stream with three replicas, for the cluster test that kills the stream leader:
+    20 in flight, 20 ms each, so 5,000 of them take a few seconds on two workers."""
+
+    subject = f"{PREFIX}.cluster"
+    bus = "jobs"
+    concurrency = 20
+    retries = 5
+    backoff = FAST_BACKOFF
+    ack_wait_s = 2.0
+    replicas = 3
+
+    async def run(self, payload: dict[str, Any], ctx: Context) -> None:
+        await record_start(ctx, payload["id"])
+        await asyncio.sleep(0.02)
+        await record_effect(ctx, payload["id"])
