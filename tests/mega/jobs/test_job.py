@@ -111,6 +111,8 @@ def test_stream_names(subject: str, stream: str) -> None:
         ({"dlq_max_age_s": -1}, "dlq_max_age_s"),
         ({"dlq_max_bytes": 0}, "dlq_max_bytes"),
         ({"dlq_max_bytes": 1.5}, "dlq_max_bytes"),
+        ({"replicas": 0}, "replicas"),
+        ({"replicas": 6}, "replicas"),
     ],
 )
 def test_invalid_attributes_name_the_field(attrs: dict[str, Any], field: str) -> None:

@@ -126,3 +126,28 @@ def test_metrics_bind_comes_from_the_environment(
     assert load_config(write(tmp_path, GOOD)).metrics.bind == "0.0.0.0"
     monkeypatch.setenv("MEGA_METRICS_BIND", "127.0.0.1")
     assert load_config(write(tmp_path, GOOD)).metrics.bind == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    "url", ['"nats://a:4222,nats://b:4222, nats://c:4222"', '["nats://a:4222", "nats://b:4222"]']
+)
+def test_a_nats_bus_takes_the_urls_of_a_cluster(tmp_path: Path, url: str) -> None:
+    text = GOOD.replace('"nats://127.0.0.1:4222"}', f'{url}, "replicas": 3}}')
+    config = load_config(write(tmp_path, text))
+    assert config.buses["jobs"].split(",")[:2] == ["nats://a:4222", "nats://b:4222"]
+    assert config.bus_replicas == {"jobs": 3}
+
+
+@pytest.mark.parametrize(
+    "bus,expected",
+    [
+        ('"nats", "url": "nats://a:4222,http://b:1"', "bad URL 'http://b:1'"),
+        ('"redis", "url": "redis://a:6379,redis://b:6379"', "one URL for a redis bus, got 2"),
+        ('"nats", "url": "nats://a:4222", "replicas": 6', "replicas"),
+    ],
+)
+def test_bad_bus_urls_and_replicas_name_the_key(tmp_path: Path, bus: str, expected: str) -> None:
+    text = GOOD.replace('"nats", "url": "nats://127.0.0.1:4222"', bus)
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text))
+    assert "services.buses.jobs" in str(info.value) and expected in str(info.value)
