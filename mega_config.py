@@ -10,6 +10,8 @@ URLs and secrets come from the environment; the defaults suit `mega dev` on a la
     MEGA_DEMO_USER / MEGA_DEMO_PASSWORD   the login to create at start (dev: demo / demo)
     MEGA_BUS         nats (default) or redis: the driver of the jobs and events bus
                      (`make run BUS=redis`; on redis the bus uses REDIS_URL)
+    NATS_URL         several URLs joined by commas for a NATS cluster, with
+    MEGA_REPLICAS    copies of each stream (3 in compose's cluster profile; default 1)
 """
 
 import os
@@ -20,13 +22,18 @@ from app.events.signups import UserSignedUp
 from app.events.status import attach_event_status
 from app.jobs.email import EmailJob
 from app.jobs.timeline import attach_timeline
+from app.replicas import REPLICAS
 from app.schedules.cron_counter import CronCounterSchedule
 from app.workers.hash_worker import HashWorker
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 BUS = os.environ.get("MEGA_BUS") or "nats"
 BUSES = {
-    "nats": {"driver": "nats", "url": os.environ.get("NATS_URL", "nats://127.0.0.1:4222")},
+    "nats": {
+        "driver": "nats",
+        "url": os.environ.get("NATS_URL", "nats://127.0.0.1:4222"),
+        "replicas": REPLICAS,  # the events stream's
+    },
     "redis": {"driver": "redis", "url": REDIS_URL},
 }
 if BUS not in BUSES:

@@ -16,6 +16,7 @@ from typing import Any
 
 from app.events.signups import UserSignedUp
 from app.jobs.email import EmailJob
+from app.replicas import REPLICAS
 from app.services import job_timeline
 from mega import Context, JobQueue, Listener, ReceivedEvent
 
@@ -37,6 +38,7 @@ class CrmRejected(RuntimeError):
 
 class WelcomeEmailListener(Listener):
     event = UserSignedUp
+    replicas = REPLICAS
     inbox = "main"  # skip an event this group already completed, even after the dedup window
     retries = 2
     backoff = {"type": "exponential", "initial": 200, "max": 1000}
@@ -53,6 +55,7 @@ class WelcomeEmailListener(Listener):
 
 class SignupStatsListener(Listener):
     event = UserSignedUp
+    replicas = REPLICAS
     concurrency = 4
 
     async def run(self, event: ReceivedEvent, ctx: Context) -> None:
@@ -63,6 +66,7 @@ class SignupStatsListener(Listener):
 
 class CrmSyncListener(Listener):
     event = UserSignedUp
+    replicas = REPLICAS
     inbox = "main"
     retries = 2
     backoff = {"type": "exponential", "initial": 200, "max": 1000}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.replicas import REPLICAS
 from app.services.job_timeline import attempts_key
 from mega import Context, Job
 
@@ -26,6 +27,7 @@ class EmailJob(Job):
     concurrency = 2  # in flight across ALL worker processes (NATS max_ack_pending)
     retries = 2  # three attempts in all
     backoff = {"type": "exponential", "initial": 500, "max": 2000}  # ms, full jitter
+    replicas = REPLICAS  # copies of its streams in a NATS cluster (MEGA_REPLICAS)
 
     async def run(self, payload: dict[str, Any], ctx: Context) -> None:
         redis = ctx.cache("main").native

@@ -31,7 +31,8 @@ def command(service: dict[str, Any]) -> list[str]:
 
 def test_every_service_is_there(services: dict[str, dict[str, Any]]) -> None:
     assert sorted(services) == [
-        "app", "migrate", "nats", "postgres", "redis", "scheduler", "work", "worker"
+        "app", "migrate", "nats", "nats-1", "nats-2", "nats-3", "postgres", "redis", "scheduler",
+        "work", "worker",
     ]  # fmt: skip
 
 
@@ -80,6 +81,21 @@ def test_app_waits_for_every_backing_service_to_be_healthy(
         for dependency, options in service.get("depends_on", {}).items():
             if dependency != "migrate":  # a one-shot: it completes, it is never healthy
                 assert options == {"condition": "service_healthy"}, (name, dependency)
+
+
+def test_the_cluster_profile_runs_three_routed_jetstream_nodes(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    names = ("nats-1", "nats-2", "nats-3")
+    for name in names:
+        node = services[name]
+        args = command(node)
+        assert node["profiles"] == ["cluster"] and node["volumes"] == [f"{name}-data:/data"]
+        assert args[:3] == ["-js", "-sd", "/data"] and args[args.index("-n") + 1] == name
+        assert args[args.index("--cluster_name") + 1] == "mega"
+        routes = args[args.index("--routes") + 1].split(",")
+        assert sorted(routes) == [f"nats://{other}:6222" for other in names if other != name]
+        assert "js-enabled-only" in " ".join(node["healthcheck"]["test"])
 
 
 def test_every_service_has_a_healthcheck(services: dict[str, dict[str, Any]]) -> None:
@@ -135,7 +151,8 @@ def test_mega_containers_get_their_urls_and_secrets_from_the_environment(
 ) -> None:
     for name in MEGA_SERVICES:
         env = services[name]["environment"]
-        assert env["NATS_URL"] == "nats://nats:4222", name
+        assert env["NATS_URL"] == "${NATS_URL:-nats://nats:4222}", name
+        assert env["MEGA_REPLICAS"] == "${MEGA_REPLICAS:-1}", name
         assert env["REDIS_URL"] == "redis://redis:6379/0", name
         assert env["DATABASE_URL"] == "postgresql://mega:mega@postgres:5432/mega", name
         # Secrets have no default outside dev: compose stops with this message until set.
