@@ -272,6 +272,37 @@ async def test_quorum_lock_with_one_server_down_still_runs_each_tick_once(
     )
 
 
+@pytest.mark.slow
+async def test_quorum_ticks_stay_exactly_once_while_a_lock_server_is_sigkilled(
+    redis_factory: Callable[[], EmbeddedServer], clients: Callable[[str], Redis], prefix: str
+) -> None:
+    """Two schedulers, a quorum over three Redis servers, one SIGKILLed mid-run of the cluster
+    (and later back, empty): every planned instant still runs exactly once."""
+    servers = [redis_factory() for _ in range(3)]
+
+    def quorum(instance: str) -> Context:
+        lock = RedLock("main", [clients(server.url) for server in servers])
+        return Context(instance_id=instance, locks={"main": lock})
+
+    runs: list[Run] = []
+    probe = schedule(prefix, runs)
+    schedulers = [Scheduler(quorum(name)).register(probe) for name in ("a", "b")]
+    for scheduler in schedulers:
+        await scheduler.start()
+    await wait_for(lambda: len(runs) >= 3, timeout_s=10)
+    servers[1].kill()  # SIGKILL: no goodbye to the clients
+    killed_at = len(runs)
+    await wait_for(lambda: len(runs) >= killed_at + 3, timeout_s=10)
+    servers[1].start()  # back with nothing (no persistence)
+    back_at = len(runs)
+    await wait_for(lambda: len(runs) >= back_at + 2, timeout_s=10)
+    for scheduler in schedulers:
+        await scheduler.stop()
+    instants = Counter(r[0] for r in runs if r[3] == "schedule")
+    assert instants.most_common(1)[0][1] == 1, "an instant ran twice"
+    assert {r[1] for r in runs} <= {"a", "b"} and strictly_increasing([r[2] for r in runs])
+
+
 async def test_lockless_schedule_runs_on_every_instance(
     redis_url: str, clients: Callable[[str], Redis]
 ) -> None:
