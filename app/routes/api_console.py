@@ -16,7 +16,7 @@ from app.routes.api_cron import SCHEDULE, scheduler
 from app.routes.api_events import events_part
 from app.routes.api_jobs import jobs_part
 from app.routes.api_worker import POOL
-from mega.web import UserDep, ok
+from mega.web import UserDep, api_responses, ok
 
 router = APIRouter(prefix="/api/demo")
 logger = logging.getLogger("mega.demo")
@@ -63,6 +63,6 @@ async def console_state(request: Request) -> dict[str, Any]:
     return data
 
 
-@router.get("/console")
+@router.get("/console", responses=api_responses(errors=(401, 503)))
 async def console(request: Request, user: UserDep) -> Response:
     return ok(await console_state(request))

@@ -6,11 +6,12 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import RedirectResponse
+from pydantic import BaseModel
 
 from app.schedules.cron_counter import CronCounterSchedule
 from app.services.cron_counter import read_state
 from mega import Scheduler
-from mega.web import UserDep, flash, ok
+from mega.web import UserDep, api_responses, flash, ok
 
 router = APIRouter()
 SCHEDULE = CronCounterSchedule.name
@@ -47,12 +48,18 @@ async def cron_state(request: Request) -> dict[str, Any]:
     }
 
 
-@router.get("/api/demo/cron")
+class CronRun(BaseModel):
+    ran: bool
+    reason: str | None = None  # why it was skipped
+    error: str | None = None  # what the run raised
+
+
+@router.get("/api/demo/cron", responses=api_responses(errors=(401, 503)))
 async def get_cron(request: Request, user: UserDep) -> Response:
     return ok(await cron_state(request))
 
 
-@router.post("/api/demo/cron/run")
+@router.post("/api/demo/cron/run", responses=api_responses(CronRun, errors=(401, 403, 503)))
 async def run_cron(request: Request, user: UserDep) -> Response:
     result = await scheduler(request).run_now(SCHEDULE)
     data: dict[str, Any] = {"ran": result.ran}

@@ -12,14 +12,15 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import RedirectResponse
-from pydantic import BaseModel, EmailStr, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, EmailStr, Field, ValidationError, model_validator
 
 from app.events import relay_switch, status
 from app.events.listeners import LISTENERS
 from app.events.signups import UserSignedUp
+from app.routes.api_jobs import ID_OR_ALL
 from app.services.signups import SignupService
 from mega import EventBus, Listener, outbox
-from mega.web import ApiError, UserDep, field_errors, flash, ok, render
+from mega.web import ApiError, UserDep, api_responses, field_errors, flash, ok, render
 
 router = APIRouter()
 GROUPS: dict[str, type[Listener]] = {listener.group: listener for listener in LISTENERS}
@@ -40,6 +41,9 @@ class GroupRequeueRequest(BaseModel):
     group: Literal["WelcomeEmailListener", "SignupStatsListener", "CrmSyncListener"]
     id: Annotated[str | None, Field(min_length=1, max_length=100)] = None
     all: bool = False
+    # What the validator below checks, said in the schema too (OpenAPI clients and fuzzers
+    # then send only what is accepted): an id, or all: true, not both.
+    model_config = ConfigDict(json_schema_extra=ID_OR_ALL)
 
     @model_validator(mode="after")
     def one_of(self) -> GroupRequeueRequest:
@@ -123,24 +127,52 @@ async def requeue(request: Request, body: GroupRequeueRequest) -> int:
     return await dlq.requeue(listener, body.id)
 
 
-@router.get("/api/demo/events")
+class SignupResult(BaseModel):
+    committed: bool
+    signup_id: int | None
+    event_id: str | None
+
+
+class RelayState(BaseModel):
+    paused: bool
+
+
+class Requeued(BaseModel):
+    requeued: int
+
+
+SIGNUP_ERRORS = (401, 403, 422, 503)
+
+
+@router.get("/api/demo/events", responses=api_responses(errors=(401, 503)))
 async def get_events(request: Request, user: UserDep) -> Response:
     return ok(await events_state(request))
 
 
-@router.post("/api/demo/events/signup")
+@router.post(
+    "/api/demo/events/signup", status_code=201,
+    responses={
+        **api_responses(SignupResult, status=201, errors=SIGNUP_ERRORS),
+        **api_responses(SignupResult),  # a rollback: committed is false
+    },
+)  # fmt: skip
 async def post_signup(body: SignupRequest, request: Request, user: UserDep) -> Response:
     result = await sign_up(request, body)
     return ok(result, status=201 if result["committed"] else 200)
 
 
-@router.post("/api/demo/events/relay")
+@router.post(
+    "/api/demo/events/relay", responses=api_responses(RelayState, errors=(401, 403, 422, 503))
+)
 async def post_relay(body: RelayRequest, request: Request, user: UserDep) -> Response:
     await relay_switch.set_paused(redis(request), body.paused)
     return ok({"paused": body.paused})
 
 
-@router.post("/api/demo/events/dlq/requeue")
+@router.post(
+    "/api/demo/events/dlq/requeue",
+    responses=api_responses(Requeued, errors=(401, 403, 404, 422, 503)),
+)
 async def post_requeue(body: GroupRequeueRequest, request: Request, user: UserDep) -> Response:
     count = await requeue(request, body)
     if body.id is not None and count == 0:

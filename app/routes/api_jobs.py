@@ -10,12 +10,12 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import RedirectResponse
-from pydantic import BaseModel, EmailStr, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, EmailStr, Field, ValidationError, model_validator
 
 from app.jobs.email import EmailJob
 from app.services import job_timeline
 from mega import JobQueue
-from mega.web import ApiError, UserDep, field_errors, flash, ok, render
+from mega.web import ApiError, UserDep, api_responses, field_errors, flash, ok, render
 
 router = APIRouter()
 # How many dead letters the page lists (the count covers all of them).
@@ -31,9 +31,20 @@ class EnqueueRequest(BaseModel):
     mode: Literal["ok", "flaky", "fail"] = "ok"
 
 
+ID_OR_ALL: dict[str, Any] = {
+    "oneOf": [
+        {"required": ["id"], "properties": {"id": {"type": "string"}, "all": {"const": False}}},
+        {"required": ["all"], "properties": {"all": {"const": True}, "id": {"type": "null"}}},
+    ]
+}
+
+
 class RequeueRequest(BaseModel):
     id: Annotated[str | None, Field(min_length=1, max_length=100)] = None
     all: bool = False
+    # What the validator below checks, said in the schema too (OpenAPI clients and fuzzers
+    # then send only what is accepted): an id, or all: true, not both.
+    model_config = ConfigDict(json_schema_extra=ID_OR_ALL)
 
     @model_validator(mode="after")
     def one_of(self) -> RequeueRequest:
@@ -106,17 +117,31 @@ async def requeue(request: Request, body: RequeueRequest) -> int:
     return count
 
 
-@router.get("/api/demo/jobs")
+class JobCreated(BaseModel):
+    id: str
+
+
+class Requeued(BaseModel):
+    requeued: int
+
+
+@router.get("/api/demo/jobs", responses=api_responses(errors=(401, 503)))
 async def get_jobs(request: Request, user: UserDep) -> Response:
     return ok(await jobs_state(request))
 
 
-@router.post("/api/demo/jobs")
+@router.post(
+    "/api/demo/jobs", status_code=201,
+    responses=api_responses(JobCreated, status=201, errors=(401, 403, 422, 503)),
+)  # fmt: skip
 async def post_job(body: EnqueueRequest, request: Request, user: UserDep) -> Response:
     return ok({"id": await enqueue_email(request, body)}, status=201)
 
 
-@router.post("/api/demo/jobs/dlq/requeue")
+@router.post(
+    "/api/demo/jobs/dlq/requeue",
+    responses=api_responses(Requeued, errors=(401, 403, 404, 422, 503)),
+)
 async def post_requeue(body: RequeueRequest, request: Request, user: UserDep) -> Response:
     count = await requeue(request, body)
     if body.id is not None and count == 0:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from app.workers.hash_tasks import MAX_ROUNDS, sha256_loop
-from mega.web import ApiError, UserDep, ok
+from mega.web import ApiError, UserDep, api_responses, ok
 
 router = APIRouter(prefix="/api/demo")
 POOL = "hash"
@@ -72,7 +72,7 @@ def inline_hash(request: Request, task: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-@router.post("/worker/hash")
+@router.post("/worker/hash", responses=api_responses(errors=(401, 403, 422, 429, 500, 503, 504)))
 async def run_hash(body: HashRequest, request: Request, user: UserDep) -> Response:
     task = {"input": body.input, "rounds": body.rounds}
     mode: Literal["pool", "inline"] = "inline" if body.inline else "pool"
@@ -87,12 +87,12 @@ async def run_hash(body: HashRequest, request: Request, user: UserDep) -> Respon
     return ok({**result, "ms": ms, "mode": mode})
 
 
-@router.get("/worker")
+@router.get("/worker", responses=api_responses(errors=(401,)))
 async def pool_state(request: Request, user: UserDep) -> Response:
     return ok(request.app.state.ctx.workers[POOL].stats())
 
 
-@router.get("/ping")
+@router.get("/ping", responses=api_responses(errors=(401,)))
 async def ping(user: UserDep) -> Response:
     """The browser's heartbeat: answers at once unless something blocks the event loop."""
     return ok({"ts": int(time.time() * 1000)})

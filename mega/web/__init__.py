@@ -12,13 +12,14 @@ envelope, /healthz, /readyz and /metrics; see the guide's http chapter.
 
 from mega.web.app import create_web_app
 from mega.web.auth import CurrentUser, UserDep, ensure_user
-from mega.web.envelope import ApiError, fail, field_errors, ok
+from mega.web.envelope import ApiError, api_responses, fail, field_errors, ok
 from mega.web.pages import flash, render
 
 __all__ = [
     "ApiError",
     "CurrentUser",
     "UserDep",
+    "api_responses",
     "create_web_app",
     "ensure_user",
     "fail",

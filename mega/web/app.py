@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
+from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -25,6 +26,7 @@ from mega.web import auth
 from mega.web.envelope import fail, install_error_handlers
 from mega.web.health import router as health_router
 from mega.web.login import router as login_router
+from mega.web.pages import render
 
 # The framework's fallback templates, after the application's own.
 FRAMEWORK_TEMPLATES = Path(__file__).with_name("templates")
@@ -116,9 +118,32 @@ def create_web_app(
     for router in routers:
         app.include_router(router)
     app.add_api_route(
-        "/api/{path:path}", _api_not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]
-    )
+        "/api/{path:path}", _api_not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+        include_in_schema=False,
+    )  # fmt: skip
+    app.add_api_route("/openapi.json", _openapi, include_in_schema=False)
+    app.add_api_route("/docs", _api_docs, include_in_schema=False)
     return app
+
+
+async def _openapi(request: Request, user: auth.UserDep) -> Response:
+    """FastAPI's description of the JSON routes, for logged-in users only: the contract, with
+    the envelope and error models declared (`api_responses`)."""
+    return JSONResponse(request.app.openapi())
+
+
+async def _api_docs(request: Request, user: auth.UserDep) -> Response:
+    """The JSON routes as a page (no third-party script: the CSP allows none)."""
+    operations = []
+    for path, methods in request.app.openapi().get("paths", {}).items():
+        for method, operation in methods.items():
+            operations.append({
+                "method": method.upper(), "path": path,
+                "summary": operation.get("summary", ""),
+                "description": operation.get("description", ""),
+                "responses": sorted(operation.get("responses", {})),
+            })  # fmt: skip
+    return render(request, "api_docs.html", {"title": "API", "operations": operations})
 
 
 async def _api_not_found(path: str, user: auth.UserDep) -> Response:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Generic, Literal, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from nats import errors as nats_errors
+from pydantic import BaseModel, ConfigDict
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -61,6 +62,66 @@ STATUS_CODES = {
     500: "internal",
     503: "dependency.unavailable",
 }
+
+
+# -- the envelope as OpenAPI sees it (the routes build it with `ok` and `fail`) ----------------
+
+T = TypeVar("T")
+
+
+class Meta(BaseModel):
+    """When the answer was made (epoch ms), and what else the route adds (request_id, ...)."""
+
+    model_config = ConfigDict(extra="allow")
+    ts: int
+
+
+class Envelope(BaseModel, Generic[T]):
+    """Every success answer of a JSON route."""
+
+    ok: Literal[True]
+    data: T
+    meta: Meta
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    fields: dict[str, str] | None = None  # field path -> what is wrong with it (422)
+
+
+class ErrorEnvelope(BaseModel):
+    """Every error answer of a JSON route."""
+
+    ok: Literal[False]
+    error: ErrorDetail
+    meta: Meta
+
+
+ERROR_DESCRIPTIONS = {
+    401: "not logged in",
+    403: "the CSRF token is missing or wrong",
+    404: "no such thing",
+    422: "invalid input: error.fields names each bad field",
+    429: "busy or rate-limited: come back after Retry-After seconds",
+    500: "the task itself failed (error.message says how)",
+    503: "a service it needs (NATS, Redis, the database, a pool) is unavailable",
+    504: "the task ran past its timeout",
+}
+
+
+def api_responses(
+    data: Any = None, *, status: int = 200, errors: Iterable[int] = ()
+) -> dict[int | str, dict[str, Any]]:
+    """The `responses=` of a JSON route for OpenAPI: the envelope of `data` (a model or a type;
+    default any object) at `status`, and the error envelope at each of `errors`."""
+    success: Any = Envelope[data or dict[str, Any]]  # type: ignore[misc]  # chosen at run time
+    documented: dict[int | str, dict[str, Any]] = {
+        status: {"model": success, "description": "the envelope"}
+    }
+    for code in errors:
+        documented[code] = {"model": ErrorEnvelope, "description": ERROR_DESCRIPTIONS[code]}
+    return documented
 
 
 class ApiError(Exception):
