@@ -13,7 +13,7 @@ directory), logs in as the browser does (CSRF meta tag, form POST), then sends o
 - inline: one `inline: true` hash of about 2 s runs on the web event loop itself.
 
 Hash rounds are calibrated first from short pool hashes (one alone, then a concurrent pair).
-Target: pool p99 within 2x the idle p99 or under 50 ms, whichever is larger. The inline phase
+Target: pool p99 within 1.5x the idle p99, with no absolute floor (SPEC 7). The inline phase
 is the contrast: its max shows the event loop stalled for most of the hash. Takes about 30 s;
 everything it starts is stopped at the end, on error too.
 """
@@ -48,8 +48,7 @@ CONFIG = ROOT / "mega_config.py"
 USER, PASSWORD = "bench", "bench-password"
 SECRET_KEY = "bench-secret-key-" + "x" * 32  # 32+ characters, as outside dev
 PING_INTERVAL_S = 0.05  # one heartbeat every 50 ms, as the demo page does
-POOL_TARGET_FACTOR = 2.0  # pool p99 within this many times the idle p99 ...
-POOL_TARGET_FLOOR_MS = 50.0  # ... or under this, whichever is larger (SPEC section 7)
+POOL_TARGET_FACTOR = 1.5  # pool p99 within this many times the idle p99 (SPEC section 7)
 INLINE_HASH_S = 2.0  # how long the inline hash should block the loop
 INLINE_MARGIN_S = 0.5  # pings before and after the inline hash
 CALIBRATION_ROUNDS = 300_000
@@ -254,7 +253,7 @@ def run(idle_s: float = 5.0, pool_s: float = 6.0, hash_s: float = 3.0) -> Result
 
     stats = {name: summary(samples) for name, samples in data["pings_ms"].items()}
     idle, pool, inline = stats["idle"], stats["pool"], stats["inline"]
-    pool_limit_ms = max(POOL_TARGET_FACTOR * idle["p99"], POOL_TARGET_FLOOR_MS)
+    pool_limit_ms = POOL_TARGET_FACTOR * idle["p99"]
     inline_hash_ms = max(data["inline_hash_ms"])
     pace = data["rounds_per_s"]
     rows = [row(f"idle: ping {stat}", idle[stat], show=ms) for stat in ("p50", "p99", "max")]
@@ -267,7 +266,7 @@ def run(idle_s: float = 5.0, pool_s: float = 6.0, hash_s: float = 3.0) -> Result
                 show=ms,
                 baseline=idle[stat],
                 baseline_name="idle",
-                target=f"<= {pool_limit_ms:.0f} ms" if held else "",
+                target=f"<= {POOL_TARGET_FACTOR:g}x ({pool_limit_ms:.1f} ms)" if held else "",
                 passed=pool[stat] <= pool_limit_ms if held else None,
             )
         )
@@ -296,9 +295,9 @@ def run(idle_s: float = 5.0, pool_s: float = 6.0, hash_s: float = 3.0) -> Result
         f"samples idle/pool/inline: {idle['n']}/{pool['n']}/{inline['n']}",
         rows,
         notes=[
-            f"pool target: p99 <= max({POOL_TARGET_FACTOR:g} x idle p99, "
-            f"{POOL_TARGET_FLOOR_MS:.0f} ms); the benchmark client, the web host and both pool "
-            "processes share the same cores",
+            f"pool target: p99 <= {POOL_TARGET_FACTOR:g} x idle p99, no floor; the benchmark "
+            "client, the web host and both pool processes share the same cores (pool children "
+            "run under SCHED_IDLE, niced 10 where that is refused)",
             f"calibrated SHA-256 rounds/s: {pace['alone']:,.0f} alone, "
             f"{pace['paired']:,.0f} per hash of a concurrent pair",
         ],
