@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from mega.runtime.embedded import EmbeddedNats, EmbeddedRedis, EmbeddedServer
+from tests.cluster import NatsCluster
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -68,6 +69,16 @@ def _factory(kind: type[EmbeddedServer], tmp_path: Path) -> Iterator[Callable[[]
 def nats_factory(tmp_path: Path) -> Iterator[Callable[[], EmbeddedServer]]:
     """Start a private nats-server the test may stop and restart (`.stop()`, `.start()`)."""
     yield from _factory(EmbeddedNats, tmp_path)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[NatsCluster]:
+    """A real three-node NATS cluster of this test's own (tests/cluster.py)."""
+    nodes = NatsCluster(tmp_path / "cluster").start()
+    try:
+        yield nodes
+    finally:
+        nodes.stop()
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ load, and every listener group still runs every event."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,15 +31,6 @@ services = {**services, "buses": {"jobs": {
     "driver": "nats", "url": services["buses"]["jobs"]["url"], "replicas": 3,
 }}}
 """
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[NatsCluster]:
-    nodes = NatsCluster(tmp_path / "cluster").start()
-    try:
-        yield nodes
-    finally:
-        nodes.stop()
 
 
 @pytest.mark.slow

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,15 +25,6 @@ from tests.mega.jobs.test_jobs_faults import for_prefix, registration
 ROOT = Path(__file__).resolve().parents[3]
 JOBS = 5_000
 TIMEOUT_S = 60.0
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[NatsCluster]:
-    nodes = NatsCluster(tmp_path / "cluster").start()
-    try:
-        yield nodes
-    finally:
-        nodes.stop()
 
 
 async def until(check: object, what: str, timeout_s: float = TIMEOUT_S) -> None:
