@@ -24,7 +24,7 @@ $(PEERS)/.installed: pyproject.toml
 	$(PEERS)/bin/pip install --quiet 'taskiq>=0.13' 'taskiq-redis>=1.2'
 	@touch $@
 
-run: install  ## the whole demo: embedded NATS + Redis, web, scheduler, worker (BUS=redis: jobs and events on Redis)
+run: install  ## the whole demo: embedded NATS + Redis, web, 2 schedulers, 2 workers (BUS=redis: jobs and events on Redis)
 	MEGA_BUS=$(BUS) $(BIN)/mega dev --port $(PORT)
 
 lint: install

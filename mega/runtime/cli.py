@@ -77,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--port", type=int, default=int(os.environ.get("PORT", "8000")), help="web port"
     )
+    for role in ("schedulers", "workers"):
+        dev.add_argument(
+            f"--{role}", type=_host_count, default=2, metavar="N",
+            help=f"how many {role} to run (0 to 8, default 2: the lock and the sharing show)",
+        )  # fmt: skip
 
     dlq = command("dlq", "Inspect and repair dead-lettered jobs.")
     dlq.add_argument("action", choices=["list", "requeue", "purge"], help="what to do")
@@ -99,7 +104,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.command == "dev":
             from mega.runtime.dev import run_dev
 
-            sys.exit(run_dev(args.config, host=args.host, port=args.port))
+            hosts = {"schedulers": args.schedulers, "workers": args.workers}
+            sys.exit(run_dev(args.config, host=args.host, port=args.port, **hosts))
         config = load_config(args.config)
         _run(_COMMANDS[args.command](config, args))
     except ConfigError as exc:
@@ -133,6 +139,13 @@ def _start(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None
     from mega.runtime.hosts import run_web
 
     return run_web(config, args.host, args.port)
+
+
+def _host_count(text: str) -> int:
+    """`--schedulers` / `--workers`: a whole number from 0 to 8, or argparse names the problem."""
+    if not text.isdigit() or not 0 <= int(text) <= 8:
+        raise argparse.ArgumentTypeError(f"a whole number from 0 to 8, got {text!r}")
+    return int(text)
 
 
 def _scheduler(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:

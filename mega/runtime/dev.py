@@ -2,12 +2,15 @@
 
 1. Embedded nats-server (JetStream, file store under ./var/nats) and a Redis-compatible server,
    each on a free port, unless NATS_URL / REDIS_URL are already set.
-2. `mega start`, `mega scheduler` and `mega worker` as child processes, their output prefixed
-   and coloured per process.
+2. `mega start`, two `mega scheduler` and two `mega worker` processes (`--schedulers N`,
+   `--workers N`) as children, their output prefixed and coloured per process. Two of each,
+   so that the per-tick lock visibly skips on one scheduler and the workers share the jobs.
 3. The URL (with the config's `auth.landing_path`) and the logins of `auth.users`, once the
    web app answers /healthz.
-4. Ctrl-C (or SIGTERM): SIGTERM to every child, wait for their graceful drain, then stop the
-   embedded servers. Nothing is left running. If one child dies, the others are stopped too.
+4. A scheduler or worker that dies unexpectedly (a `crash` job ends its worker on purpose) is
+   started again, up to RESTART_LIMIT times a minute; if the web app dies, everything stops.
+5. Ctrl-C (or SIGTERM): SIGTERM to every child, wait for their graceful drain, then stop the
+   embedded servers. Nothing is left running.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -34,6 +38,9 @@ COLOURS = {
     "dev": "32",
 }  # ANSI cyan/magenta/yellow/green
 READY_TIMEOUT_S = 30.0
+# A scheduler or worker that dies is restarted, at most this many times in RESTART_WINDOW_S.
+RESTART_LIMIT = 5
+RESTART_WINDOW_S = 60.0
 
 
 class Prefixer:
@@ -47,7 +54,8 @@ class Prefixer:
     def line(self, name: str, text: str) -> None:
         label = f"{name:<{self.width}} |"
         if self.colour:
-            label = f"\033[{COLOURS.get(name, '37')}m{label}\033[0m"
+            colour = COLOURS.get(name.split("-")[0], "37")
+            label = f"\033[{colour}m{label}\033[0m"
         with self.lock:
             sys.stdout.write(f"{label} {text}\n")
             sys.stdout.flush()
@@ -62,11 +70,13 @@ class Prefixer:
         return thread
 
 
-def run_dev(config_path: str, *, host: str, port: int) -> int:
+def run_dev(
+    config_path: str, *, host: str, port: int, schedulers: int = 2, workers: int = 2
+) -> int:
     """Run everything until Ctrl-C; returns the exit code."""
     config_file = Path(config_path).resolve()
     root = config_file.parent
-    out = Prefixer(width=9)
+    out = Prefixer(width=11)
     servers: list[EmbeddedServer] = []
     children: dict[str, subprocess.Popen[bytes]] = {}
     stop = threading.Event()
@@ -77,9 +87,6 @@ def run_dev(config_path: str, *, host: str, port: int) -> int:
     os.environ["MEGA_ENV"] = "dev"
     env = dict(os.environ, MEGA_CONFIG=str(config_file), PYTHONUNBUFFERED="1")
     env.setdefault("MEGA_METRICS_BIND", "127.0.0.1")  # the hosts' metrics: this laptop only
-    # Free metrics ports, so that two checkouts can run side by side (`make run PORT=...`).
-    env.setdefault("MEGA_SCHEDULER_METRICS_PORT", str(free_port()))
-    env.setdefault("MEGA_WORKER_METRICS_PORT", str(free_port()))
     try:
         config = load_config(config_file, dev=True)  # fail fast, before anything starts
         check_port_free(host, port)
@@ -92,23 +99,32 @@ def run_dev(config_path: str, *, host: str, port: int) -> int:
             env["REDIS_URL"] = servers[-1].url
             out.line("dev", f"embedded Redis-compatible server on {env['REDIS_URL']}")
         _upgrade_database(out, config.database_url)
-        commands = {
-            "web": ["start", "--host", host, "--port", str(port)],
-            "scheduler": ["scheduler"],
-            "worker": ["worker"],
-        }
-        for name, args in commands.items():
-            children[name] = subprocess.Popen(
-                [sys.executable, "-m", "mega", *args, "--config", str(config_file)],
+        commands = {"web": ["start", "--host", host, "--port", str(port)]}
+        for role, count in (("scheduler", schedulers), ("worker", workers)):
+            for n in range(1, count + 1):
+                commands[f"{role}-{n}" if count > 1 else role] = [role]
+
+        def spawn(name: str) -> subprocess.Popen[bytes]:
+            # Each host its own free metrics port: several of them, and two checkouts side by
+            # side (`make run PORT=...`).
+            child_env, role = dict(env), commands[name][0]
+            if role in ("scheduler", "worker"):
+                child_env[f"MEGA_{role.upper()}_METRICS_PORT"] = str(free_port())
+            child = subprocess.Popen(
+                [sys.executable, "-m", "mega", *commands[name], "--config", str(config_file)],
                 cwd=root,
-                env=env,
+                env=child_env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C reaches only us; we stop children in order
             )
-            out.follow(name, children[name].stdout)  # type: ignore[arg-type]
-        code = _supervise(config, out, children, stop, host, port)
+            out.follow(name, child.stdout)  # type: ignore[arg-type]
+            return child
+
+        for name in commands:
+            children[name] = spawn(name)
+        code = _supervise(config, out, children, stop, host, port, spawn)
     except Exception as exc:
         out.line("dev", f"error: {getattr(exc, 'message', exc)}")
         code = 1
@@ -128,16 +144,26 @@ def _supervise(
     stop: threading.Event,
     host: str,
     port: int,
+    spawn: Callable[[str], subprocess.Popen[bytes]],
 ) -> int:
     shown_host = "localhost" if host in ("127.0.0.1", "0.0.0.0") else host
     url = f"http://{shown_host}:{port}"
     announced = False
     deadline = time.monotonic() + READY_TIMEOUT_S
+    restarts: list[float] = []
     while not stop.wait(0.2):
-        for name, child in children.items():
-            if child.poll() is not None:
-                out.line("dev", f"{name} exited with code {child.returncode}; stopping the rest")
+        for name, child in list(children.items()):
+            if child.poll() is None:
+                continue
+            now = time.monotonic()
+            restarts = [at for at in restarts if now - at < RESTART_WINDOW_S]
+            if name == "web" or len(restarts) >= RESTART_LIMIT:
+                why = "the web app" if name == "web" else f"{len(restarts)} restarts in a minute"
+                out.line("dev", f"{name} exited with code {child.returncode} ({why}); stopping")
                 return 1
+            restarts.append(now)
+            out.line("dev", f"{name} exited with code {child.returncode}; starting it again")
+            children[name] = spawn(name)
         if not announced and _healthy(f"http://127.0.0.1:{port}/healthz"):
             announced = True
             out.line("dev", "")
@@ -149,7 +175,7 @@ def _supervise(
         elif not announced and time.monotonic() > deadline:
             out.line("dev", f"web did not answer on {url}/healthz within {READY_TIMEOUT_S:.0f} s")
             deadline = float("inf")
-    out.line("dev", "stopping: web, scheduler and worker drain their work")
+    out.line("dev", "stopping: web, schedulers and workers drain their work")
     return 0
 
 

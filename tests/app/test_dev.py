@@ -1,9 +1,11 @@
-"""`mega dev` on the sample's config, as `make run` starts it: embedded servers, the three hosts,
-the banner with the URL and the login, and a Ctrl-C that leaves nothing behind."""
+"""`mega dev` on the sample's config, as `make run` starts it: embedded servers, the web app with
+two schedulers and two workers, the banner with the URL and the login, a worker that dies
+started again, and a Ctrl-C that leaves nothing behind."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -46,10 +48,33 @@ def test_dev_comes_up_serves_and_leaves_nothing_behind(tmp_path: Path) -> None:
         assert "log in as demo / demo" in text
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
             assert response.status == 200
+
+        def read_until(pattern: str) -> re.Match[str]:
+            """The first line so far, or from now on, that matches `pattern`."""
+            deadline = time.monotonic() + 60
+            seen = 0
+            while time.monotonic() < deadline:
+                for line in output[seen:]:
+                    found = re.search(pattern, line)
+                    if found:
+                        output.remove(line)  # each line answers one wait
+                        return found
+                seen = len(output)
+                output.append(dev.stdout.readline())  # type: ignore[union-attr]
+            raise AssertionError(f"no line matches {pattern!r}:\n{''.join(output)}")
+
+        for name in ("scheduler-1", "scheduler-2", "worker-2"):
+            read_until(rf"^{name} .* (running|consuming) ")
+        # A worker that dies (a `crash` job does it on purpose) is started again.
+        pid = read_until(r"^worker-1 .*worker@[^:]+:(\d+):\w+ consuming ").group(1)
+        os.kill(int(pid), signal.SIGKILL)
+        read_until(r"worker-1 exited with code -9; starting it again")
+        read_until(r"^worker-1 .* consuming ")
         family = descendants(dev.pid)
-        assert len(family) >= 5  # nats, redis, web, scheduler, worker (+ pool processes)
+        assert len(family) >= 7  # nats, redis, web, 2 schedulers, 2 workers (+ pool processes)
         dev.send_signal(signal.SIGINT)
         rest, _ = dev.communicate(timeout=60)
+        text = "".join(output)
         assert dev.returncode == 0, text + rest
         assert "Traceback" not in text + rest
         time.sleep(0.2)
