@@ -13,7 +13,9 @@ win over the file.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
+import secrets
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,8 +37,16 @@ from pydantic import (
     model_validator,
 )
 
-from mega.constants import DEV_SECRET_KEY, MIN_SECRET_KEY_LENGTH
+from mega.constants import (
+    DEV_ENV_FILE,
+    DEV_ENV_NAMES,
+    DEV_SECRET_KEY,
+    MIN_SECRET_KEY_LENGTH,
+    VAR_DIR,
+)
 from mega.errors import ConfigError
+
+logger = logging.getLogger("mega.config")
 
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
 Port = Annotated[StrictInt, Field(gt=0, lt=65536)]
@@ -216,18 +226,37 @@ def default_config_path() -> Path:
     return Path(os.environ.get("MEGA_CONFIG", "mega_config.py"))
 
 
-def load_config(path: str | Path | None = None, *, dev: bool | None = None) -> Config:
-    """Import the config file and validate it. `dev` defaults to MEGA_ENV == "dev"."""
+def load_config(
+    path: str | Path | None = None, *, dev: bool | None = None, signs: bool = True
+) -> Config:
+    """Import the config file and validate it. `dev` defaults to MEGA_ENV == "dev". `signs`:
+    the process signs cookies (the web app), so it needs MEGA_SECRET_KEY outside dev; the
+    other hosts sign nothing and do without.
+
+    While `mega dev` runs beside the config, it leaves the URLs of its servers in
+    `var/dev.env`: a host started by hand there finds them (unless NATS_URL / REDIS_URL are
+    set), instead of talking to whatever answers on the default ports."""
     config_path = Path(path) if path is not None else default_config_path()
     if not config_path.is_file():
         raise ConfigError(f"config file not found: {config_path} (pass --config or MEGA_CONFIG)")
     config_path = config_path.resolve()
+    _read_dev_env(config_path.parent / VAR_DIR / DEV_ENV_FILE)
     module = _import_file(config_path)
     is_dev = os.environ.get("MEGA_ENV", "") == "dev" if dev is None else dev
-    return build_config(module, config_path, dev=is_dev)
+    return build_config(module, config_path, dev=is_dev, signs=signs)
 
 
-def build_config(module: ModuleType, path: Path, *, dev: bool) -> Config:
+def _read_dev_env(path: Path) -> None:
+    if not path.is_file():
+        return
+    for line in path.read_text().splitlines():
+        name, _, value = line.partition("=")
+        if name in DEV_ENV_NAMES and value and not os.environ.get(name):
+            os.environ[name] = value
+            logger.info("%s from %s (mega dev is running there)", name, path)
+
+
+def build_config(module: ModuleType, path: Path, *, dev: bool, signs: bool = True) -> Config:
     names = {
         name: getattr(module, name) for name in ConfigFile.model_fields if hasattr(module, name)
     }
@@ -236,7 +265,7 @@ def build_config(module: ModuleType, path: Path, *, dev: bool) -> Config:
         for variable, key in (("MEGA_METRICS_BIND", "bind"), ("MEGA_METRICS_TOKEN", "token")):
             if os.environ.get(variable) and isinstance(names.get("metrics", {}), dict):
                 names["metrics"] = {**names.get("metrics", {}), key: os.environ[variable]}
-        names["auth"] = _with_secret(names.get("auth", {}), dev=dev)
+        names["auth"] = _with_secret(names.get("auth", {}), dev=dev, signs=signs)
         spec = ConfigFile.model_validate(names)
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from None
@@ -337,11 +366,14 @@ def _database_url(spec: DatabaseSpec, root: Path) -> str:
     return url
 
 
-def _with_secret(auth: Any, *, dev: bool) -> Any:
-    """MEGA_SECRET_KEY over the file's; only `mega dev` may go without (a fixed dev key)."""
+def _with_secret(auth: Any, *, dev: bool, signs: bool = True) -> Any:
+    """MEGA_SECRET_KEY over the file's; only `mega dev` may go without (a fixed dev key), and
+    the hosts that sign nothing (a throwaway key they never use)."""
     if not isinstance(auth, dict):
         return auth  # pydantic names the mistake
     secret = os.environ.get("MEGA_SECRET_KEY") or auth.get("secret_key")
+    if not secret and not signs:
+        return {**auth, "secret_key": secrets.token_hex(32)}
     if not secret:
         if not dev:
             raise ConfigError("MEGA_SECRET_KEY: required outside dev (a long random string)")

@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
             hosts = {"schedulers": args.schedulers, "workers": args.workers}
             sys.exit(run_dev(args.config, host=args.host, port=args.port, **hosts))
-        config = load_config(args.config)
+        config = load_config(args.config, signs=args.command == "start")
         _run(_COMMANDS[args.command](config, args))
     except ConfigError as exc:
         _die(args.command, exc.message, EXIT_CONFIG)

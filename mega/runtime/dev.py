@@ -7,6 +7,8 @@
    so that the per-tick lock visibly skips on one scheduler and the workers share the jobs.
 3. The URL (with the config's `auth.landing_path`) and the logins of `auth.users`, once the
    web app answers /healthz.
+   Their URLs go to var/dev.env while it runs: `mega scheduler` or `mega worker` started by hand
+   beside the config finds them (and, signing nothing, needs no secret key).
 4. A scheduler or worker that dies unexpectedly (a `crash` job ends its worker on purpose) is
    started again, up to RESTART_LIMIT times a minute; if the web app dies, everything stops.
 5. Ctrl-C (or SIGTERM): SIGTERM to every child, wait for their graceful drain, then stop the
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import IO
 
 from mega.config import Config, load_config
-from mega.constants import DRAIN_TIMEOUT_S, VAR_DIR
+from mega.constants import DEV_ENV_FILE, DEV_ENV_NAMES, DRAIN_TIMEOUT_S, VAR_DIR
 from mega.runtime.embedded import EmbeddedNats, EmbeddedRedis, EmbeddedServer, free_port
 from mega.runtime.hosts import check_port_free
 
@@ -79,10 +81,13 @@ def run_dev(
     out = Prefixer(width=11)
     servers: list[EmbeddedServer] = []
     children: dict[str, subprocess.Popen[bytes]] = {}
+    dev_env: Path | None = None
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
 
+    # A var/dev.env left by a dev run that was killed would point this one at dead servers.
+    (root / VAR_DIR / DEV_ENV_FILE).unlink(missing_ok=True)
     # The config file may read MEGA_ENV too (the sample's default login exists only in dev).
     os.environ["MEGA_ENV"] = "dev"
     env = dict(os.environ, MEGA_CONFIG=str(config_file), PYTHONUNBUFFERED="1")
@@ -98,6 +103,7 @@ def run_dev(
             servers.append(EmbeddedRedis(data_dir=root / VAR_DIR / "redis").start())
             env["REDIS_URL"] = servers[-1].url
             out.line("dev", f"embedded Redis-compatible server on {env['REDIS_URL']}")
+        dev_env = _write_dev_env(root, env) if servers else None
         _upgrade_database(out, config.database_url)
         commands = {"web": ["start", "--host", host, "--port", str(port)]}
         for role, count in (("scheduler", schedulers), ("worker", workers)):
@@ -130,6 +136,8 @@ def run_dev(
         code = 1
     finally:
         _stop_children(out, children)
+        if dev_env is not None:
+            dev_env.unlink(missing_ok=True)
         for server in reversed(servers):
             server.stop()
         if servers:
@@ -177,6 +185,15 @@ def _supervise(
             deadline = float("inf")
     out.line("dev", "stopping: web, schedulers and workers drain their work")
     return 0
+
+
+def _write_dev_env(root: Path, env: dict[str, str]) -> Path:
+    """The embedded servers' URLs in var/dev.env, so that `mega scheduler` or `mega worker`
+    started by hand in another terminal joins this stack (`load_config` reads it)."""
+    path = root / VAR_DIR / DEV_ENV_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{name}={env[name]}\n" for name in DEV_ENV_NAMES if env.get(name)))
+    return path
 
 
 def _upgrade_database(out: Prefixer, url: str) -> None:

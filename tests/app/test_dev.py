@@ -63,6 +63,9 @@ def test_dev_comes_up_serves_and_leaves_nothing_behind(tmp_path: Path) -> None:
                 output.append(dev.stdout.readline())  # type: ignore[union-attr]
             raise AssertionError(f"no line matches {pattern!r}:\n{''.join(output)}")
 
+        # The servers' URLs for hosts started by hand beside it (removed when it stops).
+        dev_env = (tmp_path / "var" / "dev.env").read_text()
+        assert dev_env.startswith("NATS_URL=nats://127.0.0.1:") and "REDIS_URL=redis://" in dev_env
         for name in ("scheduler-1", "scheduler-2", "worker-2"):
             read_until(rf"^{name} .* (running|consuming) ")
         # A worker that dies (a `crash` job does it on purpose) is started again.
@@ -80,6 +83,7 @@ def test_dev_comes_up_serves_and_leaves_nothing_behind(tmp_path: Path) -> None:
         time.sleep(0.2)
         assert [pid for pid in family if alive(pid)] == []
         assert (tmp_path / "var" / "nats" / "jetstream").is_dir()  # the file store lives in ./var
+        assert not (tmp_path / "var" / "dev.env").exists()
     finally:
         if dev.poll() is None:
             dev.kill()

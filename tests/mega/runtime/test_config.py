@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,33 @@ def test_bad_bus_urls_and_replicas_name_the_key(tmp_path: Path, bus: str, expect
     with pytest.raises(ConfigError) as info:
         load_config(write(tmp_path, text))
     assert "services.buses.jobs" in str(info.value) and expected in str(info.value)
+
+
+def test_hosts_that_sign_nothing_need_no_secret_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("MEGA_SECRET_KEY", raising=False)
+    monkeypatch.delenv("MEGA_ENV", raising=False)
+    text = GOOD.replace('auth = {"secret_key": "x" * 40}', "auth = {}")
+    with pytest.raises(ConfigError, match="MEGA_SECRET_KEY"):
+        load_config(write(tmp_path, text))  # the web app signs cookies
+    worker = load_config(write(tmp_path, text), signs=False)
+    assert len(worker.auth.secret_key) == 64  # a throwaway the process never uses
+
+
+def test_a_dev_env_beside_the_config_fills_unset_urls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NATS_URL", "")  # unset for the loader; restored after the test
+    monkeypatch.setenv("REDIS_URL", "redis://mine:6379/0")
+    (tmp_path / "var").mkdir()
+    (tmp_path / "var" / "dev.env").write_text(
+        "NATS_URL=nats://127.0.0.1:4999\nREDIS_URL=redis://127.0.0.1:6999/0\nOTHER=x\n"
+    )
+    text = GOOD.replace('"nats://127.0.0.1:4222"', 'os.environ["NATS_URL"]').replace(
+        '"redis://127.0.0.1:6379/0"', 'os.environ["REDIS_URL"]'
+    )
+    config = load_config(write(tmp_path, "import os\n" + text))
+    assert config.buses["jobs"] == "nats://127.0.0.1:4999"  # unset: from mega dev's file
+    assert config.caches["main"] == "redis://mine:6379/0"  # set: the environment wins
+    assert "OTHER" not in os.environ
