@@ -53,6 +53,7 @@ class MemoryLane:
     dead: list[DlqRecord] = field(default_factory=list)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     seq: int = 0
+    timers: dict[asyncio.TimerHandle, Callable[[], None]] = field(default_factory=dict)
 
     def stats(self) -> JobStats:
         return JobStats(
@@ -68,10 +69,22 @@ class MemoryLane:
         self.scheduled += 1
 
         def due() -> None:
+            del self.timers[handle]
             self.scheduled -= 1
             self._ready(message)
 
-        asyncio.get_running_loop().call_later(delay_s, due)
+        handle = asyncio.get_running_loop().call_later(delay_s, due)
+        self.timers[handle] = due
+
+    def fast_forward(self) -> None:
+        """Make every waiting message due now (mega.testing's drain: no real sleeps)."""
+        for handle, due in list(self.timers.items()):
+            handle.cancel()
+            due()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.ready or self.scheduled or self.running)
 
     def _ready(self, message: MemoryMessage) -> None:
         self.ready.append(message)
@@ -95,6 +108,15 @@ class MemoryBroker:
         if found is None:
             found = self.subjects[name] = MemoryLane()
         return found
+
+    def busy(self) -> bool:
+        """Anything ready, running or waiting for its time, on any lane."""
+        return any(lane.busy for lane in self.subjects.values())
+
+    def fast_forward(self) -> None:
+        """Make every waiting retry and delayed message due now."""
+        for lane in self.subjects.values():
+            lane.fast_forward()
 
     def seen(self, job_id: str) -> bool:
         """True when this id was enqueued within the dedup window (then it is dropped)."""

@@ -1,0 +1,103 @@
+"""mega.testing, the kit users unit-test their own classes with: no servers, no real sleeps."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from mega import Context, Event, EventBus, Job, JobQueue, Listener, ReceivedEvent, Schedule
+from mega.testing import drain, failing, memory_context, planned_ticks, run_tick
+
+RAN: list[tuple[str, Any]] = []
+
+
+class Welcome(Job):
+    subject = "kit.welcome"
+    bus = "jobs"
+    retries = 2
+    backoff = {"type": "exponential", "initial": 60_000, "max": 60_000}  # a minute: never slept
+
+    async def run(self, payload: dict[str, Any], ctx: Context) -> None:
+        RAN.append(("welcome", payload["to"]))
+        if payload.get("bounce"):
+            raise RuntimeError(f"{payload['to']} bounced")
+
+
+class SignedUp(Event):
+    name = "kit.signed_up"
+    bus = "jobs"
+
+
+class SendWelcome(Listener):
+    event = SignedUp
+
+    async def run(self, event: ReceivedEvent, ctx: Context) -> None:
+        await JobQueue(ctx, "jobs").enqueue(Welcome, {"to": event.data["email"]})
+
+
+class DailyReport(Schedule):
+    cron = "0 0 9 * * *"
+    timezone = "Europe/Berlin"
+
+    async def run(self, ctx: Context) -> None:
+        RAN.append(("report", self.tick.instant))
+
+
+@pytest.fixture(autouse=True)
+def clean() -> None:
+    RAN.clear()
+
+
+async def test_drain_runs_retries_and_the_dlq_without_sleeping() -> None:
+    ctx = memory_context("jobs")
+    queue = JobQueue(ctx, "jobs")
+    await queue.enqueue(Welcome, {"to": "ok@example.com"})
+    await queue.enqueue(Welcome, {"to": "gone@example.com", "bounce": True})
+    await queue.enqueue(Welcome, {"to": "later@example.com"}, delay=3600)
+    started = time.monotonic()
+    report = await drain(ctx, jobs=[Welcome])
+    assert time.monotonic() - started < 5  # two minutes of backoff and an hour of delay skipped
+    assert report.count("Welcome", "done") == 2
+    assert report.count("Welcome", "retry") == 2 and report.count("Welcome", "dlq") == 1
+    [record] = await queue.dlq.list(Welcome)
+    assert (record["payload"]["to"], record["attempts"]) == ("gone@example.com", 3)
+    assert sorted(to for _, to in RAN) == ["gone@example.com"] * 3 + [
+        "later@example.com", "ok@example.com"
+    ]  # fmt: skip
+
+
+async def test_failing_injects_failures_then_lets_the_class_run() -> None:
+    ctx = memory_context()
+    await JobQueue(ctx, "jobs").enqueue(Welcome, {"to": "flaky@example.com"})
+    with failing(Welcome, times=1):
+        report = await drain(ctx, jobs=[Welcome])
+    assert [s["signal"] for s in report.signals] == ["start", "retry", "start", "done"]
+    assert RAN == [("welcome", "flaky@example.com")]  # the injected failure never ran the body
+    assert Welcome.run.__qualname__ == "Welcome.run"  # restored
+
+
+async def test_an_event_runs_its_listener_and_the_job_it_enqueues() -> None:
+    ctx = memory_context("jobs")
+    await EventBus(ctx, "jobs").emit(SignedUp, {"email": "ada@example.com"})
+    report = await drain(ctx, jobs=[Welcome], listeners=[SendWelcome])
+    assert report.count("SendWelcome", "done") == 1 and report.count("Welcome", "done") == 1
+    assert RAN == [("welcome", "ada@example.com")]
+
+
+def test_planned_ticks_follow_the_time_zone_across_a_dst_change() -> None:
+    ticks = planned_ticks(DailyReport, datetime(2026, 3, 27, tzinfo=UTC), days=4)
+    berlin = [tick.astimezone(ZoneInfo("Europe/Berlin")).hour for tick in ticks]
+    utc = [tick.astimezone(UTC).hour for tick in ticks]
+    assert berlin == [9, 9, 9, 9] and utc == [8, 8, 7, 7]  # summer time from March 29
+
+
+async def test_run_tick_runs_one_instant_with_its_tick() -> None:
+    instant = datetime(2026, 3, 30, 7, tzinfo=UTC)
+    tick = await run_tick(DailyReport, memory_context(), instant, fence=42)
+    assert [("report", instant)] == RAN and (tick.instant, tick.fence) == (instant, 42)
+    with failing(DailyReport, error=ValueError("no data")), pytest.raises(ValueError):
+        await run_tick(DailyReport, memory_context(), instant + timedelta(days=1))
