@@ -28,7 +28,9 @@ Recipient = Annotated[EmailStr, Field(max_length=254)]
 
 class EnqueueRequest(BaseModel):
     to: Recipient
-    mode: Literal["ok", "flaky", "fail"] = "ok"
+    mode: Literal["ok", "flaky", "fail", "slow", "crash"] = "ok"
+    # Hold the job this long before it may run (a broker-side schedule: it takes no slot).
+    delay_s: Annotated[int, Field(ge=0, le=3600, strict=True)] = 0
 
 
 ID_OR_ALL: dict[str, Any] = {
@@ -65,12 +67,13 @@ def redis(request: Request) -> Any:
 
 async def enqueue_email(request: Request, body: EnqueueRequest) -> str:
     job_id = uuid.uuid4().hex[:12]
-    await job_timeline.record_enqueued(redis(request), job_id, body.to, body.mode)
+    await job_timeline.record_enqueued(redis(request), job_id, body.to, body.mode, body.delay_s)
     try:
         # The page's id is the job id: it is also the dedup key (Nats-Msg-Id).
         await queue(request).enqueue(
-            EmailJob, {"id": job_id, "to": body.to, "mode": body.mode}, id=job_id
-        )
+            EmailJob, {"id": job_id, "to": body.to, "mode": body.mode}, id=job_id,
+            delay=body.delay_s or None,
+        )  # fmt: skip
     except BaseException:
         await job_timeline.forget(redis(request), job_id)
         raise
@@ -169,11 +172,15 @@ async def jobs_page_context(
 async def post_job_form(request: Request, user: UserDep) -> Response:
     form = await request.form()
     try:
-        body = EnqueueRequest.model_validate(
-            {k: form.get(k) for k in ("to", "mode") if form.get(k)}
-        )
+        values: dict[str, Any] = {k: form.get(k) for k in ("to", "mode") if form.get(k)}
+        delay = str(form.get("delay_s") or "0")
+        values["delay_s"] = int(delay) if delay.isdigit() else delay
+        body = EnqueueRequest.model_validate(values)
     except ValidationError as exc:
-        form_values = {"to": str(form.get("to", "")), "mode": str(form.get("mode", "ok"))}
+        form_values = {
+            "to": str(form.get("to", "")), "mode": str(form.get("mode", "ok")),
+            "delay_s": str(form.get("delay_s", "0")),
+        }  # fmt: skip
         context = await jobs_page_context(
             request, form=form_values, errors=field_errors(exc.errors())
         )

@@ -44,7 +44,7 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-async def record_enqueued(redis: Redis, job_id: str, to: str, mode: str) -> None:
+async def record_enqueued(redis: Redis, job_id: str, to: str, mode: str, delay_s: int = 0) -> None:
     record: dict[Any, Any] = {
         "id": job_id, "to": to, "mode": mode, "status": "queued", "attempts": 0,
         "created_at": now_ms(),
@@ -55,7 +55,8 @@ async def record_enqueued(redis: Redis, job_id: str, to: str, mode: str) -> None
         pipe.lpush(INDEX_KEY, job_id)
         pipe.ltrim(INDEX_KEY, 0, MAX_JOBS - 1)
         await pipe.execute()
-    await record_event(redis, job_id, "enqueued", f"to {to}, mode {mode}")
+    held = f", held {delay_s} s (no slot taken meanwhile)" if delay_s else ""
+    await record_event(redis, job_id, "enqueued", f"to {to}, mode {mode}{held}")
 
 
 async def forget(redis: Redis, job_id: str) -> None:

@@ -58,11 +58,14 @@
     event.preventDefault();
     $("error-to").textContent = "";
     $("error-mode").textContent = "";
+    $("error-delay_s").textContent = "";
     $("enqueue-result").textContent = "";
     const button = $("enqueue");
     button.disabled = true;
     try {
-      const envelope = await api("POST", "/api/demo/jobs", { to: $("job-to").value, mode: $("job-mode").value });
+      const delay = Number.parseInt($("job-delay").value || "0", 10);
+      const body = { to: $("job-to").value, mode: $("job-mode").value, delay_s: Number.isNaN(delay) ? $("job-delay").value : delay };
+      const envelope = await api("POST", "/api/demo/jobs", body);
       if (envelope.ok) {
         $("enqueue-result").textContent = "Enqueued " + envelope.data.id + ".";
         await load();
@@ -70,7 +73,8 @@
         const fields = envelope.error.fields || {};
         $("error-to").textContent = fields.to || "";
         $("error-mode").textContent = fields.mode || "";
-        $("enqueue-result").textContent = fields.to || fields.mode ? "" : envelope.error.message;
+        $("error-delay_s").textContent = fields.delay_s || "";
+        $("enqueue-result").textContent = fields.to || fields.mode || fields.delay_s ? "" : envelope.error.message;
       }
     } finally {
       button.disabled = false;

@@ -4,6 +4,8 @@ requeue, and bad input that enqueues nothing. Each test has its own NATS and Red
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,8 @@ from app.jobs.email import EmailJob
 from mega.config import Config
 from mega.jobs.job import stream_name
 from tests.factories import csrf_from, job_worker, login, sample_config_for, web_client
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -108,6 +112,22 @@ async def test_ok_flaky_and_fail_end_to_end(config: Config) -> None:
         assert console["start_latency_p50_ms"] is not None
 
 
+async def test_slow_holds_a_slot_and_a_delayed_job_waits_without_one(config: Config) -> None:
+    async with web_client(config) as client, job_worker(config):
+        headers = await authed(client)
+        slow = await enqueue(client, headers, "slow")
+        await wait_for_job(client, slow, "running")
+        sent = await client.post(
+            "/api/demo/jobs", json={"to": "ada@example.com", "mode": "ok", "delay_s": 1},
+            headers=headers,
+        )  # fmt: skip
+        later = sent.json()["data"]["id"]
+        data = await wait_for_job(client, later, "done")
+        job = next(j for j in data["jobs"] if j["id"] == later)
+        assert "held 1 s" in str(job["events"])  # the timeline says it waited on the broker
+        await wait_for_job(client, slow, "done")
+
+
 async def test_requeue_from_the_dlq_resets_attempts(config: Config) -> None:
     async with web_client(config) as client, job_worker(config):
         headers = await authed(client)
@@ -141,6 +161,9 @@ async def test_requeue_from_the_dlq_resets_attempts(config: Config) -> None:
         ({"to": "a@b.co\n23:59:59 INFO forged", "mode": "ok"}, "to"),  # no forged log line
         ({"to": "a\u202eb@example.com", "mode": "ok"}, "to"),
         ({"to": "not-an-address", "mode": "ok"}, "to"),
+        ({"to": "a@example.com", "delay_s": -1}, "delay_s"),
+        ({"to": "a@example.com", "delay_s": 3601}, "delay_s"),
+        ({"to": "a@example.com", "delay_s": "5"}, "delay_s"),
     ],
 )
 async def test_bad_input_is_422_and_enqueues_nothing(
@@ -245,3 +268,29 @@ async def test_dlq_cli_lists_requeues_and_purges(config: Config) -> None:
         purged = await asyncio.to_thread(mega_dlq, "purge", "--job", "EmailJob")
         assert "purged 1 record(s)" in purged.stdout
         assert (await client.get("/api/demo/jobs")).json()["data"]["dlq"]["count"] == 0
+
+
+@pytest.mark.slow
+async def test_a_crash_job_kills_its_worker_then_runs_on_another(config: Config) -> None:
+    """The `crash` mode: the worker that takes it dies (os._exit), nothing acks the job, and
+    after EmailJob's ack wait the other `mega worker` runs it as attempt 2."""
+    command = [sys.executable, "-m", "mega", "worker", "--config", str(config.path)]
+    workers = [
+        subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(2)
+    ]
+    try:
+        async with web_client(config) as client:
+            headers = await authed(client)
+            await asyncio.sleep(2.0)  # both workers up and pulling
+            job_id = await enqueue(client, headers, "crash")
+            data = await wait_for_job(client, job_id, "done", timeout_s=EmailJob.ack_wait_s + 20)
+            job = next(j for j in data["jobs"] if j["id"] == job_id)
+            assert int(job["attempts"]) == 2
+            exits = [worker.poll() for worker in workers]
+            assert sorted(exits, key=lambda code: code is None) == [1, None], exits
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.terminate()
+                worker.wait(30)
