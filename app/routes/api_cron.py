@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import RedirectResponse
@@ -23,20 +25,29 @@ def scheduler(request: Request) -> Scheduler:
     return found
 
 
+def in_zone(instant: str, zone: str | None) -> str:
+    """An ISO instant (UTC in the records) in the schedule's time zone: one zone per page."""
+    moment = datetime.fromisoformat(instant)
+    return moment.astimezone(ZoneInfo(zone)).isoformat() if zone else moment.isoformat()
+
+
 async def cron_state(request: Request) -> dict[str, Any]:
     state = await read_state(request.app.state.ctx.cache("main").native)
     settings = scheduler(request).describe(SCHEDULE)
     ticks = await scheduler(request).recent_ticks(SCHEDULE, limit=15)
+    zone = settings["timezone"]
     return {
         **state,
-        "history": [{"at": h["at"], "source": h["source"]} for h in state["history"]],
+        "history": [
+            {"at": in_zone(h["at"], zone), "source": h["source"]} for h in state["history"]
+        ],
         "next_runs": settings["next_runs"],
         "cron": settings["cron"],
         "timezone": settings["timezone"],
         "lock": settings["lock"],
         "ticks": [
             {
-                "instant": t["instant"],
+                "instant": in_zone(t["instant"], zone),
                 "source": t["source"],
                 "winner": t["winner"],
                 "fence": t["fence"],

@@ -25,6 +25,8 @@
           el("td", { class: "small" }, ...(tick.skipped.length
             ? tick.skipped.map((s) => el("div", {}, el("span", { class: "mono" }, s.instance), ": " + s.reason))
             : [el("span", { class: "muted" }, "-")])),
+          el("td", { class: "num mono small", title: "the run's fencing number: at least the planned instant in epoch ms" },
+            tick.fence === null ? "-" : String(tick.fence)),
           el("td", { class: "num" }, tick.lateness_ms === null ? "-" : tick.lateness_ms.toFixed(1) + " ms"))),
       $("ticks-empty"));
     $("next-runs").replaceChildren(...state.next_runs.map((at) => el("li", {}, at)));

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -55,6 +56,10 @@ async def test_state_and_manual_run(
         assert state["count"] == 1
         assert [item["source"] for item in state["history"]] == ["manual"]
         assert state["ticks"][0]["source"] == "manual" and state["ticks"][0]["winner"]
+        # One time zone on the page, the schedule's; and the fence each run got.
+        for at in [state["history"][0]["at"], state["ticks"][0]["instant"]]:
+            assert datetime.fromisoformat(at).utcoffset().total_seconds() == 9 * 3600  # type: ignore[union-attr]
+        assert state["ticks"][0]["fence"] >= int(time.time() * 1000) - 60_000
 
         # The page shows it too, and its no-JS form posts, redirects and gets.
         form = await client.post("/demo/cron/run", data={"csrf_token": token})
