@@ -102,22 +102,24 @@ async def jobs_state(request: Request) -> dict[str, Any]:
 
 
 async def requeue(request: Request, body: RequeueRequest) -> int:
+    """Put dead letters back on the queue. Their timelines say "requeued" and their attempt
+    counters restart *before* the requeue: a worker may start one the instant it is back, and
+    its "attempt 1 started" must come after, counted from 1."""
     dlq = queue(request).dlq
+    listed = [r["id"] for r in await dlq.list(EmailJob, limit=10_000)]
+    ids = listed if body.all else [job_id for job_id in listed if job_id == body.id]
+    for job_id in ids:
+        await redis(request).delete(job_timeline.attempts_key(job_id))
+        await job_timeline.record_event(
+            redis(request), job_id, "requeued", "requeued from the DLQ, attempts reset",
+            status="queued", attempt=0,
+        )  # fmt: skip
+    if not ids:
+        return 0
     if body.all:
-        ids = [r["id"] for r in await dlq.list(EmailJob, limit=10_000)]
-        count = await dlq.requeue_all(EmailJob)
-    else:
-        assert body.id is not None
-        ids = [body.id]
-        count = await dlq.requeue(EmailJob, body.id)
-    if count:
-        for job_id in ids:
-            await redis(request).delete(job_timeline.attempts_key(job_id))
-            await job_timeline.record_event(
-                redis(request), job_id, "requeued", "requeued from the DLQ, attempts reset",
-                status="queued", attempt=0,
-            )  # fmt: skip
-    return count
+        return await dlq.requeue_all(EmailJob)
+    assert body.id is not None
+    return await dlq.requeue(EmailJob, body.id)
 
 
 class JobCreated(BaseModel):
