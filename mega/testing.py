@@ -25,7 +25,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -109,8 +111,6 @@ async def drain(
 
 async def _settle() -> None:
     """Let every runnable task of the loop run until none is left runnable."""
-    import asyncio
-
     for _ in range(20):
         await asyncio.sleep(0)
 
@@ -162,6 +162,6 @@ async def run_tick(
     """Run the schedule once as the scheduler would at `instant` (no lock, no audit); returns
     the Tick its run saw. Whatever the run raises is raised here."""
     tick = Tick(instant, fence, "schedule", ctx.instance_id)
-    run_ctx = Context(**{**ctx.__dict__, "extras": {**ctx.extras, "tick": tick}})
+    run_ctx = dataclasses.replace(ctx, extras={**ctx.extras, "tick": tick})  # as the scheduler
     await schedule_cls(tick).run(run_ctx)
     return tick

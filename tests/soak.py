@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import os
 import re
 import secrets
@@ -227,11 +228,8 @@ async def ticks_ran_twice(redis_url: str) -> list[str]:
         history = await redis.lrange("demo:cron:history", 0, -1)
     finally:
         await redis.aclose()
-    import json
-
-    instants = Counter(
-        json.loads(item)["at"] for item in history if json.loads(item).get("source") == "schedule"
-    )
+    records = [json.loads(item) for item in history]
+    instants = Counter(r["at"] for r in records if r.get("source") == "schedule")
     return [at for at, count in instants.items() if count > 1]
 
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, EmailStr, Field, ValidationError, mo
 from app.events import relay_switch, status
 from app.events.listeners import LISTENERS
 from app.events.signups import UserSignedUp
-from app.routes.api_jobs import ID_OR_ALL
+from app.routes.api_jobs import ID_OR_ALL, Requeued
 from app.services.signups import SignupService
 from mega import EventBus, Listener, outbox
 from mega.web import ApiError, UserDep, api_responses, field_errors, flash, ok, render
@@ -135,10 +135,6 @@ class SignupResult(BaseModel):
 
 class RelayState(BaseModel):
     paused: bool
-
-
-class Requeued(BaseModel):
-    requeued: int
 
 
 SIGNUP_ERRORS = (401, 403, 422, 503)
