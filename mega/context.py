@@ -58,6 +58,10 @@ class LockAdapter(Protocol):
         """Delete `key` only if it still holds `token`; True when it did."""
         ...
 
+    async def extend(self, key: str, token: str, ttl_ms: int) -> bool:
+        """Hold `key` for `ttl_ms` ms from now if it still holds `token`; True when it did."""
+        ...
+
     async def incr(self, key: str) -> int:
         """The next fencing number under `key`: larger than every one handed out before."""
         ...

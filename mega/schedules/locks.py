@@ -37,6 +37,13 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+# Reset the key's TTL only while it still holds our token: a lease renewed by its holder alone.
+EXTEND_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
 # Raise a counter to at least ARGV[1] (never lower it): the quorum form of INCR, see `incr()`.
 RAISE_TO_SCRIPT = """
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -98,6 +105,7 @@ class RedLock:
         self.quorum = len(clients) // 2 + 1
         self.servers = [server_name(client) for client in clients]
         self._release_scripts = [client.register_script(RELEASE_SCRIPT) for client in clients]
+        self._extend_scripts = [client.register_script(EXTEND_SCRIPT) for client in clients]
         self._raise_scripts = [client.register_script(RAISE_TO_SCRIPT) for client in clients]
         self._fenced_scripts = [client.register_script(ACQUIRE_FENCED_SCRIPT) for client in clients]
 
@@ -134,6 +142,16 @@ class RedLock:
             lambda i: self._release_scripts[i](keys=[key], args=[token]), OP_TIMEOUT_S
         )
         self._raise_without_majority(results, f"release {key!r}")
+        return sum(1 for result in results if result == 1) >= self.quorum
+
+    async def extend(self, key: str, token: str, ttl_ms: int) -> bool:
+        """Hold `key` for `ttl_ms` ms from now, only while it still holds `token` (on a
+        majority); False when it does not: the lock expired or a peer holds it now."""
+        _check_ttl("ttl_ms", ttl_ms)
+        results = await self._on_each(
+            lambda i: self._extend_scripts[i](keys=[key], args=[token, ttl_ms]), OP_TIMEOUT_S
+        )
+        self._raise_without_majority(results, f"extend {key!r}")
         return sum(1 for result in results if result == 1) >= self.quorum
 
     async def incr(self, key: str, floor: int = 0) -> int:

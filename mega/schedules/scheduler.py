@@ -5,7 +5,10 @@ Why a per-tick claim: a lock taken once and released in `finally` lets a fast ru
 before a slower peer (clocks up to a second apart) even tries, and the tick runs twice. So each
 planned instant is claimed under its own key, ``<prefix>:tick:<utc epoch seconds>``, and the
 claim is left to expire. A separate overlap guard, ``<prefix>:running``, is released in
-`finally` and keeps a long run from overlapping the next tick anywhere in the cluster. The
+`finally` and keeps a long run from overlapping the next tick anywhere in the cluster: the
+winner renews it every third of its TTL while the run lives, so a run may outlast the TTL (and
+the period) and still hold it, while a winner that dies stops renewing and blocks the next
+ticks for one TTL at most. The
 winner gets a fencing number from ``<prefix>:fence`` (INCR, at least the planned instant in epoch
 ms, so it keeps rising after a Redis restarted empty) with the guard, and its run gets it
 in `self.tick.fence`, so its writes can refuse a stale holder. Claim, guard and fence are one
@@ -14,7 +17,7 @@ steps on a quorum (see `mega.schedules.locks`).
 
 Redis keys, with ``<prefix>`` = ``lock["key"]`` or ``mega:schedule:<ClassName>``:
     <prefix>:tick:<epoch>   claim of one planned instant (left to expire)
-    <prefix>:running        overlap guard (released after the run; ttl = lock["ttl"])
+    <prefix>:running        overlap guard (renewed while the run lives, then released)
     <prefix>:fence          fencing counter (no TTL)
     <prefix>:audit          last `audit_size` tick records of every instance (JSON list)
 
@@ -72,6 +75,9 @@ CANCEL_GRACE_S = 2.0
 AUDIT_TIMEOUT_S = 1.0
 # After an unexpected error in a schedule's loop, wait this long before ticking again.
 LOOP_RETRY_S = 1.0
+# The overlap guard is renewed this many times per TTL while its run lives: one renewal may
+# fail (a Redis blip) and the next still lands before the guard expires.
+GUARD_RENEWALS_PER_TTL = 3
 # How many next instants `describe()` lists.
 PREVIEW_RUNS = 5
 # The skip reason for each refusal of `acquire_fenced` (signals, audit, status pages).
@@ -196,11 +202,13 @@ class Scheduler:
         if self._background:
             await asyncio.wait(set(self._background), timeout=CANCEL_GRACE_S)
 
-    async def run_now(self, name: str) -> TickResult:
+    async def run_now(self, name: str, extras: dict[str, Any] | None = None) -> TickResult:
         """Run one tick of `name` now, through the overlap guard and fence (no per-instant
-        claim: a manual tick is its own instant). `ran` is False with the reason on a skip."""
+        claim: a manual tick is its own instant). `ran` is False with the reason on a skip.
+        `extras` are added to this run's `ctx.extras` (what the caller of a manual tick asks
+        of it, say how long to take)."""
         spec = self._spec(name)
-        return await self._track(self._tick(spec, datetime.now(UTC), "manual"))
+        return await self._track(self._tick(spec, datetime.now(UTC), "manual", extras or {}))
 
     async def recent_ticks(self, name: str, limit: int = 20) -> list[dict[str, Any]]:
         """Newest first: ``{instant, source, winner, fence, lateness_ms, skipped: [{instance,
@@ -275,7 +283,13 @@ class Scheduler:
 
     # -- one tick -----------------------------------------------------------------------------
 
-    async def _tick(self, spec: ScheduleSpec, planned: datetime, source: TickSource) -> TickResult:
+    async def _tick(
+        self,
+        spec: ScheduleSpec,
+        planned: datetime,
+        source: TickSource,
+        extras: dict[str, Any] | None = None,
+    ) -> TickResult:
         record = TickRecord(
             instant=planned.isoformat(),
             source=source,
@@ -286,7 +300,8 @@ class Scheduler:
         if plan is None:
             if self._active.get(spec.name):
                 return await self._skip(spec, record, "overlap: still running here")
-            return await self._execute(spec, Tick(planned, None, source, self.instance_id), record)
+            tick = Tick(planned, None, source, self.instance_id)
+            return await self._execute(spec, tick, record, extras=extras)
         adapter = self.ctx.lock(plan.alias)
         # A manual tick is its own instant: no claim, only the guard and the fence.
         claim_key = None
@@ -308,7 +323,7 @@ class Scheduler:
         if isinstance(lease, str):
             return await self._skip(spec, record, REFUSAL_REASONS[lease])
         tick = Tick(planned, lease.fence, source, self.instance_id)
-        return await self._execute(spec, tick, record, (adapter, lease.token))
+        return await self._execute(spec, tick, record, (adapter, lease.token), extras)
 
     async def _execute(
         self,
@@ -316,11 +331,16 @@ class Scheduler:
         tick: Tick,
         record: TickRecord,
         guard: tuple[LockAdapter, str] | None = None,
+        extras: dict[str, Any] | None = None,
     ) -> TickResult:
         fields = record.event_fields(spec.name, fence=tick.fence)
         self._active[spec.name] = self._active.get(spec.name, 0) + 1
         self._record(spec, dataclasses.replace(record, outcome="ran", fence=tick.fence))
-        run_ctx = dataclasses.replace(self.ctx, extras={**self.ctx.extras, "tick": tick})
+        run_extras = {**self.ctx.extras, **(extras or {}), "tick": tick}
+        run_ctx = dataclasses.replace(self.ctx, extras=run_extras)
+        keeper = None
+        if guard is not None and spec.lock is not None:
+            keeper = asyncio.create_task(_keep_guard(spec.lock, *guard))
         started = time.monotonic()
         error: BaseException | None = None
         release_error: Exception | None = None
@@ -331,6 +351,9 @@ class Scheduler:
             error = exc
         finally:
             self._active[spec.name] -= 1
+            if keeper is not None:
+                keeper.cancel()
+                await asyncio.gather(keeper, return_exceptions=True)
             if guard is not None and spec.lock is not None:
                 release_error = await _release_guard(spec.lock, *guard)
         duration_ms = round((time.monotonic() - started) * 1000, 1)
@@ -401,9 +424,25 @@ async def _release_guard(plan: LockPlan, adapter: LockAdapter, token: str) -> Ex
     except Exception as exc:
         return exc
     return GuardExpired(
-        f"the overlap guard expired before the run ended (lock.ttl is {plan.ttl_ms} ms): a peer "
-        "could have started the next tick; raise lock.ttl above the longest run"
+        f"the overlap guard expired before the run ended: it is renewed every "
+        f"{plan.ttl_ms // GUARD_RENEWALS_PER_TTL} ms (lock.ttl is {plan.ttl_ms} ms), so the "
+        "renewals failed (Redis unreachable, or the event loop blocked longer than the ttl) and "
+        "a peer could have started the next tick"
     )
+
+
+async def _keep_guard(plan: LockPlan, adapter: LockAdapter, token: str) -> None:
+    """Renew the overlap guard while its run lives (cancelled when the run ends). Stops once
+    the guard is lost: the release then reports it (`GuardExpired`)."""
+    key = f"{plan.key_prefix}:running"
+    while True:
+        await asyncio.sleep(plan.ttl_ms / GUARD_RENEWALS_PER_TTL / 1000)
+        try:
+            if not await adapter.extend(key, token, plan.ttl_ms):
+                logger.warning("overlap guard %r lost during the run; not renewed", key)
+                return
+        except Exception as exc:  # a Redis blip: the next renewal may still land in time
+            logger.warning("overlap guard %r not renewed (%s); retrying", key, exc)
 
 
 async def _sleep_until(instant: datetime) -> None:

@@ -49,6 +49,35 @@ async def test_ttl_expiry_frees_the_lock_and_a_late_release_spares_the_new_holde
     assert await lock.native.get(f"{prefix}:a") == new.encode()
 
 
+async def test_extend_renews_only_the_holders_lock(lock: RedLock, prefix: str) -> None:
+    token = await lock.acquire(f"{prefix}:a", 200)
+    assert token is not None
+    assert await lock.extend(f"{prefix}:a", token, 5_000) is True
+    assert 4_000 < await lock.native.pttl(f"{prefix}:a") <= 5_000
+    assert await lock.extend(f"{prefix}:a", "not-our-token", 60_000) is False
+    assert await lock.native.pttl(f"{prefix}:a") <= 5_000  # a foreign token renews nothing
+    assert await lock.release(f"{prefix}:a", token) is True
+    assert await lock.extend(f"{prefix}:a", token, 5_000) is False  # gone: not recreated
+    assert await lock.native.exists(f"{prefix}:a") == 0
+
+
+async def test_quorum_extend_needs_a_majority(
+    redis_factory: Callable[[], EmbeddedServer], clients: Callable[[str], Redis]
+) -> None:
+    servers = [redis_factory() for _ in range(3)]
+    lock = RedLock("quorum", [clients(server.url) for server in servers])
+    token = await lock.acquire("q", 5_000)
+    assert token is not None
+    await lock.clients[0].delete("q")
+    assert await lock.extend("q", token, 5_000) is True  # two of three still hold it
+    await lock.clients[1].delete("q")
+    assert await lock.extend("q", token, 5_000) is False
+    servers[2].stop()
+    servers[1].stop()
+    with pytest.raises(LockBackendError, match="extend 'q'"):
+        await lock.extend("q", token, 5_000)
+
+
 async def test_incr_counts_up(lock: RedLock, prefix: str) -> None:
     assert [await lock.incr(f"{prefix}:fence") for _ in range(3)] == [1, 2, 3]
 

@@ -361,16 +361,59 @@ async def test_run_failure_and_release_failure_are_fail_events(
     ]
 
 
-async def test_a_run_outliving_its_guard_is_reported(
+async def test_a_run_longer_than_its_ttl_keeps_the_guard_renewed(
     redis_url: str, clients: Callable[[str], Redis], prefix: str
 ) -> None:
     runs: list[Run] = []
     scheduler = Scheduler(context("a", clients(redis_url))).register(
-        schedule(prefix, runs, ttl_ms=100, sleep_s=0.3)
+        schedule(prefix, runs, ttl_ms=150, sleep_s=0.6)
     )
     fails: list[dict[str, Any]] = []
     scheduler.on("fail", fails.append)
-    assert (await scheduler.run_now("Probe")).ran is True
+    long_run = asyncio.create_task(scheduler.run_now("Probe"))
+    await wait_for(lambda: len(runs) == 1, timeout_s=5)
+    await asyncio.sleep(0.4)  # well past the 150 ms ttl: renewed, so still held
+    late = await scheduler.run_now("Probe")
+    assert late.ran is False and late.reason == "overlap: the previous run still runs"
+    assert (await long_run).ran is True
+    assert fails == []  # released with its token: it never expired
+    assert await clients(redis_url).exists(f"{prefix}:running") == 0
+
+
+async def test_extras_reach_the_manual_runs_context(
+    redis_url: str, clients: Callable[[str], Redis], prefix: str
+) -> None:
+    seen: list[Any] = []
+
+    class Asks(Schedule):
+        cron = "0 0 1 1 *"
+        timezone = "UTC"
+        lock: ClassVar[LockSettings] = {"lock": "main", "ttl": 5_000, "key": prefix}
+
+        async def run(self, ctx: Context) -> None:
+            seen.append((ctx.extras.get("hold_ms"), ctx.extras["tick"] is self.tick))
+
+    scheduler = Scheduler(context("a", clients(redis_url))).register(Asks)
+    assert (await scheduler.run_now("Asks", extras={"hold_ms": 7})).ran is True
+    assert (await scheduler.run_now("Asks")).ran is True
+    assert seen == [(7, True), (None, True)]
+
+
+async def test_a_run_whose_renewals_fail_is_reported(
+    redis_url: str, clients: Callable[[str], Redis], prefix: str
+) -> None:
+    class Stalls(Schedule):
+        cron = "0 0 1 1 *"
+        timezone = "UTC"
+        lock: ClassVar[LockSettings] = {"lock": "main", "ttl": 100, "key": prefix}
+
+        async def run(self, ctx: Context) -> None:
+            time.sleep(0.3)  # blocks the event loop: no renewal can run, the guard expires
+
+    scheduler = Scheduler(context("a", clients(redis_url))).register(Stalls)
+    fails: list[dict[str, Any]] = []
+    scheduler.on("fail", fails.append)
+    assert (await scheduler.run_now("Stalls")).ran is True
     assert [f["phase"] for f in fails] == ["release"]
     assert "guard expired" in fails[0]["error"] and "100 ms" in fails[0]["error"]
 
