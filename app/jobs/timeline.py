@@ -1,4 +1,5 @@
-"""Turns the JobWorker's events into the EmailJob timeline the /demo/jobs page shows.
+"""Turns the JobWorker's events into the EmailJob timeline the /demo/jobs page shows, and
+into the per-step counts the console's charts draw (app/services/console_series.py).
 
 Attached in mega_config.py as `hooks = {"worker": [attach_timeline]}`: the worker host calls
 `attach_timeline(worker, ctx)` once, after registering the jobs.
@@ -9,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.jobs.email import EmailJob
-from app.services import job_timeline
+from app.services import console_series, job_timeline
 from mega import Context, JobWorker
 
 
@@ -30,6 +31,7 @@ def attach_timeline(worker: JobWorker, ctx: Context) -> None:
             )
             if latency is not None:
                 await job_timeline.record_latency(redis, latency)
+                await console_series.record_start(redis, latency)  # the console's p50/p99
         elif kind == "retry":
             detail = (
                 f"attempt {attempt} failed: {signal['error']}; retry in {signal['delay_ms']} ms"
@@ -38,6 +40,7 @@ def attach_timeline(worker: JobWorker, ctx: Context) -> None:
         elif kind == "done":
             detail = f"attempt {attempt} succeeded in {signal['duration_ms']:.0f} ms"
             await job_timeline.record_event(redis, job_id, "done", detail, status="done")
+            await console_series.record_done(redis)  # the console's jobs/s
         elif kind == "fail" and signal.get("phase") == "run":
             detail = f"attempt {attempt} failed: {signal['error']}; no tries left"
             await job_timeline.record_event(redis, job_id, "fail", detail)

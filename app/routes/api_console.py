@@ -12,16 +12,31 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
+from app.jobs.email import EmailJob
 from app.routes.api_cron import SCHEDULE, scheduler
 from app.routes.api_events import events_part
-from app.routes.api_jobs import jobs_part
+from app.routes.api_jobs import jobs_part, queue
 from app.routes.api_worker import POOL
+from app.services import console_series
 from mega.web import UserDep, api_responses, ok
 
 router = APIRouter(prefix="/api/demo")
 logger = logging.getLogger("mega.demo")
 # Instances seen in this many recent ticks count as alive.
 RECENT_TICKS = 10
+# Ticks read for the lateness chart: 20 scheduled ticks fit the window at one per 30 s, and
+# each tick is one audit record per scheduler instance.
+SERIES_TICKS = 60
+
+
+def short_instance(instance: str) -> str:
+    """`scheduler@host:4121:a1b2c3` -> `4121:a1b2c3` (the pid, to kill it, and the random
+    suffix that tells two runs of one pid apart); any other form -> its last 12 characters."""
+    _, _, where = instance.rpartition("@")
+    parts = where.split(":")
+    if len(parts) >= 3 and parts[-2].isdigit():
+        return f"{parts[-2]}:{parts[-1]}"
+    return instance[-12:]
 
 
 async def schedules_part(request: Request) -> dict[str, Any]:
@@ -33,8 +48,14 @@ async def schedules_part(request: Request) -> dict[str, Any]:
         if tick["winner"] and tick["source"] == "schedule":
             instances.setdefault(tick["winner"], tick["instant"])
     return {
-        "instances": [{"instance": name, "last_seen": at} for name, at in instances.items()],
-        "ticks": ticks[:5],
+        "instances": [
+            {"instance": name, "short": short_instance(name), "last_seen": at}
+            for name, at in instances.items()
+        ],
+        "ticks": [
+            {**tick, "winner_short": short_instance(tick["winner"]) if tick["winner"] else None}
+            for tick in ticks[:5]
+        ],
     }
 
 
@@ -43,12 +64,22 @@ async def pool_part(request: Request) -> dict[str, Any]:
     return stats
 
 
+async def series_part(request: Request) -> dict[str, Any]:
+    """The charts' last 10 minutes; samples the DLQ size first (see console_series)."""
+    redis = request.app.state.ctx.cache("main").native
+    stats = await queue(request).stats(EmailJob)
+    await console_series.record_dlq_size(redis, stats.dlq)
+    ticks = await scheduler(request).recent_ticks(SCHEDULE, limit=SERIES_TICKS)
+    return await console_series.read_series(redis, ticks)
+
+
 # Each console panel: name -> reader.
 PARTS: dict[str, Callable[[Request], Awaitable[dict[str, Any]]]] = {
     "schedules": schedules_part,
     "jobs": jobs_part,
     "events": events_part,
     "pool": pool_part,
+    "series": series_part,
 }
 
 
