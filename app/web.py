@@ -6,7 +6,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from app.routes import api_console, api_cron, api_events, api_jobs, api_worker, pages
+from app.routes import api_console, api_cron, api_events, api_jobs, api_worker, learn, pages
 from app.services.signups import create_tables
 from mega import Config, Context, EventBus, JobQueue, Scheduler, observe_jobs, observe_scheduler
 from mega.web import create_web_app
@@ -25,6 +25,7 @@ def create_app(config: Config, ctx: Context) -> FastAPI:
             api_jobs.router,
             api_worker.router,
             api_events.router,
+            learn.router,
         ],
         templates_dir=PROJECT_ROOT / "templates",
         static_dir=PROJECT_ROOT / "static",

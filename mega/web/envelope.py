@@ -178,12 +178,66 @@ def wants_json(request: Request) -> bool:
 
 
 def field_errors(errors: Sequence[Any]) -> dict[str, str]:
-    """Pydantic's error list as {"field.path": "message"} (the first message per field)."""
+    """Pydantic's error list as {"field.path": "plain sentence"} (the first one per field)."""
     fields: dict[str, str] = {}
     for err in errors:
         loc = [str(part) for part in err.get("loc", ()) if part not in ("body", "query", "form")]
-        fields.setdefault(".".join(loc) or "body", str(err.get("msg", "invalid")))
+        fields.setdefault(".".join(loc) or "body", friendly_message(err))
     return fields
+
+
+def friendly_message(err: Any) -> str:
+    """One pydantic error as a sentence a person filling in a form understands: "must be a
+    whole number", "must be at most 60000", not "Input should be a valid integer, unable to
+    parse string as an integer". Types it does not know keep pydantic's own text."""
+    kind, ctx = str(err.get("type", "")), err.get("ctx") or {}
+    if kind in _PLAIN:
+        return _PLAIN[kind]
+    if kind in _BOUNDS:
+        return _BOUNDS[kind].format(**ctx)
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected', 'the listed values')}"
+    if kind == "string_pattern_mismatch":
+        return "has characters that are not allowed here"
+    if kind == "value_error":  # our own validators' and email-validator's sentences
+        message = str(ctx.get("error") or err.get("msg", "is invalid")).removeprefix(
+            "Value error, "
+        )
+        reason = message.removeprefix(_NOT_AN_ADDRESS)
+        if reason != message:
+            return f"is not a valid e-mail address: {reason[:1].lower()}{reason[1:]}"
+        return message
+    return str(err.get("msg", "is invalid"))
+
+
+_NOT_AN_ADDRESS = "value is not a valid email address: "
+_PLAIN = {
+    "missing": "is required",
+    "int_type": "must be a whole number",
+    "int_parsing": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "string_type": "must be text",
+    "dict_type": "must be an object",
+    "model_type": "must be an object",
+    "list_type": "must be a list",
+    "extra_forbidden": "is not a field this accepts",
+    "json_invalid": "is not valid JSON",
+    "url_parsing": "must be a URL",
+}
+_BOUNDS = {
+    "greater_than_equal": "must be at least {ge}",
+    "greater_than": "must be more than {gt}",
+    "less_than_equal": "must be at most {le}",
+    "less_than": "must be less than {lt}",
+    "string_too_short": "must be at least {min_length} characters",
+    "string_too_long": "must be at most {max_length} characters",
+    "too_short": "must have at least {min_length} items",
+    "too_long": "must have at most {max_length} items",
+}
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -55,12 +55,62 @@ const mega = (() => {
   }
 
   function replaceRows(tbody, rows, emptyNote) {
-    tbody.replaceChildren(...rows);
+    patch(tbody, rows);
     if (emptyNote) {
       emptyNote.hidden = rows.length > 0;
       tbody.closest("table").hidden = rows.length === 0; // no bare header over an empty state
     }
   }
 
-  return { api, poll, el, replaceRows };
+  // Make `node` look like `fresh` while keeping `node` itself: attributes, text and children are
+  // brought in line, and an element whose tag differs is replaced. What did not change is not
+  // touched, so focus, selection, scroll and listeners survive a refresh.
+  function morph(node, fresh) {
+    if (node.nodeType !== fresh.nodeType || node.nodeName !== fresh.nodeName) {
+      node.replaceWith(fresh);
+      return fresh;
+    }
+    if (node.nodeType === Node.TEXT_NODE) {
+      if (node.nodeValue !== fresh.nodeValue) node.nodeValue = fresh.nodeValue;
+      return node;
+    }
+    for (const { name } of [...node.attributes]) {
+      if (!fresh.hasAttribute(name)) node.removeAttribute(name);
+    }
+    for (const { name, value } of fresh.attributes) {
+      if (node.getAttribute(name) !== value) node.setAttribute(name, value);
+    }
+    if (node.matches("[data-key]") || node.children.length || fresh.children.length) {
+      patch(node, [...fresh.childNodes]);
+    } else if (node.textContent !== fresh.textContent) {
+      node.textContent = fresh.textContent;
+    }
+    return node;
+  }
+
+  // Bring `container`'s children in line with `nodes` (freshly built, in order). Children with a
+  // `data-key` are matched by key, the others by position among the unkeyed ones; matched nodes
+  // are morphed in place, new ones inserted, gone ones removed.
+  function patch(container, nodes) {
+    const keyed = new Map();
+    const unkeyed = [];
+    for (const child of [...container.childNodes]) {
+      const key = child.nodeType === Node.ELEMENT_NODE ? child.getAttribute("data-key") : null;
+      if (key !== null) keyed.set(key, child);
+      else unkeyed.push(child);
+    }
+    const kept = [];
+    for (const fresh of nodes) {
+      const key = fresh.nodeType === Node.ELEMENT_NODE ? fresh.getAttribute("data-key") : null;
+      const old = key !== null ? keyed.get(key) : unkeyed.shift();
+      if (key !== null) keyed.delete(key);
+      kept.push(old ? morph(old, fresh) : fresh);
+    }
+    for (const gone of [...keyed.values(), ...unkeyed]) gone.remove();
+    kept.forEach((node, index) => {
+      if (container.childNodes[index] !== node) container.insertBefore(node, container.childNodes[index] || null);
+    });
+  }
+
+  return { api, poll, el, replaceRows, morph, patch };
 })();
