@@ -13,10 +13,11 @@
     def test_the_report_runs_at_nine_in_seoul_across_dst() -> None:
         ticks = planned_ticks(DailyReport, datetime(2026, 3, 7, tzinfo=UTC), days=2)
 
-- `memory_context(*buses)`: a Context whose buses are `memory` ones (jobs and events).
-- `drain(ctx, jobs=..., listeners=...)`: runs everything enqueued or emitted, and everything
-  that follows from it (retries, listener runs, jobs their listeners enqueue), until nothing is
-  left; backoffs and delays are skipped, not slept. Returns the signals it saw.
+- `memory_context(*buses, caches=...)`: a Context whose buses are `memory` ones (jobs and
+  events) and whose caches are in-memory Redis servers (fakeredis: `mega-py[testing]`).
+- `drain(ctx, jobs=..., listeners=..., hooks=...)`: runs everything enqueued or emitted, and
+  everything that follows from it (retries, listener runs, jobs their listeners enqueue), until
+  nothing is left; backoffs and delays are skipped, not slept. Returns the signals it saw.
 - `failing(cls, times=n)`: the next n runs of a Job, Listener or Schedule class raise.
 - `planned_ticks(cls, start, days=...)` and `run_tick(cls, ctx, instant)`: a schedule's planned
   instants from its cron and time zone (DST days included), and one run at a chosen instant
@@ -28,18 +29,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from mega.context import BusAdapter, Context
+from mega.context import BusAdapter, CacheAdapter, Context
 from mega.events.listener import Listener
 from mega.events.worker import ListenerWorker
 from mega.jobs.job import Job
 from mega.jobs.jobworker import JobWorker
-from mega.jobs.memory import MemoryBroker
+from mega.jobs.memory import MemoryBroker, memory_broker
 from mega.schedules import cron
 from mega.schedules.schedule import Schedule, Tick
 
@@ -47,15 +49,35 @@ from mega.schedules.schedule import Schedule, Tick
 # itself forever, say), rather than spin.
 MAX_ROUNDS = 10_000
 SIGNALS = ("start", "done", "retry", "fail", "dlq")
+LISTENER_SIGNALS = (*SIGNALS, "skip")  # skip: the group's inbox had completed that event already
+# A hook is called as hook(runtime, ctx), async or not, as the config's `hooks` are.
+Hook = Callable[[Any, Context], Any]
+HOOK_KEYS = ("worker", "listeners")  # the config's keys for a JobWorker and a ListenerWorker
 
 
-def memory_context(*buses: str, instance_id: str = "test") -> Context:
-    """A Context with a `memory` bus under each alias (default: "jobs")."""
+def memory_context(*buses: str, caches: Iterable[str] = (), instance_id: str = "test") -> Context:
+    """A Context with a `memory` bus under each alias (default: "jobs") and an empty in-memory
+    Redis under each cache alias (`ctx.cache(alias).native` is a `fakeredis.FakeAsyncRedis`, a
+    redis.asyncio client: strings, hashes, sets, sorted sets, streams, pipelines and Lua). Each
+    call gets servers of its own, so tests never see each other's keys."""
     ctx = Context(instance_id=instance_id)
     for alias in buses or ("jobs",):
         broker: Any = MemoryBroker()
         ctx.buses[alias] = BusAdapter(alias, "memory://", broker, driver="memory")
+    for alias in caches:
+        ctx.caches[alias] = CacheAdapter(alias, f"memory://{alias}", _fake_redis())
     return ctx
+
+
+def _fake_redis() -> Any:
+    try:
+        import fakeredis  # an optional dependency: only tests with caches need it
+    except ImportError:
+        raise ImportError(
+            "memory_context(caches=...) needs fakeredis: pip install 'mega-py[testing]'"
+        ) from None
+    # decode_responses as the hosts' clients (mega.runtime.boot.connect_redis): str, not bytes.
+    return fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
 
 
 @dataclass
@@ -65,7 +87,8 @@ class DrainReport:
     signals: list[dict[str, Any]] = field(default_factory=list)
 
     def count(self, name: str, signal: str) -> int:
-        """How many `signal`s ("start", "done", "retry", "fail", "dlq") of a job or group."""
+        """How many `signal`s ("start", "done", "retry", "fail", "dlq"; "skip" for a group)
+        of a job or a listener group."""
         return sum(
             1
             for seen in self.signals
@@ -78,35 +101,61 @@ class DrainReport:
 
 
 async def drain(
-    ctx: Context, *, jobs: Iterable[type[Job]] = (), listeners: Iterable[type[Listener]] = ()
+    ctx: Context,
+    *,
+    jobs: Iterable[type[Job]] = (),
+    listeners: Iterable[type[Listener]] = (),
+    hooks: Mapping[str, Iterable[Hook]] | None = None,
 ) -> DrainReport:
-    """Run the given jobs and listener groups on the context's memory buses until nothing is
-    ready, running or waiting; waiting retries and delayed jobs are made due at once."""
+    """Run the given jobs and listener groups on the context's memory buses until none of them
+    has anything ready, running or waiting; their waiting retries and delayed jobs are made due
+    at once. What is queued for a job or group not named here stays queued, untouched.
+
+    `hooks` is the config's `hooks` shape: {"worker": [...], "listeners": [...]}, each called
+    as hook(runtime, ctx) on the JobWorker or the ListenerWorker before it starts, so the
+    signal observers your app attaches run too."""
     report = DrainReport()
     job_worker, listener_worker = JobWorker(ctx), ListenerWorker(ctx)
-    for job_cls in jobs:
-        job_worker.register(job_cls)
-    for listener_cls in listeners:
-        listener_worker.register(listener_cls)
+    job_specs = [job_worker.register(job_cls) for job_cls in jobs]
+    group_specs = [listener_worker.register(listener_cls) for listener_cls in listeners]
     for name in SIGNALS:
         job_worker.on(name, report.signals.append)
+    for name in LISTENER_SIGNALS:
         listener_worker.on(name, report.signals.append)
-    brokers = [bus.native for bus in ctx.buses.values() if isinstance(bus.native, MemoryBroker)]
+    await _run_hooks(hooks or {}, {"worker": job_worker, "listeners": listener_worker}, ctx)
     await listener_worker.start()
     await job_worker.start()
     try:
+        # The lanes exist once the workers have started (a new group's is made by its ensure).
+        lanes = [memory_broker(ctx, spec.bus).subject(spec.subject) for spec in job_specs]
+        for group in group_specs:
+            broker = memory_broker(ctx, group.bus)
+            lanes.append(broker.subject(broker.groups[group.group][1]))
         for _ in range(MAX_ROUNDS):
             await _settle()
-            if not any(broker.busy() for broker in brokers):
+            if not any(lane.busy for lane in lanes):
                 break
-            for broker in brokers:
-                broker.fast_forward()
+            for lane in lanes:
+                lane.fast_forward()
         else:
             raise RuntimeError(f"drain: still busy after {MAX_ROUNDS} rounds (a job loop?)")
     finally:
         await job_worker.stop(1)
         await listener_worker.stop(1)
     return report
+
+
+async def _run_hooks(
+    hooks: Mapping[str, Iterable[Hook]], runtimes: dict[str, Any], ctx: Context
+) -> None:
+    unknown = sorted(set(hooks) - set(HOOK_KEYS))
+    if unknown:
+        raise ValueError(f"drain: hooks {unknown} are not among {list(HOOK_KEYS)}")
+    for key, key_hooks in hooks.items():
+        for hook in key_hooks:
+            result = hook(runtimes[key], ctx)
+            if inspect.isawaitable(result):
+                await result
 
 
 async def _settle() -> None:

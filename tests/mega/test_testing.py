@@ -101,3 +101,28 @@ async def test_run_tick_runs_one_instant_with_its_tick() -> None:
     assert [("report", instant)] == RAN and (tick.instant, tick.fence) == (instant, 42)
     with failing(DailyReport, error=ValueError("no data")), pytest.raises(ValueError):
         await run_tick(DailyReport, memory_context(), instant + timedelta(days=1))
+
+
+async def test_each_memory_context_has_its_own_in_memory_redis() -> None:
+    first, second = memory_context(caches=["main"]), memory_context(caches=["main"])
+    redis = first.cache("main").native
+    assert await redis.eval("return redis.call('INCR', KEYS[1])", 1, "runs") == 1  # Lua too
+    assert await redis.get("runs") == "1"  # str, as the hosts' clients decode
+    assert await second.cache("main").native.get("runs") is None
+
+
+async def test_drain_runs_the_apps_hooks_and_leaves_other_queues_alone() -> None:
+    ctx = memory_context("jobs")
+    await EventBus(ctx, "jobs").emit(SignedUp, {"email": "ada@example.com"})
+    seen: list[str] = []
+
+    def attach(worker: Any, hook_ctx: Context) -> None:
+        assert hook_ctx is ctx
+        worker.on("done", lambda signal: seen.append(signal["group"]))
+
+    report = await drain(ctx, listeners=[SendWelcome], hooks={"listeners": [attach]})
+    assert seen == ["SendWelcome"] and report.count("SendWelcome", "done") == 1
+    assert (await JobQueue(ctx, "jobs").stats(Welcome)).pending == 1  # not drained: queued
+    assert RAN == []
+    with pytest.raises(ValueError, match="scheduler"):
+        await drain(ctx, jobs=[Welcome], hooks={"scheduler": [attach]})
