@@ -71,7 +71,7 @@ async def source(request: Request, user: UserDep, path: str = "") -> Response:
     if found is None:
         raise HTTPException(404, f"no source file {path!r} to show")
     lines = found.read_text(encoding="utf-8", errors="replace").splitlines()
-    return render(request, "source.html", {"title": path, "path": path, "lines": lines})
+    return render(request, "source.html", {"title": path, "source_path": path, "lines": lines})
 
 
 @lru_cache(maxsize=16)

@@ -23,6 +23,7 @@ async def test_source_and_guide_pages_are_for_logged_in_users(
         source = await client.get("/demo/source?path=app/jobs/email.py")
         assert source.status_code == 200
         assert 'id="L1"' in source.text and "class EmailJob" in source.text
+        assert '<h1 class="mono source-path">app/jobs/email.py</h1>' in source.text
         assert "&lt;" in (await client.get("/demo/source?path=templates/base.html")).text  # escaped
         chapter = await client.get("/demo/guide/jobs")
         assert chapter.status_code == 200 and "<h1>" in chapter.text

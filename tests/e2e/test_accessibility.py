@@ -80,6 +80,9 @@ def test_no_serious_or_critical_violation_on_any_page(scheme_page, stocked: Live
         scheme_page.wait_for_load_state("networkidle")
         if problems := _blocking(scheme_page):
             found[path] = problems
+        scheme = scheme_page.evaluate("matchMedia('(prefers-color-scheme: dark)').matches")
+        name = path.strip("/").split("?")[0].replace("/", "-") or "console"
+        screenshot(scheme_page, f"{'dark' if scheme else 'light'}-{name}")
     assert not found, "\n".join(f"{path}: {p}" for path, ps in found.items() for p in ps)
 
 
