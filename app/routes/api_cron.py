@@ -1,19 +1,24 @@
-"""The CronCounter demo: its state as JSON, a manual tick, and the page's no-JS form target."""
+"""The CronCounter demo: its state as JSON, a manual tick, and the page's no-JS form target.
+
+A manual tick may ask to hold its run (`hold_ms`, 0 to 60000): the run keeps the overlap guard
+for that long, so a tick planned inside the hold is skipped ("overlap") and the audit shows it.
+The request answers when the run ends. Bad input is a 422 with field errors and runs nothing.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 from zoneinfo import ZoneInfo
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Body, Request, Response
 from fastapi.responses import RedirectResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, ValidationError
 
 from app.schedules.cron_counter import CronCounterSchedule
-from app.services.cron_counter import read_state
+from app.services.cron_counter import HOLD_EXTRA, MAX_HOLD_MS, SUGGESTED_HOLD_MS, read_state
 from mega import Scheduler
-from mega.web import UserDep, api_responses, flash, ok
+from mega.web import UserDep, api_responses, field_errors, flash, ok, render
 
 router = APIRouter()
 SCHEDULE = CronCounterSchedule.name
@@ -31,6 +36,19 @@ def in_zone(instant: str, zone: str | None) -> str:
     return moment.astimezone(ZoneInfo(zone)).isoformat() if zone else moment.isoformat()
 
 
+def scheduler_processes(ticks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The `mega scheduler` processes seen in the audit, with the pid to stop one by hand
+    (instance ids read ``scheduler@<host>:<pid>:<random>``)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for tick in ticks:
+        names = [tick["winner"], *(s["instance"] for s in tick["skipped"])]
+        for name in names:
+            if name and name.startswith("scheduler@") and name not in seen:
+                pid = name.split(":")[1] if name.count(":") >= 2 else ""
+                seen[name] = {"instance": name, "pid": int(pid) if pid.isdigit() else None}
+    return list(seen.values())
+
+
 async def cron_state(request: Request) -> dict[str, Any]:
     state = await read_state(request.app.state.ctx.cache("main").native)
     settings = scheduler(request).describe(SCHEDULE)
@@ -39,7 +57,8 @@ async def cron_state(request: Request) -> dict[str, Any]:
     return {
         **state,
         "history": [
-            {"at": in_zone(h["at"], zone), "source": h["source"]} for h in state["history"]
+            {"at": in_zone(h["at"], zone), "source": h["source"], "fence": h.get("fence")}
+            for h in state["history"]
         ],
         "next_runs": settings["next_runs"],
         "cron": settings["cron"],
@@ -56,13 +75,47 @@ async def cron_state(request: Request) -> dict[str, Any]:
             }
             for t in ticks
         ],
+        "schedulers": scheduler_processes(ticks),
+        "max_hold_ms": MAX_HOLD_MS,
+        "suggested_hold_ms": SUGGESTED_HOLD_MS,
     }
+
+
+class CronRunRequest(BaseModel):
+    # Keep the manual run (and so the overlap guard) going this long; over the 30 s period,
+    # the next tick falls inside it and is skipped.
+    hold_ms: Annotated[int, Field(ge=0, le=MAX_HOLD_MS, strict=True)] = 0
 
 
 class CronRun(BaseModel):
     ran: bool
     reason: str | None = None  # why it was skipped
     error: str | None = None  # what the run raised
+    held_ms: int | None = None  # how long the run held the guard on purpose
+
+
+async def manual_tick(request: Request, hold_ms: int) -> dict[str, Any]:
+    extras = {HOLD_EXTRA: hold_ms} if hold_ms else None
+    result = await scheduler(request).run_now(SCHEDULE, extras=extras)
+    data: dict[str, Any] = {"ran": result.ran}
+    if not result.ran:
+        data["reason"] = result.reason
+    elif result.error:
+        data["error"] = result.error
+    elif hold_ms:
+        data["held_ms"] = hold_ms
+    return data
+
+
+def outcome_text(data: dict[str, Any]) -> str:
+    """The page's one-line account of a manual tick."""
+    if not data["ran"]:
+        return f"Manual tick skipped: {data['reason']}."
+    if "error" in data:
+        return f"Manual tick ran and failed: {data['error']}"
+    if "held_ms" in data:
+        return f"Manual tick ran and held the overlap guard for {data['held_ms']} ms."
+    return "Manual tick ran."
 
 
 @router.get("/api/demo/cron", responses=api_responses(errors=(401, 503)))
@@ -70,24 +123,28 @@ async def get_cron(request: Request, user: UserDep) -> Response:
     return ok(await cron_state(request))
 
 
-@router.post("/api/demo/cron/run", responses=api_responses(CronRun, errors=(401, 403, 503)))
-async def run_cron(request: Request, user: UserDep) -> Response:
-    result = await scheduler(request).run_now(SCHEDULE)
-    data: dict[str, Any] = {"ran": result.ran}
-    if not result.ran:
-        data["reason"] = result.reason
-    elif result.error:
-        data["error"] = result.error
-    return ok(data)
+@router.post("/api/demo/cron/run", responses=api_responses(CronRun, errors=(401, 403, 422, 503)))
+async def run_cron(
+    request: Request, user: UserDep, body: Annotated[CronRunRequest | None, Body()] = None
+) -> Response:
+    return ok(await manual_tick(request, body.hold_ms if body else 0))
 
 
 @router.post("/demo/cron/run", include_in_schema=False)
 async def run_cron_form(request: Request, user: UserDep) -> Response:
-    """The "Run now" button without JavaScript: post, redirect, get."""
-    result = await scheduler(request).run_now(SCHEDULE)
-    message = (
-        "Manual tick ran."
-        if result.ran and not result.error
-        else "Manual tick skipped: a run was in progress."
-    )
-    return flash(request, RedirectResponse("/demo/cron", status_code=303), message)
+    """The "Run now" form without JavaScript: post, redirect, get (a 422 page on bad input)."""
+    form = await request.form()
+    raw = str(form.get("hold_ms") or "0").strip()
+    try:
+        body = CronRunRequest.model_validate({"hold_ms": int(raw) if raw.isdigit() else raw})
+    except ValidationError as exc:
+        state = await cron_state(request)
+        context = {
+            "title": "Schedules",
+            "state": state,
+            "form": {"hold_ms": raw},
+            "errors": field_errors(exc.errors()),
+        }
+        return render(request, "demo/cron.html", context, status_code=422)
+    data = await manual_tick(request, body.hold_ms)
+    return flash(request, RedirectResponse("/demo/cron", status_code=303), outcome_text(data))

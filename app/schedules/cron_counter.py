@@ -1,12 +1,16 @@
 """CronCounterSchedule: every 30 seconds (Asia/Seoul), once across the whole cluster.
 
-Run two `mega scheduler` processes: each tick still counts once, and /demo/cron shows which
-instance won each tick and why the other skipped.
+Run two `mega scheduler` processes (`mega dev` does): each tick still counts once, and
+/demo/cron shows which instance won each tick and why the other skipped ("claimed by another
+instance"). A manual tick can ask to hold its run (`hold_ms` in the run's `ctx.extras`): while
+it holds, the overlap guard stays held too, and the next tick is skipped ("overlap").
 """
 
 from __future__ import annotations
 
-from app.services.cron_counter import record_run
+import asyncio
+
+from app.services.cron_counter import HOLD_EXTRA, record_run
 from mega import Context, Schedule
 
 
@@ -14,7 +18,8 @@ class CronCounterSchedule(Schedule):
     cron = "*/30 * * * * *"  # six fields: the first is seconds
     timezone = "Asia/Seoul"
     # ttl bounds the overlap guard: a run that dies holding it blocks ticks for at most 20 s,
-    # less than the 30 s period. See docs/guide/schedules.md on choosing a TTL.
+    # less than the 30 s period. A run that lives keeps it (the scheduler renews it every
+    # third of the ttl), however long it takes. See docs/guide/schedules.md on choosing a TTL.
     lock = {"lock": "main", "ttl": 20_000}
 
     async def run(self, ctx: Context) -> None:
@@ -24,3 +29,8 @@ class CronCounterSchedule(Schedule):
             source=self.tick.source,
             fence=self.tick.fence,
         )
+        hold_ms = ctx.extras.get(HOLD_EXTRA, 0)
+        if self.tick.source == "manual" and hold_ms:
+            # Counted first (the page shows the run at once), then kept going: the guard is
+            # held for the whole hold, so a tick that falls inside it is skipped.
+            await asyncio.sleep(hold_ms / 1000)

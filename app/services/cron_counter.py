@@ -19,6 +19,12 @@ HISTORY_KEY = "demo:cron:history"
 FENCE_KEY = "demo:cron:last_fence"
 # The page shows the newest runs; older ones are dropped so the list never grows without bound.
 HISTORY_SIZE = 50
+# The `ctx.extras` key a manual tick's caller sets to keep its run going this many ms.
+HOLD_EXTRA = "hold_ms"
+# Longest hold the page may ask for: two periods of the 30 s schedule, enough to span a tick.
+MAX_HOLD_MS = 60_000
+# What the page suggests: longer than the 30 s period, so the next tick surely falls inside it.
+SUGGESTED_HOLD_MS = 35_000
 
 # Apply the run only if its fence is newer than the last applied one (or it has none: no lock).
 FENCED_RECORD = """

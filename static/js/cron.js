@@ -1,35 +1,42 @@
-// /demo/cron: keep the counter, history, audit and next runs live; "Run now" without a reload.
+// /demo/cron: keep the counter, history, audit and next runs live (keyed rows, patched in place);
+// "Run now" with an optional hold, without a reload.
 "use strict";
 
 (() => {
-  const { api, poll, el, replaceRows } = mega;
+  const { api, poll, el, patch, replaceRows } = mega;
   const $ = (id) => document.getElementById(id);
+  const FENCE_TITLE = "the run's fencing number: at least the planned instant in epoch ms";
+
+  function historyRow(item) {
+    return el("tr", { "data-key": item.at + "|" + item.source + "|" + item.fence },
+      el("td", { class: "mono", title: item.at }, item.at.slice(0, 10) + " " + item.at.slice(11, 19)),
+      el("td", {}, el("span", { class: item.source === "manual" ? "badge badge-info" : "badge" }, item.source)));
+  }
+
+  function tickRow(tick) {
+    return el("tr", { "data-key": tick.instant + "|" + tick.source },
+      el("td", { class: "mono" }, tick.instant.slice(11, 19) + " ",
+        tick.source === "manual" ? el("span", { class: "badge badge-info" }, "manual") : null),
+      el("td", { class: "mono small wrap-id" }, tick.winner || "none"),
+      el("td", { class: "small wrap-id" }, ...(tick.skipped.length
+        ? tick.skipped.map((s) => el("div", {}, el("span", { class: "mono" }, s.instance), ": " + s.reason))
+        : [el("span", { class: "muted" }, "-")])),
+      el("td", { class: "num mono small", title: FENCE_TITLE }, tick.fence === null ? "-" : String(tick.fence)),
+      el("td", { class: "num" }, tick.lateness_ms === null ? "-" : tick.lateness_ms.toFixed(1) + " ms"));
+  }
+
+  function schedulerItem(s) {
+    return el("li", { "data-key": s.instance }, el("span", { class: "mono" }, s.instance),
+      ...(s.pid ? [": stop it with ", el("code", {}, "kill " + s.pid)] : []));
+  }
 
   function render(state) {
     $("count").textContent = state.count;
     $("next-run").textContent = state.next_runs.length ? state.next_runs[0].slice(11, 19) : "-";
-    replaceRows(
-      $("history").tBodies[0],
-      state.history.map((item) =>
-        el("tr", {},
-          el("td", { class: "mono", title: item.at }, item.at.slice(0, 10) + " " + item.at.slice(11, 19)),
-          el("td", {}, el("span", { class: item.source === "manual" ? "badge badge-info" : "badge" }, item.source)))),
-      $("history-empty"));
-    replaceRows(
-      $("ticks").tBodies[0],
-      state.ticks.map((tick) =>
-        el("tr", {},
-          el("td", { class: "mono" }, tick.instant.slice(11, 19) + " ",
-            tick.source === "manual" ? el("span", { class: "badge badge-info" }, "manual") : null),
-          el("td", { class: "mono small" }, tick.winner || "none"),
-          el("td", { class: "small" }, ...(tick.skipped.length
-            ? tick.skipped.map((s) => el("div", {}, el("span", { class: "mono" }, s.instance), ": " + s.reason))
-            : [el("span", { class: "muted" }, "-")])),
-          el("td", { class: "num mono small", title: "the run's fencing number: at least the planned instant in epoch ms" },
-            tick.fence === null ? "-" : String(tick.fence)),
-          el("td", { class: "num" }, tick.lateness_ms === null ? "-" : tick.lateness_ms.toFixed(1) + " ms"))),
-      $("ticks-empty"));
-    $("next-runs").replaceChildren(...state.next_runs.map((at) => el("li", {}, at)));
+    replaceRows($("history").tBodies[0], state.history.map(historyRow), $("history-empty"));
+    replaceRows($("ticks").tBodies[0], state.ticks.map(tickRow), $("ticks-empty"));
+    patch($("schedulers"), state.schedulers.map(schedulerItem));
+    patch($("next-runs"), state.next_runs.map((at) => el("li", { "data-key": at }, at)));
   }
 
   async function load() {
@@ -38,16 +45,34 @@
     return envelope.ok;
   }
 
+  function outcome(data) {
+    if (!data.ran) return "Manual tick skipped: " + data.reason + ".";
+    if (data.error) return "Manual tick ran and failed: " + data.error;
+    if (data.held_ms) return "Manual tick ran and held the overlap guard for " + data.held_ms + " ms.";
+    return "Manual tick ran.";
+  }
+
   $("run-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     const button = $("run-now");
+    const result = $("run-result");
+    const error = $("error-hold_ms");
+    const field = $("hold-ms");
+    const raw = field.value.trim();
+    // A whole number goes as a number; anything else as typed, so the server words the error.
+    const hold = /^\d+$/.test(raw) ? Number(raw) : raw === "" ? 0 : raw;
+    error.textContent = "";
+    field.removeAttribute("aria-invalid");
     button.disabled = true;
+    result.textContent = hold ? "Running, holding the overlap guard for " + hold + " ms: watch the tick audit." : "";
     try {
-      const envelope = await api("POST", "/api/demo/cron/run");
-      const result = $("run-result");
-      if (!envelope.ok) result.textContent = envelope.error.message;
-      else if (envelope.data.ran) result.textContent = "Manual tick ran.";
-      else result.textContent = "Manual tick skipped: " + envelope.data.reason;
+      const envelope = await api("POST", "/api/demo/cron/run", { hold_ms: hold });
+      if (envelope.ok) result.textContent = outcome(envelope.data);
+      else if (envelope.error.fields && envelope.error.fields.hold_ms) {
+        error.textContent = envelope.error.fields.hold_ms;
+        field.setAttribute("aria-invalid", "true");
+        result.textContent = "";
+      } else result.textContent = envelope.error.message;
       await load();
     } finally {
       button.disabled = false;

@@ -1,24 +1,32 @@
-"""/demo/cron and its JSON: state, manual ticks through the lock, and refusal when anonymous."""
+"""/demo/cron and its JSON: state, manual ticks through the lock (with a hold that makes the
+next tick skip on the overlap guard), the lock skip of a second scheduler, bad input, and
+refusal when anonymous."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 import redis.asyncio as redis
 
+from app.schedules.cron_counter import CronCounterSchedule
 from app.services.cron_counter import COUNT_KEY, FENCE_KEY, HISTORY_KEY, read_state, record_run
+from mega import Scheduler
+from mega.schedules.schedule import LockSettings
 from tests.factories import csrf_from, login, sample_config_for, web_client
+
+PREFIX = "mega:schedule:CronCounterSchedule"
 
 
 @pytest.fixture
 async def fresh_redis(redis_url: str):
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    await client.delete(
-        COUNT_KEY, HISTORY_KEY, FENCE_KEY, "mega:schedule:CronCounterSchedule:running"
-    )
+    await client.delete(COUNT_KEY, HISTORY_KEY, FENCE_KEY, f"{PREFIX}:running", f"{PREFIX}:audit")
     yield client
     await client.aclose()
 
@@ -90,3 +98,143 @@ async def test_a_stale_fence_cannot_overwrite_a_newer_run(fresh_redis) -> None:
     assert not await record_run(fresh_redis, at=now, source="schedule", fence=6)
     assert await record_run(fresh_redis, at=now, source="manual", fence=8)
     assert (await read_state(fresh_redis))["count"] == 2
+
+
+class EverySecondCounter(CronCounterSchedule):
+    """The sample's schedule, ticking every second on the same keys: its ticks meet the web
+    app's manual ones at the same guard, and land in the same audit."""
+
+    cron = "* * * * * *"
+    timezone = "UTC"
+    lock: ClassVar[LockSettings] = {"lock": "main", "ttl": 900, "key": PREFIX}
+
+
+async def until(check: Callable[[], Any], timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (found := await check()):
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.1)
+    return found
+
+
+async def test_a_held_manual_tick_makes_the_next_ticks_skip_on_the_overlap_guard(
+    tmp_path: Path, nats_url: str, redis_url: str, fresh_redis
+) -> None:
+    async with web_client(sample_config_for(tmp_path, nats_url, redis_url)) as client:
+        await login(client)
+        ctx = client.app.state.ctx  # type: ignore[attr-defined]
+        # Two schedulers, as under `mega dev`: each tick has a winner and a loser.
+        hosts = [
+            Scheduler(ctx, instance_id=f"scheduler@test:{pid}:ab12").register(EverySecondCounter)
+            for pid in (101, 102)
+        ]
+        for host in hosts:
+            await host.start()
+        try:
+
+            async def state() -> dict[str, Any]:
+                return (await client.get("/api/demo/cron")).json()["data"]  # type: ignore[no-any-return]
+
+            async def contested() -> dict[str, Any] | None:
+                ticks = (await state())["ticks"]
+                return next((t for t in ticks if t["winner"] and t["skipped"]), None)
+
+            # The lock skip: the loser of each tick says why, and the page lists both processes.
+            tick = await until(contested, timeout_s=5)
+            assert tick["winner"] in ("scheduler@test:101:ab12", "scheduler@test:102:ab12")
+            assert [s["reason"] for s in tick["skipped"]] == ["claimed by another instance"]
+            assert {s["pid"] for s in (await state())["schedulers"]} == {101, 102}
+
+            token = csrf_from((await client.get("/demo/cron")).text)
+            started = time.time()
+            held = await client.post(
+                "/api/demo/cron/run", json={"hold_ms": 2500}, headers={"X-CSRF-Token": token}
+            )
+            assert time.time() - started >= 2.4  # the request answers when the run ends
+            assert held.json()["data"] == {"ran": True, "held_ms": 2500}
+
+            ticks = (await state())["ticks"]
+            manual = next(t for t in ticks if t["source"] == "manual")
+            inside = [
+                t
+                for t in ticks
+                if t["source"] == "schedule"
+                and started + 0.2 < datetime.fromisoformat(t["instant"]).timestamp() < started + 2.3
+            ]
+            assert len(inside) >= 2
+            for t in inside:  # one found the guard held, the other lost the claim first
+                assert t["winner"] is None and t["fence"] is None
+                assert sorted(s["reason"] for s in t["skipped"]) == [
+                    "claimed by another instance",
+                    "overlap: the previous run still runs",
+                ]
+            assert manual["winner"].startswith("web@")
+            # After the hold the guard is free again: ticks have winners.
+            after = started + 3
+
+            async def resumed() -> bool:
+                return any(
+                    t["winner"] and datetime.fromisoformat(t["instant"]).timestamp() > after
+                    for t in (await state())["ticks"]
+                )
+
+            await until(resumed, timeout_s=5)
+        finally:
+            for host in hosts:
+                await host.stop()
+
+
+@pytest.mark.parametrize(
+    ("hold", "message"),
+    [
+        (-1, "must be at least 0"),
+        (60_001, "must be at most 60000"),
+        ("35000", "must be a whole number"),
+        (1.5, "must be a whole number"),
+        (True, "must be a whole number"),
+    ],
+)
+async def test_a_bad_hold_is_a_422_with_a_plain_field_error_and_runs_nothing(
+    tmp_path: Path, nats_url: str, redis_url: str, fresh_redis, hold: Any, message: str
+) -> None:
+    async with web_client(sample_config_for(tmp_path, nats_url, redis_url)) as client:
+        await login(client)
+        token = csrf_from((await client.get("/demo/cron")).text)
+        bad = await client.post(
+            "/api/demo/cron/run", json={"hold_ms": hold}, headers={"X-CSRF-Token": token}
+        )
+        assert bad.status_code == 422
+        assert bad.json()["error"]["fields"] == {"hold_ms": message}
+        assert (await read_state(fresh_redis))["count"] == 0
+
+
+async def test_the_form_holds_and_words_bad_input(
+    tmp_path: Path, nats_url: str, redis_url: str, fresh_redis
+) -> None:
+    async with web_client(sample_config_for(tmp_path, nats_url, redis_url)) as client:
+        await login(client)
+        token = csrf_from((await client.get("/demo/cron")).text)
+        bad = await client.post("/demo/cron/run", data={"csrf_token": token, "hold_ms": "soon"})
+        assert bad.status_code == 422
+        assert "must be a whole number" in bad.text and 'value="soon"' in bad.text
+        assert "Input should be" not in bad.text
+        assert (await read_state(fresh_redis))["count"] == 0
+
+        held = await client.post("/demo/cron/run", data={"csrf_token": token, "hold_ms": "300"})
+        assert held.status_code == 303
+        page = await client.get("/demo/cron")
+        assert "Manual tick ran and held the overlap guard for 300 ms." in page.text
+        assert (await read_state(fresh_redis))["count"] == 1
+
+
+async def test_the_page_teaches_its_failure_modes(
+    tmp_path: Path, nats_url: str, redis_url: str
+) -> None:
+    async with web_client(sample_config_for(tmp_path, nats_url, redis_url)) as client:
+        await login(client)
+        page = (await client.get("/demo/cron")).text
+        assert 'id="hold-ms"' in page and "Hold the run (ms)" in page
+        assert "Try it" in page and 'href="/demo/guide/schedules"' in page
+        for path in ("app/schedules/cron_counter.py", "mega/schedules/locks.py"):
+            assert f'href="/demo/source?path={path}"' in page
+        assert "claimed by another instance" in page and "overlap" in page
