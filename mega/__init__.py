@@ -63,6 +63,7 @@ _EXPORTS = {
     "OutboxRelay": "mega.events.relay",
     "ListenerWorker": "mega.events.worker",
     # CPU workers
+    "progress": "mega.workers.task_progress",
     "WorkerPool": "mega.workers.pool",
     "Worker": "mega.workers.worker",
     # hosts
@@ -140,4 +141,5 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.signals import Observer as Observer
     from mega.signals import Signals as Signals
     from mega.workers.pool import WorkerPool as WorkerPool
+    from mega.workers.task_progress import progress as progress
     from mega.workers.worker import Worker as Worker

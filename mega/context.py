@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
@@ -96,8 +97,19 @@ class TaskPool(Protocol):
 
     name: str
 
-    async def run(self, task_name: str, args: Any = None, timeout_ms: float | None = None) -> Any:
-        """Run one task off the event loop and return its result (WorkerError on failure)."""
+    async def run(
+        self,
+        task_name: str,
+        args: Any = None,
+        timeout_ms: float | None = None,
+        on_progress: Callable[[float, str | None], None] | None = None,
+    ) -> Any:
+        """Run one task off the event loop and return its result (WorkerError on failure);
+        `on_progress(fraction, note)` receives what the task reports with `mega.progress`."""
+        ...
+
+    def kill_one(self) -> int | None:
+        """SIGKILL one child (a busy one first), as a crash would; its pid, or None."""
         ...
 
     def stats(self) -> dict[str, Any]:

@@ -11,11 +11,16 @@ Protocol: every frame is a 4-byte big-endian length followed by that many bytes 
 - parent -> child: `(task_id, task_name, pickled args)`. The args are pickled on their own, in
   the parent at dispatch, so a value the child cannot unpickle is reported against its task id
   instead of killing the child.
+- child -> parent, while a task runs, only if it calls `mega.workers.progress`: any number of
+  `(task_id, STATUS_PROGRESS, (fraction, note))`, throttled in the child (see
+  `mega.workers.task_progress`), the last one always before the answer.
 - child -> parent: `(task_id, STATUS_OK, return value)` or `(task_id, STATUS_*, (exc type name,
   message))`.
 
 Keep this module light (standard library only, nothing from fastapi or the app): every pool
-slot, and every replacement after a crash or timeout, pays its import time.
+slot, and every replacement after a crash or timeout, pays its import time. The one framework
+module it imports, `mega.workers.task_progress`, is standard library too (`mega` itself loads
+its exports lazily).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ import types
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
+from mega.workers import task_progress
+
 # Length prefix of every frame: unsigned 32-bit big-endian, so one frame holds up to 4 GiB.
 FRAME_HEADER = struct.Struct(">I")
 # Newest pickle protocol: both ends are the same interpreter, so there is nothing to negotiate.
@@ -44,6 +51,7 @@ STATUS_BAD_ARGS = 2  # the child could not unpickle the args
 STATUS_UNKNOWN_TASK = 3  # no task of that name in the module
 STATUS_READY = 4  # startup hello; the task names follow
 STATUS_IMPORT_FAILED = 5  # startup failed importing the task module; the child then exits
+STATUS_PROGRESS = 6  # the running task called progress(); (fraction, note) follows
 
 Task = Callable[[Any], Any]
 
@@ -114,6 +122,18 @@ def _answer(tasks: dict[str, Task], task_id: int, name: str, args_pickle: bytes)
         return encode_frame((task_id, STATUS_TASK_FAILED, (type(exc).__name__, message)))
 
 
+class _ProgressFrames:
+    """Writes the running task's progress frames to the parent (behind a ProgressReporter)."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out = out
+        self.task_id = 0  # the task running now; set before each task
+
+    def send(self, fraction: float, note: str | None) -> None:
+        self.out.write(encode_frame((self.task_id, STATUS_PROGRESS, (fraction, note))))
+        self.out.flush()
+
+
 # How much nicer than its parent a pool child runs (0..19; higher yields more).
 CHILD_NICENESS = 10
 
@@ -153,12 +173,20 @@ def main(argv: list[str]) -> int:
         protocol_out.flush()
         return 1
     tasks = task_functions(module)
+    frames = _ProgressFrames(protocol_out)
+    reporter = task_progress.ProgressReporter(frames.send)
+    task_progress.install(reporter)
     protocol_out.write(encode_frame((0, STATUS_READY, sorted(tasks))))
     protocol_out.flush()
 
     while (frame := read_frame(protocol_in)) is not None:
         task_id, name, args_pickle = frame
-        protocol_out.write(_answer(tasks, task_id, name, args_pickle))
+        frames.task_id = task_id
+        answer = _answer(tasks, task_id, name, args_pickle)
+        # A task that never reported costs this one attribute read, nothing more.
+        if reporter.used:
+            reporter.finish()  # the held figure goes out before the answer
+        protocol_out.write(answer)
         protocol_out.flush()
     return 0
 

@@ -40,6 +40,7 @@ from mega.workers.child import (
     task_functions,
 )
 from mega.workers.process import WorkerProcess, child_env
+from mega.workers.task_progress import ProgressReporter, install
 from mega.workers.worker import Worker
 
 logger = logging.getLogger("mega.worker")
@@ -48,6 +49,9 @@ SIGNALS = frozenset({"dispatch", "done", "fail", "crash", "stopped"})  # WorkerP
 CHILD_EXIT_GRACE_S = 2.0  # after closing a child's stdin, how long it gets before SIGKILL
 DEFAULT_STOP_TIMEOUT_S = 10.0  # how long stop() waits for in-flight tasks by default
 RETRY_AFTER_SMOOTHING = 0.2  # weight of the newest task duration in the Retry-After estimate
+
+# run(on_progress=...): called on the event loop with (fraction 0..1, note or None).
+ProgressCallback = Callable[[float, str | None], None]
 
 
 @dataclass(eq=False)
@@ -60,6 +64,7 @@ class _Task:
     queued_at: float
     started_at: float = 0.0
     timed_out: bool = False
+    on_progress: ProgressCallback | None = None
 
 
 @dataclass(eq=False)
@@ -70,6 +75,17 @@ class _Slot:
     task: _Task | None = None
     timer: asyncio.TimerHandle | None = None
     retiring: bool = False  # killed on purpose after a timeout: its exit is not a crash
+    killed: bool = False  # SIGKILLed by kill_one(): gone, though its exit is not yet seen
+
+
+def _call_reporting(reporter: ProgressReporter, fn: Task, args: Any) -> Any:
+    """Thread mode with a progress callback: call_task with progress() routed to `reporter`."""
+    install(reporter)
+    try:
+        return call_task(fn, args)
+    finally:
+        reporter.finish()
+        install(None)
 
 
 def _settle(task: _Task, value: Any = None, error: BaseException | None = None) -> None:
@@ -153,13 +169,22 @@ class WorkerPool:
             await self.stop(timeout_s=0)
             raise failures[0]
 
-    async def run(self, task_name: str, args: Any = None, timeout_ms: float | None = None) -> Any:
+    async def run(
+        self,
+        task_name: str,
+        args: Any = None,
+        timeout_ms: float | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> Any:
         """Run `task_name(args)` on an idle slot (or after the tasks queued before it) and return
         its return value unchanged.
 
         `timeout_ms` (> 0) counts from dispatch, not from queueing: past it the caller gets
         worker.task_timeout and, in process mode, the child is killed and replaced (this does
-        not spend max_restarts). Process mode pickles `args` here; thread mode passes them by
+        not spend max_restarts). `on_progress(fraction, note)` is called on the event loop each
+        time the task reports with `mega.workers.progress` (at most every 50 ms, the last
+        report always before the result); an exception it raises is logged, not propagated.
+        Process mode pickles `args` here; thread mode passes them by
         reference (no copy, so no worker.invalid_args). Raises
         WorkerError with code worker.invalid_args, worker.unknown_task, worker.task_timeout,
         worker.crashed, worker.stopped, worker.overloaded (WorkerOverloaded) or
@@ -182,7 +207,15 @@ class WorkerPool:
                 raise WorkerError(message, code="worker.invalid_args") from exc
             payload = encode_frame((self._next_id, task_name, args_pickle))
         future = asyncio.get_running_loop().create_future()
-        task = _Task(self._next_id, task_name, payload, timeout_ms, future, time.perf_counter())
+        task = _Task(
+            self._next_id,
+            task_name,
+            payload,
+            timeout_ms,
+            future,
+            time.perf_counter(),
+            on_progress=on_progress,
+        )
         if self._idle:
             self._dispatch(self._idle.popleft(), task)
         elif len(self._queue) >= self.settings.max_queue:
@@ -196,6 +229,29 @@ class WorkerPool:
             if task in self._queue:
                 self._queue.remove(task)
             raise
+
+    def kill_one(self) -> int | None:
+        """SIGKILL one child process, as a crash would: one running a task if there is one, else
+        an idle one. Returns its pid, or None when there is none to kill (thread mode, a pool
+        not running, every child already gone).
+
+        The pool handles it as any crash: the task it was running fails with worker.crashed,
+        a `crash` signal is emitted and a replacement starts, spending one of max_restarts
+        (past them the pool is broken). For demos and chaos tests.
+        """
+        if self._executor is not None or self._state != "running":
+            return None
+        alive = [slot for slot in self._slots if not (slot.killed or slot.retiring)]
+        busy = [slot for slot in alive if slot.task is not None]
+        if not alive:
+            return None
+        slot = (busy or alive)[0]
+        assert slot.child is not None
+        slot.killed = True
+        with contextlib.suppress(ValueError):
+            self._idle.remove(slot)  # nothing may be dispatched to it before _watch sees the exit
+        slot.child.kill()
+        return slot.child.pid
 
     async def stop(self, timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> None:
         """Refuse new runs, reject queued tasks with worker.stopped, wait up to `timeout_s`
@@ -267,11 +323,27 @@ class WorkerPool:
                 self._emit("done", task=task.name, task_id=task.task_id, ms=ms)
             else:
                 self._fail(task, self._task_error(task, status, value))
+        if slot.retiring or slot.killed:
+            return  # its child is dead, its answer was already in the pipe: _watch replaces it
         if self._state == "running" and not self._broken and self._queue:
             self._dispatch(slot, self._queue.popleft())
         else:
             self._idle.append(slot)
             self._check_drained()
+
+    def _child_progress(self, slot: _Slot, value: tuple[float, str | None]) -> None:
+        # A child runs one task at a time, so the frame is its current task's; after a timeout
+        # the slot has no task and the late frame is dropped.
+        if slot.task is not None:
+            self._report(slot.task, *value)
+
+    def _report(self, task: _Task, fraction: float, note: str | None) -> None:
+        if task.on_progress is None or task.future.done():
+            return
+        try:
+            task.on_progress(fraction, note)
+        except Exception:
+            logger.exception("on_progress of %s.%s raised; the task runs on", self.name, task.name)
 
     def _task_error(self, task: _Task, status: int, value: Any) -> WorkerError:
         exc_type, message = value
@@ -303,11 +375,26 @@ class WorkerPool:
             slot.task, slot.retiring = None, True
             slot.child.kill()  # _watch sees the exit and starts a replacement
 
+    def _thread_reporter(self, task: _Task) -> ProgressReporter:
+        """A reporter for a task in an executor thread: each report hops to the event loop."""
+        loop = asyncio.get_running_loop()
+
+        def send(fraction: float, note: str | None) -> None:
+            loop.call_soon_threadsafe(self._report, task, fraction, note)
+
+        return ProgressReporter(send)
+
     async def _run_in_thread(self, slot: _Slot, task: _Task) -> None:
         loop = asyncio.get_running_loop()
         fn = self._functions[task.name]
         try:
-            value = await loop.run_in_executor(self._executor, call_task, fn, task.payload)
+            if task.on_progress is None:
+                value = await loop.run_in_executor(self._executor, call_task, fn, task.payload)
+            else:
+                reporter = self._thread_reporter(task)
+                value = await loop.run_in_executor(
+                    self._executor, _call_reporting, reporter, fn, task.payload
+                )
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # SystemExit too: a thread's sys.exit() is a task failure
@@ -325,6 +412,7 @@ class WorkerPool:
             root=self.settings.root,
             env=self._child_env,
             on_frame=functools.partial(self._complete, slot),
+            on_progress=functools.partial(self._child_progress, slot),
             pool=self.name,
         )
         self._track(self._watch(slot))

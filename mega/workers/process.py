@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mega.errors import WorkerError
-from mega.workers.child import FRAME_HEADER, STATUS_READY, STATUS_TASK_FAILED
+from mega.workers.child import FRAME_HEADER, STATUS_PROGRESS, STATUS_READY, STATUS_TASK_FAILED
 
 # Every child runs this file by path with `python -P`, not `python -m mega.workers.child`:
 # -m would first import the package `mega`, whose __init__ re-exports the whole framework
@@ -39,6 +39,8 @@ FRAMEWORK_ROOT = str(Path(__file__).resolve().parents[2])
 
 # Called with (status, value) for each answer frame after the hello, on the event loop.
 FrameHandler = Callable[[int, Any], None]
+# Called with (fraction, note) for each progress frame of the running task, on the event loop.
+ProgressHandler = Callable[[Any], None]
 
 
 def child_env(root: Path) -> dict[str, str]:
@@ -51,11 +53,18 @@ class WorkerProcess:
     """One started child: `send()` frames to it, get its answers through `on_frame`.
 
     Create with `await WorkerProcess.start(...)`. The child runs one frame at a time; the caller
-    keeps track of which task each answer belongs to. When the child's stdout closes (it exited,
-    or was killed), `stdout_closed()` returns; `wait()` then gives its exit code.
+    keeps track of which task each answer (and each progress frame) belongs to. When the
+    child's stdout closes (it exited, or was killed), `stdout_closed()` returns; `wait()` then
+    gives its exit code.
     """
 
-    def __init__(self, proc: asyncio.subprocess.Process, fd: int, on_frame: FrameHandler) -> None:
+    def __init__(
+        self,
+        proc: asyncio.subprocess.Process,
+        fd: int,
+        on_frame: FrameHandler,
+        on_progress: ProgressHandler,
+    ) -> None:
         loop = asyncio.get_running_loop()
         self._proc = proc
         assert proc.stdin is not None
@@ -63,16 +72,25 @@ class WorkerProcess:
         self._fd = fd  # non-blocking read end of the child's stdout; -1 once closed
         self._inbox = bytearray()  # bytes of a frame not yet whole
         self._on_frame = on_frame
+        self._on_progress = on_progress
         self._hello: asyncio.Future[tuple[Any, Any]] = loop.create_future()
         self._eof: asyncio.Future[None] = loop.create_future()
         loop.add_reader(fd, self._on_readable)
 
     @classmethod
     async def start(
-        cls, module: str, *, root: Path, env: Mapping[str, str], on_frame: FrameHandler, pool: str
+        cls,
+        module: str,
+        *,
+        root: Path,
+        env: Mapping[str, str],
+        on_frame: FrameHandler,
+        on_progress: ProgressHandler,
+        pool: str,
     ) -> WorkerProcess:
         """Start a child for the dotted task `module` (cwd `root`) and wait up to
-        CHILD_STARTUP_TIMEOUT_S for its hello. `pool` names the pool in error messages.
+        CHILD_STARTUP_TIMEOUT_S for its hello. Answers go to `on_frame(status, value)`, progress
+        frames to `on_progress((fraction, note))`. `pool` names the pool in error messages.
 
         Raises WorkerError(worker.crashed) if it cannot start, exits or fails its import first.
         """
@@ -92,7 +110,7 @@ class WorkerProcess:
         finally:
             os.close(write_fd)  # the child holds the only write end now: its exit is our EOF
         os.set_blocking(read_fd, False)
-        child = cls(proc, read_fd, on_frame)
+        child = cls(proc, read_fd, on_frame, on_progress)
         try:
             async with asyncio.timeout(CHILD_STARTUP_TIMEOUT_S):
                 status, detail = await child._hello
@@ -166,6 +184,8 @@ class WorkerProcess:
                 status, value = STATUS_TASK_FAILED, (type(exc).__name__, reason)
             if not self._hello.done():
                 self._hello.set_result((status, value))
+            elif status == STATUS_PROGRESS:
+                self._on_progress(value)
             else:
                 self._on_frame(status, value)
 

@@ -265,6 +265,46 @@ async def test_crash_rejects_in_flight_and_replaces(make_pool: MakePool) -> None
     ]
 
 
+async def test_kill_one_kills_the_busy_child_first_and_counts_a_restart(
+    make_pool: MakePool, tmp_path: Path
+) -> None:
+    pool = await make_pool(pool_size=2)
+    crashes: list[dict[str, Any]] = []
+    pool.on("crash", crashes.append)
+    running = asyncio.create_task(pool.run("block", str(tmp_path / "never")))
+    await until(lambda: pool.stats()["busy"] == 1)
+    idle_pid = await pool.run("pid", None)  # the other, idle child answers this one
+    killed = pool.kill_one()
+    assert killed is not None and killed != idle_pid  # the busy one goes first
+    with pytest.raises(WorkerError, match=f"worker process {killed} .* while running block") as e:
+        await running
+    assert e.value.code == "worker.crashed"
+    await until(lambda: pool.stats()["size"] == 2 and pool.stats()["restarts"] == 1)
+    assert [(c["pid"], c["task"], c["exit_code"]) for c in crashes] == [(killed, "block", -9)]
+    assert await pool.run("echo", "after") == "after"
+
+
+async def test_kill_one_takes_an_idle_child_and_never_the_same_one_twice(
+    make_pool: MakePool,
+) -> None:
+    pool = await make_pool(pool_size=2)
+    first, second = pool.kill_one(), pool.kill_one()
+    assert first is not None and second is not None and first != second
+    await until(lambda: pool.stats()["size"] == 2 and pool.stats()["restarts"] == 2)
+    assert await pool.run("pid", None) not in (first, second)
+    assert pool.stats()["broken"] is False
+
+
+async def test_kill_one_has_nothing_to_kill_in_thread_mode_or_when_stopped(
+    make_pool: MakePool,
+) -> None:
+    threads = await make_pool(mode="thread")
+    assert threads.kill_one() is None
+    pool = await make_pool()
+    await pool.stop()
+    assert pool.kill_one() is None
+
+
 async def test_pool_breaks_after_max_restarts(make_pool: MakePool) -> None:
     pool = await make_pool(max_restarts=1)
     assert await code_of(pool.run("exit_now", None)) == "worker.crashed"
