@@ -22,6 +22,9 @@
 - `planned_ticks(cls, start, days=...)` and `run_tick(cls, ctx, instant)`: a schedule's planned
   instants from its cron and time zone (DST days included), and one run at a chosen instant
   with the Tick its run sees, without a scheduler or a lock.
+- `worker_pool(cls, ctx)`: a Worker's real pool (one child process by default, ~0.1 s to
+  start; `mode="thread"` for none) as `ctx.workers[name]`, stopped at the end of the block;
+  `kill_child(pool)` SIGKILLs one of its children, as a crash would.
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ import contextlib
 import dataclasses
 import inspect
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from mega.context import BusAdapter, CacheAdapter, Context
@@ -44,6 +48,8 @@ from mega.jobs.jobworker import JobWorker
 from mega.jobs.memory import MemoryBroker, memory_broker
 from mega.schedules import cron
 from mega.schedules.schedule import Schedule, Tick
+from mega.workers.pool import WorkerPool
+from mega.workers.worker import Worker
 
 # drain() gives up after this many rounds without getting to the end (a job that enqueues
 # itself forever, say), rather than spin.
@@ -214,3 +220,42 @@ async def run_tick(
     run_ctx = dataclasses.replace(ctx, extras={**ctx.extras, "tick": tick})  # as the scheduler
     await schedule_cls(tick).run(run_ctx)
     return tick
+
+
+@contextlib.asynccontextmanager
+async def worker_pool(
+    worker_cls: type[Worker],
+    ctx: Context | None = None,
+    *,
+    mode: str | None = None,
+    pool_size: int = 1,
+    root: Path | str | None = None,
+) -> AsyncIterator[WorkerPool]:
+    """Start the Worker's pool as a host would, with `pool_size` slots (default 1, whatever the
+    class says) and `mode` ("process" or "thread"; default the class's), put it in
+    `ctx.workers[name]` when a context is given, and stop it when the block ends. Your code
+    that calls `ctx.workers[name].run(task, args)` runs unchanged; the task module's functions
+    stay plain functions you may also call directly."""
+    settings = {"name": worker_cls.name, "pool_size": pool_size, "mode": mode or worker_cls.mode}
+    sized: type[Worker] = type(worker_cls.__name__, (worker_cls,), settings)
+    pool = WorkerPool(sized, root=root)
+    await pool.start()
+    if ctx is not None:
+        ctx.workers[pool.name] = pool
+    try:
+        yield pool
+    finally:
+        if ctx is not None and ctx.workers.get(pool.name) is pool:
+            del ctx.workers[pool.name]
+        await pool.stop(timeout_s=1)
+
+
+def kill_child(pool: WorkerPool) -> int:
+    """SIGKILL one child process of a running pool (the one running a task, if any), as a
+    segfault or an OOM kill would; returns its pid. The pool treats it as any crash: that task
+    fails with WorkerError `worker.crashed`, a replacement starts and `restarts` grows by one.
+    ValueError in thread mode: a thread cannot be killed, so use mode="process"."""
+    pid = pool.kill_one()
+    if pid is None:
+        raise ValueError(f"pool {pool.name}: no child process to kill (thread mode, or stopped)")
+    return pid

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -9,8 +10,26 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from mega import Context, Event, EventBus, Job, JobQueue, Listener, ReceivedEvent, Schedule
-from mega.testing import drain, failing, memory_context, planned_ticks, run_tick
+from mega import (
+    Context,
+    Event,
+    EventBus,
+    Job,
+    JobQueue,
+    Listener,
+    ReceivedEvent,
+    Schedule,
+    Worker,
+)
+from mega.testing import (
+    drain,
+    failing,
+    kill_child,
+    memory_context,
+    planned_ticks,
+    run_tick,
+    worker_pool,
+)
 
 RAN: list[tuple[str, Any]] = []
 
@@ -45,6 +64,12 @@ class DailyReport(Schedule):
 
     async def run(self, ctx: Context) -> None:
         RAN.append(("report", self.tick.instant))
+
+
+class KitTasks(Worker):
+    name = "kit"
+    task_file = "tests/mega/workers/worker_tasks.py"
+    pool_size = 8  # worker_pool starts one slot, whatever the class says
 
 
 @pytest.fixture(autouse=True)
@@ -126,3 +151,14 @@ async def test_drain_runs_the_apps_hooks_and_leaves_other_queues_alone() -> None
     assert RAN == []
     with pytest.raises(ValueError, match="scheduler"):
         await drain(ctx, jobs=[Welcome], hooks={"scheduler": [attach]})
+
+
+async def test_worker_pool_runs_a_workers_tasks_as_ctx_workers() -> None:
+    ctx = memory_context()
+    async with worker_pool(KitTasks, ctx, mode="thread") as pool:
+        assert await ctx.workers["kit"].run("add", {"a": 2, "b": 3}) == 5
+        assert await pool.run("pid") == os.getpid()  # thread mode: in this process
+        assert pool.stats()["size"] == 1
+        with pytest.raises(ValueError, match="no child process to kill"):
+            kill_child(pool)
+    assert ctx.workers == {}  # stopped and gone at the end of the block
