@@ -48,6 +48,7 @@ _EXPORTS = {
     # jobs
     "DlqRecord": "mega.jobs.dlq",
     "Job": "mega.jobs.job",
+    "JobContext": "mega.jobs.progress",
     "JobWorker": "mega.jobs.jobworker",
     "JobQueue": "mega.jobs.queue",
     "JobStats": "mega.jobs.queue",
@@ -124,6 +125,7 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.jobs.dlq import DlqRecord as DlqRecord
     from mega.jobs.job import Job as Job
     from mega.jobs.jobworker import JobWorker as JobWorker
+    from mega.jobs.progress import JobContext as JobContext
     from mega.jobs.queue import JobQueue as JobQueue
     from mega.jobs.queue import JobStats as JobStats
     from mega.runtime.boot import boot as boot

@@ -304,7 +304,7 @@ class _Consumer:
         meta = msg.metadata
         headers = msg.headers or {}
         attempt = (_int_header(headers, HEADER_ATTEMPTS) or 0) + meta.num_delivered
-        job_id = spec.message_id(headers) or f"{spec.stream}:{meta.sequence.stream}"
+        job_id = job_id_of(spec, msg)
         enqueued_at = _int_header(headers, spec.enqueued_header)
         try:
             payload = json.loads(msg.data)
@@ -418,7 +418,7 @@ class _Consumer:
         spec, headers = self.spec, msg.headers or {}
         return make_record(
             spec.record_subject(msg.subject, headers),
-            spec.message_id(headers) or f"{spec.stream}:{msg.metadata.sequence.stream}",
+            job_id_of(spec, msg),
             payload, error_type, error, attempts=attempts,
             first_enqueued_at=_int_header(headers, spec.enqueued_header),
             worker=self.queue.instance_id, raw=raw,
@@ -470,6 +470,11 @@ class _Consumer:
             task.cancel()
         if leftovers:
             await asyncio.wait(leftovers)
+
+
+def job_id_of(spec: ConsumeSpec, msg: Msg) -> str:
+    """The id a message carries, or `<stream>:<sequence>` for one published without it."""
+    return spec.message_id(msg.headers or {}) or f"{spec.stream}:{msg.metadata.sequence.stream}"
 
 
 def schedules_supported(nc: NatsClient) -> bool:

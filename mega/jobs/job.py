@@ -10,8 +10,9 @@ validates it and names its streams.
         retries = 2              # extra tries after the first: 3 runs at most
         backoff = {"type": "exponential", "initial": 500, "max": 2000}
 
-        async def run(self, payload: dict[str, Any], ctx: Context) -> None:
+        async def run(self, payload: dict[str, Any], ctx: JobContext) -> None:
             await send_email(payload["to"])
+            await ctx.progress(1.0, "sent")   # optional: a `progress` signal to observers
 
 Delivery is at-least-once: a worker killed mid-run, or a lost ack, runs the job again, so `run`
 must be idempotent (key its side effects on the job id or on the payload).
@@ -34,7 +35,7 @@ from mega.jobs.backoff import BackoffPolicy
 from mega.validation import int_problem, is_number
 
 if TYPE_CHECKING:
-    from mega.context import Context
+    from mega.jobs.progress import JobContext
 
 # Letters, digits, `_` and `-` in non-empty tokens joined by dots: no wildcards, no spaces.
 SUBJECT_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
@@ -105,8 +106,11 @@ class Job:
         if "name" not in cls.__dict__:
             cls.name = cls.__name__
 
-    async def run(self, payload: Any, ctx: Context) -> None:
-        """Do the work. Raise to fail this attempt (it is retried, then dead-lettered)."""
+    async def run(self, payload: Any, ctx: JobContext) -> None:
+        """Do the work. Raise to fail this attempt (it is retried, then dead-lettered).
+
+        `ctx` is the host's Context plus this run: `ctx.job_id`, `ctx.attempt`, and
+        `await ctx.progress(fraction, note)` to report how far it got (mega/jobs/progress.py)."""
         raise NotImplementedError
 
 

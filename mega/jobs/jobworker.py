@@ -10,7 +10,8 @@ Not to be confused with `Worker` (a CPU pool): a JobWorker takes jobs off NATS J
     await worker.stop(timeout_s=30)     # stop pulling, finish in-flight jobs, hand back the rest
 
 It keeps one JobQueue per bus alias and re-sends every signal of its queues, so one observer
-sees the whole host: dispatch, start, done, retry, fail (with `phase`), dlq.
+sees the whole host: dispatch, start, progress (when a job reports it), done, retry, fail (with
+`phase`), dlq.
 """
 
 from __future__ import annotations

@@ -280,10 +280,10 @@ class MemoryJobQueue(JobQueue):
 
     async def consume(self, job_cls: type[Job], handler_ctx: Context | None = None) -> None:
         spec = await self.ensure(job_cls)
-        job, ctx = spec.job_cls(), handler_ctx or self.ctx
+        run_job = self._runner(spec, handler_ctx)
 
         async def run(payload: Any, message: MemoryMessage, attempt: int) -> None:
-            await job.run(payload, ctx)
+            await run_job(payload, message.job_id, attempt)
 
         await self.consumer.run(spec, self.broker.subject(spec.subject), run)
 

@@ -27,7 +27,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Protocol
@@ -46,7 +46,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from mega.context import Context
 from mega.errors import DependencyUnavailable, JobError
-from mega.jobs.consumer import NATS_ERRORS, _Consumer, schedules_supported
+from mega.jobs.consumer import NATS_ERRORS, _Consumer, job_id_of, schedules_supported
 from mega.jobs.dlq import DeadLetters, DlqRecord
 from mega.jobs.job import (
     CONSUMER_NAME,
@@ -57,11 +57,12 @@ from mega.jobs.job import (
     encode_job,
     validate_job,
 )
+from mega.jobs.progress import JobContext
 from mega.signals import Observer, Signals
 
 logger = logging.getLogger("mega.jobqueue")
 
-SIGNALS = ("dispatch", "start", "done", "retry", "fail", "dlq")
+SIGNALS = ("dispatch", "start", "progress", "done", "retry", "fail", "dlq")
 # JetStream's dedup window (its default); the DLQ's is shortened to a smaller max_age.
 DEDUP_WINDOW_S = 120.0
 # enqueue_many: time for every PubAck, on top of this much per message in the batch.
@@ -161,6 +162,10 @@ class JobStats:
     dlq: int
 
 
+# One delivery of a job: (payload, job id, attempt). Raising fails the attempt.
+RunJob = Callable[[Any, str, int], Awaitable[None]]
+
+
 class DeadLetterTools(Protocol):
     """The DLQ tools of a queue, whatever its driver (`DeadLetters` on NATS)."""
 
@@ -228,6 +233,21 @@ class JobQueue:
         """Notify observers, skipping the work when nobody listens (the hot path)."""
         if self.signals.has_observers(name):
             await self.signals.emit(name, **fields)
+
+    def _runner(self, spec: JobSpec, handler_ctx: Context | None) -> RunJob:
+        """What runs one delivery of a job, on every driver: `run(payload, ctx)` with the
+        run's own JobContext (its id, attempt and `progress()`, which reports through
+        `signal`)."""
+        job, base, worker = spec.job_cls(), handler_ctx or self.ctx, self.instance_id
+
+        async def run(payload: Any, job_id: str, attempt: int) -> None:
+            ctx = JobContext.for_run(
+                base, job=spec.name, job_id=job_id, attempt=attempt, worker=worker,
+                report=self.signal,
+            )  # fmt: skip
+            await job.run(payload, ctx)
+
+        return run
 
     # -- what each driver implements ----------------------------------------------------------
 
@@ -456,10 +476,10 @@ class NatsJobQueue(JobQueue):
             return  # stop() came while we were setting up
         if job_cls in self._consumers:
             raise JobError(f"{spec.name} is already consumed by this queue", code="job.twice")
-        job, ctx = spec.job_cls(), handler_ctx or self.ctx
+        run_job = self._runner(spec, handler_ctx)
 
         async def run(payload: Any, msg: Msg, attempt: int) -> None:
-            await job.run(payload, ctx)
+            await run_job(payload, job_id_of(spec, msg), attempt)
 
         consumer = _Consumer(self, spec, run, functools.partial(self.ensure, job_cls, force=True))
         self._consumers[job_cls] = consumer

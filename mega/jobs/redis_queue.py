@@ -474,10 +474,10 @@ class RedisJobQueue(JobQueue):
 
     async def consume(self, job_cls: type[Job], handler_ctx: Context | None = None) -> None:
         spec = await self.ensure(job_cls)
-        job, ctx = spec.job_cls(), handler_ctx or self.ctx
+        run_job = self._runner(spec, handler_ctx)
 
         async def run(payload: Any, fields: Fields, attempt: int) -> None:
-            await job.run(payload, ctx)
+            await run_job(payload, as_text(fields["id"]), attempt)
 
         await self.consumer.run(job_lane(spec), run)
 
