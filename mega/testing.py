@@ -41,8 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from mega.context import BusAdapter, CacheAdapter, Context
+from mega.events import bus as events_bus
 from mega.events.listener import Listener
 from mega.events.worker import ListenerWorker
+from mega.jobs import queue as jobs_queue
 from mega.jobs.job import Job
 from mega.jobs.jobworker import JobWorker
 from mega.jobs.memory import MemoryBroker, memory_broker
@@ -54,8 +56,9 @@ from mega.workers.worker import Worker
 # drain() gives up after this many rounds without getting to the end (a job that enqueues
 # itself forever, say), rather than spin.
 MAX_ROUNDS = 10_000
-SIGNALS = ("start", "done", "retry", "fail", "dlq")
-LISTENER_SIGNALS = (*SIGNALS, "skip")  # skip: the group's inbox had completed that event already
+# What a drain records: every signal of a run (not "dispatch" nor "emit", which happen before).
+JOB_SIGNALS = tuple(name for name in jobs_queue.SIGNALS if name != "dispatch")
+LISTENER_SIGNALS = tuple(name for name in events_bus.SIGNALS if name != "emit")
 # A hook is called as hook(runtime, ctx), async or not, as the config's `hooks` are.
 Hook = Callable[[Any, Context], Any]
 HOOK_KEYS = ("worker", "listeners")  # the config's keys for a JobWorker and a ListenerWorker
@@ -93,8 +96,8 @@ class DrainReport:
     signals: list[dict[str, Any]] = field(default_factory=list)
 
     def count(self, name: str, signal: str) -> int:
-        """How many `signal`s ("start", "done", "retry", "fail", "dlq"; "skip" for a group)
-        of a job or a listener group."""
+        """How many `signal`s of a job or a listener group: "start", "done", "retry", "fail",
+        "dlq", and a job's "progress" reports or a group's "skip"s (its inbox knew the id)."""
         return sum(
             1
             for seen in self.signals
@@ -124,7 +127,7 @@ async def drain(
     job_worker, listener_worker = JobWorker(ctx), ListenerWorker(ctx)
     job_specs = [job_worker.register(job_cls) for job_cls in jobs]
     group_specs = [listener_worker.register(listener_cls) for listener_cls in listeners]
-    for name in SIGNALS:
+    for name in JOB_SIGNALS:
         job_worker.on(name, report.signals.append)
     for name in LISTENER_SIGNALS:
         listener_worker.on(name, report.signals.append)
