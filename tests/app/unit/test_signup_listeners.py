@@ -20,9 +20,11 @@ def new_context() -> Context:
 
 
 async def sign_up(ctx: Context, *emails: str) -> list[str]:
+    """Emit one UserSignedUp per address (the outbox's relay does it in the app); their ids."""
     bus = EventBus(ctx, "jobs")
     return [
-        await bus.emit(UserSignedUp, {"signup_id": n, "email": e}) for n, e in enumerate(emails)
+        await bus.emit(UserSignedUp, {"signup_id": number, "email": email})
+        for number, email in enumerate(emails, 1)
     ]
 
 
@@ -34,6 +36,14 @@ async def test_a_signup_runs_every_group_and_the_welcome_email_it_enqueues() -> 
         assert report.count(group, "done") == 1, group
     [welcome] = [s for s in report.signals if s.get("job") == "EmailJob" and s["signal"] == "done"]
     assert welcome["id"] == "w" + event_id[:11]  # derived from the event: a redelivery dedups
+
+
+async def test_a_redelivered_signup_enqueues_its_welcome_email_once() -> None:
+    ctx = new_context()
+    event = ReceivedEvent("e1", UserSignedUp.name, {"email": "ada@example.com"}, None, attempt=1)
+    await WelcomeEmailListener().run(event, ctx)
+    await WelcomeEmailListener().run(event, ctx)  # at-least-once: the same event, again
+    assert (await JobQueue(ctx, "jobs").stats(EmailJob)).pending == 1  # the job id is "we1"
 
 
 async def test_the_stats_count_each_domain_once_per_event_id() -> None:
