@@ -15,6 +15,7 @@ from mega import (
     Event,
     EventBus,
     Job,
+    JobContext,
     JobQueue,
     Listener,
     ReceivedEvent,
@@ -44,6 +45,15 @@ class Welcome(Job):
         RAN.append(("welcome", payload["to"]))
         if payload.get("bounce"):
             raise RuntimeError(f"{payload['to']} bounced")
+
+
+class Export(Job):
+    subject = "kit.export"
+    bus = "jobs"
+
+    async def run(self, payload: dict[str, Any], ctx: JobContext) -> None:
+        for part in (1, 2):
+            await ctx.progress(part / 2, f"part {part} of 2")
 
 
 class SignedUp(Event):
@@ -103,6 +113,17 @@ async def test_failing_injects_failures_then_lets_the_class_run() -> None:
     assert [s["signal"] for s in report.signals] == ["start", "retry", "start", "done"]
     assert RAN == [("welcome", "flaky@example.com")]  # the injected failure never ran the body
     assert Welcome.run.__qualname__ == "Welcome.run"  # restored
+
+
+async def test_drain_records_a_jobs_progress_reports() -> None:
+    ctx = memory_context()
+    await JobQueue(ctx, "jobs").enqueue(Export, {})
+    report = await drain(ctx, jobs=[Export])
+    assert [(s["fraction"], s["note"]) for s in report.signals if s["signal"] == "progress"] == [
+        (0.5, "part 1 of 2"),
+        (1.0, "part 2 of 2"),
+    ]
+    assert report.count("Export", "progress") == 2
 
 
 async def test_an_event_runs_its_listener_and_the_job_it_enqueues() -> None:
