@@ -1,30 +1,32 @@
-"""mega.testing: unit-test your own Schedules, Jobs and Listeners in milliseconds, no servers.
+"""mega.testing: unit-test your own Schedules, Jobs, Listeners and Worker tasks in milliseconds,
+no servers.
 
     from mega.testing import drain, failing, memory_context, planned_ticks, run_tick
 
     async def test_welcome_email_retries_then_succeeds() -> None:
-        ctx = memory_context("jobs")                    # bus "jobs" in this process
+        ctx = memory_context("jobs", caches=["main"])   # bus "jobs", Redis "main", in memory
         await JobQueue(ctx, "jobs").enqueue(SendWelcome, {"to": "ada@example.com"})
         with failing(SendWelcome, times=1):             # the first run raises
             report = await drain(ctx, jobs=[SendWelcome])
         assert report.count("SendWelcome", "retry") == 1
         assert report.count("SendWelcome", "done") == 1
 
-    def test_the_report_runs_at_nine_in_seoul_across_dst() -> None:
-        ticks = planned_ticks(DailyReport, datetime(2026, 3, 7, tzinfo=UTC), days=2)
+    def test_the_report_runs_at_nine_in_berlin_across_dst() -> None:
+        ticks = planned_ticks(DailyReport, datetime(2026, 3, 28, tzinfo=UTC), days=2)
 
 - `memory_context(*buses, caches=...)`: a Context whose buses are `memory` ones (jobs and
   events) and whose caches are in-memory Redis servers (fakeredis: `mega-py[testing]`).
-- `drain(ctx, jobs=..., listeners=..., hooks=...)`: runs everything enqueued or emitted, and
-  everything that follows from it (retries, listener runs, jobs their listeners enqueue), until
-  nothing is left; backoffs and delays are skipped, not slept. Returns the signals it saw.
-- `failing(cls, times=n)`: the next n runs of a Job, Listener or Schedule class raise.
+- `drain(ctx, jobs=..., listeners=..., hooks=...)`: runs the jobs and listener groups you name
+  on everything enqueued or emitted for them, and on what follows (retries, jobs their
+  listeners enqueue), until none has anything left; backoffs and delays are skipped, not
+  slept. Returns the signals it saw, progress reports included.
 - `planned_ticks(cls, start, days=...)` and `run_tick(cls, ctx, instant)`: a schedule's planned
   instants from its cron and time zone (DST days included), and one run at a chosen instant
   with the Tick its run sees, without a scheduler or a lock.
 - `worker_pool(cls, ctx)`: a Worker's real pool (one child process by default, ~0.1 s to
-  start; `mode="thread"` for none) as `ctx.workers[name]`, stopped at the end of the block;
-  `kill_child(pool)` SIGKILLs one of its children, as a crash would.
+  start; `mode="thread"` for none) as `ctx.workers[name]`, stopped at the end of the block.
+- Faults: `failing(cls, times=n)` makes the next n runs of a Job, Listener or Schedule class
+  raise; `kill_child(pool)` SIGKILLs a pool's child process, as a crash would.
 """
 
 from __future__ import annotations
