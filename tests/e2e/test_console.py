@@ -1,8 +1,12 @@
-"""Log in through the form and see the console; log out."""
+"""Log in through the form and see the console; log out. The console's charts after real jobs
+run, short instance ids, and the page at 390 px."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from playwright.sync_api import expect
 
 from tests.e2e.conftest import LiveStack, log_in, screenshot
 
@@ -30,3 +34,71 @@ def test_wrong_password_shows_generic_error(page, live_stack: LiveStack) -> None
     page.fill("input[name=password]", "not-it")
     page.click("button[type=submit]")
     assert "Wrong username or password" in page.locator(".alert").inner_text()
+
+
+def enqueue_from_page(page, mode: str, count: int) -> None:  # type: ignore[no-untyped-def]
+    """Enqueue through the JSON route with the page's session and CSRF token (mega.api)."""
+    statuses = page.evaluate(
+        """async ([mode, count]) => {
+            const out = [];
+            for (let i = 0; i < count; i++) {
+                const body = {to: "chart@example.com", mode};
+                out.push((await mega.api("POST", "/api/demo/jobs", body)).status);
+            }
+            return out;
+        }""",
+        [mode, count],
+    )
+    assert statuses == [201] * count
+
+
+def test_charts_draw_jobs_latency_and_dlq_after_jobs_run(page, live_stack: LiveStack) -> None:
+    log_in(page, live_stack.url)
+    enqueue_from_page(page, "ok", 5)
+    enqueue_from_page(page, "fail", 1)
+
+    jobs = page.locator("#chart-jobs")
+    expect(jobs.locator("[data-plot]")).to_be_visible(timeout=20_000)
+    expect(jobs.locator("[data-empty]")).to_be_hidden()
+    expect(jobs.locator("path.chart-line")).to_have_attribute("d", re.compile(r"^M\d"))
+    expect(jobs.locator("svg[role=img]")).to_have_attribute(
+        "aria-label", re.compile("per second now")
+    )
+    expect(jobs.locator(".chart-ymax")).to_have_text(re.compile(r"^\d+(\.\d+)?/s$"))
+
+    latency = page.locator("#chart-latency")
+    expect(latency.locator("[data-latest]")).to_have_text(
+        re.compile(r"^p50 [\d.]+ ms · p99 [\d.]+ ms$")
+    )
+    assert latency.locator("path.chart-line").count() == 2
+
+    dlq = page.locator("#chart-dlq")  # three attempts with backoff, then the DLQ
+    expect(dlq.locator("[data-plot]")).to_be_visible(timeout=30_000)
+    assert int(dlq.locator("[data-latest]").inner_text()) >= 1
+    expect(dlq.locator("path.chart-line-bad")).to_have_attribute("d", re.compile(r"^M\d.*V"))
+    screenshot(page, "console-charts")
+
+
+def test_console_fits_390_px_without_horizontal_scroll(page, live_stack: LiveStack) -> None:
+    page.set_viewport_size({"width": 390, "height": 844})
+    log_in(page, live_stack.url)
+    expect(page.locator("#chart-jobs")).to_be_visible()
+    page.wait_for_function("document.querySelector('#charts svg') !== null")
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390, f"the console is {width} px wide at 390"
+    for chart in page.locator(".chart").all():
+        box = chart.bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390
+    screenshot(page, "console-mobile")
+
+
+def test_instances_show_short_ids_with_the_full_id_in_the_title(
+    page, live_stack: LiveStack
+) -> None:
+    log_in(page, live_stack.url)
+    cell = page.locator("#sched-instance-list tbody td").first
+    expect(cell).to_be_visible(timeout=40_000)  # the first scheduled tick is at most 30 s away
+    full, short = cell.get_attribute("title"), cell.inner_text()
+    assert (
+        full and full.startswith("scheduler@") and full.endswith(short) and len(short) < len(full)
+    )
