@@ -3,11 +3,13 @@ outbox itself (pending rows, relay lag, the pause switch), each event with every
 group's status, and the listener groups' dead letters with requeue.
 
 Bad input is a 422 with field errors and writes nothing. The JSON routes and the forms (post,
-redirect, get: they work without JavaScript) share the functions below.
+redirect, get: they work without JavaScript) share the functions below. Times are ISO-8601 in
+one zone, UTC (`timezone` in the state), so the page labels its zone once.
 """
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request, Response
@@ -26,6 +28,17 @@ router = APIRouter()
 GROUPS: dict[str, type[Listener]] = {listener.group: listener for listener in LISTENERS}
 # Dead letters listed per group (the count covers all of them).
 DLQ_LISTED = 10
+# The page's one time zone.
+ZONE = "UTC"
+
+
+def utc_iso(moment: datetime | int) -> str:
+    """A datetime (naive ones are UTC: SQLite keeps no zone) or epoch ms, as ISO-8601 UTC."""
+    if isinstance(moment, int):
+        moment = datetime.fromtimestamp(moment / 1000, UTC)
+    elif moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).isoformat(timespec="seconds")
 
 
 class SignupRequest(BaseModel):
@@ -93,7 +106,7 @@ async def events_state(request: Request) -> dict[str, Any]:
                     "group": group, "id": record["id"],
                     "email": (record.get("payload") or {}).get("email"),
                     "error": f"{record['error']['type']}: {record['error']['message']}",
-                    "attempts": record["attempts"], "failed_at": record["failed_at"],
+                    "attempts": record["attempts"], "failed_at": utc_iso(record["failed_at"]),
                 })  # fmt: skip
     return {
         "outbox": {
@@ -108,6 +121,7 @@ async def events_state(request: Request) -> dict[str, Any]:
                 "name": UserSignedUp.name,
                 "email": signup.email,
                 "signup_id": signup.id,
+                "at": utc_iso(signup.created_at),
                 "status": "pending" if signup.event_id in pending else "published",
                 "listeners": {g: heard[signup.event_id].get(g, "queued") for g in GROUPS},
             }
@@ -115,6 +129,7 @@ async def events_state(request: Request) -> dict[str, Any]:
         ],
         "listeners": listeners,
         "dlq": dead,
+        "timezone": ZONE,
     }
 
 

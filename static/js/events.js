@@ -1,32 +1,48 @@
 // /demo/events: sign up without a reload, the outbox and the relay switch, each event with each
-// listener group's status, and the groups' dead letters with requeue.
+// listener group's status, and the groups' dead letters with requeue. The live lists are keyed
+// and patched in place (mega.patch), built exactly as the page renders them, so a refresh that
+// changes nothing touches nothing: a focused Requeue button keeps its focus.
 "use strict";
 
 (() => {
-  const { api, poll, el, replaceRows } = mega;
+  const { api, poll, el, patch, replaceRows } = mega;
   const $ = (id) => document.getElementById(id);
+  const csrf = () => document.querySelector('meta[name="csrf-token"]').content;
+  const clock = (iso) => (iso ? iso.slice(11, 19) : "");
 
   function eventCard(event) {
     const published = event.status === "published";
-    return el("article", { class: "job", "data-id": event.id, "data-status": event.status },
+    return el("article", { class: "job", "data-key": event.id, "data-id": event.id, "data-status": event.status },
       el("header", { class: "job-head" },
         el("span", { class: "mono small" }, event.name),
         el("span", { class: "badge " + (published ? "status-done" : "status-queued") }, event.status),
-        el("span", { class: "muted small job-to" }, event.email)),
+        el("span", { class: "muted small job-to" }, event.email),
+        el("time", { class: "muted small mono", datetime: event.at }, clock(event.at))),
       el("ul", { class: "plain-list small" }, ...Object.entries(event.listeners).map(([group, status]) =>
-        el("li", { "data-group": group },
+        el("li", { "data-key": group, "data-group": group },
           el("span", { class: "badge status-" + status }, status), " ", el("span", { class: "mono" }, group)))));
   }
 
   function dlqItem(item) {
-    const button = el("button", { class: "btn", type: "button" }, "Requeue");
-    button.addEventListener("click", () => requeue({ group: item.group, id: item.id }, button));
-    return el("li", { class: "dlq-item", "data-id": item.id },
+    const hidden = (name, value) => el("input", { type: "hidden", name, value });
+    return el("li", { class: "dlq-item", "data-key": item.group + "|" + item.id },
       el("div", {},
         el("span", { class: "mono small" }, item.group), " ",
-        el("span", { class: "muted small" }, item.email + ", " + item.attempts + " attempts"),
+        el("span", { class: "muted small" }, item.email + ", " + item.attempts + " attempts, failed at ",
+          el("time", { datetime: item.failed_at }, clock(item.failed_at))),
         el("div", { class: "small" }, item.error)),
-      button);
+      el("form", { method: "post", action: "/demo/events/dlq/requeue", class: "requeue-form" },
+        hidden("csrf_token", csrf()), hidden("group", item.group), hidden("id", item.id),
+        el("button", { class: "btn", type: "submit",
+          "aria-label": "Requeue the event for " + item.email + " in " + item.group }, "Requeue")));
+  }
+
+  function groupRow(g) {
+    return el("tr", { "data-key": g.group },
+      el("td", { class: "mono small" }, g.group),
+      el("td", { class: "num" }, g.done),
+      el("td", { class: "num" }, g.failed),
+      el("td", { class: "num" }, g.dlq));
   }
 
   function render(state) {
@@ -38,15 +54,10 @@
     $("relay-state").className = "badge " + (o.paused ? "badge-warn" : "badge-ok");
     $("relay-paused").value = o.paused ? "false" : "true";
     $("relay-toggle").textContent = o.paused ? "Resume the relay" : "Pause the relay";
-    $("events").replaceChildren(...state.events.map(eventCard));
+    patch($("events"), state.events.map(eventCard));
     $("events-empty").hidden = state.events.length > 0;
-    replaceRows($("groups").tBodies[0], state.listeners.map((g) =>
-      el("tr", {},
-        el("td", { class: "mono small" }, g.group),
-        el("td", { class: "num" }, g.done),
-        el("td", { class: "num" }, g.failed),
-        el("td", { class: "num" }, g.dlq))));
-    $("dlq-items").replaceChildren(...state.dlq.map(dlqItem));
+    replaceRows($("groups").tBodies[0], state.listeners.map(groupRow));
+    patch($("dlq-items"), state.dlq.map(dlqItem));
     $("dlq-empty").hidden = state.dlq.length > 0;
   }
 
@@ -57,26 +68,34 @@
     return envelope.ok;
   }
 
-  async function requeue(body, button) {
+  // One listener for every Requeue form, those rendered now and those a refresh adds later.
+  $("dlq-items").addEventListener("submit", async (event) => {
+    const form = event.target.closest(".requeue-form");
+    if (!form) return;
+    event.preventDefault();
+    const button = form.querySelector("button");
     button.disabled = true;
     try {
-      await api("POST", "/api/demo/events/dlq/requeue", body);
+      await api("POST", "/api/demo/events/dlq/requeue",
+        { group: form.elements.group.value, id: form.elements.id.value });
       await load();
     } finally {
       button.disabled = false;
     }
-  }
+  });
 
   $("signup-form").addEventListener("submit", async (event) => {
     event.preventDefault();
+    const email = $("signup-email");
     $("error-email").textContent = "";
     $("error-mode").textContent = "";
     $("signup-result").textContent = "";
+    email.removeAttribute("aria-invalid");
     const button = $("signup");
     button.disabled = true;
     try {
       const envelope = await api("POST", "/api/demo/events/signup",
-        { email: $("signup-email").value, mode: $("signup-mode").value });
+        { email: email.value, mode: $("signup-mode").value });
       if (envelope.ok) {
         $("signup-result").textContent = envelope.data.committed
           ? "Committed: signup " + envelope.data.signup_id + ", event in the outbox."
@@ -86,6 +105,7 @@
         const fields = envelope.error.fields || {};
         $("error-email").textContent = fields.email || "";
         $("error-mode").textContent = fields.mode || "";
+        if (fields.email) email.setAttribute("aria-invalid", "true");
         $("signup-result").textContent = fields.email || fields.mode ? "" : envelope.error.message;
       }
     } finally {
@@ -104,14 +124,6 @@
       button.disabled = false;
     }
   });
-
-  for (const form of document.querySelectorAll("#dlq-items .requeue-form")) {
-    form.addEventListener("submit", (event) => {
-      event.preventDefault();
-      requeue({ group: form.querySelector("input[name=group]").value,
-                id: form.querySelector("input[name=id]").value }, form.querySelector("button"));
-    });
-  }
 
   poll(load, 1000);
 })();

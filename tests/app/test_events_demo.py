@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,11 @@ async def test_a_committed_signup_reaches_every_group_once_a_rolled_back_one_non
             client, lambda d: set(statuses(d, event_id).values()) == {"done", "published"}
         )
         assert [e["email"] for e in data["events"]] == ["ada@example.com"]  # bob: never
+        # One zone on the page, UTC, and said so.
+        assert data["timezone"] == "UTC"
+        at = datetime.fromisoformat(data["events"][0]["at"])
+        assert at.utcoffset() == timedelta(0)
+        assert abs(datetime.now(UTC) - at) < timedelta(minutes=1)
         assert data["outbox"] == {"pending": 0, "published": 1, "lag_ms": 0.0, "paused": False}
         counts = {g["group"]: (g["done"], g["failed"], g["dlq"]) for g in data["listeners"]}
         assert counts == dict.fromkeys(GROUPS, (1, 0, 0))
@@ -114,6 +120,9 @@ async def test_the_crm_group_dead_letters_and_requeue_brings_it_back(config: Con
         [dead] = data["dlq"]
         assert (dead["group"], dead["id"], dead["attempts"]) == ("CrmSyncListener", event_id, 3)
         assert dead["error"] == "CrmRejected: the CRM rejected fail.fast@example.com"
+        failed_at = datetime.fromisoformat(dead["failed_at"])
+        assert failed_at.utcoffset() == timedelta(0)
+        assert abs(datetime.now(UTC) - failed_at) < timedelta(minutes=1)
         crm = next(g for g in data["listeners"] if g["group"] == "CrmSyncListener")
         assert (crm["failed"], crm["dlq"]) == (3, 1)
 
@@ -201,5 +210,35 @@ async def test_the_page_and_its_forms_work_without_javascript(config: Config) ->
         bad = await client.post(
             "/demo/events", data={"email": "nope", "mode": "ok", "csrf_token": token}
         )
-        assert bad.status_code == 422 and "valid email" in bad.text
+        assert bad.status_code == 422 and "is not a valid e-mail address" in bad.text
+        assert "Input should be" not in bad.text and "value is not a valid" not in bad.text
         assert [e["email"] for e in (await state(client))["events"]] == ["grace@example.com"]
+
+
+@pytest.mark.parametrize(
+    ("email", "message"),
+    [
+        ("not an address", "is not a valid e-mail address: "),
+        ("", "is not a valid e-mail address: "),
+        ("x" * 64 + "@" + ".".join(c * 60 for c in "def") + ".example.com", "too long"),
+    ],
+)
+async def test_bad_addresses_get_a_plain_sentence(config: Config, email: str, message: str) -> None:
+    async with web_client(config) as client:
+        headers = await authed(client)
+        response = await client.post(
+            "/api/demo/events/signup", json={"email": email}, headers=headers
+        )
+        assert response.status_code == 422
+        field = response.json()["error"]["fields"]["email"]
+        assert message in field and "Input should" not in field and "value is not" not in field
+
+
+async def test_the_page_teaches_its_failure_modes(config: Config) -> None:
+    async with web_client(config) as client:
+        await login(client)
+        page = (await client.get("/demo/events")).text
+        assert "Try it" in page and 'href="/demo/guide/events"' in page
+        for path in ("app/events/listeners.py", "mega/events/relay.py", "mega/events/outbox.py"):
+            assert f'href="/demo/source?path={path}"' in page
+        assert "Times on this page are in <b>UTC</b>" in page

@@ -1,5 +1,6 @@
 """/demo/events in the browser: a signup shows its event pending, then published with each
-listener group's status; a rollback shows nothing new; a paused relay lets rows pile up."""
+listener group's status; a rollback shows nothing new; a paused relay lets rows pile up; a
+focused Requeue button keeps its focus through live refreshes; long addresses fit 390 px."""
 
 from __future__ import annotations
 
@@ -61,4 +62,52 @@ def test_a_bad_address_shows_the_field_error(page, live_stack: LiveStack) -> Non
     page.goto(live_stack.url + "/demo/events")
     page.fill("#signup-email", "not an address")
     page.click("#signup")
-    expect(page.locator("#error-email")).to_contain_text("valid email")
+    expect(page.locator("#error-email")).to_contain_text("is not a valid e-mail address")
+    expect(page.locator("#error-email")).not_to_contain_text("value is not")
+    expect(page.locator("#signup-email")).to_have_attribute("aria-invalid", "true")
+
+
+def is_state_poll(response) -> bool:  # type: ignore[no-untyped-def]
+    return response.url.endswith("/api/demo/events") and response.request.method == "GET"
+
+
+def test_a_focused_requeue_button_keeps_its_focus_through_refreshes(
+    page, live_stack: LiveStack
+) -> None:  # type: ignore[no-untyped-def]
+    log_in(page, live_stack.url)
+    page.goto(live_stack.url + "/demo/events")
+    sign_up(page, "fail.focus@example.com")
+    item = page.locator("#dlq-items li", has_text="fail.focus@example.com")
+    expect(item).to_have_count(1, timeout=30_000)
+    item.locator("button").focus()
+    page.evaluate("() => { window.focusedBefore = document.activeElement; }")
+    assert page.evaluate("() => document.activeElement.textContent") == "Requeue"
+    # Something changes meanwhile: a new event lands at the top of the list being patched.
+    page.evaluate(
+        """() => fetch("/api/demo/events/signup", {method: "POST",
+             headers: {"Content-Type": "application/json",
+                       "X-CSRF-Token": document.querySelector('meta[name="csrf-token"]').content},
+             body: JSON.stringify({email: "meanwhile@example.com", mode: "ok"})})"""
+    )
+    for _ in range(2):
+        with page.expect_response(is_state_poll, timeout=10_000):
+            pass
+    expect(page.locator("#events article.job").first).to_contain_text("meanwhile@example.com")
+    assert page.evaluate("() => document.activeElement === window.focusedBefore")
+    assert page.evaluate("() => document.activeElement.isConnected")
+
+
+def test_long_addresses_fit_a_390_px_screen(page, live_stack: LiveStack) -> None:  # type: ignore[no-untyped-def]
+    page.set_viewport_size({"width": 390, "height": 844})
+    log_in(page, live_stack.url)
+    page.goto(live_stack.url + "/demo/events")
+    local = "fail" + "x" * 116  # 120 characters before the @, and a dead letter too
+    long_domain = ".".join(c * 40 for c in "abc") + ".example.com"
+    assert "Committed" in sign_up(page, f"{local}@example.com")
+    assert "Committed" in sign_up(page, f"n{'o' * 60}@{long_domain}")
+    expect(page.locator("#dlq-items li", has_text=local)).to_have_count(1, timeout=30_000)
+    expect(page.locator("#events article.job", has_text=long_domain)).to_have_count(1)
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
+    # The one zone, labelled once, and the times in it.
+    assert "Times on this page are in UTC" in page.locator(".page-head").inner_text()
+    screenshot(page, "events-390")
