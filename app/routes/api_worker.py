@@ -1,4 +1,5 @@
-"""JSON for the CPU worker demo: the hash in the pool (or inline) and the heartbeat ping.
+"""JSON for the CPU worker demo: the hash in the pool (or inline), its progress, the heartbeat
+ping, and the failure modes a learner provokes: a timeout, a killed child, a burst past the queue.
 
 `inline: true` runs the same hash on the web event loop, on purpose: every other request,
 the page's heartbeat included, waits until it is done. That is the stall the pool avoids.
@@ -6,28 +7,51 @@ the page's heartbeat included, waits until it is done. That is the stall the poo
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import logging
 import time
 from typing import Annotated, Any, Literal
+from urllib.parse import urlencode
 
-from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, Field, model_validator
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import RedirectResponse
+from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from app.workers.hash_tasks import MAX_ROUNDS, sha256_loop
-from mega.web import ApiError, UserDep, api_responses, ok
+from app.workers.run_progress import RunProgress
+from mega import WorkerError, WorkerOverloaded
+from mega.web import ApiError, UserDep, api_responses, field_errors, flash, ok
 
-router = APIRouter(prefix="/api/demo")
+logger = logging.getLogger("app.worker")
+router = APIRouter()
 POOL = "hash"
-# A run past this is killed (its process replaced): MAX_ROUNDS takes ~15 s here.
+# A run past this is killed (its process replaced): MAX_ROUNDS takes ~15 s here. A request may
+# ask for less with `timeout_ms`, which is how the page shows worker.task_timeout.
 HASH_TIMEOUT_MS = 60_000
 # Inline runs stall every request of the server: a few seconds of hashing at most here.
 MAX_INLINE_ROUNDS = 8_000_000
+# The page's default: about 2 s of hashing here, long enough to watch the heartbeat keep going.
+PAGE_ROUNDS = 6_000_000
+DIGEST_PATTERN = r"^[0-9a-f]{64}$"  # a result the page shows after a form post
+# A run id: what the browser generates (crypto.randomUUID() or similar), nothing else.
+RUN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+# The burst sends this many runs more than the pool can hold (pool_size + max_queue) ...
+BURST_EXTRA_RUNS = 4
+# ... of this many rounds each (~0.3 s each here): long enough that the queue is still full
+# when the page sends its own run just after, short enough that the burst drains in seconds.
+BURST_ROUNDS = 1_000_000
+
+RunId = Annotated[str, Field(pattern=RUN_ID_PATTERN, description="a short id made by the page")]
 
 
 class HashRequest(BaseModel):
     input: Annotated[str, Field(max_length=1000)] = "mega"
     rounds: Annotated[int, Field(ge=1, le=MAX_ROUNDS, strict=True)] = 1_000_000
     inline: Annotated[bool, Field(strict=True)] = False
+    timeout_ms: Annotated[int | None, Field(ge=1, le=HASH_TIMEOUT_MS, strict=True)] = None
+    run_id: RunId | None = None
 
     @model_validator(mode="after")
     def inline_is_capped(self) -> HashRequest:
@@ -36,6 +60,12 @@ class HashRequest(BaseModel):
                 "inline_cap",
                 "inline runs stall every user: at most {cap} rounds (the pool takes more)",
                 {"cap": f"{MAX_INLINE_ROUNDS:,}"},
+            )
+        if self.inline and self.timeout_ms is not None:
+            raise PydanticCustomError(
+                "inline_timeout",
+                "an inline run cannot be timed out: nothing can interrupt the event loop while "
+                "it hashes (that is what the pool's separate processes are for)",
             )
         return self
 
@@ -72,27 +102,207 @@ def inline_hash(request: Request, task: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-@router.post("/worker/hash", responses=api_responses(errors=(401, 403, 422, 429, 500, 503, 504)))
+def run_progress(request: Request) -> RunProgress:
+    board: RunProgress = request.app.state.__dict__.setdefault("hash_progress", RunProgress())
+    return board
+
+
+async def pool_hash(
+    request: Request, task: dict[str, Any], timeout_ms: int | None, run_id: str | None
+) -> dict[str, Any]:
+    """The hash in the pool; with a run id, its rounds done are readable at /worker/progress."""
+    pool = request.app.state.ctx.workers[POOL]
+    timeout = timeout_ms or HASH_TIMEOUT_MS
+    if run_id is None:
+        result: dict[str, Any] = await pool.run("sha256_loop", task, timeout_ms=timeout)
+        return result
+    board = run_progress(request)
+    board.start(run_id)
+
+    def on_progress(fraction: float, note: str | None) -> None:
+        board.update(run_id, fraction, note)
+
+    try:
+        result = await pool.run("sha256_loop", task, timeout_ms=timeout, on_progress=on_progress)
+    finally:
+        board.end(run_id)
+    return result
+
+
+HASH_ERRORS = (401, 403, 422, 429, 500, 503, 504)
+
+
+@router.post("/api/demo/worker/hash", responses=api_responses(errors=HASH_ERRORS))
 async def run_hash(body: HashRequest, request: Request, user: UserDep) -> Response:
+    """The hash; past `timeout_ms` (pool only) the child is killed: 504 worker.task_timeout."""
     task = {"input": body.input, "rounds": body.rounds}
     mode: Literal["pool", "inline"] = "inline" if body.inline else "pool"
     started = time.perf_counter()
     if body.inline:
         result = inline_hash(request, task)
     else:
-        result = await request.app.state.ctx.workers[POOL].run(
-            "sha256_loop", task, timeout_ms=HASH_TIMEOUT_MS
-        )
+        result = await pool_hash(request, task, body.timeout_ms, body.run_id)
     ms = round((time.perf_counter() - started) * 1000, 1)
     return ok({**result, "ms": ms, "mode": mode})
 
 
-@router.get("/worker", responses=api_responses(errors=(401,)))
-async def pool_state(request: Request, user: UserDep) -> Response:
-    return ok(request.app.state.ctx.workers[POOL].stats())
+@router.get("/api/demo/worker/progress", responses=api_responses(errors=(401, 422)))
+async def hash_progress(
+    request: Request, user: UserDep, run_id: Annotated[str, Query(pattern=RUN_ID_PATTERN)]
+) -> Response:
+    """`{fraction, note}` of a pool run in flight in this web process, or null."""
+    return ok(run_progress(request).get(run_id))
 
 
-@router.get("/ping", responses=api_responses(errors=(401,)))
+def pool_state(request: Request) -> dict[str, Any]:
+    """The pool panel: stats() and the settings they are measured against."""
+    pool = request.app.state.ctx.workers[POOL]
+    settings = pool.settings
+    return {
+        **pool.stats(),
+        "pool_size": settings.pool_size,
+        "max_queue": settings.max_queue,
+        "max_restarts": settings.max_restarts,
+        "mode": settings.mode,
+    }
+
+
+@router.get("/api/demo/worker", responses=api_responses(errors=(401,)))
+async def get_pool_state(request: Request, user: UserDep) -> Response:
+    return ok(pool_state(request))
+
+
+@router.post("/api/demo/worker/kill", responses=api_responses(errors=(401, 403, 409)))
+async def kill_child(request: Request, user: UserDep) -> Response:
+    """SIGKILL one pool child (a busy one first): the pool replaces it and counts a restart.
+    Refused (409) when the pool has no restart left: a shared demo must not break its pool."""
+    return ok({"killed_pid": kill_one(request)})
+
+
+def kill_one(request: Request) -> int | None:
+    pool = request.app.state.ctx.workers[POOL]
+    state = pool_state(request)
+    if state["restarts"] >= state["max_restarts"]:
+        raise ApiError(
+            409, "worker.no_restarts_left",
+            f"the pool has used all {state['max_restarts']} of its restarts: one more crash "
+            "would break it (every run would fail with worker.crashed until the app restarts), "
+            "so this demo does not kill another child",
+        )  # fmt: skip
+    pid: int | None = pool.kill_one()
+    return pid
+
+
+@router.post("/api/demo/worker/burst", responses=api_responses(errors=(401, 403)))
+async def burst(request: Request, user: UserDep) -> Response:
+    """Send pool_size + max_queue + BURST_EXTRA_RUNS hash runs at once, from the server (a
+    browser opens at most 6 connections to a host: too few to fill the queue). The pool takes
+    what it can hold; the rest fail at once with worker.overloaded, which POST /worker/hash
+    answers with 429 and Retry-After. The accepted runs go on after this answers."""
+    return ok(await send_burst(request))
+
+
+async def send_burst(request: Request) -> dict[str, Any]:
+    pool = request.app.state.ctx.workers[POOL]
+    settings = pool.settings
+    capacity = settings.pool_size + settings.max_queue
+    task = {"input": "burst", "rounds": BURST_ROUNDS}
+    runs = [
+        asyncio.create_task(pool.run("sha256_loop", task))
+        for _ in range(capacity + BURST_EXTRA_RUNS)
+    ]
+    # A full queue refuses inside run() itself, before its first await: the refused runs are
+    # done after one turn of the loop, the accepted ones are still waiting for the pool.
+    done, pending = await asyncio.wait(runs, timeout=0.05)
+    errors = [error for run in done if (error := run.exception()) is not None]
+    refused = [error for error in errors if isinstance(error, WorkerOverloaded)]
+    failed = [error for error in errors if not isinstance(error, WorkerOverloaded)]
+    keep: set[asyncio.Task[Any]] = request.app.state.__dict__.setdefault("burst_runs", set())
+    for run in pending:
+        keep.add(run)  # referenced until done, then forgotten
+        run.add_done_callback(functools.partial(_forget, keep))
+    return {
+        "sent": len(runs),
+        "accepted": len(runs) - len(errors),
+        "refused": len(refused),
+        "retry_after_s": max((error.retry_after_s for error in refused), default=None),
+        "failed": sorted(getattr(error, "code", type(error).__name__) for error in failed),
+        "capacity": capacity,
+    }
+
+
+def _forget(keep: set[asyncio.Task[Any]], run: asyncio.Task[Any]) -> None:
+    keep.discard(run)
+    if not run.cancelled() and run.exception() is not None:
+        logger.info("a burst run ended with %s", run.exception())
+
+
+@router.get("/api/demo/ping", responses=api_responses(errors=(401,)))
 async def ping(user: UserDep) -> Response:
     """The browser's heartbeat: answers at once unless something blocks the event loop."""
     return ok({"ts": int(time.time() * 1000)})
+
+
+# -- the same without JavaScript: post, redirect (with a flash), get --------------------------
+
+
+@router.post("/demo/worker/hash", include_in_schema=False)
+async def hash_form(request: Request, user: UserDep) -> Response:
+    form = await request.form()
+    inline = form.get("mode") == "inline"
+    values: dict[str, Any] = {"input": str(form.get("input", "")), "inline": inline}
+    for field in ("rounds", "timeout_ms"):
+        text = str(form.get(field) or "").strip()
+        if text or field == "rounds":
+            # Digits become an int for the model to judge; anything else stays text (refused).
+            whole = text.isascii() and text.isdigit() and len(text) <= 9
+            values[field] = int(text) if whole else text
+    if inline:
+        values.pop("timeout_ms", None)  # the page's timeout field is for pool runs
+    back = RedirectResponse("/demo/worker", status_code=303)
+    try:
+        body = HashRequest.model_validate(values)
+    except ValidationError as exc:
+        problems = "; ".join(f"{k}: {v}" for k, v in field_errors(exc.errors()).items())
+        return flash(request, back, f"Not run: {problems}.")
+    started = time.perf_counter()
+    task = {"input": body.input, "rounds": body.rounds}
+    try:
+        if inline:
+            result = inline_hash(request, task)
+        else:
+            result = await pool_hash(request, task, body.timeout_ms, None)
+    except (ApiError, WorkerError) as exc:
+        return flash(request, back, f"Not done: {exc.code}: {exc.message}")
+    ms = round((time.perf_counter() - started) * 1000, 1)
+    query = urlencode({**result, "ms": ms, "mode": "inline" if inline else "pool"})
+    return RedirectResponse(f"/demo/worker?{query}", status_code=303)
+
+
+@router.post("/demo/worker/kill", include_in_schema=False)
+async def kill_form(request: Request, user: UserDep) -> Response:
+    back = RedirectResponse("/demo/worker", status_code=303)
+    try:
+        pid = kill_one(request)
+    except ApiError as exc:
+        return flash(request, back, f"Not killed: {exc.message}.")
+    if pid is None:
+        return flash(request, back, "No child process to kill right now.")
+    return flash(request, back, f"Killed pool child {pid} (SIGKILL); the pool starts a new one.")
+
+
+@router.post("/demo/worker/burst", include_in_schema=False)
+async def burst_form(request: Request, user: UserDep) -> Response:
+    outcome = await send_burst(request)
+    return flash(request, RedirectResponse("/demo/worker", status_code=303), burst_text(outcome))
+
+
+def burst_text(outcome: dict[str, Any]) -> str:
+    text = (
+        f"Burst: {outcome['sent']} runs sent at once to a pool that holds {outcome['capacity']}; "
+        f"{outcome['accepted']} accepted, {outcome['refused']} refused with worker.overloaded "
+        "(429 from POST /api/demo/worker/hash)"
+    )
+    if outcome["retry_after_s"] is not None:
+        text += f", Retry-After {outcome['retry_after_s']} s"
+    return text + "."

@@ -6,29 +6,20 @@ script in static/js/ then keeps the panels live by polling the JSON routes.
 
 from __future__ import annotations
 
-import time
-from urllib.parse import urlencode
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import RedirectResponse
 
 from app.routes.api_console import console_state
 from app.routes.api_cron import cron_state
 from app.routes.api_events import events_page_context
 from app.routes.api_jobs import jobs_page_context
-from app.routes.api_worker import (
-    HASH_TIMEOUT_MS,
-    MAX_INLINE_ROUNDS,
-    POOL,
-    HashRequest,
-    inline_hash,
-)
+from app.routes.api_worker import DIGEST_PATTERN, HASH_TIMEOUT_MS, PAGE_ROUNDS, pool_state
 from app.workers.hash_tasks import MAX_ROUNDS
 from mega.web import UserDep, render
 
 router = APIRouter(include_in_schema=False)
-# The page's default: about 2 s of hashing here, long enough to watch the heartbeat keep going.
-PAGE_ROUNDS = 6_000_000
 
 
 def page(request: Request, template: str, **context: object) -> Response:
@@ -56,12 +47,12 @@ async def cron_page(request: Request, user: UserDep) -> Response:
 async def worker_page(
     request: Request,
     user: UserDep,
-    digest: str | None = None,
+    digest: Annotated[str | None, Query(pattern=DIGEST_PATTERN)] = None,
     rounds: int | None = None,
     ms: float | None = None,
-    mode: str = "pool",
-    error: str | None = None,
+    mode: Literal["pool", "inline"] = "pool",
 ) -> Response:
+    """The result of a form post without JavaScript comes back in the query (errors by flash)."""
     result = {"digest": digest, "rounds": rounds, "ms": ms, "mode": mode} if digest else None
     return page(
         request,
@@ -69,36 +60,10 @@ async def worker_page(
         title="CPU worker",
         form={"input": "mega", "rounds": PAGE_ROUNDS},
         max_rounds=MAX_ROUNDS,
+        max_timeout_ms=HASH_TIMEOUT_MS,
         result=result,
-        error=error,
-        pool=request.app.state.ctx.workers[POOL].stats(),
+        pool=pool_state(request),
     )
-
-
-@router.post("/demo/worker/hash")
-async def worker_form(request: Request, user: UserDep) -> Response:
-    """The hash form without JavaScript: post, redirect, get (with the result in the query)."""
-    form = await request.form()
-    mode = "inline" if form.get("mode") == "inline" else "pool"
-    try:
-        rounds = int(str(form.get("rounds", "")))
-        body = HashRequest(input=str(form.get("input", "")), rounds=rounds, inline=mode == "inline")
-    except ValueError:
-        error = (
-            f"rounds must be a whole number from 1 to {MAX_ROUNDS:,} "
-            f"({MAX_INLINE_ROUNDS:,} inline); input at most 1000 characters"
-        )
-        return RedirectResponse(f"/demo/worker?{urlencode({'error': error})}", status_code=303)
-    started = time.perf_counter()
-    task = {"input": body.input, "rounds": body.rounds}
-    if mode == "inline":
-        result = inline_hash(request, task)
-    else:
-        pool = request.app.state.ctx.workers[POOL]
-        result = await pool.run("sha256_loop", task, timeout_ms=HASH_TIMEOUT_MS)
-    ms = round((time.perf_counter() - started) * 1000, 1)
-    query = urlencode({**result, "ms": ms, "mode": mode})
-    return RedirectResponse(f"/demo/worker?{query}", status_code=303)
 
 
 @router.get("/demo/jobs")

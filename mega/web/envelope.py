@@ -102,6 +102,7 @@ ERROR_DESCRIPTIONS = {
     401: "not logged in",
     403: "the CSRF token is missing or wrong",
     404: "no such thing",
+    409: "refused in the current state (error.message says why)",
     422: "invalid input: error.fields names each bad field",
     429: "busy or rate-limited: come back after Retry-After seconds",
     500: "the task itself failed (error.message says how)",

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from app.workers.hash_tasks import MAX_ROUNDS, sha256_loop
+from app.workers.run_progress import RunProgress
 from tests.factories import csrf_from, login, sample_config_for, web_client
 
 
@@ -217,3 +218,220 @@ async def test_inline_runs_are_capped_and_one_at_a_time(config) -> None:
             "/api/demo/worker/hash", json={**body, "inline": False}, headers=headers
         )
         assert pool.status_code == 200  # the pool is never gated
+
+
+# -- progress, timeout, kill and burst (the failure modes the page provokes) --------------------
+
+
+def test_run_progress_keeps_the_latest_figure_until_the_run_ends() -> None:
+    now = [0.0]
+    board = RunProgress(max_runs=2, ttl_s=60, clock=lambda: now[0])
+    assert board.get("a") is None
+    board.start("a")
+    assert board.get("a") == {"fraction": 0.0, "note": None}
+    board.update("a", 0.5, "half")
+    board.update("gone", 0.9, "ignored")  # not listed: not added
+    assert board.get("a") == {"fraction": 0.5, "note": "half"} and len(board) == 1
+    board.end("a")
+    assert board.get("a") is None and len(board) == 0
+
+
+def test_run_progress_is_bounded_and_forgets_old_runs() -> None:
+    now = [0.0]
+    board = RunProgress(max_runs=2, ttl_s=60, clock=lambda: now[0])
+    for run_id in ("a", "b", "c"):
+        board.start(run_id)
+    assert (board.get("a"), len(board)) == (None, 2)  # the oldest went first
+    now[0] = 59.0
+    assert board.get("b") is not None
+    now[0] = 60.0
+    assert board.get("b") is None and board.get("c") is None and len(board) == 0
+
+
+async def wait_for(condition, timeout_s: float = 20) -> None:  # type: ignore[no-untyped-def]
+    """Poll an async condition the test caused; the limit only stops a broken test hanging."""
+    async with asyncio.timeout(timeout_s):
+        while not await condition():
+            await asyncio.sleep(0.02)
+
+
+async def pool_state(client: httpx.AsyncClient) -> dict:
+    response = await client.get("/api/demo/worker")
+    assert response.status_code == 200
+    return response.json()["data"]
+
+
+@pytest.mark.parametrize(
+    "body,field",
+    [
+        ({"timeout_ms": 0}, "timeout_ms"),
+        ({"timeout_ms": 60_001}, "timeout_ms"),
+        ({"timeout_ms": "500"}, "timeout_ms"),
+        ({"run_id": "has space"}, "run_id"),
+        ({"run_id": "x" * 65}, "run_id"),
+        ({"run_id": ""}, "run_id"),
+        ({"inline": True, "timeout_ms": 500}, "body"),
+    ],
+)
+async def test_bad_timeout_or_run_id_is_422(config, body: dict, field: str) -> None:
+    async with web_client(config, pools=True) as client:
+        headers = await authed(client)
+        response = await client.post(
+            "/api/demo/worker/hash", json={"input": "x", "rounds": 10, **body}, headers=headers
+        )
+        assert response.status_code == 422
+        assert field in response.json()["error"]["fields"]
+        bad = await client.get("/api/demo/worker/progress", params={"run_id": "no/slash"})
+        assert bad.status_code == 422 and "run_id" in bad.json()["error"]["fields"]
+
+
+async def test_a_pool_run_reports_its_rounds_while_it_runs(config) -> None:
+    rounds = 4_000_000
+    async with web_client(config, pools=True) as client:
+        headers = await authed(client)
+        body = {"input": "p", "rounds": rounds, "run_id": "run-1"}
+        running = asyncio.create_task(
+            client.post("/api/demo/worker/hash", json=body, headers=headers, timeout=60)
+        )
+        seen: list[dict] = []
+        while not running.done():
+            figure = (await client.get("/api/demo/worker/progress?run_id=run-1")).json()["data"]
+            if figure is not None:
+                seen.append(figure)
+            await asyncio.sleep(0.05)
+        response = await running
+        assert response.status_code == 200 and response.json()["data"]["rounds"] == rounds
+        fractions = [figure["fraction"] for figure in seen]
+        assert fractions == sorted(fractions) and any(0 < f < 1 for f in fractions), seen
+        partial = next(figure for figure in seen if 0 < figure["fraction"] < 1)
+        assert partial["note"].endswith(f"of {rounds:,} rounds")
+        # The run ended: its entry is gone (the page then shows the result, not the bar).
+        assert (await client.get("/api/demo/worker/progress?run_id=run-1")).json()["data"] is None
+
+
+async def test_a_run_past_its_timeout_is_504_and_its_process_replaced(config) -> None:
+    async with web_client(config, pools=True) as client:
+        headers = await authed(client)
+        before = await pool_state(client)
+        response = await client.post(
+            "/api/demo/worker/hash",
+            json={"input": "t", "rounds": 40_000_000, "timeout_ms": 200, "run_id": "slow"},
+            headers=headers, timeout=60,
+        )  # fmt: skip
+        assert response.status_code == 504
+        error = response.json()["error"]
+        assert error["code"] == "worker.task_timeout" and "200 ms timeout" in error["message"]
+
+        async def replaced() -> bool:
+            state = await pool_state(client)
+            return state["size"] == 2 and state["busy"] == 0
+
+        await wait_for(replaced)
+        assert (await pool_state(client))["restarts"] == before["restarts"]  # on purpose: free
+        assert (await client.get("/api/demo/worker/progress?run_id=slow")).json()["data"] is None
+        ok = await client.post(
+            "/api/demo/worker/hash", json={"input": "t", "rounds": 10}, headers=headers
+        )
+        assert ok.status_code == 200
+
+
+async def test_kill_takes_the_busy_child_the_pool_replaces_it_and_counts_a_restart(config) -> None:
+    async with web_client(config, pools=True) as client:
+        headers = await authed(client)
+        state = await pool_state(client)
+        assert (state["size"], state["restarts"], state["max_restarts"]) == (2, 0, 10)
+        assert (state["pool_size"], state["max_queue"], state["mode"]) == (2, 8, "process")
+        running = asyncio.create_task(
+            client.post("/api/demo/worker/hash", json={"input": "k", "rounds": 40_000_000},
+                        headers=headers, timeout=60)
+        )  # fmt: skip
+
+        async def busy() -> bool:
+            return (await pool_state(client))["busy"] == 1
+
+        await wait_for(busy)
+        killed = await client.post("/api/demo/worker/kill", headers=headers)
+        assert killed.status_code == 200 and isinstance(killed.json()["data"]["killed_pid"], int)
+        crashed = await running
+        assert crashed.status_code == 503
+        assert crashed.json()["error"]["code"] == "worker.crashed"
+        assert str(killed.json()["data"]["killed_pid"]) in crashed.json()["error"]["message"]
+
+        async def replaced() -> bool:
+            state = await pool_state(client)
+            return state["size"] == 2 and state["restarts"] == 1
+
+        await wait_for(replaced)
+        assert (await client.post("/api/demo/worker/kill")).status_code == 403  # CSRF as ever
+
+
+async def test_kill_is_refused_once_every_restart_is_spent(config) -> None:
+    async with web_client(config, pools=True) as client:
+        headers = await authed(client)
+        max_restarts = (await pool_state(client))["max_restarts"]
+        for spent in range(1, max_restarts + 1):
+            assert (await client.post("/api/demo/worker/kill", headers=headers)).status_code == 200
+
+            async def replaced(spent: int = spent) -> bool:
+                state = await pool_state(client)
+                return state["restarts"] == spent and state["size"] == 2
+
+            await wait_for(replaced)
+        refused = await client.post("/api/demo/worker/kill", headers=headers)
+        assert refused.status_code == 409
+        assert refused.json()["error"]["code"] == "worker.no_restarts_left"
+        state = await pool_state(client)
+        assert (state["size"], state["broken"]) == (2, False)
+        ok = await client.post(
+            "/api/demo/worker/hash", json={"input": "k", "rounds": 10}, headers=headers
+        )
+        assert ok.status_code == 200
+
+
+async def test_a_burst_overflows_the_queue_and_a_run_sent_meanwhile_is_429(config) -> None:
+    async with web_client(config, pools=True) as client:
+        headers = await authed(client)
+        state = await pool_state(client)
+        capacity = state["pool_size"] + state["max_queue"]
+        burst = await client.post("/api/demo/worker/burst", headers=headers)
+        assert burst.status_code == 200
+        data = burst.json()["data"]
+        assert (data["sent"], data["capacity"]) == (capacity + 4, capacity)
+        assert (data["accepted"], data["refused"], data["failed"]) == (capacity, 4, [])
+        assert data["retry_after_s"] >= 1
+        refused = await client.post(
+            "/api/demo/worker/hash", json={"input": "late", "rounds": 10}, headers=headers
+        )
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "worker.overloaded"
+        assert int(refused.headers["retry-after"]) >= 1
+
+        async def drained() -> bool:
+            state = await pool_state(client)
+            return state["busy"] == 0 and state["queued"] == 0
+
+        await wait_for(drained, timeout_s=60)
+
+
+async def test_without_javascript_kill_burst_and_a_timeout_answer_with_a_flash(config) -> None:
+    async with web_client(config, pools=True) as client:
+        await login(client)
+        token = csrf_from((await client.get("/demo/worker")).text)
+        killed = await client.post("/demo/worker/kill", data={"csrf_token": token})
+        assert killed.status_code == 303
+        assert "Killed pool child" in (await client.get("/demo/worker")).text
+        timed_out = await client.post(
+            "/demo/worker/hash",
+            data={"csrf_token": token, "input": "t", "rounds": "40000000", "timeout_ms": "200",
+                  "mode": "pool"},
+        )  # fmt: skip
+        assert timed_out.status_code == 303
+        assert "worker.task_timeout" in (await client.get("/demo/worker")).text
+        bad = await client.post(
+            "/demo/worker/hash",
+            data={"csrf_token": token, "input": "t", "rounds": "10", "timeout_ms": "0"},
+        )
+        assert "timeout_ms: must be at least 1" in (await client.get(bad.headers["location"])).text
+        burst = await client.post("/demo/worker/burst", data={"csrf_token": token})
+        assert burst.status_code == 303
+        assert "refused with worker.overloaded" in (await client.get("/demo/worker")).text
