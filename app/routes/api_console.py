@@ -30,12 +30,13 @@ SERIES_TICKS = 60
 
 
 def short_instance(instance: str) -> str:
-    """`scheduler@host:4121:a1b2c3` -> `4121:a1b2c3` (the pid, to kill it, and the random
-    suffix that tells two runs of one pid apart); any other form -> its last 12 characters."""
+    """`scheduler@host:4121:a1b2c3` -> `a1b2c3 (pid 4121)`: the random suffix tells two runs of
+    one pid apart, the pid is what to kill (the jobs timeline names workers the same way); any
+    other form -> its last 12 characters."""
     _, _, where = instance.rpartition("@")
     parts = where.split(":")
     if len(parts) >= 3 and parts[-2].isdigit():
-        return f"{parts[-2]}:{parts[-1]}"
+        return f"{parts[-1]} (pid {parts[-2]})"
     return instance[-12:]
 
 

@@ -115,8 +115,8 @@ def test_build_series_keeps_only_the_window() -> None:
 @pytest.mark.parametrize(
     ("instance", "short"),
     [
-        ("scheduler@web-7f9c:4121:a1b2c3", "4121:a1b2c3"),
-        ("worker@host.example.com:77:0f0f0f", "77:0f0f0f"),
+        ("scheduler@web-7f9c:4121:a1b2c3", "a1b2c3 (pid 4121)"),
+        ("worker@host.example.com:77:0f0f0f", "0f0f0f (pid 77)"),
         ("a-name-the-operator-chose-long", "r-chose-long"),
     ],
 )
@@ -195,7 +195,8 @@ async def test_tick_lateness_and_short_instances_from_a_real_scheduler(config: C
             schedules = (await client.get("/api/demo/console")).json()["data"]["schedules"]
             (instance,) = schedules["instances"]
             assert instance["short"] == short_instance(instance["instance"])
-            assert instance["instance"].endswith(instance["short"])
+            host, pid, suffix = instance["instance"].split(":")
+            assert instance["short"] == f"{suffix} (pid {pid})" and host.startswith("scheduler@")
             page = (await client.get("/demo")).text
             assert f'title="{instance["instance"]}"' in page
             assert f">{instance['short']}<" in page
