@@ -1,11 +1,14 @@
-"""EmailJob: a pretend email send with five modes, to watch retries, the DLQ and crashes.
+"""EmailJob: a pretend email send with five modes, to watch retries, the DLQ, leases and crashes.
 
     ok     succeeds on the first attempt
     flaky  fails its first attempt, then succeeds (one retry)
     fail   always fails: 3 attempts (retries=2), then a record in the dead-letter queue
-    slow   takes SLOW_S seconds: watch it hold one of the two slots while others wait
-    crash  kills its worker process on the first attempt (as a segfault or an OOM kill would):
-           nothing acks it, so after `ack_wait_s` another worker gets it as attempt 2
+    slow   runs SLOW_STEPS steps for 3x its ack wait in all, reporting each with ctx.progress:
+           its lease is renewed while it runs (in_progress heartbeats), so no other worker
+           gets it although it outlives the ack wait, and it succeeds on attempt 1
+    crash  kills its worker process on every attempt (as a segfault or an OOM kill would):
+           nothing acks it, so after each `ack_wait_s` another worker gets it, until the
+           delivery after the last attempt, which the queue dead-letters as WorkerCrashed
 
 The job counts its own attempts in Redis per job id. Delivery is at-least-once, so a real
 send would first check a "sent" marker keyed on the id (see docs/guide/jobs.md, idempotency).
@@ -19,9 +22,11 @@ from typing import Any
 
 from app.replicas import REPLICAS
 from app.services.job_timeline import attempts_key
-from mega import Context, Job
+from mega import Job, JobContext
 
-SLOW_S = 4.0
+# The slow mode's steps; together they last SLOW_ACK_WAITS ack waits.
+SLOW_STEPS = 6
+SLOW_ACK_WAITS = 3
 
 
 class SimulatedSendError(RuntimeError):
@@ -35,9 +40,11 @@ class EmailJob(Job):
     retries = 2  # three attempts in all
     backoff = {"type": "exponential", "initial": 500, "max": 2000}  # ms, full jitter
     replicas = REPLICAS  # copies of its streams in a NATS cluster (MEGA_REPLICAS)
-    ack_wait_s = 10.0  # a crashed attempt comes back after this long (running jobs renew it)
+    # A crashed attempt comes back after this long; a running job renews it every third of it.
+    # 5 s: a slow job (3 ack waits) lasts 15 s, a crash job reaches the DLQ about 15 s in.
+    ack_wait_s = 5.0
 
-    async def run(self, payload: dict[str, Any], ctx: Context) -> None:
+    async def run(self, payload: dict[str, Any], ctx: JobContext) -> None:
         redis = ctx.cache("main").native
         attempt = await redis.incr(attempts_key(payload["id"]))
         await redis.expire(attempts_key(payload["id"]), 24 * 3600)
@@ -47,6 +54,14 @@ class EmailJob(Job):
         if mode == "flaky" and attempt == 1:
             raise SimulatedSendError("SMTP server timed out (first attempt only)")
         if mode == "slow":
-            await asyncio.sleep(SLOW_S)
-        if mode == "crash" and attempt == 1:
+            await slow_send(ctx, SLOW_ACK_WAITS * self.ack_wait_s)
+        if mode == "crash":
             os._exit(1)  # no ack, no nak, no goodbye: the worker process is gone
+
+
+async def slow_send(ctx: JobContext, total_s: float) -> None:
+    """SLOW_STEPS equal steps over `total_s` seconds, each reported when done."""
+    await ctx.progress(0.0, f"0 of {SLOW_STEPS} steps done")
+    for step in range(1, SLOW_STEPS + 1):
+        await asyncio.sleep(total_s / SLOW_STEPS)
+        await ctx.progress(step / SLOW_STEPS, f"{step} of {SLOW_STEPS} steps done")

@@ -16,6 +16,8 @@ from mega import Context, JobWorker
 
 def attach_timeline(worker: JobWorker, ctx: Context) -> None:
     redis = ctx.cache("main").native
+    # Every attempt names the worker process that ran it (the crash mode moves between them).
+    here = job_timeline.short_worker(worker.instance_id)
 
     async def on_signal(signal: dict[str, Any]) -> None:
         if signal.get("job") != EmailJob.name:
@@ -25,13 +27,15 @@ def attach_timeline(worker: JobWorker, ctx: Context) -> None:
             # Enqueue-to-start latency is what users feel; later attempts wait on the backoff.
             latency = signal.get("latency_ms") if attempt == 1 else None
             waited = f", {latency} ms after enqueue" if latency is not None else ""
-            detail = f"attempt {attempt} started{waited}"
+            detail = f"attempt {attempt} started on worker {here}{waited}"
             await job_timeline.record_event(
                 redis, job_id, "start", detail, status="running", attempt=attempt
             )
             if latency is not None:
                 await job_timeline.record_latency(redis, latency)
                 await console_series.record_start(redis, latency)  # the console's p50/p99
+        elif kind == "progress":
+            await job_timeline.record_progress(redis, job_id, signal["fraction"], signal["note"])
         elif kind == "retry":
             detail = (
                 f"attempt {attempt} failed: {signal['error']}; retry in {signal['delay_ms']} ms"
@@ -42,11 +46,14 @@ def attach_timeline(worker: JobWorker, ctx: Context) -> None:
             await job_timeline.record_event(redis, job_id, "done", detail, status="done")
             await console_series.record_done(redis)  # the console's jobs/s
         elif kind == "fail" and signal.get("phase") == "run":
-            detail = f"attempt {attempt} failed: {signal['error']}; no tries left"
+            if signal["error_type"] == "WorkerCrashed":  # found by the delivery after the last
+                detail = f"{signal['error']}; no tries left"
+            else:
+                detail = f"attempt {attempt} failed: {signal['error']}; no tries left"
             await job_timeline.record_event(redis, job_id, "fail", detail)
         elif kind == "dlq":
             detail = f"moved to the dead-letter queue after {signal['attempts']} attempts"
             await job_timeline.record_event(redis, job_id, "dlq", detail, status="dlq")
 
-    for name in ("start", "retry", "done", "fail", "dlq"):
+    for name in ("start", "progress", "retry", "done", "fail", "dlq"):
         worker.on(name, on_signal)

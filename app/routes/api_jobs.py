@@ -10,9 +10,17 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import RedirectResponse
-from pydantic import BaseModel, ConfigDict, EmailStr, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    EmailStr,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from app.jobs.email import EmailJob
+from app.jobs.email import SLOW_ACK_WAITS, SLOW_STEPS, EmailJob
 from app.services import job_timeline
 from mega import JobQueue
 from mega.web import ApiError, UserDep, api_responses, field_errors, flash, ok, render
@@ -26,11 +34,25 @@ DLQ_LISTED = 20
 Recipient = Annotated[EmailStr, Field(max_length=254)]
 
 
+# The longest delay the page offers, in ms (SPEC 4.2).
+MAX_DELAY_MS = 60_000
+
+
 class EnqueueRequest(BaseModel):
     to: Recipient
     mode: Literal["ok", "flaky", "fail", "slow", "crash"] = "ok"
     # Hold the job this long before it may run (a broker-side schedule: it takes no slot).
-    delay_s: Annotated[int, Field(ge=0, le=3600, strict=True)] = 0
+    delay_ms: Annotated[
+        int, Field(ge=0, le=MAX_DELAY_MS, description="ms before the job may run (0 to 60000)")
+    ] = 0
+
+    @field_validator("delay_ms", mode="before")
+    @classmethod
+    def whole_ms(cls, value: Any) -> Any:
+        # One sentence for every way to get it wrong ("5", 1.5, true, -1, 60001).
+        if type(value) is not int or not 0 <= value <= MAX_DELAY_MS:
+            raise ValueError(f"must be a whole number of milliseconds from 0 to {MAX_DELAY_MS}")
+        return value
 
 
 ID_OR_ALL: dict[str, Any] = {
@@ -67,12 +89,14 @@ def redis(request: Request) -> Any:
 
 async def enqueue_email(request: Request, body: EnqueueRequest) -> str:
     job_id = uuid.uuid4().hex[:12]
-    await job_timeline.record_enqueued(redis(request), job_id, body.to, body.mode, body.delay_s)
+    await job_timeline.record_enqueued(
+        redis(request), job_id, body.to, body.mode, delay_ms=body.delay_ms
+    )
     try:
         # The page's id is the job id: it is also the dedup key (Nats-Msg-Id).
         await queue(request).enqueue(
             EmailJob, {"id": job_id, "to": body.to, "mode": body.mode}, id=job_id,
-            delay=body.delay_s or None,
+            delay=body.delay_ms / 1000 or None,
         )  # fmt: skip
     except BaseException:
         await job_timeline.forget(redis(request), job_id)
@@ -164,6 +188,9 @@ async def jobs_page_context(
         "form": form or {"to": "ada@example.com", "mode": "flaky"},
         "errors": errors or {},
         "job": EmailJob,
+        "slow_steps": SLOW_STEPS,
+        "slow_ack_waits": SLOW_ACK_WAITS,
+        "max_delay_ms": MAX_DELAY_MS,
     }
 
 
@@ -175,13 +202,16 @@ async def post_job_form(request: Request, user: UserDep) -> Response:
     form = await request.form()
     try:
         values: dict[str, Any] = {k: form.get(k) for k in ("to", "mode") if form.get(k)}
-        delay = str(form.get("delay_s") or "0")
-        values["delay_s"] = int(delay) if delay.isdigit() else delay
+        delay = str(form.get("delay_ms") or "0").strip()
+        # Digits become an int for the model to judge (a long run of them stays text: int()
+        # refuses thousands of digits, and no delay needs more than five).
+        whole = delay.isascii() and delay.isdigit() and len(delay) <= 9
+        values["delay_ms"] = int(delay) if whole else delay
         body = EnqueueRequest.model_validate(values)
     except ValidationError as exc:
         form_values = {
             "to": str(form.get("to", "")), "mode": str(form.get("mode", "ok")),
-            "delay_s": str(form.get("delay_s", "0")),
+            "delay_ms": str(form.get("delay_ms", "0")),
         }  # fmt: skip
         context = await jobs_page_context(
             request, form=form_values, errors=field_errors(exc.errors())

@@ -1,7 +1,8 @@
 """The EmailJob demo's state in Redis: one record and one event timeline per job id.
 
     demo:jobs:index          ids, newest first (bounded)
-    demo:jobs:job:<id>       hash: id, to, mode, status, attempts, created_at
+    demo:jobs:job:<id>       hash: id, to, mode, status, attempts, created_at, and `progress`
+                             (JSON {fraction, note}: the running attempt's latest report)
     demo:jobs:events:<id>    the timeline, JSON events oldest first (bounded)
     demo:jobs:attempts:<id>  attempts counted by the job itself (EmailJob.run)
     demo:jobs:latency        recent enqueue-to-start latencies in ms (bounded)
@@ -44,7 +45,9 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-async def record_enqueued(redis: Redis, job_id: str, to: str, mode: str, delay_s: int = 0) -> None:
+async def record_enqueued(
+    redis: Redis, job_id: str, to: str, mode: str, *, delay_ms: int = 0
+) -> None:
     record: dict[Any, Any] = {
         "id": job_id, "to": to, "mode": mode, "status": "queued", "attempts": 0,
         "created_at": now_ms(),
@@ -55,8 +58,18 @@ async def record_enqueued(redis: Redis, job_id: str, to: str, mode: str, delay_s
         pipe.lpush(INDEX_KEY, job_id)
         pipe.ltrim(INDEX_KEY, 0, MAX_JOBS - 1)
         await pipe.execute()
-    held = f", held {delay_s} s (no slot taken meanwhile)" if delay_s else ""
+    held = f", held {delay_ms} ms (no slot taken meanwhile)" if delay_ms else ""
     await record_event(redis, job_id, "enqueued", f"to {to}, mode {mode}{held}")
+
+
+def short_worker(instance_id: str) -> str:
+    """`worker@host:4121:a1b2c3` -> `a1b2c3 (pid 4121)`: the random suffix tells two runs of
+    one pid apart, the pid is what to kill; any other form -> its last 12 characters."""
+    _, _, where = instance_id.rpartition("@")
+    parts = where.split(":")
+    if len(parts) >= 3 and parts[-2].isdigit():
+        return f"{parts[-1]} (pid {parts[-2]})"
+    return instance_id[-12:]
 
 
 async def forget(redis: Redis, job_id: str) -> None:
@@ -77,7 +90,8 @@ async def record_event(
     attempt: int | None = None,
 ) -> None:
     """Append to the timeline; `status`/`attempt` also update the job's record (if it exists:
-    a job enqueued outside the page has no record and is ignored)."""
+    a job enqueued outside the page has no record and is ignored). A new attempt number (an
+    attempt starts, or a requeue resets them) clears the last attempt's progress."""
     if not await redis.exists(job_key(job_id)):
         return
     event = {"at": now_ms(), "kind": kind, "detail": detail, "attempt": attempt}
@@ -89,7 +103,17 @@ async def record_event(
             pipe.hset(job_key(job_id), "status", status)
         if attempt is not None:
             pipe.hset(job_key(job_id), "attempts", attempt)
+            pipe.hdel(job_key(job_id), "progress")
         await pipe.execute()
+
+
+async def record_progress(redis: Redis, job_id: str, fraction: float, note: str | None) -> None:
+    """Keep the running attempt's latest progress report (the page draws it as a bar); not a
+    timeline event, so a job reporting often cannot push its history out."""
+    if not await redis.exists(job_key(job_id)):
+        return
+    report = json.dumps({"fraction": fraction, "note": note})
+    await redis.hset(job_key(job_id), "progress", report)
 
 
 async def record_latency(redis: Redis, latency_ms: float) -> None:
@@ -110,7 +134,8 @@ def _clock(at_ms: int) -> str:
 
 
 async def list_jobs(redis: Redis, limit: int = MAX_JOBS) -> list[dict[str, Any]]:
-    """Newest first: {id, to, mode, status, attempts, created_at, events}."""
+    """Newest first: {id, to, mode, status, attempts, created_at, progress, events}, where
+    progress is the current attempt's latest {fraction, note}, or None."""
     ids: list[str] = await redis.lrange(INDEX_KEY, 0, limit - 1)  # type: ignore[assignment]
     async with redis.pipeline(transaction=False) as pipe:
         for job_id in ids:
@@ -129,6 +154,7 @@ async def list_jobs(redis: Redis, limit: int = MAX_JOBS) -> list[dict[str, Any]]
                 "status": record["status"],
                 "attempts": int(record["attempts"]),
                 "created_at": int(record["created_at"]),
+                "progress": json.loads(record["progress"]) if "progress" in record else None,
                 "events": [
                     {**event, "time": _clock(event["at"])}
                     for event in sorted((json.loads(e) for e in events), key=lambda e: e["at"])

@@ -1,96 +1,127 @@
-// /demo/jobs: enqueue without a reload, a live timeline per job, the DLQ with requeue.
+// /demo/jobs: enqueue without a reload, a live timeline per job (with a running job's progress),
+// the DLQ with requeue. Refreshes patch the lists by job id, so focus and selection survive.
 "use strict";
 
 (() => {
-  const { api, poll, el } = mega;
+  const { api, poll, el, patch } = mega;
   const $ = (id) => document.getElementById(id);
+  const csrf = document.querySelector('meta[name="csrf-token"]').content;
+  const FIELDS = ["to", "mode", "delay_ms"];
 
+  function percent(fraction) {
+    return Math.round(fraction * 100) + "%";
+  }
+
+  // Built exactly as templates/demo/jobs.html renders it, so the first refresh morphs nothing.
   function jobCard(job) {
-    return el("article", { class: "job", "data-id": job.id, "data-status": job.status },
+    const progress = job.status === "running" && job.progress ? job.progress : null;
+    return el("article", { class: "job", "data-key": job.id, "data-id": job.id, "data-status": job.status },
       el("header", { class: "job-head" },
         el("span", { class: "mono" }, job.id),
         el("span", { class: "badge" }, job.mode),
         el("span", { class: "badge status-" + job.status }, job.status),
         el("span", { class: "muted small job-to" }, job.to)),
+      progress && el("div", { class: "job-progress" },
+        el("progress", { max: "1", value: String(progress.fraction), "aria-label": "Progress of job " + job.id },
+          percent(progress.fraction)),
+        el("span", { class: "small" }, percent(progress.fraction) + (progress.note ? ": " + progress.note : ""))),
       el("ol", { class: "events" }, ...job.events.map((e) =>
         el("li", { class: "event event-" + e.kind },
           el("span", { class: "mono small muted" }, e.time), " " + e.detail))));
   }
 
   function dlqItem(item) {
-    const button = el("button", { class: "btn", type: "button" }, "Requeue");
-    button.addEventListener("click", () => requeue({ id: item.id }, button));
-    return el("li", { class: "dlq-item", "data-id": item.id },
+    return el("li", { class: "dlq-item", "data-key": item.id, "data-id": item.id },
       el("div", {},
         el("span", { class: "mono" }, item.id), " ",
         el("span", { class: "muted small" }, "to " + item.to + ", " + item.attempts + " attempts"),
         el("div", { class: "small" }, item.error)),
-      button);
+      el("form", { method: "post", action: "/demo/jobs/dlq/requeue", class: "requeue-form" },
+        el("input", { type: "hidden", name: "csrf_token", value: csrf }),
+        el("input", { type: "hidden", name: "id", value: item.id }),
+        el("button", { class: "btn", type: "submit", "aria-label": "Requeue " + item.id }, "Requeue")));
   }
 
   function render(state) {
-    $("jobs").replaceChildren(...state.jobs.map(jobCard));
+    patch($("jobs"), state.jobs.map(jobCard));
     $("jobs-empty").hidden = state.jobs.length > 0;
     $("dlq-count").textContent = state.dlq.count;
-    $("dlq-items").replaceChildren(...state.dlq.items.map(dlqItem));
+    patch($("dlq-items"), state.dlq.items.map(dlqItem));
     $("dlq-empty").hidden = state.dlq.items.length > 0;
     $("requeue-all").hidden = state.dlq.items.length === 0;
   }
 
   async function load() {
     const envelope = await api("GET", "/api/demo/jobs");
-    if (envelope.ok) render(envelope.data);
-    else $("enqueue-result").textContent = envelope.error.message;
+    if (envelope.ok) {
+      render(envelope.data);
+      const root = $("jobs-page");
+      root.dataset.loads = String(Number(root.dataset.loads) + 1); // refreshes so far (tests wait on it)
+    } else {
+      $("enqueue-result").textContent = envelope.error.message;
+    }
     return envelope.ok;
   }
 
   async function requeue(body, button) {
     button.disabled = true;
     try {
-      await api("POST", "/api/demo/jobs/dlq/requeue", body);
+      const envelope = await api("POST", "/api/demo/jobs/dlq/requeue", body);
+      $("enqueue-result").textContent = envelope.ok
+        ? "Requeued " + envelope.data.requeued + " job(s) from the DLQ."
+        : envelope.error.message;
       await load();
     } finally {
       button.disabled = false;
     }
   }
 
+  function showErrors(fields) {
+    for (const name of FIELDS) {
+      const message = fields[name] || "";
+      $("error-" + name).textContent = message;
+      const input = document.querySelector('#enqueue-form [name="' + name + '"]');
+      if (message) input.setAttribute("aria-invalid", "true");
+      else input.removeAttribute("aria-invalid");
+    }
+  }
+
   $("enqueue-form").addEventListener("submit", async (event) => {
     event.preventDefault();
-    $("error-to").textContent = "";
-    $("error-mode").textContent = "";
-    $("error-delay_s").textContent = "";
+    showErrors({});
     $("enqueue-result").textContent = "";
     const button = $("enqueue");
     button.disabled = true;
     try {
-      const delay = Number.parseInt($("job-delay").value || "0", 10);
-      const body = { to: $("job-to").value, mode: $("job-mode").value, delay_s: Number.isNaN(delay) ? $("job-delay").value : delay };
+      // A number the browser could parse goes as a number; anything else as typed, for the
+      // server to explain (the page shows its sentence, not a guess of ours).
+      const typed = $("job-delay").value.trim();
+      const delay = /^\d+$/.test(typed) ? Number(typed) : typed === "" ? 0 : typed;
+      const body = { to: $("job-to").value, mode: $("job-mode").value, delay_ms: delay };
       const envelope = await api("POST", "/api/demo/jobs", body);
       if (envelope.ok) {
         $("enqueue-result").textContent = "Enqueued " + envelope.data.id + ".";
         await load();
       } else {
         const fields = envelope.error.fields || {};
-        $("error-to").textContent = fields.to || "";
-        $("error-mode").textContent = fields.mode || "";
-        $("error-delay_s").textContent = fields.delay_s || "";
-        $("enqueue-result").textContent = fields.to || fields.mode || fields.delay_s ? "" : envelope.error.message;
+        showErrors(fields);
+        $("enqueue-result").textContent = FIELDS.some((name) => fields[name]) ? "" : envelope.error.message;
       }
     } finally {
       button.disabled = false;
     }
   });
 
+  // One listener for every requeue form, present and future (the list is patched in place).
+  $("dlq-items").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const form = event.target;
+    requeue({ id: form.querySelector("input[name=id]").value }, form.querySelector("button"));
+  });
   $("requeue-all").addEventListener("submit", (event) => {
     event.preventDefault();
     requeue({ all: true }, event.submitter || $("requeue-all").querySelector("button"));
   });
-  for (const form of document.querySelectorAll("#dlq-items .requeue-form")) {
-    form.addEventListener("submit", (event) => {
-      event.preventDefault();
-      requeue({ id: form.querySelector("input[name=id]").value }, form.querySelector("button"));
-    });
-  }
 
   poll(load, 1000);
 })();

@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from app.jobs.email import EmailJob
+from app.jobs.email import SLOW_ACK_WAITS, SLOW_STEPS, EmailJob
+from app.services.job_timeline import short_worker
 from mega.config import Config
 from mega.jobs.job import stream_name
 from tests.factories import csrf_from, job_worker, login, sample_config_for, web_client
@@ -71,7 +72,7 @@ async def test_anonymous_is_refused(config: Config) -> None:
 
 
 async def test_ok_flaky_and_fail_end_to_end(config: Config) -> None:
-    async with web_client(config) as client, job_worker(config):
+    async with web_client(config) as client, job_worker(config) as worker:
         headers = await authed(client)
         ok_id = await enqueue(client, headers, "ok")
         flaky_id = await enqueue(client, headers, "flaky")
@@ -79,8 +80,12 @@ async def test_ok_flaky_and_fail_end_to_end(config: Config) -> None:
 
         data = await wait_for_job(client, ok_id, "done")
         ok_job = next(j for j in data["jobs"] if j["id"] == ok_id)
-        assert ok_job["attempts"] == 1
+        assert ok_job["attempts"] == 1 and ok_job["progress"] is None  # ok reports none
         assert [e["kind"] for e in ok_job["events"]] == ["enqueued", "start", "done"]
+        assert all(set(e) >= {"kind", "time", "detail"} for e in ok_job["events"])
+        # Every attempt names the worker process that ran it, by its short id.
+        here = short_worker(worker.instance_id)
+        assert ok_job["events"][1]["detail"].startswith(f"attempt 1 started on worker {here}, ")
 
         data = await wait_for_job(client, flaky_id, "done")
         flaky = next(j for j in data["jobs"] if j["id"] == flaky_id)
@@ -93,6 +98,7 @@ async def test_ok_flaky_and_fail_end_to_end(config: Config) -> None:
             "done",
         ]
         assert "retry in" in flaky["events"][2]["detail"]
+        assert flaky["events"][3]["detail"] == f"attempt 2 started on worker {here}"
 
         data = await wait_for_job(client, fail_id, "dlq")
         failed = next(j for j in data["jobs"] if j["id"] == fail_id)
@@ -112,20 +118,60 @@ async def test_ok_flaky_and_fail_end_to_end(config: Config) -> None:
         assert console["start_latency_p50_ms"] is not None
 
 
-async def test_slow_holds_a_slot_and_a_delayed_job_waits_without_one(config: Config) -> None:
+@pytest.mark.parametrize(
+    "instance,short",
+    [
+        ("worker@box:4121:a1b2c3", "a1b2c3 (pid 4121)"),
+        ("worker@my:host:77:ffffff", "ffffff (pid 77)"),
+        ("a-name-of-its-own-choosing", "own-choosing"),
+    ],
+)
+def test_a_worker_is_named_by_its_short_id_and_pid(instance: str, short: str) -> None:
+    assert short_worker(instance) == short
+
+
+@pytest.mark.slow
+async def test_slow_outlives_its_ack_wait_on_one_attempt_and_reports_each_step(
+    config: Config,
+) -> None:
+    """The `slow` mode runs 3x EmailJob's ack wait: its lease is renewed, so it is never
+    redelivered, and its progress reaches the page step by step. A delayed job meanwhile
+    waits on the broker without a slot and runs in the other one."""
     async with web_client(config) as client, job_worker(config):
         headers = await authed(client)
+        started = asyncio.get_running_loop().time()
         slow = await enqueue(client, headers, "slow")
         await wait_for_job(client, slow, "running")
         sent = await client.post(
-            "/api/demo/jobs", json={"to": "ada@example.com", "mode": "ok", "delay_s": 1},
+            "/api/demo/jobs", json={"to": "ada@example.com", "mode": "ok", "delay_ms": 1000},
             headers=headers,
         )  # fmt: skip
         later = sent.json()["data"]["id"]
         data = await wait_for_job(client, later, "done")
         job = next(j for j in data["jobs"] if j["id"] == later)
-        assert "held 1 s" in str(job["events"])  # the timeline says it waited on the broker
-        await wait_for_job(client, slow, "done")
+        assert "held 1000 ms" in job["events"][0]["detail"]  # it waited on the broker
+
+        seen: list[tuple[float, str]] = []  # the slow job's progress as the page polls it
+        total_s = SLOW_ACK_WAITS * EmailJob.ack_wait_s
+        deadline = started + total_s + 15
+        while True:
+            data = (await client.get("/api/demo/jobs")).json()["data"]
+            job = next(j for j in data["jobs"] if j["id"] == slow)
+            if job["progress"] and (not seen or seen[-1] != tuple(job["progress"].values())):
+                seen.append((job["progress"]["fraction"], job["progress"]["note"]))
+            if job["status"] == "done":
+                break
+            assert job["status"] == "running" and job["attempts"] == 1, job
+            assert asyncio.get_running_loop().time() < deadline, f"slow never finished: {job}"
+            await asyncio.sleep(0.2)
+        assert asyncio.get_running_loop().time() - started >= total_s
+        assert job["attempts"] == 1  # never redelivered, though it outlived its ack wait
+        assert [e["kind"] for e in job["events"]] == ["enqueued", "start", "done"]
+        last = {"fraction": 1.0, "note": f"{SLOW_STEPS} of {SLOW_STEPS} steps done"}
+        assert job["progress"] == last
+        fractions = [fraction for fraction, _ in seen]
+        assert fractions == sorted(fractions) and len(fractions) >= SLOW_STEPS - 1, seen
+        assert seen[0][1].endswith(f"of {SLOW_STEPS} steps done")
 
 
 async def test_requeue_from_the_dlq_resets_attempts(config: Config) -> None:
@@ -164,9 +210,12 @@ async def test_requeue_from_the_dlq_resets_attempts(config: Config) -> None:
         ({"to": "a@b.co\n23:59:59 INFO forged", "mode": "ok"}, "to"),  # no forged log line
         ({"to": "a\u202eb@example.com", "mode": "ok"}, "to"),
         ({"to": "not-an-address", "mode": "ok"}, "to"),
-        ({"to": "a@example.com", "delay_s": -1}, "delay_s"),
-        ({"to": "a@example.com", "delay_s": 3601}, "delay_s"),
-        ({"to": "a@example.com", "delay_s": "5"}, "delay_s"),
+        ({"to": "a@example.com", "delay_ms": -1}, "delay_ms"),
+        ({"to": "a@example.com", "delay_ms": 60001}, "delay_ms"),
+        ({"to": "a@example.com", "delay_ms": "5"}, "delay_ms"),
+        ({"to": "a@example.com", "delay_ms": 1.5}, "delay_ms"),
+        ({"to": "a@example.com", "delay_ms": True}, "delay_ms"),
+        ({"to": "a@example.com", "delay_ms": None}, "delay_ms"),
     ],
 )
 async def test_bad_input_is_422_and_enqueues_nothing(
@@ -177,7 +226,10 @@ async def test_bad_input_is_422_and_enqueues_nothing(
         before = (await client.get("/api/demo/jobs")).json()["data"]
         response = await client.post("/api/demo/jobs", json=body, headers=headers)
         assert response.status_code == 422
-        assert field in response.json()["error"]["fields"]
+        message = response.json()["error"]["fields"][field]
+        assert "Input should be" not in message  # a plain sentence, not pydantic's wording
+        if field == "delay_ms":
+            assert message == "must be a whole number of milliseconds from 0 to 60000"
         assert (await client.get("/api/demo/jobs")).json()["data"] == before
         assert await stream_messages(client) == 0
 
@@ -188,6 +240,14 @@ async def test_no_js_form_enqueues_and_shows_field_errors(config: Config) -> Non
         token = csrf_from((await client.get("/demo/jobs")).text)
         bad = await client.post("/demo/jobs", data={"csrf_token": token, "to": "", "mode": "ok"})
         assert bad.status_code == 422 and "field-error" in bad.text
+        assert '<span class="field-error" id="error-to">is required</span>' in bad.text
+        late = await client.post(
+            "/demo/jobs",
+            data={"csrf_token": token, "to": "a@example.com", "mode": "ok", "delay_ms": "soon"},
+        )
+        assert late.status_code == 422 and "Input should be" not in late.text
+        assert "must be a whole number of milliseconds from 0 to 60000" in late.text
+        assert 'value="soon"' in late.text  # the form keeps what was typed
         assert await stream_messages(client) == 0
         good = await client.post(
             "/demo/jobs", data={"csrf_token": token, "to": "o'neil&co@example.com", "mode": "ok"}
@@ -274,24 +334,54 @@ async def test_dlq_cli_lists_requeues_and_purges(config: Config) -> None:
 
 
 @pytest.mark.slow
-async def test_a_crash_job_kills_its_worker_then_runs_on_another(config: Config) -> None:
-    """The `crash` mode: the worker that takes it dies (os._exit), nothing acks the job, and
-    after EmailJob's ack wait the other `mega worker` runs it as attempt 2."""
+async def test_a_crash_job_kills_a_worker_on_every_attempt_then_lands_in_the_dlq(
+    config: Config, tmp_path: Path
+) -> None:
+    """The `crash` mode: each attempt kills the `mega worker` that runs it (os._exit), nothing
+    acks it, and after EmailJob's ack wait another worker gets it. Two workers run, and a dead
+    one is started again as `mega dev` does. The delivery after the last attempt is not run:
+    the queue dead-letters it as WorkerCrashed."""
     command = [sys.executable, "-m", "mega", "worker", "--config", str(config.path)]
-    workers = [
-        subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(2)
-    ]
+    logs = tmp_path / "workers.log"
+
+    def spawn() -> subprocess.Popen[bytes]:
+        with logs.open("ab") as log:
+            return subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+    workers = [spawn() for _ in range(2)]
+    deaths: list[int | None] = []
+    attempts = EmailJob.retries + 1
     try:
         async with web_client(config) as client:
             headers = await authed(client)
             await asyncio.sleep(2.0)  # both workers up and pulling
             job_id = await enqueue(client, headers, "crash")
-            data = await wait_for_job(client, job_id, "done", timeout_s=EmailJob.ack_wait_s + 20)
-            job = next(j for j in data["jobs"] if j["id"] == job_id)
-            assert int(job["attempts"]) == 2
-            exits = [worker.poll() for worker in workers]
-            assert sorted(exits, key=lambda code: code is None) == [1, None], exits
+            deadline = asyncio.get_running_loop().time() + attempts * EmailJob.ack_wait_s + 30
+            while True:
+                for index, worker in enumerate(workers):
+                    if worker.poll() is not None:  # died: start another, as mega dev would
+                        deaths.append(worker.returncode)
+                        workers[index] = spawn()
+                data = (await client.get("/api/demo/jobs")).json()["data"]
+                job = next(j for j in data["jobs"] if j["id"] == job_id)
+                if job["status"] == "dlq":
+                    break
+                assert asyncio.get_running_loop().time() < deadline, (
+                    f"crash job never reached the DLQ: {job}; deaths {deaths}; "
+                    f"{logs.read_text()[-3000:]}"
+                )
+                await asyncio.sleep(0.1)
+            assert deaths == [1] * attempts, deaths  # one dead worker per attempt, no more
+            assert job["attempts"] == attempts
+            kinds = [e["kind"] for e in job["events"]]
+            assert kinds == ["enqueued"] + ["start"] * attempts + ["fail", "dlq"], kinds
+            starts = [e["detail"] for e in job["events"] if e["kind"] == "start"]
+            workers_seen = {detail.split(" on worker ")[1].split(",")[0] for detail in starts}
+            assert len(workers_seen) == attempts, starts  # each attempt on a fresh process
+            assert "never reported back" in job["events"][-2]["detail"]
+            [item] = [i for i in data["dlq"]["items"] if i["id"] == job_id]
+            assert item["error"].startswith("WorkerCrashed: attempt 3 of 3 never reported back")
+            assert item["attempts"] == attempts
     finally:
         for worker in workers:
             if worker.poll() is None:

@@ -1,5 +1,7 @@
 """/demo/jobs in the browser: a flaky job shows its two attempts and "done"; a failing job
-lands in the DLQ and can be requeued."""
+lands in the DLQ and can be requeued, and its focused Requeue button stays focused across live
+refreshes; a slow job draws its progress; a 200-character recipient fits 390 px; bad input gets
+plain sentences."""
 
 from __future__ import annotations
 
@@ -11,8 +13,8 @@ from tests.e2e.conftest import LiveStack, log_in, screenshot
 pytestmark = pytest.mark.e2e
 
 
-def enqueue(page, mode: str) -> str:  # type: ignore[no-untyped-def]
-    page.fill("#job-to", f"{mode}@example.com")
+def enqueue(page, mode: str, to: str | None = None) -> str:  # type: ignore[no-untyped-def]
+    page.fill("#job-to", to or f"{mode}@example.com")
     page.select_option("#job-mode", mode)
     before = page.locator("#enqueue-result").inner_text()
     page.click("#enqueue")
@@ -52,3 +54,75 @@ def test_empty_recipient_shows_the_field_error(page, live_stack: LiveStack) -> N
     page.fill("#job-to", "")
     page.click("#enqueue")
     expect(page.locator("#error-to")).not_to_be_empty()
+
+
+def refreshes(page) -> int:  # type: ignore[no-untyped-def]
+    """How many times the page has fetched and patched its state so far."""
+    return int(page.locator("#jobs-page").get_attribute("data-loads") or 0)
+
+
+def test_a_focused_requeue_button_keeps_focus_across_refreshes(page, live_stack: LiveStack) -> None:
+    log_in(page, live_stack.url)
+    page.goto(live_stack.url + "/demo/jobs")
+    failing = enqueue(page, "fail")
+    button = page.locator(f'#dlq-items li[data-id="{failing}"] button')
+    expect(button).to_be_visible(timeout=30_000)
+    button.focus()
+    focused = button.element_handle()
+    seen = refreshes(page)
+    page.wait_for_function(
+        "n => Number(document.getElementById('jobs-page').dataset.loads) >= n",
+        arg=seen + 3, timeout=15_000,
+    )  # fmt: skip
+    assert page.evaluate("node => document.activeElement === node", focused)
+    assert page.evaluate("() => document.activeElement.closest('li').dataset.id") == failing
+
+
+def test_a_slow_job_draws_its_progress_on_one_attempt(page, live_stack: LiveStack) -> None:
+    log_in(page, live_stack.url)
+    page.goto(live_stack.url + "/demo/jobs")
+    slow = enqueue(page, "slow")
+    card = page.locator(f'article.job[data-id="{slow}"]')
+    bar = card.get_by_role("progressbar", name=f"Progress of job {slow}")
+    expect(bar).to_be_visible(timeout=15_000)
+    expect(card.locator(".job-progress")).to_contain_text("2 of 6 steps done", timeout=15_000)
+    assert 0 < float(bar.get_attribute("value") or 0) < 1
+    start = card.locator(".event-start")
+    expect(start).to_have_count(1)
+    assert "attempt 1 started on worker " in start.inner_text()
+    screenshot(page, "jobs-progress")
+
+
+def test_a_long_recipient_does_not_widen_a_phone_screen(page, live_stack: LiveStack) -> None:
+    page.set_viewport_size({"width": 390, "height": 844})
+    log_in(page, live_stack.url)
+    page.goto(live_stack.url + "/demo/jobs")
+    # 200 characters, every part at its longest: a 64-character local part, 63-character labels.
+    long_to = "x" * 64 + "@" + "d" * 63 + "." + "e" * 63 + ".exa.com"
+    assert len(long_to) == 200
+    job = enqueue(page, "fail", to=long_to)
+    card = page.locator(f'article.job[data-id="{job}"]')
+    expect(card).to_have_attribute("data-status", "dlq", timeout=30_000)
+    expect(page.locator(f'#dlq-items li[data-id="{job}"]')).to_contain_text(long_to)
+    width = page.evaluate("() => document.documentElement.scrollWidth")
+    assert width <= 390, f"the page is {width} px wide"
+    screenshot(page, "jobs-390")
+
+
+def test_bad_input_gets_plain_sentences(page, live_stack: LiveStack) -> None:
+    log_in(page, live_stack.url)
+    page.goto(live_stack.url + "/demo/jobs")
+    page.fill("#job-to", "not-an-address")
+    page.fill("#job-delay", "-5")
+    # A mode the select does not offer, as a hand-made request would send it.
+    page.evaluate("() => document.getElementById('job-mode').add(new Option('x', 'sometimes'))")
+    page.select_option("#job-mode", "sometimes")
+    page.click("#enqueue")
+    expect(page.locator("#error-delay_ms")).to_have_text(
+        "must be a whole number of milliseconds from 0 to 60000"
+    )
+    expect(page.locator("#error-to")).to_contain_text("is not a valid e-mail address")
+    expect(page.locator("#error-mode")).to_contain_text("must be one of")
+    for field in ("to", "mode", "delay_ms"):
+        assert "Input should be" not in page.locator(f"#error-{field}").inner_text()
+    expect(page.locator("#job-delay")).to_have_attribute("aria-invalid", "true")
