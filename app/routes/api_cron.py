@@ -2,12 +2,14 @@
 
 A manual tick may ask to hold its run (`hold_ms`, 0 to 60000): the run keeps the overlap guard
 for that long, so a tick planned inside the hold is skipped ("overlap") and the audit shows it.
-The request answers when the run ends. Bad input is a 422 with field errors and runs nothing.
+The request answers once the run has started holding (the hold goes on in the background), or
+at once when the tick was skipped. Bad input is a 422 with field errors and runs nothing.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+import asyncio
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 from zoneinfo import ZoneInfo
 
@@ -16,12 +18,20 @@ from fastapi.responses import RedirectResponse
 from pydantic import BaseModel, Field, ValidationError
 
 from app.schedules.cron_counter import CronCounterSchedule
-from app.services.cron_counter import HOLD_EXTRA, MAX_HOLD_MS, SUGGESTED_HOLD_MS, read_state
+from app.services.cron_counter import (
+    HOLD_EXTRA,
+    HOLD_STARTED_EXTRA,
+    MAX_HOLD_MS,
+    SUGGESTED_HOLD_MS,
+    read_state,
+)
 from mega import Scheduler
 from mega.web import UserDep, api_responses, field_errors, flash, ok, render
 
 router = APIRouter()
 SCHEDULE = CronCounterSchedule.name
+# Manual ticks still holding, kept referenced so that they are not collected mid-hold.
+HOLDING: set[asyncio.Task[Any]] = set()
 
 
 def scheduler(request: Request) -> Scheduler:
@@ -91,19 +101,33 @@ class CronRun(BaseModel):
     ran: bool
     reason: str | None = None  # why it was skipped
     error: str | None = None  # what the run raised
-    held_ms: int | None = None  # how long the run held the guard on purpose
+    hold_ms: int | None = None  # the run holds the overlap guard this long, from now
+    hold_until: str | None = None  # when the hold ends (ISO-8601, the schedule's zone)
 
 
 async def manual_tick(request: Request, hold_ms: int) -> dict[str, Any]:
-    extras = {HOLD_EXTRA: hold_ms} if hold_ms else None
-    result = await scheduler(request).run_now(SCHEDULE, extras=extras)
+    """Run one tick now; with a hold, answer as soon as the run holds (or was skipped)."""
+    if not hold_ms:
+        result = await scheduler(request).run_now(SCHEDULE)
+    else:
+        started = asyncio.Event()
+        extras = {HOLD_EXTRA: hold_ms, HOLD_STARTED_EXTRA: started}
+        run = asyncio.create_task(scheduler(request).run_now(SCHEDULE, extras=extras))
+        HOLDING.add(run)
+        run.add_done_callback(HOLDING.discard)
+        holding = asyncio.create_task(started.wait())
+        await asyncio.wait({run, holding}, return_when=asyncio.FIRST_COMPLETED)
+        if not run.done():
+            until = datetime.now(UTC) + timedelta(milliseconds=hold_ms)
+            zone = scheduler(request).describe(SCHEDULE)["timezone"]
+            return {"ran": True, "hold_ms": hold_ms, "hold_until": in_zone(until.isoformat(), zone)}
+        holding.cancel()
+        result = run.result()
     data: dict[str, Any] = {"ran": result.ran}
     if not result.ran:
         data["reason"] = result.reason
     elif result.error:
         data["error"] = result.error
-    elif hold_ms:
-        data["held_ms"] = hold_ms
     return data
 
 
@@ -113,8 +137,11 @@ def outcome_text(data: dict[str, Any]) -> str:
         return f"Manual tick skipped: {data['reason']}."
     if "error" in data:
         return f"Manual tick ran and failed: {data['error']}"
-    if "held_ms" in data:
-        return f"Manual tick ran and held the overlap guard for {data['held_ms']} ms."
+    if "hold_ms" in data:
+        return (
+            f"Manual tick ran and holds the overlap guard until {data['hold_until'][11:19]} "
+            f"({data['hold_ms']} ms): watch the next tick in the audit."
+        )
     return "Manual tick ran."
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from app.services.cron_counter import HOLD_EXTRA, record_run
+from app.services.cron_counter import HOLD_EXTRA, HOLD_STARTED_EXTRA, record_run
 from mega import Context, Schedule
 
 
@@ -33,4 +33,7 @@ class CronCounterSchedule(Schedule):
         if self.tick.source == "manual" and hold_ms:
             # Counted first (the page shows the run at once), then kept going: the guard is
             # held for the whole hold, so a tick that falls inside it is skipped.
+            started: asyncio.Event | None = ctx.extras.get(HOLD_STARTED_EXTRA)
+            if started is not None:
+                started.set()
             await asyncio.sleep(hold_ms / 1000)

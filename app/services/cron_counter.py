@@ -19,8 +19,10 @@ HISTORY_KEY = "demo:cron:history"
 FENCE_KEY = "demo:cron:last_fence"
 # The page shows the newest runs; older ones are dropped so the list never grows without bound.
 HISTORY_SIZE = 50
-# The `ctx.extras` key a manual tick's caller sets to keep its run going this many ms.
+# The `ctx.extras` keys a manual tick's caller sets: keep the run going this many ms, and an
+# asyncio.Event the run sets once it is counted, when the hold begins.
 HOLD_EXTRA = "hold_ms"
+HOLD_STARTED_EXTRA = "hold_started"
 # Longest hold the page may ask for: two periods of the 30 s schedule, enough to span a tick.
 MAX_HOLD_MS = 60_000
 # What the page suggests: longer than the 30 s period, so the next tick surely falls inside it.

@@ -48,7 +48,10 @@
   function outcome(data) {
     if (!data.ran) return "Manual tick skipped: " + data.reason + ".";
     if (data.error) return "Manual tick ran and failed: " + data.error;
-    if (data.held_ms) return "Manual tick ran and held the overlap guard for " + data.held_ms + " ms.";
+    if (data.hold_ms) {
+      return "Manual tick ran and holds the overlap guard until " + data.hold_until.slice(11, 19) +
+        " (" + data.hold_ms + " ms): watch the next tick in the audit.";
+    }
     return "Manual tick ran.";
   }
 
@@ -64,7 +67,7 @@
     error.textContent = "";
     field.removeAttribute("aria-invalid");
     button.disabled = true;
-    result.textContent = hold ? "Running, holding the overlap guard for " + hold + " ms: watch the tick audit." : "";
+    result.textContent = "";
     try {
       const envelope = await api("POST", "/api/demo/cron/run", { hold_ms: hold });
       if (envelope.ok) result.textContent = outcome(envelope.data);

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import pytest
 import redis.asyncio as redis
 
+from app.routes.api_cron import HOLDING
 from app.schedules.cron_counter import CronCounterSchedule
 from app.services.cron_counter import COUNT_KEY, FENCE_KEY, HISTORY_KEY, read_state, record_run
 from mega import Scheduler
@@ -109,7 +110,7 @@ class EverySecondCounter(CronCounterSchedule):
     lock: ClassVar[LockSettings] = {"lock": "main", "ttl": 900, "key": PREFIX}
 
 
-async def until(check: Callable[[], Any], timeout_s: float) -> Any:
+async def until_true(check: Callable[[], Any], timeout_s: float) -> Any:
     deadline = time.monotonic() + timeout_s
     while not (found := await check()):
         assert time.monotonic() < deadline, "condition not met in time"
@@ -140,21 +141,45 @@ async def test_a_held_manual_tick_makes_the_next_ticks_skip_on_the_overlap_guard
                 return next((t for t in ticks if t["winner"] and t["skipped"]), None)
 
             # The lock skip: the loser of each tick says why, and the page lists both processes.
-            tick = await until(contested, timeout_s=5)
+            tick = await until_true(contested, timeout_s=5)
             assert tick["winner"] in ("scheduler@test:101:ab12", "scheduler@test:102:ab12")
             assert [s["reason"] for s in tick["skipped"]] == ["claimed by another instance"]
             assert {s["pid"] for s in (await state())["schedulers"]} == {101, 102}
 
             token = csrf_from((await client.get("/demo/cron")).text)
+
+            async def held_tick() -> dict[str, Any] | None:
+                # A tick's own run may hold the guard for a few ms right then: try again.
+                held = await client.post(
+                    "/api/demo/cron/run", json={"hold_ms": 2500}, headers={"X-CSRF-Token": token}
+                )
+                found: dict[str, Any] = held.json()["data"]
+                return found if found["ran"] else None
+
             started = time.time()
-            held = await client.post(
+            data = await until_true(held_tick, timeout_s=3)
+            assert time.time() - started < 1  # answers once the run holds, not when it ends
+            assert (data["ran"], data["hold_ms"]) == (True, 2500)
+            until = datetime.fromisoformat(data["hold_until"])
+            assert until.utcoffset().total_seconds() == 9 * 3600  # type: ignore[union-attr]
+            assert abs(until.timestamp() - (started + 2.5)) < 1
+            # A second manual tick during the hold is skipped on the guard as well.
+            again = await client.post(
                 "/api/demo/cron/run", json={"hold_ms": 2500}, headers={"X-CSRF-Token": token}
             )
-            assert time.time() - started >= 2.4  # the request answers when the run ends
-            assert held.json()["data"] == {"ran": True, "held_ms": 2500}
+            assert again.json()["data"] == {
+                "ran": False,
+                "reason": "overlap: the previous run still runs",
+            }
+
+            async def released() -> bool:
+                return not await fresh_redis.exists(f"{PREFIX}:running") and not HOLDING
+
+            await until_true(released, timeout_s=6)
+            assert time.time() - started >= 2.4  # held the whole time
 
             ticks = (await state())["ticks"]
-            manual = next(t for t in ticks if t["source"] == "manual")
+            manual = next(t for t in ticks if t["source"] == "manual" and t["winner"] is not None)
             inside = [
                 t
                 for t in ticks
@@ -178,7 +203,7 @@ async def test_a_held_manual_tick_makes_the_next_ticks_skip_on_the_overlap_guard
                     for t in (await state())["ticks"]
                 )
 
-            await until(resumed, timeout_s=5)
+            await until_true(resumed, timeout_s=5)
         finally:
             for host in hosts:
                 await host.stop()
@@ -223,8 +248,14 @@ async def test_the_form_holds_and_words_bad_input(
         held = await client.post("/demo/cron/run", data={"csrf_token": token, "hold_ms": "300"})
         assert held.status_code == 303
         page = await client.get("/demo/cron")
-        assert "Manual tick ran and held the overlap guard for 300 ms." in page.text
+        assert "Manual tick ran and holds the overlap guard until" in page.text
+        assert "(300 ms): watch the next tick in the audit." in page.text
         assert (await read_state(fresh_redis))["count"] == 1
+
+        async def released() -> bool:  # the hold ends by itself, and lets the guard go
+            return not HOLDING and not await fresh_redis.exists(f"{PREFIX}:running")
+
+        await until_true(released, timeout_s=3)
 
 
 async def test_the_page_teaches_its_failure_modes(
