@@ -33,7 +33,7 @@ def attach_timeline(worker: JobWorker, ctx: Context) -> None:
             )
             if latency is not None:
                 await job_timeline.record_latency(redis, latency)
-                await console_series.record_start(redis, latency)  # the console's p50/p99
+                await console_series.record_start(redis, worker.instance_id, latency)  # console
         elif kind == "progress":
             await job_timeline.record_progress(redis, job_id, signal["fraction"], signal["note"])
         elif kind == "retry":
@@ -44,7 +44,7 @@ def attach_timeline(worker: JobWorker, ctx: Context) -> None:
         elif kind == "done":
             detail = f"attempt {attempt} succeeded in {signal['duration_ms']:.0f} ms"
             await job_timeline.record_event(redis, job_id, "done", detail, status="done")
-            await console_series.record_done(redis)  # the console's jobs/s
+            await console_series.record_done(redis, worker.instance_id)  # console: jobs/s
         elif kind == "fail" and signal.get("phase") == "run":
             if signal["error_type"] == "WorkerCrashed":  # found by the delivery after the last
                 detail = f"{signal['error']}; no tries left"

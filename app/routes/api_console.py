@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -17,7 +18,7 @@ from app.routes.api_cron import SCHEDULE, scheduler
 from app.routes.api_events import events_part
 from app.routes.api_jobs import jobs_part, queue
 from app.routes.api_worker import POOL
-from app.services import console_series
+from app.services import console_series, job_timeline
 from mega.web import UserDep, api_responses, ok
 
 router = APIRouter(prefix="/api/demo")
@@ -30,14 +31,9 @@ SERIES_TICKS = 60
 
 
 def short_instance(instance: str) -> str:
-    """`scheduler@host:4121:a1b2c3` -> `a1b2c3 (pid 4121)`: the random suffix tells two runs of
-    one pid apart, the pid is what to kill (the jobs timeline names workers the same way); any
-    other form -> its last 12 characters."""
-    _, _, where = instance.rpartition("@")
-    parts = where.split(":")
-    if len(parts) >= 3 and parts[-2].isdigit():
-        return f"{parts[-1]} (pid {parts[-2]})"
-    return instance[-12:]
+    """`scheduler@host:4121:a1b2c3` -> `a1b2c3 (pid 4121)`, the form the jobs timeline gives
+    workers: the random suffix tells two runs of one pid apart, the pid is what to kill."""
+    return job_timeline.short_worker(instance)
 
 
 async def schedules_part(request: Request) -> dict[str, Any]:
@@ -60,6 +56,21 @@ async def schedules_part(request: Request) -> dict[str, Any]:
     }
 
 
+async def workers_part(request: Request) -> dict[str, Any]:
+    """Job workers that started or finished an EmailJob in the last 10 minutes."""
+    seen = await console_series.recent_workers(request.app.state.ctx.cache("main").native)
+    return {
+        "instances": [
+            {
+                "instance": name,
+                "short": short_instance(name),
+                "last_seen": datetime.fromtimestamp(at_ms / 1000, UTC).isoformat(),
+            }
+            for name, at_ms in seen
+        ]
+    }
+
+
 async def pool_part(request: Request) -> dict[str, Any]:
     stats: dict[str, Any] = request.app.state.ctx.workers[POOL].stats()
     return stats
@@ -78,6 +89,7 @@ async def series_part(request: Request) -> dict[str, Any]:
 PARTS: dict[str, Callable[[Request], Awaitable[dict[str, Any]]]] = {
     "schedules": schedules_part,
     "jobs": jobs_part,
+    "workers": workers_part,
     "events": events_part,
     "pool": pool_part,
     "series": series_part,

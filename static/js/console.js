@@ -181,6 +181,13 @@
       $("jobs-dlq").textContent = dash(j.dlq);
       $("jobs-p50").textContent = j.start_latency_p50_ms === null ? "-" : j.start_latency_p50_ms + " ms";
     }
+    const w = data.workers;
+    if (w && w.ok) {
+      replaceRows($("worker-instances").tBodies[0], w.instances.map((i) =>
+        el("tr", { "data-key": i.instance },
+          el("td", { class: "mono small", title: i.instance }, i.short),
+          el("td", { class: "num mono" }, time(i.last_seen)))), $("worker-empty"));
+    }
     const e = data.events;
     if (panel("events", e)) {
       $("events-outbox").textContent = e.outbox_pending;

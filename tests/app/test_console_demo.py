@@ -1,5 +1,6 @@
 """/demo and GET /api/demo/console: the charts' series from real jobs on a real worker and real
-ticks of a real scheduler, bounded to the 10-minute window; short instance ids."""
+ticks of a real scheduler, bounded to the 10-minute window; short ids of the scheduler and worker
+instances seen."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
+from redis.asyncio import Redis
 
 from app.routes.api_console import short_instance
 from app.schedules.cron_counter import CronCounterSchedule
+from app.services import console_series
 from app.services.console_series import STEP_S, STEPS, WINDOW_S, build_series, percentile
 from mega import Scheduler
 from mega.config import Config
@@ -141,12 +144,14 @@ async def test_empty_series_before_any_job(config: Config) -> None:
         assert series["start_p50_ms"] == [] and series["tick_lateness_ms"] == []
         assert [v for _, v in series["dlq"]] == [0]  # sampled by this very read
         assert series["totals"] == {"jobs_done": 0, "starts": 0, "ticks": 0}
+        workers = (await client.get("/api/demo/console")).json()["data"]["workers"]
+        assert workers == {"ok": True, "instances": []}
         page = await client.get("/demo")
         assert "No jobs finished in the last 10 minutes" in page.text
 
 
 async def test_jobs_done_latency_and_dlq_from_real_jobs(config: Config) -> None:
-    async with web_client(config) as client, job_worker(config):
+    async with web_client(config) as client, job_worker(config) as worker:
         headers = await authed(client)
         for _ in range(5):
             await enqueue(client, headers, "ok")
@@ -159,6 +164,12 @@ async def test_jobs_done_latency_and_dlq_from_real_jobs(config: Config) -> None:
         ):
             assert t50 == t99 and 0 <= p50 <= p99
         assert series["dlq"][-1][1] == 0
+        workers = (await client.get("/api/demo/console")).json()["data"]["workers"]
+        (seen,) = workers["instances"]
+        assert seen["instance"] == worker.instance_id
+        assert seen["short"] == short_instance(worker.instance_id)
+        page = (await client.get("/demo")).text
+        assert f'title="{worker.instance_id}"' in page
 
         await enqueue(client, headers, "fail")  # three attempts, then the DLQ
         series = await series_until(client, lambda s: s["dlq"][-1][1] == 1)
@@ -202,3 +213,20 @@ async def test_tick_lateness_and_short_instances_from_a_real_scheduler(config: C
             assert f">{instance['short']}<" in page
 
         await run_scheduler(config, watch)
+
+
+async def test_workers_older_than_the_window_are_dropped(redis_factory: Callable[[], Any]) -> None:
+    redis = Redis.from_url(redis_factory().url, decode_responses=True)
+    try:
+        now_s = 1_700_000_000.0
+        await console_series.record_done(redis, "worker@h:1:aaaaaa", at_s=now_s - WINDOW_S - 1)
+        await console_series.record_start(redis, "worker@h:2:bbbbbb", 12.5, at_s=now_s - 5)
+        await console_series.record_done(redis, "worker@h:3:cccccc", at_s=now_s - 1)
+        seen = await console_series.recent_workers(redis, now_s=now_s)
+        assert seen == [
+            ("worker@h:3:cccccc", 1_699_999_999_000),
+            ("worker@h:2:bbbbbb", 1_699_999_995_000),
+        ]
+        assert await redis.zcard(console_series.WORKERS_KEY) == 2
+    finally:
+        await redis.aclose()
