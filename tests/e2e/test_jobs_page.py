@@ -6,6 +6,7 @@ plain sentences."""
 from __future__ import annotations
 
 import pytest
+from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import expect
 
 from tests.e2e.conftest import LiveStack, log_in, screenshot
@@ -91,6 +92,14 @@ def test_a_slow_job_draws_its_progress_on_one_attempt(page, live_stack: LiveStac
     expect(start).to_have_count(1)
     assert "attempt 1 started on worker " in start.inner_text()
     screenshot(page, "jobs-progress")
+    for scheme in ("light", "dark"):  # the bar and its note, as axe-core sees them
+        page.emulate_media(color_scheme=scheme)
+        violations = [
+            f"{v['id']}: {v['help']} -> {[node['target'] for node in v['nodes'][:4]]}"
+            for v in Axe().run(page).response["violations"]
+            if v["impact"] in ("serious", "critical")
+        ]
+        assert not violations, (scheme, violations)
 
 
 def test_a_long_recipient_does_not_widen_a_phone_screen(page, live_stack: LiveStack) -> None:
