@@ -10,6 +10,7 @@ from playwright.sync_api import expect
 from tests.e2e.conftest import LiveStack, log_in, screenshot
 
 pytestmark = pytest.mark.e2e
+DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
 def test_pool_hash_keeps_the_heartbeat_going(page, live_stack: LiveStack) -> None:
@@ -18,7 +19,8 @@ def test_pool_hash_keeps_the_heartbeat_going(page, live_stack: LiveStack) -> Non
     expect(page.locator("#heartbeat .beat").first).to_be_visible()
     page.fill("#hash-rounds", "9000000")  # ~3 s here
     page.click("#run-pool")
-    expect(page.locator("#result-mode")).to_have_text("pool", timeout=60_000)
+    expect(page.locator("#result-digest")).to_have_text(DIGEST, timeout=60_000)
+    assert page.locator("#result-mode").inner_text() == "pool"
     beats = int(page.locator("#beats-during").get_attribute("data-final") or "0")
     assert beats > 1, "heartbeats must keep arriving while the pool hashes"
     assert len(page.locator("#result-digest").inner_text()) == 64
@@ -41,3 +43,147 @@ def test_console_shows_the_live_state_of_all_three(page, live_stack: LiveStack) 
     expect(page.locator("#jobs-p50")).to_have_text(re.compile(r"ms$"))
     assert page.locator("[data-unavailable]:visible").count() == 0
     screenshot(page, "console-live")
+
+
+# -- the failure modes and the live figures (SPEC 4.2) ------------------------------------------
+
+
+def open_worker_page(page, live_stack: LiveStack) -> None:  # type: ignore[no-untyped-def]
+    log_in(page, live_stack.url)
+    page.goto(live_stack.url + "/demo/worker")
+    expect(page.locator("#heartbeat .beat").first).to_be_visible()
+    expect(page.locator("#pool-size")).to_have_text("2", timeout=20_000)  # a full pool to start
+
+
+def test_progress_bar_appears_moves_and_reaches_the_end(page, live_stack: LiveStack) -> None:
+    open_worker_page(page, live_stack)
+    bar = page.locator("#hash-progress")
+    expect(page.locator("#run-progress")).to_be_hidden()
+    page.fill("#hash-rounds", "9000000")
+    page.click("#run-pool")
+    expect(page.locator("#run-progress")).to_be_visible()
+    # A figure the server reported while the run was still going (not only the final 1).
+    page.wait_for_function(
+        "() => { const r = Number(document.getElementById('hash-progress').dataset.reported);"
+        " return r > 0 && r < 1; }",
+        timeout=30_000,
+    )
+    expect(page.locator("#progress-note")).to_have_text(re.compile(r"of 9,000,000 rounds$"))
+    expect(page.locator("#result-digest")).to_have_text(DIGEST, timeout=60_000)
+    assert bar.evaluate("b => b.value") == 1
+    expect(page.locator("#progress-note")).to_have_text("all 9,000,000 rounds")
+    screenshot(page, "worker-progress")
+
+
+def test_a_new_run_clears_the_result_card(page, live_stack: LiveStack) -> None:
+    open_worker_page(page, live_stack)
+    page.fill("#hash-rounds", "1000")
+    page.click("#run-pool")
+    expect(page.locator("#result-digest")).to_have_text(DIGEST)
+    page.fill("#hash-timeout", "300")
+    page.fill("#hash-rounds", "40000000")
+    page.click("#run-pool")
+    expect(page.locator("#result-error")).to_contain_text("worker.task_timeout")
+    page.fill("#hash-timeout", "")
+    page.fill("#hash-rounds", "6000000")
+    page.click("#run-pool")
+    # At once, before the new run answers: no digest, no time, no error from before.
+    expect(page.locator("#result-digest")).to_have_text("")
+    expect(page.locator("#result-ms")).to_have_text("running…")
+    expect(page.locator("#result-error")).to_be_hidden()
+    expect(page.locator("#result-rounds")).to_have_text("6,000,000")
+    expect(page.locator("#result-digest")).to_have_text(DIGEST, timeout=60_000)
+
+
+def test_a_timeout_shows_the_error_and_the_pool_replaces_the_process(
+    page, live_stack: LiveStack
+) -> None:
+    open_worker_page(page, live_stack)
+    restarts = page.locator("#pool-restarts").inner_text()
+    page.fill("#hash-timeout", "500")
+    page.fill("#hash-rounds", "40000000")
+    page.click("#run-pool")
+    error = page.locator("#result-error")
+    expect(error).to_be_visible(timeout=30_000)
+    expect(error).to_contain_text("504 worker.task_timeout")
+    expect(error).to_contain_text("exceeded its 500 ms timeout")
+    expect(page.locator("#progress-note")).to_have_text("stopped: worker.task_timeout")
+    expect(page.locator("#result-digest")).to_have_text("")
+    expect(page.locator("#pool-size")).to_have_text("2", timeout=20_000)
+    assert page.locator("#pool-restarts").inner_text() == restarts  # a deliberate kill is free
+    screenshot(page, "worker-timeout")
+
+
+def test_killing_a_child_counts_a_restart(page, live_stack: LiveStack) -> None:
+    open_worker_page(page, live_stack)
+    before = int(page.locator("#pool-restarts").inner_text())
+    assert before < int(page.locator("#pool-max-restarts").inner_text())
+    page.click("#kill-child")
+    expect(page.locator("#kill-result")).to_have_text(re.compile(r"^Killed child \d+ \(SIGKILL\)"))
+    expect(page.locator("#pool-restarts")).to_have_text(str(before + 1), timeout=20_000)
+    expect(page.locator("#pool-size")).to_have_text("2", timeout=20_000)
+    screenshot(page, "worker-kill")
+
+
+def test_a_burst_shows_runs_refused_with_429(page, live_stack: LiveStack) -> None:
+    open_worker_page(page, live_stack)
+    expect(page.locator("#pool-busy")).to_have_text("0", timeout=60_000)  # earlier runs drained
+    page.click("#burst")
+    result = page.locator("#burst-result")
+    expect(result).to_contain_text("refused with 429 worker.overloaded", timeout=30_000)
+    expect(result).to_have_text(
+        re.compile(r"^14 runs sent at once to a pool that holds 10: 10 ran, 4 refused")
+    )
+    assert result.get_attribute("data-probe") == "429"
+    expect(result).to_contain_text(
+        re.compile(
+            r"This page's own run, sent just after: 429 worker\.overloaded, Retry-After: \d+ s"
+        )
+    )
+    screenshot(page, "worker-burst")
+    expect(page.locator("#pool-queued")).to_have_text("0", timeout=60_000)
+
+
+def test_the_heartbeat_has_a_scale_a_run_max_and_grows_while_a_beat_is_pending(
+    page, live_stack: LiveStack
+) -> None:
+    open_worker_page(page, live_stack)
+    expect(page.locator("#heartbeat-scale .tick")).to_have_count(4)
+    expect(page.locator("#heartbeat")).to_have_attribute(
+        "aria-label", re.compile(r"last beat \d+ ms")
+    )
+    page.fill("#hash-rounds", "6000000")
+    page.click("#run-inline")
+    # While the loop hashes, a pending bar grows past a second, before its answer arrives.
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#heartbeat .beat.pending')]"
+        ".some(b => b.classList.contains('stalled'))",
+        timeout=30_000,
+    )
+    expect(page.locator("#beat-last")).to_have_text(re.compile(r"^waiting [\d,]+ ms$"))
+    expect(page.locator("#result-digest")).to_have_text(DIGEST, timeout=60_000)
+    assert page.locator("#result-mode").inner_text() == "inline"
+    max_text = page.locator("#beat-max").inner_text()
+    assert int(max_text.removesuffix(" ms").replace(",", "")) >= 1000, max_text
+    expect(page.locator("#heartbeat")).to_have_attribute(
+        "aria-label", re.compile(r"slowest during the last run [\d,]+ ms")
+    )
+
+
+def test_at_390_px_the_heartbeat_sits_by_the_run_buttons_without_sideways_scroll(
+    browser, live_stack: LiveStack
+) -> None:
+    context = browser.new_context(viewport={"width": 390, "height": 844})
+    page = context.new_page()
+    try:
+        open_worker_page(page, live_stack)
+        # The form's first field at the top of the screen, as a thumb leaves it to type:
+        # the run buttons and the whole heartbeat strip are on screen together.
+        page.locator("#hash-input").evaluate("e => e.scrollIntoView({block: 'start'})")
+        expect(page.locator("#run-pool")).to_be_in_viewport(ratio=1)
+        expect(page.locator("#run-inline")).to_be_in_viewport(ratio=1)
+        expect(page.locator("#heartbeat")).to_be_in_viewport(ratio=1)
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        screenshot(page, "worker-390")
+    finally:
+        context.close()
