@@ -70,6 +70,43 @@ class HashRequest(BaseModel):
         return self
 
 
+class HashResult(BaseModel):
+    digest: str
+    rounds: int
+    ms: float  # wall time of the request's run, queueing included
+    mode: Literal["pool", "inline"]
+
+
+class RunFigure(BaseModel):
+    fraction: float  # 0..1, the rounds done so far
+    note: str | None  # e.g. "1,200,000 of 6,000,000 rounds"
+
+
+class PoolState(BaseModel):
+    busy: int
+    queued: int
+    size: int  # live processes
+    restarts: int  # crash replacements so far (a timeout's kill is not counted)
+    broken: bool
+    pool_size: int
+    max_queue: int
+    max_restarts: int
+    mode: str
+
+
+class Killed(BaseModel):
+    killed_pid: int | None  # None: no child to kill right now
+
+
+class BurstOutcome(BaseModel):
+    sent: int
+    accepted: int  # taken by the pool: running or queued
+    refused: int  # worker.overloaded: what POST /api/demo/worker/hash answers with 429
+    retry_after_s: int | None  # the pool's estimate, as in the 429's Retry-After
+    failed: list[str]  # codes of runs refused for another reason (a broken pool)
+    capacity: int  # pool_size + max_queue
+
+
 class InlineGate:
     """One inline run at a time, with a pause after it as long as it took: the requests that
     queued up behind a stalled loop are refused (429) instead of stalling it again in turn."""
@@ -132,7 +169,7 @@ async def pool_hash(
 HASH_ERRORS = (401, 403, 422, 429, 500, 503, 504)
 
 
-@router.post("/api/demo/worker/hash", responses=api_responses(errors=HASH_ERRORS))
+@router.post("/api/demo/worker/hash", responses=api_responses(HashResult, errors=HASH_ERRORS))
 async def run_hash(body: HashRequest, request: Request, user: UserDep) -> Response:
     """The hash; past `timeout_ms` (pool only) the child is killed: 504 worker.task_timeout."""
     task = {"input": body.input, "rounds": body.rounds}
@@ -146,7 +183,9 @@ async def run_hash(body: HashRequest, request: Request, user: UserDep) -> Respon
     return ok({**result, "ms": ms, "mode": mode})
 
 
-@router.get("/api/demo/worker/progress", responses=api_responses(errors=(401, 422)))
+@router.get(
+    "/api/demo/worker/progress", responses=api_responses(RunFigure | None, errors=(401, 422))
+)
 async def hash_progress(
     request: Request, user: UserDep, run_id: Annotated[str, Query(pattern=RUN_ID_PATTERN)]
 ) -> Response:
@@ -167,12 +206,12 @@ def pool_state(request: Request) -> dict[str, Any]:
     }
 
 
-@router.get("/api/demo/worker", responses=api_responses(errors=(401,)))
+@router.get("/api/demo/worker", responses=api_responses(PoolState, errors=(401,)))
 async def get_pool_state(request: Request, user: UserDep) -> Response:
     return ok(pool_state(request))
 
 
-@router.post("/api/demo/worker/kill", responses=api_responses(errors=(401, 403, 409)))
+@router.post("/api/demo/worker/kill", responses=api_responses(Killed, errors=(401, 403, 409)))
 async def kill_child(request: Request, user: UserDep) -> Response:
     """SIGKILL one pool child (a busy one first): the pool replaces it and counts a restart.
     Refused (409) when the pool has no restart left: a shared demo must not break its pool."""
@@ -193,7 +232,7 @@ def kill_one(request: Request) -> int | None:
     return pid
 
 
-@router.post("/api/demo/worker/burst", responses=api_responses(errors=(401, 403)))
+@router.post("/api/demo/worker/burst", responses=api_responses(BurstOutcome, errors=(401, 403)))
 async def burst(request: Request, user: UserDep) -> Response:
     """Send pool_size + max_queue + BURST_EXTRA_RUNS hash runs at once, from the server (a
     browser opens at most 6 connections to a host: too few to fill the queue). The pool takes
