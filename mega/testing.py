@@ -26,7 +26,9 @@ no servers.
 - `worker_pool(cls, ctx)`: a Worker's real pool (one child process by default, ~0.1 s to
   start; `mode="thread"` for none) as `ctx.workers[name]`, stopped at the end of the block.
 - Faults: `failing(cls, times=n)` makes the next n runs of a Job, Listener or Schedule class
-  raise; `kill_child(pool)` SIGKILLs a pool's child process, as a crash would.
+  raise; `failing_dlq(times=n)` makes the next n dead-letter writes fail (the job must come
+  back and write its record later, never be lost); `kill_child(pool)` SIGKILLs a pool's child
+  process, as a crash would.
 """
 
 from __future__ import annotations
@@ -47,9 +49,10 @@ from mega.events import bus as events_bus
 from mega.events.listener import Listener
 from mega.events.worker import ListenerWorker
 from mega.jobs import queue as jobs_queue
+from mega.jobs.dlq import DlqRecord
 from mega.jobs.job import Job
 from mega.jobs.jobworker import JobWorker
-from mega.jobs.memory import MemoryBroker, memory_broker
+from mega.jobs.memory import MemoryBroker, MemoryLane, memory_broker
 from mega.schedules import cron
 from mega.schedules.schedule import Schedule, Tick
 from mega.workers.pool import WorkerPool
@@ -198,6 +201,27 @@ def failing(
         yield
     finally:
         cls.run = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def failing_dlq(*, times: int = 1, error: Exception | None = None) -> Iterator[None]:
+    """The next `times` dead-letter writes on memory buses raise `error` (default
+    ConnectionError("injected DLQ publish failure")), as a DLQ publish that gets no PubAck
+    would: the job is not let go, and comes back to write its record again."""
+    original = MemoryLane.dead_letter
+    left = [times]
+
+    def dead_letter(self: MemoryLane, record: DlqRecord) -> None:
+        if left[0] > 0:
+            left[0] -= 1
+            raise error or ConnectionError("injected DLQ publish failure")
+        original(self, record)
+
+    MemoryLane.dead_letter = dead_letter  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        MemoryLane.dead_letter = original  # type: ignore[method-assign]
 
 
 def planned_ticks(

@@ -26,7 +26,7 @@ from mega.jobs.consumer import MAX_ERROR_CHARS
 from mega.jobs.delivery import DeadLetter, LaneSpec, Outcome, Retry, decide
 from mega.jobs.dlq import DlqRecord, make_record
 from mega.jobs.job import HEADER_ENQUEUED_AT, Job, JobSpec, due_ms_of, encode_job
-from mega.jobs.queue import DEDUP_WINDOW_S, JobQueue, JobStats
+from mega.jobs.queue import DEDUP_WINDOW_S, DLQ_RETRY_DELAY_S, JobQueue, JobStats
 
 # Events a memory bus keeps for listener groups that start later (the oldest go first).
 EVENTS_KEPT = 100_000
@@ -40,6 +40,9 @@ class MemoryMessage:
     enqueued_at_ms: int
     run_at_ms: int
     deliveries: int = 0
+    # A dead letter whose write failed: kept with the message, which comes back later to write
+    # it again rather than run again (the memory twin of a nacked DLQ publish on NATS).
+    dead_record: DlqRecord | None = None
 
 
 @dataclass
@@ -75,6 +78,13 @@ class MemoryLane:
 
         handle = asyncio.get_running_loop().call_later(delay_s, due)
         self.timers[handle] = due
+
+    def dead_letter(self, record: DlqRecord) -> None:
+        """Keep a dead letter: the DLQ publish of the other drivers (mega.testing's
+        failing_dlq makes it raise, to test what a failed publish does)."""
+        self.seq += 1
+        record["seq"] = self.seq
+        self.dead.append(record)
 
     def fast_forward(self) -> None:
         """Make every waiting message due now (mega.testing's drain: no real sleeps)."""
@@ -178,6 +188,9 @@ class MemoryConsumer:
         message.deliveries += 1
         attempt = message.deliveries
         try:
+            if message.dead_record is not None:
+                await self._dead_letter(spec, queue, message, message.dead_record)
+                return
             payload = json.loads(message.body)
             started = time.time()
             latency_ms = max(0, round(started * 1000) - message.run_at_ms)
@@ -213,15 +226,30 @@ class MemoryConsumer:
             return
         assert isinstance(decision, DeadLetter)
         await self.signal("fail", **fields, phase="run", error_type=error_type, error=error)
-        queue.seq += 1
         record = make_record(
             message.subject, message.job_id, payload, error_type, error, attempts=attempt,
             first_enqueued_at=message.enqueued_at_ms, worker=self.instance_id,
         )  # fmt: skip
-        record["seq"] = queue.seq
-        queue.dead.append(record)
-        await self.signal("dlq", job=spec.name, id=message.job_id, attempts=attempt,
-                          error_type=error_type, error=error)  # fmt: skip
+        await self._dead_letter(spec, queue, message, record)
+
+    async def _dead_letter(
+        self, spec: LaneSpec, queue: MemoryLane, message: MemoryMessage, record: DlqRecord
+    ) -> None:
+        """Keep the record; if that fails the message comes back after a delay to try again,
+        so nothing is lost (as on NATS, where the original is nacked until the PubAck)."""
+        try:
+            queue.dead_letter(record)
+        except Exception as exc:
+            message.dead_record = record
+            queue.put(message, at_ms=int((time.time() + DLQ_RETRY_DELAY_S) * 1000))
+            await self.signal("fail", job=spec.name, id=message.job_id, attempt=message.deliveries,
+                              phase="dlq_publish", error_type=type(exc).__name__,
+                              error=str(exc)[:MAX_ERROR_CHARS])  # fmt: skip
+            return
+        message.dead_record = None
+        error = record["error"]
+        await self.signal("dlq", job=spec.name, id=message.job_id, attempts=record["attempts"],
+                          error_type=error["type"], error=error["message"])  # fmt: skip
 
 
 class MemoryJobQueue(JobQueue):
@@ -280,15 +308,15 @@ class MemoryJobQueue(JobQueue):
 
     async def consume(self, job_cls: type[Job], handler_ctx: Context | None = None) -> None:
         spec = await self.ensure(job_cls)
-        run_job = self._runner(spec, handler_ctx)
-
-        async def run(payload: Any, message: MemoryMessage, attempt: int) -> None:
-            await run_job(payload, message.job_id, attempt)
-
+        run = self._runner(spec, handler_ctx, job_id_of)
         await self.consumer.run(spec, self.broker.subject(spec.subject), run)
 
     async def stop(self, timeout_s: float = 30.0) -> None:
         await self.consumer.stop(timeout_s)
+
+
+def job_id_of(message: MemoryMessage) -> str:
+    return message.job_id
 
 
 def memory_broker(ctx: Context, bus_alias: str) -> MemoryBroker:

@@ -25,6 +25,7 @@ from mega import (
 from mega.testing import (
     drain,
     failing,
+    failing_dlq,
     kill_child,
     memory_context,
     planned_ticks,
@@ -113,6 +114,21 @@ async def test_failing_injects_failures_then_lets_the_class_run() -> None:
     assert [s["signal"] for s in report.signals] == ["start", "retry", "start", "done"]
     assert RAN == [("welcome", "flaky@example.com")]  # the injected failure never ran the body
     assert Welcome.run.__qualname__ == "Welcome.run"  # restored
+
+
+async def test_a_failed_dlq_publish_keeps_the_job_until_its_record_is_written() -> None:
+    ctx = memory_context()
+    queue = JobQueue(ctx, "jobs")
+    await queue.enqueue(Welcome, {"to": "gone@example.com", "bounce": True})
+    with failing_dlq(times=2):
+        report = await drain(ctx, jobs=[Welcome])
+    publishes = [s for s in report.signals if s.get("phase") == "dlq_publish"]
+    assert [s["error_type"] for s in publishes] == ["ConnectionError", "ConnectionError"]
+    assert report.count("Welcome", "dlq") == 1 and report.count("Welcome", "start") == 3
+    assert len(RAN) == 3  # the retried writes did not run the job again
+    [record] = await queue.dlq.list(Welcome)
+    assert (record["id"], record["attempts"]) == (report.signals[0]["id"], 3)
+    assert (await queue.stats(Welcome)).pending == 0
 
 
 async def test_drain_records_a_jobs_progress_reports() -> None:
