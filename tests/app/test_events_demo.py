@@ -159,6 +159,11 @@ async def test_a_paused_relay_lets_rows_pile_up_then_they_drain(config: Config) 
         await asyncio.sleep(0.5)  # several relay polls
         data = await state(client)
         assert data["outbox"]["pending"] == 3 and data["outbox"]["paused"] is True
+        # The lag is the oldest waiting row's age: it grows while the relay is paused.
+        lag = data["outbox"]["lag_ms"]
+        assert lag >= 400
+        await asyncio.sleep(0.3)
+        assert (await state(client))["outbox"]["lag_ms"] >= lag + 250
         assert {statuses(data, i)["event"] for i in ids} == {"pending"}
         assert {statuses(data, i)["WelcomeEmailListener"] for i in ids} == {"queued"}
         await client.post("/api/demo/events/relay", json={"paused": False}, headers=headers)
