@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PORT   ?= 8000
 BUS    ?= nats
 
-.PHONY: run test lint format bench soak install clean
+.PHONY: run test lint format bench soak screenshots install clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mega-py needs Python 3.11+")'
@@ -45,6 +45,9 @@ bench: install $(PEERS)/.installed  ## every benchmark in one go; results go to 
 
 soak: install  ## the whole demo under mixed load, a worker SIGKILLed every 30 s (SOAK_S=600 by default)
 	$(BIN)/python -m tests.soak
+
+screenshots: install  ## the guide's pictures (docs/guide/img) from the browser tests, on the NATS bus
+	MEGA_GUIDE_SCREENSHOTS=1 $(BIN)/pytest tests/e2e -k nats -q -p no:cacheprovider
 
 clean:
 	rm -rf $(VENV) $(PEERS) var .mypy_cache .ruff_cache

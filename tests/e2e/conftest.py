@@ -1,11 +1,13 @@
 """Browser tests: the real hosts as subprocesses, driven by Debian's headless Chromium.
 
-Screenshots of every page land in ./artifacts/screenshots (git ignores it) for people to look at.
+Screenshots of every page land in ./artifacts/screenshots (git ignores it) for people to look at;
+with MEGA_GUIDE_SCREENSHOTS=1 (`make screenshots`) those the guide shows also go to docs/guide/img.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -22,6 +24,9 @@ from tests.factories import DEMO_PASSWORD, DEMO_USER, TEST_SECRET
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("MEGA_CHROMIUM", "/usr/bin/chromium")
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
+GUIDE = ROOT / "docs" / "guide"
+GUIDE_IMAGES = GUIDE / "img"
+GUIDE_MAX_HEIGHT_PX = 1600
 
 
 @dataclass
@@ -152,3 +157,18 @@ def log_in(page, url: str) -> None:  # type: ignore[no-untyped-def]
 def screenshot(page, name: str) -> None:  # type: ignore[no-untyped-def]
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+    if os.environ.get("MEGA_GUIDE_SCREENSHOTS") == "1" and name in guide_images():
+        # The page as a reader sees it, cut at GUIDE_MAX_HEIGHT_PX so the committed PNGs stay
+        # small (a page with a long list would otherwise be several megabytes).
+        GUIDE_IMAGES.mkdir(exist_ok=True)
+        height = min(page.evaluate("document.documentElement.scrollHeight"), GUIDE_MAX_HEIGHT_PX)
+        clip = {"x": 0, "y": 0, "width": page.viewport_size["width"], "height": height}
+        page.screenshot(path=str(GUIDE_IMAGES / f"{name}.png"), full_page=True, clip=clip)
+
+
+def guide_images() -> set[str]:
+    """The screenshots the guide shows (`![...](img/<name>.png)` in docs/guide/*.md): `make
+    screenshots` (MEGA_GUIDE_SCREENSHOTS=1) refreshes exactly those, so a plain test run never
+    touches the tree."""
+    shown = (re.findall(r"\]\(img/([\w-]+)\.png\)", p.read_text()) for p in GUIDE.glob("*.md"))
+    return {name for names in shown for name in names}

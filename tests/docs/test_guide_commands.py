@@ -1,0 +1,254 @@
+"""Every shell command in the guide (docs/guide/*.md) is run or checked here, so it cannot rot.
+
+The convention, for whoever writes a chapter:
+
+- A fenced block with the info string ``sh runnable`` is run: ``bash -euo pipefail`` in the
+  repository root, the venv's ``bin`` first on PATH, with a timeout, and must exit 0. Each
+  chapter gets fresh embedded servers (nats-server with JetStream, a Redis-compatible server)
+  and a fresh SQLite file: NATS_URL, REDIS_URL, DATABASE_URL and MEGA_SECRET_KEY are set, the
+  hosts' metrics ports are free ones, and PORT is a free port for a block that starts a web app
+  (write ``--port "${PORT:-8477}"``). Blocks of one chapter run in document order and may build
+  on each other. A block that starts a server must stop it itself (``trap ... EXIT``) or bound
+  it (``timeout --preserve-status 5 mega worker`` exits 0 after a graceful drain). Use
+  ``grep`` to make a block assert what the text promises.
+- A plain ``sh`` block is for what cannot run here: long-running servers (``make run``,
+  ``mega dev``), containers (``docker compose``), supervisors. Its commands are checked
+  instead: a ``make`` target must exist in the Makefile, ``mega <command>`` in ``mega --help``,
+  a ``docker compose --profile`` in docker-compose.yml, a file named in it must exist, and any
+  other program must be one of KNOWN_PROGRAMS.
+- Every image a chapter shows (``![alt](img/name.png)``) must exist (``make screenshots`` takes
+  them from the browser tests), and every link to another chapter must reach a heading there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+
+from mega.runtime.embedded import EmbeddedNats, EmbeddedRedis, free_port
+from tests.factories import TEST_SECRET
+
+ROOT = Path(__file__).resolve().parents[2]
+GUIDE = ROOT / "docs" / "guide"
+BIN = Path(sys.executable).parent
+BLOCK_TIMEOUT_S = 40
+# The chapters of the course; each must teach at least one command a test runs.
+COURSE = ("schedules", "jobs", "events", "workers", "testing", "scaling", "operating")
+# Programs a plain `sh` block may name besides make, mega and docker compose.
+KNOWN_PROGRAMS = {
+    "export", "honcho", "supervisord", "curl", "kill", "python", "pytest", "nats", "openssl",
+}  # fmt: skip
+FENCE = re.compile(r"^(?P<indent>[ ]*)```(?P<info>[^`]*)$")
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
+CHAPTER_LINK = re.compile(r"\]\(([a-z]+\.md)(?:#([^)]*))?\)")
+
+
+@dataclass(frozen=True)
+class Block:
+    chapter: str
+    line: int
+    info: str
+    text: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.chapter}.md:{self.line}"
+
+
+def chapters() -> list[Path]:
+    return sorted(GUIDE.glob("*.md"))
+
+
+def fenced_blocks(path: Path) -> Iterator[Block]:
+    """Fenced blocks of a Markdown file, their indentation (a block in a list item) removed."""
+    lines = path.read_text().splitlines()
+    index = 0
+    while index < len(lines):
+        opening = FENCE.match(lines[index])
+        if opening is None:
+            index += 1
+            continue
+        indent, start = len(opening["indent"]), index
+        body: list[str] = []
+        index += 1
+        while index < len(lines) and lines[index].strip() != "```":
+            body.append(lines[index][indent:] if lines[index][:indent].isspace() else lines[index])
+            index += 1
+        yield Block(path.stem, start + 1, opening["info"].strip(), "\n".join(body) + "\n")
+        index += 1
+
+
+def shell_blocks(kind: str) -> list[Block]:
+    wanted = {"runnable": "sh runnable", "plain": "sh"}[kind]
+    return [b for path in chapters() for b in fenced_blocks(path) if b.info == wanted]
+
+
+RUNNABLE = shell_blocks("runnable")
+PLAIN = shell_blocks("plain")
+
+
+class ChapterServers:
+    """Fresh servers and database per chapter, started when its first block runs."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.envs: dict[str, dict[str, str]] = {}
+        self.servers: list[EmbeddedNats | EmbeddedRedis] = []
+
+    def env(self, chapter: str) -> dict[str, str]:
+        if chapter not in self.envs:
+            data = self.tmp / chapter
+            nats = EmbeddedNats(data_dir=data / "nats").start()
+            self.servers.append(nats)
+            redis = EmbeddedRedis(data_dir=data / "redis").start()
+            self.servers.append(redis)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("MEGA_")}
+            env.update(
+                PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+                NATS_URL=nats.url,
+                REDIS_URL=redis.url,
+                DATABASE_URL=f"sqlite:///{data / 'guide.db'}",
+                MEGA_SECRET_KEY=TEST_SECRET,
+                MEGA_METRICS_BIND="127.0.0.1",
+                MEGA_SCHEDULER_METRICS_PORT=str(free_port()),
+                MEGA_WORKER_METRICS_PORT=str(free_port()),
+                PORT=str(free_port()),
+            )
+            self.envs[chapter] = env
+        return self.envs[chapter]
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChapterServers]:
+    started = ChapterServers(tmp_path_factory.mktemp("guide"))
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.mark.parametrize("block", RUNNABLE, ids=[b.id for b in RUNNABLE])
+def test_runnable_block_exits_0(block: Block, servers: ChapterServers) -> None:
+    try:
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", block.text],
+            cwd=ROOT, env=servers.env(block.chapter), capture_output=True, text=True,
+            timeout=BLOCK_TIMEOUT_S, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{block.id} ran over {BLOCK_TIMEOUT_S} s:\n{block.text}\n{exc.stdout!r}")
+    assert done.returncode == 0, (
+        f"{block.id} exited {done.returncode}:\n{block.text}\n"
+        f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
+    )
+
+
+def test_every_chapter_of_the_course_runs_commands() -> None:
+    assert {b.chapter for b in RUNNABLE} >= set(COURSE)
+    assert sum(len(b.text.splitlines()) for b in RUNNABLE) >= 40
+
+
+def mega_commands() -> set[str]:
+    shown = subprocess.run(
+        [str(BIN / "mega"), "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    return set(re.findall(r"^    (\w+)", shown, re.MULTILINE))
+
+
+def make_targets() -> set[str]:
+    return set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.MULTILINE))
+
+
+def compose_profiles() -> set[str]:
+    compose = (ROOT / "docker-compose.yml").read_text()
+    return {p for found in re.findall(r"profiles: \[([^\]]*)\]", compose) for p in
+            re.findall(r'"([\w-]+)"', found)}  # fmt: skip
+
+
+def commands(text: str) -> Iterator[list[str]]:
+    """Each simple command of a shell text, as words, without leading VAR=value assignments."""
+    for line in text.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        command: list[str] = []
+        for word in [*words, "&&"]:
+            if word in ("&&", "||", ";", "|", "&"):
+                while command and re.match(r"^\w+=", command[0]):
+                    command.pop(0)
+                if command:
+                    yield command
+                command = []
+            else:
+                command.append(word)
+
+
+def problems_of(command: list[str], known: dict[str, set[str]]) -> list[str]:
+    program, args = command[0], command[1:]
+    name = Path(program).name
+    found: list[str] = []
+    if name == "make":
+        found += [f"no make target {t!r}" for t in args if "=" not in t and t not in known["make"]]
+    elif name == "mega":
+        if not args or args[0] not in known["mega"]:
+            found.append(f"`mega {args[0] if args else ''}` is not in `mega --help`")
+    elif name == "docker":
+        if args[:1] != ["compose"]:
+            found.append("docker: only `docker compose` is known")
+        for flag, value in pairwise(args):
+            if flag == "--profile" and value not in known["profiles"]:
+                found.append(f"docker-compose.yml has no profile {value!r}")
+    elif name not in KNOWN_PROGRAMS:
+        found.append(f"unknown program {program!r} (add it to KNOWN_PROGRAMS or run the block)")
+    for flag, value in pairwise(args):
+        if flag == "-m" and name == "python":
+            module = ROOT / (value.replace(".", "/") + ".py")
+            if not module.exists():
+                found.append(f"no module {value}")
+    for arg in args:
+        looks_like_a_file = "/" in arg and not re.match(r"^\w+://|^\$|^-", arg)
+        if looks_like_a_file and not (ROOT / arg).exists():
+            found.append(f"no file {arg}")
+    return found
+
+
+@pytest.mark.parametrize("block", PLAIN, ids=[b.id for b in PLAIN])
+def test_plain_block_names_only_commands_that_exist(block: Block) -> None:
+    known = {"make": make_targets(), "mega": mega_commands(), "profiles": compose_profiles()}
+    problems = [p for command in commands(block.text) for p in problems_of(command, known)]
+    assert not problems, f"{block.id}:\n{block.text}\n" + "\n".join(problems)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    headings = re.findall(r"^#+ (.+)$", path.read_text(), re.MULTILINE)
+    return {slug(h) for h in headings}
+
+
+@pytest.mark.parametrize("path", chapters(), ids=[p.name for p in chapters()])
+def test_images_and_chapter_links_resolve(path: Path) -> None:
+    text = path.read_text()
+    missing = [src for src in IMAGE.findall(text) if not (GUIDE / src).is_file()]
+    assert not missing, f"{path.name} shows images that do not exist: {missing}"
+    broken = [
+        f"{target}#{anchor}"
+        for target, anchor in CHAPTER_LINK.findall(text)
+        if not (GUIDE / target).is_file() or (anchor and anchor not in anchors(GUIDE / target))
+    ]
+    assert not broken, f"{path.name} links to chapters or headings that do not exist: {broken}"
