@@ -30,9 +30,8 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -57,7 +56,7 @@ from mega.jobs.job import (
     encode_job,
     validate_job,
 )
-from mega.jobs.progress import JobContext
+from mega.jobs.progress import RunContexts
 from mega.signals import Observer, Signals
 
 logger = logging.getLogger("mega.jobqueue")
@@ -162,8 +161,8 @@ class JobStats:
     dlq: int
 
 
-# One delivery of a job: (payload, job id, attempt). Raising fails the attempt.
-RunJob = Callable[[Any, str, int], Awaitable[None]]
+# A driver's message, as its consume loop hands it to the job's runner.
+M = TypeVar("M")
 
 
 class DeadLetterTools(Protocol):
@@ -234,18 +233,19 @@ class JobQueue:
         if self.signals.has_observers(name):
             await self.signals.emit(name, **fields)
 
-    def _runner(self, spec: JobSpec, handler_ctx: Context | None) -> RunJob:
-        """What runs one delivery of a job, on every driver: `run(payload, ctx)` with the
-        run's own JobContext (its id, attempt and `progress()`, which reports through
-        `signal`)."""
-        job, base, worker = spec.job_cls(), handler_ctx or self.ctx, self.instance_id
+    def _runner(
+        self, spec: JobSpec, handler_ctx: Context | None, job_id_of: Callable[[M], str]
+    ) -> Callable[[Any, M, int], Awaitable[None]]:
+        """What runs one delivery of a job, on every driver: `run(payload, ctx)` with the run's
+        own JobContext (its id, read from the driver's message `M` by `job_id_of`, its attempt,
+        and `progress()`, which reports through `signal`)."""
+        job = spec.job_cls()
+        contexts = RunContexts(
+            handler_ctx or self.ctx, job=spec.name, worker=self.instance_id, report=self.signal
+        )
 
-        async def run(payload: Any, job_id: str, attempt: int) -> None:
-            ctx = JobContext.for_run(
-                base, job=spec.name, job_id=job_id, attempt=attempt, worker=worker,
-                report=self.signal,
-            )  # fmt: skip
-            await job.run(payload, ctx)
+        async def run(payload: Any, message: M, attempt: int) -> None:
+            await job.run(payload, contexts(job_id_of(message), attempt))
 
         return run
 
@@ -476,11 +476,7 @@ class NatsJobQueue(JobQueue):
             return  # stop() came while we were setting up
         if job_cls in self._consumers:
             raise JobError(f"{spec.name} is already consumed by this queue", code="job.twice")
-        run_job = self._runner(spec, handler_ctx)
-
-        async def run(payload: Any, msg: Msg, attempt: int) -> None:
-            await run_job(payload, job_id_of(spec, msg), attempt)
-
+        run = self._runner(spec, handler_ctx, functools.partial(job_id_of, spec))
         consumer = _Consumer(self, spec, run, functools.partial(self.ensure, job_cls, force=True))
         self._consumers[job_cls] = consumer
         try:

@@ -474,11 +474,7 @@ class RedisJobQueue(JobQueue):
 
     async def consume(self, job_cls: type[Job], handler_ctx: Context | None = None) -> None:
         spec = await self.ensure(job_cls)
-        run_job = self._runner(spec, handler_ctx)
-
-        async def run(payload: Any, fields: Fields, attempt: int) -> None:
-            await run_job(payload, as_text(fields["id"]), attempt)
-
+        run = self._runner(spec, handler_ctx, job_id_of)
         await self.consumer.run(job_lane(spec), run)
 
     async def stop(self, timeout_s: float = 30.0) -> None:
@@ -546,6 +542,10 @@ def _record(entry_id: Any, fields: dict[Any, Any]) -> DlqRecord:
 
 def as_text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def job_id_of(fields: Fields) -> str:
+    return as_text(fields["id"])
 
 
 JobQueue.drivers["redis"] = RedisJobQueue

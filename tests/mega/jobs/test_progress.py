@@ -184,7 +184,9 @@ async def test_the_run_context_shares_the_hosts_services_and_opens_no_database(
         for n in (1, 2)
     )
     assert first.buses is base.buses and first.extras is base.extras
+    assert first.database is None  # not opened yet: nothing is opened per run
     assert first.db is second.db is base.db  # opened once, on the host's context
+    assert first.database is base.database is not None
     await second.progress(0.5)
     assert reports == [
         ("progress", {"job": "J", "id": "id2", "attempt": 2, "fraction": 0.5, "note": None,
