@@ -25,6 +25,7 @@ from app.services.cron_counter import (
     SUGGESTED_HOLD_MS,
     read_state,
 )
+from app.services.job_timeline import short_worker
 from mega import Scheduler
 from mega.web import UserDep, api_responses, field_errors, flash, ok, render
 
@@ -46,6 +47,16 @@ def in_zone(instant: str, zone: str | None) -> str:
     return moment.astimezone(ZoneInfo(zone)).isoformat() if zone else moment.isoformat()
 
 
+def instance_label(instance: str | None) -> str | None:
+    """`scheduler@host:4121:a1b2c3` -> `scheduler a1b2c3 (pid 4121)`: short enough for a phone,
+    the role says whether a process ticked or the web app ran a manual tick, the pid is what to
+    kill (the console and the jobs timeline name instances the same way)."""
+    if instance is None:
+        return None
+    role, _, _ = instance.partition("@")
+    return f"{role} {short_worker(instance)}"
+
+
 def scheduler_processes(ticks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The `mega scheduler` processes seen in the audit, with the pid to stop one by hand
     (instance ids read ``scheduler@<host>:<pid>:<random>``)."""
@@ -55,7 +66,11 @@ def scheduler_processes(ticks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for name in names:
             if name and name.startswith("scheduler@") and name not in seen:
                 pid = name.split(":")[1] if name.count(":") >= 2 else ""
-                seen[name] = {"instance": name, "pid": int(pid) if pid.isdigit() else None}
+                seen[name] = {
+                    "instance": name,
+                    "label": instance_label(name),
+                    "pid": int(pid) if pid.isdigit() else None,
+                }
     return list(seen.values())
 
 
@@ -79,9 +94,10 @@ async def cron_state(request: Request) -> dict[str, Any]:
                 "instant": in_zone(t["instant"], zone),
                 "source": t["source"],
                 "winner": t["winner"],
+                "winner_label": instance_label(t["winner"]),
                 "fence": t["fence"],
                 "lateness_ms": t["lateness_ms"],
-                "skipped": t["skipped"],
+                "skipped": [{**s, "label": instance_label(s["instance"])} for s in t["skipped"]],
             }
             for t in ticks
         ],

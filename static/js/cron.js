@@ -17,16 +17,16 @@
     return el("tr", { "data-key": tick.instant + "|" + tick.source },
       el("td", { class: "mono" }, tick.instant.slice(11, 19) + " ",
         tick.source === "manual" ? el("span", { class: "badge badge-info" }, "manual") : null),
-      el("td", { class: "mono small wrap-id" }, tick.winner || "none"),
+      el("td", { class: "mono small wrap-id", title: tick.winner }, tick.winner_label || "none"),
       el("td", { class: "small wrap-id" }, ...(tick.skipped.length
-        ? tick.skipped.map((s) => el("div", {}, el("span", { class: "mono" }, s.instance), ": " + s.reason))
+        ? tick.skipped.map((s) => el("div", {}, el("span", { class: "mono", title: s.instance }, s.label), ": " + s.reason))
         : [el("span", { class: "muted" }, "-")])),
       el("td", { class: "num mono small", title: FENCE_TITLE }, tick.fence === null ? "-" : String(tick.fence)),
       el("td", { class: "num" }, tick.lateness_ms === null ? "-" : tick.lateness_ms.toFixed(1) + " ms"));
   }
 
   function schedulerItem(s) {
-    return el("li", { "data-key": s.instance }, el("span", { class: "mono" }, s.instance),
+    return el("li", { "data-key": s.instance }, el("span", { class: "mono", title: s.instance }, s.label),
       ...(s.pid ? [": stop it with ", el("code", {}, "kill " + s.pid)] : []));
   }
 

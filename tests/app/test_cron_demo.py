@@ -144,6 +144,9 @@ async def test_a_held_manual_tick_makes_the_next_ticks_skip_on_the_overlap_guard
             tick = await until_true(contested, timeout_s=5)
             assert tick["winner"] in ("scheduler@test:101:ab12", "scheduler@test:102:ab12")
             assert [s["reason"] for s in tick["skipped"]] == ["claimed by another instance"]
+            # Short names for a phone, the role and the pid to kill; the full id stays.
+            assert tick["winner_label"] in ("scheduler ab12 (pid 101)", "scheduler ab12 (pid 102)")
+            assert tick["skipped"][0]["label"].startswith("scheduler ab12 (pid 10")
             assert {s["pid"] for s in (await state())["schedulers"]} == {101, 102}
 
             token = csrf_from((await client.get("/demo/cron")).text)
