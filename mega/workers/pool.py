@@ -1,11 +1,11 @@
 """WorkerPool: the runtime of a Worker declaration (`ctx.workers[name]`).
 
 This module holds the pool: the bounded FIFO queue, dispatch to idle slots, task timeouts,
-crash replacement and the broken state, stop(), stats() and signals. A slot is one child process
-(`mega.workers.process.WorkerProcess`, which owns its pipes) or, in thread mode, one thread
-of an executor. Each slot runs one task at a time; callers beyond the idle slots wait in the
-queue. Children talk length-prefixed pickle frames driven from the event loop itself: no
-multiprocessing queues and no feeder threads, which is where most of
+progress reports, crash replacement and the broken state, stop(), stats() and signals. A slot
+is one child process (`mega.workers.process.WorkerProcess`, which owns its pipes) or, in
+thread mode, one thread of an executor. Each slot runs one task at a time; callers beyond the
+idle slots wait in the queue. Children talk length-prefixed pickle frames driven from the
+event loop itself: no multiprocessing queues and no feeder threads, which is where most of
 `concurrent.futures.ProcessPoolExecutor`'s per-task cost goes.
 """
 
@@ -101,8 +101,9 @@ def _settle(task: _Task, value: Any = None, error: BaseException | None = None) 
 class WorkerPool:
     """The runtime of one Worker declaration; `ctx.workers[name]` is one of these.
 
-    `await start()`, then `await run(task_name, args, timeout_ms=None)` from coroutines of the
-    same event loop, and `await stop()` at shutdown. Signals, each with `signal` and `worker`:
+    `await start()`, then `await run(task_name, args, timeout_ms=None, on_progress=None)` from
+    coroutines of the same event loop, and `await stop()` at shutdown; `kill_one()` plays a
+    crash on purpose. Signals, each with `signal` and `worker`:
     `dispatch` (task, task_id, queued_ms), `done` (task, task_id, ms), `fail` (task, task_id,
     ms, code, error), `crash` (pid, exit_code, task or None, restarts) and `stopped`
     (rejected, interrupted). Observers run in order on a separate task, never inline.

@@ -261,6 +261,7 @@
       let text = b.sent + " runs sent at once to a pool that holds " + b.capacity + ": " + b.accepted +
         " ran, " + b.refused + " refused with 429 worker.overloaded" +
         (b.retry_after_s ? " (Retry-After: " + b.retry_after_s + " s)" : "") + ". ";
+      if (b.failed.length) text += b.failed.length + " failed otherwise: " + b.failed.join(", ") + ". ";
       text += mine.status === 429
         ? "This page's own run, sent just after: " + mine.status + " " + mine.envelope.error.code + ", Retry-After: " + mine.retryAfter + " s."
         : "This page's own run, sent just after, got " + mine.status + " (the pool had room again).";
