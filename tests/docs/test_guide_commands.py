@@ -252,3 +252,29 @@ def test_images_and_chapter_links_resolve(path: Path) -> None:
         if not (GUIDE / target).is_file() or (anchor and anchor not in anchors(GUIDE / target))
     ]
     assert not broken, f"{path.name} links to chapters or headings that do not exist: {broken}"
+
+
+def test_the_checks_themselves(tmp_path: Path) -> None:
+    """The parser and the plain-block checks on a made-up chapter: an indented runnable block
+    inside a list item, a plain block with one good and four stale commands."""
+    chapter = tmp_path / "demo.md"
+    chapter.write_text(
+        "1. Step\n\n   ```sh runnable\n   mega --help\n   ```\n\n"
+        "```sh\nMEGA_BUS=redis make run PORT=1  # fine\nmake deploy && mega frobnicate\n"
+        "docker compose --profile nope up\nhonch -f ecosystem/Procfile\n```\n"
+    )
+    runnable, plain = fenced_blocks(chapter)
+    assert (runnable.info, runnable.line, runnable.text) == ("sh runnable", 3, "mega --help\n")
+    assert [c[:2] for c in commands(plain.text)] == [
+        ["make", "run"], ["make", "deploy"], ["mega", "frobnicate"], ["docker", "compose"],
+        ["honch", "-f"],
+    ]  # fmt: skip
+    known = {"make": {"run"}, "mega": {"dev"}, "profiles": {"cluster"}}
+    found = [p for command in commands(plain.text) for p in problems_of(command, known)]
+    assert found == [
+        "no make target 'deploy'",
+        "`mega frobnicate` is not in `mega --help`",
+        "docker-compose.yml has no profile 'nope'",
+        "unknown program 'honch' (add it to KNOWN_PROGRAMS or run the block)",
+    ]
+    assert slug("Limits that differ: `--apply-limits`") == "limits-that-differ---apply-limits"
