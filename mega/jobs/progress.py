@@ -71,13 +71,14 @@ class JobContext(Context):
         """One run's context (RunContexts makes many of one job's, cheaper)."""
         return RunContexts(base, job=job, worker=worker, report=report)(job_id, attempt)
 
+    # The host's context opens its database lazily, on first use of `db`: both read it there,
+    # so it is opened once per process, not once per run, and every run sees it.
     @property
-    def database(self) -> Database | None:  # type: ignore[override]
+    def database(self) -> Database | None:  # type: ignore[override]  # a read-only view
         return self._base.database
 
     @property
     def db(self) -> Database:
-        # The host's context opens the database lazily: open it there, once, not per run.
         return self._base.db
 
     async def progress(self, fraction: float, note: str | None = None) -> None:
