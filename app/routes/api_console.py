@@ -36,19 +36,28 @@ def short_instance(instance: str) -> str:
     return job_timeline.short_worker(instance)
 
 
+def scheduler_instances(ticks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The scheduler instances in these ticks (newest first), each with its last scheduled
+    tick. Every live scheduler writes a record for every tick, won or skipped, so one missing
+    from both newest ticks is `ticking` False: stopped, or far behind. (Two, not one: a peer's
+    record of the newest tick may land a moment after the winner's.)"""
+    scheduled = [tick for tick in ticks if tick["source"] == "schedule"]
+    last_seen: dict[str, str] = {}
+    for tick in scheduled:
+        names = [tick["winner"]] if tick["winner"] else []
+        for name in names + [skipped["instance"] for skipped in tick["skipped"]]:
+            last_seen.setdefault(name, tick["instant"])
+    newest = {tick["instant"] for tick in scheduled[:2]}
+    return [
+        {"instance": name, "short": short_instance(name), "last_seen": at, "ticking": at in newest}
+        for name, at in last_seen.items()
+    ]
+
+
 async def schedules_part(request: Request) -> dict[str, Any]:
     ticks = await scheduler(request).recent_ticks(SCHEDULE, limit=RECENT_TICKS)
-    instances: dict[str, str] = {}
-    for tick in ticks:
-        for skipped in tick["skipped"]:
-            instances.setdefault(skipped["instance"], tick["instant"])
-        if tick["winner"] and tick["source"] == "schedule":
-            instances.setdefault(tick["winner"], tick["instant"])
     return {
-        "instances": [
-            {"instance": name, "short": short_instance(name), "last_seen": at}
-            for name, at in instances.items()
-        ],
+        "instances": scheduler_instances(ticks),
         "ticks": [
             {**tick, "winner_short": short_instance(tick["winner"]) if tick["winner"] else None}
             for tick in ticks[:5]

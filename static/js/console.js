@@ -166,7 +166,8 @@
       replaceRows($("sched-instance-list").tBodies[0], s.instances.map((i) =>
         el("tr", { "data-key": i.instance },
           el("td", { class: "mono small", title: i.instance }, i.short),
-          el("td", { class: "num mono" }, time(i.last_seen)))), null);
+          el("td", { class: "num mono" }, time(i.last_seen)),
+          el("td", {}, el("span", { class: "badge " + (i.ticking ? "badge-ok" : "badge-warn") }, i.ticking ? "ticking" : "silent")))), null);
       $("sched-instance-list").hidden = s.instances.length === 0;
       replaceRows($("sched-ticks").tBodies[0], s.ticks.map((t) =>
         el("tr", { "data-key": `${t.source} ${t.instant}` },

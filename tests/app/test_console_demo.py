@@ -14,7 +14,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from app.routes.api_console import short_instance
+from app.routes.api_console import scheduler_instances, short_instance
 from app.schedules.cron_counter import CronCounterSchedule
 from app.services import console_series
 from app.services.console_series import STEP_S, STEPS, WINDOW_S, build_series, percentile
@@ -127,6 +127,24 @@ def test_short_instance(instance: str, short: str) -> None:
     assert short_instance(instance) == short
 
 
+def test_a_scheduler_missing_from_the_two_newest_ticks_is_silent() -> None:
+    a, b, c = (f"scheduler@h:{pid}:{pid:06d}" for pid in (1, 2, 3))  # c replaced a at :01:00
+
+    def tick(instant: str, winner: str | None, *skipped: str, source: str = "schedule") -> Any:
+        skips = [{"instance": name, "reason": "claimed"} for name in skipped]
+        return {"instant": instant, "source": source, "winner": winner, "skipped": skips}
+
+    ticks = [
+        tick("T01:30", b),  # c's record of this tick has not landed yet
+        tick("T01:15", "web@h:9:000009", source="manual"),
+        tick("T01:00", c, b),
+        tick("T00:30", a, b),
+    ]
+    found = {i["instance"]: (i["last_seen"], i["ticking"]) for i in scheduler_instances(ticks)}
+    assert found == {b: ("T01:30", True), c: ("T01:00", True), a: ("T00:30", False)}
+    assert scheduler_instances([]) == []
+
+
 # -- on real servers ----------------------------------------------------------------------------
 
 
@@ -206,6 +224,7 @@ async def test_tick_lateness_and_short_instances_from_a_real_scheduler(config: C
             schedules = (await client.get("/api/demo/console")).json()["data"]["schedules"]
             (instance,) = schedules["instances"]
             assert instance["short"] == short_instance(instance["instance"])
+            assert instance["ticking"] is True
             host, pid, suffix = instance["instance"].split(":")
             assert instance["short"] == f"{suffix} (pid {pid})" and host.startswith("scheduler@")
             page = (await client.get("/demo")).text

@@ -101,6 +101,8 @@ def test_console_fits_390_px_without_horizontal_scroll(page, live_stack: LiveSta
     log_in(page, live_stack.url)
     expect(page.locator("#chart-jobs")).to_be_visible()
     page.wait_for_function("document.querySelector('#charts svg') !== null")
+    # With the instances table filled in too (the first scheduled tick is at most 30 s away).
+    expect(page.locator("#sched-instance-list tbody tr").first).to_be_visible(timeout=40_000)
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= 390, f"the console is {width} px wide at 390"
     for chart in page.locator(".chart").all():
@@ -119,3 +121,5 @@ def test_instances_show_short_ids_with_the_full_id_in_the_title(
     assert full and full.startswith("scheduler@")
     _, pid, suffix = full.split(":")
     assert short == f"{suffix} (pid {pid})"
+    row = page.locator("#sched-instance-list tbody tr").first
+    expect(row.locator(".badge")).to_have_text("ticking")
