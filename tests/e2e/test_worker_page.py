@@ -161,6 +161,7 @@ def test_the_heartbeat_has_a_scale_a_run_max_and_grows_while_a_beat_is_pending(
         timeout=30_000,
     )
     expect(page.locator("#beat-last")).to_have_text(re.compile(r"^waiting [\d,]+ ms$"))
+    screenshot(page, "worker-stalled")  # the pending bar, mid-stall
     expect(page.locator("#result-digest")).to_have_text(DIGEST, timeout=60_000)
     assert page.locator("#result-mode").inner_text() == "inline"
     max_text = page.locator("#beat-max").inner_text()
