@@ -10,7 +10,8 @@
    Their URLs go to var/dev.env while it runs: `mega scheduler` or `mega worker` started by hand
    beside the config finds them (and, signing nothing, needs no secret key).
 4. A scheduler or worker that dies unexpectedly (a `crash` job ends its worker on purpose) is
-   started again, up to RESTART_LIMIT times a minute; if the web app dies, everything stops.
+   started again, up to RESTART_LIMIT times a minute each (a `crash` job ends one worker per
+   attempt); one that keeps dying, or the web app dying, stops everything.
 5. Ctrl-C (or SIGTERM): SIGTERM to every child, wait for their graceful drain, then stop the
    embedded servers. Nothing is left running.
 """
@@ -40,8 +41,8 @@ COLOURS = {
     "dev": "32",
 }  # ANSI cyan/magenta/yellow/green
 READY_TIMEOUT_S = 30.0
-# A scheduler or worker that dies is restarted, at most this many times in RESTART_WINDOW_S.
-RESTART_LIMIT = 5
+# A scheduler or worker that dies is restarted, at most this many times each in RESTART_WINDOW_S.
+RESTART_LIMIT = 10
 RESTART_WINDOW_S = 60.0
 
 
@@ -126,6 +127,8 @@ def run_dev(
                 start_new_session=True,  # Ctrl-C reaches only us; we stop children in order
             )
             out.follow(name, child.stdout)  # type: ignore[arg-type]
+            hint = "" if name == "web" else f" (`kill {child.pid}` to watch it come back)"
+            out.line("dev", f"{name} started, pid {child.pid}{hint}")
             return child
 
         for name in commands:
@@ -158,18 +161,18 @@ def _supervise(
     url = f"http://{shown_host}:{port}"
     announced = False
     deadline = time.monotonic() + READY_TIMEOUT_S
-    restarts: list[float] = []
+    restarts: dict[str, list[float]] = {}
     while not stop.wait(0.2):
         for name, child in list(children.items()):
             if child.poll() is None:
                 continue
             now = time.monotonic()
-            restarts = [at for at in restarts if now - at < RESTART_WINDOW_S]
-            if name == "web" or len(restarts) >= RESTART_LIMIT:
-                why = "the web app" if name == "web" else f"{len(restarts)} restarts in a minute"
+            recent = [at for at in restarts.get(name, []) if now - at < RESTART_WINDOW_S]
+            if name == "web" or len(recent) >= RESTART_LIMIT:
+                why = "the web app" if name == "web" else f"{len(recent)} restarts in a minute"
                 out.line("dev", f"{name} exited with code {child.returncode} ({why}); stopping")
                 return 1
-            restarts.append(now)
+            restarts[name] = [*recent, now]
             out.line("dev", f"{name} exited with code {child.returncode}; starting it again")
             children[name] = spawn(name)
         if not announced and _healthy(f"http://127.0.0.1:{port}/healthz"):

@@ -70,6 +70,7 @@ def test_dev_comes_up_serves_and_leaves_nothing_behind(tmp_path: Path) -> None:
             read_until(rf"^{name} .* (running|consuming) ")
         # A worker that dies (a `crash` job does it on purpose) is started again.
         pid = read_until(r"^worker-1 .*worker@[^:]+:(\d+):\w+ consuming ").group(1)
+        read_until(rf"worker-1 started, pid {pid} \(`kill {pid}` to watch it come back\)")
         os.kill(int(pid), signal.SIGKILL)
         read_until(r"worker-1 exited with code -9; starting it again")
         read_until(r"^worker-1 .* consuming ")
