@@ -54,6 +54,9 @@ def attach_timeline(worker: JobWorker, ctx: Context) -> None:
         elif kind == "dlq":
             detail = f"moved to the dead-letter queue after {signal['attempts']} attempts"
             await job_timeline.record_event(redis, job_id, "dlq", detail, status="dlq")
+            # The console's DLQ line steps up now, even while nobody has the console open.
+            stats = await worker.queue(EmailJob.bus).stats(EmailJob)
+            await console_series.record_dlq_size(redis, stats.dlq)
 
     for name in ("start", "progress", "retry", "done", "fail", "dlq"):
         worker.on(name, on_signal)

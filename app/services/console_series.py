@@ -7,7 +7,8 @@ the scheduler ticks), so every series comes from state in Redis that all process
     demo:console:start:<step>   enqueue-to-start latencies (ms) of first attempts started in
                                 that step (RPUSH by the worker's hook, at most MAX_STARTS kept)
     demo:console:dlq:<step>     the DLQ size, sampled by the web process when it reads the
-                                console (the last sample in a step wins)
+                                console and by the worker when it dead-letters an EmailJob
+                                (the last sample in a step wins)
     demo:console:workers        sorted set: worker instance -> when it last started or finished
                                 an EmailJob (ms), for the console's list of workers
     <lock prefix>:audit         the scheduler's own tick audit: each tick's lateness (read as is)
@@ -21,9 +22,10 @@ per finished or started job, beside the timeline it already writes. Why the work
 rather than the web process scraping the worker's Prometheus counters: the web process does not
 know where the workers are, and a restarted worker's counters start again from zero.
 
-The DLQ size is a level, not an event, so someone has to look at it: the web process samples it
-each time the console is read (the page polls every 2 s). Steps in which nobody had a console
-open have no DLQ point; the chart holds the last value across them.
+The DLQ size is a level, not an event, so someone has to look at it: the worker samples it when
+a job lands there (rare, so off the hot path), and the web process each time the console is read
+(the page polls every 2 s), which also catches requeues. Steps with neither have no DLQ point;
+the chart holds the last value across them.
 """
 
 from __future__ import annotations

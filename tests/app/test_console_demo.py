@@ -196,6 +196,21 @@ async def test_jobs_done_latency_and_dlq_from_real_jobs(config: Config) -> None:
         assert_in_window(series)
 
 
+async def test_the_worker_samples_the_dlq_size_when_a_job_lands_there(config: Config) -> None:
+    async with web_client(config) as client, job_worker(config):
+        await login(client)  # and no visit to the console, which would sample the DLQ itself
+        headers = {"X-CSRF-Token": csrf_from((await client.get("/demo/jobs")).text)}
+        await enqueue(client, headers, "fail")
+        deadline = asyncio.get_running_loop().time() + 20
+        while (await client.get("/api/demo/jobs")).json()["data"]["dlq"]["count"] != 1:
+            assert asyncio.get_running_loop().time() < deadline, "the job never reached the DLQ"
+            await asyncio.sleep(0.1)
+        # Nobody has read the console: the worker's own sample is there.
+        redis = client.app.state.ctx.cache("main").native  # type: ignore[attr-defined]
+        keys = [key async for key in redis.scan_iter(f"{console_series.KEY_PREFIX}:dlq:*")]
+        assert [await redis.get(key) for key in keys] == ["1"]
+
+
 # The sample's schedule ticking every second: the same class name, so the same name, lock key
 # and audit, which the console reads.
 EverySecond = type(CronCounterSchedule.__name__, (CronCounterSchedule,), {"cron": "* * * * * *"})
