@@ -17,7 +17,9 @@ The convention, for whoever writes a chapter:
   a ``docker compose --profile`` in docker-compose.yml, a file named in it must exist, and any
   other program must be one of KNOWN_PROGRAMS.
 - Every image a chapter shows (``![alt](img/name.png)``) must exist (``make screenshots`` takes
-  them from the browser tests), and every link to another chapter must reach a heading there.
+  them from the browser tests), every link to another chapter must reach a heading there, and
+  every file (```mega/jobs/queue.py```) and test (```test_same_id_runs_once```) a chapter names
+  in backticks must exist.
 """
 
 from __future__ import annotations
@@ -252,6 +254,22 @@ def test_images_and_chapter_links_resolve(path: Path) -> None:
         if not (GUIDE / target).is_file() or (anchor and anchor not in anchors(GUIDE / target))
     ]
     assert not broken, f"{path.name} links to chapters or headings that do not exist: {broken}"
+
+
+NAMED_FILE = re.compile(r"`((?:mega|app|tests|static|templates|bench|ecosystem|docs)/[\w./-]+)`")
+NAMED_TEST = re.compile(r"`(test_\w+)`")
+
+
+@pytest.mark.parametrize("path", chapters(), ids=[p.name for p in chapters()])
+def test_the_files_and_tests_a_chapter_names_exist(path: Path) -> None:
+    """A chapter points at the code that does what it says: every `path/of/a/file` and every
+    `test_name` it quotes must still be there after a rename."""
+    text = path.read_text()
+    gone = [name for name in NAMED_FILE.findall(text) if not (ROOT / name).exists()]
+    assert not gone, f"{path.name} names files that do not exist: {gone}"
+    tests = "\n".join(p.read_text() for p in (ROOT / "tests").rglob("*.py"))
+    missing = [n for n in NAMED_TEST.findall(text) if not re.search(rf"def {n}\b", tests)]
+    assert not missing, f"{path.name} names tests that do not exist: {missing}"
 
 
 def test_the_checks_themselves(tmp_path: Path) -> None:
