@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TypeGuard
 
 
@@ -23,3 +24,25 @@ def int_problem(value: object, *, minimum: int = 1, unit: str = "") -> str | Non
         return None
     kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
     return f"must be {kind}{f' ({unit})' if unit else ''}, got {value!r}"
+
+
+# A progress note longer than this is cut: it labels a progress bar, it is not a log.
+MAX_NOTE_CHARS = 200
+
+
+def progress_fraction(fraction: object) -> float:
+    """A progress report's `fraction` as a float from 0 to 1 (both included); ValueError naming
+    it otherwise (NaN, a bool, a string). Jobs and pool tasks report progress the same way."""
+    if not is_number(fraction) or math.isnan(fraction) or not 0 <= fraction <= 1:
+        raise ValueError(f"progress fraction must be a number from 0 to 1, got {fraction!r}")
+    return float(fraction)
+
+
+def progress_note(note: object) -> str | None:
+    """A progress report's `note` as text of at most MAX_NOTE_CHARS (longer is cut), or None;
+    ValueError for anything else."""
+    if note is None:
+        return None
+    if not isinstance(note, str):
+        raise ValueError(f"progress note must be text or None, got {type(note).__name__}")
+    return note[:MAX_NOTE_CHARS]

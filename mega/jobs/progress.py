@@ -15,37 +15,17 @@ job that never calls it costs nothing beyond its context: a signal leaves only o
 
 from __future__ import annotations
 
-import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from mega.context import Context
-from mega.validation import is_number
+from mega.validation import progress_fraction, progress_note
 
 if TYPE_CHECKING:
     from mega.database import Database
 
-# A note longer than this is cut: it is a status line, not a log.
-MAX_NOTE_CHARS = 200
-
 # How a run reports: a queue's `signal(name, **fields)`.
 Report = Callable[..., Awaitable[None]]
-
-
-def check_fraction(fraction: object) -> float:
-    """`fraction` as a float from 0 to 1 (both included); ValueError naming it otherwise."""
-    if not is_number(fraction) or math.isnan(fraction) or not 0 <= fraction <= 1:
-        raise ValueError(f"progress fraction must be a number from 0 to 1, got {fraction!r}")
-    return float(fraction)
-
-
-def check_note(note: object) -> str | None:
-    """`note` as text of at most MAX_NOTE_CHARS (longer is cut), or None; ValueError otherwise."""
-    if note is None:
-        return None
-    if not isinstance(note, str):
-        raise ValueError(f"progress note must be text or None, got {type(note).__name__}")
-    return note[:MAX_NOTE_CHARS]
 
 
 class JobContext(Context):
@@ -87,7 +67,7 @@ class JobContext(Context):
         text; nothing is sent then."""
         await self._report(
             "progress", job=self.job, id=self.job_id, attempt=self.attempt,
-            fraction=check_fraction(fraction), note=check_note(note), worker=self.worker,
+            fraction=progress_fraction(fraction), note=progress_note(note), worker=self.worker,
         )  # fmt: skip
 
     def __repr__(self) -> str:

@@ -17,12 +17,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from mega.validation import is_number
+from mega.validation import progress_fraction, progress_note
 
 # At most one progress message per this many seconds per task: 20 a second is smooth enough for
 # a progress bar and costs the parent's event loop nothing it would notice.
 PROGRESS_INTERVAL_S = 0.05
-MAX_NOTE_CHARS = 200  # a longer note is cut: it is a label for a progress bar, not a log
 
 # Receives (fraction, note) for the task running in this thread.
 ProgressSink = Callable[[float, str | None], None]
@@ -72,13 +71,10 @@ def progress(fraction: float, note: str | None = None) -> None:
     pool task it does nothing. Raises ValueError for a fraction that is not a number from 0 to 1
     or a note that is not a string.
     """
-    if not is_number(fraction) or not 0.0 <= fraction <= 1.0:  # NaN fails the range too
-        raise ValueError(f"progress fraction must be a number from 0 to 1, got {fraction!r}")
-    if note is not None and not isinstance(note, str):
-        raise ValueError(f"progress note must be a string or None, got {type(note).__name__}")
+    fraction, note = progress_fraction(fraction), progress_note(note)
     reporter: ProgressReporter | None = getattr(_current, "reporter", None)
     if reporter is not None:
-        reporter.report(float(fraction), note[:MAX_NOTE_CHARS] if note else note)
+        reporter.report(fraction, note)
 
 
 def install(reporter: ProgressReporter | None) -> None:

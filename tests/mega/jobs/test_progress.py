@@ -15,8 +15,10 @@ import pytest
 
 from mega import Context, Job, JobContext, JobWorker
 from mega.config import load_config
-from mega.jobs.progress import MAX_NOTE_CHARS, check_fraction, check_note
 from mega.runtime.boot import boot, shutdown
+from mega.validation import MAX_NOTE_CHARS
+from mega.validation import progress_fraction as check_fraction
+from mega.validation import progress_note as check_note
 from tests.factories import write_config
 
 MEMORY_BUS = """

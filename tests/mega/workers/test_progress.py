@@ -105,7 +105,7 @@ def test_a_bad_fraction_is_a_value_error(fraction: Any) -> None:
 
 
 def test_a_note_that_is_not_a_string_is_a_value_error() -> None:
-    with pytest.raises(ValueError, match="note must be a string"):
+    with pytest.raises(ValueError, match="note must be text"):
         progress(0.5, 42)  # type: ignore[arg-type]
 
 
