@@ -11,13 +11,14 @@ from typing import Any
 
 from app.jobs.email import EmailJob
 from app.services import console_series, job_timeline
+from app.services.instances import short_instance
 from mega import Context, JobWorker
 
 
 def attach_timeline(worker: JobWorker, ctx: Context) -> None:
     redis = ctx.cache("main").native
     # Every attempt names the worker process that ran it (the crash mode moves between them).
-    here = job_timeline.short_worker(worker.instance_id)
+    here = short_instance(worker.instance_id)
 
     async def on_signal(signal: dict[str, Any]) -> None:
         if signal.get("job") != EmailJob.name:

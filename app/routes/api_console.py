@@ -18,7 +18,8 @@ from app.routes.api_cron import SCHEDULE, scheduler
 from app.routes.api_events import events_part
 from app.routes.api_jobs import jobs_part, queue
 from app.routes.api_worker import POOL
-from app.services import console_series, job_timeline
+from app.services import console_series
+from app.services.instances import short_instance
 from mega.web import UserDep, api_responses, ok
 
 router = APIRouter(prefix="/api/demo")
@@ -28,12 +29,6 @@ RECENT_TICKS = 10
 # Ticks read for the lateness chart: 20 scheduled ticks fit the window at one per 30 s, and
 # each tick is one audit record per scheduler instance.
 SERIES_TICKS = 60
-
-
-def short_instance(instance: str) -> str:
-    """`scheduler@host:4121:a1b2c3` -> `a1b2c3 (pid 4121)`, the form the jobs timeline gives
-    workers: the random suffix tells two runs of one pid apart, the pid is what to kill."""
-    return job_timeline.short_worker(instance)
 
 
 def scheduler_instances(ticks: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from app.services.cron_counter import (
     SUGGESTED_HOLD_MS,
     read_state,
 )
-from app.services.job_timeline import short_worker
+from app.services.instances import short_instance
 from mega import Scheduler
 from mega.web import UserDep, api_responses, field_errors, flash, ok, render
 
@@ -54,7 +54,7 @@ def instance_label(instance: str | None) -> str | None:
     if instance is None:
         return None
     role, _, _ = instance.partition("@")
-    return f"{role} {short_worker(instance)}"
+    return f"{role} {short_instance(instance)}"
 
 
 def scheduler_processes(ticks: list[dict[str, Any]]) -> list[dict[str, Any]]:

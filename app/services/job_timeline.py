@@ -62,16 +62,6 @@ async def record_enqueued(
     await record_event(redis, job_id, "enqueued", f"to {to}, mode {mode}{held}")
 
 
-def short_worker(instance_id: str) -> str:
-    """`worker@host:4121:a1b2c3` -> `a1b2c3 (pid 4121)`: the random suffix tells two runs of
-    one pid apart, the pid is what to kill; any other form -> its last 12 characters."""
-    _, _, where = instance_id.rpartition("@")
-    parts = where.split(":")
-    if len(parts) >= 3 and parts[-2].isdigit():
-        return f"{parts[-1]} (pid {parts[-2]})"
-    return instance_id[-12:]
-
-
 async def forget(redis: Redis, job_id: str) -> None:
     """Undo record_enqueued (the enqueue itself failed)."""
     async with redis.pipeline(transaction=True) as pipe:

@@ -14,10 +14,11 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from app.routes.api_console import scheduler_instances, short_instance
+from app.routes.api_console import scheduler_instances
 from app.schedules.cron_counter import CronCounterSchedule
 from app.services import console_series
 from app.services.console_series import STEP_S, STEPS, WINDOW_S, build_series, percentile
+from app.services.instances import short_instance
 from mega import Scheduler
 from mega.config import Config
 from mega.runtime.boot import boot, shutdown

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from app.jobs.email import SLOW_ACK_WAITS, SLOW_STEPS, EmailJob
-from app.services.job_timeline import short_worker
+from app.services.instances import short_instance
 from mega.config import Config
 from mega.jobs.job import stream_name
 from tests.factories import csrf_from, job_worker, login, sample_config_for, web_client
@@ -84,7 +84,7 @@ async def test_ok_flaky_and_fail_end_to_end(config: Config) -> None:
         assert [e["kind"] for e in ok_job["events"]] == ["enqueued", "start", "done"]
         assert all(set(e) >= {"kind", "time", "detail"} for e in ok_job["events"])
         # Every attempt names the worker process that ran it, by its short id.
-        here = short_worker(worker.instance_id)
+        here = short_instance(worker.instance_id)
         assert ok_job["events"][1]["detail"].startswith(f"attempt 1 started on worker {here}, ")
 
         data = await wait_for_job(client, flaky_id, "done")
@@ -127,7 +127,7 @@ async def test_ok_flaky_and_fail_end_to_end(config: Config) -> None:
     ],
 )
 def test_a_worker_is_named_by_its_short_id_and_pid(instance: str, short: str) -> None:
-    assert short_worker(instance) == short
+    assert short_instance(instance) == short
 
 
 @pytest.mark.slow
