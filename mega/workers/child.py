@@ -8,12 +8,13 @@ imports the task module once, then answers task frames until its stdin closes.
 Protocol: every frame is a 4-byte big-endian length followed by that many bytes of pickle.
 - child -> parent, once at startup: `(0, STATUS_READY, [task names])`, or
   `(0, STATUS_IMPORT_FAILED, (exc type name, message))` and exit.
-- parent -> child: `(task_id, task_name, pickled args)`. The args are pickled on their own, in
-  the parent at dispatch, so a value the child cannot unpickle is reported against its task id
-  instead of killing the child.
-- child -> parent, while a task runs, only if it calls `mega.workers.progress`: any number of
-  `(task_id, STATUS_PROGRESS, (fraction, note))`, throttled in the child (see
-  `mega.workers.task_progress`), the last one always before the answer.
+- parent -> child: `(task_id, task_name, pickled args, reporting)`. The args are pickled on
+  their own, in the parent at dispatch, so a value the child cannot unpickle is reported
+  against its task id instead of killing the child. `reporting`: whether the caller listens to
+  progress; without it the task's progress() calls send nothing.
+- child -> parent, while a task runs, only if it calls `mega.workers.progress` and the frame
+  said `reporting`: any number of `(task_id, STATUS_PROGRESS, (fraction, note))`, throttled in
+  the child (see `mega.workers.task_progress`), the last one always before the answer.
 - child -> parent: `(task_id, STATUS_OK, return value)` or `(task_id, STATUS_*, (exc type name,
   message))`.
 
@@ -175,13 +176,13 @@ def main(argv: list[str]) -> int:
     tasks = task_functions(module)
     frames = _ProgressFrames(protocol_out)
     reporter = task_progress.ProgressReporter(frames.send)
-    task_progress.install(reporter)
     protocol_out.write(encode_frame((0, STATUS_READY, sorted(tasks))))
     protocol_out.flush()
 
     while (frame := read_frame(protocol_in)) is not None:
-        task_id, name, args_pickle = frame
+        task_id, name, args_pickle, reporting = frame
         frames.task_id = task_id
+        task_progress.install(reporter if reporting else None)
         answer = _answer(tasks, task_id, name, args_pickle)
         # A task that never reported costs this one attribute read, nothing more.
         if reporter.used:

@@ -206,7 +206,8 @@ class WorkerPool:
             except Exception as exc:
                 message = f"args for {self.name}.{task_name} cannot be pickled: {exc}"
                 raise WorkerError(message, code="worker.invalid_args") from exc
-            payload = encode_frame((self._next_id, task_name, args_pickle))
+            # The child sends progress frames only for a caller that listens to them.
+            payload = encode_frame((self._next_id, task_name, args_pickle, on_progress is not None))
         future = asyncio.get_running_loop().create_future()
         task = _Task(
             self._next_id,

@@ -125,6 +125,24 @@ async def test_the_caller_sees_increasing_fractions_up_to_the_last_and_the_resul
     assert all(0 < fraction <= 1 for fraction in seen.fractions)
 
 
+async def test_a_child_sends_no_progress_frames_to_a_caller_that_does_not_listen(
+    make_pool: MakePool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    frames: list[Any] = []
+    original = WorkerPool._child_progress
+
+    def counting(self: WorkerPool, *args: Any) -> None:
+        frames.append(args)
+        original(self, *args)
+
+    monkeypatch.setattr(WorkerPool, "_child_progress", counting)
+    pool = await make_pool(mode="process")
+    assert await pool.run("count_up", {"steps": 3, "sleep_ms": 60}) == {"steps": 3}
+    assert frames == []  # the web's event loop is not woken for reports nobody reads
+    await pool.run("count_up", {"steps": 3, "sleep_ms": 60}, on_progress=Seen())
+    assert len(frames) >= 2  # the same child reports to a caller that listens
+
+
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_tight_loop_is_throttled_and_its_last_report_still_arrives(
     make_pool: MakePool, mode: str
