@@ -14,7 +14,6 @@ from pathlib import Path
 
 from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import FileResponse, RedirectResponse
-from markdown_it import MarkdownIt
 
 from mega.web import UserDep, render
 
@@ -76,6 +75,8 @@ async def source(request: Request, user: UserDep, path: str = "") -> Response:
 
 @lru_cache(maxsize=16)
 def _chapter_html(path: Path, mtime_ns: int) -> str:
+    from markdown_it import MarkdownIt  # here, not at import: most web processes never need it
+
     html = MarkdownIt("commonmark", {"html": False}).enable("table").render(path.read_text("utf-8"))
     html = CHAPTER_LINK.sub(lambda m: f'href="/demo/guide/{m[1]}{m[2] or ""}"', html)
     html = IMAGE_LINK.sub(r'src="/demo/guide/img/\1"', html)
