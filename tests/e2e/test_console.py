@@ -100,7 +100,7 @@ def test_console_fits_390_px_without_horizontal_scroll(page, live_stack: LiveSta
     page.set_viewport_size({"width": 390, "height": 844})
     log_in(page, live_stack.url)
     expect(page.locator("#chart-jobs")).to_be_visible()
-    page.wait_for_function("document.querySelector('#charts svg') !== null")
+    expect(page.locator("#charts svg").first).to_be_attached()
     # With the instances table filled in too (the first scheduled tick is at most 30 s away).
     expect(page.locator("#sched-instance-list tbody tr").first).to_be_visible(timeout=40_000)
     width = page.evaluate("document.documentElement.scrollWidth")
