@@ -124,6 +124,12 @@ async def login(
     )
 
 
+async def authed(client: httpx.AsyncClient, page: str = "/demo") -> dict[str, str]:
+    """Log in, then the CSRF header `page` carries for the session's JSON calls."""
+    await login(client)
+    return {"X-CSRF-Token": csrf_from((await client.get(page)).text)}
+
+
 def config_for(tmp_path: Path, nats_url: str, redis_url: str, **auth: Any) -> Config:
     return load_config(write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, **auth))
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,21 +21,9 @@ from app.services.instances import short_instance
 from mega import Scheduler
 from mega.config import Config
 from mega.runtime.boot import boot, shutdown
-from tests.factories import csrf_from, job_worker, login, sample_config_for, web_client
+from tests.factories import authed, csrf_from, job_worker, login, web_client
 
 SERIES = ("jobs_per_s", "start_p50_ms", "start_p99_ms", "dlq", "tick_lateness_ms")
-
-
-@pytest.fixture
-def config(
-    tmp_path: Path, nats_factory: Callable[[], Any], redis_factory: Callable[[], Any]
-) -> Config:
-    return sample_config_for(tmp_path, nats_factory().url, redis_factory().url)
-
-
-async def authed(client: httpx.AsyncClient) -> dict[str, str]:
-    await login(client)
-    return {"X-CSRF-Token": csrf_from((await client.get("/demo")).text)}
 
 
 async def enqueue(client: httpx.AsyncClient, headers: dict[str, str], mode: str) -> None:

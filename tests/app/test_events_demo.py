@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,21 +14,9 @@ import pytest
 
 from app.events.listeners import STATS_KEY
 from mega.config import Config
-from tests.factories import csrf_from, login, sample_config_for, web_client, worker_host
+from tests.factories import authed, csrf_from, login, web_client, worker_host
 
 GROUPS = ["WelcomeEmailListener", "SignupStatsListener", "CrmSyncListener"]
-
-
-@pytest.fixture
-def config(
-    tmp_path: Path, nats_factory: Callable[[], Any], redis_factory: Callable[[], Any]
-) -> Config:
-    return sample_config_for(tmp_path, nats_factory().url, redis_factory().url)
-
-
-async def authed(client: httpx.AsyncClient) -> dict[str, str]:
-    await login(client)
-    return {"X-CSRF-Token": csrf_from((await client.get("/demo/events")).text)}
 
 
 async def state(client: httpx.AsyncClient) -> dict[str, Any]:
@@ -78,7 +65,7 @@ async def test_a_committed_signup_reaches_every_group_once_a_rolled_back_one_non
     config: Config,
 ) -> None:
     async with web_client(config) as client, worker_host(config):
-        headers = await authed(client)
+        headers = await authed(client, "/demo/events")
         committed = await sign_up(client, headers, "ada@example.com")
         assert committed["committed"] is True and committed["signup_id"] == 1
         rolled_back = await sign_up(client, headers, "bob@example.org", mode="rollback")
@@ -110,7 +97,7 @@ async def test_a_committed_signup_reaches_every_group_once_a_rolled_back_one_non
 
 async def test_the_crm_group_dead_letters_and_requeue_brings_it_back(config: Config) -> None:
     async with web_client(config) as client, worker_host(config):
-        headers = await authed(client)
+        headers = await authed(client, "/demo/events")
         event_id = (await sign_up(client, headers, "fail.fast@example.com"))["event_id"]
         data = await until(client, lambda d: statuses(d, event_id)["CrmSyncListener"] == "dlq")
         assert statuses(data, event_id) == {
@@ -152,7 +139,7 @@ async def test_the_crm_group_dead_letters_and_requeue_brings_it_back(config: Con
 
 async def test_a_paused_relay_lets_rows_pile_up_then_they_drain(config: Config) -> None:
     async with web_client(config) as client, worker_host(config):
-        headers = await authed(client)
+        headers = await authed(client, "/demo/events")
         paused = await client.post("/api/demo/events/relay", json={"paused": True}, headers=headers)
         assert paused.json()["data"] == {"paused": True}
         ids = [(await sign_up(client, headers, f"u{n}@example.com"))["event_id"] for n in range(3)]
@@ -189,7 +176,7 @@ async def test_a_paused_relay_lets_rows_pile_up_then_they_drain(config: Config) 
 )
 async def test_bad_input_is_422_and_writes_nothing(config: Config, body: dict[str, Any]) -> None:
     async with web_client(config) as client:
-        headers = await authed(client)
+        headers = await authed(client, "/demo/events")
         response = await client.post("/api/demo/events/signup", json=body, headers=headers)
         assert response.status_code == 422
         error = response.json()["error"]
@@ -230,7 +217,7 @@ async def test_the_page_and_its_forms_work_without_javascript(config: Config) ->
 )
 async def test_bad_addresses_get_a_plain_sentence(config: Config, email: str, message: str) -> None:
     async with web_client(config) as client:
-        headers = await authed(client)
+        headers = await authed(client, "/demo/events")
         response = await client.post(
             "/api/demo/events/signup", json={"email": email}, headers=headers
         )

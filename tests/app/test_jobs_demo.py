@@ -17,21 +17,9 @@ from app.jobs.email import SLOW_ACK_WAITS, SLOW_STEPS, EmailJob
 from app.services.instances import short_instance
 from mega.config import Config
 from mega.jobs.job import stream_name
-from tests.factories import csrf_from, job_worker, login, sample_config_for, web_client
+from tests.factories import authed, csrf_from, job_worker, login, sample_config_for, web_client
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def config(
-    tmp_path: Path, nats_factory: Callable[[], Any], redis_factory: Callable[[], Any]
-) -> Config:
-    return sample_config_for(tmp_path, nats_factory().url, redis_factory().url)
-
-
-async def authed(client: httpx.AsyncClient) -> dict[str, str]:
-    await login(client)
-    return {"X-CSRF-Token": csrf_from((await client.get("/demo/jobs")).text)}
 
 
 async def wait_for_job(
@@ -73,7 +61,7 @@ async def test_anonymous_is_refused(config: Config) -> None:
 
 async def test_ok_flaky_and_fail_end_to_end(config: Config) -> None:
     async with web_client(config) as client, job_worker(config) as worker:
-        headers = await authed(client)
+        headers = await authed(client, "/demo/jobs")
         ok_id = await enqueue(client, headers, "ok")
         flaky_id = await enqueue(client, headers, "flaky")
         fail_id = await enqueue(client, headers, "fail")
@@ -138,7 +126,7 @@ async def test_slow_outlives_its_ack_wait_on_one_attempt_and_reports_each_step(
     redelivered, and its progress reaches the page step by step. A delayed job meanwhile
     waits on the broker without a slot and runs in the other one."""
     async with web_client(config) as client, job_worker(config):
-        headers = await authed(client)
+        headers = await authed(client, "/demo/jobs")
         started = asyncio.get_running_loop().time()
         slow = await enqueue(client, headers, "slow")
         await wait_for_job(client, slow, "running")
@@ -176,7 +164,7 @@ async def test_slow_outlives_its_ack_wait_on_one_attempt_and_reports_each_step(
 
 async def test_requeue_from_the_dlq_resets_attempts(config: Config) -> None:
     async with web_client(config) as client, job_worker(config):
-        headers = await authed(client)
+        headers = await authed(client, "/demo/jobs")
         fail_id = await enqueue(client, headers, "fail")
         await wait_for_job(client, fail_id, "dlq")
         missing = await client.post(
@@ -222,7 +210,7 @@ async def test_bad_input_is_422_and_enqueues_nothing(
     config: Config, body: dict, field: str
 ) -> None:
     async with web_client(config) as client:
-        headers = await authed(client)
+        headers = await authed(client, "/demo/jobs")
         before = (await client.get("/api/demo/jobs")).json()["data"]
         response = await client.post("/api/demo/jobs", json=body, headers=headers)
         assert response.status_code == 422
@@ -264,7 +252,7 @@ async def test_nats_down_is_503_naming_it_and_other_pages_work(
     nats = nats_factory()
     config = sample_config_for(tmp_path, nats.url, redis_factory().url)
     async with web_client(config) as client:
-        headers = await authed(client)
+        headers = await authed(client, "/demo/jobs")
         nats.stop()
         await asyncio.sleep(0.3)
         response = await client.post(
@@ -302,7 +290,7 @@ async def test_dlq_cli_lists_requeues_and_purges(config: Config) -> None:
         )  # fmt: skip
 
     async with web_client(config) as client:
-        headers = await authed(client)
+        headers = await authed(client, "/demo/jobs")
         async with job_worker(config):
             fail_id = await enqueue(client, headers, "fail")
             await wait_for_job(client, fail_id, "dlq")
@@ -353,7 +341,7 @@ async def test_a_crash_job_kills_a_worker_on_every_attempt_then_lands_in_the_dlq
     attempts = EmailJob.retries + 1
     try:
         async with web_client(config) as client:
-            headers = await authed(client)
+            headers = await authed(client, "/demo/jobs")
             await asyncio.sleep(2.0)  # both workers up and pulling
             job_id = await enqueue(client, headers, "crash")
             deadline = asyncio.get_running_loop().time() + attempts * EmailJob.ack_wait_s + 30

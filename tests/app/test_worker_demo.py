@@ -12,7 +12,7 @@ import pytest
 
 from app.workers.hash_tasks import MAX_ROUNDS, sha256_loop
 from app.workers.run_progress import RunProgress
-from tests.factories import csrf_from, login, sample_config_for, web_client
+from tests.factories import authed, csrf_from, login, sample_config_for, web_client
 
 
 def chain(text: str, rounds: int) -> str:
@@ -45,14 +45,9 @@ def config(tmp_path: Path, nats_url: str, redis_url: str):
     return sample_config_for(tmp_path, nats_url, redis_url)
 
 
-async def authed(client: httpx.AsyncClient) -> dict[str, str]:
-    await login(client)
-    return {"X-CSRF-Token": csrf_from((await client.get("/demo/worker")).text)}
-
-
 async def test_hash_in_pool_and_inline_give_the_same_digest(config) -> None:
     async with web_client(config, pools=True) as client:
-        headers = await authed(client)
+        headers = await authed(client, "/demo/worker")
         body = {"input": "mega", "rounds": 5000}
         pool = await client.post("/api/demo/worker/hash", json=body, headers=headers)
         inline = await client.post(
@@ -79,7 +74,7 @@ async def test_hash_in_pool_and_inline_give_the_same_digest(config) -> None:
 )
 async def test_bad_input_is_422_with_field_errors(config, body: dict, field: str) -> None:
     async with web_client(config, pools=True) as client:
-        headers = await authed(client)
+        headers = await authed(client, "/demo/worker")
         response = await client.post("/api/demo/worker/hash", json=body, headers=headers)
         assert response.status_code == 422
         error = response.json()["error"]
@@ -93,7 +88,7 @@ async def test_heartbeat_keeps_answering_during_a_pool_hash_and_waits_during_inl
     hash is still running; inline, none is answered before the hash is done."""
     rounds = 4_000_000
     async with web_client(config, pools=True) as client:
-        headers = await authed(client)
+        headers = await authed(client, "/demo/worker")
 
         async def hash_and_ping(inline: bool) -> tuple[float, list[float]]:
             answered: list[float] = []
@@ -128,7 +123,7 @@ async def test_heartbeat_keeps_answering_during_a_pool_hash_and_waits_during_inl
 
 async def test_overloaded_pool_answers_429_with_retry_after(config) -> None:
     async with web_client(config, pools=True) as client:
-        headers = await authed(client)
+        headers = await authed(client, "/demo/worker")
         pool = client.app.state.ctx.workers["hash"]  # type: ignore[attr-defined]
         capacity = pool.settings.pool_size + pool.settings.max_queue
         requests = [
@@ -169,7 +164,7 @@ async def test_a_broken_pool_makes_readyz_fail_naming_it(config) -> None:
     from tests.processes import command_line, descendants
 
     async with web_client(config, pools=True) as client:
-        headers = await authed(client)
+        headers = await authed(client, "/demo/worker")
         pool = client.app.state.ctx.workers["hash"]  # type: ignore[attr-defined]
         for _ in range(pool.settings.max_restarts + 1):
             children = [
@@ -275,7 +270,7 @@ async def pool_state(client: httpx.AsyncClient) -> dict:
 )
 async def test_bad_timeout_or_run_id_is_422(config, body: dict, field: str) -> None:
     async with web_client(config, pools=True) as client:
-        headers = await authed(client)
+        headers = await authed(client, "/demo/worker")
         response = await client.post(
             "/api/demo/worker/hash", json={"input": "x", "rounds": 10, **body}, headers=headers
         )
@@ -288,7 +283,7 @@ async def test_bad_timeout_or_run_id_is_422(config, body: dict, field: str) -> N
 async def test_a_pool_run_reports_its_rounds_while_it_runs(config) -> None:
     rounds = 4_000_000
     async with web_client(config, pools=True) as client:
-        headers = await authed(client)
+        headers = await authed(client, "/demo/worker")
         body = {"input": "p", "rounds": rounds, "run_id": "run-1"}
         running = asyncio.create_task(
             client.post("/api/demo/worker/hash", json=body, headers=headers, timeout=60)
@@ -311,7 +306,7 @@ async def test_a_pool_run_reports_its_rounds_while_it_runs(config) -> None:
 
 async def test_a_run_past_its_timeout_is_504_and_its_process_replaced(config) -> None:
     async with web_client(config, pools=True) as client:
-        headers = await authed(client)
+        headers = await authed(client, "/demo/worker")
         before = await pool_state(client)
         response = await client.post(
             "/api/demo/worker/hash",
@@ -337,7 +332,7 @@ async def test_a_run_past_its_timeout_is_504_and_its_process_replaced(config) ->
 
 async def test_kill_takes_the_busy_child_the_pool_replaces_it_and_counts_a_restart(config) -> None:
     async with web_client(config, pools=True) as client:
-        headers = await authed(client)
+        headers = await authed(client, "/demo/worker")
         state = await pool_state(client)
         assert (state["size"], state["restarts"], state["max_restarts"]) == (2, 0, 10)
         assert (state["pool_size"], state["max_queue"], state["mode"]) == (2, 8, "process")
@@ -367,7 +362,7 @@ async def test_kill_takes_the_busy_child_the_pool_replaces_it_and_counts_a_resta
 
 async def test_kill_is_refused_once_every_restart_is_spent(config) -> None:
     async with web_client(config, pools=True) as client:
-        headers = await authed(client)
+        headers = await authed(client, "/demo/worker")
         max_restarts = (await pool_state(client))["max_restarts"]
         for spent in range(1, max_restarts + 1):
             assert (await client.post("/api/demo/worker/kill", headers=headers)).status_code == 200
@@ -390,7 +385,7 @@ async def test_kill_is_refused_once_every_restart_is_spent(config) -> None:
 
 async def test_a_burst_overflows_the_queue_and_a_run_sent_meanwhile_is_429(config) -> None:
     async with web_client(config, pools=True) as client:
-        headers = await authed(client)
+        headers = await authed(client, "/demo/worker")
         state = await pool_state(client)
         capacity = state["pool_size"] + state["max_queue"]
         burst = await client.post("/api/demo/worker/burst", headers=headers)
