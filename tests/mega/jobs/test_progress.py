@@ -4,9 +4,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from mega.validation import MAX_NOTE_CHARS
 from mega.validation import progress_fraction as check_fraction
 from mega.validation import progress_note as check_note
 from tests.factories import write_config
+from tests.mega.jobs.test_contract import until
 
 MEMORY_BUS = """
 services = {
@@ -101,13 +100,6 @@ async def setup(
     yield job, worker, seen
     await worker.stop(5)
     await shutdown(ctx)
-
-
-async def until(check: Any, what: str, timeout_s: float = 15) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out: {what}"
-        await asyncio.sleep(0.01)
 
 
 def of(seen: list[dict[str, Any]], job_id: str) -> list[dict[str, Any]]:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,27 +14,17 @@ from mega.errors import TaskFailed
 from mega.workers import progress, task_progress
 from mega.workers.pool import WorkerPool
 from mega.workers.task_progress import PROGRESS_INTERVAL_S, ProgressReporter
-from mega.workers.worker import Worker
+from tests.mega.workers.conftest import MakePool
 
-ROOT = Path(__file__).resolve().parents[3]
-MakePool = Callable[..., Awaitable[WorkerPool]]
 MODES = ["process", "thread"]
 
 
 @pytest.fixture
-async def make_pool() -> AsyncIterator[MakePool]:
-    pools: list[WorkerPool] = []
-
-    async def make(**attrs: Any) -> WorkerPool:
-        attrs = {"task_file": "tests/mega/workers/progress_tasks.py", "pool_size": 1, **attrs}
-        pool = WorkerPool(type("ProgressWorker", (Worker,), attrs), root=ROOT)
-        pools.append(pool)
-        await pool.start()
-        return pool
-
-    yield make
-    for pool in pools:
-        await pool.stop(timeout_s=1)
+def make_pool(make_pool: MakePool) -> MakePool:
+    """The shared pool maker, with the tasks that report progress."""
+    return functools.partial(
+        make_pool, name="ProgressWorker", task_file="tests/mega/workers/progress_tasks.py"
+    )
 
 
 class Seen:

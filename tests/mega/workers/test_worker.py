@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +14,8 @@ import pytest
 from mega.errors import RegistrationError, TaskFailed, WorkerError, WorkerOverloaded
 from mega.workers.pool import WorkerPool
 from mega.workers.worker import Worker
+from tests.mega.workers.conftest import ROOT, TASK_FILE, MakePool, declare
 
-ROOT = Path(__file__).resolve().parents[3]
-TASK_FILE = "tests/mega/workers/worker_tasks.py"
 TASKS = {
     "add",
     "block",
@@ -30,30 +29,6 @@ TASKS = {
     "touch",
     "unpicklable_result",
 }
-
-MakePool = Callable[..., Awaitable[WorkerPool]]
-
-
-def declare(**attrs: Any) -> type[Worker]:
-    attrs.setdefault("task_file", TASK_FILE)
-    attrs.setdefault("pool_size", 1)
-    return type("TestWorker", (Worker,), attrs)
-
-
-@pytest.fixture
-async def make_pool() -> AsyncIterator[MakePool]:
-    """Start a pool from Worker attributes; every pool is stopped at teardown."""
-    pools: list[WorkerPool] = []
-
-    async def make(**attrs: Any) -> WorkerPool:
-        pool = WorkerPool(declare(**attrs), root=ROOT)
-        pools.append(pool)
-        await pool.start()
-        return pool
-
-    yield make
-    for pool in pools:
-        await pool.stop(timeout_s=1)
 
 
 async def until(condition: Callable[[], bool]) -> None:
