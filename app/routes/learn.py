@@ -2,8 +2,8 @@
 project's own source files, and the guide's chapters rendered from docs/guide/.
 
 Only text files under a few top-level folders are shown, resolved inside the project (no `..`,
-no symlink out); anything else is a 404. Markdown is rendered with raw HTML off, so a chapter
-cannot inject markup; links between chapters (`jobs.md`) become links to their pages.
+no symlink out); anything else is a 404. A chapter's relative links become links to the pages
+that show their targets (app/services/guide_markdown.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import FileResponse, RedirectResponse
 
+from app.services.guide_markdown import render_chapter
 from mega.web import UserDep, render
 
 router = APIRouter(include_in_schema=False)
@@ -48,8 +49,6 @@ CHAPTERS = (
     ("http", "HTTP"),
 )
 IMAGE = re.compile(r"^[a-z0-9][a-z0-9_-]*\.png$")
-CHAPTER_LINK = re.compile(r'href="([a-z0-9_-]+)\.md(#[^"]*)?"')
-IMAGE_LINK = re.compile(r'src="img/([a-z0-9_-]+\.png)"')
 
 
 def source_file(path: str) -> Path | None:
@@ -75,13 +74,10 @@ async def source(request: Request, user: UserDep, path: str = "") -> Response:
 
 @lru_cache(maxsize=16)
 def _chapter_html(path: Path, mtime_ns: int) -> str:
-    from markdown_it import MarkdownIt  # here, not at import: most web processes never need it
-
-    html = MarkdownIt("commonmark", {"html": False}).enable("table").render(path.read_text("utf-8"))
-    html = CHAPTER_LINK.sub(lambda m: f'href="/demo/guide/{m[1]}{m[2] or ""}"', html)
-    html = IMAGE_LINK.sub(r'src="/demo/guide/img/\1"', html)
-    # Code blocks and tables scroll sideways on a phone: a keyboard must be able to reach them.
-    return html.replace("<pre>", '<pre tabindex="0">').replace("<table>", '<table tabindex="0">')
+    return render_chapter(
+        path.read_text("utf-8"), chapter_dir=GUIDE, root=PROJECT_ROOT,
+        chapters=[name for name, _ in CHAPTERS], shows_source=lambda p: source_file(p) is not None,
+    )  # fmt: skip
 
 
 @router.get("/demo/guide")
