@@ -86,8 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
     dlq = command("dlq", "Inspect and repair dead-lettered jobs.")
     dlq.add_argument("action", choices=["list", "requeue", "purge"], help="what to do")
     dlq.add_argument("--job", help="job class name (default: every job in the config)")
-    dlq.add_argument("--id", help="requeue only this job id")
+    dlq.add_argument("--id", help="requeue only this job id (`list` shows the ids)")
+    dlq.add_argument(
+        "--all", action="store_true", dest="replay_all",
+        help="requeue every record (of --job, or of every job); without --id or --all a "
+        "requeue is refused and says how many records it would replay",
+    )  # fmt: skip
     dlq.add_argument("--limit", type=int, default=20, help="how many records `list` shows")
+    dlq.add_argument("--json", action="store_true", help="`list`: one JSON object per record")
     db = command("db", "The framework's database schema (Alembic migrations shipped with mega).")
     db.add_argument(
         "action",
@@ -169,7 +175,10 @@ def _work(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]
 def _dlq(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:
     from mega.runtime.dlq_cli import run_dlq_command
 
-    return run_dlq_command(config, args.action, job=args.job, job_id=args.id, limit=args.limit)
+    return run_dlq_command(
+        config, args.action, job=args.job, job_id=args.id, limit=args.limit,
+        replay_all=args.replay_all, as_json=args.json,
+    )  # fmt: skip
 
 
 async def _db(config: Config, args: argparse.Namespace) -> None:
