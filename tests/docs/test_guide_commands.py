@@ -2,8 +2,13 @@
 
 The convention, for whoever writes a chapter:
 
+- Every terminal step works pasted into a fresh shell in the repository root: a block starts
+  with ``. .venv/bin/activate`` (the venv ``make install`` made) or calls ``.venv/bin/mega``,
+  ``.venv/bin/python``, ``.venv/bin/pytest``. Any program the venv installs (honcho and
+  supervisord too) is reached that way; ``make`` targets find the venv themselves.
 - A fenced block with the info string ``sh runnable`` is run: ``bash -euo pipefail`` in the
-  repository root, the venv's ``bin`` first on PATH, with a timeout, and must exit 0. Each
+  repository root as a user's shell, with no venv on PATH and no VIRTUAL_ENV, with a timeout,
+  and must exit 0. Each
   chapter gets fresh embedded servers (nats-server with JetStream, a Redis-compatible server)
   and a fresh SQLite file: NATS_URL, REDIS_URL, DATABASE_URL and MEGA_SECRET_KEY are set, the
   hosts' metrics ports are free ones, and PORT is a free port for a block that starts a web app
@@ -15,7 +20,7 @@ The convention, for whoever writes a chapter:
   ``mega dev``), containers (``docker compose``), supervisors. Its commands are checked
   instead: a ``make`` target must exist in the Makefile, ``mega <command>`` in ``mega --help``,
   a ``docker compose --profile`` in docker-compose.yml, a file named in it must exist, and any
-  other program must be one of KNOWN_PROGRAMS.
+  other program must be one of KNOWN_PROGRAMS. The README's ``sh`` blocks are checked the same.
 - Every image a chapter shows (``![alt](img/name.png)``) must exist (``make screenshots`` takes
   them from the browser tests), every link to another chapter must reach a heading there, and
   every file (```mega/jobs/queue.py```) and test (```test_same_id_runs_once```) a chapter names
@@ -41,13 +46,21 @@ from tests.factories import TEST_SECRET
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "guide"
+README = ROOT / "README.md"
 BIN = Path(sys.executable).parent
+# The venv a reader's terminal steps use: the checkout's own, as `make install` makes it.
+VENV_BIN = ROOT / ".venv" / "bin"
+ACTIVATE = (".", ".venv/bin/activate")
+# Programs a shell has only through the venv, whatever else it installs: a block calls them as
+# `.venv/bin/<name>` or after `. .venv/bin/activate`.
+VENV_PROGRAMS = {"mega", "python", "python3", "pytest", "pip", "honcho", "supervisord"}
 BLOCK_TIMEOUT_S = 40
 # The chapters of the course; each must teach at least one command a test runs.
 COURSE = ("schedules", "jobs", "events", "workers", "testing", "scaling", "operating")
 # Programs a plain `sh` block may name besides make, mega and docker compose.
 KNOWN_PROGRAMS = {
-    "export", "honcho", "supervisord", "curl", "kill", "python", "pytest", "nats", "openssl",
+    ".", "source", "export", "honcho", "supervisord", "curl", "kill", "python", "pytest", "nats",
+    "openssl",
 }  # fmt: skip
 FENCE = re.compile(r"^(?P<indent>[ ]*)```(?P<info>[^`]*)$")
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
@@ -89,13 +102,23 @@ def fenced_blocks(path: Path) -> Iterator[Block]:
         index += 1
 
 
-def shell_blocks(kind: str) -> list[Block]:
+def shell_blocks(kind: str, paths: list[Path]) -> list[Block]:
     wanted = {"runnable": "sh runnable", "plain": "sh"}[kind]
-    return [b for path in chapters() for b in fenced_blocks(path) if b.info == wanted]
+    return [b for path in paths for b in fenced_blocks(path) if b.info == wanted]
 
 
-RUNNABLE = shell_blocks("runnable")
-PLAIN = shell_blocks("plain")
+RUNNABLE = shell_blocks("runnable", chapters())
+PLAIN = shell_blocks("plain", [*chapters(), README])
+
+
+def without_venv(environ: dict[str, str]) -> dict[str, str]:
+    """`environ` as a fresh shell has it: no VIRTUAL_ENV, and no venv's bin directory (one
+    with a pyvenv.cfg beside it, this test's own included) on PATH."""
+    env = {k: v for k, v in environ.items() if k != "VIRTUAL_ENV"}
+    entries = env.get("PATH", "").split(os.pathsep)
+    kept = [e for e in entries if e and not (Path(e).parent / "pyvenv.cfg").is_file()]
+    env["PATH"] = os.pathsep.join(e for e in kept if Path(e) not in (BIN, VENV_BIN))
+    return env
 
 
 class ChapterServers:
@@ -113,9 +136,8 @@ class ChapterServers:
             self.servers.append(nats)
             redis = EmbeddedRedis(data_dir=data / "redis").start()
             self.servers.append(redis)
-            env = {k: v for k, v in os.environ.items() if not k.startswith("MEGA_")}
+            env = {k: v for k, v in without_venv(dict(os.environ)).items() if k[:5] != "MEGA_"}
             env.update(
-                PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
                 NATS_URL=nats.url,
                 REDIS_URL=redis.url,
                 DATABASE_URL=f"sqlite:///{data / 'guide.db'}",
@@ -144,6 +166,9 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChapterServers
 
 @pytest.mark.parametrize("block", RUNNABLE, ids=[b.id for b in RUNNABLE])
 def test_runnable_block_exits_0(block: Block, servers: ChapterServers) -> None:
+    assert (VENV_BIN / "mega").is_file(), "the guide's steps use the checkout's venv: make install"
+    # Checked as well as run: a python elsewhere on PATH (pyenv's, say) may happen to run it here.
+    assert not outside_the_venv(block.text), f"{block.id}:\n{block.text}"
     try:
         done = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", block.text],
@@ -198,7 +223,7 @@ def commands(text: str) -> Iterator[list[str]]:
 
 def problems_of(command: list[str], known: dict[str, set[str]]) -> list[str]:
     program, args = command[0], command[1:]
-    name = Path(program).name
+    name = Path(program).name or program  # `.` (source) has no name of its own
     found: list[str] = []
     if name == "make":
         found += [f"no make target {t!r}" for t in args if "=" not in t and t not in known["make"]]
@@ -225,11 +250,37 @@ def problems_of(command: list[str], known: dict[str, set[str]]) -> list[str]:
     return found
 
 
+def outside_the_venv(text: str) -> list[str]:
+    """The commands of a block a fresh shell would not find: a venv program called by its bare
+    name in a block that does not start with `. .venv/bin/activate`."""
+    found = list(commands(text))
+    if found and found[0] in ([*ACTIVATE], ["source", ACTIVATE[1]]):
+        return []
+    bare = dict.fromkeys(command[0] for command in found if command[0] in VENV_PROGRAMS)
+    return [
+        f"`{name}` is the venv's: call .venv/bin/{name} or start the block with "
+        "`. .venv/bin/activate`"
+        for name in bare
+    ]
+
+
 @pytest.mark.parametrize("block", PLAIN, ids=[b.id for b in PLAIN])
 def test_plain_block_names_only_commands_that_exist(block: Block) -> None:
     known = {"make": make_targets(), "mega": mega_commands(), "profiles": compose_profiles()}
     problems = [p for command in commands(block.text) for p in problems_of(command, known)]
+    problems += outside_the_venv(block.text)
     assert not problems, f"{block.id}:\n{block.text}\n" + "\n".join(problems)
+
+
+def test_a_fresh_shell_has_no_venv(tmp_path: Path) -> None:
+    """What the runnable blocks run in: this test's venv and any other are off PATH."""
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (tmp_path / "tools" / "bin").mkdir(parents=True)
+    path = [BIN, VENV_BIN, tmp_path / "venv" / "bin", tmp_path / "tools" / "bin", Path("/bin")]
+    environ = {"PATH": os.pathsep.join(map(str, path)), "VIRTUAL_ENV": str(BIN.parent), "X": "1"}
+    fresh = {"PATH": os.pathsep.join([str(tmp_path / "tools" / "bin"), "/bin"]), "X": "1"}
+    assert without_venv(environ) == fresh
 
 
 def slug(heading: str) -> str:
@@ -289,6 +340,14 @@ def test_the_checks_themselves(tmp_path: Path) -> None:
     ]  # fmt: skip
     known = {"make": {"run"}, "mega": {"dev"}, "profiles": {"cluster"}}
     found = [p for command in commands(plain.text) for p in problems_of(command, known)]
+    assert outside_the_venv(plain.text) == [
+        "`mega` is the venv's: call .venv/bin/mega or start the block with `. .venv/bin/activate`"
+    ]
+    assert outside_the_venv(". .venv/bin/activate\nmega dev\npython x.py\n") == []
+    assert outside_the_venv(".venv/bin/mega dev && honcho start\n") == [
+        "`honcho` is the venv's: call .venv/bin/honcho or start the block with "
+        "`. .venv/bin/activate`"
+    ]
     assert found == [
         "no make target 'deploy'",
         "`mega frobnicate` is not in `mega --help`",
