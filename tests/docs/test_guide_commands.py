@@ -7,15 +7,15 @@ The convention, for whoever writes a chapter:
   ``.venv/bin/python``, ``.venv/bin/pytest``. Any program the venv installs (honcho and
   supervisord too) is reached that way; ``make`` targets find the venv themselves.
 - A fenced block with the info string ``sh runnable`` is run: ``bash -euo pipefail`` in the
-  repository root as a user's shell, with no venv on PATH and no VIRTUAL_ENV, with a timeout,
-  and must exit 0. Each
-  chapter gets fresh embedded servers (nats-server with JetStream, a Redis-compatible server)
-  and a fresh SQLite file: NATS_URL, REDIS_URL, DATABASE_URL and MEGA_SECRET_KEY are set, the
-  hosts' metrics ports are free ones, and PORT is a free port for a block that starts a web app
-  (write ``--port "${PORT:-8477}"``). Blocks of one chapter run in document order and may build
-  on each other. A block that starts a server must stop it itself (``trap ... EXIT``) or bound
-  it (``timeout --preserve-status 5 mega worker`` exits 0 after a graceful drain). Use
-  ``grep`` to make a block assert what the text promises.
+  repository root as a user's shell has it, no venv on PATH and no VIRTUAL_ENV, with a
+  timeout, and must exit 0. Each chapter gets fresh embedded servers (nats-server with
+  JetStream, a Redis-compatible server) and a fresh SQLite file: NATS_URL, REDIS_URL,
+  DATABASE_URL and MEGA_SECRET_KEY are set, the hosts' metrics ports are free ones, and PORT is
+  a free port for a block that starts a web app (write ``--port "${PORT:-8477}"``). Blocks of
+  one chapter run in document order and may build on each other. A block that starts a server
+  must stop it itself (``trap ... EXIT``) or bound it (``timeout --preserve-status 5 mega
+  worker`` exits 0 after a graceful drain). Use ``grep`` to make a block assert what the text
+  promises.
 - A plain ``sh`` block is for what cannot run here: long-running servers (``make run``,
   ``mega dev``), containers (``docker compose``), supervisors. Its commands are checked
   instead: a ``make`` target must exist in the Makefile, ``mega <command>`` in ``mega --help``,
@@ -136,7 +136,8 @@ class ChapterServers:
             self.servers.append(nats)
             redis = EmbeddedRedis(data_dir=data / "redis").start()
             self.servers.append(redis)
-            env = {k: v for k, v in without_venv(dict(os.environ)).items() if k[:5] != "MEGA_"}
+            shell = without_venv(dict(os.environ))
+            env = {k: v for k, v in shell.items() if not k.startswith("MEGA_")}
             env.update(
                 NATS_URL=nats.url,
                 REDIS_URL=redis.url,
