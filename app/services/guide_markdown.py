@@ -46,7 +46,7 @@ def render_chapter(
 
     md = MarkdownIt("commonmark", {"html": False}).enable("table")
     tokens = md.parse(text)
-    pages = set(chapters)
+    pages, root, chapter_dir = set(chapters), root.resolve(), chapter_dir.resolve()
 
     def page_for(target: str) -> str | None:
         parts = urlsplit(target)
@@ -57,7 +57,7 @@ def render_chapter(
         if not resolved.is_relative_to(root):
             return None
         relative = PurePosixPath(resolved.relative_to(root).as_posix())
-        in_guide = resolved.parent == chapter_dir.resolve()
+        in_guide = resolved.parent == chapter_dir
         if in_guide and resolved.suffix == ".md" and resolved.stem in pages:
             return f"{GUIDE_URL}/{resolved.stem}{fragment}"
         if resolved.parent == (chapter_dir / "img").resolve():
