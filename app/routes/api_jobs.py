@@ -1,4 +1,5 @@
-"""The EmailJob demo: enqueue (JSON and form), the timeline and DLQ state, and DLQ requeue.
+"""The EmailJob demo: enqueue (JSON and form, one job or `count` alike), the timeline and DLQ
+state, and DLQ requeue.
 
 Bad input is a 422 with field errors and enqueues nothing. NATS down: 503 naming it.
 """
@@ -33,7 +34,8 @@ router = APIRouter()
 DLQ_LISTED = 20
 # The longest delay the page offers, in ms.
 MAX_DELAY_MS = 60_000
-# The most jobs one enqueue makes: enough to fill the timeline and queue behind the two slots.
+# The most jobs one enqueue makes: more than the timeline keeps (job_timeline.MAX_JOBS), so a
+# queue visibly builds up behind EmailJob's slots.
 MAX_COUNT = 50
 
 
@@ -86,7 +88,8 @@ def redis(request: Request) -> Any:
 
 
 async def enqueue_emails(request: Request, body: EnqueueRequest) -> list[str]:
-    """`body.count` jobs alike, one after the other; their ids in order."""
+    """`body.count` jobs alike, one after the other; their ids in order. If the bus fails part
+    way (a 503), the jobs enqueued before stay enqueued: each is its own durable message."""
     return [await enqueue_email(request, body) for _ in range(body.count)]
 
 
