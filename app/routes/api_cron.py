@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo
 
 from fastapi import APIRouter, Body, Request, Response
 from fastapi.responses import RedirectResponse
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from app.schedules.cron_counter import CronCounterSchedule
 from app.services.cron_counter import (
@@ -27,7 +27,16 @@ from app.services.cron_counter import (
 )
 from app.services.instances import short_instance
 from mega import Scheduler
-from mega.web import UserDep, api_responses, field_errors, flash, ok, render
+from mega.web import (
+    UserDep,
+    WholeNumber,
+    api_responses,
+    field_errors,
+    flash,
+    form_number,
+    ok,
+    render,
+)
 
 router = APIRouter()
 SCHEDULE = CronCounterSchedule.name
@@ -110,7 +119,7 @@ async def cron_state(request: Request) -> dict[str, Any]:
 class CronRunRequest(BaseModel):
     # Keep the manual run (and so the overlap guard) going this long; over the 30 s period,
     # the next tick falls inside it and is skipped.
-    hold_ms: Annotated[int, Field(ge=0, le=MAX_HOLD_MS, strict=True)] = 0
+    hold_ms: Annotated[int, WholeNumber(0, MAX_HOLD_MS, unit="milliseconds")] = 0
 
 
 class CronRun(BaseModel):
@@ -177,9 +186,9 @@ async def run_cron(
 async def run_cron_form(request: Request, user: UserDep) -> Response:
     """The "Run now" form without JavaScript: post, redirect, get (a 422 page on bad input)."""
     form = await request.form()
-    raw = str(form.get("hold_ms") or "0").strip()
+    raw = str(form.get("hold_ms") or "0")
     try:
-        body = CronRunRequest.model_validate({"hold_ms": int(raw) if raw.isdigit() else raw})
+        body = CronRunRequest.model_validate({"hold_ms": form_number(raw)})
     except ValidationError as exc:
         state = await cron_state(request)
         context = {

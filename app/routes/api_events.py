@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import RedirectResponse
-from pydantic import BaseModel, ConfigDict, EmailStr, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from app.events import relay_switch, status
 from app.events.listeners import LISTENERS
@@ -22,7 +22,16 @@ from app.events.signups import UserSignedUp
 from app.routes.api_jobs import ID_OR_ALL, Requeued
 from app.services.signups import SignupService
 from mega import EventBus, Listener, outbox
-from mega.web import ApiError, UserDep, api_responses, field_errors, flash, ok, render
+from mega.web import (
+    ApiError,
+    EmailAddress,
+    UserDep,
+    api_responses,
+    field_errors,
+    flash,
+    ok,
+    render,
+)
 
 router = APIRouter()
 GROUPS: dict[str, type[Listener]] = {listener.group: listener for listener in LISTENERS}
@@ -42,7 +51,7 @@ def utc_iso(moment: datetime | int) -> str:
 
 
 class SignupRequest(BaseModel):
-    email: Annotated[EmailStr, Field(max_length=254)]
+    email: EmailAddress
     mode: Literal["ok", "rollback"] = "ok"
 
 

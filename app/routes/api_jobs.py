@@ -1,4 +1,5 @@
-"""The EmailJob demo: enqueue (JSON and form), the timeline and DLQ state, and DLQ requeue.
+"""The EmailJob demo: enqueue (JSON and form, one job or `count` alike), the timeline and DLQ
+state, and DLQ requeue.
 
 Bad input is a 422 with field errors and enqueues nothing. NATS down: 503 naming it.
 """
@@ -10,49 +11,48 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import RedirectResponse
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    EmailStr,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from app.jobs.email import SLOW_ACK_WAITS, SLOW_STEPS, EmailJob
 from app.services import job_timeline
 from mega import JobQueue
-from mega.web import ApiError, UserDep, api_responses, field_errors, flash, ok, render
+from mega.web import (
+    ApiError,
+    EmailAddress,
+    UserDep,
+    WholeNumber,
+    api_responses,
+    field_errors,
+    flash,
+    form_number,
+    ok,
+    render,
+)
 
 router = APIRouter()
 # How many dead letters the page lists (the count covers all of them).
 DLQ_LISTED = 20
-
-# An e-mail address (email-validator, through pydantic): no CR, LF, NUL or bidi override can
-# ride along into a log line or a header.
-Recipient = Annotated[EmailStr, Field(max_length=254)]
-
-
-# The longest delay the page offers, in ms (SPEC 4.2).
+# The longest delay the page offers, in ms.
 MAX_DELAY_MS = 60_000
+# The most jobs one enqueue makes: more than the timeline keeps (job_timeline.MAX_JOBS), so a
+# queue visibly builds up behind EmailJob's slots.
+MAX_COUNT = 50
 
 
 class EnqueueRequest(BaseModel):
-    to: Recipient
+    to: EmailAddress
     mode: Literal["ok", "flaky", "fail", "slow", "crash"] = "ok"
     # Hold the job this long before it may run (a broker-side schedule: it takes no slot).
     delay_ms: Annotated[
-        int, Field(ge=0, le=MAX_DELAY_MS, description="ms before the job may run (0 to 60000)")
+        int,
+        WholeNumber(0, MAX_DELAY_MS, unit="milliseconds"),
+        Field(description="ms before the job may run (0 to 60000)"),
     ] = 0
-
-    @field_validator("delay_ms", mode="before")
-    @classmethod
-    def whole_ms(cls, value: Any) -> Any:
-        # One sentence for every way to get it wrong ("5", 1.5, true, -1, 60001).
-        if type(value) is not int or not 0 <= value <= MAX_DELAY_MS:
-            raise ValueError(f"must be a whole number of milliseconds from 0 to {MAX_DELAY_MS}")
-        return value
+    count: Annotated[
+        int,
+        WholeNumber(1, MAX_COUNT),
+        Field(description="how many such jobs to enqueue at once (1 to 50)"),
+    ] = 1
 
 
 ID_OR_ALL: dict[str, Any] = {
@@ -85,6 +85,12 @@ def queue(request: Request) -> JobQueue:
 
 def redis(request: Request) -> Any:
     return request.app.state.ctx.cache("main").native
+
+
+async def enqueue_emails(request: Request, body: EnqueueRequest) -> list[str]:
+    """`body.count` jobs alike, one after the other; their ids in order. If the bus fails part
+    way (a 503), the jobs enqueued before stay enqueued: each is its own durable message."""
+    return [await enqueue_email(request, body) for _ in range(body.count)]
 
 
 async def enqueue_email(request: Request, body: EnqueueRequest) -> str:
@@ -147,7 +153,8 @@ async def requeue(request: Request, body: RequeueRequest) -> int:
 
 
 class JobCreated(BaseModel):
-    id: str
+    id: str  # the (first) job's id
+    ids: list[str] | None = None  # every id, in order, when count is more than 1
 
 
 class Requeued(BaseModel):
@@ -164,7 +171,9 @@ async def get_jobs(request: Request, user: UserDep) -> Response:
     responses=api_responses(JobCreated, status=201, errors=(401, 403, 422, 503)),
 )  # fmt: skip
 async def post_job(body: EnqueueRequest, request: Request, user: UserDep) -> Response:
-    return ok({"id": await enqueue_email(request, body)}, status=201)
+    """Enqueue `count` jobs (default 1): `{id}`, and `ids` too when count is more than 1."""
+    ids = await enqueue_emails(request, body)
+    return ok({"id": ids[0], **({"ids": ids} if len(ids) > 1 else {})}, status=201)
 
 
 @router.post(
@@ -185,12 +194,13 @@ async def jobs_page_context(
     return {
         "title": "Jobs",
         "state": await jobs_state(request),
-        "form": form or {"to": "ada@example.com", "mode": "flaky"},
+        "form": form or {"to": "ada@example.com", "mode": "flaky", "delay_ms": "0", "count": "1"},
         "errors": errors or {},
         "job": EmailJob,
         "slow_steps": SLOW_STEPS,
         "slow_ack_waits": SLOW_ACK_WAITS,
         "max_delay_ms": MAX_DELAY_MS,
+        "max_count": MAX_COUNT,
     }
 
 
@@ -200,27 +210,18 @@ async def jobs_page_context(
 @router.post("/demo/jobs", include_in_schema=False)
 async def post_job_form(request: Request, user: UserDep) -> Response:
     form = await request.form()
+    typed = {name: str(form.get(name, "")) for name in ("to", "mode", "delay_ms", "count")}
+    values: dict[str, Any] = {k: typed[k] for k in ("to", "mode") if typed[k]}
+    values["delay_ms"] = form_number(typed["delay_ms"] or "0")
+    values["count"] = form_number(typed["count"] or "1")
     try:
-        values: dict[str, Any] = {k: form.get(k) for k in ("to", "mode") if form.get(k)}
-        delay = str(form.get("delay_ms") or "0").strip()
-        # Digits become an int for the model to judge (a long run of them stays text: int()
-        # refuses thousands of digits, and no delay needs more than five).
-        whole = delay.isascii() and delay.isdigit() and len(delay) <= 9
-        values["delay_ms"] = int(delay) if whole else delay
         body = EnqueueRequest.model_validate(values)
     except ValidationError as exc:
-        form_values = {
-            "to": str(form.get("to", "")), "mode": str(form.get("mode", "ok")),
-            "delay_ms": str(form.get("delay_ms", "0")),
-        }  # fmt: skip
-        context = await jobs_page_context(
-            request, form=form_values, errors=field_errors(exc.errors())
-        )
+        context = await jobs_page_context(request, form=typed, errors=field_errors(exc.errors()))
         return render(request, "demo/jobs.html", context, status_code=422)
-    job_id = await enqueue_email(request, body)
-    return flash(
-        request, RedirectResponse("/demo/jobs", status_code=303), f"Job {job_id} enqueued."
-    )
+    ids = await enqueue_emails(request, body)
+    notice = f"Job {ids[0]} enqueued." if len(ids) == 1 else f"{len(ids)} jobs enqueued."
+    return flash(request, RedirectResponse("/demo/jobs", status_code=303), notice)
 
 
 @router.post("/demo/jobs/dlq/requeue", include_in_schema=False)

@@ -16,13 +16,23 @@ from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import RedirectResponse
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from app.workers.hash_tasks import MAX_ROUNDS, sha256_loop
 from app.workers.run_progress import RunProgress
 from mega import WorkerError, WorkerOverloaded
-from mega.web import ApiError, UserDep, api_responses, field_errors, flash, ok
+from mega.web import (
+    ApiError,
+    UserDep,
+    WholeNumber,
+    api_responses,
+    field_errors,
+    flash,
+    form_number,
+    ok,
+    render,
+)
 
 logger = logging.getLogger("app.worker")
 router = APIRouter()
@@ -48,26 +58,34 @@ RunId = Annotated[str, Field(pattern=RUN_ID_PATTERN, description="a short id mad
 
 class HashRequest(BaseModel):
     input: Annotated[str, Field(max_length=1000)] = "mega"
-    rounds: Annotated[int, Field(ge=1, le=MAX_ROUNDS, strict=True)] = 1_000_000
+    # Before rounds and timeout_ms: their validators below read it.
     inline: Annotated[bool, Field(strict=True)] = False
-    timeout_ms: Annotated[int | None, Field(ge=1, le=HASH_TIMEOUT_MS, strict=True)] = None
+    rounds: Annotated[int, WholeNumber(1, MAX_ROUNDS)] = 1_000_000
+    timeout_ms: Annotated[int, WholeNumber(1, HASH_TIMEOUT_MS, unit="milliseconds")] | None = None
     run_id: RunId | None = None
 
-    @model_validator(mode="after")
-    def inline_is_capped(self) -> HashRequest:
-        if self.inline and self.rounds > MAX_INLINE_ROUNDS:
+    @field_validator("rounds")
+    @classmethod
+    def inline_is_capped(cls, rounds: int, info: ValidationInfo) -> int:
+        if info.data.get("inline") and rounds > MAX_INLINE_ROUNDS:
             raise PydanticCustomError(
                 "inline_cap",
-                "inline runs stall every user: at most {cap} rounds (the pool takes more)",
-                {"cap": f"{MAX_INLINE_ROUNDS:,}"},
+                "must be a whole number from 1 to {cap} for an inline run, which stalls "
+                "every user (the pool takes up to {most})",
+                {"cap": MAX_INLINE_ROUNDS, "most": MAX_ROUNDS},
             )
-        if self.inline and self.timeout_ms is not None:
+        return rounds
+
+    @field_validator("timeout_ms")
+    @classmethod
+    def pool_only(cls, timeout_ms: int | None, info: ValidationInfo) -> int | None:
+        if info.data.get("inline") and timeout_ms is not None:
             raise PydanticCustomError(
                 "inline_timeout",
-                "an inline run cannot be timed out: nothing can interrupt the event loop while "
+                "must be empty for an inline run: nothing can interrupt the event loop while "
                 "it hashes (that is what the pool's separate processes are for)",
             )
-        return self
+        return timeout_ms
 
 
 class HashResult(BaseModel):
@@ -285,25 +303,42 @@ async def ping(user: UserDep) -> Response:
 # -- the same without JavaScript: post, redirect (with a flash), get --------------------------
 
 
+def worker_page_context(
+    request: Request,
+    *,
+    form: dict[str, Any] | None = None,
+    errors: dict[str, str] | None = None,
+    result: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """What /demo/worker renders: the form (kept on a 422) and its field errors, the result of
+    a run posted without JavaScript, and the pool."""
+    return {
+        "title": "CPU worker",
+        "form": form or {"input": "mega", "rounds": str(PAGE_ROUNDS), "timeout_ms": ""},
+        "errors": errors or {},
+        "page_rounds": PAGE_ROUNDS,
+        "max_rounds": MAX_ROUNDS,
+        "max_timeout_ms": HASH_TIMEOUT_MS,
+        "result": result,
+        "pool": pool_state(request),
+    }
+
+
 @router.post("/demo/worker/hash", include_in_schema=False)
 async def hash_form(request: Request, user: UserDep) -> Response:
     form = await request.form()
+    typed = {name: str(form.get(name, "")) for name in ("input", "rounds", "timeout_ms")}
     inline = form.get("mode") == "inline"
-    values: dict[str, Any] = {"input": str(form.get("input", "")), "inline": inline}
-    for field in ("rounds", "timeout_ms"):
-        text = str(form.get(field) or "").strip()
-        if text or field == "rounds":
-            # Digits become an int for the model to judge; anything else stays text (refused).
-            whole = text.isascii() and text.isdigit() and len(text) <= 9
-            values[field] = int(text) if whole else text
-    if inline:
-        values.pop("timeout_ms", None)  # the page's timeout field is for pool runs
+    values: dict[str, Any] = {"input": typed["input"], "inline": inline}
+    values["rounds"] = form_number(typed["rounds"])
+    if typed["timeout_ms"].strip() and not inline:  # the page's timeout field is for pool runs
+        values["timeout_ms"] = form_number(typed["timeout_ms"])
     back = RedirectResponse("/demo/worker", status_code=303)
     try:
         body = HashRequest.model_validate(values)
     except ValidationError as exc:
-        problems = "; ".join(f"{k}: {v}" for k, v in field_errors(exc.errors()).items())
-        return flash(request, back, f"Not run: {problems}.")
+        context = worker_page_context(request, form=typed, errors=field_errors(exc.errors()))
+        return render(request, "demo/worker.html", context, status_code=422)
     started = time.perf_counter()
     task = {"input": body.input, "rounds": body.rounds}
     try:

@@ -15,8 +15,7 @@ from app.routes.api_console import console_state
 from app.routes.api_cron import cron_state
 from app.routes.api_events import events_page_context
 from app.routes.api_jobs import jobs_page_context
-from app.routes.api_worker import DIGEST_PATTERN, HASH_TIMEOUT_MS, PAGE_ROUNDS, pool_state
-from app.workers.hash_tasks import MAX_ROUNDS
+from app.routes.api_worker import DIGEST_PATTERN, worker_page_context
 from mega.web import UserDep, render
 
 router = APIRouter(include_in_schema=False)
@@ -52,18 +51,10 @@ async def worker_page(
     ms: float | None = None,
     mode: Literal["pool", "inline"] = "pool",
 ) -> Response:
-    """The result of a form post without JavaScript comes back in the query (errors by flash)."""
+    """The result of a form post without JavaScript comes back in the query (a bad field is a
+    422 page with its sentence, a failed run a flash)."""
     result = {"digest": digest, "rounds": rounds, "ms": ms, "mode": mode} if digest else None
-    return page(
-        request,
-        "demo/worker.html",
-        title="CPU worker",
-        form={"input": "mega", "rounds": PAGE_ROUNDS},
-        max_rounds=MAX_ROUNDS,
-        max_timeout_ms=HASH_TIMEOUT_MS,
-        result=result,
-        pool=pool_state(request),
-    )
+    return page(request, "demo/worker.html", **worker_page_context(request, result=result))
 
 
 @router.get("/demo/jobs")

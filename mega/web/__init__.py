@@ -13,18 +13,22 @@ envelope, /healthz, /readyz and /metrics; see the guide's http chapter.
 from mega.web.app import create_web_app
 from mega.web.auth import CurrentUser, UserDep, ensure_user
 from mega.web.envelope import ApiError, api_responses, fail, field_errors, ok
+from mega.web.fields import EmailAddress, WholeNumber, form_number
 from mega.web.pages import flash, render
 
 __all__ = [
     "ApiError",
     "CurrentUser",
+    "EmailAddress",
     "UserDep",
+    "WholeNumber",
     "api_responses",
     "create_web_app",
     "ensure_user",
     "fail",
     "field_errors",
     "flash",
+    "form_number",
     "ok",
     "render",
 ]

@@ -25,6 +25,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mega.errors import DependencyUnavailable, MegaError, WorkerError
+from mega.web.fields import EMAIL_SENTENCE
 from mega.web.pages import render
 
 logger = logging.getLogger("mega.web")
@@ -179,7 +180,9 @@ def wants_json(request: Request) -> bool:
 
 
 def field_errors(errors: Sequence[Any]) -> dict[str, str]:
-    """Pydantic's error list as {"field.path": "plain sentence"} (the first one per field)."""
+    """Pydantic's error list as {"field.path": "plain sentence"} (the first one per field).
+    Fields declared with `WholeNumber` or `EmailAddress` (mega.web.fields) word every error as
+    one sentence that names what is allowed; an error of the whole model is keyed "body"."""
     fields: dict[str, str] = {}
     for err in errors:
         loc = [str(part) for part in err.get("loc", ()) if part not in ("body", "query", "form")]
@@ -204,10 +207,8 @@ def friendly_message(err: Any) -> str:
         message = str(ctx.get("error") or err.get("msg", "is invalid")).removeprefix(
             "Value error, "
         )
-        reason = message.removeprefix(_NOT_AN_ADDRESS)
-        if reason != message:
-            return f"is not a valid e-mail address: {reason[:1].lower()}{reason[1:]}"
-        return message
+        # email-validator's reason is for mail programmers; say what an address looks like.
+        return EMAIL_SENTENCE if message.startswith(_NOT_AN_ADDRESS) else message
     return str(err.get("msg", "is invalid"))
 
 

@@ -1,4 +1,5 @@
-// Shared by every page: CSRF-aware JSON calls, a polling loop, and safe DOM building.
+// Shared by every page: CSRF-aware JSON calls, a polling loop, safe DOM building, and field
+// errors shown at their fields.
 "use strict";
 
 const mega = (() => {
@@ -112,5 +113,67 @@ const mega = (() => {
     });
   }
 
-  return { api, poll, el, replaceRows, morph, patch };
+  // A number field's value for a JSON body: digits as a number, an empty box as `empty`, and
+  // anything else as typed, for the server to answer with the field's range.
+  function typed(input, empty) {
+    const text = input.value.trim();
+    return /^\d+$/.test(text) ? Number(text) : text === "" ? empty : text;
+  }
+
+  // Field errors, one way on every form: a 422's message for a field sits in the element right
+  // after its input (`#error-<name>`, made if the page has none), and the input is aria-invalid
+  // and described by it. Every submit clears the form's messages; editing a field clears its own.
+  // The page's no-JS answer renders the same markup (templates/_field.html).
+  function fieldErrors(form) {
+    const named = (name) => [...form.elements].find((input) => input.name === name && input.type !== "hidden" && input.type !== "submit");
+
+    function slot(input) {
+      const id = "error-" + input.name;
+      let node = document.getElementById(id);
+      if (!node) {
+        node = el("span", { class: "field-error", id });
+        input.after(node);
+      }
+      const described = (input.getAttribute("aria-describedby") || "").split(/\s+/).filter(Boolean);
+      if (!described.includes(id)) input.setAttribute("aria-describedby", [id, ...described].join(" "));
+      return node;
+    }
+
+    function clearField(input) {
+      const node = document.getElementById("error-" + input.name);
+      if (node) node.textContent = "";
+      input.removeAttribute("aria-invalid");
+    }
+
+    function clear() {
+      for (const input of form.elements) if (input.name) clearField(input);
+    }
+
+    // Show a failed call's messages at their fields; returns what is left for the form's status
+    // line: "" when every message sits at its field, else the error's own message.
+    function show(error) {
+      const fields = (error && error.fields) || {};
+      const placed = [];
+      const elsewhere = [];
+      for (const [name, message] of Object.entries(fields)) {
+        const input = named(name);
+        if (!input) {
+          elsewhere.push(message);
+          continue;
+        }
+        slot(input).textContent = message;
+        input.setAttribute("aria-invalid", "true");
+        placed.push(input);
+      }
+      if (placed.length) placed[0].focus();
+      if (placed.length && !elsewhere.length) return "";
+      return [error ? error.message : "", ...elsewhere].filter(Boolean).join(": ");
+    }
+
+    form.addEventListener("submit", clear, { capture: true }); // before the page's own handler
+    form.addEventListener("input", (event) => { if (event.target.name) clearField(event.target); });
+    return { show, clear };
+  }
+
+  return { api, poll, el, replaceRows, morph, patch, typed, fieldErrors };
 })();

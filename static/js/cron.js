@@ -3,7 +3,7 @@
 "use strict";
 
 (() => {
-  const { api, poll, el, patch, replaceRows } = mega;
+  const { api, poll, el, patch, replaceRows, typed, fieldErrors } = mega;
   const $ = (id) => document.getElementById(id);
   const FENCE_TITLE = "the run's fencing number: at least the planned instant in epoch ms";
 
@@ -55,27 +55,17 @@
     return "Manual tick ran.";
   }
 
+  const errors = fieldErrors($("run-form"));
+
   $("run-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     const button = $("run-now");
     const result = $("run-result");
-    const error = $("error-hold_ms");
-    const field = $("hold-ms");
-    const raw = field.value.trim();
-    // A whole number goes as a number; anything else as typed, so the server words the error.
-    const hold = /^\d+$/.test(raw) ? Number(raw) : raw === "" ? 0 : raw;
-    error.textContent = "";
-    field.removeAttribute("aria-invalid");
     button.disabled = true;
     result.textContent = "";
     try {
-      const envelope = await api("POST", "/api/demo/cron/run", { hold_ms: hold });
-      if (envelope.ok) result.textContent = outcome(envelope.data);
-      else if (envelope.error.fields && envelope.error.fields.hold_ms) {
-        error.textContent = envelope.error.fields.hold_ms;
-        field.setAttribute("aria-invalid", "true");
-        result.textContent = "";
-      } else result.textContent = envelope.error.message;
+      const envelope = await api("POST", "/api/demo/cron/run", { hold_ms: typed($("hold-ms"), 0) });
+      result.textContent = envelope.ok ? outcome(envelope.data) : errors.show(envelope.error);
       await load();
     } finally {
       button.disabled = false;

@@ -5,7 +5,7 @@
 "use strict";
 
 (() => {
-  const { api, poll, el, patch, replaceRows } = mega;
+  const { api, poll, el, patch, replaceRows, fieldErrors } = mega;
   const $ = (id) => document.getElementById(id);
   const csrf = () => document.querySelector('meta[name="csrf-token"]').content;
   const clock = (iso) => (iso ? iso.slice(11, 19) : "");
@@ -84,29 +84,23 @@
     }
   });
 
+  const errors = fieldErrors($("signup-form"));
+
   $("signup-form").addEventListener("submit", async (event) => {
     event.preventDefault();
-    const email = $("signup-email");
-    $("error-email").textContent = "";
-    $("error-mode").textContent = "";
     $("signup-result").textContent = "";
-    email.removeAttribute("aria-invalid");
     const button = $("signup");
     button.disabled = true;
     try {
       const envelope = await api("POST", "/api/demo/events/signup",
-        { email: email.value, mode: $("signup-mode").value });
+        { email: $("signup-email").value, mode: $("signup-mode").value });
       if (envelope.ok) {
         $("signup-result").textContent = envelope.data.committed
           ? "Committed: signup " + envelope.data.signup_id + ", event in the outbox."
           : "Rolled back: no signup, no event.";
         await load();
       } else {
-        const fields = envelope.error.fields || {};
-        $("error-email").textContent = fields.email || "";
-        $("error-mode").textContent = fields.mode || "";
-        if (fields.email) email.setAttribute("aria-invalid", "true");
-        $("signup-result").textContent = fields.email || fields.mode ? "" : envelope.error.message;
+        $("signup-result").textContent = errors.show(envelope.error);
       }
     } finally {
       button.disabled = false;

@@ -3,10 +3,9 @@
 "use strict";
 
 (() => {
-  const { api, poll, el, patch } = mega;
+  const { api, poll, el, patch, typed, fieldErrors } = mega;
   const $ = (id) => document.getElementById(id);
   const csrf = document.querySelector('meta[name="csrf-token"]').content;
-  const FIELDS = ["to", "mode", "delay_ms"];
 
   function percent(fraction) {
     return Math.round(fraction * 100) + "%";
@@ -76,36 +75,31 @@
     }
   }
 
-  function showErrors(fields) {
-    for (const name of FIELDS) {
-      const message = fields[name] || "";
-      $("error-" + name).textContent = message;
-      const input = document.querySelector('#enqueue-form [name="' + name + '"]');
-      if (message) input.setAttribute("aria-invalid", "true");
-      else input.removeAttribute("aria-invalid");
-    }
+  const errors = fieldErrors($("enqueue-form"));
+
+  function enqueued(data) {
+    if (!data.ids) return "Enqueued " + data.id + ".";
+    return "Enqueued " + data.ids.length + " jobs, " + data.ids[0] + " to " + data.ids[data.ids.length - 1] + ".";
   }
 
   $("enqueue-form").addEventListener("submit", async (event) => {
     event.preventDefault();
-    showErrors({});
     $("enqueue-result").textContent = "";
     const button = $("enqueue");
     button.disabled = true;
     try {
-      // A number the browser could parse goes as a number; anything else as typed, for the
-      // server to explain (the page shows its sentence, not a guess of ours).
-      const typed = $("job-delay").value.trim();
-      const delay = /^\d+$/.test(typed) ? Number(typed) : typed === "" ? 0 : typed;
-      const body = { to: $("job-to").value, mode: $("job-mode").value, delay_ms: delay };
+      const body = {
+        to: $("job-to").value,
+        mode: $("job-mode").value,
+        delay_ms: typed($("job-delay"), 0),
+        count: typed($("job-count"), 1),
+      };
       const envelope = await api("POST", "/api/demo/jobs", body);
       if (envelope.ok) {
-        $("enqueue-result").textContent = "Enqueued " + envelope.data.id + ".";
+        $("enqueue-result").textContent = enqueued(envelope.data);
         await load();
       } else {
-        const fields = envelope.error.fields || {};
-        showErrors(fields);
-        $("enqueue-result").textContent = FIELDS.some((name) => fields[name]) ? "" : envelope.error.message;
+        $("enqueue-result").textContent = errors.show(envelope.error);
       }
     } finally {
       button.disabled = false;

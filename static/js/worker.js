@@ -3,7 +3,7 @@
 "use strict";
 
 (() => {
-  const { api, poll, el } = mega;
+  const { api, poll, el, typed, fieldErrors } = mega;
   const $ = (id) => document.getElementById(id);
   const STRIP_BEATS = 48; // bars kept in the strip
   const STALL_MS = 1000; // a beat slower than this waited for a blocked loop
@@ -140,14 +140,14 @@
     }
   }
 
+  const errors = fieldErrors($("hash-form"));
+
   async function runHash(inline) {
-    const error = $("hash-error");
-    error.textContent = "";
-    const rounds = Number($("hash-rounds").value);
+    const rounds = typed($("hash-rounds"), 0);
     const mode = inline ? "inline" : "pool";
     const body = { input: $("hash-input").value, rounds, inline };
-    const timeout = $("hash-timeout").value.trim();
-    if (timeout && !inline) body.timeout_ms = Number(timeout);
+    const timeout = typed($("hash-timeout"), null);
+    if (timeout !== null && !inline) body.timeout_ms = timeout; // the timeout is for pool runs
     const buttons = [$("run-pool"), $("run-inline")];
     buttons.forEach((b) => (b.disabled = true));
     runSeq += 1;
@@ -167,10 +167,8 @@
       const envelope = await api("POST", "/api/demo/worker/hash", body);
       finished = true;
       if (!envelope.ok) {
-        const fields = envelope.error.fields || {};
-        if (Object.keys(fields).length) {
-          error.textContent = Object.entries(fields).map(([k, v]) => k + ": " + v).join("; ");
-          $("result-card").hidden = true;
+        if (envelope.error.fields && errors.show(envelope.error) === "") {
+          $("result-card").hidden = true; // nothing ran: the messages sit at their fields
           $("run-progress").hidden = true;
           return;
         }

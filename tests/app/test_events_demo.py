@@ -18,6 +18,8 @@ from tests.factories import authed, csrf_from, login, web_client, worker_host
 
 GROUPS = ["WelcomeEmailListener", "SignupStatsListener", "CrmSyncListener"]
 
+EMAIL = "is not a valid e-mail address (one like name@example.com, at most 254 characters)"
+
 
 async def state(client: httpx.AsyncClient) -> dict[str, Any]:
     response = await client.get("/api/demo/events")
@@ -202,28 +204,29 @@ async def test_the_page_and_its_forms_work_without_javascript(config: Config) ->
         bad = await client.post(
             "/demo/events", data={"email": "nope", "mode": "ok", "csrf_token": token}
         )
-        assert bad.status_code == 422 and "is not a valid e-mail address" in bad.text
+        assert bad.status_code == 422
+        assert f'<span class="field-error" id="error-email">{EMAIL}</span>' in bad.text
         assert "Input should be" not in bad.text and "value is not a valid" not in bad.text
         assert [e["email"] for e in (await state(client))["events"]] == ["grace@example.com"]
 
 
 @pytest.mark.parametrize(
-    ("email", "message"),
+    "email",
     [
-        ("not an address", "is not a valid e-mail address: "),
-        ("", "is not a valid e-mail address: "),
-        ("x" * 64 + "@" + ".".join(c * 60 for c in "def") + ".example.com", "too long"),
+        "not an address",
+        "",
+        "Ada, L <ada@example.com>",  # email-validator: "the display name contains invalid ..."
+        "x" * 64 + "@" + ".".join(c * 60 for c in "def") + ".example.com",  # too long
     ],
 )
-async def test_bad_addresses_get_a_plain_sentence(config: Config, email: str, message: str) -> None:
+async def test_bad_addresses_get_a_plain_sentence(config: Config, email: str) -> None:
     async with web_client(config) as client:
         headers = await authed(client, "/demo/events")
         response = await client.post(
             "/api/demo/events/signup", json={"email": email}, headers=headers
         )
         assert response.status_code == 422
-        field = response.json()["error"]["fields"]["email"]
-        assert message in field and "Input should" not in field and "value is not" not in field
+        assert response.json()["error"]["fields"] == {"email": EMAIL}
 
 
 async def test_the_page_teaches_its_failure_modes(config: Config) -> None:

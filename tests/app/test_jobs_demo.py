@@ -20,6 +20,9 @@ from mega.jobs.job import stream_name
 from tests.factories import authed, csrf_from, job_worker, login, sample_config_for, web_client
 
 ROOT = Path(__file__).resolve().parents[2]
+DELAY = "must be a whole number of milliseconds from 0 to 60000"
+COUNT = "must be a whole number from 1 to 50"
+EMAIL = "is not a valid e-mail address (one like name@example.com, at most 254 characters)"
 
 
 async def wait_for_job(
@@ -187,39 +190,60 @@ async def test_requeue_from_the_dlq_resets_attempts(config: Config) -> None:
 
 
 @pytest.mark.parametrize(
-    "body,field",
+    "body,field,message",
     [
-        ({"to": "a@b.c", "mode": "sometimes"}, "mode"),
-        ({"to": "", "mode": "ok"}, "to"),
-        ({"to": "   ", "mode": "ok"}, "to"),
-        ({"to": "x" * 255, "mode": "ok"}, "to"),
-        ({"mode": "ok"}, "to"),
-        ({"to": ["a"], "mode": "ok"}, "to"),
-        ({"to": "a@b.co\n23:59:59 INFO forged", "mode": "ok"}, "to"),  # no forged log line
-        ({"to": "a\u202eb@example.com", "mode": "ok"}, "to"),
-        ({"to": "not-an-address", "mode": "ok"}, "to"),
-        ({"to": "a@example.com", "delay_ms": -1}, "delay_ms"),
-        ({"to": "a@example.com", "delay_ms": 60001}, "delay_ms"),
-        ({"to": "a@example.com", "delay_ms": "5"}, "delay_ms"),
-        ({"to": "a@example.com", "delay_ms": 1.5}, "delay_ms"),
-        ({"to": "a@example.com", "delay_ms": True}, "delay_ms"),
-        ({"to": "a@example.com", "delay_ms": None}, "delay_ms"),
+        ({"to": "a@b.c", "mode": "sometimes"}, "mode", None),
+        ({"to": "", "mode": "ok"}, "to", EMAIL),
+        ({"to": "   ", "mode": "ok"}, "to", EMAIL),
+        ({"to": "x" * 255, "mode": "ok"}, "to", EMAIL),
+        ({"mode": "ok"}, "to", "is required"),
+        ({"to": ["a"], "mode": "ok"}, "to", EMAIL),
+        ({"to": "a@b.co\n23:59:59 INFO forged", "mode": "ok"}, "to", EMAIL),  # no forged log line
+        ({"to": "a\u202eb@example.com", "mode": "ok"}, "to", EMAIL),
+        ({"to": "not-an-address", "mode": "ok"}, "to", EMAIL),
+        ({"to": "Ada, L <ada@example.com>", "mode": "ok"}, "to", EMAIL),
+        ({"to": "a@example.com", "delay_ms": -1}, "delay_ms", DELAY),
+        ({"to": "a@example.com", "delay_ms": 60001}, "delay_ms", DELAY),
+        ({"to": "a@example.com", "delay_ms": "5"}, "delay_ms", DELAY),
+        ({"to": "a@example.com", "delay_ms": "abc"}, "delay_ms", DELAY),  # as the page sends it
+        ({"to": "a@example.com", "delay_ms": 1.5}, "delay_ms", DELAY),
+        ({"to": "a@example.com", "delay_ms": True}, "delay_ms", DELAY),
+        ({"to": "a@example.com", "delay_ms": None}, "delay_ms", DELAY),
+        ({"to": "a@example.com", "count": 0}, "count", COUNT),
+        ({"to": "a@example.com", "count": 51}, "count", COUNT),
+        ({"to": "a@example.com", "count": "20"}, "count", COUNT),
     ],
 )
 async def test_bad_input_is_422_and_enqueues_nothing(
-    config: Config, body: dict, field: str
+    config: Config, body: dict, field: str, message: str | None
 ) -> None:
     async with web_client(config) as client:
         headers = await authed(client, "/demo/jobs")
         before = (await client.get("/api/demo/jobs")).json()["data"]
         response = await client.post("/api/demo/jobs", json=body, headers=headers)
         assert response.status_code == 422
-        message = response.json()["error"]["fields"][field]
-        assert "Input should be" not in message  # a plain sentence, not pydantic's wording
-        if field == "delay_ms":
-            assert message == "must be a whole number of milliseconds from 0 to 60000"
+        got = response.json()["error"]["fields"][field]
+        assert "Input should be" not in got  # a plain sentence, not pydantic's wording
+        assert message is None or got == message
         assert (await client.get("/api/demo/jobs")).json()["data"] == before
         assert await stream_messages(client) == 0
+
+
+async def test_count_enqueues_that_many_jobs_and_answers_their_ids(config: Config) -> None:
+    async with web_client(config) as client:
+        headers = await authed(client, "/demo/jobs")
+        one = await client.post("/api/demo/jobs", json={"to": "a@example.com"}, headers=headers)
+        assert one.status_code == 201 and list(one.json()["data"]) == ["id"]
+        many = await client.post(
+            "/api/demo/jobs", json={"to": "b@example.com", "count": 20}, headers=headers
+        )
+        assert many.status_code == 201, many.text
+        data = many.json()["data"]
+        assert len(data["ids"]) == len(set(data["ids"])) == 20 and data["id"] == data["ids"][0]
+        jobs = (await client.get("/api/demo/jobs")).json()["data"]["jobs"]
+        listed = [job["id"] for job in jobs if job["to"] == "b@example.com"]
+        assert sorted(listed) == sorted(data["ids"])
+        assert await stream_messages(client) == 21
 
 
 async def test_no_js_form_enqueues_and_shows_field_errors(config: Config) -> None:
@@ -234,8 +258,13 @@ async def test_no_js_form_enqueues_and_shows_field_errors(config: Config) -> Non
             data={"csrf_token": token, "to": "a@example.com", "mode": "ok", "delay_ms": "soon"},
         )
         assert late.status_code == 422 and "Input should be" not in late.text
-        assert "must be a whole number of milliseconds from 0 to 60000" in late.text
+        assert f'<span class="field-error" id="error-delay_ms">{DELAY}</span>' in late.text
         assert 'value="soon"' in late.text  # the form keeps what was typed
+        many = await client.post(
+            "/demo/jobs",
+            data={"csrf_token": token, "to": "a@example.com", "mode": "ok", "count": "51"},
+        )
+        assert f'<span class="field-error" id="error-count">{COUNT}</span>' in many.text
         assert await stream_messages(client) == 0
         good = await client.post(
             "/demo/jobs", data={"csrf_token": token, "to": "o'neil&co@example.com", "mode": "ok"}
@@ -244,6 +273,13 @@ async def test_no_js_form_enqueues_and_shows_field_errors(config: Config) -> Non
         page = await client.get(good.headers["location"])
         assert "enqueued" in page.text and "o&#39;neil&amp;co@example.com" in page.text
         assert await stream_messages(client) == 1
+        three = await client.post(
+            "/demo/jobs",
+            data={"csrf_token": token, "to": "c@example.com", "mode": "ok", "count": "3"},
+        )
+        assert three.status_code == 303
+        assert "3 jobs enqueued." in (await client.get("/demo/jobs")).text
+        assert await stream_messages(client) == 4
 
 
 async def test_nats_down_is_503_naming_it_and_other_pages_work(

@@ -8,6 +8,13 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.e2e.conftest import LiveStack, log_in, screenshot
+from tests.e2e.fields import (
+    INLINE_CAP,
+    ROUNDS,
+    TIMEOUT,
+    expect_field_error,
+    expect_no_field_error,
+)
 
 pytestmark = pytest.mark.e2e
 DIGEST = re.compile(r"^[0-9a-f]{64}$")
@@ -188,3 +195,25 @@ def test_at_390_px_the_heartbeat_sits_by_the_run_buttons_without_sideways_scroll
         screenshot(page, "worker-390")
     finally:
         context.close()
+
+
+def test_bad_fields_are_worded_at_their_field_and_gone_once_corrected(
+    page, live_stack: LiveStack
+) -> None:  # type: ignore[no-untyped-def]
+    open_worker_page(page, live_stack)
+    page.fill("#hash-rounds", "0")
+    page.fill("#hash-timeout", "soon")
+    page.click("#run-pool")
+    expect_field_error(page, "#hash-rounds", ROUNDS)
+    expect_field_error(page, "#hash-timeout", TIMEOUT)
+    expect(page.locator("#result-card")).to_be_hidden()  # nothing ran
+    page.fill("#hash-timeout", "")
+    page.fill("#hash-rounds", "9000000")
+    page.click("#run-inline")  # the inline cap, at the rounds it caps (no "body:" before it)
+    expect_field_error(page, "#hash-rounds", INLINE_CAP)
+    expect_no_field_error(page, "#hash-timeout")
+    page.fill("#hash-rounds", "1000")  # editing clears the message at once
+    expect_no_field_error(page, "#hash-rounds")
+    page.click("#run-pool")
+    expect(page.locator("#result-digest")).to_have_text(DIGEST, timeout=30_000)
+    expect_no_field_error(page, "#hash-rounds")  # and it stays gone after the next submit

@@ -8,8 +8,7 @@ import pytest
 from pydantic import BaseModel, EmailStr, Field, ValidationError, field_validator
 
 from mega.web import field_errors
-
-NO_AT_SIGN = "is not a valid e-mail address: an email address must have an @-sign."
+from mega.web.fields import EMAIL_SENTENCE
 
 
 class Signup(BaseModel):
@@ -36,11 +35,7 @@ def errors(data: dict[str, object]) -> dict[str, str]:
     ("data", "field", "message"),
     [
         ({}, "email", "is required"),
-        (
-            {"email": "nobody"},
-            "email",
-            "is not a valid e-mail address: an email address must have an @-sign.",
-        ),
+        ({"email": "nobody"}, "email", EMAIL_SENTENCE),  # not email-validator's reason
         ({"email": "a@b.com", "mode": "later"}, "mode", "must be one of 'ok' or 'rollback'"),
         ({"email": "a@b.com", "delay_ms": "5"}, "delay_ms", "must be a whole number"),
         ({"email": "a@b.com", "delay_ms": -1}, "delay_ms", "must be at least 0"),
@@ -63,6 +58,6 @@ def test_the_first_error_per_field_wins_and_nested_fields_are_dotted() -> None:
     with pytest.raises(ValidationError) as caught:
         Outer.model_validate({"inner": {"email": "x", "delay_ms": 1.5}})
     assert field_errors(caught.value.errors()) == {
-        "inner.email": NO_AT_SIGN,
+        "inner.email": EMAIL_SENTENCE,
         "inner.delay_ms": "must be a whole number",
     }
