@@ -6,6 +6,7 @@
   const { api, poll, el, patch, replaceRows } = mega;
   const $ = (id) => document.getElementById(id);
   const FENCE_TITLE = "the run's fencing number: at least the planned instant in epoch ms";
+  const LATE_TITLE = "how late the run started against the planned instant";
 
   function historyRow(item) {
     return el("tr", { "data-key": item.at + "|" + item.source + "|" + item.fence },
@@ -15,14 +16,14 @@
 
   function tickRow(tick) {
     return el("tr", { "data-key": tick.instant + "|" + tick.source },
-      el("td", { class: "mono" }, tick.instant.slice(11, 19) + " ",
-        tick.source === "manual" ? el("span", { class: "badge badge-info" }, "manual") : null),
+      el("td", {}, el("span", { class: "mono" }, tick.instant.slice(11, 19)),
+        ...(tick.source === "manual" ? [" ", el("span", { class: "badge badge-info" }, "manual")] : []),
+        tick.lateness_ms === null ? null : el("div", { class: "small muted", title: LATE_TITLE }, tick.lateness_ms.toFixed(1) + " ms late")),
       el("td", { class: "small" }, el("span", { class: "mono", title: tick.winner }, tick.winner_label || "none"),
         tick.fence === null ? null : el("div", { class: "mono muted fence", title: FENCE_TITLE }, String(tick.fence))),
       el("td", { class: "small" }, ...(tick.skipped.length
         ? tick.skipped.map((s) => el("div", {}, el("span", { class: "mono", title: s.instance }, s.label), ": " + s.reason))
-        : [el("span", { class: "muted" }, "-")])),
-      el("td", { class: "num" }, tick.lateness_ms === null ? "-" : tick.lateness_ms.toFixed(1) + " ms"));
+        : [el("span", { class: "muted" }, "-")])));
   }
 
   function schedulerItem(s) {
@@ -53,7 +54,7 @@
     }
     box.style.maxHeight = ""; // everything fits: no scroll
   }
-  const boxes = () => [$("history"), $("ticks")].map((table) => table.closest(".scroll"));
+  const boxes = () => [$("history-box"), $("ticks-box")];
 
   function render(state) {
     const first = state.next_runs.length > 0;
