@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
-from zoneinfo import ZoneInfo
 
 from fastapi import APIRouter, Body, Request, Response
 from fastapi.responses import RedirectResponse
@@ -50,10 +49,9 @@ def scheduler(request: Request) -> Scheduler:
     return found
 
 
-def in_zone(instant: str, zone: str | None) -> str:
-    """An ISO instant (UTC in the records) in the schedule's time zone: one zone per page."""
-    moment = datetime.fromisoformat(instant)
-    return moment.astimezone(ZoneInfo(zone)).isoformat() if zone else moment.isoformat()
+def as_utc(instant: str) -> str:
+    """An ISO instant in UTC, the one zone of every page and of the logs."""
+    return datetime.fromisoformat(instant).astimezone(UTC).isoformat()
 
 
 def instance_label(instance: str | None) -> str | None:
@@ -87,20 +85,21 @@ async def cron_state(request: Request) -> dict[str, Any]:
     state = await read_state(request.app.state.ctx.cache("main").native)
     settings = scheduler(request).describe(SCHEDULE)
     ticks = await scheduler(request).recent_ticks(SCHEDULE, limit=15)
-    zone = settings["timezone"]
     return {
         **state,
         "history": [
-            {"at": in_zone(h["at"], zone), "source": h["source"], "fence": h.get("fence")}
+            {"at": as_utc(h["at"]), "source": h["source"], "fence": h.get("fence")}
             for h in state["history"]
         ],
+        # In the schedule's zone, where the cron is read; the page shows them in UTC beside it.
         "next_runs": settings["next_runs"],
+        "next_runs_utc": [as_utc(at) for at in settings["next_runs"]],
         "cron": settings["cron"],
         "timezone": settings["timezone"],
         "lock": settings["lock"],
         "ticks": [
             {
-                "instant": in_zone(t["instant"], zone),
+                "instant": as_utc(t["instant"]),
                 "source": t["source"],
                 "winner": t["winner"],
                 "winner_label": instance_label(t["winner"]),
@@ -127,7 +126,7 @@ class CronRun(BaseModel):
     reason: str | None = None  # why it was skipped
     error: str | None = None  # what the run raised
     hold_ms: int | None = None  # the run holds the overlap guard this long, from now
-    hold_until: str | None = None  # when the hold ends (ISO-8601, the schedule's zone)
+    hold_until: str | None = None  # when the hold ends (ISO-8601, UTC)
 
 
 async def manual_tick(request: Request, hold_ms: int) -> dict[str, Any]:
@@ -144,8 +143,7 @@ async def manual_tick(request: Request, hold_ms: int) -> dict[str, Any]:
         await asyncio.wait({run, holding}, return_when=asyncio.FIRST_COMPLETED)
         if not run.done():
             until = datetime.now(UTC) + timedelta(milliseconds=hold_ms)
-            zone = scheduler(request).describe(SCHEDULE)["timezone"]
-            return {"ran": True, "hold_ms": hold_ms, "hold_until": in_zone(until.isoformat(), zone)}
+            return {"ran": True, "hold_ms": hold_ms, "hold_until": until.isoformat()}
         holding.cancel()
         result = run.result()
     data: dict[str, Any] = {"ran": result.ran}
@@ -164,7 +162,7 @@ def outcome_text(data: dict[str, Any]) -> str:
         return f"Manual tick ran and failed: {data['error']}"
     if "hold_ms" in data:
         return (
-            f"Manual tick ran and holds the overlap guard until {data['hold_until'][11:19]} "
+            f"Manual tick ran and holds the overlap guard until {data['hold_until'][11:19]} UTC "
             f"({data['hold_ms']} ms): watch the next tick in the audit."
         )
     return "Manual tick ran."

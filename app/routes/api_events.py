@@ -5,6 +5,10 @@ group's status, and the listener groups' dead letters with requeue.
 Bad input is a 422 with field errors and writes nothing. The JSON routes and the forms (post,
 redirect, get: they work without JavaScript) share the functions below. Times are ISO-8601 in
 one zone, UTC (`timezone` in the state), so the page labels its zone once.
+
+Each event's `listeners` maps every group to its status: `waiting` while the event's row is
+still in the outbox (nothing is published, so no group can have it yet), then `queued` until the
+group starts it, and `running`, `retrying`, `done` or `dlq` as the group's worker reports.
 """
 
 from __future__ import annotations
@@ -39,6 +43,12 @@ GROUPS: dict[str, type[Listener]] = {listener.group: listener for listener in LI
 DLQ_LISTED = 10
 # The page's one time zone.
 ZONE = "UTC"
+
+
+def unheard(pending: bool) -> str:
+    """A group that has not reported on an event: it waits for the relay to publish it, or the
+    event is on the bus and queued for the group."""
+    return "waiting" if pending else "queued"
 
 
 def utc_iso(moment: datetime | int) -> str:
@@ -132,7 +142,10 @@ async def events_state(request: Request) -> dict[str, Any]:
                 "signup_id": signup.id,
                 "at": utc_iso(signup.created_at),
                 "status": "pending" if signup.event_id in pending else "published",
-                "listeners": {g: heard[signup.event_id].get(g, "queued") for g in GROUPS},
+                "listeners": {
+                    g: heard[signup.event_id].get(g) or unheard(signup.event_id in pending)
+                    for g in GROUPS
+                },
             }
             for signup in signups
         ],

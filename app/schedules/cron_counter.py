@@ -3,7 +3,8 @@
 Run two `mega scheduler` processes (`mega dev` does): each tick still counts once, and
 /demo/cron shows which instance won each tick and why the other skipped ("claimed by another
 instance"). A manual tick can ask to hold its run (`hold_ms` in the run's `ctx.extras`): while
-it holds, the overlap guard stays held too, and the next tick is skipped ("overlap").
+it holds, the overlap guard stays held too, and the next tick is skipped: the scheduler that
+claimed it records "overlap", the other "claimed by another instance" (it lost the claim).
 """
 
 from __future__ import annotations

@@ -80,7 +80,9 @@ LOOP_RETRY_S = 1.0
 GUARD_RENEWALS_PER_TTL = 3
 # How many next instants `describe()` lists.
 PREVIEW_RUNS = 5
-# The skip reason for each refusal of `acquire_fenced` (signals, audit, status pages).
+# The skip reason for each refusal of `acquire_fenced` (signals, audit, status pages). Each
+# instance records its own: on a tick inside a long run, the one that claimed it met the guard
+# ("overlap") and the others met its claim ("claimed"), since the claim is taken first and kept.
 REFUSAL_REASONS: dict[Refusal, str] = {
     "claimed": "claimed by another instance",
     "overlap": "overlap: the previous run still runs",

@@ -6,6 +6,7 @@
   const { api, poll, el, patch, replaceRows, typed, fieldErrors } = mega;
   const $ = (id) => document.getElementById(id);
   const FENCE_TITLE = "the run's fencing number: at least the planned instant in epoch ms";
+  const LATE_TITLE = "how late the run started against the planned instant";
 
   function historyRow(item) {
     return el("tr", { "data-key": item.at + "|" + item.source + "|" + item.fence },
@@ -15,14 +16,14 @@
 
   function tickRow(tick) {
     return el("tr", { "data-key": tick.instant + "|" + tick.source },
-      el("td", { class: "mono" }, tick.instant.slice(11, 19) + " ",
-        tick.source === "manual" ? el("span", { class: "badge badge-info" }, "manual") : null),
-      el("td", { class: "mono small wrap-id", title: tick.winner }, tick.winner_label || "none"),
-      el("td", { class: "small wrap-id" }, ...(tick.skipped.length
+      el("td", {}, el("span", { class: "mono" }, tick.instant.slice(11, 19)),
+        ...(tick.source === "manual" ? [" ", el("span", { class: "badge badge-info" }, "manual")] : []),
+        tick.lateness_ms === null ? null : el("div", { class: "small muted", title: LATE_TITLE }, tick.lateness_ms.toFixed(1) + " ms late")),
+      el("td", { class: "small" }, el("span", { class: "mono", title: tick.winner }, tick.winner_label || "none"),
+        tick.fence === null ? null : el("div", { class: "mono muted fence", title: FENCE_TITLE }, String(tick.fence))),
+      el("td", { class: "small" }, ...(tick.skipped.length
         ? tick.skipped.map((s) => el("div", {}, el("span", { class: "mono", title: s.instance }, s.label), ": " + s.reason))
-        : [el("span", { class: "muted" }, "-")])),
-      el("td", { class: "num mono small", title: FENCE_TITLE }, tick.fence === null ? "-" : String(tick.fence)),
-      el("td", { class: "num" }, tick.lateness_ms === null ? "-" : tick.lateness_ms.toFixed(1) + " ms"));
+        : [el("span", { class: "muted" }, "-")])));
   }
 
   function schedulerItem(s) {
@@ -30,13 +31,41 @@
       ...(s.pid ? [": stop it with ", el("code", {}, "kill " + s.pid)] : []));
   }
 
+  // A next run: its UTC time (the page's one zone), and the same instant in the schedule's zone.
+  function nextRunItem(at, i, utc, zone) {
+    return el("li", { "data-key": at }, el("time", { datetime: utc[i] }, utc[i].slice(11, 19) + " UTC"), " ",
+      el("span", { class: "muted", title: at }, "(" + at.slice(11, 19) + " " + zone + ")"));
+  }
+
+  // A scroll box as tall as the whole rows that fit in its CSS max-height (header included), so
+  // that at rest it never shows half a row. The rows' heights vary (a tick with two skips is
+  // taller), so it is measured after each render and on resize.
+  function fitRows(box) {
+    if (!box.dataset.limit) box.dataset.limit = String(parseFloat(getComputedStyle(box).maxHeight));
+    const table = box.querySelector("table");
+    let height = table.tHead ? table.tHead.getBoundingClientRect().height : 0;
+    for (const row of table.tBodies[0].rows) {
+      const next = height + row.getBoundingClientRect().height;
+      if (next > Number(box.dataset.limit)) {
+        box.style.maxHeight = Math.ceil(height) + "px";
+        return;
+      }
+      height = next;
+    }
+    box.style.maxHeight = ""; // everything fits: no scroll
+  }
+  const boxes = () => [$("history-box"), $("ticks-box")];
+
   function render(state) {
+    const first = state.next_runs.length > 0;
     $("count").textContent = state.count;
-    $("next-run").textContent = state.next_runs.length ? state.next_runs[0].slice(11, 19) : "-";
+    $("next-run").textContent = first ? state.next_runs_utc[0].slice(11, 19) + " UTC" : "-";
+    $("next-run-zone").textContent = first ? ", " + state.next_runs[0].slice(11, 19) + " " + state.timezone : "";
     replaceRows($("history").tBodies[0], state.history.map(historyRow), $("history-empty"));
     replaceRows($("ticks").tBodies[0], state.ticks.map(tickRow), $("ticks-empty"));
     patch($("schedulers"), state.schedulers.map(schedulerItem));
-    patch($("next-runs"), state.next_runs.map((at) => el("li", { "data-key": at }, at)));
+    patch($("next-runs"), state.next_runs.map((at, i) => nextRunItem(at, i, state.next_runs_utc, state.timezone)));
+    boxes().forEach(fitRows);
   }
 
   async function load() {
@@ -50,7 +79,7 @@
     if (data.error) return "Manual tick ran and failed: " + data.error;
     if (data.hold_ms) {
       return "Manual tick ran and holds the overlap guard until " + data.hold_until.slice(11, 19) +
-        " (" + data.hold_ms + " ms): watch the next tick in the audit.";
+        " UTC (" + data.hold_ms + " ms): watch the next tick in the audit.";
     }
     return "Manual tick ran.";
   }
@@ -72,5 +101,7 @@
     }
   });
 
+  boxes().forEach(fitRows);
+  window.addEventListener("resize", () => boxes().forEach(fitRows));
   poll(load, 2000);
 })();

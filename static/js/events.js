@@ -9,6 +9,8 @@
   const $ = (id) => document.getElementById(id);
   const csrf = () => document.querySelector('meta[name="csrf-token"]').content;
   const clock = (iso) => (iso ? iso.slice(11, 19) : "");
+  // A group's status as the page words it: an unpublished event is not queued anywhere yet.
+  const statusText = (status) => (status === "waiting" ? "waiting for the relay" : status);
 
   function eventCard(event) {
     const published = event.status === "published";
@@ -20,7 +22,7 @@
         el("time", { class: "muted small mono", datetime: event.at }, clock(event.at))),
       el("ul", { class: "plain-list small" }, ...Object.entries(event.listeners).map(([group, status]) =>
         el("li", { "data-key": group, "data-group": group },
-          el("span", { class: "badge status-" + status }, status), " ", el("span", { class: "mono" }, group)))));
+          el("span", { class: "badge status-" + status }, statusText(status)), " ", el("span", { class: "mono" }, group)))));
   }
 
   function dlqItem(item) {

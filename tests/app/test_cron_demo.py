@@ -5,6 +5,7 @@ refusal when anonymous."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -22,6 +23,7 @@ from mega.schedules.schedule import LockSettings
 from tests.factories import csrf_from, login, sample_config_for, web_client
 
 PREFIX = "mega:schedule:CronCounterSchedule"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "schedules.md"
 
 
 @pytest.fixture
@@ -52,10 +54,12 @@ async def test_state_and_manual_run(
         assert state["count"] == 0 and state["history"] == []
         assert state["cron"] == "*/30 * * * * *" and state["timezone"] == "Asia/Seoul"
         assert len(state["next_runs"]) == 5
-        for at in state["next_runs"]:
+        for at, utc in zip(state["next_runs"], state["next_runs_utc"], strict=True):
             instant = datetime.fromisoformat(at)
             assert instant.utcoffset().total_seconds() == 9 * 3600  # Seoul, +09:00
             assert instant.second in (0, 30)
+            # The same instant in the page's one zone, UTC.
+            assert datetime.fromisoformat(utc) == instant and utc.endswith("+00:00")
 
         token = csrf_from((await client.get("/demo/cron")).text)
         ran = await client.post("/api/demo/cron/run", json={}, headers={"X-CSRF-Token": token})
@@ -65,9 +69,9 @@ async def test_state_and_manual_run(
         assert state["count"] == 1
         assert [item["source"] for item in state["history"]] == ["manual"]
         assert state["ticks"][0]["source"] == "manual" and state["ticks"][0]["winner"]
-        # One time zone on the page, the schedule's; and the fence each run got.
+        # One time zone on every page, UTC; and the fence each run got.
         for at in [state["history"][0]["at"], state["ticks"][0]["instant"]]:
-            assert datetime.fromisoformat(at).utcoffset().total_seconds() == 9 * 3600  # type: ignore[union-attr]
+            assert at.endswith("+00:00"), at
         assert state["ticks"][0]["fence"] >= int(time.time() * 1000) - 60_000
 
         # The page shows it too, and its no-JS form posts, redirects and gets.
@@ -108,6 +112,11 @@ class EverySecondCounter(CronCounterSchedule):
     cron = "* * * * * *"
     timezone = "UTC"
     lock: ClassVar[LockSettings] = {"lock": "main", "ttl": 900, "key": PREFIX}
+
+
+def plain_text(markup: str) -> str:
+    """Text without tags or markdown emphasis, its whitespace collapsed: what a reader reads."""
+    return " ".join(re.sub(r"<[^>]+>|[*`]", "", markup).split())
 
 
 async def until_true(check: Callable[[], Any], timeout_s: float) -> Any:
@@ -164,7 +173,7 @@ async def test_a_held_manual_tick_makes_the_next_ticks_skip_on_the_overlap_guard
             assert time.time() - started < 1  # answers once the run holds, not when it ends
             assert (data["ran"], data["hold_ms"]) == (True, 2500)
             until = datetime.fromisoformat(data["hold_until"])
-            assert until.utcoffset().total_seconds() == 9 * 3600  # type: ignore[union-attr]
+            assert data["hold_until"].endswith("+00:00")  # UTC, the page's one zone
             assert abs(until.timestamp() - (started + 2.5)) < 1
             # A second manual tick during the hold is skipped on the guard as well.
             again = await client.post(
@@ -197,6 +206,30 @@ async def test_a_held_manual_tick_makes_the_next_ticks_skip_on_the_overlap_guard
                     "overlap: the previous run still runs",
                 ]
             assert manual["winner"].startswith("web@")
+            # The page shows those two reasons on that tick's row, and its text and the guide
+            # say which scheduler records which, as the audit does.
+            page_html = (await client.get("/demo/cron")).text
+            key = f'data-key="{inside[0]["instant"]}|schedule"'
+            row = page_html.split(key)[1].split("</tr>")[0]
+            assert ">none<" in row and row.count("claimed by another instance") == 1
+            assert row.count("overlap: the previous run still runs") == 1
+            page = plain_text(page_html)
+            assert (
+                "the one that claimed the tick found the guard held and records overlap: the "
+                "previous run still runs; the other lost the claim to it and records claimed by "
+                "another instance"
+            ) in page
+            assert (
+                "The scheduler that claimed the tick says overlap: the previous run still runs; "
+                "the other, which lost the claim to it, says claimed by another instance"
+            ) in page
+            assert "each scheduler's line says overlap" not in page
+            guide = plain_text(GUIDE.read_text())
+            assert (
+                'The one that claimed the tick found the guard held: "overlap: the previous run '
+                'still runs". The other lost the claim to it, as on any tick: "claimed by another '
+                'instance"'
+            ) in guide
             # After the hold the guard is free again: ticks have winners.
             after = started + 3
 

@@ -1,5 +1,5 @@
 """Log in through the form and see the console; log out. The console's charts after real jobs
-run, short instance ids, and the page at 390 px."""
+run, short instance ids, the demo cards' rows, and the page at 390 px."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.e2e.conftest import LiveStack, log_in, screenshot
+from tests.e2e.geometry import per_row
 
 pytestmark = pytest.mark.e2e
 
@@ -26,6 +27,25 @@ def test_login_shows_console_and_logout_returns_to_login(page, live_stack: LiveS
     page.wait_for_url("**/login")
     page.goto(live_stack.url + "/demo")
     assert "/login" in page.url
+
+
+@pytest.mark.parametrize(
+    ("width", "demos", "panels"),
+    [
+        (1280, [4], [2, 2]),
+        (900, [2, 2], [2, 2]),
+        (600, [2, 2], [1, 1, 1, 1]),
+        (390, [1, 1, 1, 1], [1, 1, 1, 1]),
+    ],
+)
+def test_the_four_demo_cards_and_the_four_live_panels_fill_their_rows_evenly(
+    page, live_stack: LiveStack, width: int, demos: list[int], panels: list[int]
+) -> None:  # type: ignore[no-untyped-def]
+    page.set_viewport_size({"width": width, "height": 900})
+    log_in(page, live_stack.url)
+    # Never three in a row with the fourth left alone below.
+    assert per_row(page, "#demos > .card") == demos
+    assert per_row(page, "#console > .card") == panels
 
 
 def test_wrong_password_shows_generic_error(page, live_stack: LiveStack) -> None:

@@ -1,17 +1,20 @@
 """/demo/cron in the browser: "Run now" makes the count rise without a reload; a manual tick
-held past the next tick makes that tick skip on the overlap guard, in the audit; bad input is
-worded plainly; the page fits 390 px."""
+held past the next tick makes that tick skip on the overlap guard, in the audit; its times are
+UTC, labelled, and agree with the console's; bad input is worded plainly; the page fits 390 px and
+its tick audit breaks no word and cuts no row."""
 
 from __future__ import annotations
 
+import re
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 from playwright.sync_api import expect
 
 from tests.e2e.conftest import LiveStack, log_in, screenshot
 from tests.e2e.fields import HOLD, expect_field_error, expect_no_field_error
+from tests.e2e.geometry import broken_words, eventually, overflowing, whole_rows
 
 pytestmark = pytest.mark.e2e
 OVERLAP = "overlap: the previous run still runs"
@@ -27,8 +30,81 @@ def test_run_now_raises_the_count_and_lands_in_history(page, live_stack: LiveSta
     assert int(page.locator("#count").inner_text()) > before
     assert page.locator("#history tbody tr").first.locator(".badge").inner_text() == "manual"
     assert page.locator("#next-runs li").count() == 5
-    assert "+09:00" in page.locator("#next-runs li").first.inner_text()
     screenshot(page, "cron")
+
+
+def test_times_are_utc_labelled_with_the_schedules_zone_beside_the_next_runs(
+    page, live_stack: LiveStack
+) -> None:  # type: ignore[no-untyped-def]
+    log_in(page, live_stack.url)
+    page.goto(live_stack.url + "/demo/cron")
+    assert "Times on this page are in UTC" in page.locator(".page-head").inner_text()
+    assert page.locator("#history th").first.inner_text() == "at (UTC)"
+    assert page.locator("#ticks th").first.inner_text() == "tick (UTC)"
+    # Each next run: UTC, and the same instant in Asia/Seoul beside it (+9 h, all year).
+    for item in page.locator("#next-runs li").all():
+        seoul = datetime.fromisoformat(str(item.get_attribute("data-key")))
+        utc = datetime.fromisoformat(str(item.locator("time").get_attribute("datetime")))
+        assert utc == seoul and utc.utcoffset() == timedelta(0)
+        assert item.inner_text() == (
+            f"{utc:%H:%M:%S} UTC ({seoul:%H:%M:%S} Asia/Seoul)"
+        ) and seoul.utcoffset() == timedelta(hours=9)
+    first = page.locator("#next-runs li time").first.inner_text()
+    expect(page.locator("#next-run")).to_have_text(re.compile(r"^\d\d:\d\d:\d\d UTC$"))
+    assert page.locator("#next-run").inner_text() in (first, "-")
+
+    # A manual tick: its time in the history, in the audit and on the console is one time.
+    rows = page.locator("#ticks tbody tr")
+
+    def keys() -> list[str]:
+        return [str(key) for key in rows.evaluate_all("(rs) => rs.map((r) => r.dataset.key)")]
+
+    before = keys()
+    page.fill("#hold-ms", "0")
+    page.click("#run-now")
+    expect(page.locator("#run-result")).to_contain_text("Manual tick")
+    key = eventually(lambda: next((k for k in keys() if k not in before), None))
+    assert key.endswith("|manual")
+    instant = key.split("|")[0]
+    assert instant.endswith("+00:00")
+    manual = page.locator(f'#ticks tbody tr[data-key="{key}"]')
+    assert page.locator(f'#history tbody tr[data-key^="{instant}|manual"]').count() == 1
+    clock = datetime.fromisoformat(instant).strftime("%H:%M:%S")
+    assert manual.locator("td").first.inner_text().startswith(clock)
+    page.goto(live_stack.url + "/demo")
+    row = page.locator(f'#sched-ticks tr[data-key="manual {instant}"]')
+    expect(row.locator("td").first).to_have_text(clock)
+    assert page.locator("#sched-ticks th").first.inner_text() == "tick (UTC)"
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_the_tick_audit_breaks_no_word_and_its_scroll_box_shows_whole_rows(
+    page, live_stack: LiveStack, width: int
+) -> None:  # type: ignore[no-untyped-def]
+    page.set_viewport_size({"width": width, "height": 900})
+    log_in(page, live_stack.url)
+    page.goto(live_stack.url + "/demo/cron")
+    # Enough manual ticks (the audit keeps 15) that the audit box scrolls.
+    statuses = page.evaluate(
+        """async () => {
+            const out = [];
+            for (let i = 0; i < 15; i++) {
+                out.push((await mega.api("POST", "/api/demo/cron/run", {})).status);
+            }
+            return out;
+        }"""
+    )
+    assert statuses == [200] * 15
+    expect(page.locator("#ticks tbody tr")).to_have_count(15)
+    cells = "#ticks td, #ticks th"
+    assert broken_words(page, cells) == []
+    assert overflowing(page, "#ticks td") == []
+    assert overflowing(page, "#ticks") == [] and overflowing(page, ".scroll") == []
+    assert page.locator("#ticks tbody tr").first.locator(".fence").count() in (0, 1)
+    # At rest the box shows whole rows, and it does scroll (so some are below).
+    shown = eventually(lambda: whole_rows(page, "#ticks-box"))
+    assert 1 <= shown < 15
+    screenshot(page, f"cron-audit-{width}")
 
 
 def test_a_held_manual_tick_makes_the_next_tick_skip_on_the_overlap_guard(
@@ -38,10 +114,11 @@ def test_a_held_manual_tick_makes_the_next_tick_skip_on_the_overlap_guard(
     page.goto(live_stack.url + "/demo/cron")
     # Hold just past the next tick (the page's suggestion, 35 s, always spans one; this is
     # the same thing, shorter).
-    next_tick = datetime.fromisoformat(page.locator("#next-runs li").first.inner_text())
+    runs = page.locator("#next-runs li time")
+    next_tick = datetime.fromisoformat(str(runs.first.get_attribute("datetime")))
     until_next_ms = int((next_tick.timestamp() - time.time()) * 1000)
     if until_next_ms < 1500:  # too close to aim at: take the one after
-        next_tick = datetime.fromisoformat(page.locator("#next-runs li").nth(1).inner_text())
+        next_tick = datetime.fromisoformat(str(runs.nth(1).get_attribute("datetime")))
         until_next_ms = int((next_tick.timestamp() - time.time()) * 1000)
     page.fill("#hold-ms", str(until_next_ms + 2500))
     page.click("#run-now")

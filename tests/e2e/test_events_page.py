@@ -1,6 +1,7 @@
 """/demo/events in the browser: a signup shows its event pending, then published with each
 listener group's status; a rollback shows nothing new; a paused relay lets rows pile up; a
-focused Requeue button keeps its focus through live refreshes; long addresses fit 390 px."""
+focused Requeue button keeps its focus through live refreshes; long addresses fit 390 px and
+listener names break no word there."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from playwright.sync_api import expect
 
 from tests.e2e.conftest import LiveStack, log_in, screenshot
 from tests.e2e.fields import EMAIL, expect_field_error, expect_no_field_error
+from tests.e2e.geometry import broken_words
 
 pytestmark = pytest.mark.e2e
 
@@ -48,11 +50,15 @@ def test_signup_event_flows_to_every_listener_and_the_relay_pauses(
     sign_up(page, "piled.up@example.com")
     sign_up(page, "also.piled@example.com")
     expect(page.locator("#outbox-pending")).to_have_text("2", timeout=10_000)
-    expect(page.locator("#events article.job").first).to_have_attribute("data-status", "pending")
+    piled = page.locator("#events article.job").first
+    expect(piled).to_have_attribute("data-status", "pending")
+    # Nothing is published yet: every group waits for the relay, none has it queued.
+    expect(piled.locator("li .badge")).to_have_text(["waiting for the relay"] * 3)
     screenshot(page, "events-paused")
     page.click("#relay-toggle")  # resume: the rows drain
     expect(page.locator("#outbox-pending")).to_have_text("0", timeout=20_000)
     expect(page.locator('#events article.job[data-status="pending"]')).to_have_count(0)
+    expect(piled.locator("li .badge")).to_have_text(["done"] * 3, timeout=20_000)
 
     assert "Committed" in sign_up(page, "fail.crm@example.com")
     dead = page.locator("#dlq-items li").first
@@ -113,6 +119,9 @@ def test_long_addresses_fit_a_390_px_screen(page, live_stack: LiveStack) -> None
     expect(page.locator("#dlq-items li", has_text=local)).to_have_count(1, timeout=30_000)
     expect(page.locator("#events article.job", has_text=long_domain)).to_have_count(1)
     assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
+    # Listener names (one long CamelCase word each) stay whole, in the events and the groups.
+    expect(page.locator("#groups tbody tr")).to_have_count(3)
+    assert broken_words(page, "#events li, #groups td, #groups th, #dlq-items .mono") == []
     # The one zone, labelled once, and the times in it.
     assert "Times on this page are in UTC" in page.locator(".page-head").inner_text()
     screenshot(page, "events-390")
