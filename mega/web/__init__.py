@@ -13,6 +13,7 @@ envelope, /healthz, /readyz and /metrics; see the guide's http chapter.
 from mega.web.app import create_web_app
 from mega.web.auth import CurrentUser, UserDep, ensure_user
 from mega.web.envelope import ApiError, api_responses, fail, field_errors, ok
+from mega.web.limits import normalise_username
 from mega.web.pages import flash, render
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "fail",
     "field_errors",
     "flash",
+    "normalise_username",
     "ok",
     "render",
 ]

@@ -575,6 +575,33 @@ async def test_the_device_cookie_lifts_the_account_limit_only(account_config) ->
         assert (await login(owner)).status_code == 429
 
 
+async def test_over_https_the_device_cookie_is_secure(account_config) -> None:
+    async with web_client(account_config) as client:
+        transport = httpx.ASGITransport(app=client.app, client=("10.3.3.3", 4444))
+        async with httpx.AsyncClient(transport=transport, base_url="https://testserver") as tls:
+            cookies = (await login(tls)).headers.get_list("set-cookie")
+            device = next(c for c in cookies if c.startswith(f"{DEVICE_COOKIE}="))
+            assert "Secure" in device and "HttpOnly" in device
+
+
+async def test_an_expired_device_cookie_exempts_nothing(
+    tmp_path: Path, nats_url: str, redis_url: str
+) -> None:
+    config = config_for(
+        tmp_path, nats_url, redis_url, login_account_max_failures=1, device_cookie_max_age_s=1
+    )
+    async with web_client(config) as owner:
+        assert (await login(owner)).status_code == 303
+        owner.cookies.delete(SESSION_COOKIE)
+        async with from_ip(owner, "10.0.0.9") as attacker:
+            assert (await login(attacker, DEMO_USER, "wrong")).status_code == 401
+        deadline = time.monotonic() + 5  # issue times are whole seconds: 1 to 2 s from now
+        while device_username(owner.cookies[DEVICE_COOKIE], TEST_SECRET, 1) is not None:
+            assert time.monotonic() < deadline, "the device cookie never expired"
+            await asyncio.sleep(0.1)
+        assert (await login(owner)).status_code == 429
+
+
 class _Server(uvicorn.Server):
     """uvicorn without its signal handlers (the test runner owns the signals)."""
 
