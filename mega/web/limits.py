@@ -15,7 +15,9 @@ cookie that exempts a browser which logged in before from the account's limit.
   still do: the cookie is no licence to guess.
 
 The decisions are pure (`wait_before_next_try`, `wait_s`); the reads and writes of
-`LoginFailure` rows are the small functions below them.
+`LoginFailure` rows are the small functions below them. Counting and checking are not one
+transaction: a burst of simultaneous tries can pass a limit by the number in flight, each of
+them still paying for a KDF run.
 """
 
 from __future__ import annotations

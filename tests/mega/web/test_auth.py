@@ -21,15 +21,18 @@ import uvicorn
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from mega.config import AuthConfig
 from mega.constants import DEVICE_COOKIE, SESSION_COOKIE
 from mega.runtime.embedded import free_port
 from mega.web.auth import ensure_user, safe_next, sign
 from mega.web.limits import (
     MAX_LOGIN_DELAY_S,
+    RecentFailures,
     device_cookie,
     device_username,
     normalise_username,
     wait_before_next_try,
+    wait_s,
 )
 from mega.web.models import LoginFailure, User
 from mega.web.passwords import hash_password, verify_password
@@ -168,6 +171,21 @@ def test_the_wait_before_the_next_try() -> None:
     assert wait(ago, limit=3) == 10.0  # locked until the oldest leaves the 60 s window
     assert wait([*ago[:2], now], progressive=False) == 0  # an IP: the limit only
     assert wait([now] * 10, limit=5) == 60.0  # the 6th oldest (of 10) leaves last of five
+
+
+def test_a_known_device_skips_the_account_limit_and_no_other() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    config = AuthConfig(secret_key=TEST_SECRET, login_account_max_failures=3)
+    hour = [now - timedelta(minutes=m) for m in (50, 40, 30)]  # 3 in the hour: the limit
+
+    def wait(pair: int, ip: int, known_device: bool) -> float:
+        failures = RecentFailures(pair=[now] * pair, ip=[now] * ip, account=hour)
+        return wait_s(failures, now, config, known_device=known_device)
+
+    assert wait(0, 0, known_device=False) == 10 * 60  # until the oldest is an hour old
+    assert wait(0, 0, known_device=True) == 0
+    assert wait(5, 5, known_device=True) == 15 * 60  # the pair's limit (5 in 15 min) holds
+    assert wait(0, 50, known_device=True) == 15 * 60  # and the address's (50)
 
 
 async def test_session_rotated_at_login_and_revoked_at_logout(config) -> None:
