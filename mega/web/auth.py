@@ -53,6 +53,7 @@ from mega.web.models import User, UserSession, as_utc
 from mega.web.passwords import DUMMY_HASH, hash_password, verify_and_update, verify_password
 
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+LOGIN_PATH = "/login"
 
 
 @dataclass(frozen=True)
@@ -196,13 +197,21 @@ def anon_csrf_token(request: Request) -> str:
 
 
 async def csrf_protect(request: Request) -> None:
-    """App-wide dependency: unsafe methods must carry the right token, else 403."""
-    if request.method not in UNSAFE_METHODS:
+    """App-wide dependency: unsafe methods must carry the right token, else 403. The login
+    form checks its own (`csrf_valid`), so that it can answer with the form and a sentence."""
+    if request.method not in UNSAFE_METHODS or request.url.path == LOGIN_PATH:
         return
-    user = await current_user(request)
-    if user is None and request.url.path.startswith("/api/"):
+    if await current_user(request) is None and request.url.path.startswith("/api/"):
         # Every API route needs a session: say so (401) before judging the token.
         raise HTTPException(401, "log in first")
+    if not await csrf_valid(request):
+        raise HTTPException(403, "missing or wrong CSRF token; reload the page and try again")
+
+
+async def csrf_valid(request: Request) -> bool:
+    """Whether the request carries the right token: the session's, or before login the one of
+    the signed anonymous cookie; in the `X-CSRF-Token` header or a form's `csrf_token` field."""
+    user = await current_user(request)
     sent = request.headers.get(CSRF_HEADER)
     if sent is None and request.headers.get("content-type", "").startswith(
         ("application/x-www-form-urlencoded", "multipart/form-data")
@@ -213,8 +222,7 @@ async def csrf_protect(request: Request) -> None:
         expected = user.csrf_token
     else:
         expected = unsign(request.cookies.get(ANON_CSRF_COOKIE), settings(request).secret_key) or ""
-    if not sent or not expected or not hmac.compare_digest(sent.encode(), expected.encode()):
-        raise HTTPException(403, "missing or wrong CSRF token; reload the page and try again")
+    return bool(sent and expected and hmac.compare_digest(sent.encode(), expected.encode()))
 
 
 # ---- login ---------------------------------------------------------------------------------

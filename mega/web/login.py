@@ -1,7 +1,8 @@
 """GET/POST /login and POST /logout. Forms post, redirect, get: they work without JavaScript.
 
-The login form always answers with the form: a wrong password (401), a refused try (429 with
-Retry-After) or an over-long field (422, a sentence at the field, nothing counted or checked).
+The login form always answers with the form: a missing or wrong CSRF token (403, with a fresh
+one), a wrong password (401), a refused try (429 with Retry-After) or an over-long field (422, a
+sentence at the field, nothing counted or checked).
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ from mega.web.pages import render
 router = APIRouter()
 
 GENERIC_LOGIN_ERROR = "Wrong username or password."
+# A missing or wrong CSRF token: the page was open too long (another login, a new secret key)
+# or the browser refuses cookies. The form comes back with a fresh token.
+EXPIRED_FORM_ERROR = (
+    "This form has expired, or your browser did not send its cookie. Please log in again."
+)
 # Far above any real name or passphrase; what is longer is refused before the KDF sees it.
 MAX_USERNAME_CHARS = 200
 MAX_PASSWORD_CHARS = 1000
@@ -53,14 +59,14 @@ def wait_sentence(wait_s: int) -> str:
     return f"Too many attempts. Try again in {wait_s} second{'s' if wait_s != 1 else ''}."
 
 
-@router.api_route("/login", methods=["GET", "HEAD"], include_in_schema=False)
+@router.api_route(auth.LOGIN_PATH, methods=["GET", "HEAD"], include_in_schema=False)
 async def login_page(request: Request, next: str | None = None) -> Response:
     if await auth.current_user(request):
         return RedirectResponse(_next(request, next), status_code=303)
     return _render(request, next=_next(request, next))
 
 
-@router.post("/login", include_in_schema=False)
+@router.post(auth.LOGIN_PATH, include_in_schema=False)
 async def login(
     request: Request,
     username: Annotated[str, Form()] = "",
@@ -68,6 +74,10 @@ async def login(
     next: Annotated[str, Form()] = "",
 ) -> Response:
     target = _next(request, next)
+    if not await auth.csrf_valid(request):
+        return _render(
+            request, next=target, username=username, error=EXPIRED_FORM_ERROR, status=403
+        )
     try:
         LoginForm(username=username, password=password)
     except ValidationError as exc:

@@ -240,6 +240,28 @@ async def test_csrf_missing_or_wrong_is_403_for_forms_and_json(config) -> None:
         assert (await client.get("/api/things")).json()["data"] == {"things": []}
 
 
+@pytest.mark.parametrize("token", [None, "stale-token"])
+async def test_a_login_form_without_its_token_comes_back_with_a_fresh_one(
+    config, token: str | None
+) -> None:
+    """A browser that lost the form's cookie (or kept a page from before) gets the form again,
+    not an error page, and logs in with it."""
+    async with web_client(config) as client:
+        creds = {"username": DEMO_USER, "password": DEMO_PASSWORD}
+        if token:  # a page from before: the cookie is there, the token in the form is not its
+            await client.get("/login")
+        sent = {**creds, "csrf_token": token} if token else creds  # else: no cookie, no token
+        refused = await client.post("/login", data=sent)
+        assert refused.status_code == 403
+        assert refused.headers["content-type"].startswith("text/html")
+        assert "This form has expired, or your browser did not send its cookie." in refused.text
+        assert '<form method="post" action="/login">' in refused.text
+        fresh = csrf_from(refused.text)
+        assert fresh != token
+        response = await client.post("/login", data={**creds, "csrf_token": fresh})
+        assert response.status_code == 303
+
+
 @pytest.mark.parametrize(
     "target",
     ["//evil.example", "https://evil.example", "/\\evil", "http:/evil", "javascript:alert(1)",
