@@ -35,7 +35,7 @@ MAX_NEXT_CHARS = 2000
 
 
 class LoginForm(BaseModel):
-    """The login form's fields as the limits check them (`field_errors` words the sentences)."""
+    """The lengths a login accepts; what is over them is answered at its field (`field_errors`)."""
 
     username: Annotated[str, StringConstraints(max_length=MAX_USERNAME_CHARS)]
     password: Annotated[str, StringConstraints(max_length=MAX_PASSWORD_CHARS)]

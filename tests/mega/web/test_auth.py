@@ -1,4 +1,5 @@
-"""Auth as SPEC.md 4.1: login, sessions, CSRF, next=, rate limiting, escaping, headers."""
+"""Auth: login, sessions, CSRF, next=, the failed-login limits and the device cookie, escaping,
+headers."""
 
 from __future__ import annotations
 
