@@ -125,8 +125,9 @@ class ServicesSpec(_Model):
 
 class AuthConfig(_Model):
     """Login options. Failed logins are limited per (username, client IP) pair, with a delay
-    that doubles after the second failure, and per client IP across usernames; both within a
-    sliding window."""
+    that doubles after the second failure, and per client IP across usernames, both within
+    `login_window_s`; and per account across every IP within `login_account_window_s`, a limit
+    a browser that logged in before (its device cookie) is exempt from."""
 
     # From MEGA_SECRET_KEY (or the file); required outside dev, at least 32 characters.
     secret_key: str
@@ -134,6 +135,11 @@ class AuthConfig(_Model):
     login_max_failures: PositiveInt = 5  # per (username, IP)
     login_ip_max_failures: PositiveInt = 50  # per IP, every username (an office behind a NAT)
     login_window_s: PositiveInt = 15 * 60
+    # Per account, from every IP (OWASP ASVS 2.2.1: at most 100 failed tries an hour).
+    login_account_max_failures: PositiveInt = 100
+    login_account_window_s: PositiveInt = 3600
+    # How long the device cookie a login leaves exempts its browser from the account's limit.
+    device_cookie_max_age_s: PositiveInt = 30 * 24 * 3600
     # Where a login lands when it was not sent from a page (`next=`); a local path.
     landing_path: Annotated[str, Field(pattern=r"^/([^/\\].*)?$")] = "/"
     # Users the web host creates at start (a changed password is reset): username -> password.

@@ -13,6 +13,9 @@ SESSION_COOKIE = "mega_session"
 ANON_CSRF_COOKIE = "mega_csrf"
 # A one-time message for the next page (post, redirect, get), signed; see mega.web.pages.flash.
 FLASH_COOKIE = "mega_flash"
+# Left by a successful login and kept at logout: the signed username and its time of issue.
+# A browser carrying it is exempt from that account's limit on failed logins (mega.web.limits).
+DEVICE_COOKIE = "mega_device"
 CSRF_FORM_FIELD = "csrf_token"
 CSRF_HEADER = "X-CSRF-Token"
 

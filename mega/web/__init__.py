@@ -14,6 +14,7 @@ from mega.web.app import create_web_app
 from mega.web.auth import CurrentUser, UserDep, ensure_user
 from mega.web.envelope import ApiError, api_responses, fail, field_errors, ok
 from mega.web.fields import EmailAddress, WholeNumber, form_number
+from mega.web.limits import normalise_username
 from mega.web.pages import flash, render
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "field_errors",
     "flash",
     "form_number",
+    "normalise_username",
     "ok",
     "render",
 ]

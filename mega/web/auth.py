@@ -7,12 +7,15 @@
 - CSRF: every POST/PUT/PATCH/DELETE carries the token as form field `csrf_token` or header
   `X-CSRF-Token`, compared in constant time with the session's token (or, before login, with
   the signed anonymous token cookie: a signed double-submit).
-- Failed logins are counted per (username, IP) and per IP in a sliding window. After the second
-  failure of a pair the next try waits a delay that doubles each time; past a limit, the pair
-  (or the IP) waits until enough failures leave the window. A refused try is answered 429 with
+- Failed logins are counted per (username, IP), per IP and per account in sliding windows
+  (limits.py). After the second failure of a pair the next try waits a delay that doubles each
+  time; past a limit, the pair, the IP or the account waits until enough failures leave the
+  window. A browser that logged in before carries a device cookie that lifts the account's
+  limit, so an attacker cannot lock the owner out. A refused try is answered 429 with
   Retry-After, takes as long as a checked one (the KDF runs against a dummy hash) and is not
   itself counted. A success clears its pair's failures, so one user cannot lock another out
   from elsewhere.
+- Usernames are normalised once (`normalise_username`) for the lookup and every limit alike.
 - Passwords are Argon2id (see passwords.py); a hash in an older format is replaced at the next
   successful login.
 """
@@ -36,14 +39,21 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from mega.config import AuthConfig
-from mega.constants import ANON_CSRF_COOKIE, CSRF_FORM_FIELD, CSRF_HEADER, SESSION_COOKIE
+from mega.constants import (
+    ANON_CSRF_COOKIE,
+    CSRF_FORM_FIELD,
+    CSRF_HEADER,
+    DEVICE_COOKIE,
+    SESSION_COOKIE,
+)
 from mega.database import Database
-from mega.web.models import LoginFailure, User, UserSession
+from mega.web import limits
+from mega.web.limits import limit_key, normalise_username
+from mega.web.models import User, UserSession, as_utc
 from mega.web.passwords import DUMMY_HASH, hash_password, verify_and_update, verify_password
 
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
-# The longest delay between two tries of a (username, IP) pair below its limit.
-MAX_LOGIN_DELAY_S = 60
+LOGIN_PATH = "/login"
 
 
 @dataclass(frozen=True)
@@ -87,11 +97,6 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _aware(value: datetime) -> datetime:
-    # SQLite hands back naive datetimes; every value we store is UTC.
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
 # ---- sessions ------------------------------------------------------------------------------
 
 
@@ -124,7 +129,7 @@ async def current_user(request: Request) -> CurrentUser | None:
             if row is None:
                 return None
             session, user = row
-            if _aware(session.expires_at) <= _now():
+            if as_utc(session.expires_at) <= _now():
                 db.delete(session)
                 return None
             return CurrentUser(user.id, user.username, session.csrf_token)
@@ -192,13 +197,21 @@ def anon_csrf_token(request: Request) -> str:
 
 
 async def csrf_protect(request: Request) -> None:
-    """App-wide dependency: unsafe methods must carry the right token, else 403."""
-    if request.method not in UNSAFE_METHODS:
+    """App-wide dependency: unsafe methods must carry the right token, else 403. The login
+    form checks its own (`csrf_valid`), so that it can answer with the form and a sentence."""
+    if request.method not in UNSAFE_METHODS or request.url.path == LOGIN_PATH:
         return
-    user = await current_user(request)
-    if user is None and request.url.path.startswith("/api/"):
+    if await current_user(request) is None and request.url.path.startswith("/api/"):
         # Every API route needs a session: say so (401) before judging the token.
         raise HTTPException(401, "log in first")
+    if not await csrf_valid(request):
+        raise HTTPException(403, "missing or wrong CSRF token; reload the page and try again")
+
+
+async def csrf_valid(request: Request) -> bool:
+    """Whether the request carries the right token: the session's, or before login the one of
+    the signed anonymous cookie; in the `X-CSRF-Token` header or a form's `csrf_token` field."""
+    user = await current_user(request)
     sent = request.headers.get(CSRF_HEADER)
     if sent is None and request.headers.get("content-type", "").startswith(
         ("application/x-www-form-urlencoded", "multipart/form-data")
@@ -209,8 +222,7 @@ async def csrf_protect(request: Request) -> None:
         expected = user.csrf_token
     else:
         expected = unsign(request.cookies.get(ANON_CSRF_COOKIE), settings(request).secret_key) or ""
-    if not sent or not expected or not hmac.compare_digest(sent.encode(), expected.encode()):
-        raise HTTPException(403, "missing or wrong CSRF token; reload the page and try again")
+    return bool(sent and expected and hmac.compare_digest(sent.encode(), expected.encode()))
 
 
 # ---- login ---------------------------------------------------------------------------------
@@ -236,47 +248,27 @@ class LoginAttempt:
     refused by the limits before its password was looked at."""
 
     user_id: int | None = None
+    username: str = ""  # the user's name as stored, when `user_id` is set
     retry_after_s: int = 0
-
-
-def wait_before_next_try(
-    now: datetime, failures: list[datetime], limit: int, window_s: int, *, progressive: bool
-) -> float:
-    """Seconds until the next try is allowed, from the failures still in the window (oldest
-    first). At `limit` failures: until the oldest that matters leaves the window. Before that,
-    when `progressive`, a delay after the last failure: 1 s after the second, doubling with each
-    one after it (at most MAX_LOGIN_DELAY_S)."""
-    count = len(failures)
-    if count >= limit:
-        release = failures[count - limit] + timedelta(seconds=window_s)
-    elif progressive and count >= 2:
-        release = failures[-1] + timedelta(seconds=min(2 ** (count - 2), MAX_LOGIN_DELAY_S))
-    else:
-        return 0.0
-    return max(0.0, (release - now).total_seconds())
 
 
 async def authenticate(request: Request, username: str, password: str, ip: str) -> LoginAttempt:
     """Check a login against the limits, then the password (see the module's docstring)."""
     config = settings(request)
     now = _now()
-    since = now - timedelta(seconds=config.login_window_s)
-    username = username.strip()[:64]
+    name = normalise_username(username)
+    key = limit_key(name)
+    known_device = name == limits.device_username(
+        request.cookies.get(DEVICE_COOKIE), config.secret_key, config.device_cookie_max_age_s
+    )
 
-    def look_up(db: Session) -> tuple[list[datetime], list[datetime], User | None]:
-        recent = select(LoginFailure.at).where(LoginFailure.ip == ip, LoginFailure.at > since)
-        pair = db.scalars(recent.where(LoginFailure.username == username).order_by("at"))
-        from_ip = db.scalars(recent.order_by("at"))
-        user = db.scalar(select(User).where(User.username == username))
-        return [_aware(at) for at in pair], [_aware(at) for at in from_ip], user
+    def look_up(db: Session) -> tuple[limits.RecentFailures, User | None]:
+        user = db.scalar(select(User).where(User.username == name))
+        return limits.recent_failures(db, key, ip, now, config), user
 
     db = database(request)
-    pair, from_ip, user = await db.run(look_up)
-    window = config.login_window_s
-    wait_s = max(
-        wait_before_next_try(now, pair, config.login_max_failures, window, progressive=True),
-        wait_before_next_try(now, from_ip, config.login_ip_max_failures, window, progressive=False),
-    )
+    failures, user = await db.run(look_up)
+    wait_s = limits.wait_s(failures, now, config, known_device=known_device)
     # The KDF always runs (against a dummy hash for an unknown user or a refused try), so the
     # time of an answer tells neither whether the user exists nor whether a limit was hit.
     encoded = user.password_hash if user is not None and not wait_s else DUMMY_HASH
@@ -289,19 +281,18 @@ async def authenticate(request: Request, username: str, password: str, ip: str) 
         def succeeded(db: Session) -> None:
             if new_hash is not None:  # an older format or cost: store the current one
                 _store_hash(user_id, new_hash, db)
-            db.execute(
-                delete(LoginFailure).where(LoginFailure.username == username, LoginFailure.ip == ip)
-            )
+            limits.clear_pair(db, key, ip)
 
         await db.run(succeeded)
-        return LoginAttempt(user_id=user_id)
+        return LoginAttempt(user_id=user_id, username=name)
 
-    def record(db: Session) -> None:
-        db.execute(delete(LoginFailure).where(LoginFailure.at <= since))
-        db.add(LoginFailure(username=username, ip=ip, at=now))
-
-    await db.run(record)
+    await db.run(lambda db: limits.record_failure(db, key, ip, now, config))
     return LoginAttempt()
+
+
+def device_cookie(request: Request, username: str) -> str:
+    """The device cookie a successful login of `username` leaves in its browser (limits.py)."""
+    return limits.device_cookie(username, settings(request).secret_key)
 
 
 def _store_hash(user_id: int, password_hash: str, db: Session) -> None:
@@ -312,7 +303,9 @@ def _store_hash(user_id: int, password_hash: str, db: Session) -> None:
 
 def ensure_user(db: Database, username: str, password: str) -> None:
     """Create the user, or reset its password if it differs (the web host does this for each
-    user of the config's `auth.users`)."""
+    user of the config's `auth.users`). The name is stored normalised (`normalise_username`),
+    the form a login looks it up by."""
+    username = normalise_username(username)
     with db.sessions.begin() as session:
         user = session.scalar(select(User).where(User.username == username))
         if user is None:

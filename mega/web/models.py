@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import DateTime, ForeignKey, Index, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from mega.database import Base
+
+
+def as_utc(value: datetime) -> datetime:
+    """A datetime read from these tables, aware: SQLite hands them back naive, and every value
+    they hold is UTC."""
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 class User(Base):

@@ -1,27 +1,51 @@
-"""Auth as SPEC.md 4.1: login, sessions, CSRF, next=, rate limiting, escaping, headers."""
+"""Auth: login, sessions, CSRF, next=, the failed-login limits and the device cookie, escaping,
+headers."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
+import math
 import statistics
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from mega.constants import SESSION_COOKIE
-from mega.web.auth import safe_next, wait_before_next_try
-from mega.web.models import User
+from mega.config import AuthConfig
+from mega.constants import DEVICE_COOKIE, SESSION_COOKIE
+from mega.runtime.embedded import free_port
+from mega.web.auth import ensure_user, safe_next, sign
+from mega.web.limits import (
+    MAX_LOGIN_DELAY_S,
+    RecentFailures,
+    device_cookie,
+    device_username,
+    normalise_username,
+    wait_before_next_try,
+    wait_s,
+)
+from mega.web.models import LoginFailure, User
 from mega.web.passwords import hash_password, verify_password
-from tests.factories import DEMO_PASSWORD, DEMO_USER, config_for, csrf_from, login, web_client
+from tests.factories import (
+    DEMO_PASSWORD,
+    DEMO_USER,
+    TEST_SECRET,
+    config_for,
+    csrf_from,
+    login,
+    web_client,
+)
 
 GENERIC = "Wrong username or password."
 
@@ -150,6 +174,21 @@ def test_the_wait_before_the_next_try() -> None:
     assert wait([now] * 10, limit=5) == 60.0  # the 6th oldest (of 10) leaves last of five
 
 
+def test_a_known_device_skips_the_account_limit_and_no_other() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    config = AuthConfig(secret_key=TEST_SECRET, login_account_max_failures=3)
+    hour = [now - timedelta(minutes=m) for m in (50, 40, 30)]  # 3 in the hour: the limit
+
+    def wait(pair: int, ip: int, known_device: bool) -> float:
+        failures = RecentFailures(pair=[now] * pair, ip=[now] * ip, account=hour)
+        return wait_s(failures, now, config, known_device=known_device)
+
+    assert wait(0, 0, known_device=False) == 10 * 60  # until the oldest is an hour old
+    assert wait(0, 0, known_device=True) == 0
+    assert wait(5, 5, known_device=True) == 15 * 60  # the pair's limit (5 in 15 min) holds
+    assert wait(0, 50, known_device=True) == 15 * 60  # and the address's (50)
+
+
 async def test_session_rotated_at_login_and_revoked_at_logout(config) -> None:
     async with web_client(config) as client:
         await login(client)
@@ -200,6 +239,28 @@ async def test_csrf_missing_or_wrong_is_403_for_forms_and_json(config) -> None:
         assert wrong.status_code == 403
         # Still logged in: nothing changed.
         assert (await client.get("/api/things")).json()["data"] == {"things": []}
+
+
+@pytest.mark.parametrize("token", [None, "stale-token"])
+async def test_a_login_form_without_its_token_comes_back_with_a_fresh_one(
+    config, token: str | None
+) -> None:
+    """A browser that lost the form's cookie (or kept a page from before) gets the form again,
+    not an error page, and logs in with it."""
+    async with web_client(config) as client:
+        creds = {"username": DEMO_USER, "password": DEMO_PASSWORD}
+        if token:  # a page from before: the cookie is there, the token in the form is not its
+            await client.get("/login")
+        sent = {**creds, "csrf_token": token} if token else creds  # else: no cookie, no token
+        refused = await client.post("/login", data=sent)
+        assert refused.status_code == 403
+        assert refused.headers["content-type"].startswith("text/html")
+        assert "This form has expired, or your browser did not send its cookie." in refused.text
+        assert '<form method="post" action="/login">' in refused.text
+        fresh = csrf_from(refused.text)
+        assert fresh != token
+        response = await client.post("/login", data={**creds, "csrf_token": fresh})
+        assert response.status_code == 303
 
 
 @pytest.mark.parametrize(
@@ -442,3 +503,227 @@ async def test_a_flash_is_shown_once_escaped_and_cannot_be_forged(config) -> Non
         assert "Noted" not in (await client.get("/home")).text
         client.cookies.set("mega_flash", "WW91IGFyZSBsb2NrZWQ.forged")  # unsigned text
         assert 'role="status"' not in (await client.get("/home")).text
+
+
+# ---- over-long fields: the form, with a sentence at the field --------------------------------
+
+
+@pytest.mark.parametrize(
+    "field,value,sentence",
+    [("username", "u" * 201, "Username must be at most 200 characters."),
+     ("password", "p" * 1001, "Password must be at most 1000 characters.")],
+)  # fmt: skip
+async def test_an_over_long_field_answers_the_form_with_a_sentence(
+    config, field: str, value: str, sentence: str
+) -> None:
+    async with web_client(config) as client:
+        token = csrf_from((await client.get("/login")).text)
+        form = {"username": DEMO_USER, "password": DEMO_PASSWORD, "csrf_token": token}
+        response = await client.post("/login", data={**form, field: value})
+        assert response.status_code == 422
+        assert response.headers["content-type"].startswith("text/html")
+        assert f'<p id="error-{field}">{sentence}</p>' in response.text
+        assert '<form method="post" action="/login">' in response.text
+        assert '"ok"' not in response.text and SESSION_COOKIE not in str(response.headers)
+        # Nothing changed: no failure counted (three in a row would lock the pair here).
+        db = client.app.state.ctx.db  # type: ignore[attr-defined]
+        assert await db.run(lambda s: s.scalars(select(LoginFailure)).all()) == []
+        ok = await client.post("/login", data={**form, "csrf_token": csrf_from(response.text)})
+        assert ok.status_code == 303
+
+
+# ---- one normal form of a username, for the lookup and every limit ---------------------------
+
+
+@pytest.mark.parametrize(
+    "typed,normal",
+    [("demo", "demo"), (" demo", "demo"), ("demo\n", "demo"), ("\xa0demo", "demo"),
+     ("\uff44\uff45\uff4d\uff4f", "demo"), ("\u3000demo\u2002", "demo"),
+     ("Demo", "Demo"), ("de mo", "de mo"), ("\ufb01le", "file")],
+)  # fmt: skip
+def test_a_username_has_one_normal_form(typed: str, normal: str) -> None:
+    assert normalise_username(typed) == normal
+
+
+async def test_users_are_stored_and_looked_up_by_their_normal_form(config) -> None:
+    async with web_client(config) as client:
+        db = client.app.state.ctx.db  # type: ignore[attr-defined]
+        await asyncio.to_thread(ensure_user, db, " \uff4eew ", "new-password")
+        names = await db.run(lambda s: s.scalars(select(User.username)).all())
+        assert sorted(names) == [DEMO_USER, "new"]
+        assert (await login(client, "New", "new-password")).status_code == 401  # case counts
+        assert (await login(client, "new\n", "new-password")).status_code == 303
+
+
+# ---- the account's limit and the device cookie -----------------------------------------------
+
+
+@pytest.fixture
+def account_config(tmp_path: Path, nats_url: str, redis_url: str):
+    return config_for(
+        tmp_path, nats_url, redis_url, login_account_max_failures=3, login_max_failures=2
+    )
+
+
+async def test_a_login_leaves_a_signed_device_cookie_that_logout_keeps(account_config) -> None:
+    async with web_client(account_config) as client:
+        response = await login(client)
+        cookies = response.headers.get_list("set-cookie")
+        device = next(c for c in cookies if c.startswith(f"{DEVICE_COOKIE}="))
+        assert "HttpOnly" in device and "SameSite=lax" in device and "Path=/" in device
+        assert f"Max-Age={30 * 24 * 3600}" in device and "Secure" not in device  # plain http
+        value = client.cookies[DEVICE_COOKIE]
+        assert device_username(value, TEST_SECRET, 60) == DEMO_USER
+        assert client.cookies[SESSION_COOKIE] not in value  # nothing of the session
+        token = csrf_from((await client.get("/home")).text)
+        logout = await client.post("/logout", data={"csrf_token": token})
+        assert DEVICE_COOKIE not in logout.headers.get("set-cookie", "")
+        assert client.cookies[DEVICE_COOKIE] == value
+
+
+def test_a_device_cookie_is_only_good_signed_with_the_secret_and_unaltered() -> None:
+    cookie = device_cookie("demo", TEST_SECRET)
+    assert device_username(cookie, TEST_SECRET, 60) == "demo"
+    assert device_username(cookie, "another-secret-0123456789abcdef012345", 60) is None
+    assert device_username(cookie[:-2] + "xx", TEST_SECRET, 60) is None
+    assert device_username(sign("demo", TEST_SECRET), TEST_SECRET, 60) is None  # another salt
+    assert device_username(None, TEST_SECRET, 60) is None
+    assert device_username("not-a-cookie", TEST_SECRET, 60) is None
+
+
+async def test_the_device_cookie_lifts_the_account_limit_only(account_config) -> None:
+    async with web_client(account_config) as owner:
+        assert (await login(owner)).status_code == 303  # the owner's browser, before the attack
+        device = owner.cookies[DEVICE_COOKIE]
+        owner.cookies.delete(SESSION_COOKIE)
+        for n in range(3):  # three addresses, one failure each: the account's limit here
+            async with from_ip(owner, f"10.0.0.{n}") as attacker:
+                assert (await login(attacker, DEMO_USER, "wrong")).status_code == 401
+        async with from_ip(owner, "10.0.1.1") as fresh:
+            refused = await login(fresh)  # the right password, from an address with no failure
+            assert refused.status_code == 429 and int(refused.headers["retry-after"]) > 3500
+            assert "Too many attempts. Try again in 60 minutes." in refused.text
+            fresh.cookies.set(DEVICE_COOKIE, device_cookie("someone-else", TEST_SECRET))
+            assert (await login(fresh)).status_code == 429  # a cookie for another name
+            fresh.cookies.set(DEVICE_COOKIE, device)
+            assert (await login(fresh)).status_code == 303  # the cookie counts, not the address
+        assert (await login(owner)).status_code == 303  # its own browser: exempt
+        owner.cookies.delete(SESSION_COOKIE)
+        # Not from the pair's limit: two failures from the owner's browser lock it there.
+        for _ in range(2):
+            assert (await login(owner, DEMO_USER, "wrong")).status_code == 401
+        assert device_username(owner.cookies[DEVICE_COOKIE], TEST_SECRET, 60) == DEMO_USER
+        assert (await login(owner)).status_code == 429
+
+
+async def test_over_https_the_device_cookie_is_secure(account_config) -> None:
+    async with web_client(account_config) as client:
+        transport = httpx.ASGITransport(app=client.app, client=("10.3.3.3", 4444))
+        async with httpx.AsyncClient(transport=transport, base_url="https://testserver") as tls:
+            cookies = (await login(tls)).headers.get_list("set-cookie")
+            device = next(c for c in cookies if c.startswith(f"{DEVICE_COOKIE}="))
+            assert "Secure" in device and "HttpOnly" in device
+
+
+async def test_an_expired_device_cookie_exempts_nothing(
+    tmp_path: Path, nats_url: str, redis_url: str
+) -> None:
+    config = config_for(
+        tmp_path, nats_url, redis_url, login_account_max_failures=1, device_cookie_max_age_s=1
+    )
+    async with web_client(config) as owner:
+        assert (await login(owner)).status_code == 303
+        owner.cookies.delete(SESSION_COOKIE)
+        async with from_ip(owner, "10.0.0.9") as attacker:
+            assert (await login(attacker, DEMO_USER, "wrong")).status_code == 401
+        deadline = time.monotonic() + 5  # issue times are whole seconds: 1 to 2 s from now
+        while device_username(owner.cookies[DEVICE_COOKIE], TEST_SECRET, 1) is not None:
+            assert time.monotonic() < deadline, "the device cookie never expired"
+            await asyncio.sleep(0.1)
+        assert (await login(owner)).status_code == 429
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its signal handlers (the test runner owns the signals)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@asynccontextmanager
+async def served(app: Any) -> AsyncIterator[str]:
+    """`app` behind a real uvicorn on 127.0.0.1, configured as `mega start` serves it: the client
+    IP is the socket's peer address (forwarded headers are trusted from 127.0.0.1 only)."""
+    port = free_port()
+    server = _Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_config=None, access_log=False,
+            lifespan="off", proxy_headers=True,
+        )
+    )  # fmt: skip
+    serving = asyncio.create_task(server.serve())
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline and not serving.done(), "uvicorn did not start"
+        await asyncio.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await serving
+
+
+def from_address(url: str, ip: str) -> httpx.AsyncClient:
+    """A client whose socket is bound to `ip` (any 127.0.0.x reaches a server on 127.0.0.1)."""
+    transport = httpx.AsyncHTTPTransport(local_address=ip)
+    return httpx.AsyncClient(transport=transport, base_url=url)
+
+
+async def fail_in_rounds(url: str, addresses: list[str], rounds: int = 5) -> list[list[int]]:
+    """`rounds` wrong passwords for `demo` from each address, one address after the other in
+    each round; a try refused for its pair's delay (which doubles after the second failure) is
+    made again once its Retry-After has passed. The statuses of the tries that counted."""
+    statuses: list[list[int]] = [[] for _ in addresses]
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(from_address(url, ip)) for ip in addresses]
+        for _ in range(rounds):
+            for client, seen in zip(clients, statuses, strict=True):
+                while True:
+                    response = await login(client, DEMO_USER, "wrong")
+                    wait = int(response.headers.get("retry-after", "0"))
+                    if response.status_code != 429 or wait > MAX_LOGIN_DELAY_S:
+                        break
+                    await asyncio.sleep(wait)  # the pair's delay, not a lock
+                seen.append(response.status_code)
+    return statuses
+
+
+async def test_many_addresses_cannot_guess_past_the_account_limit_but_its_owner_can_log_in(
+    tmp_path: Path, nats_url: str, redis_url: str
+) -> None:
+    """The defaults (5 per pair and 50 per IP in 15 min, 100 per account an hour), through a
+    real server and real loopback addresses: 105 wrong passwords from 21 addresses."""
+    config = config_for(tmp_path, nats_url, redis_url)
+    async with (
+        web_client(config) as app_client,
+        served(app_client.app) as url,
+        from_address(url, "127.0.0.100") as owner,
+    ):
+        assert (await login(owner)).status_code == 303  # logged in here before
+        owner.cookies.delete(SESSION_COOKIE)
+        attackers = [f"127.0.0.{n}" for n in range(2, 22)]
+        started = time.monotonic()
+        # 100 failures, 5 per (user, IP), then 5 more tries from a 21st address: refused.
+        assert await fail_in_rounds(url, attackers) == [[401] * 5] * 20
+        assert await fail_in_rounds(url, ["127.0.0.22"]) == [[429] * 5]
+        for n, name in enumerate([DEMO_USER, " demo", "demo\n", "\xa0demo", "\uff44emo"]):
+            async with from_address(url, f"127.0.0.{30 + n}") as fresh:
+                refused = await login(fresh, name, DEMO_PASSWORD)
+                assert refused.status_code == 429, repr(name)
+                # Until the first failure is an hour old (the window of the account's limit).
+                retry_after = int(refused.headers["retry-after"])
+                assert 3600 - (time.monotonic() - started) - 1 <= retry_after <= 3600
+                minutes = math.ceil(retry_after / 60)
+                assert f"Too many attempts. Try again in {minutes} minutes." in refused.text
+        assert (await login(owner)).status_code == 303  # its device cookie exempts it
