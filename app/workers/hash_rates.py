@@ -1,7 +1,7 @@
 """HashRates: how many rounds a second the hash ran at in the last runs on this machine.
 
-The page used to claim a fixed "about 3 million rounds a second"; a slower (or busier) machine
-made that wrong. This keeps the last LAST_RUNS successful runs of each mode, pool and inline
+A fixed figure ("about 3 million rounds a second") is wrong on a slower or busier machine, so
+the page measures: this keeps the last LAST_RUNS successful runs of each mode, pool and inline
 apart (the pool's child processes run at a lower priority than the web process, and may be
 busy), and the rate is their rounds over their time: the time the route measured, the one the
 page's result card shows. Memory of one web process, like the runs themselves.
