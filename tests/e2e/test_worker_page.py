@@ -171,9 +171,11 @@ def test_heartbeat_bars_never_draw_over_the_scale_labels(
         labels = page.evaluate(PAINTED_BOXES, "#heartbeat-scale .tick span")
         strip = page.locator("#heartbeat").bounding_box()
         assert strip is not None and len(labels) == 4
-        # The test can fail: the bars reach the strip's left end and rise past every label.
+        # The test can fail: the bars reach the strip's left end and rise past the labels (all
+        # but "10 s", perhaps: a fetch answered during the fast-forward makes its bar shorter).
         assert min(b["left"] for b in bars) <= strip["x"] + 11
-        assert min(b["top"] for b in bars) < min(label["top"] for label in labels)
+        tallest = min(b["top"] for b in bars)
+        assert sum(tallest < label["top"] for label in labels) >= 3, (tallest, labels)
         overlaps = [(b, label) for b in bars for label in labels if overlap(b, label) > 0]
         assert overlaps == []
         screenshot(page, f"worker-heartbeat-{width}")
