@@ -177,31 +177,6 @@ def timed_run(request: Request, mode: Mode, rounds: int, started: float) -> floa
     return round(seconds * 1000, 1)
 
 
-def rate_text(pool: dict[str, Any] | None, inline: dict[str, Any] | None) -> str:
-    """The page's sentence on this machine's speed, from the last runs (none yet: say so)."""
-    if pool is None and inline is None:
-        return (
-            "How fast is this machine? Run it once to measure: this line then gives the rounds "
-            "a second of the last runs, pool and inline apart."
-        )
-    parts = []
-    for name, rate in (("in the pool", pool), ("inline", inline)):
-        if rate is not None:
-            runs = f"last {rate['runs']} run" + ("s" if rate["runs"] > 1 else "")
-            parts.append(f"{round(rate['rounds_per_s'], -4):,} rounds a second {name} ({runs})")
-    first = pool or inline
-    assert first is not None
-    where = " in the pool" if pool is not None and inline is not None else ""
-    seconds = PAGE_ROUNDS / first["rounds_per_s"]
-    text = f"Measured on this machine: {', '.join(parts)}; so {PAGE_ROUNDS:,} rounds take "
-    text += f"about {seconds:.1f} s{where}."
-    if pool is None:
-        text += " The pool's rate: run it there once to measure."
-    elif inline is None:
-        text += " Inline: run it once on the event loop to compare."
-    return text
-
-
 def run_progress(request: Request) -> RunProgress:
     board: RunProgress = request.app.state.__dict__.setdefault("hash_progress", RunProgress())
     return board
@@ -262,16 +237,15 @@ def pool_state(request: Request) -> dict[str, Any]:
     pool = request.app.state.ctx.workers[POOL]
     settings = pool.settings
     rates = hash_rates(request)
-    pool_rate, inline_rate = rates.rate("pool"), rates.rate("inline")
     return {
         **pool.stats(),
         "pool_size": settings.pool_size,
         "max_queue": settings.max_queue,
         "max_restarts": settings.max_restarts,
         "mode": settings.mode,
-        "pool_rate": pool_rate,
-        "inline_rate": inline_rate,
-        "rate_text": rate_text(pool_rate, inline_rate),
+        "pool_rate": rates.rate("pool"),
+        "inline_rate": rates.rate("inline"),
+        "rate_text": rates.text(PAGE_ROUNDS),
         "log": pool_log(request).lines(),
     }
 

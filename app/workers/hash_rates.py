@@ -31,7 +31,7 @@ class HashRates:
         if rounds >= self._min_rounds and seconds > 0:
             self._runs[mode].append((rounds, seconds))
 
-    def rate(self, mode: Mode) -> dict[str, float | int] | None:
+    def rate(self, mode: Mode) -> dict[str, int] | None:
         """`{rounds_per_s, runs}` over the last runs of `mode`, or None before the first one."""
         runs = self._runs[mode]
         if not runs:
@@ -39,3 +39,28 @@ class HashRates:
         rounds = sum(r for r, _ in runs)
         seconds = sum(s for _, s in runs)
         return {"rounds_per_s": round(rounds / seconds), "runs": len(runs)}
+
+    def text(self, rounds: int) -> str:
+        """The page's sentence on this machine's speed, with what `rounds` would take; before
+        any run, an invitation to measure, never a figure from elsewhere."""
+        pool, inline = self.rate("pool"), self.rate("inline")
+        if pool is None and inline is None:
+            return (
+                "How fast is this machine? Run it once to measure: this line then gives the "
+                "rounds a second of the last runs, pool and inline apart."
+            )
+        parts = []
+        for where, rate in (("in the pool", pool), ("inline", inline)):
+            if rate is not None:
+                runs = f"last {rate['runs']} run" + ("s" if rate["runs"] > 1 else "")
+                figure = round(rate["rounds_per_s"], -4)  # the last digits are noise
+                parts.append(f"{figure:,} rounds a second {where} ({runs})")
+        first = pool or inline
+        assert first is not None
+        text = f"Measured on this machine: {', '.join(parts)}; so {rounds:,} rounds take about "
+        text += f"{rounds / first['rounds_per_s']:.1f} s"
+        if pool is None:
+            return text + ". The pool's rate: run it there once to measure."
+        if inline is None:
+            return text + ". Inline: run it once on the event loop to compare."
+        return text + " in the pool."

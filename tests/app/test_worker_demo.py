@@ -454,6 +454,32 @@ def test_hash_rates_are_the_last_runs_rounds_over_their_time_each_mode_apart() -
     assert rates.rate("inline") == {"rounds_per_s": 1_000_000, "runs": 1}
 
 
+@pytest.mark.parametrize(
+    "runs,text",
+    [
+        ([], "How fast is this machine? Run it once to measure: this line then gives the rounds a "
+             "second of the last runs, pool and inline apart."),
+        ([("pool", 3_000_000, 1.0)], "Measured on this machine: 3,000,000 rounds a second in the "
+         "pool (last 1 run); so 6,000,000 rounds take about 2.0 s. Inline: run it once on the "
+         "event loop to compare."),
+        ([("inline", 1_234_567, 1.0)], "Measured on this machine: 1,230,000 rounds a second "
+         "inline (last 1 run); so 6,000,000 rounds take about 4.9 s. The pool's rate: run it "
+         "there once to measure."),
+        ([("pool", 2_000_000, 1.0), ("pool", 2_000_000, 0.5), ("inline", 1_000_000, 0.5)],
+         "Measured on this machine: 2,670,000 rounds a second in the pool (last 2 runs), "
+         "2,000,000 rounds a second inline (last 1 run); so 6,000,000 rounds take about 2.2 s "
+         "in the pool."),
+    ],
+)  # fmt: skip
+def test_the_rate_sentence_says_what_was_measured_and_nothing_else(
+    runs: list[tuple], text: str
+) -> None:
+    rates = HashRates()
+    for mode, rounds, seconds in runs:
+        rates.record(mode, rounds, seconds)
+    assert rates.text(6_000_000) == text
+
+
 async def test_the_rate_is_measured_from_the_last_runs_and_said_honestly_before_any(
     config,
 ) -> None:
