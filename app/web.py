@@ -8,6 +8,7 @@ from fastapi import FastAPI
 
 from app.routes import api_console, api_cron, api_events, api_jobs, api_worker, learn, pages
 from app.services.signups import create_tables
+from app.workers.pool_log import PoolLog
 from mega import Config, Context, EventBus, JobQueue, Scheduler, observe_jobs, observe_scheduler
 from mega.web import create_web_app
 
@@ -47,4 +48,9 @@ def create_app(config: Config, ctx: Context) -> FastAPI:
     # dead letters; `mega worker` relays the outbox and runs the listeners.
     create_tables(ctx.db)
     app.state.event_bus = EventBus(ctx, "jobs")
+    # The pools start before the app is made (`mega start`): the worker page's pool log hears
+    # of every child the hash pool replaces.
+    app.state.pool_log = PoolLog()
+    if api_worker.POOL in ctx.workers:
+        ctx.workers[api_worker.POOL].on("replaced", app.state.pool_log.record)
     return app

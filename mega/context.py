@@ -116,6 +116,10 @@ class TaskPool(Protocol):
         """Size, busy and queued slots, restarts, and whether the pool is broken."""
         ...
 
+    def on(self, name: str, observer: Callable[[dict[str, Any]], Any]) -> Callable[[], None]:
+        """Observe a signal (`crash`, `replaced`, ...); returns an unsubscribe function."""
+        ...
+
     async def stop(self, timeout_s: float = ...) -> None:
         """Refuse new runs, wait for in-flight ones (bounded), end the children."""
         ...

@@ -19,7 +19,9 @@ from fastapi.responses import RedirectResponse
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
+from app.workers.hash_rates import HashRates, Mode
 from app.workers.hash_tasks import MAX_ROUNDS, sha256_loop
+from app.workers.pool_log import PoolLog
 from app.workers.run_progress import RunProgress
 from mega import WorkerError, WorkerOverloaded
 from mega.web import (
@@ -100,6 +102,20 @@ class RunFigure(BaseModel):
     note: str | None  # e.g. "1,200,000 of 6,000,000 rounds"
 
 
+class RoundsRate(BaseModel):
+    rounds_per_s: int
+    runs: int  # the last runs it is measured over
+
+
+class PoolLogLine(BaseModel):
+    at: str  # HH:MM:SS, UTC
+    text: str  # e.g. "child 13236 killed, replaced by 13301 in 0.3 s"
+    pid: int  # the child that exited
+    new_pid: int  # the one started in its place
+    reason: Literal["killed", "timeout", "crashed"]
+    ms: float  # how long the pool ran one child short
+
+
 class PoolState(BaseModel):
     busy: int
     queued: int
@@ -110,6 +126,10 @@ class PoolState(BaseModel):
     max_queue: int
     max_restarts: int
     mode: str
+    pool_rate: RoundsRate | None  # None until a pool run of 100,000 rounds or more finished
+    inline_rate: RoundsRate | None
+    rate_text: str  # what the page says of both
+    log: list[PoolLogLine]  # the pool's last replacements, newest first
 
 
 class Killed(BaseModel):
@@ -157,6 +177,24 @@ def inline_hash(request: Request, task: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def hash_rates(request: Request) -> HashRates:
+    rates: HashRates = request.app.state.__dict__.setdefault("hash_rates", HashRates())
+    return rates
+
+
+def pool_log(request: Request) -> PoolLog:
+    """Filled by the pool's `replaced` signal (create_app in app/web.py)."""
+    log: PoolLog = request.app.state.pool_log
+    return log
+
+
+def timed_run(request: Request, mode: Mode, rounds: int, started: float) -> float:
+    """The run's wall time in ms (what the result card shows), counted in the measured rate."""
+    seconds = time.perf_counter() - started
+    hash_rates(request).record(mode, rounds, seconds)
+    return round(seconds * 1000, 1)
+
+
 def run_progress(request: Request) -> RunProgress:
     board: RunProgress = request.app.state.__dict__.setdefault("hash_progress", RunProgress())
     return board
@@ -197,7 +235,7 @@ async def run_hash(body: HashRequest, request: Request, user: UserDep) -> Respon
         result = inline_hash(request, task)
     else:
         result = await pool_hash(request, task, body.timeout_ms, body.run_id)
-    ms = round((time.perf_counter() - started) * 1000, 1)
+    ms = timed_run(request, mode, body.rounds, started)
     return ok({**result, "ms": ms, "mode": mode})
 
 
@@ -212,15 +250,21 @@ async def hash_progress(
 
 
 def pool_state(request: Request) -> dict[str, Any]:
-    """The pool panel: stats() and the settings they are measured against."""
+    """The pool panel: stats() and the settings they are measured against, the rate the last
+    runs hashed at, and the pool's last replacements."""
     pool = request.app.state.ctx.workers[POOL]
     settings = pool.settings
+    rates = hash_rates(request)
     return {
         **pool.stats(),
         "pool_size": settings.pool_size,
         "max_queue": settings.max_queue,
         "max_restarts": settings.max_restarts,
         "mode": settings.mode,
+        "pool_rate": rates.rate("pool"),
+        "inline_rate": rates.rate("inline"),
+        "rate_text": rates.text(PAGE_ROUNDS),
+        "log": pool_log(request).lines(),
     }
 
 
@@ -348,7 +392,7 @@ async def hash_form(request: Request, user: UserDep) -> Response:
             result = await pool_hash(request, task, body.timeout_ms, None)
     except (ApiError, WorkerError) as exc:
         return flash(request, back, f"Not done: {exc.code}: {exc.message}")
-    ms = round((time.perf_counter() - started) * 1000, 1)
+    ms = timed_run(request, "inline" if inline else "pool", body.rounds, started)
     query = urlencode({**result, "ms": ms, "mode": "inline" if inline else "pool"})
     return RedirectResponse(f"/demo/worker?{query}", status_code=303)
 

@@ -45,7 +45,7 @@ from mega.workers.worker import Worker
 
 logger = logging.getLogger("mega.worker")
 
-SIGNALS = frozenset({"dispatch", "done", "fail", "crash", "stopped"})  # WorkerPool.on()
+SIGNALS = frozenset({"dispatch", "done", "fail", "crash", "replaced", "stopped"})  # .on()
 CHILD_EXIT_GRACE_S = 2.0  # after closing a child's stdin, how long it gets before SIGKILL
 DEFAULT_STOP_TIMEOUT_S = 10.0  # how long stop() waits for in-flight tasks by default
 RETRY_AFTER_SMOOTHING = 0.2  # weight of the newest task duration in the Retry-After estimate
@@ -105,8 +105,9 @@ class WorkerPool:
     coroutines of the same event loop, and `await stop()` at shutdown; `kill_one()` plays a
     crash on purpose. Signals, each with `signal` and `worker`:
     `dispatch` (task, task_id, queued_ms), `done` (task, task_id, ms), `fail` (task, task_id,
-    ms, code, error), `crash` (pid, exit_code, task or None, restarts) and `stopped`
-    (rejected, interrupted). Observers run in order on a separate task, never inline.
+    ms, code, error), `crash` (pid, exit_code, task or None, restarts), `replaced` (pid,
+    new_pid, reason, ms, restarts) and `stopped` (rejected, interrupted). Observers run in
+    order on a separate task, never inline.
     """
 
     def __init__(self, worker: type[Worker], *, root: Path | str | None = None) -> None:
@@ -430,6 +431,7 @@ class WorkerPool:
             self._idle.remove(slot)
         if slot.timer is not None:
             slot.timer.cancel()
+        gone_at = time.perf_counter()  # the pool is one child short from here
         exit_code = await slot.child.wait()
         task, slot.task = slot.task, None
         if self._state != "running":
@@ -454,10 +456,18 @@ class WorkerPool:
             )
             if not self._count_restart():
                 return
-        await self._replace()
+        reason = "timeout" if slot.retiring else "killed" if slot.killed else "crashed"
+        await self._replace(slot.child.pid, reason, gone_at)
 
-    async def _replace(self) -> None:
-        """Start a child in place of one that exited; a failed start counts as a crash."""
+    async def _replace(self, old_pid: int, reason: str, gone_at: float) -> None:
+        """Start a child in place of one that exited; a failed start counts as a crash.
+
+        Emits `replaced` once the new child is ready: `pid` (the one that exited), `new_pid`,
+        `reason` ("timeout": killed past a task's timeout_ms, "killed": by kill_one(),
+        "crashed": any other exit) and `ms`, how long the pool ran one child short (the exit
+        seen to the new child's hello; failed starts included). A crash's dip in `size` lasts
+        about that long, often too short for a page that polls to see.
+        """
         while self._state == "running" and not self._broken:
             try:
                 slot = await self._spawn()
@@ -472,6 +482,15 @@ class WorkerPool:
                 self._slots.add(slot)
                 return
             self._add_slot(slot)
+            assert slot.child is not None
+            self._emit(
+                "replaced",
+                pid=old_pid,
+                new_pid=slot.child.pid,
+                reason=reason,
+                ms=round((time.perf_counter() - gone_at) * 1000, 3),
+                restarts=self._restarts,
+            )
             return
 
     def _count_restart(self) -> bool:

@@ -127,6 +127,16 @@
     if (note) $("progress-note").textContent = note;
   }
 
+  // Every run, of either kind, starts from an empty bar: nothing of the run before it shows.
+  function resetProgress(inline) {
+    $("run-progress").hidden = false;
+    $("run-progress").dataset.mode = inline ? "inline" : "pool";
+    $("hash-progress").dataset.reported = "0";
+    showProgress(0, inline
+      ? "no reports inline: the event loop that would answer the poll is busy hashing"
+      : "waiting for the first report");
+  }
+
   async function watchProgress(runId, isDone) {
     const bar = $("hash-progress");
     while (!isDone()) {
@@ -156,11 +166,9 @@
     resetResult(mode, rounds);
     let finished = false;
     const started = performance.now();
+    resetProgress(inline);
     if (!inline) {
       body.run_id = newRunId();
-      $("run-progress").hidden = false;
-      $("hash-progress").dataset.reported = "0";
-      showProgress(0, "waiting for the first report");
       watchProgress(body.run_id, () => finished);
     }
     try {
@@ -182,12 +190,14 @@
       $("result-rounds").textContent = r.rounds.toLocaleString("en-US");
       $("result-ms").textContent = r.ms.toLocaleString("en-US") + " ms";
       $("result-digest").textContent = r.digest;
-      if (!inline) showProgress(1, "all " + r.rounds.toLocaleString("en-US") + " rounds");
+      const all = "all " + r.rounds.toLocaleString("en-US") + " rounds";
+      showProgress(1, inline ? all + ", known only once the loop was free again" : all);
     } catch (_) {
       finished = true;
       $("result-error").textContent = "the request failed: is the server up?";
       $("result-error").hidden = false;
     } finally {
+      loadPool(); // the rate just measured
       running -= 1;
       $("beats-during").dataset.final = String(beats.filter((b) => b.run === runSeq).length);
       buttons.forEach((b) => (b.disabled = false));
@@ -200,13 +210,29 @@
     runHash(event.submitter && event.submitter.value === "inline");
   });
 
-  // ---- pool state ----
+  // ---- pool state, the measured rate and the pool log ----
+  function setText(node, text) {
+    if (node.textContent !== text) node.textContent = text; // only what changed
+  }
+
+  function showLog(lines) {
+    const list = $("pool-log");
+    const key = lines.map((line) => line.at + " " + line.text).join("\n");
+    $("pool-log-empty").hidden = lines.length > 0;
+    if (list.dataset.key === key) return;
+    list.dataset.key = key;
+    list.replaceChildren(...lines.map((line) =>
+      el("li", {}, el("time", { class: "mono" }, line.at), " " + line.text)));
+  }
+
   async function loadPool() {
     const envelope = await api("GET", "/api/demo/worker");
     if (!envelope.ok) return false;
     for (const key of ["busy", "queued", "size", "restarts", "max_restarts"]) {
-      $("pool-" + key.replace("_", "-")).textContent = envelope.data[key];
+      setText($("pool-" + key.replace("_", "-")), String(envelope.data[key]));
     }
+    setText($("hash-rate"), envelope.data.rate_text);
+    showLog(envelope.data.log);
     return true;
   }
   poll(loadPool, 1000);

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import pytest
 
+from app.workers.hash_rates import HashRates
 from app.workers.hash_tasks import MAX_ROUNDS, sha256_loop
+from app.workers.pool_log import PoolLog
 from app.workers.run_progress import RunProgress
 from tests.factories import authed, csrf_from, login, sample_config_for, web_client
 
@@ -442,3 +446,112 @@ async def test_without_javascript_kill_burst_and_a_timeout_answer_with_a_flash(c
         burst = await client.post("/demo/worker/burst", data={"csrf_token": token})
         assert burst.status_code == 303
         assert "refused with worker.overloaded" in (await client.get("/demo/worker")).text
+
+
+# -- the rate measured on this machine, and the pool log ----------------------------------------
+
+
+def test_hash_rates_are_the_last_runs_rounds_over_their_time_each_mode_apart() -> None:
+    rates = HashRates(last_runs=2, min_rounds=1000)
+    assert rates.rate("pool") is None and rates.rate("inline") is None
+    rates.record("pool", 999, 0.001)  # too short to measure anything but overhead: ignored
+    assert rates.rate("pool") is None
+    rates.record("pool", 1_000_000, 1.0)
+    rates.record("pool", 3_000_000, 0.5)
+    assert rates.rate("pool") == {"rounds_per_s": 2_666_667, "runs": 2}
+    rates.record("pool", 2_000_000, 1.0)  # the oldest run goes
+    assert rates.rate("pool") == {"rounds_per_s": 3_333_333, "runs": 2}
+    assert rates.rate("inline") is None
+    rates.record("inline", 2_000_000, 2.0)
+    assert rates.rate("inline") == {"rounds_per_s": 1_000_000, "runs": 1}
+
+
+@pytest.mark.parametrize(
+    "runs,text",
+    [
+        ([], "How fast is this machine? Run it once to measure: this line then gives the rounds a "
+             "second of the last runs, pool and inline apart."),
+        ([("pool", 3_000_000, 1.0)], "Measured on this machine: 3,000,000 rounds a second in the "
+         "pool (last 1 run); so 6,000,000 rounds take about 2.0 s. Inline: run it once on the "
+         "event loop to compare."),
+        ([("inline", 1_234_567, 1.0)], "Measured on this machine: 1,230,000 rounds a second "
+         "inline (last 1 run); so 6,000,000 rounds take about 4.9 s. The pool's rate: run it "
+         "there once to measure."),
+        ([("pool", 2_000_000, 1.0), ("pool", 2_000_000, 0.5), ("inline", 1_000_000, 0.5)],
+         "Measured on this machine: 2,670,000 rounds a second in the pool (last 2 runs), "
+         "2,000,000 rounds a second inline (last 1 run); so 6,000,000 rounds take about 2.2 s "
+         "in the pool."),
+    ],
+)  # fmt: skip
+def test_the_rate_sentence_says_what_was_measured_and_nothing_else(
+    runs: list[tuple], text: str
+) -> None:
+    rates = HashRates()
+    for mode, rounds, seconds in runs:
+        rates.record(mode, rounds, seconds)
+    assert rates.text(6_000_000) == text
+
+
+async def test_the_rate_is_measured_from_the_last_runs_and_said_honestly_before_any(
+    config,
+) -> None:
+    async with web_client(config, pools=True) as client:
+        headers = await authed(client, "/demo/worker")
+        state = await pool_state(client)
+        assert (state["pool_rate"], state["inline_rate"]) == (None, None)
+        assert state["rate_text"].startswith("How fast is this machine? Run it once to measure")
+        assert "Run it once to measure" in (await client.get("/demo/worker")).text
+        assert "3 million" not in (await client.get("/demo/worker")).text
+
+        body = {"input": "r", "rounds": 1_000_000}
+        ran = (await client.post("/api/demo/worker/hash", json=body, headers=headers)).json()
+        state = await pool_state(client)
+        assert state["pool_rate"]["runs"] == 1 and state["inline_rate"] is None
+        expected = 1_000_000 / (ran["data"]["ms"] / 1000)  # the result card's own time
+        assert abs(state["pool_rate"]["rounds_per_s"] - expected) < expected * 0.01
+        shown = f"{round(state['pool_rate']['rounds_per_s'], -4):,} rounds a second in the pool"
+        assert state["rate_text"].startswith(f"Measured on this machine: {shown} (last 1 run)")
+        assert "Inline: run it once" in state["rate_text"]
+
+        inline = {**body, "inline": True}
+        assert (await client.post("/api/demo/worker/hash", json=inline, headers=headers)).is_success
+        state = await pool_state(client)
+        assert state["inline_rate"]["runs"] == 1 and state["pool_rate"]["runs"] == 1
+        assert " inline (last 1 run); so 6,000,000 rounds take about " in state["rate_text"]
+        assert state["rate_text"].endswith(" s in the pool.")
+        assert state["rate_text"] in (await client.get("/demo/worker")).text
+
+
+def test_pool_log_keeps_the_newest_lines_first_and_says_what_happened() -> None:
+    log = PoolLog(max_lines=2, clock=lambda: datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC))
+    assert log.lines() == []
+    for pid, reason in ((11, "crashed"), (12, "timeout"), (13, "killed")):
+        log.record({"pid": pid, "new_pid": pid + 1, "reason": reason, "ms": 320.4})
+    assert [line["text"] for line in log.lines()] == [
+        "child 13 killed, replaced by 14 in 0.3 s",
+        "child 12 killed past its timeout, replaced by 13 in 0.3 s",
+    ]
+    assert log.lines()[0] == {
+        "at": "03:04:05", "text": "child 13 killed, replaced by 14 in 0.3 s",
+        "pid": 13, "new_pid": 14, "reason": "killed", "ms": 320.4,
+    }  # fmt: skip
+
+
+async def test_a_killed_child_is_a_pool_log_line_naming_it_and_its_replacement(config) -> None:
+    async with web_client(config, pools=True) as client:
+        headers = await authed(client, "/demo/worker")
+        assert (await pool_state(client))["log"] == []
+        killed = (await client.post("/api/demo/worker/kill", headers=headers)).json()["data"]
+        pid = killed["killed_pid"]
+
+        async def logged() -> bool:
+            return len((await pool_state(client))["log"]) == 1
+
+        await wait_for(logged)
+        line = (await pool_state(client))["log"][0]
+        assert (line["pid"], line["reason"]) == (pid, "killed")
+        assert isinstance(line["new_pid"], int) and line["new_pid"] != pid
+        assert re.fullmatch(rf"child {pid} killed, replaced by {line['new_pid']} in \d+\.\d s",
+                            line["text"]), line  # fmt: skip
+        assert re.fullmatch(r"\d\d:\d\d:\d\d", line["at"])
+        assert line["text"] in (await client.get("/demo/worker")).text  # without JavaScript too

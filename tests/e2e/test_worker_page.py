@@ -82,6 +82,114 @@ def test_progress_bar_appears_moves_and_reaches_the_end(page, live_stack: LiveSt
     screenshot(page, "worker-progress")
 
 
+def test_an_inline_run_after_a_pool_run_starts_from_an_empty_progress_panel(
+    page, live_stack: LiveStack
+) -> None:
+    open_worker_page(page, live_stack)
+    bar, note = page.locator("#hash-progress"), page.locator("#progress-note")
+    page.fill("#hash-rounds", "2000000")
+    page.click("#run-pool")
+    expect(page.locator("#result-digest")).to_have_text(DIGEST, timeout=60_000)
+    expect(note).to_have_text("all 2,000,000 rounds")
+    page.fill("#hash-rounds", "6000000")
+    page.click("#run-inline")
+    # At once, while the loop hashes: an empty bar, and nothing of the pool run before it.
+    expect(page.locator("#result-ms")).to_have_text("running…")
+    assert bar.evaluate("b => b.value") == 0
+    expect(note).to_have_text(
+        "no reports inline: the event loop that would answer the poll is busy hashing"
+    )
+    assert bar.get_attribute("data-reported") == "0"
+    expect(page.locator("#run-progress")).to_have_attribute("data-mode", "inline")
+    expect(page.locator("#result-digest")).to_have_text(DIGEST, timeout=60_000)
+    assert page.locator("#result-mode").inner_text() == "inline"
+    expect(note).to_have_text("all 6,000,000 rounds, known only once the loop was free again")
+    assert bar.evaluate("b => b.value") == 1
+
+
+def test_the_page_gives_the_rate_measured_on_this_machine(page, live_stack: LiveStack) -> None:
+    open_worker_page(page, live_stack)
+    rate = page.locator("#hash-rate")
+    expect(rate).not_to_contain_text("3 million")
+    page.fill("#hash-rounds", "1000000")
+    page.click("#run-pool")
+    expect(page.locator("#result-digest")).to_have_text(DIGEST, timeout=60_000)
+    expect(rate).to_have_text(
+        re.compile(
+            r"^Measured on this machine: [\d,]+ rounds a second in the pool \(last \d runs?\)"
+            r".*; so 6,000,000 rounds take about \d+\.\d s"
+        )
+    )
+
+
+def test_the_timeout_field_is_empty_with_a_hint_not_a_value(page, live_stack: LiveStack) -> None:
+    open_worker_page(page, live_stack)
+    field = page.get_by_label("Timeout (ms, pool)", exact=True)
+    expect(field).to_have_value("")
+    assert field.get_attribute("placeholder") is None  # a grey number reads as a value
+    expect(field).to_have_accessible_description(
+        "empty for none (the route still stops any run at 60,000 ms)"
+    )
+    expect(page.locator("#hash-timeout-hint")).to_be_visible()
+
+
+# A bar's painted box: its own, cut by every ancestor that clips (overflow other than visible).
+PAINTED_BOXES = """
+(selector) => [...document.querySelectorAll(selector)].map((node) => {
+  let r = node.getBoundingClientRect();
+  let box = { left: r.left, top: r.top, right: r.right, bottom: r.bottom };
+  for (let up = node.parentElement; up; up = up.parentElement) {
+    if (getComputedStyle(up).overflow === "visible") continue;
+    const c = up.getBoundingClientRect();
+    const left = c.left + up.clientLeft, top = c.top + up.clientTop;
+    box = {
+      left: Math.max(box.left, left), top: Math.max(box.top, top),
+      right: Math.min(box.right, left + up.clientWidth),
+      bottom: Math.min(box.bottom, top + up.clientHeight),
+    };
+  }
+  return box;
+}).filter((b) => b.right > b.left && b.bottom > b.top)
+"""
+
+
+def overlap(a: dict, b: dict) -> float:
+    width = min(a["right"], b["right"]) - max(a["left"], b["left"])
+    height = min(a["bottom"], b["bottom"]) - max(a["top"], b["top"])
+    return max(0.0, width) * max(0.0, height)
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_heartbeat_bars_never_draw_over_the_scale_labels(
+    browser, live_stack: LiveStack, width: int
+) -> None:
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    page = context.new_page()
+    try:
+        log_in(page, live_stack.url)
+        page.clock.install()
+        page.goto(live_stack.url + "/demo/worker")
+        expect(page.locator("#heartbeat .beat").first).to_be_visible()
+        # A minute of beats at once: the strip fills, and the oldest bars (pending the longest
+        # by the page's clock) stand full height at its left end, by the labels.
+        page.clock.run_for(60_000)
+        expect(page.locator("#heartbeat .beat.pending")).to_have_count(0, timeout=30_000)
+        bars = page.evaluate(PAINTED_BOXES, "#heartbeat .beat")
+        labels = page.evaluate(PAINTED_BOXES, "#heartbeat-scale .tick span")
+        strip = page.locator("#heartbeat").bounding_box()
+        assert strip is not None and len(labels) == 4
+        # The test can fail: the bars reach the strip's left end and rise past the labels (all
+        # but "10 s", perhaps: a fetch answered during the fast-forward makes its bar shorter).
+        assert min(b["left"] for b in bars) <= strip["x"] + 11
+        tallest = min(b["top"] for b in bars)
+        assert sum(tallest < label["top"] for label in labels) >= 3, (tallest, labels)
+        overlaps = [(b, label) for b in bars for label in labels if overlap(b, label) > 0]
+        assert overlaps == []
+        screenshot(page, f"worker-heartbeat-{width}")
+    finally:
+        context.close()
+
+
 def test_a_new_run_clears_the_result_card(page, live_stack: LiveStack) -> None:
     open_worker_page(page, live_stack)
     page.fill("#hash-rounds", "1000")
@@ -127,8 +235,15 @@ def test_killing_a_child_counts_a_restart(page, live_stack: LiveStack) -> None:
     assert before < int(page.locator("#pool-max-restarts").inner_text())
     page.click("#kill-child")
     expect(page.locator("#kill-result")).to_have_text(re.compile(r"^Killed child \d+ \(SIGKILL\)"))
+    killed = re.search(r"\d+", page.locator("#kill-result").inner_text())
+    assert killed is not None
     expect(page.locator("#pool-restarts")).to_have_text(str(before + 1), timeout=20_000)
     expect(page.locator("#pool-size")).to_have_text("2", timeout=20_000)
+    # The dip in processes is over in a fraction of a second; the pool log keeps it, newest first.
+    expect(page.locator("#pool-log li").first).to_have_text(
+        re.compile(rf"^\d\d:\d\d:\d\d child {killed[0]} killed, replaced by \d+ in \d+\.\d s$")
+    )
+    expect(page.locator("#pool-log-empty")).to_be_hidden()
     screenshot(page, "worker-kill")
 
 

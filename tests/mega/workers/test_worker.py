@@ -259,6 +259,31 @@ async def test_kill_one_kills_the_busy_child_first_and_counts_a_restart(
     assert await pool.run("echo", "after") == "after"
 
 
+async def test_each_replacement_is_a_replaced_signal_with_both_pids_and_its_time(
+    make_pool: MakePool,
+) -> None:
+    """A crash's dip in `size` lasts a fraction of a second: `replaced` is what says it
+    happened, which child took the dead one's place, and how long that took."""
+    pool = await make_pool()
+    replaced: list[dict[str, Any]] = []
+    pool.on("replaced", replaced.append)
+    crashed_pid = await pool.run("pid", None)
+    await code_of(pool.run("exit_now", None))
+    timed_out_pid = await pool.run("pid", None)
+    await code_of(pool.run("sleep_ms", 10_000, timeout_ms=100))
+    killed_pid = await pool.run("pid", None)
+    assert pool.kill_one() == killed_pid
+    await until(lambda: len(replaced) == 3)
+    last_pid = await pool.run("pid", None)
+    assert [(r["worker"], r["pid"], r["reason"], r["restarts"]) for r in replaced] == [
+        ("TestWorker", crashed_pid, "crashed", 1),
+        ("TestWorker", timed_out_pid, "timeout", 1),  # a timeout's kill is free
+        ("TestWorker", killed_pid, "killed", 2),
+    ]
+    assert [r["new_pid"] for r in replaced] == [timed_out_pid, killed_pid, last_pid]
+    assert all(0 < r["ms"] < 5_000 for r in replaced), replaced
+
+
 async def test_kill_one_takes_an_idle_child_and_never_the_same_one_twice(
     make_pool: MakePool,
 ) -> None:
