@@ -61,15 +61,14 @@ def attach_timeline(worker: JobWorker, ctx: Context) -> None:
         job_id, attempt, kind = signal["id"], signal.get("attempt", 0), signal["signal"]
         if kind == "start":
             state = await job_timeline.job_state(redis, job_id)
-            if state is None:
-                return  # not enqueued by the page
-            await note_redelivery(job_id, state)
-            at = now_ms()  # the line's time and the figures in it: one instant
-            detail = start_detail(attempt, here, state, at)
-            await job_timeline.record_event(
-                redis, job_id, "start", detail, status="running", attempt=attempt, worker=here,
-                at=at,
-            )  # fmt: skip
+            if state is not None:  # a job of the page (others have no timeline)
+                await note_redelivery(job_id, state)
+                at = now_ms()  # the line's time and the figures in it: one instant
+                detail = start_detail(attempt, here, state, at)
+                await job_timeline.record_event(
+                    redis, job_id, "start", detail, status="running", attempt=attempt,
+                    worker=here, at=at,
+                )  # fmt: skip
             # Enqueue-to-start latency is what users feel; later attempts wait on the backoff.
             latency = signal.get("latency_ms") if attempt == 1 else None
             if latency is not None:

@@ -98,8 +98,10 @@ async def record_enqueued(
         pipe.lpush(INDEX_KEY, job_id)
         pipe.ltrim(INDEX_KEY, 0, MAX_JOBS - 1)
         await pipe.execute()
-    due = f": due at {clock(created_at + delay_ms)}" if delay_ms else ""
-    held = f", held {delay_ms} ms{due} (no slot taken meanwhile)" if delay_ms else ""
+    held = ""
+    if delay_ms:
+        due = clock(created_at + delay_ms)
+        held = f", held {delay_ms} ms: due at {due} (no slot taken meanwhile)"
     await record_event(redis, job_id, "enqueued", f"to {to}, mode {mode}{held}")
 
 
