@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import RedirectResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -37,6 +37,17 @@ MAX_DELAY_MS = 60_000
 # The most jobs one enqueue makes: more than the timeline keeps (job_timeline.MAX_JOBS), so a
 # queue visibly builds up behind EmailJob's slots.
 MAX_COUNT = 50
+
+# Paging the timeline: `before` is a job id (the page's are 12 hex digits, a welcome job's a
+# "w" and 11), `limit` how many jobs, at most every one kept.
+Before = Annotated[
+    str | None,
+    Query(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="list the jobs older than this job id"),
+]
+Limit = Annotated[
+    int,
+    Query(ge=1, le=job_timeline.MAX_JOBS, description="jobs to list, newest first (1 to 30)"),
+]
 
 
 class EnqueueRequest(BaseModel):
@@ -110,11 +121,17 @@ async def enqueue_email(request: Request, body: EnqueueRequest) -> str:
     return job_id
 
 
-async def jobs_state(request: Request) -> dict[str, Any]:
+async def jobs_state(
+    request: Request, *, limit: int = job_timeline.MAX_JOBS, before: str | None = None
+) -> dict[str, Any]:
+    """`jobs` newest first (`limit` of them, older than job `before` if given), `older` (the
+    `before` of the next page, or None), and the DLQ."""
     dlq = queue(request).dlq
     records = await dlq.list(EmailJob, limit=DLQ_LISTED)
+    listed = await job_timeline.list_jobs(redis(request), limit, before=before)
     return {
-        "jobs": await job_timeline.list_jobs(redis(request)),
+        "jobs": listed.jobs,
+        "older": listed.older,
         "dlq": {
             "count": await dlq.count(EmailJob),
             "items": [
@@ -142,7 +159,7 @@ async def requeue(request: Request, body: RequeueRequest) -> int:
         await redis(request).delete(job_timeline.attempts_key(job_id))
         await job_timeline.record_event(
             redis(request), job_id, "requeued", "requeued from the DLQ, attempts reset",
-            status="queued", attempt=0,
+            status="queued", attempt=0, due=job_timeline.Due(job_timeline.now_ms(), "requeue"),
         )  # fmt: skip
     if not ids:
         return 0
@@ -161,9 +178,13 @@ class Requeued(BaseModel):
     requeued: int
 
 
-@router.get("/api/demo/jobs", responses=api_responses(errors=(401, 503)))
-async def get_jobs(request: Request, user: UserDep) -> Response:
-    return ok(await jobs_state(request))
+@router.get("/api/demo/jobs", responses=api_responses(errors=(401, 422, 503)))
+async def get_jobs(
+    request: Request, user: UserDep, before: Before = None, limit: Limit = job_timeline.MAX_JOBS
+) -> Response:
+    """Every kept job (the newest 30) by default; `limit` and `before` page through them:
+    `?limit=10`, then `?limit=10&before=<older>` with the `older` of the previous answer."""
+    return ok(await jobs_state(request, limit=limit, before=before))
 
 
 @router.post(
@@ -188,12 +209,20 @@ async def post_requeue(body: RequeueRequest, request: Request, user: UserDep) ->
 
 
 async def jobs_page_context(
-    request: Request, *, form: dict[str, str] | None = None, errors: dict[str, str] | None = None
+    request: Request,
+    *,
+    form: dict[str, str] | None = None,
+    errors: dict[str, str] | None = None,
+    before: str | None = None,
 ) -> dict[str, Any]:
-    """What /demo/jobs renders: the state, the form (kept on a 422) and its field errors."""
+    """What /demo/jobs renders: the state (a page of the newest jobs, or of those older than
+    `before`), the form (kept on a 422) and its field errors."""
     return {
         "title": "Jobs",
-        "state": await jobs_state(request),
+        "state": await jobs_state(request, limit=job_timeline.PAGE_JOBS, before=before),
+        "page_jobs": job_timeline.PAGE_JOBS,
+        "before": before,
+        "max_jobs": job_timeline.MAX_JOBS,
         "form": form or {"to": "ada@example.com", "mode": "flaky", "delay_ms": "0", "count": "1"},
         "errors": errors or {},
         "job": EmailJob,

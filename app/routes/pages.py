@@ -14,7 +14,7 @@ from fastapi.responses import RedirectResponse
 from app.routes.api_console import console_state
 from app.routes.api_cron import cron_state
 from app.routes.api_events import events_page_context
-from app.routes.api_jobs import jobs_page_context
+from app.routes.api_jobs import Before, jobs_page_context
 from app.routes.api_worker import DIGEST_PATTERN, worker_page_context
 from mega.web import UserDep, render
 
@@ -58,8 +58,9 @@ async def worker_page(
 
 
 @router.get("/demo/jobs")
-async def jobs_page(request: Request, user: UserDep) -> Response:
-    return page(request, "demo/jobs.html", **await jobs_page_context(request))
+async def jobs_page(request: Request, user: UserDep, before: Before = None) -> Response:
+    """The newest jobs, or with `?before=<id>` the page of those older than that job."""
+    return page(request, "demo/jobs.html", **await jobs_page_context(request, before=before))
 
 
 @router.get("/demo/events")

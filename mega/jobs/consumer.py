@@ -321,6 +321,8 @@ class _Consumer:
         if is_unreported(attempt, spec):
             unreported = self.unreported.get(meta.sequence.stream)
             if unreported is None:  # not a DLQ publish of ours that failed: a crash
+                # This delivery is not an attempt: the signal, like the record, names the last
+                # attempt, the one that never reported back.
                 runs = attempt - 1
                 message = (
                     f"attempt {runs} of {spec.max_attempts} never reported back: its worker died "
@@ -328,7 +330,7 @@ class _Consumer:
                 )
                 unreported = self._record(msg, payload, "WorkerCrashed", message, attempts=runs)
                 await self.queue.signal(
-                    "fail", job=spec.name, id=job_id, attempt=attempt, phase="run",
+                    "fail", job=spec.name, id=job_id, attempt=runs, phase="run",
                     error_type="WorkerCrashed", error=message,
                 )  # fmt: skip
             await self._dead_letter(decide(Outcome.UNREPORTED, attempt, spec), msg, unreported)
@@ -353,10 +355,10 @@ class _Consumer:
             }  # fmt: skip
             decision = decide(Outcome.FAILED, attempt, spec)
             if isinstance(decision, Retry):
-                await self._retry(msg, job_id, enqueued_at, attempt, decision.delay_ms)
+                due_ms = await self._retry(msg, job_id, enqueued_at, attempt, decision.delay_ms)
                 await self.queue.signal(
-                    "retry", **fields, delay_ms=decision.delay_ms, error_type=error_type,
-                    error=error,
+                    "retry", **fields, delay_ms=decision.delay_ms, run_at=due_ms,
+                    error_type=error_type, error=error,
                 )  # fmt: skip
                 return
             await self.queue.signal(
@@ -373,13 +375,14 @@ class _Consumer:
 
     async def _retry(
         self, msg: Msg, job_id: str, enqueued_at: int | None, attempt: int, delay_ms: int
-    ) -> None:
+    ) -> int:
         """The next attempt as a message scheduled for the backoff's end, then ack this one
         (a job backing off holds no slot). Where schedules are missing, or the publish fails,
-        nak with the delay instead: the message comes back, holding its slot meanwhile."""
+        nak with the delay instead: the message comes back, holding its slot meanwhile.
+        Returns when the next attempt is due (epoch ms)."""
+        due_ms = int(time.time() * 1000) + delay_ms
         if self.schedules:
             spec, headers = self.spec, msg.headers or {}
-            due_ms = int(time.time() * 1000) + delay_ms
             copy = spec.requeue_headers(
                 {"id": job_id, "subject": spec.record_subject(msg.subject, headers),
                  "first_enqueued_at": enqueued_at}
@@ -402,8 +405,9 @@ class _Consumer:
                 logger.debug("%s: retry not scheduled (%s); nak instead", spec.name, exc)
             else:
                 await _settle(msg.ack())
-                return
+                return due_ms
         await _settle(msg.nak(delay=max(delay_ms / 1000, MIN_NAK_DELAY_S)))
+        return due_ms
 
     def _record(
         self,
@@ -438,7 +442,7 @@ class _Consumer:
                 self.unreported.popitem(last=False)
             await _settle(msg.nak(delay=self.queue.dlq_retry_delay_s))
             await self.queue.signal(
-                "fail", job=self.spec.name, id=record["id"], attempt=msg.metadata.num_delivered,
+                "fail", job=self.spec.name, id=record["id"], attempt=record["attempts"],
                 phase="dlq_publish", error_type=type(exc).__name__, error=str(exc) or repr(exc),
             )  # fmt: skip
             return

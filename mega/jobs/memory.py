@@ -222,7 +222,8 @@ class MemoryConsumer:
             message.run_at_ms = int(time.time() * 1000) + decision.delay_ms
             queue.put(message, at_ms=message.run_at_ms)
             await self.signal("retry", **fields, delay_ms=decision.delay_ms,
-                              error_type=error_type, error=error)  # fmt: skip
+                              run_at=message.run_at_ms, error_type=error_type,
+                              error=error)  # fmt: skip
             return
         assert isinstance(decision, DeadLetter)
         await self.signal("fail", **fields, phase="run", error_type=error_type, error=error)
@@ -242,7 +243,7 @@ class MemoryConsumer:
         except Exception as exc:
             message.dead_record = record
             queue.put(message, at_ms=int((time.time() + DLQ_RETRY_DELAY_S) * 1000))
-            await self.signal("fail", job=spec.name, id=message.job_id, attempt=message.deliveries,
+            await self.signal("fail", job=spec.name, id=message.job_id, attempt=record["attempts"],
                               phase="dlq_publish", error_type=type(exc).__name__,
                               error=str(exc)[:MAX_ERROR_CHARS])  # fmt: skip
             return

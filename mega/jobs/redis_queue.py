@@ -292,7 +292,8 @@ class RedisConsumer:
                 f"attempt {attempt - 1} of {spec.max_attempts} never reported back: its worker "
                 "died (crash, os._exit, OOM kill)"
             )
-            await self.signal("fail", job=spec.name, id=job_id, attempt=attempt, phase="run",
+            # Not an attempt: the signal, like the record, names the one that never reported.
+            await self.signal("fail", job=spec.name, id=job_id, attempt=attempt - 1, phase="run",
                               error_type="WorkerCrashed", error=message)  # fmt: skip
             await self._bury(lane, stream, entry_id, fields, payload, "WorkerCrashed", message,
                              attempt - 1)  # fmt: skip
@@ -331,7 +332,7 @@ class RedisConsumer:
                 keys=[stream, lane.scheduled],
                 args=[entry_id, due, json.dumps(member), lane.group, int(lane.deletes(stream))],
             )
-            await self.signal("retry", **report, delay_ms=decision.delay_ms,
+            await self.signal("retry", **report, delay_ms=decision.delay_ms, run_at=due,
                               error_type=error_type, error=error)  # fmt: skip
             return
         assert isinstance(decision, DeadLetter)

@@ -41,9 +41,17 @@
         el("button", { class: "btn", type: "submit", "aria-label": "Requeue " + item.id }, "Requeue")));
   }
 
+  // The page's own slice of the timeline: the newest jobs, or those older than ?before=<id>.
+  const before = new URLSearchParams(location.search).get("before");
+  const pageJobs = $("jobs-page").dataset.pageJobs;
+  const stateUrl = "/api/demo/jobs?limit=" + pageJobs + (before ? "&before=" + encodeURIComponent(before) : "");
+
   function render(state) {
     patch($("jobs"), state.jobs.map(jobCard));
     $("jobs-empty").hidden = state.jobs.length > 0;
+    const older = $("jobs-older");
+    older.hidden = !state.older;
+    if (state.older) older.href = "/demo/jobs?before=" + encodeURIComponent(state.older) + "#timeline";
     $("dlq-count").textContent = state.dlq.count;
     patch($("dlq-items"), state.dlq.items.map(dlqItem));
     $("dlq-empty").hidden = state.dlq.items.length > 0;
@@ -51,7 +59,7 @@
   }
 
   async function load() {
-    const envelope = await api("GET", "/api/demo/jobs");
+    const envelope = await api("GET", stateUrl);
     if (envelope.ok) {
       render(envelope.data);
       const root = $("jobs-page");
@@ -104,6 +112,12 @@
     } finally {
       button.disabled = false;
     }
+  });
+
+  // The chosen mode's explanation under the select (its options stay short enough for a phone).
+  $("job-mode").addEventListener("change", () => {
+    const option = $("job-mode").selectedOptions[0];
+    $("mode-help").textContent = option ? option.dataset.help || "" : "";
   });
 
   // One listener for every requeue form, present and future (the list is patched in place).

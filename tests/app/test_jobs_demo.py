@@ -4,9 +4,11 @@ requeue, and bad input that enqueues nothing. Each test has its own NATS and Red
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime, time
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +90,8 @@ async def test_ok_flaky_and_fail_end_to_end(config: Config) -> None:
             "start",
             "done",
         ]
-        assert "retry in" in flaky["events"][2]["detail"]
-        assert flaky["events"][3]["detail"] == f"attempt 2 started on worker {here}"
+        assert "; retry due at " in flaky["events"][2]["detail"]
+        assert flaky["events"][3]["detail"].startswith(f"attempt 2 started on worker {here}, ")
 
         data = await wait_for_job(client, fail_id, "dlq")
         failed = next(j for j in data["jobs"] if j["id"] == fail_id)
@@ -107,6 +109,97 @@ async def test_ok_flaky_and_fail_end_to_end(config: Config) -> None:
         console = (await client.get("/api/demo/console")).json()["data"]["jobs"]
         assert console["ok"] and console["dlq"] == 1 and console["pending"] == 0
         assert console["start_latency_p50_ms"] is not None
+
+
+def clock_ms(clock: str, near_ms: int) -> int:
+    """A timeline clock (HH:MM:SS.mmm, UTC) as epoch ms, on the day of `near_ms`."""
+    day = datetime.fromtimestamp(near_ms / 1000, UTC).date()
+    at = datetime.combine(day, time.fromisoformat(clock), UTC)
+    return int(at.timestamp() * 1000)
+
+
+async def test_a_delayed_job_counts_from_when_it_was_due_and_a_retry_names_its_time(
+    config: Config,
+) -> None:
+    """A delayed job's start says how long after it was due and after its enqueue (not the
+    first alone, as if it had started at once); a retry says when it is due, and the next
+    start how long after that it came."""
+    async with web_client(config) as client, job_worker(config):
+        headers = await authed(client, "/demo/jobs")
+        sent = await client.post(
+            "/api/demo/jobs", json={"to": "ada@example.com", "mode": "flaky", "delay_ms": 1500},
+            headers=headers,
+        )  # fmt: skip
+        job_id = sent.json()["data"]["id"]
+        data = await wait_for_job(client, job_id, "done")
+        job = next(j for j in data["jobs"] if j["id"] == job_id)
+        enqueued, start, retry, again, _done = job["events"]
+
+        held = re.fullmatch(
+            r"to ada@example\.com, mode flaky, held 1500 ms: due at ([\d:.]+) \(no slot taken "
+            r"meanwhile\)", enqueued["detail"],
+        )  # fmt: skip
+        assert held, enqueued["detail"]
+        due_ms = clock_ms(held[1], enqueued["at"])
+        assert due_ms == job["created_at"] + 1500
+        first = re.fullmatch(
+            r"attempt 1 started on worker .+, (\d+) ms after it was due, (\d+) ms after enqueue",
+            start["detail"],
+        )
+        assert first, start["detail"]
+        after_due, after_enqueue = int(first[1]), int(first[2])
+        assert after_enqueue - after_due == 1500  # both measured from one instant
+        assert start["at"] - due_ms == after_due and after_enqueue >= 1500
+
+        planned = re.fullmatch(
+            r"attempt 1 failed: .+; retry due at ([\d:.]+) \(backoff drew (\d+) ms\)",
+            retry["detail"],
+        )
+        assert planned, retry["detail"]
+        retry_due_ms, drawn = clock_ms(planned[1], retry["at"]), int(planned[2])
+        assert 0 <= drawn <= EmailJob.backoff["initial"]
+        # Planned when attempt 1 failed, which was before the retry line was written.
+        assert retry_due_ms - drawn <= retry["at"] < retry_due_ms - drawn + 1000
+        later = re.fullmatch(
+            r"attempt 2 started on worker .+, (\d+) ms after it was due", again["detail"]
+        )
+        assert later, again["detail"]
+        assert again["at"] - retry_due_ms == int(later[1])
+
+
+async def test_the_timeline_pages_by_ten_with_a_link_to_older_jobs(config: Config) -> None:
+    """/demo/jobs shows the newest 10 jobs and links to the older ones (no JavaScript needed);
+    the JSON route still lists every kept job unless asked for a page."""
+    async with web_client(config) as client:
+        headers = await authed(client, "/demo/jobs")
+        ids = [await enqueue(client, headers, "ok") for _ in range(12)][::-1]  # newest first
+
+        everything = (await client.get("/api/demo/jobs")).json()["data"]
+        assert [j["id"] for j in everything["jobs"]] == ids and everything["older"] is None
+        first = (await client.get("/api/demo/jobs", params={"limit": 10})).json()["data"]
+        assert [j["id"] for j in first["jobs"]] == ids[:10] and first["older"] == ids[9]
+        rest = (await client.get(f"/api/demo/jobs?limit=10&before={ids[9]}")).json()["data"]
+        assert [j["id"] for j in rest["jobs"]] == ids[10:] and rest["older"] is None
+        gone = (await client.get("/api/demo/jobs?before=0123456789ab")).json()["data"]
+        assert gone["jobs"] == [] and gone["older"] is None  # no longer kept: an empty page
+        for query, field, sentence in [
+            ("limit=0", "limit", "must be at least 1"),
+            ("limit=31", "limit", "must be at most 30"),
+            ("limit=ten", "limit", "must be a whole number"),
+            ("before=a%20b", "before", "has characters that are not allowed here"),
+        ]:
+            refused = await client.get(f"/api/demo/jobs?{query}")
+            assert refused.status_code == 422, query
+            assert refused.json()["error"]["fields"] == {field: sentence}
+
+        page = (await client.get("/demo/jobs")).text
+        assert re.findall(r'<article class="job" data-key="(\w+)"', page) == ids[:10]
+        older = re.search(r'<a href="(/demo/jobs\?before=\w+)#timeline" id="jobs-older"\s*>', page)
+        assert older, "no link to the older jobs"
+        page = (await client.get(older[1])).text
+        assert re.findall(r'<article class="job" data-key="(\w+)"', page) == ids[10:]
+        assert 'id="jobs-older" hidden' in page  # nothing older than those
+        assert re.search(r'<a href="/demo/jobs#timeline" id="jobs-newest"\s*>', page)
 
 
 @pytest.mark.parametrize(
@@ -398,14 +491,29 @@ async def test_a_crash_job_kills_a_worker_on_every_attempt_then_lands_in_the_dlq
             assert deaths == [1] * attempts, deaths  # one dead worker per attempt, no more
             assert job["attempts"] == attempts
             kinds = [e["kind"] for e in job["events"]]
-            assert kinds == ["enqueued"] + ["start"] * attempts + ["fail", "dlq"], kinds
+            # Each dead worker is said when its attempt comes back, before the next one starts.
+            assert kinds == ["enqueued"] + ["start", "redelivered"] * attempts + ["fail", "dlq"], [
+                (e["kind"], e["at"], e["detail"]) for e in job["events"]
+            ]
             starts = [e["detail"] for e in job["events"] if e["kind"] == "start"]
-            workers_seen = {detail.split(" on worker ")[1].split(",")[0] for detail in starts}
-            assert len(workers_seen) == attempts, starts  # each attempt on a fresh process
-            assert "never reported back" in job["events"][-2]["detail"]
+            workers_seen = [detail.split(" on worker ")[1].split(",")[0] for detail in starts]
+            assert len(set(workers_seen)) == attempts, starts  # each attempt on a fresh process
+            died = [e["detail"] for e in job["events"] if e["kind"] == "redelivered"]
+            assert died == [
+                f"no ack within 5 s: worker {worker} died, redelivered" for worker in workers_seen
+            ]
+            assert job["events"][-2]["detail"] == (
+                "attempt 3 of 3 died with its worker; no tries left, so this delivery is not run"
+            )
             [item] = [i for i in data["dlq"]["items"] if i["id"] == job_id]
             assert item["error"].startswith("WorkerCrashed: attempt 3 of 3 never reported back")
             assert item["attempts"] == attempts
+            # The terminal counts as the page does: the delivery after attempt 3 is no attempt 4.
+            logged = re.findall(
+                rf"\b(\w+) job=EmailJob id={job_id} attempts?=(\d+)", logs.read_text()
+            )
+            assert ("fail", "3") in logged and ("dlq", "3") in logged, logged
+            assert {count for _, count in logged} <= {"1", "2", "3"}, logged
     finally:
         for worker in workers:
             if worker.poll() is None:

@@ -173,3 +173,74 @@ def test_a_count_of_20_enqueues_20_jobs(page, live_stack: LiveStack) -> None:
     expect(cards).to_have_count(20)
     listed = page.request.get(live_stack.url + "/api/demo/jobs").json()["data"]["jobs"]
     assert sum(job["to"] == to for job in listed) == 20
+
+
+# Room the closed select keeps for its arrow, beside the padding (Chromium draws about 20 px).
+SELECT_ARROW_PX = 24
+
+
+def test_the_mode_select_shows_each_option_whole_on_a_phone(page, live_stack: LiveStack) -> None:
+    page.set_viewport_size({"width": 390, "height": 844})
+    log_in(page, live_stack.url)
+    page.goto(live_stack.url + "/demo/jobs")
+    select = page.locator("#job-mode")
+    box = select.bounding_box()
+    assert box and box["x"] >= 0 and box["x"] + box["width"] <= 390, box
+    # Each option's text in the select's own font, against the room inside its box.
+    fit = page.evaluate(
+        """arrow => {
+            const select = document.getElementById("job-mode");
+            const style = getComputedStyle(select);
+            const probe = document.createElement("span");
+            probe.style.cssText = "position:absolute;visibility:hidden;white-space:pre";
+            probe.style.font = style.font;
+            document.body.append(probe);
+            const texts = [...select.options].map((option) => {
+                probe.textContent = option.text;
+                return [option.text, probe.getBoundingClientRect().width];
+            });
+            probe.remove();
+            const padding = parseFloat(style.paddingLeft) + parseFloat(style.paddingRight);
+            return { room: select.clientWidth - padding - arrow, texts };
+        }""",
+        SELECT_ARROW_PX,
+    )
+    cut = [(text, round(width)) for text, width in fit["texts"] if width > fit["room"]]
+    assert not cut, f"cut at {round(fit['room'])} px: {cut}"
+    # The chosen mode's explanation sits below the select, whole, and follows the choice.
+    page.select_option("#job-mode", "crash")
+    expect(page.locator("#mode-help")).to_have_text(
+        "crash: kills its worker on every attempt, then the DLQ"
+    )
+    help_box = page.locator("#mode-help").bounding_box()
+    assert help_box and help_box["x"] + help_box["width"] <= 390, help_box
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
+    screenshot(page, "jobs-mode-390")
+
+
+def test_the_timeline_shows_the_newest_ten_and_links_to_older_ones(
+    page, live_stack: LiveStack
+) -> None:
+    log_in(page, live_stack.url)
+    page.goto(live_stack.url + "/demo/jobs")
+    ids = [enqueue(page, "ok") for _ in range(12)][::-1]  # newest first
+    cards = page.locator("#jobs article.job")
+    expect(cards).to_have_count(10)
+    assert [card.get_attribute("data-id") for card in cards.all()] == ids[:10]
+    older = page.locator("#jobs-older")
+    expect(older).to_have_attribute("href", f"/demo/jobs?before={ids[9]}#timeline")
+    older.click()
+    page.wait_for_url(f"**/demo/jobs?before={ids[9]}#timeline")
+    expect(cards.first).to_have_attribute("data-id", ids[10])
+    assert cards.nth(1).get_attribute("data-id") == ids[11]
+    assert cards.count() <= 10
+    # Live refreshes keep this older page (they ask for it), not the newest one.
+    seen = refreshes(page)
+    page.wait_for_function(
+        "n => Number(document.getElementById('jobs-page').dataset.loads) >= n", arg=seen + 2
+    )
+    expect(cards.first).to_have_attribute("data-id", ids[10])
+    expect(page.locator("#jobs-newest")).to_be_visible()
+    screenshot(page, "jobs-older")
+    page.locator("#jobs-newest").click()
+    expect(cards.first).to_have_attribute("data-id", ids[0])

@@ -18,7 +18,7 @@ async def send(ctx: Context, mode: str) -> dict[str, Any]:
     payload = {"id": "j1", "to": "ada@example.com", "mode": mode}
     await JobQueue(ctx, "jobs").enqueue(EmailJob, payload, id="j1")
     await drain(ctx, jobs=[EmailJob], hooks={"worker": [attach_timeline]})
-    [job] = await job_timeline.list_jobs(redis)
+    [job] = (await job_timeline.list_jobs(redis)).jobs
     return job
 
 

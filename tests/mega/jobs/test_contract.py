@@ -96,10 +96,16 @@ async def test_ok_runs_once(setup: Any, prefix: str) -> None:
 
 async def test_a_failure_is_retried_then_succeeds(setup: Any, prefix: str) -> None:
     _, job, queue, seen = setup
+    before_ms = int(time.time() * 1000)
     job_id = await queue.enqueue(job, {"id": f"{prefix}-flaky", "fail_first": 1})
     await until(lambda: len(signals(seen, job_id)) == 4, "done")
+    after_ms = int(time.time() * 1000)
     assert RUNS[f"{prefix}-flaky"] == 2
     assert signals(seen, job_id) == [("start", 1), ("retry", 1), ("start", 2), ("done", 2)]
+    # The retry says when the next attempt is due (epoch ms): the backoff's draw from the
+    # failure, and no later than the attempt that followed.
+    [retry] = [s for s in seen if s["id"] == job_id and s["signal"] == "retry"]
+    assert before_ms + retry["delay_ms"] <= retry["run_at"] <= after_ms
 
 
 async def test_retries_plus_one_attempts_then_the_dlq_and_requeue(setup: Any, prefix: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -93,6 +94,13 @@ class MegaWorker:
 
 
 StartWorker = Callable[[Path], MegaWorker]
+
+
+def logged_counts(output: str, job_id: str) -> set[tuple[str, int]]:
+    """(signal, attempt) of each signal line the workers logged for `job_id` (`attempts` for
+    a dlq line): what an operator reads in the terminal."""
+    found = re.findall(rf"\b(\w+) job=\S+ id={re.escape(job_id)} attempts?=(\d+)\b", output)
+    return {(name, int(count)) for name, count in found}
 
 
 @pytest.fixture
@@ -260,6 +268,11 @@ async def test_job_that_kills_its_worker_goes_to_the_dlq_after_retries_plus_one_
     assert record["id"] == job_id
     assert record["error"]["type"] == "WorkerCrashed"
     assert record["attempts"] == job.retries + 1
+    # The delivery after the last attempt is no attempt: the terminal counts as the record.
+    output = "".join(log.read_text(errors="replace") for log in tmp_path.glob("worker-*.log"))
+    last = job.retries + 1
+    assert {("fail", last), ("dlq", last)} <= logged_counts(output, job_id), output[-3000:]
+    assert max(count for _, count in logged_counts(output, job_id)) == last
     assert record["payload"] == {"id": job_id}
     assert await stream_size(queue, spec.stream) == 0
     for worker in fleet:

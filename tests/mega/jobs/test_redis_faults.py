@@ -28,6 +28,7 @@ from tests.mega.jobs.test_jobs_faults import (
     enqueue_all,
     for_prefix,
     keys_of,
+    logged_counts,
     registration,
 )
 
@@ -134,6 +135,10 @@ async def test_a_job_that_kills_its_worker_is_dead_lettered(setup: Any, prefix: 
     [record] = await queue.dlq.list(job)
     assert (record["id"], record["error"]["type"]) == ("crash-1", "WorkerCrashed")
     assert record["attempts"] == job.retries + 1
+    # The delivery after the last attempt is no attempt: the terminal counts as the record.
+    last = job.retries + 1
+    assert {("fail", last), ("dlq", last)} <= logged_counts(fleet[0].output(), "crash-1")
+    assert max(count for _, count in logged_counts(fleet[0].output(), "crash-1")) == last
     await fleet[0].ready()
     fleet[0].proc.send_signal(signal.SIGTERM)
     assert await fleet[0].exit_code() == 0
