@@ -104,6 +104,7 @@ def test_the_tick_audit_breaks_no_word_and_its_scroll_box_shows_whole_rows(
     # At rest the box shows whole rows, and it does scroll (so some are below).
     shown = eventually(lambda: whole_rows(page, "#ticks-box"))
     assert 1 <= shown < 15
+    assert eventually(lambda: whole_rows(page, "#history-box"))  # the history's box too
     screenshot(page, f"cron-audit-{width}")
 
 
