@@ -1,22 +1,31 @@
 """The SQL database: a SQLAlchemy engine and the declarative `Base` every table derives from.
 
-SQLite under ./var/ by default, PostgreSQL by `DATABASE_URL=postgresql://...` (psycopg).
+SQLite under ./var/ by default, PostgreSQL by `DATABASE_URL=postgresql://...` (psycopg), in UTF8:
+a PostgreSQL database in another encoding is refused on its first connection, in a sentence that
+says how to create one (DatabaseEncodingError).
 SQLAlchemy is used synchronously; async callers go through `run()`, which moves the call to a
 worker thread so the event loop never waits on disk or network I/O.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio.to_thread
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
+from mega.errors import DatabaseEncodingError
+
 T = TypeVar("T")
+
+# The only server encoding mega accepts on PostgreSQL. SQL_ASCII stores bytes unchecked (ordering,
+# lower() and ILIKE see bytes, not letters) and LATIN1 and the like cannot store most scripts.
+REQUIRED_ENCODING = "UTF8"
 
 
 class Base(DeclarativeBase):
@@ -28,11 +37,20 @@ class Database:
     def __init__(self, url: str) -> None:
         self.url = _normalise(url)
         parsed = make_url(self.url)
-        if parsed.drivername.startswith("sqlite") and parsed.database not in (None, "", ":memory:"):
+        sqlite = parsed.get_backend_name() == "sqlite"
+        postgresql = parsed.get_backend_name() == "postgresql"
+        if sqlite and parsed.database not in (None, "", ":memory:"):
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        self.engine: Engine = create_engine(self.url, pool_pre_ping=True)
-        if parsed.drivername.startswith("sqlite"):
+        # psycopg returns bytes, not str, for text when the client encoding is SQL_ASCII (the
+        # default on a SQL_ASCII database, or PGCLIENTENCODING): every connection speaks UTF8.
+        connect_args = {"client_encoding": REQUIRED_ENCODING} if postgresql else {}
+        self.engine: Engine = create_engine(self.url, pool_pre_ping=True, connect_args=connect_args)
+        if sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas)
+        if postgresql:
+            # Once per pool, before anything else reads or writes: every host and `mega db`
+            # open the database here, so each refuses a wrong encoding with the same sentence.
+            event.listen(self.engine, "first_connect", _require_utf8)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @property
@@ -62,6 +80,32 @@ def _normalise(url: str) -> str:
     if url.startswith("postgresql://") or url.startswith("postgres://"):
         return "postgresql+psycopg://" + url.split("://", 1)[1]
     return url
+
+
+def encoding_refusal(database: str, encoding: str) -> str:
+    """The sentence that refuses a database in `encoding`: what is wrong and the fix."""
+    name = database if re.fullmatch(r"[a-z_][a-z0-9_]*", database) else _quoted(database)
+    return (
+        f"the database {database} uses the encoding {encoding}; mega needs {REQUIRED_ENCODING}: "
+        f"create it with CREATE DATABASE {name} ENCODING '{REQUIRED_ENCODING}' TEMPLATE template0"
+    )
+
+
+def _quoted(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def _require_utf8(dbapi_conn: Any, _record: object) -> None:
+    cursor = dbapi_conn.cursor()
+    try:
+        cursor.execute("SELECT current_setting('server_encoding'), current_database()")
+        encoding, database = cursor.fetchone()
+    finally:
+        cursor.close()
+        dbapi_conn.rollback()  # the SELECT opened a transaction; the pool hands out none
+    if encoding != REQUIRED_ENCODING:
+        dbapi_conn.close()  # SQLAlchemy 2.1 closes it too; 2.0 would leave it to the GC
+        raise DatabaseEncodingError(encoding_refusal(database, encoding))
 
 
 def _sqlite_pragmas(dbapi_conn: object, _record: object) -> None:

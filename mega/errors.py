@@ -31,6 +31,12 @@ class DependencyUnavailable(MegaError):
         self.dependency = dependency
 
 
+class DatabaseEncodingError(MegaError):
+    """A PostgreSQL database not in UTF8; the message names its encoding and how to make one."""
+
+    code = "database.encoding"
+
+
 class RegistrationError(MegaError):
     """A Schedule, Job or Worker class is invalid; raised by `register()`, never at run time."""
 

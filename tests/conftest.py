@@ -95,13 +95,26 @@ ADMIN_URL = os.environ.get(
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     """A fresh PostgreSQL database for one test (skips when no server answers)."""
+    yield from _fresh_postgres_database()
+
+
+@pytest.fixture
+def sql_ascii_postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database in the SQL_ASCII encoding, which mega refuses."""
+    yield from _fresh_postgres_database(
+        "ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
+    )
+
+
+def _fresh_postgres_database(options: str = "") -> Iterator[str]:
+    """Create a database (with CREATE DATABASE `options`), yield its URL, drop it."""
     psycopg = pytest.importorskip("psycopg")
     try:
         admin = psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=2)
     except psycopg.OperationalError as exc:
         pytest.skip(f"no PostgreSQL at {ADMIN_URL}: {exc}")
     name = f"mega_test_{uuid.uuid4().hex[:10]}"
-    admin.execute(f'CREATE DATABASE "{name}"')
+    admin.execute(f'CREATE DATABASE "{name}" {options}')
     try:
         yield ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     finally:

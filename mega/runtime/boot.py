@@ -2,7 +2,8 @@
 
 Hosts differ only in what they register afterwards (schedules, jobs, worker pools, the web app).
 A dependency that cannot be reached raises DependencyUnavailable with one line naming the URL
-and how to get one; the CLI prints that line and exits non-zero.
+and how to get one; the CLI prints that line and exits non-zero. A PostgreSQL database that is
+not UTF8 is refused the same way (DatabaseEncodingError, from mega.database), by every host.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from mega.constants import (
     REDIS_MAX_CONNECTIONS,
 )
 from mega.context import BusAdapter, CacheAdapter, Context, new_instance_id
-from mega.errors import DependencyUnavailable
+from mega.errors import DependencyUnavailable, MegaError
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -201,12 +202,30 @@ async def open_database(url: str, *, migrate: bool) -> Database:
                 logger.info(
                     "database %s upgraded from %s to %s", db.redacted_url, before or "empty", after
                 )
+    except MegaError:  # it answered and was refused (its encoding): said as it is
+        db.dispose()
+        raise
     except Exception as exc:
         db.dispose()
         raise DependencyUnavailable(
             "db", f"cannot open the database at {db.redacted_url} ({_reason(exc)})"
         ) from exc
     return db
+
+
+async def check_database(url: str) -> None:
+    """For the hosts that open the database only on first use (scheduler, worker, work):
+    refuse at start a PostgreSQL database that mega refuses (its encoding), as `mega start` and
+    `mega db upgrade` do. One that does not answer yet is left to its first use, as before: the
+    outbox relay waits for it."""
+    if not url.startswith(("postgresql", "postgres:")):
+        return  # SQLite is always UTF-8, and a worker on it starts without SQLAlchemy (~0.3 s)
+    try:
+        db = await open_database(url, migrate=False)
+    except DependencyUnavailable as exc:
+        logger.warning("%s; its encoding is checked on first use", exc.message)
+        return
+    db.dispose()
 
 
 def _reason(exc: BaseException) -> str:

@@ -23,7 +23,7 @@ from mega.config import Config
 from mega.constants import DRAIN_TIMEOUT_S
 from mega.context import Context
 from mega.errors import ConfigError, MegaError
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.boot import boot, check_database, shutdown
 
 logger = logging.getLogger("mega.host")
 # Routine signals (jobs started and done) are counted and logged once per this many seconds.
@@ -178,6 +178,7 @@ async def _run_host(
     ctx = await boot(config, role=role, database=False)
     started: list[Any] = []
     try:
+        await check_database(config.database_url)
         if any(part.hook != "scheduler" for part in parts):
             buses = ", ".join(f"{alias!r} on {bus.driver}" for alias, bus in ctx.buses.items())
             logger.info("%s %s buses: %s", role, ctx.instance_id, buses or "none")
