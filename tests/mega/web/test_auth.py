@@ -675,8 +675,12 @@ async def served(app: Any) -> AsyncIterator[str]:
 
 
 def from_address(url: str, ip: str) -> httpx.AsyncClient:
-    """A client whose socket is bound to `ip` (any 127.0.0.x reaches a server on 127.0.0.1)."""
-    transport = httpx.AsyncHTTPTransport(local_address=ip)
+    """A client whose socket is bound to `ip` (any 127.0.0.x reaches a server on 127.0.0.1).
+    A connection per request: one kept alive while the other addresses take their turns can
+    pass uvicorn's 5 s keep-alive, and a request sent as the server closes it fails."""
+    transport = httpx.AsyncHTTPTransport(
+        local_address=ip, limits=httpx.Limits(max_keepalive_connections=0)
+    )
     return httpx.AsyncClient(transport=transport, base_url=url)
 
 
