@@ -58,7 +58,7 @@ def test_app_containers_run_the_commands_the_tests_run(
     assert command(services["app"]) == ["mega", "start", "--host", "0.0.0.0", "--port", "8000"]
     assert command(services["scheduler"]) == ["mega", "scheduler"]
     assert command(services["worker"]) == ["mega", "worker"]
-    assert services["app"]["ports"] == ["8000:8000"]
+    assert services["app"]["ports"] == ["${MEGA_PORT:-8000}:8000"]  # 8000 unless MEGA_PORT
     for name in MEGA_SERVICES:
         assert services[name]["build"] == ".", name
 
