@@ -96,6 +96,13 @@ def run(args: list[str], timeout_s: float = 60, **kwargs: Any) -> subprocess.Com
 
 def why_not() -> str | None:
     """Why the stack cannot run here, or None when it can."""
+    try:
+        return missing()
+    except subprocess.TimeoutExpired as error:
+        return f"`{' '.join(error.cmd)}` did not answer in {error.timeout:g} s"
+
+
+def missing() -> str | None:
     if not shutil.which("docker") or run(["docker", "info"], timeout_s=20).returncode != 0:
         return "no Docker daemon answers (`docker info` fails)"
     if compose_command() is None:
