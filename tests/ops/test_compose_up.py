@@ -310,8 +310,16 @@ def a_killed_worker_loses_no_job(user: User, stack: Stack) -> None:
     suffix = until(running_on, "the slow job started")
     victims = [c for c in stack.containers(stack.layout.job_host) if stack.runs(c, suffix)]
     assert len(victims) == 1, (suffix, victims)
+    started_at = stack.inspect(victims[0])["StartedAt"]
     assert run(["docker", "kill", "-s", "KILL", victims[0]]).returncode == 0
-    until(lambda: stack.inspect(victims[0])["Status"] != "running", "the container dead", 20)
+    until(  # exited, or already restarted by its restart policy
+        lambda: (
+            (state := stack.inspect(victims[0]))["Status"] != "running"
+            or state["StartedAt"] != started_at
+        ),
+        "the container dead",
+        20,
+    )
     assert run(["docker", "start", victims[0]]).returncode == 0  # the replacement
     job = user.job_ends(job_id, "done", timeout_s=90)
     kinds = [e["kind"] for e in job["events"]]
