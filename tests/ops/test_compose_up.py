@@ -347,6 +347,7 @@ def the_jobs_stream_leader_stops_under_load(user: User, stack: Stack) -> None:
                     return found
         return None
 
+    # Twenty in all: with the others, within the 30 jobs the timeline keeps.
     before = [enqueue(user, "ok") for _ in range(10)]
     name = until(leader, "the jobs stream's leader")
     node = stack.containers(name)[0]
