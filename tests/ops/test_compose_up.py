@@ -203,7 +203,10 @@ def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
     try:
         started = time.monotonic()
         stack.compose("up", "-d", "--build", *stack.layout.up_flags, timeout_s=600)
-        until(stack.all_healthy, "every service healthy", timeout_s=120)
+        try:
+            until(stack.all_healthy, "every service healthy", timeout_s=120)
+        except AssertionError as error:  # say which one was not
+            raise AssertionError(f"{error}:\n{stack.compose('ps')}") from None
         print(f"{stack.layout.name}: up --build and healthy in {time.monotonic() - started:.0f} s")
         yield stack
     finally:
