@@ -58,7 +58,7 @@ def test_app_containers_run_the_commands_the_tests_run(
     assert command(services["app"]) == ["mega", "start", "--host", "0.0.0.0", "--port", "8000"]
     assert command(services["scheduler"]) == ["mega", "scheduler"]
     assert command(services["worker"]) == ["mega", "worker"]
-    assert services["app"]["ports"] == ["8000:8000"]
+    assert services["app"]["ports"] == ["${MEGA_PORT:-8000}:8000"]  # 8000 unless MEGA_PORT
     for name in MEGA_SERVICES:
         assert services[name]["build"] == ".", name
 
@@ -222,3 +222,22 @@ def test_dockerignore_keeps_local_state_out_of_the_image() -> None:
     lines = (ROOT / ".dockerignore").read_text().splitlines()
     patterns = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
     assert {".venv", "var", ".git", "artifacts", "**/__pycache__"} <= patterns
+
+
+# Keys both compose implementations read the same way: Debian's docker-compose 1.29 and the
+# `docker compose` plugin (v2). A key outside them (`develop`, `deploy.resources`, which 1.29
+# reads only with --compatibility) would make the layouts differ between the two.
+SHARED_SERVICE_KEYS = {
+    "build", "image", "init", "restart", "environment", "command", "ports", "depends_on",
+    "healthcheck", "stop_grace_period", "deploy", "profiles", "volumes",
+}  # fmt: skip
+
+
+def test_the_compose_file_uses_only_keys_both_compose_versions_read() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert set(compose) == {"x-mega", "services", "volumes"}  # no `version`: v2 calls it obsolete
+    for name, service in compose["services"].items():
+        assert set(service) <= SHARED_SERVICE_KEYS, (name, set(service) - SHARED_SERVICE_KEYS)
+        assert set(service.get("deploy", {})) <= {"replicas"}, name
+        for options in service.get("depends_on", {}).values():
+            assert options["condition"] in ("service_healthy", "service_completed_successfully")
