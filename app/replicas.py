@@ -1,6 +1,6 @@
 """How many copies of each stream the sample asks for in a NATS cluster: MEGA_REPLICAS (1 by
 default, 3 on docker-compose's cluster profile). One node keeps one copy; three survive the loss
-of one node (SPEC 3.12)."""
+of one node."""
 
 import os
 

@@ -1,4 +1,4 @@
-"""Benchmarks for the performance targets of SPEC.md section 7: standalone scripts, not tests.
+"""Benchmarks for mega's performance targets: standalone scripts, not tests.
 
     .venv/bin/python -m bench.run_all                  # every benchmark; rewrites bench/RESULTS.md
     .venv/bin/python -m bench.bench_worker_pool --help # one benchmark, its own options

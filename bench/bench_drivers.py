@@ -1,4 +1,4 @@
-"""The other bus drivers (SPEC section 7): the memory driver's no-op jobs/s in one process, and
+"""The other bus drivers: the memory driver's no-op jobs/s in one process, and
 the redis driver against a bare redis-py loop on the same server.
 
     .venv/bin/python -m bench.bench_drivers [--jobs 20000]

@@ -1,4 +1,4 @@
-"""The heartbeat: /api/demo/ping round trips while the CPU pool hashes (SPEC section 7).
+"""The heartbeat: /api/demo/ping round trips while the CPU pool hashes.
 
     .venv/bin/python -m bench.bench_heartbeat [--idle-s 5] [--pool-s 6] [--hash-s 3]
 
@@ -13,7 +13,7 @@ directory), logs in as the browser does (CSRF meta tag, form POST), then sends o
 - inline: one `inline: true` hash of about 2 s runs on the web event loop itself.
 
 Hash rounds are calibrated first from short pool hashes (one alone, then a concurrent pair).
-Target: pool p99 within 1.5x the idle p99, with no absolute floor (SPEC 7). The inline phase
+Target: pool p99 within 1.5x the idle p99, with no absolute floor. The inline phase
 is the contrast: its max shows the event loop stalled for most of the hash. Takes about 30 s;
 everything it starts is stopped at the end, on error too.
 """
@@ -48,7 +48,7 @@ CONFIG = ROOT / "mega_config.py"
 USER, PASSWORD = "bench", "bench-password"
 SECRET_KEY = "bench-secret-key-" + "x" * 32  # 32+ characters, as outside dev
 PING_INTERVAL_S = 0.05  # one heartbeat every 50 ms, as the demo page does
-POOL_TARGET_FACTOR = 1.5  # pool p99 within this many times the idle p99 (SPEC section 7)
+POOL_TARGET_FACTOR = 1.5  # pool p99 within this many times the idle p99
 INLINE_HASH_S = 2.0  # how long the inline hash should block the loop
 INLINE_MARGIN_S = 0.5  # pings before and after the inline hash
 CALIBRATION_ROUNDS = 300_000

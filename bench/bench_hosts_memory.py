@@ -1,4 +1,4 @@
-"""Idle memory of each host: `mega start`, `mega scheduler`, `mega worker` (SPEC 7: < 100 MB).
+"""Idle memory of each host: `mega start`, `mega scheduler`, `mega worker` (target: < 100 MB).
 
 Runs the three hosts with the real mega_config.py on private embedded NATS and Redis, waits
 until each is ready, lets them idle a few seconds, and reads each process's VmRSS. The web

@@ -1,4 +1,4 @@
-"""The job queue: consume and enqueue throughput, start latency and worker memory (SPEC section 7).
+"""The job queue: consume and enqueue throughput, start latency and worker memory.
 
     .venv/bin/python -m bench.bench_jobs [--jobs 20000] [--concurrency 200] [--latency-s 10]
 
@@ -69,7 +69,7 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 SECRET_KEY = "bench-secret-key-" + "x" * 32  # the config needs one outside dev (unused here)
 
-# SPEC section 7 targets.
+# The targets each row of the table is held to.
 CONSUME_TARGET = 0.5  # mega worker jobs/s >= this x the bare fetch+ack loop
 ENQUEUE_TARGET = 0.8  # one-at-a-time enqueue >= this x bare awaited js.publish
 ENQUEUE_MANY_TARGET = 0.5  # enqueue_many >= this x bare pipelined publish_async
@@ -78,7 +78,7 @@ LATENCY_P99_TARGET_MS = 20.0
 IDLE_RSS_TARGET_MB = 100.0
 RSS_GROWTH_TARGET = 1.10
 
-BARE_BATCH = 100  # the baseline's fetch batch (SPEC: fetch(batch=100) + ack)
+BARE_BATCH = 100  # the baseline's fetch batch: fetch(batch=100) + ack
 STEADY_FROM, STEADY_TO = 0.1, 0.9  # the steady window: job 2,000 to 18,000 of 20,000
 WARMUP_MSGS = 200  # untimed publishes per side, so both start on a warm connection
 ENQUEUE_BLOCK = 500  # awaited publishes per timed block, the two sides alternating

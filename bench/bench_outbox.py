@@ -1,5 +1,5 @@
 """The outbox: relay drain vs bare publish_async, commit-to-listener-start latency, and three
-listener groups each receiving every event exactly once (SPEC section 7).
+listener groups each receiving every event exactly once.
 
     .venv/bin/python -m bench.bench_outbox [--rows 20000] [--rate 200] [--seconds 10]
 

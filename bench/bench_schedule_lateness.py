@@ -1,4 +1,4 @@
-"""Lateness of a `* * * * * *` schedule (every second) under the Scheduler (SPEC section 7).
+"""Lateness of a `* * * * * *` schedule (every second) under the Scheduler.
 
     .venv/bin/python -m bench.bench_schedule_lateness [--ticks 60]
 
@@ -36,7 +36,7 @@ from mega.schedules.locks import RedLock
 from mega.schedules.schedule import LockSettings, Schedule
 from mega.schedules.scheduler import Scheduler
 
-TARGET_P99_MS = 20.0  # SPEC section 7
+TARGET_P99_MS = 20.0  # the target: p99 lateness under this
 EVERY_SECOND = "* * * * * *"
 LOCK_TTL_MS = 5_000  # far above a no-op run: the overlap guard never gets in the way
 DEADLINE_SLACK_S = 15.0  # beyond `ticks` seconds, how long to wait before giving up

@@ -1,4 +1,4 @@
-"""Trivial tasks/s through WorkerPool vs concurrent.futures.ProcessPoolExecutor (SPEC section 7).
+"""Trivial tasks/s through WorkerPool vs concurrent.futures.ProcessPoolExecutor.
 
     .venv/bin/python -m bench.bench_worker_pool [--tasks 20000] [--in-flight 64] [--workers 2]
 
@@ -28,7 +28,7 @@ from mega.workers.pool import WorkerPool
 from mega.workers.worker import Worker
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGET_RATIO = 2.0  # SPEC section 7: the pool must be at least this much faster
+TARGET_RATIO = 2.0  # the target: the pool must be at least this much faster
 WARMUP_TASKS = 500  # untimed, so both sides have started their processes and warmed caches
 
 

@@ -1,7 +1,7 @@
 """The shape every benchmark returns, percentiles, and its table as text or Markdown.
 
 A benchmark's `run()` returns a `Result`: a few `Row`s, each one figure measured against a
-baseline timed in the same run, with the SPEC target it is held to (or none: context only).
+baseline timed in the same run, with the target it is held to (or none: context only).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class Row(TypedDict):
     value: str
     baseline: str  # "" when the figure has no baseline
     ratio: str  # value / baseline, "" without a baseline
-    target: str  # the SPEC target, "" when the row is context only
+    target: str  # the target it is held to, "" when the row is context only
     passed: bool | None  # None: no target
 
 

@@ -120,7 +120,8 @@ def render(outcomes: list[Outcome], info: dict[str, str], started: datetime, tot
     lines = [
         "# Benchmark results",
         "",
-        f"Written by `{COMMAND}` (`make bench`); rerun it to refresh. Targets: SPEC.md section 7.",
+        f"Written by `{COMMAND}` (`make bench`); rerun it to refresh. "
+        "Targets: each table's target column, set in its benchmark module.",
         "",
         "| | |",
         "| --- | --- |",

@@ -50,7 +50,7 @@ class LockBackendError(MegaError):
 
 
 class WorkerError(MegaError):
-    """A CPU worker pool failure. `code` is one of the `worker.*` codes in SPEC.md 3.5."""
+    """A CPU worker pool failure. `code` is one of the `worker.*` codes of the classes below."""
 
     code = "worker.error"
 

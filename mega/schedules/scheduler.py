@@ -123,7 +123,7 @@ class TickResult:
 
 
 class Scheduler:
-    """Runs Schedule classes on their cron. Signals: run, skip, done, fail (see SPEC 3.3).
+    """Runs Schedule classes on their cron. Signals: run, skip, done, fail.
 
     `stop_timeout_s` bounds how long `stop()` waits for running runs (seconds); `audit_size` is
     how many tick records are kept per schedule (all instances together).

@@ -148,7 +148,8 @@ def main(argv: list[str]) -> int:
     # (it closes our stdin), so a keyboard interrupt must not print a traceback per child.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Below the web process in the scheduler's eyes: when every core is busy hashing, the event
-    # loop that answers requests still gets the CPU first (SPEC 7: the heartbeat within 1.5x).
+    # loop that answers requests still gets the CPU first (the target: heartbeat p99 within 1.5x
+    # the idle p99).
     # On Linux, SCHED_IDLE: the kernel runs the child only when nothing else wants the core, and
     # a waking web process takes it at once (niceness alone still shares it in slices).
     with contextlib.suppress(OSError):

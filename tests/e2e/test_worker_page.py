@@ -52,7 +52,7 @@ def test_console_shows_the_live_state_of_all_three(page, live_stack: LiveStack) 
     screenshot(page, "console-live")
 
 
-# -- the failure modes and the live figures (SPEC 4.2) ------------------------------------------
+# -- the failure modes and the live figures -----------------------------------------------------
 
 
 def open_worker_page(page, live_stack: LiveStack) -> None:  # type: ignore[no-untyped-def]

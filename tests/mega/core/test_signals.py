@@ -1,4 +1,4 @@
-"""The closed signal sets every runtime exposes (SPEC 3.2)."""
+"""The closed signal sets every runtime exposes."""
 
 from __future__ import annotations
 

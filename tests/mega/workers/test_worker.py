@@ -447,5 +447,5 @@ async def test_children_run_at_a_lower_priority_than_the_web_process(make_pool: 
     pool = await make_pool()
     child = await pool.run("pid", None)
     parent_nice = os.getpriority(os.PRIO_PROCESS, 0)
-    # The event loop gets the CPU first when every core hashes (SPEC 7).
+    # The event loop gets the CPU first when every core hashes.
     assert os.getpriority(os.PRIO_PROCESS, child) == min(19, parent_nice + CHILD_NICENESS)
