@@ -1,9 +1,10 @@
 """The README and the guide cannot rot: every relative link and every backticked path in them
-names a file or folder of this repository."""
+names a file or folder of this repository, and no tracked file points to a document outside it."""
 
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,9 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 PATH = re.compile(r"`((?:\.?[\w-]+/)+[\w.-]*)`")
 # Paths that exist only once the demo has run (data of the embedded servers, screenshots).
 MADE_AT_RUN_TIME = ("var/", "artifacts/")
+# The name of a document users of the repository do not have, as every reference to it was
+# written (a whole, upper-case word); built from parts so that this file does not name it.
+OUTSIDE_DOCUMENT = re.compile(r"\b" + "SP" + "EC" + r"\b")
 
 
 def references(doc: Path) -> list[tuple[str, Path]]:
@@ -39,3 +43,28 @@ def test_every_reference_resolves(doc: Path) -> None:
 
 def test_the_docs_are_scanned() -> None:
     assert len(DOCS) >= 6 and sum(len(references(doc)) for doc in DOCS) > 20
+
+
+def tracked_text_files() -> list[Path]:
+    """Every file git tracks that is text (not a PNG or other binary, which has a NUL byte)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    files = []
+    for name in filter(None, listed.split("\0")):
+        path = ROOT / name
+        if path.is_file() and b"\0" not in path.read_bytes():
+            files.append(path)
+    return files
+
+
+def test_no_file_points_outside_the_repository() -> None:
+    files = tracked_text_files()
+    found = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in files
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if OUTSIDE_DOCUMENT.search(line)
+    ]
+    assert len(files) > 100 and ROOT / "tests/ops/test_docs.py" in files
+    assert found == [], f"these lines name a document outside the repository: {found}"
