@@ -1,0 +1,260 @@
+"""The one interface every bus driver implements, and the values that cross it.
+
+A driver is one engine (NATS JetStream, Redis Streams, PostgreSQL, this process's memory) seen
+through the few primitives the framework needs; everything that is the same for every engine
+(the consume loop, `decide()`, the signals, the DLQ record and tools, JobQueue, EventBus) is
+written once above, in mega/jobs and mega/events, and never names an engine.
+
+    bus = await NatsBus.connect("jobs", BusSpec(driver="nats", url="nats://127.0.0.1:4222"))
+    await bus.ensure(lane, apply_limits=False)        # a job's queue, or a listener group
+    [stored] = await bus.publish(lane, [message])     # False: a duplicate id, dropped
+    receiver = bus.receiver(lane, consumer="worker@host:1")
+    for delivery in await receiver.fetch(10): ...     # then ack / retry / dead_letter
+    await bus.close()
+
+A lane is what one consume loop works on: the queue of one job subject, or the cursor of one
+listener group over the bus's events. A driver keeps what it needs per lane (streams, keys,
+tables) under names of its own; the framework only hands it the `Lane`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Protocol, Self, TypedDict
+
+from mega.config import BusSpec
+
+
+class DlqErrorInfo(TypedDict):
+    type: str
+    message: str
+
+
+class _DlqRecordBase(TypedDict):
+    id: str
+    subject: str
+    payload: Any
+    error: DlqErrorInfo
+    attempts: int
+    first_enqueued_at: int | None
+    failed_at: int
+    worker: str
+
+
+class DlqRecord(_DlqRecordBase, total=False):
+    """One dead letter, the same JSON object on every driver (times in epoch ms):
+
+        {"id", "subject", "payload", "error": {"type", "message"}, "attempts",
+         "first_enqueued_at", "failed_at", "worker"}
+
+    `raw_b64`: the body of a message that was not JSON (then `payload` is None). `seq`: where
+    the driver keeps it (a stream sequence, a row id), added when records are listed."""
+
+    raw_b64: str
+    seq: int
+
+
+@dataclass(frozen=True)
+class Lane:
+    """What one consume loop works on, as a driver needs to know it.
+
+    `kind` "job": the queue of job subject `subject`; "group": listener group `name` over the
+    bus's events, hearing the event names that match `subject` (a pattern: `*` one token,
+    `>` the rest). `concurrency` caps the deliveries a process runs at once (on NATS, the whole
+    group's), `ack_wait_s` is how long a delivery may go unsettled before another worker gets
+    it (running ones are extended every third of it). The rest is how long and how much of the
+    lane's dead letters are kept, and copies of its data in a cluster."""
+
+    kind: Literal["job", "group"]
+    name: str
+    subject: str
+    concurrency: int
+    ack_wait_s: float
+    dlq_max_age_s: float
+    dlq_max_bytes: int | None = None
+    replicas: int = 1
+
+
+@dataclass(frozen=True)
+class Message:
+    """One job or event to store. `subject` is a job's subject or an event's name. `body` is
+    the JSON payload. `dedup`: `id` was given by the caller (or is an outbox row's), so a
+    second message with it within the driver's dedup window is dropped. `run_at_ms`: hold it
+    until then (None: now)."""
+
+    id: str
+    subject: str
+    body: bytes
+    enqueued_at_ms: int
+    run_at_ms: int | None = None
+    dedup: bool = True
+
+
+@dataclass(frozen=True)
+class LaneStats:
+    """A lane at an instant. `pending`: stored, not yet delivered (delayed ones included where
+    the engine counts them); `in_flight`: delivered and not yet settled; `dlq`: dead letters."""
+
+    pending: int
+    in_flight: int
+    dlq: int
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One delivery of a message to this process, as a receiver hands it to the consume loop.
+
+    `attempt` counts every delivery of the job so far, this one included, across crashes and
+    retries (the engine's delivery count plus the attempts made before a retry's copy).
+    `key` is the same for every redelivery of this very message (a stream sequence, a row id),
+    so the loop can remember what it could not report. `handle` is the engine's own message,
+    for the receiver alone."""
+
+    id: str
+    subject: str
+    body: bytes
+    attempt: int
+    enqueued_at_ms: int | None
+    run_at_ms: int | None
+    key: Hashable
+    handle: Any
+
+
+class DriverUnavailable(Exception):
+    """The engine did not answer (down, restarting, partitioned): the caller may try again.
+    A driver raises it from every primitive whose failure the framework must handle; the
+    framework turns it into DependencyUnavailable, a retry or a redelivery."""
+
+
+class Receiver(Protocol):
+    """One lane consumed in this process: what the consume loop calls, and nothing more.
+
+    Settling calls (`ack`, `retry`, `extend`, `release`) never raise: when the engine is away
+    the delivery simply comes back later (at-least-once). `dead_letter` raises
+    DriverUnavailable when the record could not be stored, and then leaves the delivery
+    unsettled for the loop to `release`."""
+
+    async def fetch(self, limit: int) -> list[Delivery]:
+        """Up to `limit` deliveries, as soon as at least one is there; [] after a short wait
+        (at most about half a second) with none, or once `wake()` was called. Waits out an
+        outage (returns []), never raises for it."""
+        ...
+
+    def wake(self) -> None:
+        """Make a waiting `fetch` return now (the loop is stopping)."""
+        ...
+
+    async def ack(self, delivery: Delivery) -> None:
+        """Done: it never comes back."""
+        ...
+
+    async def retry(self, delivery: Delivery, *, due_ms: int, attempts: int) -> None:
+        """Run it again at `due_ms` (epoch ms), its next delivery being attempt `attempts + 1`,
+        without holding a slot of the lane's concurrency while it waits."""
+        ...
+
+    async def extend(self, delivery: Delivery) -> None:
+        """Still running: push its ack wait back by a full `ack_wait_s`."""
+        ...
+
+    async def release(self, delivery: Delivery, *, delay_s: float) -> None:
+        """Hand it back unsettled, to be delivered again (to any worker) after `delay_s`."""
+        ...
+
+    async def dead_letter(
+        self, delivery: Delivery, record: DlqRecord, *, terminate: bool
+    ) -> None:
+        """Store `record` in the lane's dead letters and settle the delivery (`terminate`: a
+        message no one can decode). Raises DriverUnavailable when the record was not stored."""
+        ...
+
+    async def close(self) -> None:
+        """Send what is still buffered (acks) and let go of the lane's resources."""
+        ...
+
+
+class Bus(Protocol):
+    """A connected bus of one alias: `ctx.bus(alias)`. `native` is the engine's own client
+    (typed as such by each driver class), for the rare call the interface does not cover."""
+
+    driver: ClassVar[str]
+    alias: str
+    spec: BusSpec
+
+    @property
+    def native(self) -> Any: ...
+
+    @property
+    def connected(self) -> bool:
+        """Whether a publish can reach the engine now (the outbox relay waits while not)."""
+        ...
+
+    @classmethod
+    async def connect(cls, alias: str, spec: BusSpec) -> Self:
+        """Connect (bounded in time); DependencyUnavailable names the URL when it cannot."""
+        ...
+
+    async def close(self) -> None:
+        """Close the connection; never raises."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise DriverUnavailable unless the engine answers now (health checks)."""
+        ...
+
+    # -- lanes: jobs and listener groups --------------------------------------------------------
+
+    async def ensure(self, lane: Lane, *, apply_limits: bool) -> None:
+        """Make what the lane needs exist (idempotent, safe to race). Existing limits that
+        differ from the lane's change only with `apply_limits`; otherwise said in one line."""
+        ...
+
+    async def publish(self, lane: Lane, messages: Sequence[Message]) -> list[bool]:
+        """Store jobs on a job lane and return once every one is stored: True each one kept,
+        False a duplicate id. Raises DriverUnavailable (some may have been stored)."""
+        ...
+
+    async def stats(self, lane: Lane) -> LaneStats:
+        """The lane now, as the engine counts it. Raises DriverUnavailable."""
+        ...
+
+    def receiver(self, lane: Lane, *, consumer: str) -> Receiver:
+        """Consume the lane in this process; `consumer` names this process to the engine."""
+        ...
+
+    # -- the dead letters of a lane -------------------------------------------------------------
+
+    async def dead_letters(self, lane: Lane, *, limit: int) -> list[DlqRecord]:
+        """Up to `limit` records, newest first, each with its `seq`."""
+        ...
+
+    async def count_dead(self, lane: Lane) -> int: ...
+
+    async def requeue(self, lane: Lane, record: DlqRecord) -> None:
+        """Store the record's job (or event, for a group) on the lane again as a new message,
+        its attempts starting again at 1, and delete the record (seq)."""
+        ...
+
+    async def purge(self, lane: Lane) -> int:
+        """Delete every dead letter of the lane; returns how many there were."""
+        ...
+
+    # -- events -------------------------------------------------------------------------------
+
+    async def ensure_events(self, *, max_age_s: float) -> None:
+        """Make the events log exist, keeping events `max_age_s` (0: forever) for replay."""
+        ...
+
+    async def emit(self, messages: Sequence[Message], *, max_age_s: float) -> list[bool]:
+        """Append events (subject: the event name) in order, each to every group whose pattern
+        matches; True each one kept, False a duplicate id. Raises DriverUnavailable."""
+        ...
+
+    async def watch_commits(self, wake: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+        """Call `wake()` when another process announces outbox rows; returns the stop."""
+        ...
+
+    def announce_commit(self) -> None:
+        """Tell relays elsewhere that outbox rows were committed (fire and forget)."""
+        ...
