@@ -21,7 +21,7 @@ _EXPORTS = {
     # configuration, context, errors, signals
     "Config": "mega.config",
     "load_config": "mega.config",
-    "BusAdapter": "mega.context",
+    "Bus": "mega.drivers.base",
     "CacheAdapter": "mega.context",
     "Context": "mega.context",
     "Database": "mega.database",
@@ -96,7 +96,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_api.py compares)
     from mega.config import Config as Config
     from mega.config import load_config as load_config
-    from mega.context import BusAdapter as BusAdapter
+    from mega.drivers.base import Bus as Bus
     from mega.context import CacheAdapter as CacheAdapter
     from mega.context import Context as Context
     from mega.context import FencedLease as FencedLease

@@ -38,9 +38,11 @@ from pydantic import (
 )
 
 from mega.constants import (
+    BUILT_IN_DRIVERS,
     DEV_ENV_FILE,
     DEV_ENV_NAMES,
     DEV_SECRET_KEY,
+    DRIVERS_ENTRY_POINT_GROUP,
     MIN_SECRET_KEY_LENGTH,
     VAR_DIR,
 )
@@ -90,12 +92,30 @@ class LockSpec(_Model):
 
 
 class BusSpec(_Model):
-    driver: Literal["nats", "redis", "memory"]
-    # nats:// (or tls://) for nats, several for a cluster (a list, or joined by commas: what
-    # NATS_URL can carry); redis:// (or rediss://) for redis.
-    url: str | list[str] = "memory://"
-    # Copies of the events stream in a NATS cluster (Jobs and Listeners say their own).
+    """One bus alias: which driver moves its jobs and events, and where its engine is.
+
+    `driver`: a built-in one (`nats`, `redis`, `postgres`, `memory`) or one a package adds
+    through the `mega.drivers` entry-point group (checked at boot). `url`: nats:// (or tls://)
+    for nats, several for a cluster (a list, or joined by commas: what NATS_URL can carry);
+    redis:// (or rediss://) for redis; postgresql:// for postgres (default: the application's
+    database). `replicas`: copies of the events stream in a NATS cluster (Jobs and Listeners
+    say their own)."""
+
+    driver: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")]
+    url: str | list[str] = ""
     replicas: Annotated[int, Field(ge=1, le=5)] = 1
+
+    @field_validator("driver")
+    @classmethod
+    def known_driver(cls, driver: str) -> str:
+        if driver not in BUILT_IN_DRIVERS:
+            from importlib.metadata import entry_points
+
+            added = {point.name for point in entry_points(group=DRIVERS_ENTRY_POINT_GROUP)}
+            if driver not in added:
+                known = ", ".join(sorted({*BUILT_IN_DRIVERS, *added}))
+                raise ValueError(f"unknown driver {driver!r} (known: {known})")
+        return driver
 
     @field_validator("url")
     @classmethod
@@ -109,6 +129,8 @@ class BusSpec(_Model):
             raise ValueError(f"one URL for a {driver} bus, got {len(urls)}")
         elif driver == "redis":
             _check_url(urls[0], "redis", "rediss", "unix")
+        elif driver == "postgres" and urls[0]:
+            _check_url(urls[0], "postgresql", "postgres")
         return ",".join(urls)
 
 
@@ -207,12 +229,10 @@ class Config:
     root: Path
     caches: dict[str, str]  # alias -> redis URL
     locks: dict[str, list[str]]  # alias -> cache aliases (one = single Redis, several = quorum)
-    buses: dict[str, str]  # alias -> URL (NATS, Redis, or memory:// for a memory bus)
+    buses: dict[str, BusSpec]  # alias -> its driver, URL and replicas
     database_url: str
     auth: AuthConfig
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
-    bus_drivers: dict[str, str] = field(default_factory=dict)  # alias -> nats|redis|memory
-    bus_replicas: dict[str, int] = field(default_factory=dict)  # alias -> events stream copies
     schedules: list[type] = field(default_factory=list)
     jobs: list[type] = field(default_factory=list)
     workers: list[type] = field(default_factory=list)
@@ -287,9 +307,7 @@ def build_config(module: ModuleType, path: Path, *, dev: bool, signs: bool = Tru
         root=path.parent,
         caches={alias: cache.url for alias, cache in services.caches.items()},
         locks={alias: lock.cache_aliases for alias, lock in services.locks.items()},
-        buses={alias: str(bus.url) for alias, bus in services.buses.items()},
-        bus_drivers={alias: bus.driver for alias, bus in services.buses.items()},
-        bus_replicas={alias: bus.replicas for alias, bus in services.buses.items()},
+        buses=dict(services.buses),
         database_url=_database_url(services.database, path.parent),
         auth=spec.auth,
         metrics=spec.metrics,

@@ -38,5 +38,15 @@ VAR_DIR = "var"
 DEV_ENV_FILE = "dev.env"
 DEV_ENV_NAMES = ("NATS_URL", "REDIS_URL")
 
+# Bus drivers: the built-in ones by name ("module:class", imported on first use), and the
+# entry-point group through which a package adds one (see mega.drivers).
+BUILT_IN_DRIVERS = {
+    "nats": "mega.drivers.nats:NatsBus",
+    "redis": "mega.drivers.redis:RedisBus",
+    "memory": "mega.drivers.memory:MemoryBus",
+    "postgres": "mega.drivers.postgres:PostgresBus",
+}
+DRIVERS_ENTRY_POINT_GROUP = "mega.drivers"
+
 # Fix-it hint appended to every "cannot reach" message.
 HOW_TO_GET_SERVICES = "run `mega dev` (embedded servers) or `docker compose up`"

@@ -15,16 +15,17 @@ import socket
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
 
+from mega.drivers.base import Bus
 from mega.errors import ConfigError
 
 if TYPE_CHECKING:
-    from nats.aio.client import Client as NatsClient
-    from nats.js import JetStreamContext
     from redis.asyncio import Redis
 
     from mega.database import Database
+
+B = TypeVar("B", bound=Bus)
 
 # Why `acquire_fenced` held nothing: the claim was taken already, or the guard is held.
 Refusal = Literal["claimed", "overlap"]
@@ -135,29 +136,13 @@ class CacheAdapter:
 
 
 @dataclass
-class BusAdapter:
-    """A bus: for the `nats` driver a connection that reconnects forever (`native` is the
-    nats-py client); for `memory`, an in-process broker (`native` is its MemoryBroker)."""
-
-    alias: str
-    url: str  # for a NATS cluster, its URLs joined by commas
-    native: NatsClient
-    driver: str = "nats"
-    replicas: int = 1  # copies of the events stream in a NATS cluster
-
-    @property
-    def js(self) -> JetStreamContext:
-        return self.native.jetstream()
-
-
-@dataclass
 class Context:
     """What the hosts build at boot (see `mega.runtime.boot`) and hand to every runtime."""
 
     instance_id: str
     caches: dict[str, CacheAdapter] = field(default_factory=dict)
     locks: dict[str, LockAdapter] = field(default_factory=dict)
-    buses: dict[str, BusAdapter] = field(default_factory=dict)
+    buses: dict[str, Bus] = field(default_factory=dict)  # each its driver's class
     database: Database | None = None
     # Hosts without a web app open the database lazily, on first use of `ctx.db`.
     database_url: str | None = None
@@ -171,8 +156,21 @@ class Context:
     def lock(self, alias: str) -> LockAdapter:
         return _lookup(self.locks, alias, "services.locks")
 
-    def bus(self, alias: str) -> BusAdapter:
-        return _lookup(self.buses, alias, "services.buses")
+    @overload
+    def bus(self, alias: str) -> Bus: ...
+    @overload
+    def bus(self, alias: str, driver: type[B]) -> B: ...
+
+    def bus(self, alias: str, driver: type[Bus] | None = None) -> Bus:
+        """The connected bus of an alias. With `driver` (a driver class such as
+        `mega.drivers.nats.NatsBus`), checked to be that driver and typed as it, so that its
+        `native` is the engine's own client: `ctx.bus("jobs", NatsBus).native.jetstream()`."""
+        bus = _lookup(self.buses, alias, "services.buses")
+        if driver is not None and not isinstance(bus, driver):
+            raise ConfigError(
+                f"services.buses.{alias}: a {bus.driver} bus, not {driver.driver}"
+            )
+        return bus
 
     @property
     def db(self) -> Database:

@@ -17,17 +17,10 @@ import importlib
 from importlib.metadata import entry_points
 from typing import cast
 
+from mega.constants import BUILT_IN_DRIVERS as BUILT_IN
+from mega.constants import DRIVERS_ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
 from mega.drivers.base import Bus
 from mega.errors import ConfigError
-
-ENTRY_POINT_GROUP = "mega.drivers"
-# name -> "module:class"; imported on first use.
-BUILT_IN = {
-    "nats": "mega.drivers.nats:NatsBus",
-    "redis": "mega.drivers.redis:RedisBus",
-    "memory": "mega.drivers.memory:MemoryBus",
-    "postgres": "mega.drivers.postgres:PostgresBus",
-}
 
 
 def driver_names() -> list[str]:

@@ -7,8 +7,8 @@ it travels on and, optionally, a pydantic `schema` its payload is validated agai
         schema = SignupPayload          # optional: a pydantic model
 
 A job is work someone asked for (one consumer group does it once); an event is news (every
-listener group hears it). Events of a bus live on one stream, `MEGA_EVENTS` on `events.>`
-(limits retention, kept `EVENTS_MAX_AGE_S` for replay), under the subject `events.<name>`.
+listener group hears it). The events of a bus are kept `EVENTS_MAX_AGE_S` (a week) for replay:
+a new listener group starts from the oldest kept.
 """
 
 from __future__ import annotations
@@ -19,33 +19,17 @@ import time
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 
+from mega.drivers.base import Message
 from mega.errors import JobError, RegistrationError
 
 # Event names: letters, digits, `_` and `-` in non-empty tokens joined by dots, like job subjects.
 NAME_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
-# Every event of a bus is published under this prefix; the events stream covers `events.>`.
-SUBJECT_PREFIX = "events."
-EVENTS_STREAM = "MEGA_EVENTS"
-# A listener group's requeued events come back on `events_requeue.<group>` (same stream), so a
-# requeue reaches that group only, not every group.
-REQUEUE_PREFIX = "events_requeue."
 # Events are kept this long for replay (a new listener group starts from the oldest kept).
 EVENTS_MAX_AGE_S = 7 * 24 * 3600
-
-# Message headers of an event (the body is the JSON payload alone). A published event carries
-# only two: its id as the dedup id, and when it was emitted (for an outbox event: when its row
-# was written); its name is its subject. Headers cost: four of them halved the relay's rate.
-NATS_MSG_ID = "Nats-Msg-Id"
-HEADER_EMITTED_AT = "Mega-Emitted-At"
-# A requeued event arrives on a group's requeue subject with a dedup id of its own, so it carries
-# its id and name in these.
-HEADER_EVENT_ID = "Mega-Event-Id"
-HEADER_EVENT_NAME = "Mega-Event-Name"
-
 
 class Event:
     """Base class of every event. Subclasses set `name` and `bus`; `schema` is optional."""
@@ -63,10 +47,6 @@ class EventSpec:
     name: str
     bus: str
     schema: type[BaseModel] | None
-
-    @property
-    def subject(self) -> str:
-        return SUBJECT_PREFIX + self.name
 
 
 @dataclass(frozen=True)
@@ -103,26 +83,13 @@ def validate_event(event_cls: type[Event], bus_aliases: Collection[str]) -> Even
     return EventSpec(event_cls, name, bus, schema)
 
 
-class EventMessage(NamedTuple):
-    """One event ready to publish (or to store in the outbox)."""
-
-    event_id: str
-    subject: str
-    body: bytes
-    headers: dict[str, str]
-
-    @property
-    def emitted_at_ms(self) -> int:
-        return int(self.headers[HEADER_EMITTED_AT])
-
-
 def encode_event(
     spec: EventSpec, payload: Any, *, event_id: str | None = None, emitted_at_ms: int | None = None
-) -> EventMessage:
+) -> Message:
     """Validate the payload (against `schema`, then as JSON) and build the message.
 
-    The event id is also the `Nats-Msg-Id`, so a second publish of the same event within the
-    stream's duplicate window is dropped. Raises JobError `event.invalid_payload`."""
+    The event id is its dedup key, so a second publish of the same event within the bus's
+    dedup window is dropped. Raises JobError `event.invalid_payload`."""
     if spec.schema is not None:
         try:
             payload = spec.schema.model_validate(payload).model_dump(mode="json")
@@ -139,5 +106,4 @@ def encode_event(
         ) from None
     event_id = event_id or uuid.uuid4().hex
     emitted = emitted_at_ms if emitted_at_ms is not None else int(time.time() * 1000)
-    headers = {NATS_MSG_ID: event_id, HEADER_EMITTED_AT: str(emitted)}
-    return EventMessage(event_id, spec.subject, body, headers)
+    return Message(event_id, spec.name, body, emitted)

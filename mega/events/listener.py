@@ -11,8 +11,8 @@ it is run (`concurrency`, `retries`, `backoff`, `ack_wait_s`) and what it does
             await JobQueue(ctx, "jobs").enqueue(EmailJob, {...}, id=f"welcome-{event.id}")
 
 Fan-out: every group receives every event it listens to; the processes of one group share them
-(one durable consumer per group on the events stream). A failure retries with backoff and then
-lands in the group's own dead-letter stream, exactly as a job does (the same consume loop).
+(one cursor per group over the bus's events). A failure retries with backoff and then
+lands in the group's own dead letters, exactly as a job does (the same consume loop).
 Delivery is at-least-once: make `run` idempotent, or let the inbox skip completed ids.
 """
 
@@ -20,23 +20,12 @@ from __future__ import annotations
 
 import inspect
 import re
-import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from mega.errors import RegistrationError
-from mega.events.event import (
-    EVENTS_STREAM,
-    HEADER_EMITTED_AT,
-    HEADER_EVENT_ID,
-    HEADER_EVENT_NAME,
-    NATS_MSG_ID,
-    REQUEUE_PREFIX,
-    SUBJECT_PREFIX,
-    Event,
-    ReceivedEvent,
-)
+from mega.events.event import Event, ReceivedEvent
 from mega.jobs.backoff import BackoffPolicy
 from mega.jobs.job import (
     DEFAULT_ACK_WAIT_S,
@@ -53,23 +42,8 @@ if TYPE_CHECKING:
 # the rest (NATS subject wildcards).
 PATTERN_RE = re.compile(r"(?:[A-Za-z0-9_-]+|\*)(?:\.(?:[A-Za-z0-9_-]+|\*))*(?:\.>)?|>")
 GROUP_RE = re.compile(r"[A-Za-z0-9_-]+")
-# Each group's dead letters: `events_dlq.<group>` in the stream MEGA_EVENTS_<GROUP>_DLQ.
-DLQ_SUBJECT_PREFIX = "events_dlq."
-DLQ_STREAM_PREFIX = "MEGA_EVENTS_"
-DLQ_STREAM_SUFFIX = "_DLQ"
 # The inbox remembers a completed event id this long: longer than the events are kept.
 DEFAULT_INBOX_TTL_S = 14 * 24 * 3600
-
-
-def subject_matcher(pattern: str) -> Callable[[str], bool]:
-    """A test of event subjects against a group's pattern, with the NATS wildcards (`*` one
-    token, a final `>` one or more), for the drivers whose broker cannot filter."""
-    tokens = (SUBJECT_PREFIX + pattern).split(".")
-    regex = r"\.".join(
-        "[^.]+" if token == "*" else ".+" if token == ">" else re.escape(token) for token in tokens
-    )
-    compiled = re.compile(regex)
-    return lambda subject: compiled.fullmatch(subject) is not None
 
 
 class Listener:
@@ -130,62 +104,6 @@ class ListenerSpec:
     @property
     def max_attempts(self) -> int:
         return self.retries + 1
-
-    @property
-    def stream(self) -> str:
-        return EVENTS_STREAM
-
-    @property
-    def durable(self) -> str:
-        return f"mega_group_{self.group}"
-
-    @property
-    def filter_subjects(self) -> list[str]:
-        """The events the group hears, and its own requeued ones."""
-        return [SUBJECT_PREFIX + self.pattern, self.requeue_subject]
-
-    @property
-    def subject(self) -> str:
-        return SUBJECT_PREFIX + self.pattern
-
-    @property
-    def dlq_subject(self) -> str:
-        return DLQ_SUBJECT_PREFIX + self.group
-
-    @property
-    def dlq_stream(self) -> str:
-        return (
-            DLQ_STREAM_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", self.group).upper() + DLQ_STREAM_SUFFIX
-        )
-
-    def message_id(self, headers: dict[str, str]) -> str | None:
-        # Published once: the dedup id is the event id. Requeued: the event id is a header of
-        # its own, since the requeue has a dedup id of its own.
-        return headers.get(HEADER_EVENT_ID) or headers.get(NATS_MSG_ID)
-
-    @property
-    def enqueued_header(self) -> str:
-        return HEADER_EMITTED_AT
-
-    def record_subject(self, subject: str, headers: dict[str, str]) -> str:
-        # A requeued event arrives on the group's requeue subject, its name in a header.
-        name = headers.get(HEADER_EVENT_NAME)
-        return SUBJECT_PREFIX + name if name else subject
-
-    @property
-    def requeue_subject(self) -> str:
-        return REQUEUE_PREFIX + self.group
-
-    def requeue_headers(self, record: Mapping[str, Any]) -> dict[str, str]:
-        headers = {
-            HEADER_EVENT_ID: record["id"],
-            HEADER_EVENT_NAME: str(record["subject"]).removeprefix(SUBJECT_PREFIX),
-        }
-        emitted = record.get("first_enqueued_at")
-        headers[HEADER_EMITTED_AT] = str(
-            emitted if emitted is not None else int(time.time() * 1000)
-        )
-        return headers
 
 
 def validate_listener(

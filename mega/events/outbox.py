@@ -26,10 +26,22 @@ from sqlalchemy import BigInteger, DateTime, Index, Integer, String, Text, event
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from mega.database import Base
+from mega.drivers.base import Message
 from mega.events.event import Event, EventSpec, encode_event, validate_event
 
 # Set on a session by `add`, read after its commit to wake this process's relays.
 SESSION_FLAG = "mega_outbox_added"
+# How a row stores its event (since the table was made): the subject is `events.<name>`, and
+# the headers hold the event id and when it was emitted (epoch ms).
+SUBJECT_PREFIX = "events."
+HEADER_ID = "Nats-Msg-Id"
+HEADER_EMITTED_AT = "Mega-Emitted-At"
+
+
+def row_message(event_id: str, subject: str, body: bytes, headers: dict[str, str]) -> Message:
+    """The event a stored row holds, as the relay publishes it."""
+    return Message(event_id, subject.removeprefix(SUBJECT_PREFIX), body,
+                   int(headers[HEADER_EMITTED_AT]))  # fmt: skip
 # Relays of this process to wake after a commit that added rows (each a thread-safe callable).
 _wakers: set[Callable[[], None]] = set()
 
@@ -88,16 +100,18 @@ class Outbox:
         message = encode_event(spec, payload, event_id=id, emitted_at_ms=now_ms)
         session.add(
             OutboxRow(
-                event_id=message.event_id,
+                event_id=message.id,
                 bus=spec.bus,
-                subject=message.subject,
+                subject=SUBJECT_PREFIX + message.subject,
                 body=message.body.decode(),
-                headers=json.dumps(message.headers),
+                headers=json.dumps(
+                    {HEADER_ID: message.id, HEADER_EMITTED_AT: str(message.enqueued_at_ms)}
+                ),
                 created_at=datetime.fromtimestamp(now_ms / 1000, UTC),
             )
         )
         session.info[SESSION_FLAG] = True
-        return message.event_id
+        return message.id
 
     def stats(self, session: Session) -> OutboxStats:
         """Counts and lag, for consoles and health pages."""

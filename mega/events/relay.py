@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import delete, select, update
 
+from mega.drivers.base import Message
 from mega.events.bus import EventBus
-from mega.events.event import EventMessage
-from mega.events.outbox import OutboxRow, on_commit
+from mega.events.outbox import OutboxRow, on_commit, row_message
 from mega.signals import Observer, Signals
 
 if TYPE_CHECKING:
@@ -189,9 +189,9 @@ class OutboxRelay:
         return bus
 
     async def _publish(self, rows: list[_Row]) -> None:
-        by_bus: dict[str, list[EventMessage]] = {}
+        by_bus: dict[str, list[Message]] = {}
         for row in rows:
-            message = EventMessage(row.event_id, row.subject, row.body, row.headers)
+            message = row_message(row.event_id, row.subject, row.body, row.headers)
             by_bus.setdefault(row.bus, []).append(message)
         for alias, messages in by_bus.items():
             await self.bus(alias).publish_many(messages)

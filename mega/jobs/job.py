@@ -25,11 +25,12 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from mega.drivers.base import Message
 from mega.errors import JobError, RegistrationError
 from mega.jobs.backoff import BackoffPolicy
 from mega.validation import int_problem, is_number
@@ -44,15 +45,8 @@ DLQ_SUFFIX = ".dlq"
 # Delayed jobs wait as broker-side schedules on `<subject>._delay.<token>` (see queue.py), so
 # this token is reserved: a job on `a._delay.b` would overlap the stream of job `a`.
 DELAY_TOKEN = "_delay"
-# Stream replicas in a NATS cluster: JetStream allows at most five.
+# Copies of a job's data in a cluster (a NATS stream's replicas): JetStream allows at most five.
 MAX_REPLICAS = 5
-# Broker-side message schedules (delayed jobs, scheduled retries) exist since this nats-server.
-SCHEDULES_SINCE = (2, 12)
-# Stream names: `MEGA_JOBS_<subject, non-alphanumerics as _>` and the same with `_DLQ`.
-STREAM_PREFIX = "MEGA_JOBS_"
-DLQ_STREAM_SUFFIX = "_DLQ"
-# The one durable pull consumer every worker process binds to (one per work stream).
-CONSUMER_NAME = "mega_workers"
 
 DEFAULT_CONCURRENCY = 1
 DEFAULT_RETRIES = 3
@@ -62,17 +56,7 @@ DEFAULT_ACK_WAIT_S = 30.0
 # Dead letters expire after a week by default so a failing job cannot fill the disk.
 DEFAULT_DLQ_MAX_AGE_S = 7 * 24 * 3600
 
-# Message headers of the job envelope (the body is the JSON payload alone).
-HEADER_JOB_ID = "Mega-Job-Id"
-# Epoch ms of the first enqueue; kept through delays and DLQ requeues.
-HEADER_ENQUEUED_AT = "Mega-Enqueued-At"
-# Epoch ms from which the job may run (delayed or requeued); start latency is measured from it.
-HEADER_RUN_AT = "Mega-Run-At"
-# On a retry's copy: the attempts made before it (the attempt is this plus the delivery count).
-HEADER_ATTEMPTS = "Mega-Attempts"
-# JetStream drops a second message with the same value within the stream's dedup window.
-NATS_MSG_ID = "Nats-Msg-Id"
-# Caller-given ids travel as header values; bounded so a dedup key stays a key.
+# Caller-given ids travel as header values and keys; bounded so a dedup key stays a key.
 MAX_ID_LENGTH = 200
 
 
@@ -133,58 +117,6 @@ class JobSpec:
     @property
     def max_attempts(self) -> int:
         return self.retries + 1
-
-    @property
-    def stream(self) -> str:
-        return stream_name(self.subject)
-
-    @property
-    def dlq_stream(self) -> str:
-        return dlq_stream_name(self.subject)
-
-    @property
-    def dlq_subject(self) -> str:
-        return self.subject + DLQ_SUFFIX
-
-    # -- what the consume loop and the DLQ tools need (ConsumeSpec, DlqSpec) ------------------
-
-    @property
-    def durable(self) -> str:
-        return CONSUMER_NAME
-
-    def message_id(self, headers: dict[str, str]) -> str | None:
-        return headers.get(HEADER_JOB_ID)
-
-    @property
-    def enqueued_header(self) -> str:
-        return HEADER_ENQUEUED_AT
-
-    def record_subject(self, subject: str, headers: dict[str, str]) -> str:
-        return self.subject
-
-    @property
-    def requeue_subject(self) -> str:
-        return self.subject
-
-    def requeue_headers(self, record: Mapping[str, Any]) -> dict[str, str]:
-        headers = {HEADER_JOB_ID: record["id"], HEADER_RUN_AT: str(int(time.time() * 1000))}
-        if record.get("first_enqueued_at") is not None:
-            headers[HEADER_ENQUEUED_AT] = str(record["first_enqueued_at"])
-        return headers
-
-    @property
-    def delay_subjects(self) -> str:
-        """The wildcard under which delayed copies of this job wait for their time."""
-        return f"{self.subject}.{DELAY_TOKEN}.*"
-
-
-def stream_name(subject: str) -> str:
-    """`MEGA_JOBS_<subject with every non-alphanumeric character as _>`."""
-    return STREAM_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", subject)
-
-
-def dlq_stream_name(subject: str) -> str:
-    return stream_name(subject) + DLQ_STREAM_SUFFIX
 
 
 def validate_job(job_cls: type[Job], bus_aliases: Collection[str]) -> JobSpec:
@@ -251,43 +183,17 @@ def delivery_problems(cls: Any, problems: list[str]) -> BackoffPolicy | None:
     return backoff
 
 
-# -- the wire format ---------------------------------------------------------------------------
-
-
-class Envelope(NamedTuple):
-    """One job message ready to publish: the body is the JSON payload, metadata is in headers."""
-
-    job_id: str
-    subject: str
-    body: bytes
-    headers: dict[str, str]
-
-
-def schedule_headers(target: str, due_ms: int) -> dict[str, str]:
-    """The headers of a broker-side message schedule: publish onto `target` at `due_ms`."""
-    due = datetime.fromtimestamp(due_ms / 1000, UTC)
-    return {
-        "Nats-Schedule": "@at " + due.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        "Nats-Schedule-Target": target,
-    }
-
-
-def schedule_subject(target: str) -> str:
-    """Where a schedule for `target` waits: the server keeps one schedule per subject, so each
-    delayed message gets a subject of its own."""
-    return f"{target}.{DELAY_TOKEN}.{uuid.uuid4().hex}"
+# -- the message ---------------------------------------------------------------------------
 
 
 def encode_job(
     spec: JobSpec, payload: Any, *, job_id: str | None = None, due_ms: int | None = None
-) -> Envelope:
+) -> Message:
     """Build the message of one job (pure but for the clock and a random id).
 
-    `job_id` (caller-given) becomes the `Nats-Msg-Id` dedup key; default a random uuid.
-    `due_ms` (epoch ms) in the future makes a broker-side schedule on `<subject>._delay.<token>`
-    that the server publishes onto `<subject>` at that time (nats-server 2.12+).
-    Raises JobError `job.invalid_payload` / `job.invalid_id` before anything is published.
-    """
+    `job_id` (caller-given) is the dedup key; default a random uuid. `due_ms` (epoch ms) in
+    the future holds the job until then. Raises JobError `job.invalid_payload` /
+    `job.invalid_id` before anything is stored."""
     try:
         body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
     except (TypeError, ValueError) as exc:
@@ -295,18 +201,13 @@ def encode_job(
             f"{spec.name}: payload must be JSON-serialisable ({exc})", code="job.invalid_payload"
         ) from None
     now_ms = int(time.time() * 1000)
-    headers = {HEADER_ENQUEUED_AT: str(now_ms)}
+    dedup = job_id is not None
     if job_id is None:
         job_id = uuid.uuid4().hex
     else:
         _check_id(spec, job_id)
-        headers[NATS_MSG_ID] = job_id
-    headers[HEADER_JOB_ID] = job_id
-    if due_ms is None or due_ms <= now_ms:
-        return Envelope(job_id, spec.subject, body, headers)
-    headers[HEADER_RUN_AT] = str(due_ms)
-    headers.update(schedule_headers(spec.subject, due_ms))
-    return Envelope(job_id, schedule_subject(spec.subject), body, headers)
+    run_at_ms = due_ms if due_ms is not None and due_ms > now_ms else None
+    return Message(job_id, spec.subject, body, now_ms, run_at_ms, dedup=dedup)
 
 
 def due_ms_of(

@@ -1,6 +1,6 @@
 """JobWorker: the job-consumer host's runtime, one consume loop per registered Job.
 
-Not to be confused with `Worker` (a CPU pool): a JobWorker takes jobs off NATS JetStream.
+Not to be confused with `Worker` (a CPU pool): a JobWorker runs the jobs of its bus, on any driver.
 
     worker = JobWorker(ctx)
     worker.register(EmailJob)           # validated here, against the context's buses

@@ -11,19 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
-
-from nats.aio.client import Client as NatsClient
+from typing import TYPE_CHECKING
 
 from mega.config import Config
 from mega.constants import (
     CONNECT_TIMEOUT_S,
     HOW_TO_GET_SERVICES,
-    NATS_RECONNECT_WAIT_S,
     REDIS_MAX_CONNECTIONS,
 )
-from mega.context import BusAdapter, CacheAdapter, Context, new_instance_id
+from mega.context import CacheAdapter, Context, new_instance_id
+from mega.drivers import find_driver
 from mega.errors import DependencyUnavailable, MegaError
 
 if TYPE_CHECKING:
@@ -45,19 +42,10 @@ async def boot(config: Config, *, role: str, database: bool = True) -> Context:
 
             clients = [ctx.caches[name].native for name in cache_aliases]
             ctx.locks[alias] = RedLock(alias, clients)
-        for alias, url in config.buses.items():
-            driver = config.bus_drivers.get(alias, "nats")
-            if driver == "memory":
-                ctx.buses[alias] = memory_bus(alias, url)
-            elif driver == "redis":
-                import mega.jobs.redis_queue  # noqa: F401  (registers the redis job queue)
-
-                client: Any = await connect_redis(alias, url, decode_responses=False)
-                ctx.buses[alias] = BusAdapter(alias, url, client, driver="redis")
-            else:
-                replicas = config.bus_replicas.get(alias, 1)
-                client = await connect_nats(alias, url)
-                ctx.buses[alias] = BusAdapter(alias, url, client, replicas=replicas)
+        for alias, spec in config.buses.items():
+            if spec.driver == "postgres" and not spec.url:
+                spec = spec.model_copy(update={"url": config.database_url})
+            ctx.buses[alias] = await find_driver(spec.driver).connect(alias, spec)
         if database:
             ctx.database = await connect_database(config.database_url)
     except BaseException:
@@ -66,27 +54,11 @@ async def boot(config: Config, *, role: str, database: bool = True) -> Context:
     return ctx
 
 
-def memory_bus(alias: str, url: str) -> BusAdapter:
-    """A `memory` bus: an in-process broker. Said at start: nothing on it outlives the process."""
-    from mega.jobs.memory import MemoryBroker  # also registers the memory job queue
-
-    logger.warning(
-        "bus %r is in memory: its jobs and events live and die with this process, and no other "
-        "process sees them (fine for tests and trying things; use the nats driver for real work)",
-        alias,
-    )
-    broker: Any = MemoryBroker()
-    return BusAdapter(alias, url, broker, driver="memory")
-
-
 async def shutdown(ctx: Context) -> None:
     """Close every connection the context holds. Never raises."""
     for bus in ctx.buses.values():
         with contextlib.suppress(Exception):
-            if bus.driver == "nats":
-                await bus.native.drain()
-            elif bus.driver == "redis":
-                await bus.native.aclose()  # type: ignore[attr-defined]
+            await bus.close()
     for cache in ctx.caches.values():
         with contextlib.suppress(Exception):
             await cache.native.aclose()
@@ -119,62 +91,6 @@ async def connect_redis(alias: str, url: str, *, decode_responses: bool = True) 
             f"cannot reach Redis {alias!r} at {url} ({_reason(exc)}); {HOW_TO_GET_SERVICES}",
         ) from exc
     return client
-
-
-async def connect_nats(alias: str, url: str) -> NatsClient:
-    client = NatsClient()
-
-    async def disconnected() -> None:
-        if not (client.is_closed or client.is_draining):  # our own shutdown is not news
-            logger.warning("NATS %r disconnected from %s; reconnecting", alias, url)
-
-    async def reconnected() -> None:
-        logger.info("NATS %r reconnected to %s", alias, url)
-
-    async def error(exc: Exception) -> None:
-        logger.debug("NATS %r: %s", alias, exc)
-
-    try:
-        # nats-py retries the *first* connect forever too when reconnects are unlimited, so
-        # reachability is checked with a bounded probe first and the connect itself is capped.
-        servers = url.split(",")  # a cluster: any node will do, the client learns the others
-        await _probe_any(servers)
-        connect = client.connect(
-            servers=servers,
-            name=f"mega:{alias}",
-            connect_timeout=int(CONNECT_TIMEOUT_S),
-            allow_reconnect=True,
-            max_reconnect_attempts=-1,  # forever: a NATS restart is an outage, not a crash
-            reconnect_time_wait=NATS_RECONNECT_WAIT_S,  # type: ignore[arg-type]  # float s works
-            disconnected_cb=disconnected,
-            reconnected_cb=reconnected,
-            error_cb=error,
-        )
-        await asyncio.wait_for(connect, CONNECT_TIMEOUT_S * 2)
-        return client
-    except Exception as exc:
-        raise DependencyUnavailable(
-            "nats", f"cannot reach NATS {alias!r} at {url} ({_reason(exc)}); {HOW_TO_GET_SERVICES}"
-        ) from exc
-
-
-async def _probe_any(urls: list[str]) -> None:
-    """Return once one of `urls` accepts a TCP connection; raise the last error otherwise."""
-    error: BaseException = OSError("no URL")
-    for url in urls:
-        parts = urlsplit(url)
-        try:
-            _reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(parts.hostname, parts.port or 4222), CONNECT_TIMEOUT_S
-            )
-        except (OSError, TimeoutError) as exc:
-            error = exc
-            continue
-        writer.close()
-        with contextlib.suppress(Exception):
-            await writer.wait_closed()
-        return
-    raise error
 
 
 async def connect_database(url: str) -> Database:

@@ -55,10 +55,7 @@ async def readiness(ctx: Context) -> dict[str, str]:
     for alias, cache in ctx.caches.items():
         probes[f"redis:{alias}"] = cache.native.ping()
     for alias, bus in ctx.buses.items():
-        if bus.driver == "nats":  # a memory bus is this process: nothing to reach
-            probes[f"nats:{alias}"] = _nats_probe(bus.native)
-        elif bus.driver == "redis":
-            probes[f"redis:{alias}"] = bus.native.ping()  # type: ignore[attr-defined]
+        probes[f"{bus.driver}:{alias}"] = bus.ping()
     if ctx.database is not None:
         probes["db"] = asyncio.to_thread(ctx.database.ping)
     for name, pool in ctx.workers.items():
@@ -71,12 +68,6 @@ async def readiness(ctx: Context) -> dict[str, str]:
         name: "ok" if not isinstance(result, BaseException) else f"down: {_why(result)}"
         for name, result in zip(probes, results, strict=True)
     }
-
-
-async def _nats_probe(nc: Any) -> None:
-    if not nc.is_connected:
-        raise ConnectionError("disconnected")
-    await nc.flush(timeout=READY_CHECK_TIMEOUT_S)
 
 
 async def _pool_probe(pool: Any) -> None:

@@ -67,8 +67,7 @@ async def setup(
         worker.on(name, seen.append)
     await worker.start()
     queue = worker.queue("jobs")
-    expected = {"nats": "NatsJobQueue", "redis": "RedisJobQueue", "memory": "MemoryJobQueue"}
-    assert type(queue).__name__ == expected[request.param]
+    assert queue.bus.driver == request.param
     yield ctx, job, queue, seen
     await worker.stop(5)
     await shutdown(ctx)

@@ -1,0 +1,510 @@
+"""The `nats` driver: jobs and events on NATS JetStream (the default). Names in names.py.
+
+A job message is the JSON payload as body plus headers: `Mega-Job-Id`, `Mega-Enqueued-At`
+(epoch ms), `Mega-Run-At` (delayed or requeued jobs) and `Nats-Msg-Id` when the caller gave an
+id (JetStream drops a duplicate within its 2 minute window). A delayed job is a broker-side
+message schedule (nats-server 2.12+): it waits in the stream on `<subject>._delay.<token>` and
+the server publishes a fresh copy onto `<subject>` at its time, so it holds no worker slot,
+no max_ack_pending and no delivery while it waits. A DLQ requeue publishes a new message, so
+its delivery count (the attempt) restarts at 1. Streams are created where missing and never
+changed (their limits are the operator's); consumers are created explicitly and bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from typing import Any, ClassVar, Self
+from urllib.parse import urlsplit
+
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import APIError, NotFoundError
+
+from mega.config import BusSpec
+from mega.constants import CONNECT_TIMEOUT_S, HOW_TO_GET_SERVICES, NATS_RECONNECT_WAIT_S
+from mega.drivers.base import DlqRecord, DriverUnavailable, Lane, LaneStats, Message
+from mega.drivers.nats.errors import NATS_ERRORS
+from mega.drivers.nats.names import (
+    DELAY_TOKEN,
+    EVENT_PREFIX,
+    EVENTS_STREAM,
+    HEADER_EMITTED_AT,
+    HEADER_ENQUEUED_AT,
+    HEADER_JOB_ID,
+    HEADER_RUN_AT,
+    NATS_MSG_ID,
+    REQUEUE_PREFIX,
+    dlq_stream_of,
+    dlq_subject_of,
+    durable_of,
+    filter_subjects_of,
+    requeue_subject_of,
+    schedule_headers,
+    schedule_subject,
+    stream_of,
+)
+from mega.drivers.nats.receiver import NatsReceiver, requeue_headers
+from mega.errors import DependencyUnavailable, JobError
+
+logger = logging.getLogger("mega.jobqueue")
+
+# JetStream's dedup window (its default); a DLQ's is shortened to a smaller max_age.
+DEDUP_WINDOW_S = 120.0
+# Many messages at once: time for every PubAck, on top of this much per message.
+BULK_TIMEOUT_S = 5.0
+BULK_TIMEOUT_PER_MSG_S = 0.001
+# How long a batch of events (the outbox relay's) waits for its PubAcks before it gives up
+# (the rows stay pending). On SQLite writers wait for the relay's transaction meanwhile.
+EVENTS_TIMEOUT_S = 2.0
+# Broker-side message schedules (delayed jobs, scheduled retries) exist since this nats-server.
+SCHEDULES_SINCE = (2, 12)
+# A commit that added outbox rows in another process says so here (core NATS, fire and
+# forget), so relays wake at once wherever the row was written; their poll is the fallback.
+WAKE_SUBJECT = "mega.outbox.wake"
+
+
+class NatsBus:
+    """A bus on NATS JetStream: `native` is the nats-py client (reconnecting forever), `js`
+    its one JetStreamContext (its async-publish inbox is made once)."""
+
+    driver: ClassVar[str] = "nats"
+
+    def __init__(self, alias: str, spec: BusSpec, client: NatsClient) -> None:
+        self.alias = alias
+        self.spec = spec
+        self.native: NatsClient = client
+        self.js: JetStreamContext = client.jetstream()
+        self._events_max_age_s: float | None = None
+        self._apply_limits: dict[Lane, bool] = {}
+
+    @classmethod
+    async def connect(cls, alias: str, spec: BusSpec) -> Self:
+        return cls(alias, spec, await connect_nats(alias, str(spec.url)))
+
+    @property
+    def url(self) -> str:
+        return str(self.spec.url)
+
+    @property
+    def connected(self) -> bool:
+        return bool(self.native.is_connected)
+
+    @property
+    def schedules_supported(self) -> bool:
+        """Whether the connected nats-server has message schedules (2.12+)."""
+        version = self.native.connected_server_version
+        return (version.major, version.minor) >= SCHEDULES_SINCE
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.native.drain()
+
+    async def ping(self) -> None:
+        if not self.native.is_connected:
+            raise DriverUnavailable("disconnected")
+        try:
+            await self.native.flush(timeout=1)
+        except NATS_ERRORS as exc:
+            raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+
+    # -- lanes --------------------------------------------------------------------------------
+
+    async def ensure(self, lane: Lane, *, apply_limits: bool) -> None:
+        """The lane's streams and durable consumer, where missing. An existing consumer keeps
+        its limits (ack wait, max_ack_pending) unless `apply_limits`: a difference is said in
+        one line (see `ensure_consumer`)."""
+        self._apply_limits[lane] = apply_limits
+        try:
+            if lane.kind == "job":
+                await ensure_stream(self.js, StreamConfig(
+                    name=stream_of(lane),
+                    subjects=[lane.subject, f"{lane.subject}.{DELAY_TOKEN}.*"],
+                    retention=RetentionPolicy.WORK_QUEUE,
+                    storage=StorageType.FILE,
+                    duplicate_window=DEDUP_WINDOW_S,
+                    allow_msg_schedules=True if self.schedules_supported else None,
+                    num_replicas=lane.replicas,
+                ))  # fmt: skip
+            await ensure_stream(self.js, dlq_stream_config(lane))
+            wanted = ConsumerConfig(
+                durable_name=durable_of(lane),
+                ack_policy=AckPolicy.EXPLICIT,
+                deliver_policy=DeliverPolicy.ALL,
+                ack_wait=lane.ack_wait_s,
+                max_ack_pending=lane.concurrency,
+                max_deliver=-1,  # the consume loop decides when a job is dead
+            )
+            if lane.kind == "job":
+                wanted.filter_subject = lane.subject
+            else:
+                wanted.filter_subjects = filter_subjects_of(lane)
+            await ensure_consumer(
+                self.js, stream_of(lane), wanted, what=lane.name, apply_limits=apply_limits
+            )
+        except NATS_ERRORS as exc:
+            raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+
+    async def restore(self, lane: Lane) -> None:
+        """Make a lane's streams and consumer exist again (a JetStream that lost them)."""
+        if lane.kind == "group" and self._events_max_age_s is not None:
+            await self.ensure_events(max_age_s=self._events_max_age_s)
+        await self.ensure(lane, apply_limits=self._apply_limits.get(lane, False))
+
+    async def publish(self, lane: Lane, messages: Sequence[Message]) -> list[bool]:
+        """Store jobs: one is published and awaited (its PubAck), many are pipelined."""
+        if any(m.run_at_ms is not None for m in messages) and not self.schedules_supported:
+            raise JobError(
+                f"{lane.name}: delayed jobs need nats-server 2.12+ (message schedules)",
+                code="job.delay_unsupported",
+            )
+        self._check_connected()
+        return await self._publish([job_envelope(m) for m in messages])
+
+    async def stats(self, lane: Lane) -> LaneStats:
+        try:
+            consumer = await self.js.consumer_info(stream_of(lane), durable_of(lane))
+            dlq = await self.js.stream_info(dlq_stream_of(lane))
+        except NATS_ERRORS as exc:  # NotFoundError included
+            raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+        return LaneStats(
+            pending=consumer.num_pending or 0,
+            in_flight=consumer.num_ack_pending or 0,
+            dlq=dlq.state.messages,
+        )
+
+    def receiver(self, lane: Lane, *, consumer: str) -> NatsReceiver:
+        return NatsReceiver(self, lane)
+
+    # -- dead letters -------------------------------------------------------------------------
+
+    async def dead_letters(self, lane: Lane, *, limit: int) -> list[DlqRecord]:
+        """Newest first. Each record is read message by message: fine for thousands."""
+        records: list[DlqRecord] = []
+        async for record in self._scan(lane):
+            if len(records) >= limit:
+                break
+            records.append(record)
+        return records
+
+    async def count_dead(self, lane: Lane) -> int:
+        try:
+            return int((await self.js.stream_info(dlq_stream_of(lane))).state.messages)
+        except NATS_ERRORS as exc:
+            raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+
+    async def requeue(self, lane: Lane, record: DlqRecord) -> None:
+        stream, seq = dlq_stream_of(lane), record["seq"]
+        headers = requeue_headers(lane, record["id"], _name(record["subject"]),
+                                  record.get("first_enqueued_at"), _now_ms())  # fmt: skip
+        # A requeue retried after a lost PubAck must not publish the job twice.
+        headers[NATS_MSG_ID] = f"{record['id']}:requeue:{stream}:{seq}"
+        body = json.dumps(record["payload"], separators=(",", ":")).encode()
+        try:
+            # A new message starts at num_delivered 1: that is the attempt reset.
+            await self.js.publish(requeue_subject_of(lane), body, headers=headers)
+            await self.js.delete_msg(stream, seq)
+        except NATS_ERRORS as exc:
+            raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+
+    async def purge(self, lane: Lane) -> int:
+        stream = dlq_stream_of(lane)
+        try:
+            before = (await self.js.stream_info(stream)).state.messages
+            await self.js.purge_stream(stream)
+        except NATS_ERRORS as exc:
+            raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+        return int(before)
+
+    async def _scan(self, lane: Lane) -> AsyncIterator[DlqRecord]:
+        stream = dlq_stream_of(lane)
+        try:
+            state = (await self.js.stream_info(stream)).state
+        except NATS_ERRORS as exc:
+            raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+        if state.messages == 0:
+            return
+        for seq in range(state.last_seq, state.first_seq - 1, -1):
+            try:
+                raw = await self.js.get_msg(stream, seq)
+            except NotFoundError:
+                continue  # deleted (requeued) or expired in the meantime
+            if raw.data is None:
+                continue
+            try:
+                record: DlqRecord = json.loads(raw.data)
+            except ValueError:
+                continue  # not one of ours; leave it alone
+            record["seq"] = seq
+            yield record
+
+    # -- events -------------------------------------------------------------------------------
+
+    async def ensure_events(self, *, max_age_s: float) -> None:
+        self._events_max_age_s = max_age_s
+        try:
+            await ensure_stream(self.js, StreamConfig(
+                name=EVENTS_STREAM,
+                subjects=[EVENT_PREFIX + ">", REQUEUE_PREFIX + ">"],
+                retention=RetentionPolicy.LIMITS,
+                storage=StorageType.FILE,
+                max_age=max_age_s or None,
+                duplicate_window=DEDUP_WINDOW_S,
+                # A group's retries wait as schedules on `events_requeue.<group>._delay.*`.
+                allow_msg_schedules=True if self.schedules_supported else None,
+                num_replicas=self.spec.replicas,
+            ))  # fmt: skip
+        except NATS_ERRORS as exc:
+            raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+
+    async def emit(self, messages: Sequence[Message], *, max_age_s: float) -> list[bool]:
+        self._check_connected()
+        envelopes = [
+            (EVENT_PREFIX + m.subject, m.body,
+             {NATS_MSG_ID: m.id, HEADER_EMITTED_AT: str(m.enqueued_at_ms)})
+            for m in messages
+        ]  # fmt: skip
+        return await self._publish(envelopes, timeout_s=EVENTS_TIMEOUT_S)
+
+    async def watch_commits(self, wake: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+        async def woken(msg: Msg) -> None:
+            wake()
+
+        try:
+            subscription = await self.native.subscribe(WAKE_SUBJECT, cb=woken)
+        except NATS_ERRORS:  # not connected now: the relay polls meanwhile
+            return _not_watching
+
+        async def unsubscribe() -> None:
+            with contextlib.suppress(*NATS_ERRORS):
+                await subscription.unsubscribe()
+
+        return unsubscribe
+
+    def announce_commit(self) -> None:
+        async def publish() -> None:
+            with contextlib.suppress(*NATS_ERRORS):
+                await self.native.publish(WAKE_SUBJECT, b"")
+
+        _fire_and_forget(publish())
+
+    # -- publishing ---------------------------------------------------------------------------
+
+    def _check_connected(self) -> None:
+        # While reconnecting, nats-py buffers publishes and sends them once back: a publish
+        # that timed out would then still be stored. Refusing up front keeps "raised" meaning
+        # "not stored" (but for a drop in mid-flight: give an id to make retries safe).
+        if not self.native.is_connected:
+            raise DriverUnavailable(f"NATS bus {self.alias!r} is not connected")
+
+    async def _publish(
+        self, envelopes: list[tuple[str, bytes, dict[str, str]]], timeout_s: float | None = None
+    ) -> list[bool]:
+        if len(envelopes) == 1:
+            subject, body, headers = envelopes[0]
+            try:
+                ack = await self.js.publish(subject, body, headers=headers)
+            except NATS_ERRORS as exc:
+                raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+            return [not ack.duplicate]
+        futures: list[asyncio.Future[Any]] = []
+        try:
+            for subject, body, headers in envelopes:
+                futures.append(await self.js.publish_async(subject, body, headers=headers))
+            if timeout_s is None:
+                timeout_s = BULK_TIMEOUT_S + BULK_TIMEOUT_PER_MSG_S * len(envelopes)
+            acks = await asyncio.wait_for(asyncio.gather(*futures), timeout_s)
+        except NATS_ERRORS as exc:
+            for future in futures:
+                future.cancel()  # frees nats-py's in-flight slot of an ack that never came
+            raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+        return [not ack.duplicate for ack in acks]
+
+
+def job_envelope(message: Message) -> tuple[str, bytes, dict[str, str]]:
+    """Subject, body and headers of a job message (a schedule when it is due later)."""
+    headers = {HEADER_ENQUEUED_AT: str(message.enqueued_at_ms)}
+    if message.dedup:
+        headers[NATS_MSG_ID] = message.id
+    headers[HEADER_JOB_ID] = message.id
+    if message.run_at_ms is None:
+        return message.subject, message.body, headers
+    headers[HEADER_RUN_AT] = str(message.run_at_ms)
+    headers.update(schedule_headers(message.subject, message.run_at_ms))
+    return schedule_subject(message.subject), message.body, headers
+
+
+async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    """Create a stream unless it exists; an existing one is never changed (its limits are the
+    operator's). Safe to race with other processes."""
+    assert config.name is not None
+    try:
+        await js.stream_info(config.name)
+        return
+    except NotFoundError:
+        pass
+    try:
+        await js.add_stream(config)
+    except APIError as exc:
+        # A peer may have created it between our look-up and our create.
+        try:
+            await js.stream_info(config.name)
+        except NotFoundError:
+            raise JobError(
+                f"cannot create stream {config.name} on {config.subjects}: {exc.description}",
+                code="job.stream_conflict",
+            ) from exc
+
+
+async def ensure_consumer(
+    js: JetStreamContext, stream: str, wanted: ConsumerConfig, *, what: str, apply_limits: bool
+) -> None:
+    """Create a durable consumer, or bring an existing one in line with `wanted`. Its limits
+    (`ack_wait`, `max_ack_pending`: the class's `ack_wait_s` and `concurrency`) change only with
+    `apply_limits`; otherwise a difference is said in one line and the running limits are kept,
+    so a stale deployment cannot silently rewrite the whole fleet's."""
+    assert wanted.durable_name is not None
+    try:
+        have = (await js.consumer_info(stream, wanted.durable_name)).config
+    except NotFoundError:
+        await js.add_consumer(stream, wanted)
+        return
+    running = (have.ack_wait, have.max_ack_pending)
+    declared = (wanted.ack_wait, wanted.max_ack_pending)
+    if running != declared:
+        change = (
+            f"{what}: the running consumer has concurrency {have.max_ack_pending} and ack wait "
+            f"{have.ack_wait:g} s, the class says {wanted.max_ack_pending} and "
+            f"{wanted.ack_wait:g} s"
+        )
+        if apply_limits:
+            logger.info("%s: applying the class's (--apply-limits)", change)
+        else:
+            logger.warning(
+                "%s: keeping the running ones (start with --apply-limits, or set "
+                "apply_limits = True in the config, to change them)", change,
+            )  # fmt: skip
+            wanted = dataclasses.replace(
+                wanted, ack_wait=have.ack_wait, max_ack_pending=have.max_ack_pending
+            )
+    fields = ("ack_wait", "max_ack_pending", "filter_subject", "filter_subjects")
+    if all(getattr(have, name) == getattr(wanted, name) for name in fields):
+        return
+    # Without an action the server creates, or updates the editable fields in place.
+    await js.add_consumer(stream, wanted)
+
+
+def dlq_stream_config(lane: Lane) -> StreamConfig:
+    """A dead-letter stream: limits retention, kept `dlq_max_age_s` (0: forever), optional byte
+    cap, `replicas` copies in a cluster."""
+    max_age_s = lane.dlq_max_age_s
+    return StreamConfig(
+        num_replicas=lane.replicas,
+        name=dlq_stream_of(lane),
+        subjects=[dlq_subject_of(lane)],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        max_age=max_age_s or None,
+        max_bytes=lane.dlq_max_bytes,
+        # The server refuses a dedup window longer than max_age.
+        duplicate_window=min(DEDUP_WINDOW_S, max_age_s) if max_age_s else DEDUP_WINDOW_S,
+    )
+
+
+async def connect_nats(alias: str, url: str) -> NatsClient:
+    """A client that reconnects forever, after a bounded check that some node answers."""
+    client = NatsClient()
+
+    async def disconnected() -> None:
+        if not (client.is_closed or client.is_draining):  # our own shutdown is not news
+            logger.warning("NATS %r disconnected from %s; reconnecting", alias, url)
+
+    async def reconnected() -> None:
+        logger.info("NATS %r reconnected to %s", alias, url)
+
+    async def error(exc: Exception) -> None:
+        logger.debug("NATS %r: %s", alias, exc)
+
+    try:
+        # nats-py retries the *first* connect forever too when reconnects are unlimited, so
+        # reachability is checked with a bounded probe first and the connect itself is capped.
+        servers = url.split(",")  # a cluster: any node will do, the client learns the others
+        await _probe_any(servers)
+        connect = client.connect(
+            servers=servers,
+            name=f"mega:{alias}",
+            connect_timeout=int(CONNECT_TIMEOUT_S),
+            allow_reconnect=True,
+            max_reconnect_attempts=-1,  # forever: a NATS restart is an outage, not a crash
+            reconnect_time_wait=NATS_RECONNECT_WAIT_S,  # type: ignore[arg-type]  # float s works
+            disconnected_cb=disconnected,
+            reconnected_cb=reconnected,
+            error_cb=error,
+        )
+        await asyncio.wait_for(connect, CONNECT_TIMEOUT_S * 2)
+        return client
+    except Exception as exc:
+        raise DependencyUnavailable(
+            "nats", f"cannot reach NATS {alias!r} at {url} ({_reason(exc)}); {HOW_TO_GET_SERVICES}"
+        ) from exc
+
+
+async def _probe_any(urls: list[str]) -> None:
+    """Return once one of `urls` accepts a TCP connection; raise the last error otherwise."""
+    error: BaseException = OSError("no URL")
+    for url in urls:
+        parts = urlsplit(url)
+        try:
+            _reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(parts.hostname, parts.port or 4222), CONNECT_TIMEOUT_S
+            )
+        except (OSError, TimeoutError) as exc:
+            error = exc
+            continue
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+        return
+    raise error
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _name(subject: str) -> str:
+    # Records written before the drivers moved named an event `events.<name>`.
+    return subject.removeprefix(EVENT_PREFIX)
+
+
+def _now_ms() -> int:
+    import time
+
+    return int(time.time() * 1000)
+
+
+_background: set[asyncio.Task[None]] = set()  # keeps fire-and-forget tasks alive
+
+
+def _fire_and_forget(coro: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.get_running_loop().create_task(coro)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+async def _not_watching() -> None:
+    return None

@@ -1,0 +1,107 @@
+"""What the nats driver keeps where: stream, subject, consumer and header names.
+
+Per job subject `<s>`:
+    MEGA_JOBS_<s>       work queue (file storage) on `<s>` and `<s>._delay.*`; one durable pull
+                        consumer `mega_workers` shared by every worker process
+    MEGA_JOBS_<s>_DLQ   limits retention on `<s>.dlq` (kept `dlq_max_age_s`, optional byte cap)
+Per bus, the events:
+    MEGA_EVENTS         limits retention on `events.>` (every event, as `events.<name>`) and
+                        `events_requeue.>` (a group's retries and requeued events)
+Per listener group `<g>`:
+    mega_group_<g>      durable pull consumer on MEGA_EVENTS, filtered on the group's pattern
+                        and on `events_requeue.<g>`
+    MEGA_EVENTS_<G>_DLQ its dead letters, on `events_dlq.<g>`
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import UTC, datetime
+
+from mega.drivers.base import Lane
+
+# The one durable pull consumer every worker process of a job binds to.
+JOB_CONSUMER = "mega_workers"
+STREAM_PREFIX = "MEGA_JOBS_"
+DLQ_STREAM_SUFFIX = "_DLQ"
+# Delayed jobs and retries wait as broker-side schedules on `<target>._delay.<token>` (jobs
+# may not use this token in their subjects).
+DELAY_TOKEN = "_delay"
+EVENTS_STREAM = "MEGA_EVENTS"
+EVENT_PREFIX = "events."
+# A group's retries and requeued events come back on `events_requeue.<group>`: that group only.
+REQUEUE_PREFIX = "events_requeue."
+GROUP_DLQ_PREFIX = "events_dlq."
+GROUP_DLQ_STREAM_PREFIX = "MEGA_EVENTS_"
+GROUP_CONSUMER_PREFIX = "mega_group_"
+
+# Message headers (the body is the JSON payload alone). JetStream drops a second message with
+# the same Nats-Msg-Id within the stream's dedup window.
+NATS_MSG_ID = "Nats-Msg-Id"
+HEADER_JOB_ID = "Mega-Job-Id"
+# Epoch ms of the first enqueue (kept through delays, retries and DLQ requeues).
+HEADER_ENQUEUED_AT = "Mega-Enqueued-At"
+# Epoch ms from which it may run (delayed, retried or requeued); start latency counts from it.
+HEADER_RUN_AT = "Mega-Run-At"
+# On a retry's copy: the attempts made before it (the attempt is this plus the delivery count).
+HEADER_ATTEMPTS = "Mega-Attempts"
+# Events carry two headers only (four of them halved the relay's rate): the id as the dedup
+# id, and when it was emitted. A requeued event, which has a dedup id of its own, also carries
+# its id and name.
+HEADER_EMITTED_AT = "Mega-Emitted-At"
+HEADER_EVENT_ID = "Mega-Event-Id"
+HEADER_EVENT_NAME = "Mega-Event-Name"
+
+
+def sanitized(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]", "_", name)
+
+
+def stream_name(subject: str) -> str:
+    """`MEGA_JOBS_<subject with every non-alphanumeric character as _>`."""
+    return STREAM_PREFIX + sanitized(subject)
+
+
+def stream_of(lane: Lane) -> str:
+    """The stream a lane's messages live in."""
+    return stream_name(lane.subject) if lane.kind == "job" else EVENTS_STREAM
+
+
+def durable_of(lane: Lane) -> str:
+    return JOB_CONSUMER if lane.kind == "job" else GROUP_CONSUMER_PREFIX + lane.name
+
+
+def dlq_stream_of(lane: Lane) -> str:
+    if lane.kind == "job":
+        return stream_name(lane.subject) + DLQ_STREAM_SUFFIX
+    return GROUP_DLQ_STREAM_PREFIX + sanitized(lane.name).upper() + DLQ_STREAM_SUFFIX
+
+
+def dlq_subject_of(lane: Lane) -> str:
+    return lane.subject + ".dlq" if lane.kind == "job" else GROUP_DLQ_PREFIX + lane.name
+
+
+def requeue_subject_of(lane: Lane) -> str:
+    """Where a lane's retries and DLQ requeues come back."""
+    return lane.subject if lane.kind == "job" else REQUEUE_PREFIX + lane.name
+
+
+def filter_subjects_of(lane: Lane) -> list[str]:
+    """What a group's consumer hears: the events of its pattern and its own requeued ones."""
+    return [EVENT_PREFIX + lane.subject, REQUEUE_PREFIX + lane.name]
+
+
+def schedule_headers(target: str, due_ms: int) -> dict[str, str]:
+    """The headers of a broker-side message schedule: publish onto `target` at `due_ms`."""
+    due = datetime.fromtimestamp(due_ms / 1000, UTC)
+    return {
+        "Nats-Schedule": "@at " + due.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "Nats-Schedule-Target": target,
+    }
+
+
+def schedule_subject(target: str) -> str:
+    """Where a schedule for `target` waits: the server keeps one schedule per subject, so each
+    delayed message gets a subject of its own."""
+    return f"{target}.{DELAY_TOKEN}.{uuid.uuid4().hex}"

@@ -1,0 +1,310 @@
+"""One lane consumed in this process on NATS JetStream: pull requests, and settling.
+
+Why not `PullSubscription.fetch(n)`: once the stream is empty, fetch waits for all `n`
+messages or its timeout, so a lone job would wait seconds for a batch to fill. Here pull
+requests are sent by hand (`$JS.API.CONSUMER.MSG.NEXT`) to one inbox, and every message is
+handed over the moment it lands. `credits` counts messages asked for and not yet received;
+asking only for the free slots keeps this process within them, and the consumer's
+max_ack_pending keeps the whole group within `concurrency`.
+
+A retry is a new message, a broker-side schedule (nats-server 2.12+) that lands on the
+requeue subject at the backoff's end, and the failed one is acked once it is stored: a job
+backing off holds no slot. Without schedules (an older server, a stream made before it) a
+retry is `nak(delay=backoff)`, and the message holds its slot while it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from nats.aio.msg import Msg
+from nats.js.errors import APIError
+
+from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane
+from mega.drivers.nats.errors import NATS_ERRORS
+from mega.drivers.nats.names import (
+    EVENT_PREFIX,
+    HEADER_ATTEMPTS,
+    HEADER_EMITTED_AT,
+    HEADER_ENQUEUED_AT,
+    HEADER_EVENT_ID,
+    HEADER_EVENT_NAME,
+    HEADER_JOB_ID,
+    HEADER_RUN_AT,
+    NATS_MSG_ID,
+    dlq_subject_of,
+    durable_of,
+    requeue_subject_of,
+    schedule_headers,
+    schedule_subject,
+    stream_of,
+)
+
+if TYPE_CHECKING:
+    from mega.drivers.nats.bus import NatsBus
+
+logger = logging.getLogger("mega.jobqueue")
+
+# A pull request lives this long on the server; an idle fetch returns after at most this.
+PULL_EXPIRES_S = 5.0
+# Credit of pull requests that never answered (lost in an outage) is forgotten this much after
+# they should have expired.
+PULL_GRACE_S = 1.0
+# Pull again once this fraction of the slots is free (or nothing is asked at all): one request
+# per half window keeps messages flowing without one request per job.
+REFILL_FRACTION = 0.5
+# An idle fetch returns this often, so the loop notices a stop or a reconnect.
+IDLE_WAIT_S = 0.5
+# Pause after NATS refused a pull (JetStream restarting, consumer gone) before asking again.
+OUTAGE_BACKOFF_S = 0.25
+# nats-py sends a bare nak for nak(delay=0): a zero delay still takes the delayed path.
+MIN_NAK_DELAY_S = 0.001
+
+
+class NatsReceiver:
+    """The pull requests and settling calls of one lane in this process (see the module)."""
+
+    def __init__(self, bus: NatsBus, lane: Lane) -> None:
+        self.bus = bus
+        self.lane = lane
+        self.nc = bus.native
+        self.stream = stream_of(lane)
+        self.pull_subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{durable_of(lane)}"
+        self.pull_expires_ns = int(PULL_EXPIRES_S * 1e9)
+        self.refill_at = max(1, math.ceil(lane.concurrency * REFILL_FRACTION))
+        self.arrived: deque[Msg] = deque()
+        self.ready = asyncio.Event()
+        self.credits = 0
+        self.credits_expire_at = 0.0
+        self.pause_until = 0.0
+        self.needs_ensure = False
+        self.last_warning = ""
+        self.inbox = ""
+        self.subscription: Any = None
+        self.reconnects = self.nc.stats["reconnects"]
+        self.woken = False
+        self.schedules = bus.schedules_supported
+
+    # -- fetching -----------------------------------------------------------------------------
+
+    async def fetch(self, limit: int) -> list[Delivery]:
+        if self.subscription is None:
+            self.inbox = self.nc.new_inbox()
+            self.subscription = await self.nc.subscribe(self.inbox, cb=self._on_message)
+        deadline = time.monotonic() + IDLE_WAIT_S
+        while not self.arrived:
+            if self.woken:
+                self.woken = False
+                return []
+            self.ready.clear()  # before the awaits below: a message landing there sets it
+            now = time.monotonic()
+            await self._top_up(limit, now)
+            wait_s = deadline - now
+            if self.pause_until > now:
+                wait_s = min(wait_s, self.pause_until - now)
+            if wait_s <= 0:
+                return []
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait_s):
+                    await self.ready.wait()
+            if time.monotonic() >= deadline and not self.arrived:
+                return []
+        taken = [self.arrived.popleft() for _ in range(min(limit, len(self.arrived)))]
+        return [self._delivery(msg) for msg in taken]
+
+    def wake(self) -> None:
+        self.woken = True
+        self.ready.set()
+
+    async def _top_up(self, limit: int, now: float) -> None:
+        if self.nc.stats["reconnects"] != self.reconnects or (
+            self.credits and now > self.credits_expire_at
+        ):
+            # Requests made before a reconnect are gone and will never answer. A late message
+            # of one is still capped by max_ack_pending.
+            self.reconnects = self.nc.stats["reconnects"]
+            self.credits = 0
+        if self.needs_ensure and now >= self.pause_until:
+            await self._ensure_again()
+        free = limit - self.credits
+        if (
+            free > 0
+            and (free >= self.refill_at or self.credits == 0)
+            and now >= self.pause_until
+            and self.nc.is_connected
+        ):
+            request = b'{"batch":%d,"expires":%d}' % (free, self.pull_expires_ns)
+            try:
+                await self.nc.publish(self.pull_subject, request, reply=self.inbox)
+            except NATS_ERRORS as exc:
+                logger.debug("%s: pull failed (%s); retrying", self.lane.name, exc)
+                self.pause_until = now + OUTAGE_BACKOFF_S
+                return
+            self.credits += free
+            self.credits_expire_at = now + PULL_EXPIRES_S + PULL_GRACE_S
+
+    async def _ensure_again(self) -> None:
+        self.needs_ensure = False
+        try:
+            await self.bus.restore(self.lane)
+        except Exception as exc:
+            self._warn(f"{self.lane.name}: cannot restore its stream/consumer yet: {exc}")
+            self.needs_ensure = True
+            self.pause_until = time.monotonic() + OUTAGE_BACKOFF_S
+
+    async def _on_message(self, msg: Msg) -> None:
+        if not msg.reply:  # job messages carry an ack subject; status messages do not
+            self._on_status(msg)
+            return
+        if self.credits:
+            self.credits -= 1
+        self.arrived.append(msg)
+        self.ready.set()
+
+    def _on_status(self, msg: Msg) -> None:
+        headers = msg.headers or {}
+        status = headers.get("Status", "")
+        if status == "100":  # idle heartbeat (not asked for)
+            return
+        # The request is over: drop what it will never deliver (all of it if the server
+        # does not say).
+        unfilled = headers.get("Nats-Pending-Messages")
+        self.credits = max(0, self.credits - int(unfilled)) if unfilled else 0
+        if status != "408":  # anything but a plain expiry: the consumer is not being served
+            description = headers.get("Description", "")
+            self._warn(f"{self.lane.name}: pull answered {status} {description}")
+            self.pause_until = time.monotonic() + OUTAGE_BACKOFF_S
+            if status == "404" or "deleted" in description.lower():
+                self.needs_ensure = True
+        self.ready.set()
+
+    def _warn(self, message: str) -> None:
+        # An outage repeats the same answer several times a second: say it once.
+        if message != self.last_warning:
+            logger.warning("%s", message)
+            self.last_warning = message
+
+    def _delivery(self, msg: Msg) -> Delivery:
+        headers = msg.headers or {}
+        seq = msg.metadata.sequence.stream
+        attempt = (_int(headers.get(HEADER_ATTEMPTS)) or 0) + msg.metadata.num_delivered
+        if self.lane.kind == "job":
+            job_id = headers.get(HEADER_JOB_ID)
+            subject = self.lane.subject
+            enqueued = _int(headers.get(HEADER_ENQUEUED_AT))
+        else:
+            # Published once, the dedup id is the event id; a requeued event carries its own.
+            job_id = headers.get(HEADER_EVENT_ID) or headers.get(NATS_MSG_ID)
+            subject = headers.get(HEADER_EVENT_NAME) or msg.subject.removeprefix(EVENT_PREFIX)
+            enqueued = _int(headers.get(HEADER_EMITTED_AT))
+        return Delivery(
+            id=job_id or f"{self.stream}:{seq}", subject=subject, body=msg.data,
+            attempt=attempt, enqueued_at_ms=enqueued, run_at_ms=_int(headers.get(HEADER_RUN_AT)),
+            key=seq, handle=msg,
+        )  # fmt: skip
+
+    # -- settling -----------------------------------------------------------------------------
+
+    async def ack(self, delivery: Delivery) -> None:
+        await _settle(delivery.handle.ack())
+
+    async def extend(self, delivery: Delivery) -> None:
+        await _settle(delivery.handle.in_progress())
+
+    async def release(self, delivery: Delivery, *, delay_s: float) -> None:
+        await _settle(delivery.handle.nak(delay=max(delay_s, MIN_NAK_DELAY_S)))
+
+    async def retry(self, delivery: Delivery, *, due_ms: int, attempts: int) -> None:
+        """The next attempt as a message scheduled for `due_ms`, then ack this one. Where
+        schedules are missing, or the publish fails, nak with the delay instead."""
+        msg = delivery.handle
+        if self.schedules:
+            target = requeue_subject_of(self.lane)
+            headers = requeue_headers(self.lane, delivery.id, delivery.subject,
+                                      delivery.enqueued_at_ms, due_ms)  # fmt: skip
+            headers[HEADER_ATTEMPTS] = str(attempts)
+            headers.update(schedule_headers(target, due_ms))
+            try:
+                await self.bus.js.publish(schedule_subject(target), msg.data, headers=headers)
+            except APIError as exc:  # the stream refuses schedules (made before 2.12)
+                self.schedules = False
+                logger.warning(
+                    "%s: its stream takes no message schedules (%s): a retry waits holding its "
+                    "slot (recreate the stream on nats-server 2.12+ to lift this)",
+                    self.lane.name, exc.description,
+                )  # fmt: skip
+            except NATS_ERRORS as exc:
+                logger.debug("%s: retry not scheduled (%s); nak instead", self.lane.name, exc)
+            else:
+                await _settle(msg.ack())
+                return
+        delay_s = max(0.0, (due_ms - time.time() * 1000) / 1000)
+        await _settle(msg.nak(delay=max(delay_s, MIN_NAK_DELAY_S)))
+
+    async def dead_letter(
+        self, delivery: Delivery, record: DlqRecord, *, terminate: bool
+    ) -> None:
+        """Publish the record, wait for its PubAck, and only then ack (or term) the original.
+        The dedup id is keyed on the message's stream sequence: a retried publish of it dedups,
+        while the same job requeued (a new message) and failing again gets a record of its
+        own."""
+        headers = {NATS_MSG_ID: f"{record['id']}:dlq:{delivery.key}"}
+        try:
+            await self.bus.js.publish(
+                dlq_subject_of(self.lane), _json(record), headers=headers
+            )
+        except NATS_ERRORS as exc:
+            raise DriverUnavailable(str(exc) or repr(exc)) from exc
+        msg = delivery.handle
+        await _settle(msg.term() if terminate else msg.ack())
+
+    async def close(self) -> None:
+        if self.subscription is not None:
+            with contextlib.suppress(*NATS_ERRORS):
+                await self.subscription.unsubscribe()
+        with contextlib.suppress(*NATS_ERRORS):
+            await self.nc.flush(timeout=1)  # the last acks and naks leave before we return
+
+
+def requeue_headers(
+    lane: Lane, job_id: str, subject: str, first_enqueued_at: int | None, run_at_ms: int
+) -> dict[str, str]:
+    """The headers of a message that brings a job or event back (a retry, a DLQ requeue)."""
+    if lane.kind == "job":
+        headers = {HEADER_JOB_ID: job_id, HEADER_RUN_AT: str(run_at_ms)}
+        if first_enqueued_at is not None:
+            headers[HEADER_ENQUEUED_AT] = str(first_enqueued_at)
+        return headers
+    emitted = first_enqueued_at if first_enqueued_at is not None else run_at_ms
+    return {
+        HEADER_EVENT_ID: job_id, HEADER_EVENT_NAME: subject, HEADER_EMITTED_AT: str(emitted),
+        HEADER_RUN_AT: str(run_at_ms),
+    }  # fmt: skip
+
+
+async def _settle(reply: Coroutine[Any, Any, Any]) -> None:
+    """Send an ack/nak/term/progress; if NATS is away the message is simply redelivered later."""
+    try:
+        await reply
+    except NATS_ERRORS as exc:
+        logger.debug("ack not sent (%s); the message will be redelivered", exc)
+
+
+def _json(record: DlqRecord) -> bytes:
+    import json
+
+    return json.dumps(record).encode()
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
