@@ -18,7 +18,7 @@ import pytest
 from app.jobs.email import SLOW_ACK_WAITS, SLOW_STEPS, EmailJob
 from app.services.instances import short_instance
 from mega.config import Config
-from mega.jobs.job import stream_name
+from mega.drivers.nats.names import stream_name
 from tests.factories import authed, csrf_from, job_worker, login, sample_config_for, web_client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +43,7 @@ async def wait_for_job(
 
 
 async def stream_messages(client: httpx.AsyncClient) -> int:
-    js = client.app.state.ctx.bus("jobs").js  # type: ignore[attr-defined]
+    js = client.app.state.ctx.bus("jobs").js
     return int((await js.stream_info(stream_name(EmailJob.subject))).state.messages)
 
 

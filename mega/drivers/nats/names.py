@@ -63,6 +63,10 @@ def stream_name(subject: str) -> str:
     return STREAM_PREFIX + sanitized(subject)
 
 
+def dlq_stream_name(subject: str) -> str:
+    return stream_name(subject) + DLQ_STREAM_SUFFIX
+
+
 def stream_of(lane: Lane) -> str:
     """The stream a lane's messages live in."""
     return stream_name(lane.subject) if lane.kind == "job" else EVENTS_STREAM
@@ -74,7 +78,7 @@ def durable_of(lane: Lane) -> str:
 
 def dlq_stream_of(lane: Lane) -> str:
     if lane.kind == "job":
-        return stream_name(lane.subject) + DLQ_STREAM_SUFFIX
+        return dlq_stream_name(lane.subject)
     return GROUP_DLQ_STREAM_PREFIX + sanitized(lane.name).upper() + DLQ_STREAM_SUFFIX
 
 

@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 
 from mega import JobQueue
 from mega.config import load_config
+from mega.drivers.nats.names import stream_name
 from mega.runtime.boot import boot, shutdown
 from tests.cluster import NatsCluster
 from tests.factories import write_config
@@ -49,7 +50,7 @@ async def test_an_r3_stream_loses_no_job_when_its_leader_is_killed(
     workers: list[subprocess.Popen[bytes]] = []
     try:
         spec = await queue.ensure(job)
-        info = await queue.js.stream_info(spec.stream)
+        info = await queue.bus.js.stream_info(stream_name(spec.subject))
         assert info.config.num_replicas == 3 and info.cluster is not None
         ids = [f"c{n:05d}" for n in range(JOBS)]
         for start in range(0, JOBS, 1000):  # every id PubAck'd by the cluster
@@ -65,7 +66,7 @@ async def test_an_r3_stream_loses_no_job_when_its_leader_is_killed(
             return await redis.hlen(f"{prefix}:done") >= count
 
         await until(lambda: done_at_least(1000), "1,000 jobs done")
-        leader = (await queue.js.stream_info(spec.stream)).cluster.leader  # type: ignore[union-attr]
+        leader = (await queue.bus.js.stream_info(stream_name(spec.subject))).cluster.leader  # type: ignore[union-attr]
         assert leader is not None
         cluster.node(leader).kill()  # SIGKILL the stream's leader under load
         await until(lambda: done_at_least(3000), "3,000 jobs done without the old leader")

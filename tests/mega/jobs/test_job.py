@@ -1,4 +1,4 @@
-"""Job validation, stream names and the message envelope (pure, no broker)."""
+"""Job validation and the job's message (pure, no broker)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,7 @@ from typing import Any
 import pytest
 
 from mega.errors import JobError, RegistrationError
-from mega.jobs.job import (
-    HEADER_ENQUEUED_AT,
-    HEADER_JOB_ID,
-    HEADER_RUN_AT,
-    Job,
-    JobSpec,
-    dlq_stream_name,
-    due_ms_of,
-    encode_job,
-    stream_name,
-    validate_job,
-)
+from mega.jobs.job import Job, JobSpec, due_ms_of, encode_job, validate_job
 
 BUSES = {"jobs"}
 
@@ -51,10 +40,6 @@ def test_valid_job_spec() -> None:
     assert spec.ack_wait_s == 30.0
     assert spec.dlq_max_age_s == 7 * 24 * 3600
     assert spec.dlq_max_bytes is None
-    assert spec.stream == "MEGA_JOBS_demo_email"
-    assert spec.dlq_stream == "MEGA_JOBS_demo_email_DLQ"
-    assert spec.dlq_subject == "demo.email.dlq"
-    assert spec.delay_subjects == "demo.email._delay.*"
 
 
 def test_defaults() -> None:
@@ -68,19 +53,6 @@ def test_defaults() -> None:
     spec = validate_job(Minimal, BUSES)
     assert (spec.concurrency, spec.retries) == (1, 3)
     assert (spec.backoff.initial_ms, spec.backoff.max_ms) == (1000, 30_000)
-
-
-@pytest.mark.parametrize(
-    ("subject", "stream"),
-    [
-        ("demo.email", "MEGA_JOBS_demo_email"),
-        ("a-b_c.d", "MEGA_JOBS_a_b_c_d"),
-        ("X9", "MEGA_JOBS_X9"),
-    ],
-)
-def test_stream_names(subject: str, stream: str) -> None:
-    assert stream_name(subject) == stream
-    assert dlq_stream_name(subject) == stream + "_DLQ"
 
 
 @pytest.mark.parametrize(
@@ -173,7 +145,7 @@ def test_missing_subject() -> None:
         validate_job(Unnamed, BUSES)
 
 
-# -- envelope ----------------------------------------------------------------------------------
+# -- the message ----------------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -181,20 +153,19 @@ def spec() -> JobSpec:
     return validate_job(EmailJob, BUSES)
 
 
-def test_envelope_of_a_plain_job(spec: JobSpec) -> None:
+def test_message_of_a_plain_job(spec: JobSpec) -> None:
     before = int(time.time() * 1000)
-    job_id, subject, body, headers = encode_job(spec, {"to": "a@b.c", "n": [1, 2]})
-    assert subject == "demo.email"
-    assert json.loads(body) == {"to": "a@b.c", "n": [1, 2]}
-    assert headers[HEADER_JOB_ID] == job_id and len(job_id) == 32
-    assert before <= int(headers[HEADER_ENQUEUED_AT]) <= int(time.time() * 1000)
-    assert "Nats-Msg-Id" not in headers  # only a caller id is a dedup key
-    assert HEADER_RUN_AT not in headers
+    message = encode_job(spec, {"to": "a@b.c", "n": [1, 2]})
+    assert message.subject == "demo.email"
+    assert json.loads(message.body) == {"to": "a@b.c", "n": [1, 2]}
+    assert len(message.id) == 32 and not message.dedup  # only a caller id is a dedup key
+    assert before <= message.enqueued_at_ms <= int(time.time() * 1000)
+    assert message.run_at_ms is None
 
 
 def test_caller_id_is_the_dedup_key(spec: JobSpec) -> None:
-    job_id, _, _, headers = encode_job(spec, 1, job_id="order-17")
-    assert job_id == headers[HEADER_JOB_ID] == headers["Nats-Msg-Id"] == "order-17"
+    message = encode_job(spec, 1, job_id="order-17")
+    assert (message.id, message.dedup) == ("order-17", True)
 
 
 @pytest.mark.parametrize("bad_id", ["", "a b", "line\r\nX-Forged: 1", "x" * 201, 17])
@@ -211,20 +182,13 @@ def test_non_json_payloads_are_rejected(spec: JobSpec, payload: Any) -> None:
     assert caught.value.code == "job.invalid_payload"
 
 
-def test_delayed_envelope_is_a_broker_schedule(spec: JobSpec) -> None:
+def test_a_delayed_message_says_when_it_is_due(spec: JobSpec) -> None:
     due_ms = int(time.time() * 1000) + 60_000
-    _, subject, _, headers = encode_job(spec, {}, due_ms=due_ms)
-    assert subject.startswith("demo.email._delay.")
-    assert headers["Nats-Schedule-Target"] == "demo.email"
-    assert headers[HEADER_RUN_AT] == str(due_ms)
-    at = datetime.strptime(headers["Nats-Schedule"], "@at %Y-%m-%dT%H:%M:%S.%fZ")
-    assert abs(at.replace(tzinfo=UTC).timestamp() * 1000 - due_ms) < 1
+    assert encode_job(spec, {}, due_ms=due_ms).run_at_ms == due_ms
 
 
 def test_a_due_time_in_the_past_runs_now(spec: JobSpec) -> None:
-    _, subject, _, headers = encode_job(spec, {}, due_ms=int(time.time() * 1000) - 5)
-    assert subject == "demo.email"
-    assert "Nats-Schedule" not in headers
+    assert encode_job(spec, {}, due_ms=int(time.time() * 1000) - 5).run_at_ms is None
 
 
 def test_due_time_from_delay_or_run_at(spec: JobSpec) -> None:

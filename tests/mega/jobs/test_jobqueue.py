@@ -18,10 +18,13 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js.api import AckPolicy, StreamConfig
 
-from mega.context import BusAdapter, Context
+from mega.config import BusSpec
+from mega.context import Context
+from mega.drivers.nats import NatsBus
+from mega.drivers.nats.names import HEADER_JOB_ID, dlq_stream_name, stream_name
 from mega.errors import DependencyUnavailable, JobError, RegistrationError
 from mega.jobs.backoff import BackoffPolicy
-from mega.jobs.job import HEADER_JOB_ID, Job
+from mega.jobs.job import Job
 from mega.jobs.jobworker import JobWorker
 from mega.jobs.queue import SIGNALS, JobQueue
 
@@ -44,7 +47,10 @@ async def nc(nats_url: str) -> AsyncIterator[NatsClient]:
 
 @pytest.fixture
 def ctx(nc: NatsClient, nats_url: str) -> Context:
-    return Context(instance_id="test-worker", buses={"jobs": BusAdapter("jobs", nats_url, nc)})
+    return Context(
+        instance_id="test-worker",
+        buses={"jobs": NatsBus("jobs", BusSpec(driver="nats", url=nats_url), nc)},
+    )
 
 
 @pytest.fixture
@@ -101,7 +107,7 @@ async def consuming(queue: JobQueue, job: type[Job]) -> AsyncIterator[asyncio.Ta
 
 
 async def stream_size(queue: JobQueue, stream: str) -> int:
-    return int((await queue.js.stream_info(stream)).state.messages)
+    return int((await queue.bus.js.stream_info(stream)).state.messages)
 
 
 # -- the happy paths and retries ---------------------------------------------------------------
@@ -126,7 +132,7 @@ async def test_ok_job_is_done_after_one_attempt(queue: JobQueue, prefix: str) ->
     events = [e["signal"] for e in seen.signals]
     assert sorted(events) == ["dispatch", "done", "start"]
     assert events.index("start") < events.index("done")
-    assert await stream_size(queue, queue.spec(job).stream) == 0
+    assert await stream_size(queue, stream_name(job.subject)) == 0
 
 
 async def test_flaky_job_is_done_after_exactly_two_attempts(queue: JobQueue, prefix: str) -> None:
@@ -176,7 +182,7 @@ async def test_failing_job_is_dead_lettered_after_retries_plus_one(
     assert [e["attempt"] for e in seen.of("retry")] == [1, 2]
     [fail] = seen.of("fail")
     assert (fail["phase"], fail["attempt"], fail["error_type"]) == ("run", 3, "ValueError")
-    assert await stream_size(queue, spec.stream) == 0
+    assert await stream_size(queue, stream_name(spec.subject)) == 0
     assert await queue.dlq.count(job) == 1
     [record] = await queue.dlq.list(job)
     assert record["id"] == "order-1"
@@ -224,7 +230,7 @@ async def test_same_id_runs_once(queue: JobQueue, prefix: str) -> None:
     second = await queue.enqueue(job, {"n": 2}, id="invoice-42")
     assert first == second == "invoice-42"
     assert [e["duplicate"] for e in seen.of("dispatch")] == [False, True]
-    assert await stream_size(queue, queue.spec(job).stream) == 1
+    assert await stream_size(queue, stream_name(job.subject)) == 1
     async with consuming(queue, job):
         last = await queue.enqueue(job, {"n": 3})  # FIFO with concurrency 1: runs after it
         await seen.wait("done", id=last)
@@ -241,7 +247,7 @@ async def test_non_json_payload_is_rejected_and_nothing_published(
         assert caught.value.code == "job.invalid_payload"
     with pytest.raises(JobError):
         await queue.enqueue_many(job, [{"ok": 1}, {"bad": {1, 2}}])
-    assert await stream_size(queue, queue.spec(job).stream) == 0
+    assert await stream_size(queue, stream_name(job.subject)) == 0
 
 
 async def test_enqueue_many_returns_every_id_in_order(queue: JobQueue, prefix: str) -> None:
@@ -254,7 +260,7 @@ async def test_enqueue_many_returns_every_id_in_order(queue: JobQueue, prefix: s
     seen = Recorder(queue)
     ids = await queue.enqueue_many(job, [{"i": i} for i in range(500)])
     assert len(set(ids)) == 500
-    assert await stream_size(queue, queue.spec(job).stream) == 500
+    assert await stream_size(queue, stream_name(job.subject)) == 500
     async with consuming(queue, job):
         await seen.wait("done", count=500)
     assert sorted(ran) == list(range(500))
@@ -279,7 +285,7 @@ async def test_never_more_in_flight_than_concurrency(queue: JobQueue, prefix: st
     await queue.enqueue_many(job, [{}] * 8)
     async with consuming(queue, job):
         await seen.wait("start", count=2)
-        info = await queue.js.consumer_info(queue.spec(job).stream, "mega_workers")
+        info = await queue.bus.js.consumer_info(stream_name(job.subject), "mega_workers")
         assert info.num_ack_pending <= 2
         assert info.config.max_ack_pending == 2
         assert info.config.ack_policy == AckPolicy.EXPLICIT
@@ -306,7 +312,7 @@ async def test_delayed_job_runs_after_its_delay_without_holding_a_slot(
         # The only slot is free while the delayed job waits: once the ack of "now" has been
         # applied (acks are not awaited), nothing is pending on the consumer.
         for _ in range(50):
-            info = await queue.js.consumer_info(queue.spec(job).stream, "mega_workers")
+            info = await queue.bus.js.consumer_info(stream_name(job.subject), "mega_workers")
             if info.num_ack_pending == 0:
                 break
             await asyncio.sleep(0.01)
@@ -318,7 +324,7 @@ async def test_delayed_job_runs_after_its_delay_without_holding_a_slot(
     [start] = seen.of("start", id=later)
     assert start["attempt"] == 1  # waiting is not an attempt
     assert start["latency_ms"] < 500  # measured from the due time, not from the enqueue
-    assert await stream_size(queue, queue.spec(job).stream) == 0
+    assert await stream_size(queue, stream_name(job.subject)) == 0
 
 
 async def test_long_job_keeps_its_lease_with_heartbeats(queue: JobQueue, prefix: str) -> None:
@@ -334,7 +340,7 @@ async def test_long_job_keeps_its_lease_with_heartbeats(queue: JobQueue, prefix:
     async with consuming(queue, job):
         job_id = await queue.enqueue(job, {})
         await seen.wait("done", id=job_id, timeout_s=10)
-        info = await queue.js.consumer_info(queue.spec(job).stream, "mega_workers")
+        info = await queue.bus.js.consumer_info(stream_name(job.subject), "mega_workers")
     assert runs == 1
     assert len(seen.of("start")) == 1
     assert info.num_redelivered == 0
@@ -344,12 +350,12 @@ async def test_without_heartbeats_the_same_long_job_is_redelivered(
     queue: JobQueue, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The control for the test above: the lease renewal is what keeps the job single."""
-    from mega.jobs.consumer import _Consumer
+    from mega.jobs.consumer import Consumer
 
     async def no_heartbeat(self: Any) -> None:
         await asyncio.Event().wait()
 
-    monkeypatch.setattr(_Consumer, "_heartbeat", no_heartbeat)
+    monkeypatch.setattr(Consumer, "_heartbeat", no_heartbeat)
     runs = 0
 
     async def run(payload: Any) -> None:
@@ -379,16 +385,16 @@ async def test_job_is_kept_while_the_dlq_stream_is_missing(queue: JobQueue, pref
 
     job = make_job(prefix, run, retries=0)
     spec = await queue.ensure(job)
-    await queue.js.delete_stream(spec.dlq_stream)
+    await queue.bus.js.delete_stream(dlq_stream_name(spec.subject))
     seen = Recorder(queue)
     async with consuming(queue, job):
         job_id = await queue.enqueue(job, {"keep": "me"})
         await seen.wait("fail", count=2, phase="dlq_publish")  # tried, nacked, tried again
-        assert await stream_size(queue, spec.stream) == 1  # not acked: nothing lost
+        assert await stream_size(queue, stream_name(spec.subject)) == 1  # not acked: nothing lost
         await queue.ensure(job, force=True)  # the operator brings the DLQ back
         await seen.wait("dlq", id=job_id)
     assert runs == 1  # exhausted jobs are never run again, only re-recorded
-    assert await stream_size(queue, spec.stream) == 0
+    assert await stream_size(queue, stream_name(spec.subject)) == 0
     [record] = await queue.dlq.list(job)
     assert record["error"] == {"type": "RuntimeError", "message": "permanent"}
     assert (record["payload"], record["attempts"]) == ({"keep": "me"}, 1)
@@ -407,7 +413,7 @@ async def test_undecodable_message_is_dead_lettered_and_terminated(
     spec = await queue.ensure(job)
     seen = Recorder(queue)
     raw = b"\xff{not json"
-    await queue.js.publish(spec.subject, raw, headers={HEADER_JOB_ID: "raw-1"})
+    await queue.bus.js.publish(spec.subject, raw, headers={HEADER_JOB_ID: "raw-1"})
     async with consuming(queue, job):
         await seen.wait("dlq", id="raw-1")
     assert runs == 0
@@ -417,7 +423,7 @@ async def test_undecodable_message_is_dead_lettered_and_terminated(
     assert record["payload"] is None
     assert base64.b64decode(record["raw_b64"]) == raw
     assert record["error"]["type"] == "DecodeError"
-    assert await stream_size(queue, spec.stream) == 0
+    assert await stream_size(queue, stream_name(spec.subject)) == 0
     with pytest.raises(JobError) as caught:
         await queue.dlq.requeue(job, "raw-1")
     assert caught.value.code == "job.not_requeueable"
@@ -438,7 +444,7 @@ async def test_stop_lets_in_flight_jobs_finish(queue: JobQueue, prefix: str) -> 
     await queue.stop(timeout_s=5)
     assert task.done()
     assert len(seen.of("done")) == 3
-    assert await stream_size(queue, queue.spec(job).stream) == 0
+    assert await stream_size(queue, stream_name(job.subject)) == 0
 
 
 async def test_stop_timeout_hands_unfinished_jobs_back(queue: JobQueue, prefix: str) -> None:
@@ -455,7 +461,7 @@ async def test_stop_timeout_hands_unfinished_jobs_back(queue: JobQueue, prefix: 
     assert time.monotonic() - began < 2
     assert task.done()
     assert seen.of("done") == []
-    assert await stream_size(queue, queue.spec(job).stream) == 1  # back for redelivery
+    assert await stream_size(queue, stream_name(job.subject)) == 1  # back for redelivery
 
 
 async def test_nats_restart_during_a_run_loses_no_job(
@@ -463,7 +469,10 @@ async def test_nats_restart_during_a_run_loses_no_job(
 ) -> None:
     server = nats_factory()
     client = await connect(server.url)
-    ctx = Context(instance_id="w", buses={"jobs": BusAdapter("jobs", server.url, client)})
+    ctx = Context(
+        instance_id="w",
+        buses={"jobs": NatsBus("jobs", BusSpec(driver="nats", url=server.url), client)},
+    )
     queue = JobQueue(ctx, "jobs")
     done: set[int] = set()
 
@@ -504,7 +513,7 @@ async def test_deleted_consumer_is_recreated_and_consuming_resumes(
     seen = Recorder(queue)
     async with consuming(queue, job) as task:
         await seen.wait("done", id=await queue.enqueue(job, {}))
-        await queue.js.delete_consumer(queue.spec(job).stream, "mega_workers")
+        await queue.bus.js.delete_consumer(stream_name(job.subject), "mega_workers")
         await seen.wait("done", id=await queue.enqueue(job, {}))
         assert not task.done()
 
@@ -517,16 +526,18 @@ async def test_ensure_is_idempotent_and_keeps_existing_limits(
 ) -> None:
     job = make_job(prefix, lambda payload: asyncio.sleep(0), concurrency=4, ack_wait_s=7)
     spec = queue.spec(job)
-    await queue.js.add_stream(
-        StreamConfig(name=spec.dlq_stream, subjects=[spec.dlq_subject], max_age=3600)
+    await queue.bus.js.add_stream(
+        StreamConfig(
+            name=dlq_stream_name(spec.subject), subjects=[spec.subject + ".dlq"], max_age=3600
+        )
     )
     await queue.ensure(job)
     await JobQueue(ctx, "jobs").ensure(job)  # a second process
-    dlq_info = await queue.js.stream_info(spec.dlq_stream)
+    dlq_info = await queue.bus.js.stream_info(dlq_stream_name(spec.subject))
     assert dlq_info.config.max_age == 3600  # the operator's limit survives
-    work = (await queue.js.stream_info(spec.stream)).config
+    work = (await queue.bus.js.stream_info(stream_name(spec.subject))).config
     assert work.retention == "workqueue" and work.storage == "file"
-    consumer = (await queue.js.consumer_info(spec.stream, "mega_workers")).config
+    consumer = (await queue.bus.js.consumer_info(stream_name(spec.subject), "mega_workers")).config
     assert (consumer.max_ack_pending, consumer.ack_wait) == (4, 7)
 
 
@@ -538,27 +549,27 @@ async def test_different_limits_are_reported_and_applied_only_when_told(
     # A stale deployment (or a typo) says concurrency 9: said in one line, not applied.
     bigger = make_job(prefix, lambda payload: asyncio.sleep(0), concurrency=9, ack_wait_s=7)
     await JobQueue(ctx, "jobs").ensure(bigger)
-    consumer = (await queue.js.consumer_info(spec.stream, "mega_workers")).config
+    consumer = (await queue.bus.js.consumer_info(stream_name(spec.subject), "mega_workers")).config
     assert consumer.max_ack_pending == 4
     [line] = [r.getMessage() for r in caplog.records if "running consumer" in r.getMessage()]
     assert "concurrency 4 and ack wait 7 s, the class says 9 and 7 s" in line
     assert "--apply-limits" in line
     # Told (`mega worker --apply-limits`): the class's limits take effect.
     await JobQueue(ctx, "jobs", apply_limits=True).ensure(bigger)
-    consumer = (await queue.js.consumer_info(spec.stream, "mega_workers")).config
+    consumer = (await queue.bus.js.consumer_info(stream_name(spec.subject), "mega_workers")).config
     assert consumer.max_ack_pending == 9
 
 
 async def test_fresh_dlq_stream_has_the_class_limits(queue: JobQueue, prefix: str) -> None:
     job = make_job(prefix, lambda payload: asyncio.sleep(0), dlq_max_bytes=1 << 20)
     spec = await queue.ensure(job)
-    config = (await queue.js.stream_info(spec.dlq_stream)).config
+    config = (await queue.bus.js.stream_info(dlq_stream_name(spec.subject))).config
     assert config.retention == "limits"
     assert config.max_age == 7 * 24 * 3600
     assert config.max_bytes == 1 << 20
     forever = make_job(prefix + "x", lambda payload: asyncio.sleep(0), dlq_max_age_s=0)
     spec = await queue.ensure(forever)
-    assert not (await queue.js.stream_info(spec.dlq_stream)).config.max_age
+    assert not (await queue.bus.js.stream_info(dlq_stream_name(spec.subject))).config.max_age
 
 
 async def test_dlq_list_requeue_and_purge(queue: JobQueue, prefix: str) -> None:

@@ -25,8 +25,11 @@ from nats.aio.client import Client as NatsClient
 from nats.js.errors import NotFoundError
 from redis.asyncio import Redis
 
-from mega.context import BusAdapter, Context
-from mega.jobs.job import HEADER_JOB_ID, Job, JobSpec
+from mega.config import BusSpec
+from mega.context import Context
+from mega.drivers.nats import NatsBus
+from mega.drivers.nats.names import HEADER_JOB_ID, stream_name
+from mega.jobs.job import Job, JobSpec
 from mega.jobs.queue import JobQueue
 from tests.factories import write_config
 from tests.mega.jobs import fault_jobs
@@ -130,7 +133,10 @@ async def nc(nats_url: str) -> AsyncIterator[NatsClient]:
 
 @pytest.fixture
 def queue(nc: NatsClient, nats_url: str) -> JobQueue:
-    ctx = Context(instance_id="test", buses={"jobs": BusAdapter("jobs", nats_url, nc)})
+    ctx = Context(
+        instance_id="test",
+        buses={"jobs": NatsBus("jobs", BusSpec(driver="nats", url=nats_url), nc)},
+    )
     return JobQueue(ctx, "jobs")
 
 
@@ -157,7 +163,7 @@ async def until(condition: Callable[[], Awaitable[bool]], what: str) -> None:
 
 
 async def stream_size(queue: JobQueue, stream: str) -> int:
-    return int((await queue.js.stream_info(stream)).state.messages)
+    return int((await queue.bus.js.stream_info(stream)).state.messages)
 
 
 async def job_ids_in(queue: JobQueue, spec: JobSpec) -> set[str]:
@@ -167,7 +173,9 @@ async def job_ids_in(queue: JobQueue, spec: JobSpec) -> set[str]:
     seq = 1
     while True:
         try:
-            msg = await queue.js.get_msg(spec.stream, seq, subject=spec.subject, next=True)
+            msg = await queue.bus.js.get_msg(
+                stream_name(spec.subject), seq, subject=spec.subject, next=True
+            )
         except NotFoundError:
             return ids
         assert msg.headers is not None and msg.seq is not None
@@ -213,7 +221,9 @@ async def test_sigkilled_worker_loses_nothing_and_reruns_only_its_in_flight_jobs
     assert len(started_by_first) < len(ids), "some jobs were still queued at the kill"
 
     second = await start_worker(config).ready()
-    await until(lambda: _equals(stream_size(queue, spec.stream), 0), "every job acked")
+    await until(
+        lambda: _equals(stream_size(queue, stream_name(spec.subject)), 0), "every job acked"
+    )
     second.proc.send_signal(signal.SIGTERM)
     assert await second.exit_code() == 0
 
@@ -274,7 +284,7 @@ async def test_job_that_kills_its_worker_goes_to_the_dlq_after_retries_plus_one_
     assert {("fail", last), ("dlq", last)} <= logged_counts(output, job_id), output[-3000:]
     assert max(count for _, count in logged_counts(output, job_id)) == last
     assert record["payload"] == {"id": job_id}
-    assert await stream_size(queue, spec.stream) == 0
+    assert await stream_size(queue, stream_name(spec.subject)) == 0
     for worker in fleet:
         worker.proc.send_signal(signal.SIGTERM)
     assert [await worker.exit_code() for worker in fleet] == [0, 0]
@@ -310,7 +320,7 @@ async def test_sigterm_drains_in_flight_jobs_and_exits_0_losing_nothing(
     assert await job_ids_in(queue, spec) == set(ids) - in_flight
 
     second = await start_worker(config).ready()
-    await until(lambda: _equals(stream_size(queue, spec.stream), 0), "the rest done")
+    await until(lambda: _equals(stream_size(queue, stream_name(spec.subject)), 0), "the rest done")
     second.proc.send_signal(signal.SIGTERM)
     assert await second.exit_code() == 0
     assert await counts_of(redis, f"{prefix}:done") == dict.fromkeys(ids, 1)  # exactly once

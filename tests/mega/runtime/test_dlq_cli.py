@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mega.config import Config, load_config
-from mega.jobs.job import stream_name
+from mega.drivers.nats.names import stream_name
 from mega.jobs.queue import JobQueue
 from mega.runtime.boot import boot, shutdown
 from tests.factories import job_worker, write_config
@@ -70,7 +70,7 @@ async def mega_dlq(config: Config, *args: str) -> tuple[int, str, str]:
 async def state(queue: JobQueue, config: Config) -> tuple[list[str], int]:
     """The ids left in the DLQ (newest first) and the messages waiting on the work stream."""
     (job,) = config.jobs
-    waiting = (await queue.js.stream_info(stream_name(job.subject))).state.messages
+    waiting = (await queue.bus.js.stream_info(stream_name(job.subject))).state.messages
     return [r["id"] for r in await queue.dlq.list(job)], int(waiting)
 
 

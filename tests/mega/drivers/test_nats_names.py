@@ -1,0 +1,82 @@
+"""What the nats driver keeps where, and a job's message on the wire (pure, no broker)."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+import pytest
+
+from mega.drivers.base import Lane, Message
+from mega.drivers.nats.bus import job_envelope
+from mega.drivers.nats.names import (
+    HEADER_ENQUEUED_AT,
+    HEADER_JOB_ID,
+    HEADER_RUN_AT,
+    dlq_stream_name,
+    dlq_stream_of,
+    dlq_subject_of,
+    durable_of,
+    filter_subjects_of,
+    requeue_subject_of,
+    stream_name,
+    stream_of,
+)
+from mega.drivers.nats.receiver import requeue_headers
+
+JOB = Lane("job", "EmailJob", "demo.email", 2, 30.0, 3600.0)
+GROUP = Lane("group", "Good", "user.signed_up", 1, 30.0, 3600.0)
+
+
+@pytest.mark.parametrize(
+    ("subject", "stream"),
+    [
+        ("demo.email", "MEGA_JOBS_demo_email"),
+        ("a-b_c.d", "MEGA_JOBS_a_b_c_d"),
+        ("X9", "MEGA_JOBS_X9"),
+    ],
+)
+def test_stream_names(subject: str, stream: str) -> None:
+    assert stream_name(subject) == stream
+    assert dlq_stream_name(subject) == stream + "_DLQ"
+
+
+def test_a_job_lane_lives_in_its_own_streams() -> None:
+    assert (stream_of(JOB), dlq_stream_of(JOB), dlq_subject_of(JOB)) == (
+        "MEGA_JOBS_demo_email", "MEGA_JOBS_demo_email_DLQ", "demo.email.dlq",
+    )  # fmt: skip
+    assert (durable_of(JOB), requeue_subject_of(JOB)) == ("mega_workers", "demo.email")
+
+
+def test_a_group_lane_is_a_consumer_of_the_events_stream() -> None:
+    assert (stream_of(GROUP), durable_of(GROUP)) == ("MEGA_EVENTS", "mega_group_Good")
+    assert filter_subjects_of(GROUP) == ["events.user.signed_up", "events_requeue.Good"]
+    assert (dlq_subject_of(GROUP), dlq_stream_of(GROUP)) == (
+        "events_dlq.Good", "MEGA_EVENTS_GOOD_DLQ",
+    )  # fmt: skip
+    assert requeue_headers(GROUP, "e1", "user.signed_up", 5, 9) == {
+        "Mega-Event-Id": "e1", "Mega-Event-Name": "user.signed_up", "Mega-Emitted-At": "5",
+        "Mega-Run-At": "9",
+    }  # fmt: skip
+
+
+def test_envelope_of_a_plain_job() -> None:
+    now = int(time.time() * 1000)
+    subject, body, headers = job_envelope(Message("j1", "demo.email", b"{}", now, dedup=False))
+    assert (subject, body) == ("demo.email", b"{}")
+    assert headers == {HEADER_ENQUEUED_AT: str(now), HEADER_JOB_ID: "j1"}  # no dedup key
+
+
+def test_a_caller_id_is_the_dedup_key() -> None:
+    _, _, headers = job_envelope(Message("order-17", "demo.email", b"1", 1))
+    assert headers[HEADER_JOB_ID] == headers["Nats-Msg-Id"] == "order-17"
+
+
+def test_a_delayed_job_is_a_broker_schedule() -> None:
+    due_ms = int(time.time() * 1000) + 60_000
+    subject, _, headers = job_envelope(Message("j", "demo.email", b"{}", 1, due_ms))
+    assert subject.startswith("demo.email._delay.")
+    assert headers["Nats-Schedule-Target"] == "demo.email"
+    assert headers[HEADER_RUN_AT] == str(due_ms)
+    at = datetime.strptime(headers["Nats-Schedule"], "@at %Y-%m-%dT%H:%M:%S.%fZ")
+    assert abs(at.replace(tzinfo=UTC).timestamp() * 1000 - due_ms) < 1
