@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mega.config import load_config
-from mega.events.event import EVENTS_STREAM
+from mega.drivers.nats.names import EVENTS_STREAM
 from mega.runtime.boot import boot, shutdown
 from tests.cluster import NatsCluster
 from tests.factories import write_config
