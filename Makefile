@@ -21,7 +21,8 @@ install: $(BIN)/.installed
 PEERS := .venv-peers
 $(PEERS)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(PEERS)
-	$(PEERS)/bin/pip install --quiet 'taskiq>=0.13' 'taskiq-redis>=1.2'
+	$(PEERS)/bin/pip install --quiet 'taskiq>=0.13' 'taskiq-redis>=1.2' 'streaq>=7' \
+		'pgqueuer>=1.6' 'asyncpg>=0.30' 'procrastinate>=3.10' 'psycopg[binary]>=3.2'
 	@touch $@
 
 run: install  ## the whole demo: embedded NATS + Redis, web, 2 schedulers, 2 workers (BUS=redis: jobs and events on Redis)

@@ -10,15 +10,16 @@ baseline: XREADGROUP(count=100) with one awaited XACK per entry; mega: the same 
 Peer: taskiq on Redis streams (`taskiq-redis`'s RedisStreamBroker, in its own virtualenv:
 bench/peers/taskiq_redis_drain.py), N tasks kicked one at a time, then its receiver in that
 process (200 async tasks, reads of 100) until every one has run; target: the redis driver
->= 2x. Every job is checked to have run exactly
-once.
+>= 2x. Peer: streaq (Redis streams too, bench/peers/streaq_drain.py in the same virtualenv), N
+tasks enqueued in pipelined batches of 1,000, then one worker with its defaults (concurrency
+16, prefetch 32) until every one has run; reported, no target. Every job is checked to have run
+exactly once.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
@@ -29,6 +30,7 @@ from typing import Any
 if __package__ in (None, ""):  # run by path (python bench/x.py): make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.peers import run_peer
 from bench.report import Result, print_table, result, row
 from mega import Context, Job, JobWorker
 from mega.context import BusAdapter
@@ -37,8 +39,6 @@ MEMORY_TARGET = 50_000.0
 REDIS_TARGET = 0.7
 TASKIQ_TARGET = 2.0
 TASKIQ_ATTEMPTS = 4
-# The peers' own virtualenv (`make bench` makes it: the `bench` extra, taskiq and taskiq-redis).
-PEERS_PYTHON = Path(__file__).resolve().parents[1] / ".venv-peers" / "bin" / "python"
 RAN: Counter[int] = Counter()
 
 
@@ -91,19 +91,20 @@ async def _taskiq_redis(url: str, jobs: int) -> tuple[float, int]:
     """taskiq on Redis streams, in the peers' virtualenv (bench/peers/taskiq_redis_drain.py):
     the first complete run of up to TASKIQ_ATTEMPTS, each on a fresh queue; also how many runs
     stalled short of the end before it."""
-    script = Path(__file__).parent / "peers" / "taskiq_redis_drain.py"
     for attempt in range(TASKIQ_ATTEMPTS):
-        proc = await asyncio.create_subprocess_exec(
-            str(PEERS_PYTHON), str(script), url, str(jobs), f"bench:taskiq:{attempt}",
-            stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        out, _ = await proc.communicate()
-        assert proc.returncode == 0, f"the taskiq peer failed (exit {proc.returncode})"
-        answer = json.loads(out.decode().strip().splitlines()[-1])
+        answer = await run_peer("taskiq_redis_drain.py", url, str(jobs), f"bench:taskiq:{attempt}")
         if answer["ran"] == jobs:
             assert answer["exactly_once"], "taskiq: not exactly once"
             return float(answer["tasks_per_s"]), attempt
     raise AssertionError(f"taskiq: no complete run in {TASKIQ_ATTEMPTS} attempts")
+
+
+async def _streaq(url: str, jobs: int) -> float:
+    """streaq on Redis streams, in the peers' virtualenv (bench/peers/streaq_drain.py)."""
+    answer = await run_peer("streaq_drain.py", url, str(jobs), "bench-streaq")
+    assert answer["ran"] == jobs, f"streaq: {answer['ran']} of {jobs} tasks ran"
+    assert answer["exactly_once"], f"streaq: not exactly once ({answer['left']} left queued)"
+    return float(answer["tasks_per_s"])
 
 
 async def _bench(jobs: int) -> Result:
@@ -127,6 +128,7 @@ async def _bench(jobs: int) -> Result:
             redis_ctx.buses["jobs"] = BusAdapter("jobs", server.url, client, driver="redis")
             redis = await _drain(redis_ctx, jobs)
             taskiq, stalled = await _taskiq_redis(server.url, jobs)
+            streaq = await _streaq(server.url, jobs)
         finally:
             await client.aclose()
             server.stop()
@@ -159,9 +161,16 @@ async def _bench(jobs: int) -> Result:
                 target=f">= {TASKIQ_TARGET}x",
                 passed=redis / taskiq >= TASKIQ_TARGET,
             ),
+            row("streaq, one worker, its defaults: concurrency 16 (tasks/s)", streaq),
+            row(
+                "redis driver against streaq (jobs/s)",
+                redis,
+                baseline=streaq,
+                baseline_name="streaq",
+            ),
         ],
         notes=[
-            "every job (and every taskiq task) checked to have run exactly once",
+            "every job (and every taskiq and streaq task) checked to have run exactly once",
             f"taskiq: runs stalled short of the end and run again on a fresh queue: {stalled} "
             "(see bench/peers/taskiq_redis_drain.py)",
         ],
@@ -170,6 +179,7 @@ async def _bench(jobs: int) -> Result:
             "redis_jobs_per_s": redis,
             "bare_per_s": bare,
             "taskiq_redis_per_s": taskiq,
+            "streaq_per_s": streaq,
         },
     )
     print_table(res)
