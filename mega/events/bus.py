@@ -197,12 +197,11 @@ class EventBus:
         run_event = self._runner(spec, handler_ctx or self.ctx)
 
         async def run(payload: Any, delivery: Delivery) -> None:
-            await run_event(
-                ReceivedEvent(
-                    id=delivery.id, name=delivery.subject, data=payload,
-                    emitted_at=delivery.enqueued_at_ms, attempt=delivery.attempt,
-                )  # fmt: skip
-            )
+            event = ReceivedEvent(
+                id=delivery.id, name=delivery.subject, data=payload,
+                emitted_at=delivery.enqueued_at_ms, attempt=delivery.attempt,
+            )  # fmt: skip
+            await run_event(event)
 
         receiver = self.bus.receiver(group_lane(spec), consumer=self.instance_id)
         consumer = Consumer(

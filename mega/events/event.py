@@ -31,6 +31,7 @@ NAME_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
 # Events are kept this long for replay (a new listener group starts from the oldest kept).
 EVENTS_MAX_AGE_S = 7 * 24 * 3600
 
+
 class Event:
     """Base class of every event. Subclasses set `name` and `bus`; `schema` is optional."""
 

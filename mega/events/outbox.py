@@ -42,6 +42,8 @@ def row_message(event_id: str, subject: str, body: bytes, headers: dict[str, str
     """The event a stored row holds, as the relay publishes it."""
     return Message(event_id, subject.removeprefix(SUBJECT_PREFIX), body,
                    int(headers[HEADER_EMITTED_AT]))  # fmt: skip
+
+
 # Relays of this process to wake after a commit that added rows (each a thread-safe callable).
 _wakers: set[Callable[[], None]] = set()
 

@@ -30,7 +30,6 @@ __all__ = ["DeadLetters", "DlqRecord", "make_record"]
 T = TypeVar("T")
 
 
-
 def make_record(
     subject: str,
     job_id: str,

@@ -248,18 +248,14 @@ class NatsReceiver:
         delay_s = max(0.0, (due_ms - time.time() * 1000) / 1000)
         await _settle(msg.nak(delay=max(delay_s, MIN_NAK_DELAY_S)))
 
-    async def dead_letter(
-        self, delivery: Delivery, record: DlqRecord, *, terminate: bool
-    ) -> None:
+    async def dead_letter(self, delivery: Delivery, record: DlqRecord, *, terminate: bool) -> None:
         """Publish the record, wait for its PubAck, and only then ack (or term) the original.
         The dedup id is keyed on the message's stream sequence: a retried publish of it dedups,
         while the same job requeued (a new message) and failing again gets a record of its
         own."""
         headers = {NATS_MSG_ID: f"{record['id']}:dlq:{delivery.key}"}
         try:
-            await self.bus.js.publish(
-                dlq_subject_of(self.lane), _json(record), headers=headers
-            )
+            await self.bus.js.publish(dlq_subject_of(self.lane), _json(record), headers=headers)
         except NATS_ERRORS as exc:
             raise DriverUnavailable(str(exc) or repr(exc)) from exc
         msg = delivery.handle
