@@ -58,6 +58,7 @@ if __package__ in (None, ""):  # run by path (python bench/x.py): make `app`, `b
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.report import Result, Row, ms, percentile, print_table, result, row
+from mega.drivers.nats.names import dlq_stream_name, stream_name
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NatsClient
@@ -301,14 +302,14 @@ class Bench:
         return job_class(self.subject(part), self.o.concurrency)
 
     async def connect(self) -> None:
-        from mega.context import BusAdapter, Context, new_instance_id
+        from mega.config import BusSpec
+        from mega.context import Context, new_instance_id
+        from mega.drivers.nats import NatsBus
         from mega.jobs.queue import JobQueue
-        from mega.runtime.boot import connect_nats
 
-        self.nc = await connect_nats("jobs", self.url)
-        self.js = self.nc.jetstream()
-        ctx = Context(instance_id=new_instance_id("bench"))
-        ctx.buses["jobs"] = BusAdapter("jobs", self.url, self.nc)
+        bus = await NatsBus.connect("jobs", BusSpec(driver="nats", url=self.url))
+        self.nc, self.js = bus.native, bus.js
+        ctx = Context(instance_id=new_instance_id("bench"), buses={"jobs": bus})
         self.queue = JobQueue(ctx, "jobs")
 
     def kill_children(self) -> None:
@@ -341,7 +342,7 @@ class Bench:
 
     async def wait_drained(self, worker: Worker, stream: str, total: int) -> float:
         """Poll the consumer until `total` messages are delivered and none is unacked."""
-        from mega.jobs.job import CONSUMER_NAME
+        from mega.drivers.nats.names import JOB_CONSUMER as CONSUMER_NAME
 
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while True:
@@ -361,7 +362,7 @@ class Bench:
 
     async def wait_ready(self, worker: Worker, stream: str) -> float:
         """Until the worker's first pull request waits on the consumer; spawn-to-ready s."""
-        from mega.jobs.job import CONSUMER_NAME
+        from mega.drivers.nats.names import JOB_CONSUMER as CONSUMER_NAME
 
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
@@ -453,9 +454,13 @@ class Bench:
                 await self.queue.ensure(scratch)
                 rates["megaN"].append(await mega_pipelined(scratch))
                 spec = self.queue.spec(scratch)
-                for stream in (f"BENCH_BARE_MANY{r}", spec.stream, spec.dlq_stream):
+                for stream in (
+                    f"BENCH_BARE_MANY{r}",
+                    stream_name(spec.subject),
+                    dlq_stream_name(spec.subject),
+                ):
                     await self.js.delete_stream(stream)  # keep the server's work to the backlog
-        for stream in ("BENCH_BARE_ONE", self.queue.spec(one_job).stream):
+        for stream in ("BENCH_BARE_ONE", stream_name(one_job.subject)):
             await self.js.delete_stream(stream)
         self.data["enqueue_rounds"] = rates
         return {key: max(values) for key, values in rates.items()}
@@ -493,11 +498,11 @@ class Bench:
         consume_job = self.job("consume")
         spec = self.queue.spec(consume_job)
         worker = self.spawn_worker("consume", spec.subject, profile=self.o.profile)
-        await self.wait_drained(worker, spec.stream, self.o.jobs)
+        await self.wait_drained(worker, stream_name(spec.subject), self.o.jobs)
         await asyncio.sleep(SETTLE_S)
         worker.rss("after")
         runs = worker.stop()
-        server = await self.check_consumed(spec.stream, "mega_workers")
+        server = await self.check_consumed(stream_name(spec.subject), "mega_workers")
         check: dict[str, Any] = {
             **exactly_once(runs, self.o.jobs),
             **server,
@@ -522,11 +527,11 @@ class Bench:
         mem_job = self.job("memory")
         spec = await self.queue.ensure(mem_job)
         worker = self.spawn_worker("memory", spec.subject)
-        ready_s = await self.wait_ready(worker, spec.stream)
+        ready_s = await self.wait_ready(worker, stream_name(spec.subject))
         await asyncio.sleep(SETTLE_S)
         idle = worker.rss("idle")
         await self.queue.enqueue_many(mem_job, range(self.o.jobs))
-        await self.wait_drained(worker, spec.stream, self.o.jobs)
+        await self.wait_drained(worker, stream_name(spec.subject), self.o.jobs)
         await asyncio.sleep(SETTLE_S)
         after = worker.rss("after")
 
@@ -547,7 +552,7 @@ class Bench:
             await self.queue.enqueue(mem_job, {"i": self.o.jobs + i, "t": before})
             enqueue_ms.append((time.time() - before) * 1000)
         elapsed = time.monotonic() - started
-        await self.wait_drained(worker, spec.stream, self.o.jobs + count)
+        await self.wait_drained(worker, stream_name(spec.subject), self.o.jobs + count)
         worker.rss("after_latency")
         runs = worker.stop()
         by_index = sorted((run.id, (run.at - run.sent) * 1000) for run in runs if run.sent)
@@ -571,7 +576,7 @@ class Bench:
             "slow_bursts": bursts,
             "drain_s": bulk[-1] - bulk[0] if bulk else float("nan"),
             "exactly_once": once,
-            "server": await self.check_consumed(spec.stream, "mega_workers"),
+            "server": await self.check_consumed(stream_name(spec.subject), "mega_workers"),
         }
 
 

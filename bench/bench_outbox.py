@@ -27,12 +27,12 @@ from typing import Any
 if __package__ in (None, ""):  # run by path (python bench/x.py): make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nats.aio.client import Client as NatsClient
 from nats.js.api import StreamConfig
 
 from bench.report import Result, ms, percentile, print_table, result, row
 from mega import Context, Event, Listener, ListenerWorker, OutboxRelay, ReceivedEvent, outbox
-from mega.context import BusAdapter
+from mega.config import BusSpec
+from mega.drivers.nats import NatsBus
 from mega.events.relay import DEFAULT_BATCH
 from mega.runtime.boot import connect_database
 
@@ -75,10 +75,9 @@ class Third(Recorder):
 
 
 async def _context(url: str, db_url: str) -> Context:
-    nc = NatsClient()
-    await nc.connect(url)
+    bus = await NatsBus.connect("bench", BusSpec(driver="nats", url=url))
     ctx = Context(instance_id="bench", database=await connect_database(db_url))
-    ctx.buses["bench"] = BusAdapter("bench", url, nc)
+    ctx.buses["bench"] = bus
     return ctx
 
 

@@ -96,13 +96,13 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_api.py compares)
     from mega.config import Config as Config
     from mega.config import load_config as load_config
-    from mega.drivers.base import Bus as Bus
     from mega.context import CacheAdapter as CacheAdapter
     from mega.context import Context as Context
     from mega.context import FencedLease as FencedLease
     from mega.context import LockAdapter as LockAdapter
     from mega.context import TaskPool as TaskPool
     from mega.database import Database as Database
+    from mega.drivers.base import Bus as Bus
     from mega.errors import ConfigError as ConfigError
     from mega.errors import DependencyUnavailable as DependencyUnavailable
     from mega.errors import JobError as JobError

@@ -167,9 +167,7 @@ class Context:
         `native` is the engine's own client: `ctx.bus("jobs", NatsBus).native.jetstream()`."""
         bus = _lookup(self.buses, alias, "services.buses")
         if driver is not None and not isinstance(bus, driver):
-            raise ConfigError(
-                f"services.buses.{alias}: a {bus.driver} bus, not {driver.driver}"
-            )
+            raise ConfigError(f"services.buses.{alias}: a {bus.driver} bus, not {driver.driver}")
         return bus
 
     @property

@@ -44,15 +44,19 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from mega.context import BusAdapter, CacheAdapter, Context
+from mega.config import BusSpec
+from mega.context import CacheAdapter, Context
+from mega.drivers.memory import MemoryBroker, MemoryBus, MemoryLane
+from mega.errors import JobError
 from mega.events import bus as events_bus
+from mega.events.bus import group_lane
 from mega.events.listener import Listener
 from mega.events.worker import ListenerWorker
 from mega.jobs import queue as jobs_queue
 from mega.jobs.dlq import DlqRecord
 from mega.jobs.job import Job
 from mega.jobs.jobworker import JobWorker
-from mega.jobs.memory import MemoryBroker, MemoryLane, memory_broker
+from mega.jobs.queue import job_lane
 from mega.schedules import cron
 from mega.schedules.schedule import Schedule, Tick
 from mega.workers.pool import WorkerPool
@@ -76,8 +80,7 @@ def memory_context(*buses: str, caches: Iterable[str] = (), instance_id: str = "
     call gets servers of its own, so tests never see each other's keys."""
     ctx = Context(instance_id=instance_id)
     for alias in buses or ("jobs",):
-        broker: Any = MemoryBroker()
-        ctx.buses[alias] = BusAdapter(alias, "memory://", broker, driver="memory")
+        ctx.buses[alias] = MemoryBus(alias, BusSpec(driver="memory"), MemoryBroker())
     for alias in caches:
         ctx.caches[alias] = CacheAdapter(alias, f"memory://{alias}", _fake_redis())
     return ctx
@@ -141,10 +144,8 @@ async def drain(
     await job_worker.start()
     try:
         # The lanes exist once the workers have started (a new group's is made by its ensure).
-        lanes = [memory_broker(ctx, spec.bus).subject(spec.subject) for spec in job_specs]
-        for group in group_specs:
-            broker = memory_broker(ctx, group.bus)
-            lanes.append(broker.subject(broker.groups[group.group][1]))
+        lanes = [_broker(ctx, spec.bus).lane(job_lane(spec)) for spec in job_specs]
+        lanes += [_broker(ctx, spec.bus).lane(group_lane(spec)) for spec in group_specs]
         for _ in range(MAX_ROUNDS):
             await _settle()
             if not any(lane.busy for lane in lanes):
@@ -157,6 +158,14 @@ async def drain(
         await job_worker.stop(1)
         await listener_worker.stop(1)
     return report
+
+
+def _broker(ctx: Context, alias: str) -> MemoryBroker:
+    bus = ctx.bus(alias)
+    if not isinstance(bus, MemoryBus):
+        raise JobError(f"drain runs memory buses only; bus {alias!r} is {bus.driver}",
+                       code="job.driver")  # fmt: skip
+    return bus.native
 
 
 async def _run_hooks(

@@ -162,9 +162,7 @@ class Receiver(Protocol):
         """Hand it back unsettled, to be delivered again (to any worker) after `delay_s`."""
         ...
 
-    async def dead_letter(
-        self, delivery: Delivery, record: DlqRecord, *, terminate: bool
-    ) -> None:
+    async def dead_letter(self, delivery: Delivery, record: DlqRecord, *, terminate: bool) -> None:
         """Store `record` in the lane's dead letters and settle the delivery (`terminate`: a
         message no one can decode). Raises DriverUnavailable when the record was not stored."""
         ...

@@ -22,7 +22,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nats.aio.msg import Msg
 from nats.js.errors import APIError
@@ -48,7 +48,8 @@ from mega.drivers.nats.names import (
 )
 
 if TYPE_CHECKING:
-    from mega.drivers.nats.bus import NatsBus
+    from nats.aio.client import Client as NatsClient
+    from nats.js import JetStreamContext
 
 logger = logging.getLogger("mega.jobqueue")
 
@@ -68,10 +69,24 @@ OUTAGE_BACKOFF_S = 0.25
 MIN_NAK_DELAY_S = 0.001
 
 
+class NatsLink(Protocol):
+    """What a receiver needs of its bus (a NatsBus)."""
+
+    native: NatsClient
+    js: JetStreamContext
+
+    @property
+    def schedules_supported(self) -> bool: ...
+
+    async def restore(self, lane: Lane) -> None:
+        """Make the lane's streams and consumer exist again."""
+        ...
+
+
 class NatsReceiver:
     """The pull requests and settling calls of one lane in this process (see the module)."""
 
-    def __init__(self, bus: NatsBus, lane: Lane) -> None:
+    def __init__(self, bus: NatsLink, lane: Lane) -> None:
         self.bus = bus
         self.lane = lane
         self.nc = bus.native

@@ -1,0 +1,166 @@
+"""What a `memory` bus holds (`bus.native`): a queue per job subject and per listener group,
+the dedup window and the events a new group replays. mega.testing reaches in here: `busy()`,
+`fast_forward()`, every lane's queue (`subjects`), and `MemoryLane.dead_letter`, the one place
+dead letters are stored (its `failing_dlq` makes it raise)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mega.drivers.base import DlqRecord, Lane, LaneStats
+
+# A caller-given id (or an event's) is remembered this long: a second message with it is
+# dropped (the same window as the other drivers').
+DEDUP_WINDOW_S = 120.0
+# Events a memory bus keeps for listener groups that start later (the oldest go first).
+EVENTS_KEPT = 100_000
+# Ids the dedup window holds before it forgets those that left the window.
+DEDUP_KEPT = 100_000
+
+_keys = itertools.count(1)
+
+
+@dataclass
+class MemoryMessage:
+    """One stored job or event of one lane. `deliveries` counts its deliveries since `base`
+    was set: a retry keeps the message, sets `base` to the attempts made and starts counting
+    again, so a delivery's attempt is `base + deliveries`."""
+
+    job_id: str
+    subject: str  # a job's subject, or an event's name
+    body: bytes
+    enqueued_at_ms: int
+    run_at_ms: int
+    deliveries: int = 0
+    base: int = 0
+    key: int = field(default_factory=lambda: next(_keys))  # the same for every redelivery
+
+
+@dataclass
+class MemoryLane:
+    """One lane's queue (a job subject's, a listener group's): ready messages, scheduled ones
+    (`timers`), the ones delivered and not settled (`running`), dead letters."""
+
+    ready: deque[MemoryMessage] = field(default_factory=deque)
+    scheduled: int = 0  # delayed jobs and retries waiting for their time
+    running: int = 0
+    dead: list[DlqRecord] = field(default_factory=list)
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    seq: int = 0
+    timers: dict[asyncio.TimerHandle, Callable[[], None]] = field(default_factory=dict)
+
+    def stats(self) -> LaneStats:
+        return LaneStats(
+            pending=len(self.ready) + self.scheduled, in_flight=self.running, dlq=len(self.dead)
+        )
+
+    def put(self, message: MemoryMessage, *, at_ms: int | None = None, first: bool = False) -> None:
+        """Ready now (`first`: ahead of the others), or at `at_ms` (epoch ms) without holding
+        anything while it waits."""
+        delay_s = 0.0 if at_ms is None else (at_ms - time.time() * 1000) / 1000
+        if delay_s <= 0:
+            self._ready(message, first=first)
+            return
+        self.scheduled += 1
+
+        def due() -> None:
+            del self.timers[handle]
+            self.scheduled -= 1
+            self._ready(message)
+
+        handle = asyncio.get_running_loop().call_later(delay_s, due)
+        self.timers[handle] = due
+
+    def dead_letter(self, record: DlqRecord) -> None:
+        """Keep a dead letter: the DLQ publish of the other drivers (mega.testing's
+        failing_dlq makes it raise, to test what a failed publish does)."""
+        self.seq += 1
+        record["seq"] = self.seq
+        self.dead.append(record)
+
+    def fast_forward(self) -> None:
+        """Make every waiting message due now (mega.testing's drain: no real sleeps)."""
+        for handle, due in list(self.timers.items()):
+            handle.cancel()
+            due()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.ready or self.scheduled or self.running)
+
+    def _ready(self, message: MemoryMessage, *, first: bool = False) -> None:
+        if first:
+            self.ready.appendleft(message)
+        else:
+            self.ready.append(message)
+        self.wakeup.set()
+
+
+class MemoryBroker:
+    """The queues of a memory bus's job subjects and listener groups (`subjects`, by queue
+    name: a job's subject, `group:<group>` for a listener group), the dedup window, and the
+    events log new groups replay."""
+
+    def __init__(self) -> None:
+        self.subjects: dict[str, MemoryLane] = {}
+        self.dedup: dict[str, float] = {}  # id -> when it leaves the dedup window (monotonic)
+        # Emitted events (name, id, body, emitted at ms), oldest first, for groups to come.
+        self.events: deque[tuple[str, str, bytes, int]] = deque(maxlen=EVENTS_KEPT)
+        # Listener groups: group -> (its pattern's test of an event name, its queue's name).
+        self.groups: dict[str, tuple[Callable[[str], bool], str]] = {}
+
+    def subject(self, name: str) -> MemoryLane:
+        """The queue called `name`, made empty when missing."""
+        found = self.subjects.get(name)
+        if found is None:
+            found = self.subjects[name] = MemoryLane()
+        return found
+
+    def lane(self, lane: Lane) -> MemoryLane:
+        """The queue of a lane: a job's subject, a group's `group:<name>`."""
+        return self.subject(queue_name(lane))
+
+    def queues(self) -> list[MemoryLane]:
+        """Every lane's queue."""
+        return list(self.subjects.values())
+
+    def busy(self) -> bool:
+        """Anything ready, running or waiting for its time, on any lane."""
+        return any(lane.busy for lane in self.subjects.values())
+
+    def fast_forward(self) -> None:
+        """Make every waiting retry and delayed message due now."""
+        for lane in list(self.subjects.values()):
+            lane.fast_forward()
+
+    def seen(self, message_id: str) -> bool:
+        """True when this id was stored within the dedup window (then it is dropped)."""
+        now = time.monotonic()
+        expires = self.dedup.get(message_id)
+        if expires is not None and expires > now:
+            return True
+        self.dedup[message_id] = now + DEDUP_WINDOW_S
+        if len(self.dedup) > DEDUP_KEPT:  # bounded: forget what left the window
+            self.dedup = {key: when for key, when in self.dedup.items() if when > now}
+        return False
+
+
+def queue_name(lane: Lane) -> str:
+    return lane.subject if lane.kind == "job" else f"group:{lane.name}"  # no `:` in a subject
+
+
+def subject_matcher(pattern: str) -> Callable[[str], bool]:
+    """A test of event names against a group's pattern, with the NATS wildcards (`*` one
+    token, a final `>` one or more). A copy of mega.events.listener's: drivers sit below it."""
+    regex = r"\.".join(
+        "[^.]+" if token == "*" else ".+" if token == ">" else re.escape(token)
+        for token in pattern.split(".")
+    )
+    compiled = re.compile(regex)
+    return lambda subject: compiled.fullmatch(subject) is not None

@@ -1,0 +1,163 @@
+"""The `memory` bus: jobs and events in this process, for unit tests and for trying mega
+without servers. The same retries, delays, dedup ids and dead letters as the other drivers;
+what it cannot have is durability: everything stored lives and dies with the process, and
+only this process can consume it. A new listener group replays the events the bus still keeps
+(the last EVENTS_KEPT). Never a stand-in for a real bus in production.
+
+    services = {"buses": {"jobs": {"driver": "memory"}}}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import ClassVar, Self
+
+from mega.config import BusSpec
+from mega.drivers.base import DlqRecord, Lane, LaneStats, Message
+from mega.drivers.memory.broker import MemoryBroker, MemoryMessage, queue_name, subject_matcher
+from mega.drivers.memory.receiver import MemoryReceiver
+
+logger = logging.getLogger("mega.drivers.memory")
+
+
+async def _not_watching() -> None:
+    return None
+
+
+class MemoryBus:
+    """`Bus` in this process's memory (see mega.drivers.base); `native` is its MemoryBroker,
+    one per bus. `MemoryBus(alias, spec)` makes one without the warning `connect` logs (what
+    mega.testing's memory_context wants)."""
+
+    driver: ClassVar[str] = "memory"
+
+    def __init__(self, alias: str, spec: BusSpec, broker: MemoryBroker | None = None) -> None:
+        self.alias = alias
+        self.spec = spec
+        self.broker = broker if broker is not None else MemoryBroker()
+
+    @property
+    def native(self) -> MemoryBroker:
+        return self.broker
+
+    @property
+    def connected(self) -> bool:
+        return True
+
+    @classmethod
+    async def connect(cls, alias: str, spec: BusSpec) -> Self:
+        """A fresh broker. Said at start: nothing on it outlives the process."""
+        logger.warning(
+            "bus %r is in memory: its jobs and events live and die with this process, and no "
+            "other process sees them (fine for tests and trying things; use the nats driver "
+            "for real work)",
+            alias,
+        )
+        return cls(alias, spec)
+
+    async def close(self) -> None:
+        return None
+
+    async def ping(self) -> None:
+        return None
+
+    # -- lanes --------------------------------------------------------------------------------
+
+    async def ensure(self, lane: Lane, *, apply_limits: bool) -> None:
+        """The lane's queue; a new listener group's filled with the kept events it matches."""
+        queue = self.broker.lane(lane)
+        if lane.kind == "job" or lane.name in self.broker.groups:
+            return
+        matches = subject_matcher(lane.subject)
+        self.broker.groups[lane.name] = (matches, queue_name(lane))
+        for name, event_id, body, emitted in self.broker.events:
+            if matches(name):
+                queue.put(MemoryMessage(event_id, name, body, emitted, emitted))
+
+    async def publish(self, lane: Lane, messages: Sequence[Message]) -> list[bool]:
+        queue = self.broker.lane(lane)
+        kept: list[bool] = []
+        for message in messages:
+            if message.dedup and self.broker.seen(message.id):
+                kept.append(False)
+                continue
+            run_at = max(message.enqueued_at_ms, message.run_at_ms or 0)
+            stored = MemoryMessage(
+                message.id, message.subject, message.body, message.enqueued_at_ms, run_at
+            )
+            queue.put(stored, at_ms=message.run_at_ms)
+            kept.append(True)
+        return kept
+
+    async def stats(self, lane: Lane) -> LaneStats:
+        return self.broker.lane(lane).stats()
+
+    def receiver(self, lane: Lane, *, consumer: str) -> MemoryReceiver:
+        return MemoryReceiver(self.broker.lane(lane), lane)
+
+    # -- dead letters -------------------------------------------------------------------------
+
+    async def dead_letters(self, lane: Lane, *, limit: int) -> list[DlqRecord]:
+        return [record.copy() for record in reversed(self.broker.lane(lane).dead)][:limit]
+
+    async def count_dead(self, lane: Lane) -> int:
+        return len(self.broker.lane(lane).dead)
+
+    async def requeue(self, lane: Lane, record: DlqRecord) -> None:
+        """A new message (its deliveries, the attempts, start again at 1), and the record
+        (found by `seq`, else by id) deleted; one no longer there is requeued all the same."""
+        queue = self.broker.lane(lane)
+        seq = record.get("seq")
+        for index, kept in enumerate(queue.dead):
+            if kept.get("seq") == seq if seq is not None else kept["id"] == record["id"]:
+                del queue.dead[index]
+                break
+        now_ms = int(time.time() * 1000)
+        subject = lane.subject if lane.kind == "job" else str(record["subject"])
+        queue.put(
+            MemoryMessage(
+                record["id"],
+                subject.removeprefix("events."),  # a record may name the NATS subject
+                json.dumps(record["payload"], separators=(",", ":")).encode(),
+                record.get("first_enqueued_at") or now_ms,
+                now_ms,
+            )
+        )
+
+    async def purge(self, lane: Lane) -> int:
+        dead = self.broker.lane(lane).dead
+        count = len(dead)
+        dead.clear()
+        return count
+
+    # -- events -------------------------------------------------------------------------------
+
+    async def ensure_events(self, *, max_age_s: float) -> None:
+        return None  # kept by count (EVENTS_KEPT), not by age
+
+    async def emit(self, messages: Sequence[Message], *, max_age_s: float) -> list[bool]:
+        kept: list[bool] = []
+        for message in messages:
+            if self.broker.seen(message.id):
+                kept.append(False)
+                continue
+            name, event_id, body, emitted = (
+                message.subject, message.id, message.body, message.enqueued_at_ms
+            )  # fmt: skip
+            self.broker.events.append((name, event_id, body, emitted))
+            for matches, queue in self.broker.groups.values():
+                if matches(name):
+                    self.broker.subject(queue).put(
+                        MemoryMessage(event_id, name, body, emitted, emitted)
+                    )
+            kept.append(True)
+        return kept
+
+    async def watch_commits(self, wake: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+        return _not_watching  # one process: its own commits wake its relay
+
+    def announce_commit(self) -> None:
+        return None

@@ -1,0 +1,321 @@
+"""The `redis` bus: jobs and events on Redis Streams, for a team that runs Redis but not NATS.
+
+Each job subject is a stream read by one consumer group; the events are one log stream that
+every listener group reads through a consumer group of its own (key names and scripts: see
+mega/drivers/redis/scripts.py). Redis cannot filter a stream for a group: each group reads
+every event and acknowledges the ones its pattern does not match without running them. An
+entry of the log is acknowledged by each group and never deleted (the others may not have read
+it); a lane's own entries are. `concurrency` caps the runs of a lane in each process, not across
+processes. Dead letters are capped by count (DLQ_MAXLEN), not by the lane's age and size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, ClassVar, Self
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.exceptions import RedisError
+
+from mega.config import BusSpec
+from mega.constants import CONNECT_TIMEOUT_S, HOW_TO_GET_SERVICES, REDIS_MAX_CONNECTIONS
+from mega.drivers.base import DlqRecord, DriverUnavailable, Lane, LaneStats, Message
+from mega.drivers.redis.lanes import LaneKeys, as_text, lane_keys, parse_record
+from mega.drivers.redis.receiver import RedisReceiver, ensure_groups
+from mega.drivers.redis.scripts import (
+    DEDUP_WINDOW_S,
+    EMIT,
+    ENQUEUE,
+    EVENT_SUBJECT_PREFIX,
+    EVENTS_LOG,
+    WAKE_CHANNEL,
+)
+from mega.errors import DependencyUnavailable
+
+logger = logging.getLogger("mega.drivers.redis")
+
+_OUTAGES = (RedisError, OSError)
+
+
+class RedisBus:
+    """`Bus` on Redis (see mega.drivers.base). `native` is the `redis.asyncio.Redis` client
+    (bytes in and out: `decode_responses=False`)."""
+
+    driver: ClassVar[str] = "redis"
+
+    def __init__(self, alias: str, spec: BusSpec, redis: Redis) -> None:
+        self.alias = alias
+        self.spec = spec
+        self.redis = redis
+        self._enqueue = redis.register_script(ENQUEUE)
+        self._emit = redis.register_script(EMIT)
+        self._tasks: set[asyncio.Task[None]] = set()  # announce_commit's, kept until done
+
+    @property
+    def native(self) -> Redis:
+        return self.redis
+
+    @property
+    def connected(self) -> bool:
+        return True  # a Redis call finds out (and the relay retries after an error)
+
+    @classmethod
+    async def connect(cls, alias: str, spec: BusSpec) -> Self:
+        url = spec.url if isinstance(spec.url, str) else ",".join(spec.url)
+        # A burst beyond the pool (300 enqueues gathered at once) waits for a free connection,
+        # instead of failing with "Too many connections".
+        pool = BlockingConnectionPool.from_url(
+            url,
+            max_connections=REDIS_MAX_CONNECTIONS,
+            timeout=CONNECT_TIMEOUT_S,
+            socket_connect_timeout=CONNECT_TIMEOUT_S,
+            socket_timeout=CONNECT_TIMEOUT_S,
+            health_check_interval=15,
+            decode_responses=False,
+        )
+        client: Redis = Redis.from_pool(pool)  # aclose() closes the pool too
+        try:
+            await asyncio.wait_for(client.ping(), CONNECT_TIMEOUT_S)
+        except Exception as exc:
+            await client.aclose()
+            raise DependencyUnavailable(
+                "redis",
+                f"cannot reach Redis {alias!r} at {url} ({_reason(exc)}); {HOW_TO_GET_SERVICES}",
+            ) from exc
+        return cls(alias, spec, client)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await self.redis.aclose()
+
+    async def ping(self) -> None:
+        try:
+            await asyncio.wait_for(self.redis.ping(), CONNECT_TIMEOUT_S)
+        except (*_OUTAGES, TimeoutError) as exc:
+            raise DriverUnavailable(f"Redis {self.alias!r}: {_reason(exc)}") from exc
+
+    # -- lanes --------------------------------------------------------------------------------
+
+    async def ensure(self, lane: Lane, *, apply_limits: bool) -> None:
+        """The lane's consumer group on its streams. Nothing else to set: Redis keeps no
+        limits per stream (dead letters are capped by DLQ_MAXLEN whatever the lane says)."""
+        try:
+            await ensure_groups(self.redis, lane_keys(lane))
+        except _OUTAGES as exc:
+            raise DriverUnavailable(f"{lane.name}: cannot set up its streams: {exc}") from exc
+
+    async def publish(self, lane: Lane, messages: Sequence[Message]) -> list[bool]:
+        """Delayed or deduplicated jobs through the ENQUEUE script, the others as plain XADDs
+        (what a burst of enqueue_many was), all in one pipeline."""
+        if lane.kind != "job":
+            raise ValueError(f"publish() stores jobs; {lane.name} is a listener group")
+        keys = lane_keys(lane)
+        now_ms = int(time.time() * 1000)
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for message in messages:
+                    run_at = max(message.enqueued_at_ms, message.run_at_ms or 0)
+                    if not message.dedup and run_at <= now_ms:
+                        pipe.xadd(keys.stream, {"id": message.id, "body": message.body,
+                                                "enqueued_at": message.enqueued_at_ms,
+                                                "run_at": run_at, "base": 0})  # fmt: skip
+                        continue
+                    dedup_key = f"{keys.stream}:dedup:{message.id}" if message.dedup else ""
+                    await self._enqueue(
+                        keys=[keys.stream, keys.scheduled, dedup_key],
+                        args=[
+                            message.id, message.body, message.enqueued_at_ms, run_at,
+                            run_at if run_at > now_ms else "", DEDUP_WINDOW_S,
+                        ],
+                        client=pipe,
+                    )  # fmt: skip
+                answers: list[Any] = await pipe.execute()
+        except _OUTAGES as exc:
+            raise DriverUnavailable(f"cannot enqueue on {lane.name}: {exc}") from exc
+        return [answer != 0 for answer in answers]  # XADD answers an id, ENQUEUE 1 or 0
+
+    async def stats(self, lane: Lane) -> LaneStats:
+        keys = lane_keys(lane)
+        try:
+            if lane.kind == "job":
+                return await self._job_stats(keys)
+            return await self._group_stats(keys)
+        except _OUTAGES as exc:
+            raise DriverUnavailable(f"cannot read {lane.name}: {exc}") from exc
+
+    async def _job_stats(self, keys: LaneKeys) -> LaneStats:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xlen(keys.stream)
+            pipe.xpending(keys.stream, keys.group)
+            pipe.zcard(keys.scheduled)
+            pipe.xlen(keys.dlq)
+            length, pending, scheduled, dead = await pipe.execute()
+        in_flight = int(pending["pending"])
+        return LaneStats(pending=length - in_flight + scheduled, in_flight=in_flight, dlq=dead)
+
+    async def _group_stats(self, keys: LaneKeys) -> LaneStats:
+        """Pending counts every event the group has not read yet (its pattern's or not)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xinfo_groups(keys.stream)
+            pipe.xlen(keys.own)
+            pipe.xinfo_groups(keys.own)
+            pipe.zcard(keys.scheduled)
+            pipe.xlen(keys.dlq)
+            log_groups, own_length, own_groups, scheduled, dead = await pipe.execute()
+        log, own = _group(log_groups, keys.group), _group(own_groups, keys.group)
+        in_flight = int(log.get("pending") or 0) + int(own.get("pending") or 0)
+        unread = int(log.get("lag") or 0) + own_length - int(own.get("pending") or 0)
+        return LaneStats(pending=unread + scheduled, in_flight=in_flight, dlq=dead)
+
+    def receiver(self, lane: Lane, *, consumer: str) -> RedisReceiver:
+        """A receiver with a consumer name of its own in the group (`consumer` + a random
+        suffix): a restarted process never takes over its predecessor's pending entries but
+        reclaims them after their ack wait, as any peer would."""
+        return RedisReceiver(self.redis, lane, f"{consumer}:{uuid.uuid4().hex[:6]}")
+
+    # -- dead letters -------------------------------------------------------------------------
+
+    async def dead_letters(self, lane: Lane, *, limit: int) -> list[DlqRecord]:
+        try:
+            entries: Any = await self.redis.xrevrange(lane_keys(lane).dlq, count=limit)
+        except _OUTAGES as exc:
+            raise DriverUnavailable(f"cannot read the dead letters of {lane.name}: {exc}") from exc
+        return [parse_record(entry_id, fields) for entry_id, fields in entries]
+
+    async def count_dead(self, lane: Lane) -> int:
+        try:
+            return int(await self.redis.xlen(lane_keys(lane).dlq))
+        except _OUTAGES as exc:
+            raise DriverUnavailable(f"cannot read the dead letters of {lane.name}: {exc}") from exc
+
+    async def requeue(self, lane: Lane, record: DlqRecord) -> None:
+        """A new entry on the lane's own stream with `base` 0 (the attempt reset), and the
+        record deleted. A record's `seq` is only the millisecond of its entry, so the entry is
+        the one of that millisecond (or, without `seq`, the newest) with the record's job id.
+        A record no longer there (requeued meanwhile) is requeued all the same."""
+        keys = lane_keys(lane)
+        now = int(time.time() * 1000)
+        subject = str(record.get("subject") or lane.subject)
+        fields: dict[Any, Any] = {
+            "id": record["id"],
+            "body": json.dumps(record["payload"], separators=(",", ":")),
+            "enqueued_at": record.get("first_enqueued_at") or now,
+            "run_at": now,
+            "base": 0,  # a new entry with no earlier attempts: that is the attempt reset
+            # A group's entry is matched and named by its subject (`events.<name>`).
+            "subject": EVENT_SUBJECT_PREFIX + subject.removeprefix(EVENT_SUBJECT_PREFIX)
+            if lane.kind == "group"
+            else subject,
+        }
+        try:
+            entry_id = await self._find_record(keys, record)
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.xadd(keys.own, fields)
+                if entry_id is not None:
+                    pipe.xdel(keys.dlq, entry_id)
+                await pipe.execute()
+        except _OUTAGES as exc:
+            raise DriverUnavailable(f"cannot requeue on {lane.name}: {exc}") from exc
+
+    async def _find_record(self, keys: LaneKeys, record: DlqRecord) -> Any:
+        seq = record.get("seq")
+        entries: Any = (
+            await self.redis.xrevrange(keys.dlq, max=seq, min=seq)
+            if seq is not None
+            else await self.redis.xrevrange(keys.dlq)
+        )
+        for entry_id, raw in entries:
+            if parse_record(entry_id, raw)["id"] == record["id"]:
+                return entry_id
+        return None
+
+    async def purge(self, lane: Lane) -> int:
+        key = lane_keys(lane).dlq
+        try:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.xlen(key)
+                pipe.delete(key)
+                count, _ = await pipe.execute()
+        except _OUTAGES as exc:
+            raise DriverUnavailable(f"cannot purge the dead letters of {lane.name}: {exc}") from exc
+        return int(count)
+
+    # -- events -------------------------------------------------------------------------------
+
+    async def ensure_events(self, *, max_age_s: float) -> None:
+        return None  # the log is made by its first XADD, or by a group's XGROUP CREATE
+
+    async def emit(self, messages: Sequence[Message], *, max_age_s: float) -> list[bool]:
+        """One EMIT per event (dedup key, XADD trimming what is older than `max_age_s`), in one
+        pipeline. Every event is deduplicated by its id (ids not given are unique anyway)."""
+        oldest_kept = int((time.time() - max_age_s) * 1000) if max_age_s else 0
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for message in messages:
+                    await self._emit(
+                        keys=[EVENTS_LOG, f"{EVENTS_LOG}:dedup:{message.id}"],
+                        args=[
+                            message.id, EVENT_SUBJECT_PREFIX + message.subject, message.body,
+                            message.enqueued_at_ms, oldest_kept, DEDUP_WINDOW_S,
+                        ],
+                        client=pipe,
+                    )  # fmt: skip
+                answers: list[Any] = await pipe.execute()
+        except _OUTAGES as exc:
+            raise DriverUnavailable(f"cannot emit on {self.alias!r}: {exc}") from exc
+        return [answer == 1 for answer in answers]
+
+    async def watch_commits(self, wake: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+        pubsub = self.redis.pubsub()
+
+        async def watch() -> None:
+            while True:
+                try:
+                    if not pubsub.subscribed:
+                        await pubsub.subscribe(WAKE_CHANNEL)
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+                    if message is not None:
+                        wake()
+                except _OUTAGES:  # away: the relay polls meanwhile
+                    await asyncio.sleep(1)
+
+        task = asyncio.create_task(watch(), name="mega-outbox-watch")
+
+        async def stop() -> None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, *_OUTAGES):
+                await task
+            with contextlib.suppress(*_OUTAGES):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+        return stop
+
+    def announce_commit(self) -> None:
+        async def publish() -> None:
+            with contextlib.suppress(*_OUTAGES):
+                await self.redis.publish(WAKE_CHANNEL, b"")
+
+        task = asyncio.create_task(publish())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _group(groups: list[dict[Any, Any]], name: str) -> dict[str, Any]:
+    for group in groups:
+        found = {as_text(key): value for key, value in group.items()}
+        if as_text(found.get("name", "")) == name:
+            return found
+    return {}
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,90 @@
+"""Where a lane lives in Redis: its streams, consumer group, sorted set and dead letters."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mega.drivers.base import DlqRecord, Lane
+from mega.drivers.redis.scripts import (
+    EVENT_SUBJECT_PREFIX,
+    EVENTS_LOG,
+    GROUP_PREFIX,
+    JOB_GROUP,
+    JOB_KEY_PREFIX,
+)
+
+Fields = dict[str, Any]  # an entry's fields, names decoded, values as Redis returned them (bytes)
+
+
+@dataclass(frozen=True)
+class LaneKeys:
+    """The keys one lane works on. `stream` is read all the time; when `shared`, other consumer
+    groups read it too (the events log), so its entries are acknowledged and never deleted.
+    `own` is where the lane's retries come back and its DLQ requeues go (a job's own stream; a
+    listener group's side stream, read at each housekeeping round). `accepts`, when given,
+    picks the entries of `stream` to deliver; the others are acknowledged untouched (a group's
+    event pattern: Redis cannot filter a stream for a consumer group)."""
+
+    group: str
+    stream: str
+    own: str
+    scheduled: str
+    dlq: str
+    shared: bool = False
+    accepts: Callable[[str], bool] | None = None
+
+    @property
+    def streams(self) -> tuple[str, ...]:
+        return (self.stream,) if self.own == self.stream else (self.stream, self.own)
+
+    def deletes(self, stream: str) -> bool:
+        return not (self.shared and stream == self.stream)
+
+
+def lane_keys(lane: Lane) -> LaneKeys:
+    if lane.kind == "job":
+        key = JOB_KEY_PREFIX + lane.subject
+        return LaneKeys(JOB_GROUP, key, key, key + ":scheduled", key + ":dlq")
+    own = f"{EVENTS_LOG}:group:{lane.name}"
+    return LaneKeys(
+        group=GROUP_PREFIX + lane.name,
+        stream=EVENTS_LOG,
+        own=own,
+        scheduled=own + ":scheduled",
+        dlq=own + ":dlq",
+        shared=True,
+        accepts=subject_matcher(lane.subject),
+    )
+
+
+def subject_matcher(pattern: str) -> Callable[[str], bool]:
+    """A test of event names against a group's pattern, with the NATS wildcards (`*` one
+    token, a final `>` one or more). A copy of mega.events.listener's: drivers sit below it."""
+    regex = r"\.".join(
+        "[^.]+" if token == "*" else ".+" if token == ">" else re.escape(token)
+        for token in pattern.split(".")
+    )
+    compiled = re.compile(regex)
+    return lambda subject: compiled.fullmatch(subject) is not None
+
+
+def event_name(fields: Fields) -> str:
+    """The event name of an entry of the events side (its `subject` field without `events.`)."""
+    return as_text(fields.get("subject", b"")).removeprefix(EVENT_SUBJECT_PREFIX)
+
+
+def as_text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def parse_record(entry_id: Any, fields: dict[Any, Any]) -> DlqRecord:
+    """A dead letter as stored (one field `record`), with its `seq`: the entry id's time part
+    (what the first redis driver showed; two records of one millisecond share it)."""
+    raw: Any = fields.get(b"record", fields.get("record"))
+    record: DlqRecord = json.loads(raw)
+    record["seq"] = int(as_text(entry_id).split("-")[0])
+    return record

@@ -1,0 +1,368 @@
+"""One lane consumed in one process on Redis Streams: reading, claiming, promoting, retrying,
+dead-lettering, and the finished entries' acks sent in batches.
+
+An entry is acknowledged (XACK, then XDEL) only after its run: a worker that dies mid-job
+leaves it pending in the group, and a live worker claims it (XAUTOCLAIM) once it has been idle
+for the lane's ack wait. A running job renews its claim (`extend`: XCLAIM to itself). Attempts
+come from the group's delivery count, plus the attempts of earlier entries of the same job
+(`base`): a retry is moved to the sorted set with its attempt number and comes back as a new
+entry when due, so it holds no slot while it waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError, ResponseError
+
+from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane
+from mega.drivers.redis.lanes import Fields, LaneKeys, as_text, event_name, lane_keys
+from mega.drivers.redis.scripts import (
+    BLOCK_MS,
+    BURY,
+    DLQ_MAXLEN,
+    HOUSEKEEPING_S,
+    PROMOTE,
+    PROMOTE_BATCH,
+    RETRY,
+)
+
+logger = logging.getLogger("mega.drivers.redis")
+
+# A fetch that finds only entries its group's pattern does not match reads on, for this long.
+MAX_FETCH_S = 0.5
+# After a Redis error, a fetch waits this long before it returns [] (the loop calls again).
+OUTAGE_PAUSE_S = 0.25
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A delivery's `handle`: the stream entry, and its fields for a retry's copy."""
+
+    stream: str
+    entry_id: bytes
+    fields: Fields
+    deliveries: int  # the group's delivery count of the entry
+
+
+async def ensure_groups(redis: Redis, keys: LaneKeys) -> None:
+    """The lane's consumer group on its streams, where missing (a new group starts at the
+    oldest entry kept: a new listener group replays the events log)."""
+    for stream in keys.streams:
+        try:
+            await redis.xgroup_create(stream, keys.group, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):  # it exists already: fine
+                raise
+
+
+class RedisReceiver:
+    """`Receiver` of one lane on Redis (see mega.drivers.base). Settling calls swallow Redis
+    errors: the entry stays pending and is reclaimed after the ack wait (at-least-once)."""
+
+    def __init__(self, redis: Redis, lane: Lane, consumer: str) -> None:
+        self.redis = redis
+        self.lane = lane
+        self.keys = lane_keys(lane)
+        self.consumer = consumer
+        self.ack_wait_ms = max(1, int(lane.ack_wait_s * 1000))
+        self._promote = redis.register_script(PROMOTE)
+        self._retry = redis.register_script(RETRY)
+        self._bury = redis.register_script(BURY)
+        self._housekeeping_at = 0.0
+        self._woken = asyncio.Event()
+        self._warned = ""  # the last outage said by fetch (said once, until a read works)
+        self._settle_warned = False
+        # Finished entries waiting for their XACK (+ XDEL), sent in batches by one task: one
+        # round trip for many jobs, what lets a worker keep up with a bare XREADGROUP loop.
+        self._acks: dict[str, list[bytes]] = {}
+        self._acks_waiting = asyncio.Event()
+        self._flusher: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # -- fetch --------------------------------------------------------------------------------
+
+    async def fetch(self, limit: int) -> list[Delivery]:
+        if self._take_wake():
+            return []
+        if limit <= 0:
+            await self._pause(0.005)
+            return []
+        found: list[Delivery] = []
+        try:
+            now = time.monotonic()
+            if now >= self._housekeeping_at:
+                self._housekeeping_at = now + HOUSEKEEPING_S
+                found += await self._housekeeping(limit)
+            deadline = now + MAX_FETCH_S
+            while len(found) < limit:
+                answer: Any = await self.redis.xreadgroup(
+                    self.keys.group,
+                    self.consumer,
+                    {self.keys.stream: ">"},
+                    count=limit - len(found),
+                    block=None if found else BLOCK_MS,  # what housekeeping found goes now
+                )
+                entries = list(_entries(answer))
+                found += self._deliver(self.keys.stream, entries)
+                if found or not entries or self._woken.is_set() or time.monotonic() > deadline:
+                    break  # else: only entries of other patterns (acked), so read on
+            self._warned = ""
+        except (RedisError, OSError) as exc:
+            if str(exc) != self._warned:
+                logger.warning("%s: Redis unavailable (%s); retrying", self.lane.name, exc)
+                self._warned = str(exc)
+            if not found:
+                with contextlib.suppress(RedisError, OSError):
+                    await ensure_groups(self.redis, self.keys)  # a Redis restarted empty
+                await self._pause(OUTAGE_PAUSE_S)
+        if self._take_wake() and found:
+            await self._hand_back(found)
+            return []
+        return found
+
+    async def _hand_back(self, deliveries: list[Delivery]) -> None:
+        """Stopping: what was just read goes back at once, for any worker to reclaim, its
+        delivery count put back as it was (it never ran: not an attempt)."""
+        for delivery in deliveries:
+            entry = _entry(delivery)
+            await self._settle(
+                "hand back",
+                self.redis.xclaim(
+                    entry.stream,
+                    self.keys.group,
+                    self.consumer,
+                    0,
+                    [entry.entry_id],
+                    idle=self.ack_wait_ms,
+                    retrycount=entry.deliveries - 1,
+                    justid=True,
+                ),
+            )
+
+    def wake(self) -> None:
+        """Make a waiting fetch return: at once when it pauses, after its current XREADGROUP
+        (at most BLOCK_MS) when it reads. Once: the fetch after it waits as usual."""
+        self._woken.set()
+
+    def _take_wake(self) -> bool:
+        woken = self._woken.is_set()
+        self._woken.clear()
+        return woken
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._woken.wait(), seconds)
+
+    async def _housekeeping(self, limit: int) -> list[Delivery]:
+        """Promote due retries, claim entries whose worker died, read the lane's own stream
+        when it has one of its own."""
+        keys = self.keys
+        await self._promote(
+            keys=[keys.own, keys.scheduled], args=[int(time.time() * 1000), PROMOTE_BATCH]
+        )
+        found: list[Delivery] = []
+        for stream in keys.streams:
+            if len(found) < limit:
+                found += await self._reclaim(stream, limit - len(found))
+        if keys.own != keys.stream and len(found) < limit:
+            answer: Any = await self.redis.xreadgroup(
+                keys.group, self.consumer, {keys.own: ">"}, count=limit - len(found)
+            )
+            found += self._deliver(keys.own, list(_entries(answer)))
+        return found
+
+    async def _reclaim(self, stream: str, limit: int) -> list[Delivery]:
+        """Claim entries idle for the ack wait (their worker died, or they were released)."""
+        answer: Any = await self.redis.xautoclaim(
+            stream, self.keys.group, self.consumer, self.ack_wait_ms, "0-0", count=limit
+        )
+        claimed = [(entry_id, fields) for entry_id, fields in answer[1] if fields]
+        if not claimed:  # an entry deleted meanwhile comes back empty (Redis 6.2)
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for entry_id, _ in claimed:
+                pipe.xpending_range(stream, self.keys.group, min=entry_id, max=entry_id, count=1)
+            details: list[Any] = await pipe.execute()
+        deliveries = {
+            found[0]["message_id"]: int(found[0]["times_delivered"]) for found in details if found
+        }
+        return self._deliver(stream, claimed, deliveries)
+
+    def _deliver(
+        self, stream: str, entries: list[tuple[Any, Any]], claimed: dict[Any, int] | None = None
+    ) -> list[Delivery]:
+        """Deliveries of the entries read: first deliveries, or with `claimed` the delivery
+        counts of reclaimed ones. Entries of the shared log that the group's pattern does not
+        match are acknowledged untouched."""
+        accepts = self.keys.accepts if stream == self.keys.stream else None
+        found: list[Delivery] = []
+        for entry_id, raw in entries:
+            fields: Fields = {as_text(name): value for name, value in raw.items()}
+            if accepts is not None and not accepts(event_name(fields)):
+                self._queue_ack(stream, entry_id)
+                continue
+            deliveries = 1 if claimed is None else claimed.get(entry_id, 2)
+            found.append(
+                Delivery(
+                    id=as_text(fields.get("id", b"")),
+                    subject=event_name(fields) if self.lane.kind == "group" else self.lane.subject,
+                    body=bytes(fields.get("body", b"")),
+                    attempt=int(fields.get("base") or 0) + deliveries,
+                    enqueued_at_ms=_ms(fields.get("enqueued_at")),
+                    run_at_ms=_ms(fields.get("run_at")),
+                    key=(stream, as_text(entry_id)),
+                    handle=Entry(stream, entry_id, fields, deliveries),
+                )
+            )
+        return found
+
+    # -- settling -----------------------------------------------------------------------------
+
+    async def ack(self, delivery: Delivery) -> None:
+        entry = _entry(delivery)
+        self._queue_ack(entry.stream, entry.entry_id)
+
+    async def retry(self, delivery: Delivery, *, due_ms: int, attempts: int) -> None:
+        """Ack (and delete) the entry and put a copy in the sorted set, due at `due_ms` with
+        `base` = attempts: the copy's first delivery is attempt `attempts + 1`."""
+        entry, keys = _entry(delivery), self.keys
+        again = {name: as_text(value) for name, value in entry.fields.items()}
+        again.update(run_at=str(due_ms), base=str(attempts))
+        member = [item for pair in again.items() for item in pair]
+        delete = int(keys.deletes(entry.stream))
+        args: list[bytes | str | int] = [
+            entry.entry_id,
+            due_ms,
+            json.dumps(member),
+            keys.group,
+            delete,
+        ]
+        await self._settle("retry", self._retry(keys=[entry.stream, keys.scheduled], args=args))
+
+    async def extend(self, delivery: Delivery) -> None:
+        """Renew the claim (XCLAIM to itself resets the entry's idle time)."""
+        entry = _entry(delivery)
+        await self._settle(
+            "extend",
+            self.redis.xclaim(
+                entry.stream, self.keys.group, self.consumer, 0, [entry.entry_id], justid=True
+            ),
+        )
+
+    async def release(self, delivery: Delivery, *, delay_s: float) -> None:
+        """The entry stays pending in the group (Redis has no "nack"): its idle time is set so
+        that the reclaim of any worker takes it `delay_s` from now (at most the ack wait). If
+        that call fails, it is claimed after the ack wait all the same."""
+        entry = _entry(delivery)
+        idle_ms = max(0, self.ack_wait_ms - int(delay_s * 1000))
+        await self._settle(
+            "release",
+            self.redis.xclaim(
+                entry.stream,
+                self.keys.group,
+                self.consumer,
+                0,
+                [entry.entry_id],
+                idle=idle_ms,
+                justid=True,
+            ),
+        )
+
+    async def dead_letter(self, delivery: Delivery, record: DlqRecord, *, terminate: bool) -> None:
+        """Record, ack and delete in one script (`terminate` changes nothing on Redis)."""
+        entry, keys = _entry(delivery), self.keys
+        stored = {name: value for name, value in record.items() if name != "seq"}
+        try:
+            await self._bury(
+                keys=[entry.stream, keys.dlq],
+                args=[
+                    entry.entry_id, json.dumps(stored), DLQ_MAXLEN, keys.group,
+                    int(keys.deletes(entry.stream)),
+                ],
+            )  # fmt: skip
+        except (RedisError, OSError) as exc:
+            raise DriverUnavailable(f"{self.lane.name}: dead letter not stored: {exc}") from exc
+
+    async def close(self) -> None:
+        """Send the acks still buffered. The client is the bus's: left open."""
+        self._closing = True
+        if self._flusher is not None:
+            # Woken to see `_closing`, not cancelled: a cancelled flusher was seen not to end.
+            self._acks_waiting.set()
+            with contextlib.suppress(Exception):
+                await self._flusher
+            self._flusher = None
+        await self._flush_quietly()
+
+    async def _settle(self, what: str, call: Awaitable[Any]) -> None:
+        try:
+            await call
+        except (RedisError, OSError) as exc:  # the entry is reclaimed after its ack wait
+            level = logging.DEBUG if self._settle_warned else logging.WARNING
+            self._settle_warned = True
+            logger.log(level, "%s: %s not sent (%s); the entry comes back after its ack wait",
+                       self.lane.name, what, exc)  # fmt: skip
+
+    # -- batched acks -------------------------------------------------------------------------
+
+    def _queue_ack(self, stream: str, entry_id: bytes) -> None:
+        self._acks.setdefault(stream, []).append(entry_id)
+        if self._closing:
+            return  # close() sends it
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush_forever(), name="mega-redis-acks")
+        self._acks_waiting.set()
+
+    async def _flush_forever(self) -> None:
+        while not self._closing:
+            await self._acks_waiting.wait()
+            self._acks_waiting.clear()
+            await self._flush_quietly()
+
+    async def _flush_quietly(self) -> None:
+        try:
+            await self._flush()
+        except (RedisError, OSError) as exc:  # unacked: reclaimed and run again later
+            logger.warning(
+                "%s: acks not sent (%s); those entries may run again", self.lane.name, exc
+            )
+
+    async def _flush(self) -> None:
+        batches, self._acks = self._acks, {}
+        if not batches:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for stream, entry_ids in batches.items():
+                pipe.xack(stream, self.keys.group, *entry_ids)
+                if self.keys.deletes(stream):
+                    pipe.xdel(stream, *entry_ids)
+            await pipe.execute()
+
+
+def _entries(answer: Any) -> Iterator[tuple[Any, Any]]:
+    """The (entry id, fields) of an XREADGROUP answer (RESP2: a list, RESP3: a dict)."""
+    streams: Iterable[Any] = answer.items() if isinstance(answer, dict) else answer or []
+    for item in streams:
+        for entry_id, fields in item[1] or []:
+            if fields:  # a deleted entry still pending comes back empty
+                yield entry_id, fields
+
+
+def _entry(delivery: Delivery) -> Entry:
+    entry = delivery.handle
+    if not isinstance(entry, Entry):
+        raise TypeError(f"not a delivery of the redis driver: {delivery!r}")
+    return entry
+
+
+def _ms(value: Any) -> int | None:
+    return None if value is None else int(value)

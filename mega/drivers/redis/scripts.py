@@ -1,0 +1,98 @@
+"""The redis driver's key names and Lua scripts: the same as mega.jobs.redis_queue and
+mega.events.redis_bus wrote before the drivers existed, so data those wrote is read as is.
+
+Keys of a job lane, under `mega:jobs:<subject>`:
+    <key>             the stream; one consumer group `mega_workers` shared by every worker
+    <key>:scheduled   sorted set of delayed jobs and retries (score: due epoch ms; member: the
+                      entry's fields as a JSON list [name, value, name, value, ...])
+    <key>:dlq         the dead-letter stream (one field `record`, capped at DLQ_MAXLEN)
+    <key>:dedup:<id>  a caller-given id seen within DEDUP_WINDOW_S (SET NX with a TTL)
+
+Keys of the events and of a listener group lane:
+    mega:events                    the log: every event, trimmed to `max_age_s` (XADD MINID);
+                                   one consumer group `mega_group_<group>` per listener group,
+                                   made at the log's start, so a new group replays what is kept
+    mega:events:dedup:<id>         an event id seen within DEDUP_WINDOW_S (SET NX with a TTL)
+    mega:events:group:<group>      the group's own stream: its retries and requeued records
+    ...:scheduled, ...:dlq         the group's retries waiting for their time, its dead letters
+    channel mega:outbox:wake       a commit with outbox rows, announced to relays elsewhere
+
+An entry's fields: `id`, `body` (the JSON payload), `enqueued_at` and `run_at` (epoch ms),
+`base` (attempts made before this entry: 0, or a retry's attempt number; absent on the events
+log), and on the events side `subject` (`events.<event name>`, as NATS subjects are named).
+"""
+
+from __future__ import annotations
+
+JOB_KEY_PREFIX = "mega:jobs:"
+JOB_GROUP = "mega_workers"  # the consumer group of a job's stream, shared by every worker
+EVENTS_LOG = "mega:events"
+GROUP_PREFIX = "mega_group_"  # + group: a listener group's consumer group on the log
+WAKE_CHANNEL = "mega:outbox:wake"
+# The `subject` field of an event entry is `events.<name>` (what the first redis driver wrote,
+# after the NATS subjects); Message.subject and Delivery.subject carry the bare name.
+EVENT_SUBJECT_PREFIX = "events."
+
+# A caller-given id (or an event's) is remembered this long: a second message with it is
+# dropped (the same window as NATS's duplicate window).
+DEDUP_WINDOW_S = 120
+# Dead letters kept per lane (oldest trimmed first); NATS keeps them by age instead.
+DLQ_MAXLEN = 100_000
+# How long one XREADGROUP waits for entries, and how often the promoter and the reclaimer run.
+BLOCK_MS = 200
+HOUSEKEEPING_S = 0.1
+# Due retries moved into the stream by one PROMOTE call at most.
+PROMOTE_BATCH = 1000
+
+# KEYS: stream, scheduled, dedup key (or ""); ARGV: id, body, enqueued_at, run_at, due (or ""),
+# dedup ttl s. Returns 0 when the id was a duplicate.
+ENQUEUE = """
+if KEYS[3] ~= '' then
+  if not redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[6]) then return 0 end
+end
+local fields = {'id', ARGV[1], 'body', ARGV[2], 'enqueued_at', ARGV[3], 'run_at', ARGV[4],
+                'base', '0'}
+if ARGV[5] ~= '' then
+  redis.call('ZADD', KEYS[2], ARGV[5], cjson.encode(fields))
+else
+  redis.call('XADD', KEYS[1], '*', unpack(fields))
+end
+return 1
+"""
+
+# KEYS: stream, scheduled; ARGV: now ms, max members. Moves every due member into the stream.
+PROMOTE = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
+for _, member in ipairs(due) do
+  redis.call('XADD', KEYS[1], '*', unpack(cjson.decode(member)))
+  redis.call('ZREM', KEYS[2], member)
+end
+return #due
+"""
+
+# KEYS: stream, scheduled; ARGV: entry id, due ms, fields as JSON, group, delete (1|0).
+# Ack (and delete, unless other groups read the stream too) + move to the zset.
+RETRY = """
+redis.call('XACK', KEYS[1], ARGV[4], ARGV[1])
+if ARGV[5] == '1' then redis.call('XDEL', KEYS[1], ARGV[1]) end
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+return 1
+"""
+
+# KEYS: stream, dlq; ARGV: entry id, record JSON, dlq maxlen, group, delete (1|0).
+# Record, ack and delete at once.
+BURY = """
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'record', ARGV[2])
+redis.call('XACK', KEYS[1], ARGV[4], ARGV[1])
+if ARGV[5] == '1' then redis.call('XDEL', KEYS[1], ARGV[1]) end
+return 1
+"""
+
+# KEYS: log, dedup key; ARGV: id, subject, body, emitted at ms, oldest id kept (ms), dedup ttl s.
+# Returns 0 when the id was a duplicate.
+EMIT = """
+if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[6]) then return 0 end
+redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[5], '*', 'id', ARGV[1], 'subject', ARGV[2],
+           'body', ARGV[3], 'enqueued_at', ARGV[4], 'run_at', ARGV[4])
+return 1
+"""
