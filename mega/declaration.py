@@ -117,13 +117,12 @@ def describe(exc: ValidationError, model: type[BaseModel]) -> list[str]:
             continue
         message = str(error["msg"]).removeprefix("Value error, ")
         lines.append(f"{'.'.join(loc) or 'class'}: {message}")
-    return [
-        line
-        if isinstance(line, str)
-        else f"{line[0]}: unknown keys {sorted(line[1])}; "
-        f"allowed: {', '.join(_fields_at(model, line[0].split('.')))}"
-        for line in lines
-    ]
+    return [line if isinstance(line, str) else _unknown_keys(model, *line) for line in lines]
+
+
+def _unknown_keys(model: type[BaseModel], where: str, keys: list[str]) -> str:
+    allowed = ", ".join(_fields_at(model, where.split(".") if where else []))
+    return f"{where or 'class'}: unknown keys {sorted(keys)}; allowed: {allowed}"
 
 
 def _fields_at(model: type[BaseModel], loc: Sequence[str]) -> list[str]:
