@@ -1,5 +1,7 @@
-"""The checks every declaration shares. `bool` is an `int` subclass in Python, and
-`retries = True` or `ttl: True` is a typo, not the number 1: each check here refuses it."""
+"""Checks of the values handed to the framework at run time: a progress report, a lock TTL, a
+delay. `bool` is an `int` subclass in Python, and `ttl=True` is a typo, not the number 1: each
+check here refuses it. Standard library only, since every pool child imports it; the declared
+classes (Job, Schedule, ...) are checked by pydantic models (mega/declaration.py)."""
 
 from __future__ import annotations
 

@@ -19,15 +19,17 @@ import time
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, StrictStr, ValidationError, ValidationInfo, field_validator
 
+from mega.declaration import Declaration, declared_alias, matching, rule, validate_declaration
 from mega.drivers.base import Message
 from mega.errors import JobError, RegistrationError
 
 # Event names: letters, digits, `_` and `-` in non-empty tokens joined by dots, like job subjects.
 NAME_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
+NAME_RULE = "letters, digits, '.', '_' and '-' only"
 # Events are kept this long for replay (a new listener group starts from the oldest kept).
 EVENTS_MAX_AGE_S = 7 * 24 * 3600
 
@@ -62,26 +64,31 @@ class ReceivedEvent:
     attempt: int
 
 
+class EventDeclaration(Declaration):
+    """The class attributes of an Event, in the order its problems are reported."""
+
+    name: Annotated[StrictStr, matching(NAME_RE), rule(NAME_RULE)]
+    bus: str
+    # `schema` would shadow a BaseModel attribute: the field takes the attribute's name as alias.
+    payload_schema: Annotated[
+        type[BaseModel] | None, rule("must be a pydantic model class or None")
+    ] = Field(alias="schema")
+
+    @field_validator("bus", mode="before")
+    @classmethod
+    def _declared_bus(cls, bus: object, info: ValidationInfo) -> str:
+        return declared_alias(bus, "bus", info)
+
+
 def validate_event(event_cls: type[Event], bus_aliases: Collection[str]) -> EventSpec:
     """Check an Event class at once; RegistrationError lists each bad field."""
     where = getattr(event_cls, "__name__", repr(event_cls))
     if not (isinstance(event_cls, type) and issubclass(event_cls, Event)):
         raise RegistrationError(f"{where}: an event must be a subclass of mega.Event")
-    problems = []
-    name = getattr(event_cls, "name", None)
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        problems.append(f"name: letters, digits, '.', '_' and '-' only, got {name!r}")
-    bus = getattr(event_cls, "bus", None)
-    if not isinstance(bus, str) or bus not in bus_aliases:
-        declared = ", ".join(sorted(bus_aliases)) or "none"
-        problems.append(f"bus: {bus!r} is not a declared bus alias (declared: {declared})")
-    schema = event_cls.schema
-    if schema is not None and not (isinstance(schema, type) and issubclass(schema, BaseModel)):
-        problems.append(f"schema: must be a pydantic model class or None, got {schema!r}")
-    if problems:
-        raise RegistrationError(f"event {where!r} is invalid: " + "; ".join(problems))
-    assert isinstance(name, str) and isinstance(bus, str)
-    return EventSpec(event_cls, name, bus, schema)
+    event = validate_declaration(
+        EventDeclaration, event_cls, f"event {where!r} is invalid: ", {"bus_aliases": bus_aliases}
+    )
+    return EventSpec(event_cls, event.name, event.bus, event.payload_schema)
 
 
 def encode_event(

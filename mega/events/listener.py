@@ -22,8 +22,19 @@ import inspect
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
+from pydantic import StrictStr, ValidationInfo, field_validator
+
+from mega.declaration import (
+    Declaration,
+    NonNegativeInt,
+    PositiveInt,
+    declared_alias,
+    matching,
+    rule,
+    validate_declaration,
+)
 from mega.errors import RegistrationError
 from mega.events.event import Event, ReceivedEvent
 from mega.jobs.backoff import BackoffPolicy
@@ -31,9 +42,11 @@ from mega.jobs.job import (
     DEFAULT_ACK_WAIT_S,
     DEFAULT_BACKOFF,
     DEFAULT_DLQ_MAX_AGE_S,
-    delivery_problems,
+    AckWait,
+    Backoff,
+    DlqMaxAge,
+    Replicas,
 )
-from mega.validation import int_problem
 
 if TYPE_CHECKING:
     from mega.context import Context
@@ -106,6 +119,48 @@ class ListenerSpec:
         return self.retries + 1
 
 
+GROUP_RULE = "letters, digits, '_' and '-' only"
+EVENT_RULE = "an Event class or a name pattern such as 'user.*'"
+
+
+class ListenerDeclaration(Declaration):
+    """The class attributes of a Listener, in the order its problems are reported."""
+
+    event: Annotated[type[Event] | Annotated[StrictStr, matching(PATTERN_RE)], rule(EVENT_RULE)]
+    bus: str
+    group: Annotated[StrictStr, matching(GROUP_RE), rule(GROUP_RULE)]
+    concurrency: PositiveInt
+    retries: NonNegativeInt
+    replicas: Replicas
+    backoff: Backoff
+    ack_wait_s: AckWait
+    dlq_max_age_s: DlqMaxAge
+    inbox_ttl_s: PositiveInt
+    inbox: str | None
+    run: Any
+
+    @field_validator("bus", mode="before")
+    @classmethod
+    def _declared_bus(cls, bus: object, info: ValidationInfo) -> str:
+        # An Event class says its bus; a pattern needs the listener's.
+        event = info.data.get("event")
+        if not bus and isinstance(event, type):
+            bus = getattr(event, "bus", None)
+        return declared_alias(bus, "bus", info)
+
+    @field_validator("inbox", mode="before")
+    @classmethod
+    def _declared_cache(cls, inbox: object, info: ValidationInfo) -> str | None:
+        return None if inbox is None else declared_alias(inbox, "cache", info)
+
+    @field_validator("run")
+    @classmethod
+    def _async_run(cls, run: object) -> object:
+        if run is Listener.run or not inspect.iscoroutinefunction(run):
+            raise ValueError("override it with `async def run(self, event, ctx)`")
+        return run
+
+
 def validate_listener(
     listener_cls: type[Listener], bus_aliases: Collection[str], cache_aliases: Collection[str]
 ) -> ListenerSpec:
@@ -113,45 +168,24 @@ def validate_listener(
     where = getattr(listener_cls, "__name__", repr(listener_cls))
     if not (isinstance(listener_cls, type) and issubclass(listener_cls, Listener)):
         raise RegistrationError(f"{where}: a listener must be a subclass of mega.Listener")
-    problems: list[str] = []
-    event = getattr(listener_cls, "event", None)
-    pattern, bus = "", listener_cls.bus
-    if isinstance(event, type) and issubclass(event, Event):
-        pattern, bus = getattr(event, "name", ""), bus or getattr(event, "bus", None)
-    elif isinstance(event, str) and PATTERN_RE.fullmatch(event):
-        pattern = event
-    else:
-        problems.append(f"event: an Event class or a name pattern such as 'user.*', got {event!r}")
-    if not isinstance(bus, str) or bus not in bus_aliases:
-        declared = ", ".join(sorted(bus_aliases)) or "none"
-        problems.append(f"bus: {bus!r} is not a declared bus alias (declared: {declared})")
-    group = listener_cls.group
-    if not isinstance(group, str) or not GROUP_RE.fullmatch(group):
-        problems.append(f"group: letters, digits, '_' and '-' only, got {group!r}")
-    backoff = delivery_problems(listener_cls, problems)
-    problem = int_problem(listener_cls.inbox_ttl_s)
-    if problem:
-        problems.append(f"inbox_ttl_s: {problem}")
-    inbox = listener_cls.inbox
-    if inbox is not None and inbox not in cache_aliases:
-        declared = ", ".join(sorted(cache_aliases)) or "none"
-        problems.append(f"inbox: {inbox!r} is not a declared cache alias (declared: {declared})")
-    if listener_cls.run is Listener.run or not inspect.iscoroutinefunction(listener_cls.run):
-        problems.append("run: override it with `async def run(self, event, ctx)`")
-    if problems:
-        raise RegistrationError(f"listener {where!r} is invalid: " + "; ".join(problems))
-    assert isinstance(bus, str) and backoff is not None
+    listener = validate_declaration(
+        ListenerDeclaration,
+        listener_cls,
+        f"listener {where!r} is invalid: ",
+        {"bus_aliases": bus_aliases, "cache_aliases": cache_aliases},
+    )
+    event = listener.event
     return ListenerSpec(
         listener_cls=listener_cls,
-        group=group,
-        bus=bus,
-        pattern=pattern,
-        concurrency=listener_cls.concurrency,
-        retries=listener_cls.retries,
-        backoff=backoff,
-        ack_wait_s=float(listener_cls.ack_wait_s),
-        dlq_max_age_s=float(listener_cls.dlq_max_age_s),
-        inbox=inbox,
-        inbox_ttl_s=listener_cls.inbox_ttl_s,
-        replicas=listener_cls.replicas,
+        group=listener.group,
+        bus=listener.bus,
+        pattern=event if isinstance(event, str) else getattr(event, "name", ""),
+        concurrency=listener.concurrency,
+        retries=listener.retries,
+        backoff=listener.backoff,
+        ack_wait_s=listener.ack_wait_s,
+        dlq_max_age_s=listener.dlq_max_age_s,
+        inbox=listener.inbox,
+        inbox_ttl_s=listener.inbox_ttl_s,
+        replicas=listener.replicas,
     )

@@ -28,12 +28,32 @@ import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
+from pydantic import (
+    Field,
+    PlainValidator,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+)
+
+from mega.declaration import (
+    Declaration,
+    NonEmptyStr,
+    NonNegativeInt,
+    PositiveInt,
+    declared_alias,
+    matching,
+    rule,
+    validate_declaration,
+)
 from mega.drivers.base import Message
 from mega.errors import JobError, RegistrationError
 from mega.jobs.backoff import BackoffPolicy
-from mega.validation import int_problem, is_number
+from mega.validation import is_number
 
 if TYPE_CHECKING:
     from mega.jobs.progress import JobContext
@@ -119,68 +139,85 @@ class JobSpec:
         return self.retries + 1
 
 
+# -- validation --------------------------------------------------------------------------------
+
+SUBJECT_RULE = "letters, digits, '.', '_' and '-' only"
+
+# What the consume loop reads of a Job or a Listener class, checked the same for both.
+Replicas = Annotated[
+    StrictInt,
+    Field(ge=1, le=MAX_REPLICAS),
+    rule(f"must be an int from 1 to {MAX_REPLICAS} (NATS's limit)"),
+]
+Backoff = Annotated[BackoffPolicy, PlainValidator(BackoffPolicy.parse)]
+AckWait = Annotated[
+    StrictFloat, Field(gt=0, allow_inf_nan=False), rule("must be a positive number of seconds")
+]
+DlqMaxAge = Annotated[
+    StrictFloat, Field(ge=0, allow_inf_nan=False), rule("must be >= 0 s (0 = keep)")
+]
+
+
+class JobDeclaration(Declaration):
+    """The class attributes of a Job, in the order its problems are reported."""
+
+    subject: Annotated[StrictStr, matching(SUBJECT_RE), rule(SUBJECT_RULE)]
+    bus: str
+    concurrency: PositiveInt
+    retries: NonNegativeInt
+    replicas: Replicas
+    backoff: Backoff
+    ack_wait_s: AckWait
+    dlq_max_age_s: DlqMaxAge
+    dlq_max_bytes: Annotated[
+        Annotated[StrictInt, Field(ge=1)] | None, rule("must be None or a positive int")
+    ]
+    name: NonEmptyStr
+    run: Any
+
+    @field_validator("subject")
+    @classmethod
+    def _not_reserved(cls, subject: str) -> str:
+        if subject.endswith(DLQ_SUFFIX):
+            raise ValueError(f"must not end in {DLQ_SUFFIX!r} (reserved for the dead letters)")
+        if DELAY_TOKEN in subject.split("."):
+            raise ValueError(f"the token {DELAY_TOKEN!r} is reserved for delayed jobs")
+        return subject
+
+    @field_validator("bus", mode="before")
+    @classmethod
+    def _declared_bus(cls, bus: object, info: ValidationInfo) -> str:
+        return declared_alias(bus, "bus", info)
+
+    @field_validator("run")
+    @classmethod
+    def _async_run(cls, run: object) -> object:
+        if run is Job.run or not inspect.iscoroutinefunction(run):
+            raise ValueError("override it with `async def run(self, payload, ctx)`")
+        return run
+
+
 def validate_job(job_cls: type[Job], bus_aliases: Collection[str]) -> JobSpec:
     """Check every attribute of a Job class at once; RegistrationError lists each bad field."""
     where = getattr(job_cls, "__name__", repr(job_cls))
     if not (isinstance(job_cls, type) and issubclass(job_cls, Job)):
         raise RegistrationError(f"{where}: a job must be a subclass of mega.Job")
-    problems: list[str] = []
-    subject = getattr(job_cls, "subject", None)
-    if not isinstance(subject, str) or not SUBJECT_RE.fullmatch(subject):
-        problems.append(f"subject: letters, digits, '.', '_' and '-' only, got {subject!r}")
-    elif subject.endswith(DLQ_SUFFIX):
-        problems.append(f"subject: must not end in {DLQ_SUFFIX!r} (reserved for the dead letters)")
-    elif DELAY_TOKEN in subject.split("."):
-        problems.append(f"subject: the token {DELAY_TOKEN!r} is reserved for delayed jobs")
-    bus = getattr(job_cls, "bus", None)
-    if not isinstance(bus, str) or bus not in bus_aliases:
-        declared = ", ".join(sorted(bus_aliases)) or "none"
-        problems.append(f"bus: {bus!r} is not a declared bus alias (declared: {declared})")
-    backoff = delivery_problems(job_cls, problems)
-    max_bytes = job_cls.dlq_max_bytes
-    if max_bytes is not None and int_problem(max_bytes):
-        problems.append(f"dlq_max_bytes: must be None or a positive int, got {max_bytes!r}")
-    if job_cls.run is Job.run or not inspect.iscoroutinefunction(job_cls.run):
-        problems.append("run: override it with `async def run(self, payload, ctx)`")
-    if problems:
-        raise RegistrationError(f"job {where!r} is invalid: " + "; ".join(problems))
-    assert isinstance(subject, str) and isinstance(bus, str) and backoff is not None
+    job = validate_declaration(
+        JobDeclaration, job_cls, f"job {where!r} is invalid: ", {"bus_aliases": bus_aliases}
+    )
     return JobSpec(
         job_cls=job_cls,
-        name=job_cls.name,
-        subject=subject,
-        bus=bus,
-        concurrency=job_cls.concurrency,
-        retries=job_cls.retries,
-        backoff=backoff,
-        ack_wait_s=float(job_cls.ack_wait_s),
-        dlq_max_age_s=float(job_cls.dlq_max_age_s),
-        dlq_max_bytes=max_bytes,
-        replicas=job_cls.replicas,
+        name=job.name,
+        subject=job.subject,
+        bus=job.bus,
+        concurrency=job.concurrency,
+        retries=job.retries,
+        backoff=job.backoff,
+        ack_wait_s=job.ack_wait_s,
+        dlq_max_age_s=job.dlq_max_age_s,
+        dlq_max_bytes=job.dlq_max_bytes,
+        replicas=job.replicas,
     )
-
-
-def delivery_problems(cls: Any, problems: list[str]) -> BackoffPolicy | None:
-    """Check what the consume loop reads of a Job (or Listener) class: `concurrency`,
-    `retries`, `backoff`, `ack_wait_s`, `dlq_max_age_s` and `replicas`. Appends one line per
-    problem; returns the parsed backoff (None when it is wrong)."""
-    for field, minimum in (("concurrency", 1), ("retries", 0), ("replicas", 1)):
-        problem = int_problem(getattr(cls, field), minimum=minimum)
-        if problem:
-            problems.append(f"{field}: {problem}")
-    if isinstance(cls.replicas, int) and cls.replicas > MAX_REPLICAS:
-        problems.append(f"replicas: at most {MAX_REPLICAS} (NATS's limit), got {cls.replicas}")
-    backoff: BackoffPolicy | None = None
-    try:
-        backoff = BackoffPolicy.parse(cls.backoff)
-    except ValueError as exc:
-        problems.append(f"backoff: {exc}")
-    ack_wait_s, dlq_max_age_s = cls.ack_wait_s, cls.dlq_max_age_s
-    if not is_number(ack_wait_s) or ack_wait_s <= 0:
-        problems.append(f"ack_wait_s: must be a positive number of seconds, got {ack_wait_s!r}")
-    if not is_number(dlq_max_age_s) or dlq_max_age_s < 0:
-        problems.append(f"dlq_max_age_s: must be >= 0 s (0 = keep), got {dlq_max_age_s!r}")
-    return backoff
 
 
 # -- the message ---------------------------------------------------------------------------

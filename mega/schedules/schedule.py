@@ -20,18 +20,27 @@ import inspect
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
-from typing import TYPE_CHECKING, ClassVar, Literal, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypedDict
 
+from pydantic import (
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from mega.declaration import Declaration, rule, validate_declaration
 from mega.errors import RegistrationError
 from mega.schedules import cron
-from mega.validation import int_problem
 
 if TYPE_CHECKING:
     from mega.context import Context
 
 # Lock key prefix when `lock["key"]` is absent; the class name is appended.
 DEFAULT_KEY_PREFIX = "mega:schedule:"
-LOCK_KEYS = frozenset({"lock", "ttl", "key"})
 
 TickSource = Literal["schedule", "manual"]
 
@@ -106,74 +115,98 @@ class ScheduleSpec:
     lock: LockPlan | None
 
 
+LOCK_EXAMPLE = '{"lock": "main", "ttl": 20000}'
+
+
+class LockDeclaration(Declaration):
+    """A Schedule's `lock` dict; an absent `lock` or `ttl` reads as None."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lock: str
+    ttl: Annotated[StrictInt, Field(ge=1), rule("must be a positive int (milliseconds)")]
+    key: Annotated[
+        Annotated[StrictStr, Field(min_length=1)] | None, rule("must be a non-empty string")
+    ] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _absent_as_none(cls, data: object) -> object:
+        return {"lock": None, "ttl": None, **data} if isinstance(data, dict) else data
+
+    @field_validator("lock", mode="before")
+    @classmethod
+    def _declared_lock(cls, alias: object, info: ValidationInfo) -> str:
+        if not isinstance(alias, str) or not alias:
+            raise ValueError(f"the lock alias is required (a string), got {alias!r}")
+        aliases: Collection[str] = (info.context or {}).get("lock_aliases", ())
+        if alias not in aliases:
+            declared = ", ".join(sorted(aliases)) or "none"
+            raise ValueError(f"alias {alias!r} is not declared (declared: {declared})")
+        return alias
+
+
+class ScheduleDeclaration(Declaration):
+    """The class attributes of a Schedule, in the order its problems are reported."""
+
+    # Not blank: a pattern is searched for anywhere in the string.
+    name: Annotated[StrictStr, Field(pattern=r"\S"), rule("must be a non-empty string")]
+    cron: str
+    timezone: Annotated[StrictStr | None, rule("must be an IANA name such as 'Europe/Berlin'")]
+    lock: LockDeclaration | None
+    run: Any
+
+    @field_validator("cron", mode="before")
+    @classmethod
+    def _valid_cron(cls, expr: object) -> object:
+        if expr is None:
+            raise ValueError('missing; set e.g. cron = "*/5 * * * *"')
+        try:
+            cron.validate(expr)
+        except cron.CronError as exc:
+            raise ValueError(exc.message) from None
+        return expr
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, timezone: str | None) -> str | None:
+        try:
+            cron.resolve_zone(timezone)
+        except cron.CronError as exc:
+            raise ValueError(exc.message) from None
+        return timezone
+
+    @field_validator("lock", mode="before")
+    @classmethod
+    def _a_dict(cls, lock: object) -> object:
+        if lock is not None and not isinstance(lock, dict):
+            raise ValueError(f"must be a dict like {LOCK_EXAMPLE}, got {lock!r}")
+        return lock
+
+    @field_validator("run")
+    @classmethod
+    def _async_run(cls, run: object) -> object:
+        if run is Schedule.run:
+            raise ValueError("not overridden; define `async def run(self, ctx)`")
+        if not inspect.iscoroutinefunction(run):
+            raise ValueError("must be `async def run(self, ctx)`")
+        return run
+
+
 def validate_schedule(cls: object, lock_aliases: Collection[str]) -> ScheduleSpec:
     """Check every setting of a Schedule class at once; RegistrationError lists each bad field."""
     if not (isinstance(cls, type) and issubclass(cls, Schedule)):
         raise RegistrationError(f"{cls!r} is not a Schedule subclass")
-    problems: list[str] = []
     label = cls.__dict__.get("name", cls.__name__)
-
-    name = getattr(cls, "name", None)
-    if not isinstance(name, str) or not name.strip():
-        problems.append(f"name: must be a non-empty string, got {name!r}")
-    expr = getattr(cls, "cron", None)
-    if expr is None:
-        problems.append('cron: missing; set e.g. cron = "*/5 * * * *"')
-    else:
-        try:
-            cron.validate(expr)
-        except cron.CronError as exc:
-            problems.append(f"cron: {exc.message}")
-    zone: tzinfo | None = None
-    timezone = cls.timezone
-    if timezone is not None and not isinstance(timezone, str):
-        problems.append(f"timezone: must be an IANA name such as 'Europe/Berlin', got {timezone!r}")
-    else:
-        try:
-            zone = cron.resolve_zone(timezone)
-        except cron.CronError as exc:
-            problems.append(f"timezone: {exc.message}")
-    lock_alias, ttl_ms, key = _check_lock(cls.lock, lock_aliases, problems)
-    if cls.run is Schedule.run:
-        problems.append("run: not overridden; define `async def run(self, ctx)`")
-    elif not inspect.iscoroutinefunction(cls.run):
-        problems.append("run: must be `async def run(self, ctx)`")
-
-    if problems:
-        raise RegistrationError(f"schedule {label!r} is invalid: " + "; ".join(problems))
-    assert isinstance(expr, str) and isinstance(name, str) and zone is not None
-    plan = None
-    if lock_alias is not None and ttl_ms is not None:
-        plan = LockPlan(lock_alias, ttl_ms, key or DEFAULT_KEY_PREFIX + cls.__name__)
-    return ScheduleSpec(cls, name, expr, timezone, zone, plan)
-
-
-def _check_lock(
-    lock: object, aliases: Collection[str], problems: list[str]
-) -> tuple[str | None, int | None, str | None]:
-    if lock is None:
-        return None, None, None
-    if not isinstance(lock, dict):
-        problems.append(f'lock: must be a dict like {{"lock": "main", "ttl": 20000}}, got {lock!r}')
-        return None, None, None
-    unknown = sorted(str(k) for k in lock if k not in LOCK_KEYS)
-    if unknown:
-        problems.append(f"lock: unknown keys {unknown}; allowed: lock, ttl, key")
-    alias = lock.get("lock")
-    if not isinstance(alias, str) or not alias:
-        problems.append(f"lock.lock: the lock alias is required (a string), got {alias!r}")
-    elif alias not in aliases:
-        declared = ", ".join(sorted(aliases)) or "none"
-        problems.append(f"lock.lock: alias {alias!r} is not declared (declared: {declared})")
-    ttl = lock.get("ttl")
-    problem = int_problem(ttl, unit="milliseconds")
-    if problem:
-        problems.append(f"lock.ttl: {problem}")
-    key = lock.get("key")
-    if key is not None and (not isinstance(key, str) or not key):
-        problems.append(f"lock.key: must be a non-empty string, got {key!r}")
-    return (
-        alias if isinstance(alias, str) else None,
-        ttl if isinstance(ttl, int) else None,
-        key if isinstance(key, str) else None,
+    schedule = validate_declaration(
+        ScheduleDeclaration,
+        cls,
+        f"schedule {label!r} is invalid: ",
+        {"lock_aliases": lock_aliases},
     )
+    lock = schedule.lock
+    plan = None
+    if lock is not None:
+        plan = LockPlan(lock.lock, lock.ttl, lock.key or DEFAULT_KEY_PREFIX + cls.__name__)
+    zone = cron.resolve_zone(schedule.timezone)
+    return ScheduleSpec(cls, schedule.name, schedule.cron, schedule.timezone, zone, plan)

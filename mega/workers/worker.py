@@ -15,10 +15,12 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
+from pydantic import Field, StrictInt, StrictStr, ValidationInfo, field_validator
+
+from mega.declaration import Declaration, NonNegativeInt, rule, validate_declaration
 from mega.errors import RegistrationError
-from mega.validation import int_problem
 from mega.workers.child import Task, task_functions
 
 MODES = ("process", "thread")
@@ -69,55 +71,63 @@ class Worker:
     def validate(cls, root: Path | str | None = None) -> WorkerSettings:
         """Check every field and import the task module (`root` defaults to the cwd).
 
-        Raises RegistrationError naming the field at fault.
+        Raises RegistrationError naming each field at fault.
         """
         where = cls.__name__
         project = Path(root if root is not None else os.getcwd()).resolve()
-        if not isinstance(cls.name, str) or not cls.name.strip():
-            raise RegistrationError(f"{where}.name: must be a non-empty string")
-        if cls.mode not in MODES:
-            raise RegistrationError(f"{where}.mode: {cls.mode!r} is not one of {MODES}")
-        pool_size = max(1, (os.cpu_count() or 1) - 1) if cls.pool_size is None else cls.pool_size
-        _check_int(f"{where}.pool_size", pool_size, minimum=1)
-        _check_int(f"{where}.max_restarts", cls.max_restarts, minimum=0)
-        max_queue = QUEUE_SLOTS_PER_WORKER * pool_size if cls.max_queue is None else cls.max_queue
-        _check_int(f"{where}.max_queue", max_queue, minimum=0)
-        module = _module_name(f"{where}.task_file", cls.task_file, project)
-        tasks = _import_tasks(f"{where}.task_file", module, project)
+        worker = validate_declaration(
+            WorkerDeclaration, cls, "", {"root": project}, field_prefix=f"{where}."
+        )
+        pool_size = worker.pool_size or max(1, (os.cpu_count() or 1) - 1)
+        max_queue = (
+            QUEUE_SLOTS_PER_WORKER * pool_size if worker.max_queue is None else worker.max_queue
+        )
+        tasks = _import_tasks(f"{where}.task_file", worker.task_file, project)
         return WorkerSettings(
-            name=cls.name,
-            module=module,
+            name=worker.name,
+            module=worker.task_file,
             root=project,
-            mode=cls.mode,
+            mode=worker.mode,
             pool_size=pool_size,
-            max_restarts=cls.max_restarts,
+            max_restarts=worker.max_restarts,
             max_queue=max_queue,
             task_names=frozenset(tasks),
         )
 
 
-def _check_int(field: str, value: object, *, minimum: int) -> None:
-    problem = int_problem(value, minimum=minimum)
-    if problem:
-        raise RegistrationError(f"{field}: {problem}")
+class WorkerDeclaration(Declaration):
+    """The class attributes of a Worker, in the order its problems are reported; `task_file`
+    comes out as the dotted name of the task module (the root is in the validation context)."""
+
+    name: Annotated[StrictStr, Field(pattern=r"\S"), rule("must be a non-empty string")]
+    mode: Annotated[Literal["process", "thread"], rule(f"must be one of {MODES}")]
+    pool_size: Annotated[Annotated[StrictInt, Field(ge=1)] | None, rule("must be a positive int")]
+    max_restarts: NonNegativeInt
+    max_queue: Annotated[Annotated[StrictInt, Field(ge=0)] | None, rule("must be an int >= 0")]
+    task_file: str
+
+    @field_validator("task_file", mode="before")
+    @classmethod
+    def _module(cls, task_file: object, info: ValidationInfo) -> str:
+        return _module_name(task_file, (info.context or {})["root"])
 
 
-def _module_name(field: str, task_file: object, root: Path) -> str:
+def _module_name(task_file: object, root: Path) -> str:
     if not isinstance(task_file, str) or not task_file:
-        raise RegistrationError(f"{field}: required, e.g. 'app/x/tasks.py' or 'app.x.tasks'")
+        raise ValueError("required, e.g. 'app/x/tasks.py' or 'app.x.tasks'")
     if task_file.endswith(".py") or "/" in task_file or os.sep in task_file:
         path = (root / task_file).resolve()
         if not path.is_file():
-            raise RegistrationError(f"{field}: no such file {path}")
+            raise ValueError(f"no such file {path}")
         if not path.is_relative_to(root):
-            raise RegistrationError(f"{field}: {path} is outside the project root {root}")
+            raise ValueError(f"{path} is outside the project root {root}")
         parts = list(path.relative_to(root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
     else:
         parts = task_file.split(".")
     if not parts or not all(part.isidentifier() for part in parts):
-        raise RegistrationError(f"{field}: {task_file!r} does not name an importable module")
+        raise ValueError(f"{task_file!r} does not name an importable module")
     return ".".join(parts)
 
 

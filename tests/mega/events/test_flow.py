@@ -107,9 +107,7 @@ async def test_outbox_relay_listeners_fan_out_and_dlq(ctx: Context, prefix: str)
 
         await asyncio.wait_for(dead(), 10)
         assert {r["id"] for r in records} == {event_id, direct}
-        assert all(
-            r["attempts"] == 2 and r["subject"] == f"events.{prefix}.signed_up" for r in records
-        )
+        assert all(r["attempts"] == 2 and r["subject"] == f"{prefix}.signed_up" for r in records)
         rows = await ctx.db.run(lambda s: s.query(OutboxRow).all())
         assert [(r.event_id, r.published_at is not None) for r in rows] == [(event_id, True)]
         # A requeue reaches the failing group only.

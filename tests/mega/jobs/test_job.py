@@ -102,6 +102,15 @@ def test_every_problem_is_reported_at_once() -> None:
     assert "retries: must be an int >= 0, got True" in problems
 
 
+@pytest.mark.parametrize("replicas", [0, 6, True, 2.0])
+def test_replicas_message_says_the_range(replicas: object) -> None:
+    with pytest.raises(RegistrationError) as caught:
+        validate_job(variant(replicas=replicas), BUSES)
+    assert str(caught.value).endswith(
+        f"replicas: must be an int from 1 to 5 (NATS's limit), got {replicas!r}"
+    )
+
+
 @pytest.mark.parametrize("subject", ["dlq", "dlq.stats", "demo.dlqx", "a_delay.b", "A-1.b_2"])
 def test_unusual_but_valid_subjects(subject: str) -> None:
     assert validate_job(variant(subject=subject), BUSES).subject == subject

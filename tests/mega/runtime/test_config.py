@@ -43,7 +43,7 @@ def test_per_alias_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("NATS_JOBS_URL", "nats://bus.internal:4223")
     config = load_config(write(tmp_path, GOOD))
     assert config.caches["main"] == "redis://cache.internal:6380/1"
-    assert config.buses["jobs"] == "nats://bus.internal:4223"
+    assert config.buses["jobs"].url == "nats://bus.internal:4223"
 
 
 @pytest.mark.parametrize(
@@ -135,8 +135,8 @@ def test_metrics_bind_comes_from_the_environment(
 def test_a_nats_bus_takes_the_urls_of_a_cluster(tmp_path: Path, url: str) -> None:
     text = GOOD.replace('"nats://127.0.0.1:4222"}', f'{url}, "replicas": 3}}')
     config = load_config(write(tmp_path, text))
-    assert config.buses["jobs"].split(",")[:2] == ["nats://a:4222", "nats://b:4222"]
-    assert config.bus_replicas == {"jobs": 3}
+    assert str(config.buses["jobs"].url).split(",")[:2] == ["nats://a:4222", "nats://b:4222"]
+    assert config.buses["jobs"].replicas == 3
 
 
 @pytest.mark.parametrize(
@@ -179,6 +179,6 @@ def test_a_dev_env_beside_the_config_fills_unset_urls(
         '"redis://127.0.0.1:6379/0"', 'os.environ["REDIS_URL"]'
     )
     config = load_config(write(tmp_path, "import os\n" + text))
-    assert config.buses["jobs"] == "nats://127.0.0.1:4999"  # unset: from mega dev's file
+    assert config.buses["jobs"].url == "nats://127.0.0.1:4999"  # unset: from mega dev's file
     assert config.caches["main"] == "redis://mine:6379/0"  # set: the environment wins
     assert "OTHER" not in os.environ

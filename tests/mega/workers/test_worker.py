@@ -92,6 +92,16 @@ def test_validate_names_the_bad_field(attrs: dict[str, Any], field: str) -> None
         declare(**attrs).validate(ROOT)
 
 
+def test_validate_reports_every_bad_field_at_once() -> None:
+    with pytest.raises(RegistrationError) as caught:
+        declare(mode="fiber", pool_size=True, max_queue=-1).validate(ROOT)
+    assert caught.value.message == (
+        "TestWorker.mode: must be one of ('process', 'thread'), got 'fiber'; "
+        "TestWorker.pool_size: must be a positive int, got True; "
+        "TestWorker.max_queue: must be an int >= 0, got -1"
+    )
+
+
 # -- process mode ------------------------------------------------------------------------------
 
 
