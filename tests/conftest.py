@@ -5,6 +5,9 @@ server get their own through the `nats_factory` / `redis_factory` / `postgres_fa
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,13 +39,34 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedR
     server.stop()
 
 
+@contextlib.contextmanager
+def _outside_pytest_temp(name: str) -> Iterator[Path]:
+    """A folder for a PostgreSQL data dir in the system temp dir, removed after. Not under
+    pytest's temp root: under root, PostgreSQL runs as an unprivileged user who must traverse
+    the folders above its data, and every pytest session that starts (several run at once on
+    one machine) strips /tmp/pytest-of-root back to 0700."""
+    folder = Path(tempfile.mkdtemp(prefix=f"mega-test-{name}-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
-def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
+def postgres_server() -> Iterator[EmbeddedPostgres]:
     """PostgreSQL for the session, in fast mode (no fsync: nothing here must survive a crash)."""
-    server = EmbeddedPostgres(data_dir=tmp_path_factory.mktemp("postgres"), fast=True)
-    server.start()
-    yield server
-    server.stop()
+    with _outside_pytest_temp("postgres") as folder:
+        server = EmbeddedPostgres(data_dir=folder, fast=True)
+        server.start()
+        yield server
+        server.stop()
+
+
+@pytest.fixture
+def postgres_dir() -> Iterator[Path]:
+    """An empty folder for a test's own PostgreSQL data (see `_outside_pytest_temp`)."""
+    with _outside_pytest_temp("postgres") as folder:
+        yield folder
 
 
 @pytest.fixture
@@ -97,13 +121,13 @@ def redis_factory(tmp_path: Path) -> Iterator[Callable[[], EmbeddedServer]]:
 
 
 @pytest.fixture
-def postgres_factory(tmp_path: Path) -> Iterator[Callable[[], EmbeddedPostgres]]:
+def postgres_factory(postgres_dir: Path) -> Iterator[Callable[[], EmbeddedPostgres]]:
     """Start a private PostgreSQL (fast mode) the test may stop and restart (`.stop()`,
     `.kill()`, `.start()`)."""
     started: list[EmbeddedPostgres] = []
 
     def make() -> EmbeddedPostgres:
-        server = EmbeddedPostgres(data_dir=tmp_path / f"postgres-{len(started)}", fast=True)
+        server = EmbeddedPostgres(data_dir=postgres_dir / f"postgres-{len(started)}", fast=True)
         started.append(server.start())
         return server
 

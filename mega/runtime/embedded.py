@@ -277,7 +277,8 @@ class EmbeddedPostgres(EmbeddedServer):
 
     Under root (CI, containers), which PostgreSQL refuses, initdb and postgres run as the
     system user POSTGRES_SYSTEM_USER (created when missing): `data_dir` is handed to it and
-    the folders above made traversable."""
+    the folders above made traversable (they must stay so: pytest, for one, strips its own
+    temp root back to 0700 whenever a session starts)."""
 
     name: ClassVar[str] = "postgres"
     startup_timeout_s: ClassVar[float] = POSTGRES_STARTUP_TIMEOUT_S

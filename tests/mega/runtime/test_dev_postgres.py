@@ -43,18 +43,18 @@ def test_needs_postgres(services: object, environ: dict[str, str], expected: boo
     assert needs_postgres(services, environ) is expected
 
 
-def test_a_postgres_bus_gets_a_durable_embedded_postgres_under_var(tmp_path: Path) -> None:
-    config = tmp_path / "mega_config.py"
+def test_a_postgres_bus_gets_a_durable_embedded_postgres_under_var(postgres_dir: Path) -> None:
+    config = postgres_dir / "mega_config.py"
     config.write_text(POSTGRES_BUS)
     env: dict[str, str] = {}
     server = start_dev_postgres(config, env)
     assert server is not None
     try:
-        assert server.data_dir == tmp_path / "var" / "postgres"
+        assert server.data_dir == postgres_dir / "var" / "postgres"
         assert env["DATABASE_URL"] == server.url
         with psycopg.connect(server.url, connect_timeout=5) as conn:
             assert conn.execute("show fsync").fetchone() == ("on",)  # durable: not fast
-        dev_env = _write_dev_env(tmp_path, {**env, "NATS_URL": "nats://127.0.0.1:4999"})
+        dev_env = _write_dev_env(postgres_dir, {**env, "NATS_URL": "nats://127.0.0.1:4999"})
         assert dev_env.read_text() == (
             f"NATS_URL=nats://127.0.0.1:4999\nDATABASE_URL={server.url}\n"
         )
@@ -77,17 +77,17 @@ def test_no_postgres_when_database_url_is_set_or_no_bus_needs_it(tmp_path: Path)
 
 
 def test_mega_dev_starts_it_hands_it_over_and_stops_it(
-    tmp_path: Path, nats_url: str, redis_url: str
+    postgres_dir: Path, nats_url: str, redis_url: str
 ) -> None:
     """A real `mega dev` whose config then fails validation: PostgreSQL was started first (the
     config reads DATABASE_URL), and is stopped with the rest."""
-    config = tmp_path / "mega_config.py"
+    config = postgres_dir / "mega_config.py"
     config.write_text(POSTGRES_BUS.replace("postgres", "memory") + "auth = {'bogus': 1}\n")
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     env.update(MEGA_BUS="postgres", NATS_URL=nats_url, REDIS_URL=redis_url, NO_COLOR="1")
     result = subprocess.run(
         [sys.executable, "-m", "mega", "dev", "--port", str(free_port()), "--config", str(config)],
-        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60,
+        capture_output=True, text=True, cwd=postgres_dir, env=env, timeout=60,
     )  # fmt: skip
     lines = result.stdout.splitlines()
     assert result.returncode == 1, result.stdout + result.stderr
@@ -96,8 +96,8 @@ def test_mega_dev_starts_it_hands_it_over_and_stops_it(
     ), lines
     assert "auth.bogus: unknown key" in lines[1]
     assert lines[-1].endswith("| embedded servers stopped")
-    assert (tmp_path / "var" / "postgres" / "pgdata" / "PG_VERSION").exists()
-    cluster = str(tmp_path / "var" / "postgres" / "pgdata")
+    assert (postgres_dir / "var" / "postgres" / "pgdata" / "PG_VERSION").exists()
+    cluster = str(postgres_dir / "var" / "postgres" / "pgdata")
     assert not [pid for pid in all_pids() if alive(pid) and cluster in command_line(pid)]
 
 

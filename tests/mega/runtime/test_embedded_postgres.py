@@ -50,8 +50,8 @@ def test_it_serves_stops_leaving_nothing_and_starts_again_on_its_data(
     assert (server.data_dir / "postgres.log").read_text().count("Success.") == 1  # one initdb
 
 
-def test_a_killed_server_recovers_its_committed_data(tmp_path: Path) -> None:
-    server = EmbeddedPostgres(tmp_path / "pg", port=None).start()  # durable: fast=False
+def test_a_killed_server_recovers_its_committed_data(postgres_dir: Path) -> None:
+    server = EmbeddedPostgres(postgres_dir / "pg", port=None).start()  # durable: fast=False
     try:
         assert query(server.url, "show fsync") == ("on",)
         query(server.url, "create table kept (n int); insert into kept values (7)")
@@ -66,11 +66,11 @@ def test_a_killed_server_recovers_its_committed_data(tmp_path: Path) -> None:
         server.stop()
 
 
-def test_a_start_that_fails_names_the_log(tmp_path: Path) -> None:
+def test_a_start_that_fails_names_the_log(postgres_dir: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        server = EmbeddedPostgres(tmp_path / "pg", port=taken.getsockname()[1], fast=True)
+        server = EmbeddedPostgres(postgres_dir / "pg", port=taken.getsockname()[1], fast=True)
         with pytest.raises(RuntimeError, match=r"postgres exited at start .*postgres\.log"):
             server.start()
     assert not server.running
