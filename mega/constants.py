@@ -36,7 +36,7 @@ VAR_DIR = "var"
 # While `mega dev` runs, the URLs of its embedded servers, for hosts started by hand beside it
 # (under VAR_DIR, beside the config; read when those variables are unset).
 DEV_ENV_FILE = "dev.env"
-DEV_ENV_NAMES = ("NATS_URL", "REDIS_URL")
+DEV_ENV_NAMES = ("NATS_URL", "REDIS_URL", "DATABASE_URL")
 
 # Bus drivers: the built-in ones by name ("module:class", imported on first use), and the
 # entry-point group through which a package adds one (see mega.drivers).

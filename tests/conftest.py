@@ -1,17 +1,20 @@
-"""Real servers for the whole suite: one nats-server (JetStream) and one Redis-compatible server
-per test session, on free ports. Tests isolate themselves with a unique prefix (`prefix`), and
-tests that stop a server get their own through the `nats_factory` / `redis_factory` fixtures."""
+"""Real servers for the whole suite: one nats-server (JetStream), one Redis-compatible server and
+one PostgreSQL per test session, on free ports. Tests isolate themselves with a unique prefix
+(`prefix`) or, on PostgreSQL, a database of their own (`postgres_url`), and tests that stop a
+server get their own through the `nats_factory` / `redis_factory` / `postgres_factory` fixtures."""
 
 from __future__ import annotations
 
-import os
+import contextlib
+import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from mega.runtime.embedded import EmbeddedNats, EmbeddedRedis, EmbeddedServer
+from mega.runtime.embedded import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis, EmbeddedServer
 from tests.cluster import NatsCluster
 
 
@@ -34,6 +37,36 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedR
     server.start()
     yield server
     server.stop()
+
+
+@contextlib.contextmanager
+def _outside_pytest_temp(name: str) -> Iterator[Path]:
+    """A folder for a PostgreSQL data dir in the system temp dir, removed after. Not under
+    pytest's temp root: under root, PostgreSQL runs as an unprivileged user who must traverse
+    the folders above its data, and every pytest session that starts (several run at once on
+    one machine) strips /tmp/pytest-of-root back to 0700."""
+    folder = Path(tempfile.mkdtemp(prefix=f"mega-test-{name}-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[EmbeddedPostgres]:
+    """PostgreSQL for the session, in fast mode (no fsync: nothing here must survive a crash)."""
+    with _outside_pytest_temp("postgres") as folder:
+        server = EmbeddedPostgres(data_dir=folder, fast=True)
+        server.start()
+        yield server
+        server.stop()
+
+
+@pytest.fixture
+def postgres_dir() -> Iterator[Path]:
+    """An empty folder for a test's own PostgreSQL data (see `_outside_pytest_temp`)."""
+    with _outside_pytest_temp("postgres") as folder:
+        yield folder
 
 
 @pytest.fixture
@@ -87,36 +120,45 @@ def redis_factory(tmp_path: Path) -> Iterator[Callable[[], EmbeddedServer]]:
     yield from _factory(EmbeddedRedis, tmp_path)
 
 
-ADMIN_URL = os.environ.get(
-    "MEGA_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
+@pytest.fixture
+def postgres_factory(postgres_dir: Path) -> Iterator[Callable[[], EmbeddedPostgres]]:
+    """Start a private PostgreSQL (fast mode) the test may stop and restart (`.stop()`,
+    `.kill()`, `.start()`)."""
+    started: list[EmbeddedPostgres] = []
+
+    def make() -> EmbeddedPostgres:
+        server = EmbeddedPostgres(data_dir=postgres_dir / f"postgres-{len(started)}", fast=True)
+        started.append(server.start())
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
 
 
 @pytest.fixture
-def postgres_url() -> Iterator[str]:
-    """A fresh PostgreSQL database for one test (skips when no server answers)."""
-    yield from _fresh_postgres_database()
+def postgres_url(postgres_server: EmbeddedPostgres) -> Iterator[str]:
+    """A fresh PostgreSQL database (UTF8) on the session's server for one test, dropped after."""
+    yield from _fresh_postgres_database(postgres_server.url)
 
 
 @pytest.fixture
-def sql_ascii_postgres_url() -> Iterator[str]:
+def sql_ascii_postgres_url(postgres_server: EmbeddedPostgres) -> Iterator[str]:
     """A fresh PostgreSQL database in the SQL_ASCII encoding, which mega refuses."""
     yield from _fresh_postgres_database(
-        "ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
+        postgres_server.url, "ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
     )
 
 
-def _fresh_postgres_database(options: str = "") -> Iterator[str]:
+def _fresh_postgres_database(admin_url: str, options: str = "") -> Iterator[str]:
     """Create a database (with CREATE DATABASE `options`), yield its URL, drop it."""
-    psycopg = pytest.importorskip("psycopg")
-    try:
-        admin = psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=2)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"no PostgreSQL at {ADMIN_URL}: {exc}")
+    import psycopg
+
     name = f"mega_test_{uuid.uuid4().hex[:10]}"
-    admin.execute(f'CREATE DATABASE "{name}" {options}')
+    with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as admin:
+        admin.execute(f'CREATE DATABASE "{name}" {options}')
     try:
-        yield ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+        yield admin_url.rsplit("/", 1)[0] + f"/{name}"
     finally:
-        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        admin.close()
+        with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as admin:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')

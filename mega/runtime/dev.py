@@ -1,7 +1,9 @@
 """`mega dev`: the whole system on a laptop, in one terminal.
 
 1. Embedded nats-server (JetStream, file store under ./var/nats) and a Redis-compatible server,
-   each on a free port, unless NATS_URL / REDIS_URL are already set.
+   each on a free port, unless NATS_URL / REDIS_URL are already set; and when a bus is on
+   PostgreSQL (`needs_postgres`) and DATABASE_URL is unset, an embedded PostgreSQL whose
+   cluster lives under ./var/postgres (durable: kept from one run to the next).
 2. `mega start`, two `mega scheduler` and two `mega worker` processes (`--schedulers N`,
    `--workers N`) as children, their output prefixed and coloured per process. Two of each,
    so that the per-tick lock visibly skips on one scheduler and the workers share the jobs.
@@ -18,6 +20,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
 import signal
 import subprocess
@@ -25,13 +29,19 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
 from mega.config import Config, load_config
 from mega.constants import DEV_ENV_FILE, DEV_ENV_NAMES, DRAIN_TIMEOUT_S, VAR_DIR
-from mega.runtime.embedded import EmbeddedNats, EmbeddedRedis, EmbeddedServer, free_port
+from mega.runtime.embedded import (
+    EmbeddedNats,
+    EmbeddedPostgres,
+    EmbeddedRedis,
+    EmbeddedServer,
+    free_port,
+)
 from mega.runtime.hosts import check_port_free
 
 COLOURS = {
@@ -94,8 +104,14 @@ def run_dev(
     env = dict(os.environ, MEGA_CONFIG=str(config_file), PYTHONUNBUFFERED="1")
     env.setdefault("MEGA_METRICS_BIND", "127.0.0.1")  # the hosts' metrics: this laptop only
     try:
-        config = load_config(config_file, dev=True)  # fail fast, before anything starts
         check_port_free(host, port)
+        # Before the config is loaded: it reads DATABASE_URL, which this server provides.
+        postgres = start_dev_postgres(config_file, env)
+        if postgres is not None:
+            servers.append(postgres)
+            os.environ["DATABASE_URL"] = env["DATABASE_URL"]
+            out.line("dev", f"embedded PostgreSQL on {env['DATABASE_URL']}")
+        config = load_config(config_file, dev=True)  # fail fast, before the hosts start
         if not env.get("NATS_URL"):
             servers.append(EmbeddedNats(data_dir=root / VAR_DIR / "nats").start())
             env["NATS_URL"] = servers[-1].url
@@ -146,6 +162,45 @@ def run_dev(
         if servers:
             out.line("dev", "embedded servers stopped")
     return code
+
+
+def needs_postgres(services: object, environ: Mapping[str, str]) -> bool:
+    """A bus on PostgreSQL: a bus of the config file's `services["buses"]` whose driver is
+    "postgres", or MEGA_BUS=postgres (the sample's config picks its bus by it)."""
+    if environ.get("MEGA_BUS") == "postgres":
+        return True
+    buses = services.get("buses") if isinstance(services, dict) else None
+    if not isinstance(buses, dict):
+        return False
+    return any(isinstance(bus, dict) and bus.get("driver") == "postgres" for bus in buses.values())
+
+
+def start_dev_postgres(config_file: Path, env: dict[str, str]) -> EmbeddedPostgres | None:
+    """An embedded PostgreSQL under <config folder>/var/postgres when a bus needs one and
+    DATABASE_URL is unset; sets env["DATABASE_URL"] to it. None when nothing was started."""
+    if env.get("DATABASE_URL"):
+        return None
+    if not needs_postgres(None, env) and not needs_postgres(_config_services(config_file), env):
+        return None
+    server = EmbeddedPostgres(data_dir=config_file.parent / VAR_DIR / "postgres").start()
+    env["DATABASE_URL"] = server.url
+    return server
+
+
+def _config_services(config_file: Path) -> object:
+    """The config file's `services` as written, before any validation (which may not know
+    every driver): None when it does not import (load_config then says why)."""
+    root = str(config_file.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)  # the config imports its application
+    spec = importlib.util.spec_from_file_location("_mega_config_probe", config_file)
+    if spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    with contextlib.suppress(Exception):
+        spec.loader.exec_module(module)
+        return getattr(module, "services", None)
+    return None
 
 
 def _supervise(

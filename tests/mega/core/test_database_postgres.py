@@ -1,7 +1,7 @@
 """The SQL path on PostgreSQL: users, sessions and login limiting on a real server.
 
-Optional: runs when a PostgreSQL answers at MEGA_TEST_POSTGRES_URL (default
-postgresql://postgres@127.0.0.1:5432/postgres), on a fresh database it creates and drops.
+On the test session's embedded PostgreSQL (tests/conftest.py), in a fresh database it creates
+and drops.
 """
 
 from __future__ import annotations
