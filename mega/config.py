@@ -90,9 +90,10 @@ class LockSpec(_Model):
 
 
 class BusSpec(_Model):
-    driver: Literal["nats", "redis", "memory"]
+    driver: Literal["nats", "redis", "memory", "postgres"]
     # nats:// (or tls://) for nats, several for a cluster (a list, or joined by commas: what
-    # NATS_URL can carry); redis:// (or rediss://) for redis.
+    # NATS_URL can carry); redis:// (or rediss://) for redis; postgresql:// (or postgres://)
+    # for postgres.
     url: str | list[str] = "memory://"
     # Copies of the events stream in a NATS cluster (Jobs and Listeners say their own).
     replicas: Annotated[int, Field(ge=1, le=5)] = 1
@@ -109,6 +110,8 @@ class BusSpec(_Model):
             raise ValueError(f"one URL for a {driver} bus, got {len(urls)}")
         elif driver == "redis":
             _check_url(urls[0], "redis", "rediss", "unix")
+        elif driver == "postgres":
+            _check_url(urls[0], "postgresql", "postgres")
         return ",".join(urls)
 
 
@@ -211,7 +214,7 @@ class Config:
     database_url: str
     auth: AuthConfig
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
-    bus_drivers: dict[str, str] = field(default_factory=dict)  # alias -> nats|redis|memory
+    bus_drivers: dict[str, str] = field(default_factory=dict)  # alias -> nats|redis|memory|postgres
     bus_replicas: dict[str, int] = field(default_factory=dict)  # alias -> events stream copies
     schedules: list[type] = field(default_factory=list)
     jobs: list[type] = field(default_factory=list)
