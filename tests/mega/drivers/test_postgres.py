@@ -226,10 +226,26 @@ async def test_dead_letter_raises_when_the_record_is_not_stored(
     await bus.publish(lane, [message("a")])
     receiver = bus.receiver(lane, consumer="w1")
     [delivery] = await receiver.fetch(1)
-    unstorable: Any = {**record(delivery), "payload": object()}  # not JSON
-    with pytest.raises(Exception):  # noqa: B017  # psycopg cannot even send it
-        await receiver.dead_letter(delivery, unstorable, terminate=False)
+    await cut_connections(bus.url)
+    with pytest.raises(DriverUnavailable):
+        await receiver.dead_letter(delivery, record(delivery), terminate=False)
+    with pytest.raises(DriverUnavailable):  # the bus's own connection was cut as well
+        await bus.stats(lane)
+    # Unsettled, still leased (the bus has reconnected): the loop would release it.
     assert await bus.stats(lane) == LaneStats(pending=0, in_flight=1, dlq=0)
+    await receiver.release(delivery, delay_s=0)
+    [again] = await fetch_until(receiver, 1)
+    await receiver.dead_letter(again, record(again), terminate=False)
+    assert await bus.stats(lane) == LaneStats(pending=0, in_flight=0, dlq=1)
+
+
+async def cut_connections(url: str) -> None:
+    """Terminate the bus's connections on the server (as a restart or a proxy would)."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as admin:
+        await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = 'mega' AND pid <> pg_backend_pid()"
+        )
 
 
 async def test_a_duplicate_id_is_dropped_within_the_window(bus: PostgresBus, lane: Lane) -> None:
@@ -309,11 +325,7 @@ async def test_wake_ends_a_waiting_fetch(
 async def test_a_lost_connection_is_waited_out(bus: PostgresBus, lane: Lane) -> None:
     receiver = bus.receiver(lane, consumer="w1")
     await receiver.fetch(1)
-    async with await psycopg.AsyncConnection.connect(bus.url, autocommit=True) as admin:
-        await admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE application_name = 'mega' AND pid <> pg_backend_pid()"
-        )
+    await cut_connections(bus.url)
     assert await receiver.fetch(1) == []  # not raised
     with pytest.raises(DriverUnavailable):  # the publishing connection was cut too
         await bus.publish(lane, [message("a")])
@@ -321,6 +333,18 @@ async def test_a_lost_connection_is_waited_out(bus: PostgresBus, lane: Lane) -> 
     [delivery] = await fetch_until(receiver, 1)
     assert delivery.id == "a"
     await bus.ping()
+
+
+async def test_announced_commits_wake_the_watchers(bus: PostgresBus, pg_url: str) -> None:
+    other = await PostgresBus.connect("jobs", BusSpec(driver="postgres", url=pg_url))
+    woken = asyncio.Event()
+    stop = await bus.watch_commits(woken.set)
+    try:
+        other.announce_commit()  # another process's relay
+        await asyncio.wait_for(woken.wait(), 10)
+    finally:
+        await stop()
+        await other.close()
 
 
 # -- events -------------------------------------------------------------------------------------
