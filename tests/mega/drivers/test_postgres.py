@@ -84,6 +84,13 @@ def test_the_registry_finds_the_driver() -> None:
     assert find_driver("postgres") is PostgresBus
 
 
+def test_a_bus_spec_takes_a_postgres_url() -> None:
+    for url in ("postgresql://u:p@db:5432/app", "postgres://db/app"):
+        assert BusSpec(driver="postgres", url=url).url == url
+    with pytest.raises(ValueError, match="expected postgresql/postgres://"):
+        BusSpec(driver="postgres", url="redis://db:6379")
+
+
 def test_the_pattern_regex_matches_like_nats() -> None:
     import re
 
