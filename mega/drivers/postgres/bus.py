@@ -1,0 +1,413 @@
+"""The `postgres` bus driver: jobs and events as rows, for a team whose only server is PostgreSQL.
+
+Tables (sql.py holds their DDL and every statement):
+    mega_bus_jobs     one row per job waiting or running, and per event copied to a group; a
+                      worker claims due rows with FOR UPDATE SKIP LOCKED and leases them for the
+                      lane's ack wait; a row whose lease ran out (its worker died) is claimed
+                      again by anyone; an ack deletes the row
+    mega_bus_dead     the dead letters (the DLQ record as jsonb), per lane
+    mega_bus_dedup    caller-given ids seen within the 120 s window, per lane
+    mega_bus_events   the events log, append-only, kept `max_age_s`, one row per event id
+    mega_bus_cursors  per listener group, the last event seq it copied into its lane
+
+A listener group is a lane like a job's: its receivers first copy the new matching events past
+the group's cursor into the jobs table under the group's lane (cursor row locked, so one
+process copies each event once), then claim them like jobs: retries, leases and dead letters
+are the same code.
+
+Connections: one for publishing and the bus's other calls (`native`), one per receiver for its
+claims and settles, one that LISTENs. A publish or an emit sends `pg_notify` in its own
+transaction, so waiting receivers wake at its commit; they poll every POLL_S otherwise.
+
+The tables come with the framework's migrations (`mega db upgrade`, revision 0003); `ensure`
+and `ensure_events` create them too when missing (same DDL), so a bus on a database nobody
+migrated still works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, ClassVar, Self
+
+import psycopg
+
+from mega.config import BusSpec
+from mega.drivers.base import DlqRecord, DriverUnavailable, Lane, LaneStats, Message, Receiver
+from mega.drivers.postgres import sql
+from mega.drivers.postgres.common import Connection, lane_key, one_line, open_connection, redact
+from mega.drivers.postgres.receiver import PostgresReceiver
+from mega.errors import ConfigError, DependencyUnavailable
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+logger = logging.getLogger("mega.drivers.postgres")
+
+# How long the LISTEN connection waits before connecting again after losing the server.
+LISTEN_RETRY_S = 1.0
+# pg_advisory_xact_lock key of `ensure`: processes starting together create the tables once
+# (racing CREATE TABLE IF NOT EXISTS can still fail on the catalog's unique index). "mgdl".
+DDL_LOCK_KEY = 0x6D67646C
+
+
+def job_body(record: DlqRecord) -> bytes:
+    """The body of a dead letter's job: its raw bytes when it was not JSON, else its payload."""
+    raw = record.get("raw_b64")
+    if raw:
+        return base64.b64decode(raw)
+    return json.dumps(record["payload"], separators=(",", ":")).encode()
+
+
+def publish_params(key: str, message: Message) -> dict[str, Any]:
+    return {
+        "lane": key,
+        "job_id": message.id,
+        "subject": message.subject,
+        "body": message.body,
+        "enqueued_at_ms": message.enqueued_at_ms,
+        "run_at_ms": message.run_at_ms,
+        "dedup": message.dedup,
+    }
+
+
+class PostgresBus:
+    """The bus on PostgreSQL: see the module's docstring."""
+
+    driver: ClassVar[str] = "postgres"
+
+    def __init__(self, alias: str, spec: BusSpec, connection: Connection, listen: Connection):
+        self.alias = alias
+        self.spec = spec
+        self.url = str(spec.url)
+        self._connection = connection
+        # Every use of the publishing connection holds this: a transaction block must not
+        # take in another coroutine's statement.
+        self._lock = asyncio.Lock()
+        self._schema_ready = False
+        # Kept from ensure_events/emit: receivers prune the events log by it (0: forever).
+        self.events_max_age_s = 0.0
+        # NOTIFY payload -> the events of the receivers waiting on it.
+        self._wakers: dict[str, set[asyncio.Event]] = {}
+        self._commit_watchers: set[Callable[[], None]] = set()
+        self._receivers: set[PostgresReceiver] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self._listener = asyncio.create_task(self._listen_forever(listen), name="mega-pg-listen")
+
+    # -- connection ---------------------------------------------------------------------------
+
+    @property
+    def native(self) -> Connection:
+        return self._connection
+
+    @property
+    def connected(self) -> bool:
+        return not (self._closed or self._connection.closed or self._connection.broken)
+
+    @classmethod
+    async def connect(cls, alias: str, spec: BusSpec) -> Self:
+        url = str(spec.url)
+        opened: list[Connection] = []
+        try:
+            for _ in range(2):  # publishing, LISTEN
+                opened.append(await open_connection(url))
+        except (psycopg.Error, OSError, TimeoutError) as exc:
+            for connection in opened:
+                await connection.close()
+            message = f"cannot reach PostgreSQL {alias!r} at {redact(url)} ({one_line(exc)})"
+            raise DependencyUnavailable("postgres", message) from exc
+        return cls(alias, spec, opened[0], opened[1])
+
+    async def close(self) -> None:
+        self._closed = True
+        self._listener.cancel()
+        for task in [self._listener, *self._tasks]:
+            with contextlib.suppress(BaseException):
+                await task
+        for receiver in list(self._receivers):
+            with contextlib.suppress(Exception):
+                await receiver.close()
+        with contextlib.suppress(Exception):
+            await self._connection.close()
+
+    async def ping(self) -> None:
+        async with self._using("ping") as connection:
+            await connection.execute("SELECT 1")
+
+    @asynccontextmanager
+    async def _using(self, what: str) -> AsyncIterator[Connection]:
+        """The publishing connection, alone, reconnected when lost; its errors become
+        DriverUnavailable naming `what`."""
+        async with self._lock:
+            try:
+                if self._connection.closed or self._connection.broken:
+                    self._connection = await open_connection(self.url)
+                yield self._connection
+            except (psycopg.Error, OSError, TimeoutError) as exc:
+                raise DriverUnavailable(f"{what}: {one_line(exc)}") from exc
+
+    async def ensure_schema(self, connection: Connection) -> None:
+        """The tables, where missing (once per bus)."""
+        if self._schema_ready:
+            return
+        async with connection.transaction():
+            await connection.execute(f"SELECT pg_advisory_xact_lock({DDL_LOCK_KEY})")
+            for statement in sql.DDL:
+                await connection.execute(statement)  # type: ignore[arg-type]  # constants
+        self._schema_ready = True
+
+    # -- lanes --------------------------------------------------------------------------------
+
+    async def ensure(self, lane: Lane, *, apply_limits: bool) -> None:
+        """The tables (if nobody migrated the database) and, for a group, its cursor at the
+        oldest event kept. A lane has no limits stored in the database (its dead letters' age
+        is read from the Lane when pruning), so `apply_limits` changes nothing."""
+        async with self._using(f"cannot set up {lane_key(lane)}") as connection:
+            await self.ensure_schema(connection)
+            if lane.kind == "group":
+                await connection.execute(sql.CURSOR_CREATE, {"lane": lane_key(lane)})
+
+    async def publish(self, lane: Lane, messages: Sequence[Message]) -> list[bool]:
+        if not messages:
+            return []
+        key = lane_key(lane)
+        async with (
+            self._using(f"cannot publish to {key}") as connection,
+            connection.transaction(),
+            connection.cursor() as cursor,
+        ):
+            params = [publish_params(key, message) for message in messages]
+            kept = await _each_row(cursor, sql.PUBLISH, params)
+            if any(kept):
+                await cursor.execute(sql.NOTIFY, {"channel": sql.WAKE_CHANNEL, "payload": key})
+        return kept
+
+    def publish_in(self, session: Session, lane: Lane, messages: Sequence[Message]) -> list[bool]:
+        """Store jobs through the caller's SQLAlchemy session (on this bus's database), in its
+        transaction: they exist if and only if it commits, and its commit wakes the workers
+        (the NOTIFY is part of it). True each one kept, False a duplicate id."""
+        from sqlalchemy import text
+
+        if session.get_bind().dialect.name != "postgresql":
+            raise ConfigError("publish_in needs a session on the bus's PostgreSQL database")
+        key = lane_key(lane)
+        statement = text(sql.sqlalchemy_text(sql.PUBLISH))
+        kept = [
+            bool(session.execute(statement, publish_params(key, message)).scalar_one())
+            for message in messages
+        ]
+        if any(kept):
+            notify = text(sql.sqlalchemy_text(sql.NOTIFY))
+            session.execute(notify, {"channel": sql.WAKE_CHANNEL, "payload": key})
+        return kept
+
+    async def stats(self, lane: Lane) -> LaneStats:
+        """For a group, `pending` also counts the matching events not yet copied to it."""
+        key = lane_key(lane)
+        async with self._using(f"cannot read {key}") as connection:
+            cursor = await connection.execute(sql.STATS, {"lane": key})
+            pending, in_flight, dead = await _one(cursor)
+            if lane.kind == "group":
+                pattern = sql.pattern_regex(lane.subject)
+                cursor = await connection.execute(sql.UNCOPIED, {"lane": key, "pattern": pattern})
+                (uncopied,) = await _one(cursor)
+                pending += uncopied
+        return LaneStats(pending=int(pending), in_flight=int(in_flight), dlq=int(dead))
+
+    def receiver(self, lane: Lane, *, consumer: str) -> Receiver:
+        receiver = PostgresReceiver(self, lane, consumer)
+        self._receivers.add(receiver)
+        return receiver
+
+    # -- dead letters -------------------------------------------------------------------------
+
+    async def dead_letters(self, lane: Lane, *, limit: int) -> list[DlqRecord]:
+        key = lane_key(lane)
+        async with self._using(f"cannot read the dead letters of {key}") as connection:
+            cursor = await connection.execute(sql.DEAD_LIST, {"lane": key, "limit": limit})
+            rows = await cursor.fetchall()
+        records: list[DlqRecord] = []
+        for seq, record in rows:
+            record["seq"] = int(seq)
+            records.append(record)
+        return records
+
+    async def count_dead(self, lane: Lane) -> int:
+        key = lane_key(lane)
+        async with self._using(f"cannot count the dead letters of {key}") as connection:
+            cursor = await connection.execute(sql.DEAD_COUNT, {"lane": key})
+            (count,) = await _one(cursor)
+        return int(count)
+
+    async def requeue(self, lane: Lane, record: DlqRecord) -> None:
+        """A record listed here (with its `seq`) that is gone already (requeued or purged
+        meanwhile) is not stored again; one without `seq` is stored."""
+        key = lane_key(lane)
+        async with (
+            self._using(f"cannot requeue into {key}") as connection,
+            connection.transaction(),
+        ):
+            if "seq" in record:
+                cursor = await connection.execute(
+                    sql.DEAD_TAKE, {"lane": key, "seq": record["seq"]}
+                )
+                if await cursor.fetchone() is None:
+                    return
+            await connection.execute(
+                sql.REQUEUE,
+                {
+                    "lane": key,
+                    "job_id": record["id"],
+                    "subject": record["subject"],
+                    "body": job_body(record),
+                    "enqueued_at_ms": record.get("first_enqueued_at") or int(time.time() * 1000),
+                },
+            )
+            await connection.execute(sql.NOTIFY, {"channel": sql.WAKE_CHANNEL, "payload": key})
+
+    async def purge(self, lane: Lane) -> int:
+        key = lane_key(lane)
+        async with self._using(f"cannot purge the dead letters of {key}") as connection:
+            cursor = await connection.execute(sql.DEAD_PURGE, {"lane": key})
+        return max(cursor.rowcount, 0)
+
+    # -- events -------------------------------------------------------------------------------
+
+    async def ensure_events(self, *, max_age_s: float) -> None:
+        """The tables, where missing; events older than `max_age_s` are pruned by the groups'
+        receivers (0: kept forever)."""
+        self.events_max_age_s = max_age_s
+        async with self._using("cannot set up the events log") as connection:
+            await self.ensure_schema(connection)
+
+    async def emit(self, messages: Sequence[Message], *, max_age_s: float) -> list[bool]:
+        """Appended under the emit lock (see sql.EMIT_LOCK), so that seq order is commit
+        order: emits of all processes queue there for the length of one short transaction."""
+        if not messages:
+            return []
+        self.events_max_age_s = max_age_s
+        params = [
+            {
+                "event_id": message.id,
+                "name": message.subject,
+                "body": message.body,
+                "emitted_at_ms": message.enqueued_at_ms,
+            }
+            for message in messages
+        ]
+        async with (
+            self._using("cannot emit") as connection,
+            connection.transaction(),
+            connection.cursor() as cursor,
+        ):
+            await cursor.execute(sql.EMIT_LOCK)
+            kept = await _each_row(cursor, sql.EMIT, params)
+            if any(kept):
+                await cursor.execute(
+                    sql.NOTIFY, {"channel": sql.WAKE_CHANNEL, "payload": sql.EVENTS_PAYLOAD}
+                )
+        return kept
+
+    async def watch_commits(self, wake: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+        """`wake()` at each NOTIFY on mega_outbox_wake (heard by the bus's LISTEN connection)."""
+        self._commit_watchers.add(wake)
+
+        async def stop() -> None:
+            self._commit_watchers.discard(wake)
+
+        return stop
+
+    def announce_commit(self) -> None:
+        async def notify() -> None:
+            with contextlib.suppress(DriverUnavailable):
+                async with self._using("announce") as connection:
+                    await connection.execute(
+                        sql.NOTIFY, {"channel": sql.OUTBOX_CHANNEL, "payload": ""}
+                    )
+
+        task = asyncio.create_task(notify())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- wake-ups -----------------------------------------------------------------------------
+
+    def subscribe(self, payloads: Sequence[str], event: asyncio.Event) -> None:
+        """Set `event` at each NOTIFY on the lanes' channel with one of `payloads`."""
+        for payload in payloads:
+            self._wakers.setdefault(payload, set()).add(event)
+
+    def unsubscribe(self, payloads: Sequence[str], event: asyncio.Event) -> None:
+        for payload in payloads:
+            self._wakers.get(payload, set()).discard(event)
+
+    def forget(self, receiver: PostgresReceiver) -> None:
+        self._receivers.discard(receiver)
+
+    async def _listen_forever(self, connection: Connection | None) -> None:
+        """Hear the NOTIFYs of the lanes and of the outbox; reconnect when the server goes (the
+        receivers poll meanwhile, and are all woken once back, for what they missed)."""
+        warned = ""
+        while True:
+            try:
+                if connection is None:
+                    connection = await open_connection(self.url)
+                await connection.execute(f"LISTEN {sql.WAKE_CHANNEL}")
+                await connection.execute(f"LISTEN {sql.OUTBOX_CHANNEL}")
+                if warned:
+                    logger.info("%s: listening again", self.alias)
+                    warned = ""
+                    self._wake_everyone()
+                async for note in connection.notifies():
+                    if note.channel == sql.OUTBOX_CHANNEL:
+                        for wake in list(self._commit_watchers):
+                            wake()
+                    else:
+                        for event in self._wakers.get(note.payload, ()):
+                            event.set()
+            except (psycopg.Error, OSError, TimeoutError) as exc:
+                if one_line(exc) != warned:
+                    warned = one_line(exc)
+                    logger.warning("%s: LISTEN lost (%s); polling meanwhile", self.alias, warned)
+                if connection is not None:
+                    with contextlib.suppress(Exception):
+                        await connection.close()
+                connection = None
+                await asyncio.sleep(LISTEN_RETRY_S)
+            finally:
+                if self._closed and connection is not None:
+                    with contextlib.suppress(Exception):
+                        await connection.close()
+
+    def _wake_everyone(self) -> None:
+        for events in self._wakers.values():
+            for event in events:
+                event.set()
+        for wake in list(self._commit_watchers):
+            wake()
+
+
+async def _each_row(
+    cursor: psycopg.AsyncCursor[tuple[Any, ...]], statement: str, params: list[dict[str, Any]]
+) -> list[bool]:
+    """Run `statement` once per params (pipelined: one round trip), each answering one row or
+    none; True each time a row came back and it was not false."""
+    await cursor.executemany(statement, params, returning=True)  # type: ignore[arg-type]
+    found: list[bool] = []
+    while True:
+        row = await cursor.fetchone()
+        found.append(row is not None and row[0] is not False)
+        if not cursor.nextset():
+            return found
+
+
+async def _one(cursor: psycopg.AsyncCursor[tuple[Any, ...]]) -> tuple[Any, ...]:
+    row = await cursor.fetchone()
+    assert row is not None  # an aggregate always answers one row
+    return row

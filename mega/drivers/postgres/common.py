@@ -1,0 +1,50 @@
+"""What the bus and its receivers share: how a connection is opened, and names."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+from mega.drivers.base import Lane
+
+Connection = psycopg.AsyncConnection[tuple[Any, ...]]
+
+# Bounds the connect of `connect()` and of every reconnect after an outage.
+CONNECT_TIMEOUT_S = 5.0
+# How long the LISTEN connection waits before connecting again after losing the server.
+LISTEN_RETRY_S = 1.0
+
+
+async def open_connection(url: str) -> Connection:
+    """One autocommit connection (each statement its own transaction, unless in a block)."""
+    connection: Connection = await asyncio.wait_for(
+        psycopg.AsyncConnection.connect(
+            url, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT_S), application_name="mega"
+        ),
+        timeout=CONNECT_TIMEOUT_S + 1,
+    )
+    return connection
+
+
+def redact(url: str) -> str:
+    """The URL with its password hidden, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rpartition("@")
+    user = (parts.username or "") + ":***"
+    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[2]}"))
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one short line (libpq's messages span several)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:300]
+
+
+def lane_key(lane: Lane) -> str:
+    """The lane's name in the tables and its NOTIFY payload."""
+    return f"job:{lane.subject}" if lane.kind == "job" else f"group:{lane.name}"

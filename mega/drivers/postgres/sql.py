@@ -1,0 +1,286 @@
+"""Every table and statement of the `postgres` bus driver, as named constants.
+
+Plain strings, no psycopg import: the framework's migration 0003 reads `DDL` from here too, on
+a database that may be SQLite with no psycopg installed. So the tables have one definition,
+applied by `mega db upgrade` or, when nobody migrated the database, by `PostgresBus.ensure`.
+
+Statements take psycopg's named parameters (`%(name)s`). The ones that `publish_in` also sends
+through SQLAlchemy write their casts as `CAST(... AS type)`, never `::type`, and contain no
+other `%`, so `sqlalchemy_text()` can turn them into `:name` parameters.
+
+Times: `run_at`, `leased_until` and the other instants are `timestamptz`, compared with the
+server's `now()`. Every worker thus reads leases and due times on one clock (the database's),
+whatever the drift of its own, and the claim's `run_at <= now()` is an index range. The
+framework's epoch milliseconds (`Message.run_at_ms`, a retry's `due_ms`) are converted at the
+boundary with `to_timestamp(ms / 1000.0)`; the caller-given stamps that are only carried
+(`enqueued_at_ms`, `emitted_at_ms`) stay bigint epoch ms, as they came.
+"""
+
+from __future__ import annotations
+
+import re
+
+JOBS = "mega_bus_jobs"
+DEAD = "mega_bus_dead"
+DEDUP = "mega_bus_dedup"
+EVENTS = "mega_bus_events"
+CURSORS = "mega_bus_cursors"
+
+# NOTIFY channels. One channel for every lane, the payload naming the lane (or EVENTS_PAYLOAD
+# for an emit): a channel name is an identifier of at most 63 bytes, a lane name is not
+# bounded, and one LISTEN per connection is enough for any number of lanes.
+WAKE_CHANNEL = "mega_bus"
+EVENTS_PAYLOAD = "*events"  # no lane is called that: lanes are 'job:...' or 'group:...'
+OUTBOX_CHANNEL = "mega_outbox_wake"
+
+# Caller-given ids are remembered this long (mega.jobs.queue.DEDUP_WINDOW_S, and NATS's
+# duplicate window); kept here as a number so this module imports nothing.
+DEDUP_WINDOW_S = 120
+# pg_advisory_xact_lock key held by every emit until its commit: "mgev" in ASCII.
+EMIT_LOCK_KEY = 0x6D676576
+
+DDL: tuple[str, ...] = (
+    # One row per job waiting or running, and per event copied to a listener group. `lane` is
+    # 'job:<subject>' or 'group:<name>'. `attempts`: attempts made before this row (a retry
+    # keeps the count), `deliveries`: claims of this row; a delivery's attempt is their sum.
+    # A row is claimable when due and not leased (or its lease ran out: its worker died).
+    f"""CREATE TABLE IF NOT EXISTS {JOBS} (
+        id bigserial PRIMARY KEY,
+        lane text NOT NULL,
+        job_id text NOT NULL,
+        subject text NOT NULL,
+        body bytea NOT NULL,
+        enqueued_at_ms bigint,
+        run_at timestamptz NOT NULL DEFAULT now(),
+        attempts integer NOT NULL DEFAULT 0,
+        deliveries integer NOT NULL DEFAULT 0,
+        leased_until timestamptz,
+        consumer text
+    )""",
+    # The claim's range scan: a lane's rows in the order they are claimed.
+    f"CREATE INDEX IF NOT EXISTS {JOBS}_claim ON {JOBS} (lane, run_at, id)",
+    # Dead letters: the record (the same JSON on every driver), `seq` listed newest first.
+    f"""CREATE TABLE IF NOT EXISTS {DEAD} (
+        seq bigserial PRIMARY KEY,
+        lane text NOT NULL,
+        record jsonb NOT NULL,
+        failed_at timestamptz NOT NULL DEFAULT now()
+    )""",
+    f"CREATE INDEX IF NOT EXISTS {DEAD}_lane ON {DEAD} (lane, seq)",
+    # Caller-given job ids seen within the dedup window. The window is enforced when a job is
+    # published (a key past `expires_at` is taken over as new), so pruning expired keys only
+    # saves space and may run late.
+    f"""CREATE TABLE IF NOT EXISTS {DEDUP} (
+        lane text NOT NULL,
+        message_id text NOT NULL,
+        expires_at timestamptz NOT NULL,
+        PRIMARY KEY (lane, message_id)
+    )""",
+    f"CREATE INDEX IF NOT EXISTS {DEDUP}_expires ON {DEDUP} (expires_at)",
+    # The events log, append-only; an event id is kept once (while the event is kept).
+    f"""CREATE TABLE IF NOT EXISTS {EVENTS} (
+        seq bigserial PRIMARY KEY,
+        event_id text NOT NULL UNIQUE,
+        name text NOT NULL,
+        body bytea NOT NULL,
+        emitted_at_ms bigint NOT NULL,
+        stored_at timestamptz NOT NULL DEFAULT now()
+    )""",
+    f"CREATE INDEX IF NOT EXISTS {EVENTS}_stored_at ON {EVENTS} (stored_at)",
+    # One row per listener group: the last event seq it copied into its lane.
+    f"""CREATE TABLE IF NOT EXISTS {CURSORS} (
+        lane text PRIMARY KEY,
+        last_seq bigint NOT NULL
+    )""",
+)
+
+# The tables, children first, for the migration's downgrade.
+TABLES = (JOBS, DEAD, DEDUP, EVENTS, CURSORS)
+
+# -- jobs -------------------------------------------------------------------------------------
+
+# Store one job unless its caller-given id was seen on the lane within the window; returns one
+# row, `kept`. The dedup key is taken in the same statement (a key whose window has passed is
+# renewed, which counts as new); a later statement of the same transaction sees it, so a
+# duplicate within one batch is dropped too. Shared with `publish_in` (SQLAlchemy).
+PUBLISH = f"""
+WITH fresh AS (
+    INSERT INTO {DEDUP} (lane, message_id, expires_at)
+    SELECT %(lane)s, %(job_id)s, now() + make_interval(secs => {DEDUP_WINDOW_S})
+    WHERE %(dedup)s
+    ON CONFLICT (lane, message_id) DO UPDATE SET expires_at = EXCLUDED.expires_at
+        WHERE {DEDUP}.expires_at <= now()
+    RETURNING 1
+), stored AS (
+    INSERT INTO {JOBS} (lane, job_id, subject, body, enqueued_at_ms, run_at)
+    SELECT %(lane)s, %(job_id)s, %(subject)s, %(body)s, %(enqueued_at_ms)s,
+           coalesce(to_timestamp(CAST(%(run_at_ms)s AS bigint) / 1000.0), now())
+    WHERE NOT %(dedup)s OR EXISTS (SELECT 1 FROM fresh)
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM stored) AS kept
+"""
+
+# Wake the receivers of a lane (payload: the lane's name, or EVENTS_PAYLOAD). Sent inside the
+# transaction that stored the rows: PostgreSQL delivers it at commit, and never on rollback.
+NOTIFY = "SELECT pg_notify(%(channel)s, %(payload)s)"
+
+# The claim: up to `limit` due rows of the lane, oldest due first, that no live worker holds.
+# SKIP LOCKED lets concurrent claimers pass each other's rows instead of waiting for them;
+# a row locked meanwhile is re-checked against its new version (leased by then: skipped), so
+# a row is never handed to two workers at once. The lease is the server's now + ack wait.
+CLAIM = f"""
+WITH due AS (
+    SELECT id FROM {JOBS}
+    WHERE lane = %(lane)s AND run_at <= now()
+      AND (leased_until IS NULL OR leased_until <= now())
+    ORDER BY run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {JOBS} AS job
+SET leased_until = now() + make_interval(secs => %(ack_wait_s)s),
+    deliveries = job.deliveries + 1,
+    consumer = %(consumer)s
+FROM due WHERE job.id = due.id
+RETURNING job.id, job.job_id, job.subject, job.body, job.attempts, job.deliveries,
+          job.enqueued_at_ms, (extract(epoch FROM job.run_at) * 1000)::bigint AS run_at_ms
+"""
+
+# Seconds until the lane's next not-yet-due row is due (NULL: none), to end a fetch's wait
+# then rather than at the next poll.
+NEXT_DUE = f"""
+SELECT extract(epoch FROM min(run_at) - now())::float8 FROM {JOBS}
+WHERE lane = %(lane)s AND run_at > now() AND leased_until IS NULL
+"""
+
+# Settle: done. Many at once (acks are batched).
+ACK = f"DELETE FROM {JOBS} WHERE id = ANY(%(ids)s)"
+
+# Still running: push the lease back. Only while this delivery is the row's latest claim
+# (`deliveries` unchanged): a worker whose lease ran out and was taken over cannot take it back.
+EXTEND = f"""
+UPDATE {JOBS} SET leased_until = now() + make_interval(secs => %(ack_wait_s)s)
+WHERE id = %(id)s AND deliveries = %(deliveries)s
+"""
+
+# Run again at `due_ms` as attempt `attempts + 1`: the lease is cleared (no slot held while it
+# waits) and the deliveries start again from 0 on top of the attempts made.
+RETRY = f"""
+UPDATE {JOBS}
+SET run_at = to_timestamp(%(due_ms)s / 1000.0), attempts = %(attempts)s, deliveries = 0,
+    leased_until = NULL, consumer = NULL
+WHERE id = %(id)s AND deliveries = %(deliveries)s
+"""
+
+# Hand back unsettled, claimable by anyone after `delay_s`; the deliveries count stays (the
+# next claim is the next attempt, as when a lease runs out).
+RELEASE = f"""
+UPDATE {JOBS}
+SET run_at = now() + make_interval(secs => %(delay_s)s), leased_until = NULL, consumer = NULL
+WHERE id = %(id)s AND deliveries = %(deliveries)s
+"""
+
+# Store the record and delete the row: one statement, so one transaction.
+DEAD_LETTER = f"""
+WITH gone AS (DELETE FROM {JOBS} WHERE id = %(id)s)
+INSERT INTO {DEAD} (lane, record) VALUES (%(lane)s, %(record)s)
+"""
+
+# The lane now: claimable or waiting vs leased, and its dead letters.
+STATS = f"""
+SELECT count(*) FILTER (WHERE leased_until IS NULL OR leased_until <= now()),
+       count(*) FILTER (WHERE leased_until > now()),
+       (SELECT count(*) FROM {DEAD} WHERE lane = %(lane)s)
+FROM {JOBS} WHERE lane = %(lane)s
+"""
+
+# -- dead letters -----------------------------------------------------------------------------
+
+DEAD_LIST = f"""
+SELECT seq, record FROM {DEAD} WHERE lane = %(lane)s ORDER BY seq DESC LIMIT %(limit)s
+"""
+DEAD_COUNT = f"SELECT count(*) FROM {DEAD} WHERE lane = %(lane)s"
+# Requeue, step 1 (in the transaction of step 2): take the record out; no row, nothing to do.
+DEAD_TAKE = f"DELETE FROM {DEAD} WHERE lane = %(lane)s AND seq = %(seq)s RETURNING seq"
+# Requeue, step 2: the record's job as a new row, attempts starting again at 0 (+1 delivery).
+REQUEUE = f"""
+INSERT INTO {JOBS} (lane, job_id, subject, body, enqueued_at_ms)
+VALUES (%(lane)s, %(job_id)s, %(subject)s, %(body)s, %(enqueued_at_ms)s)
+"""
+DEAD_PURGE = f"DELETE FROM {DEAD} WHERE lane = %(lane)s"
+
+# -- events -----------------------------------------------------------------------------------
+
+# Taken first by every emit, held until its commit: events then commit in the order of their
+# seq, so a group's cursor that passed seq N can never meet a later-committed event below N.
+EMIT_LOCK = f"SELECT pg_advisory_xact_lock({EMIT_LOCK_KEY})"
+
+# Append one event unless its id is kept already; a row back: it was kept.
+EMIT = f"""
+INSERT INTO {EVENTS} (event_id, name, body, emitted_at_ms)
+VALUES (%(event_id)s, %(name)s, %(body)s, %(emitted_at_ms)s)
+ON CONFLICT (event_id) DO NOTHING
+RETURNING seq
+"""
+
+# A new group starts before every event kept (seq are > 0): it replays them. Racing ensures
+# of one group keep the first cursor.
+CURSOR_CREATE = f"""
+INSERT INTO {CURSORS} (lane, last_seq) VALUES (%(lane)s, 0) ON CONFLICT (lane) DO NOTHING
+"""
+
+# Copy, step 1: lock the group's cursor for this transaction. SKIP LOCKED: when a process of
+# the group is copying right now, the others need not queue behind it (it copies for all).
+CURSOR_LOCK = f"SELECT last_seq FROM {CURSORS} WHERE lane = %(lane)s FOR UPDATE SKIP LOCKED"
+
+# Copy, step 2 (a fresh snapshot, taken after the lock): the next events past the cursor, the
+# matching ones into the group's lane as job rows, and the cursor moved past all of them.
+# Returns how many were copied and how many read.
+COPY_EVENTS = f"""
+WITH batch AS (
+    SELECT seq, event_id, name, body, emitted_at_ms FROM {EVENTS}
+    WHERE seq > %(last_seq)s ORDER BY seq LIMIT %(limit)s
+), copied AS (
+    INSERT INTO {JOBS} (lane, job_id, subject, body, enqueued_at_ms)
+    SELECT %(lane)s, event_id, name, body, emitted_at_ms FROM batch
+    WHERE name ~ %(pattern)s ORDER BY seq
+    RETURNING 1
+), moved AS (
+    UPDATE {CURSORS} SET last_seq = (SELECT max(seq) FROM batch)
+    WHERE lane = %(lane)s AND EXISTS (SELECT 1 FROM batch)
+)
+SELECT (SELECT count(*) FROM copied), (SELECT count(*) FROM batch)
+"""
+
+# Events past a group's cursor that it will copy: counted as pending by `stats`.
+UNCOPIED = f"""
+SELECT count(*) FROM {EVENTS}
+WHERE seq > (SELECT last_seq FROM {CURSORS} WHERE lane = %(lane)s) AND name ~ %(pattern)s
+"""
+
+# -- pruning (from time to time, by receivers) ------------------------------------------------
+
+PRUNE_DEDUP = f"DELETE FROM {DEDUP} WHERE expires_at <= now()"
+PRUNE_DEAD = f"""
+DELETE FROM {DEAD} WHERE lane = %(lane)s AND failed_at < now() - make_interval(secs => %(age_s)s)
+"""
+PRUNE_EVENTS = f"""
+DELETE FROM {EVENTS} WHERE stored_at < now() - make_interval(secs => %(age_s)s)
+"""
+
+
+def pattern_regex(pattern: str) -> str:
+    """A PostgreSQL regular expression for an event pattern: tokens split on dots, `*` one
+    token, `>` (last) one or more. Python's escapes of the literal tokens are ones PostgreSQL's
+    advanced regular expressions read the same way (a backslash before a non-alphanumeric)."""
+    parts = [
+        "[^.]+" if token == "*" else ".+" if token == ">" else re.escape(token)
+        for token in pattern.split(".")
+    ]
+    return "^" + r"\.".join(parts) + "$"
+
+
+def sqlalchemy_text(statement: str) -> str:
+    """The statement with SQLAlchemy's `:name` parameters instead of psycopg's `%(name)s`."""
+    return re.sub(r"%\((\w+)\)s", r":\1", statement)
