@@ -17,7 +17,7 @@ from mega import Context, Event, EventBus, Listener, ListenerWorker, ReceivedEve
 from mega.config import load_config
 from mega.runtime.boot import boot, shutdown
 from tests.factories import write_config
-from tests.mega.jobs.test_contract import MEMORY_BUS, REDIS_BUS, until
+from tests.mega.jobs.test_contract import DRIVERS, bus_body, until
 
 RUNS: Counter[tuple[str, str]] = Counter()  # (group, event id) -> runs started
 ATTEMPTS: dict[tuple[str, str], list[int]] = {}
@@ -72,11 +72,11 @@ class Setup:
         ]
 
 
-@pytest.fixture(params=["nats", "redis", "memory"])
+@pytest.fixture(params=DRIVERS)
 async def setup(
     request: pytest.FixtureRequest, tmp_path: Path, nats_url: str, redis_url: str, prefix: str
 ) -> AsyncIterator[Setup]:
-    body = {"nats": "", "redis": REDIS_BUS, "memory": MEMORY_BUS}[request.param]
+    body = bus_body(request)
     config = load_config(write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body))
     ctx = await boot(config, role="test", database=False)
     found = Setup(ctx, prefix, request.param)

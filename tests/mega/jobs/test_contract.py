@@ -27,6 +27,13 @@ services = {
     "buses": {"jobs": {"driver": "memory"}}, "database": services["database"],
 }
 """
+POSTGRES_BUS = """
+services = {
+    "caches": services["caches"], "locks": services["locks"],
+    "buses": {"jobs": {"driver": "postgres", "url": %r}}, "database": services["database"],
+}
+"""
+DRIVERS = ["nats", "redis", "memory", "postgres"]
 REDIS_BUS = """
 services = {
     "caches": services["caches"], "locks": services["locks"],
@@ -52,11 +59,18 @@ class Contract(Job):
         DONE[payload["id"]] += 1
 
 
-@pytest.fixture(params=["nats", "redis", "memory"])
+def bus_body(request: pytest.FixtureRequest) -> str:
+    """The config lines that put the `jobs` bus on the driver `request.param` names."""
+    if request.param == "postgres":
+        return POSTGRES_BUS % request.getfixturevalue("postgres_url")
+    return {"nats": "", "redis": REDIS_BUS, "memory": MEMORY_BUS}[request.param]
+
+
+@pytest.fixture(params=DRIVERS)
 async def setup(
     request: pytest.FixtureRequest, tmp_path: Path, nats_url: str, redis_url: str, prefix: str
 ) -> AsyncIterator[tuple[Context, type[Job], JobQueue, list[dict[str, Any]]]]:
-    body = {"nats": "", "redis": REDIS_BUS, "memory": MEMORY_BUS}[request.param]
+    body = bus_body(request)
     config = load_config(write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body))
     ctx = await boot(config, role="test", database=False)
     job = type("Contract", (Contract,), {"subject": f"{prefix}.contract"})
