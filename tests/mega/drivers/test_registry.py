@@ -1,0 +1,96 @@
+"""Drivers are found by name: the built-in ones, and one a package adds through the
+`mega.drivers` entry-point group, installed here from tests/mega/drivers/tiny_driver."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mega import Job, JobWorker
+from mega.config import load_config
+from mega.drivers import driver_names, find_driver
+from mega.errors import ConfigError
+from mega.runtime.boot import boot, shutdown
+from tests.factories import write_config
+
+TINY = Path(__file__).parent / "tiny_driver"
+TINY_BUS = """
+services = {
+    "caches": services["caches"], "locks": services["locks"],
+    "buses": {"jobs": {"driver": "tiny"}}, "database": services["database"],
+}
+"""
+RAN: list[Any] = []
+
+
+class Ping(Job):
+    subject = "tiny.ping"
+    bus = "jobs"
+
+    async def run(self, payload: Any, ctx: Any) -> None:
+        RAN.append(payload)
+
+
+@pytest.mark.parametrize("name", ["nats", "redis", "memory", "postgres"])
+def test_the_built_in_drivers_are_found_by_name(name: str) -> None:
+    assert find_driver(name).driver == name
+
+
+def test_an_unknown_driver_names_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match=r"unknown bus driver 'kafka' \(known: memory, nats, "):
+        find_driver("kafka")
+
+
+@pytest.fixture
+def tiny_installed(tmp_path: Path) -> Iterator[None]:
+    """pip installs the tiny driver into a folder of this test, put on sys.path."""
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+         "--no-build-isolation", "--target", str(target), str(TINY)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    sys.path.insert(0, str(target))
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        sys.path.remove(str(target))
+        sys.modules.pop("tiny_mega_driver", None)
+
+
+async def test_a_driver_a_package_adds_runs_a_job(
+    tiny_installed: None, tmp_path: Path, nats_url: str, redis_url: str
+) -> None:
+    assert "tiny" in driver_names()
+    path = write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=TINY_BUS)
+    ctx = await boot(load_config(path), role="test", database=False)
+    worker = JobWorker(ctx)
+    worker.register(Ping)
+    await worker.start()
+    try:
+        assert ctx.bus("jobs").driver == "tiny"
+        await worker.queue("jobs").enqueue(Ping, {"n": 1})
+        async with asyncio.timeout(5):
+            while not RAN:
+                await asyncio.sleep(0.01)
+        assert RAN == [{"n": 1}]
+    finally:
+        await worker.stop(1)
+        await shutdown(ctx)
+
+
+def test_a_config_naming_an_unknown_driver_is_refused(
+    tmp_path: Path, nats_url: str, redis_url: str
+) -> None:
+    body = TINY_BUS.replace('"tiny"', '"kafka"')
+    path = write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body)
+    with pytest.raises(ConfigError, match=r"services\.buses\.jobs\.driver: unknown driver 'kafka'"):
+        load_config(path)
