@@ -25,7 +25,7 @@ $(PEERS)/.installed: pyproject.toml
 		'pgqueuer>=1.6' 'asyncpg>=0.30' 'procrastinate>=3.10' 'psycopg[binary]>=3.2'
 	@touch $@
 
-run: install  ## the whole demo: embedded NATS + Redis, web, 2 schedulers, 2 workers (BUS=redis: jobs and events on Redis)
+run: install  ## the whole demo: embedded NATS + Redis, web, 2 schedulers, 2 workers (BUS=redis or BUS=postgres: jobs and events there)
 	MEGA_BUS=$(BUS) $(BIN)/mega dev --port $(PORT)
 
 lint: install

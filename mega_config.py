@@ -8,8 +8,9 @@ URLs and secrets come from the environment; the defaults suit `mega dev` on a la
     DATABASE_URL     sqlite:///./var/mega.db    (postgresql://user:pass@host/db for PostgreSQL)
     MEGA_SECRET_KEY  required outside `mega dev` (32+ random characters)
     MEGA_DEMO_USER / MEGA_DEMO_PASSWORD   the login to create at start (dev: demo / demo)
-    MEGA_BUS         nats (default) or redis: the driver of the jobs and events bus
-                     (`make run BUS=redis`; on redis the bus uses REDIS_URL)
+    MEGA_BUS         nats (default), redis or postgres: the driver of the jobs and events bus
+                     (`make run BUS=redis`: on REDIS_URL; `make run BUS=postgres`: in the
+                     application's database, DATABASE_URL, which `mega dev` then starts)
     NATS_URL         several URLs joined by commas for a NATS cluster, with
     MEGA_REPLICAS    copies of each stream (3 in compose's cluster profile; default 1)
 """
@@ -35,9 +36,10 @@ BUSES = {
         "replicas": REPLICAS,  # the events stream's
     },
     "redis": {"driver": "redis", "url": REDIS_URL},
+    "postgres": {"driver": "postgres"},  # no URL: the application's database
 }
 if BUS not in BUSES:
-    raise ValueError(f"MEGA_BUS: 'nats' or 'redis', got {BUS!r}")
+    raise ValueError(f"MEGA_BUS: 'nats', 'redis' or 'postgres', got {BUS!r}")
 
 services = {
     "caches": {

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 
 from mega import Context, JobQueue
 from mega.config import load_config
-from mega.jobs.redis_queue import KEY_PREFIX
+from mega.drivers.redis.scripts import JOB_KEY_PREFIX as KEY_PREFIX
 from mega.runtime.boot import boot, shutdown
 from mega.runtime.embedded import EmbeddedRedis
 from tests.factories import write_config
@@ -79,7 +79,7 @@ async def until(condition: Callable[[], Awaitable[bool]], what: str) -> None:
 
 async def waiting(queue: Any, subject: str) -> set[str]:
     """Job ids still in the stream: waiting, or delivered and not acked (acked = deleted)."""
-    entries = await queue.redis.xrange(KEY_PREFIX + subject)
+    entries = await queue.bus.native.xrange(KEY_PREFIX + subject)
     return {fields[b"id"].decode() for _, fields in entries}
 
 
@@ -155,7 +155,7 @@ async def test_redis_restarted_with_aof_runs_every_acknowledged_enqueue(
         ids = await enqueue_all(queue, job, 200)  # each returned: Redis has it (fsynced)
         bus.stop()
         bus.start()  # every enqueue is replayed from the append-only file
-        await queue.redis.connection_pool.disconnect()  # this client's connections died with it
+        await queue.bus.native.connection_pool.disconnect()  # its connections died with it
         worker = await setup.start(path).ready()
 
         async def all_done() -> bool:
