@@ -1,7 +1,7 @@
-"""The redis bus driver under faults, with real `mega worker` processes: a worker SIGKILLed
-with jobs in flight (nothing lost, duplicates only among its in-flight jobs), a job that kills
-its worker (dead-lettered after retries + 1 runs), and Redis restarted with AOF (every
-acknowledged enqueue runs)."""
+"""The redis and postgres bus drivers under faults, with real `mega worker` processes: a worker
+SIGKILLed with jobs in flight (nothing lost, duplicates only among its in-flight jobs), a job
+that kills its worker (dead-lettered after retries + 1 runs), and Redis restarted with AOF
+(every acknowledged enqueue runs). The nats driver's are in test_jobs_faults.py."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from redis.asyncio import Redis
 
 from mega import Context, JobQueue
 from mega.config import load_config
+from mega.drivers.postgres.sql import JOBS as JOBS_TABLE
 from mega.drivers.redis.scripts import JOB_KEY_PREFIX as KEY_PREFIX
 from mega.runtime.boot import boot, shutdown
-from mega.runtime.embedded import EmbeddedRedis
+from mega.runtime.embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedServer
 from tests.factories import write_config
 from tests.mega.jobs import fault_jobs
 from tests.mega.jobs.test_jobs_faults import (
@@ -35,24 +36,25 @@ from tests.mega.jobs.test_jobs_faults import (
 TIMEOUT_S = 30.0
 
 
-def redis_bus(job: str, bus_url: str) -> str:
+def bus_config(job: str, driver: str, bus_url: str) -> str:
     return registration(job) + (
-        'services = {**services, "buses": {"jobs": {"driver": "redis", '
+        f'services = {{**services, "buses": {{"jobs": {{"driver": {driver!r}, '
         f'"url": {bus_url!r}}}}}}}\n'
     )
 
 
-@pytest.fixture
+@pytest.fixture(params=["redis", "postgres"])
 async def setup(
-    tmp_path: Path, nats_url: str, redis_url: str, prefix: str
+    request: pytest.FixtureRequest, tmp_path: Path, nats_url: str, redis_url: str, prefix: str
 ) -> AsyncIterator[Callable[..., Any]]:
     contexts: list[Context] = []
     workers: list[MegaWorker] = []
+    driver = request.param
+    default_url = redis_url if driver == "redis" else request.getfixturevalue("postgres_url")
 
-    async def make(job: str, bus_url: str = redis_url) -> tuple[Path, JobQueue, Redis]:
-        path = write_config(
-            tmp_path, nats_url=nats_url, redis_url=redis_url, body=redis_bus(job, bus_url)
-        )
+    async def make(job: str, bus_url: str = default_url) -> tuple[Path, JobQueue, Redis]:
+        body = bus_config(job, driver, bus_url)
+        path = write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body)
         ctx = await boot(load_config(path), role="test", database=False)
         contexts.append(ctx)
         return path, JobQueue(ctx, "jobs"), ctx.cache("main").native
@@ -63,6 +65,7 @@ async def setup(
         return worker
 
     make.start = start  # type: ignore[attr-defined]
+    make.driver = driver  # type: ignore[attr-defined]
     yield make
     for worker in workers:
         worker.kill()
@@ -78,7 +81,12 @@ async def until(condition: Callable[[], Awaitable[bool]], what: str) -> None:
 
 
 async def waiting(queue: Any, subject: str) -> set[str]:
-    """Job ids still in the stream: waiting, or delivered and not acked (acked = deleted)."""
+    """Job ids still stored: waiting, or delivered and not acked (an ack deletes)."""
+    if queue.bus.driver == "postgres":
+        cursor = await queue.bus.native.execute(
+            f"SELECT job_id FROM {JOBS_TABLE} WHERE lane = %s", (f"job:{subject}",)
+        )
+        return {job_id for (job_id,) in await cursor.fetchall()}
     entries = await queue.bus.native.xrange(KEY_PREFIX + subject)
     return {fields[b"id"].decode() for _, fields in entries}
 
@@ -145,17 +153,23 @@ async def test_a_job_that_kills_its_worker_is_dead_lettered(setup: Any, prefix: 
 
 
 @pytest.mark.slow
-async def test_redis_restarted_with_aof_runs_every_acknowledged_enqueue(
+async def test_the_engine_restarted_runs_every_acknowledged_enqueue(
     setup: Any, prefix: str, tmp_path: Path
 ) -> None:
-    bus = EmbeddedRedis(data_dir=tmp_path / "bus", appendonly=True).start()
+    """Redis with its append-only file, PostgreSQL durable (fsync on)."""
+    bus: EmbeddedServer = (
+        EmbeddedRedis(data_dir=tmp_path / "bus", appendonly=True)
+        if setup.driver == "redis"
+        else EmbeddedPostgres(tmp_path / "bus")
+    ).start()
     try:
         path, queue, redis = await setup("BusyJob", bus.url)
         job = for_prefix(fault_jobs.BusyJob, prefix)
-        ids = await enqueue_all(queue, job, 200)  # each returned: Redis has it (fsynced)
+        ids = await enqueue_all(queue, job, 200)  # each returned: stored (fsynced)
         bus.stop()
-        bus.start()  # every enqueue is replayed from the append-only file
-        await queue.bus.native.connection_pool.disconnect()  # its connections died with it
+        bus.start()  # every enqueue is replayed from the append-only file, or the WAL
+        if setup.driver == "redis":
+            await queue.bus.native.connection_pool.disconnect()  # they died with it
         worker = await setup.start(path).ready()
 
         async def all_done() -> bool:
