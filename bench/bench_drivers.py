@@ -6,7 +6,7 @@ the redis driver against a bare redis-py loop on the same server.
 Memory: `enqueue_many` of N no-op jobs, then one consume loop (concurrency 200) until every one
 has run; target >= 50,000 jobs/s. Redis: N entries XADDed to a stream on a private Redis;
 baseline: XREADGROUP(count=100) with one awaited XACK per entry; mega: the same backlog through
-`RedisJobQueue` (concurrency 200, each entry acked and deleted after its run); target >= 0.7x.
+the redis driver (concurrency 200, each entry acked and deleted after its run); target >= 0.7x.
 Peer: taskiq on Redis streams (`taskiq-redis`'s RedisStreamBroker, in its own virtualenv:
 bench/peers/taskiq_redis_drain.py), N tasks kicked one at a time, then its receiver in that
 process (200 async tasks, reads of 100) until every one has run; target: the redis driver
@@ -33,7 +33,8 @@ if __package__ in (None, ""):  # run by path (python bench/x.py): make `bench` i
 from bench.peers import run_peer
 from bench.report import Result, print_table, result, row
 from mega import Context, Job, JobWorker
-from mega.context import BusAdapter
+from mega.config import BusSpec
+from mega.drivers import find_driver
 
 MEMORY_TARGET = 50_000.0
 REDIS_TARGET = 0.7
@@ -50,6 +51,12 @@ class Noop(Job):
 
     async def run(self, payload: int, ctx: Context) -> None:
         RAN[payload] += 1
+
+
+async def driver_context(driver: str, url: str) -> Context:
+    """A Context whose `jobs` bus is connected on `driver` at `url`, as boot would."""
+    bus = await find_driver(driver).connect("jobs", BusSpec(driver=driver, url=url))
+    return Context(instance_id="bench", buses={"jobs": bus})
 
 
 async def _drain(ctx: Context, jobs: int) -> float:
@@ -110,23 +117,20 @@ async def _streaq(url: str, jobs: int) -> float:
 async def _bench(jobs: int) -> Result:
     from redis.asyncio import Redis
 
-    from mega.jobs.memory import MemoryBroker
-    from mega.jobs.redis_queue import RedisJobQueue  # noqa: F401  (registers the driver)
     from mega.runtime.embedded import EmbeddedRedis
 
-    memory_ctx = Context(instance_id="bench")
-    broker: Any = MemoryBroker()
-    memory_ctx.buses["jobs"] = BusAdapter("jobs", "memory://", broker, driver="memory")
-    memory = await _drain(memory_ctx, jobs)
+    memory = await _drain(await driver_context("memory", ""), jobs)
 
     with tempfile.TemporaryDirectory(prefix="bench-drivers-") as tmp:
         server = EmbeddedRedis(Path(tmp) / "redis").start()
         client: Any = Redis.from_url(server.url)
         try:
             bare = await _bare_redis(client, jobs)
-            redis_ctx = Context(instance_id="bench")
-            redis_ctx.buses["jobs"] = BusAdapter("jobs", server.url, client, driver="redis")
-            redis = await _drain(redis_ctx, jobs)
+            redis_ctx = await driver_context("redis", server.url)
+            try:
+                redis = await _drain(redis_ctx, jobs)
+            finally:
+                await redis_ctx.bus("jobs").close()
             taskiq, stalled = await _taskiq_redis(server.url, jobs)
             streaq = await _streaq(server.url, jobs)
         finally:

@@ -13,8 +13,9 @@ empty afterwards (nothing would run again).
    WHERE id IN (SELECT id ... WHERE status = 'queued' ORDER BY id FOR UPDATE SKIP LOCKED
    LIMIT 100) RETURNING id, payload`, "run" them (count each payload), then delete them in one
    `DELETE ... WHERE id = ANY(...)`: two statements, two commits, per 100 jobs.
-2. mega's postgres driver: `mega_postgres_rate` (not merged yet: the row is skipped with a
-   note until it is). Targets: >= 0.5x the bare loop, >= 1x pgqueuer, >= 10x procrastinate.
+2. mega's postgres driver: N jobs enqueued with `enqueue_many` (untimed), then one consume
+   loop (concurrency 200) timed until every one has run. Targets: >= 0.5x the bare loop,
+   >= 1x pgqueuer, >= 10x procrastinate.
 3. Peers, each in the peers' own virtualenv (a script of bench/peers/, see there): pgqueuer, N
    jobs enqueued in one batch insert, then one QueueManager on asyncpg with a batch size of 100
    (no cap on the jobs in flight, its default); procrastinate on psycopg, a smaller N (it runs
@@ -44,7 +45,6 @@ BATCH = 100
 BARE_TARGET = 0.5  # mega's postgres driver >= this x the bare claim loop
 PGQUEUER_TARGET = 1.0
 PROCRASTINATE_TARGET = 10.0
-NOT_MERGED = "driver not merged yet"
 
 
 async def bare_rate(url: str, jobs: int) -> float:
@@ -88,12 +88,14 @@ async def bare_rate(url: str, jobs: int) -> float:
 
 async def mega_postgres_rate(url: str, jobs: int) -> float:
     """mega's postgres bus driver on the same database: `jobs` no-op jobs enqueued (untimed),
-    then one consume loop (concurrency 200) timed until every one has run exactly once; jobs/s.
+    then one consume loop (concurrency 200) timed until every one has run exactly once; jobs/s."""
+    from bench.bench_drivers import _drain, driver_context
 
-    To fill in when the driver is merged, e.g. with bench.bench_drivers._drain on a Context
-    whose "jobs" bus is a BusAdapter(..., driver="postgres") on `url`.
-    """
-    raise NotImplementedError(NOT_MERGED)
+    ctx = await driver_context("postgres", url)
+    try:
+        return await _drain(ctx, jobs)
+    finally:
+        await ctx.bus("jobs").close()
 
 
 async def peer_rate(script: str, url: str, jobs: int) -> float:
@@ -116,11 +118,7 @@ async def _bench(jobs: int, procrastinate_jobs: int, durable: bool) -> Result:
         server = EmbeddedPostgres(Path(tmp) / "postgres", fast=not durable).start()
         try:
             bare = await bare_rate(server.url, jobs)
-            try:
-                mega: float | None = await mega_postgres_rate(server.url, jobs)
-            except NotImplementedError:
-                mega = None
-                notes.append(f"mega's postgres driver: {NOT_MERGED}, its rows are skipped")
+            mega = await mega_postgres_rate(server.url, jobs)
             pgqueuer = await peer_rate("pgqueuer_drain.py", server.url, jobs)
             procrastinate = await peer_rate(
                 "procrastinate_drain.py", server.url, procrastinate_jobs
@@ -133,17 +131,16 @@ async def _bench(jobs: int, procrastinate_jobs: int, durable: bool) -> Result:
         row(f"pgqueuer, one worker, batch size {BATCH} (jobs/s)", pgqueuer),
         row("procrastinate, one worker, concurrency 1 (jobs/s)", procrastinate),
     ]
-    if mega is not None:
-        rows += [
-            row("postgres driver (jobs/s)", mega, baseline=bare, baseline_name="bare loop",
-                target=f">= {BARE_TARGET}x", passed=mega / bare >= BARE_TARGET),
-            row("postgres driver against pgqueuer (jobs/s)", mega, baseline=pgqueuer,
-                baseline_name="pgqueuer", target=f">= {PGQUEUER_TARGET}x",
-                passed=mega / pgqueuer >= PGQUEUER_TARGET),
-            row("postgres driver against procrastinate (jobs/s)", mega, baseline=procrastinate,
-                baseline_name="procrastinate", target=f">= {PROCRASTINATE_TARGET:.0f}x",
-                passed=mega / procrastinate >= PROCRASTINATE_TARGET),
-        ]  # fmt: skip
+    rows += [
+        row("postgres driver (jobs/s)", mega, baseline=bare, baseline_name="bare loop",
+            target=f">= {BARE_TARGET}x", passed=mega / bare >= BARE_TARGET),
+        row("postgres driver against pgqueuer (jobs/s)", mega, baseline=pgqueuer,
+            baseline_name="pgqueuer", target=f">= {PGQUEUER_TARGET}x",
+            passed=mega / pgqueuer >= PGQUEUER_TARGET),
+        row("postgres driver against procrastinate (jobs/s)", mega, baseline=procrastinate,
+            baseline_name="procrastinate", target=f">= {PROCRASTINATE_TARGET:.0f}x",
+            passed=mega / procrastinate >= PROCRASTINATE_TARGET),
+    ]  # fmt: skip
     server_kind = "default settings" if durable else "fast=True (commits not flushed to disk)"
     res = result(
         "postgres",
