@@ -25,6 +25,10 @@ from typing import Any, ClassVar, Literal, Protocol, Self, TypedDict
 
 from mega.config import BusSpec
 
+# A message id given by the caller (or an outbox row's) is dropped as a duplicate when the bus
+# saw it within this many seconds (JetStream's default duplicate window; every driver keeps it).
+DEDUP_WINDOW_S = 120
+
 
 class DlqErrorInfo(TypedDict):
     type: str

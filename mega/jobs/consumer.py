@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
 from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Receiver
-from mega.jobs.delivery import DeadLetter, Decision, LaneSpec, Outcome, Retry, decide
+from mega.jobs.delivery import DeadLetter, Decision, LanePolicy, Outcome, Retry, decide
 from mega.jobs.dlq import make_record
 
 # The queue's logger: to an operator, the consume loop is part of the job queue.
@@ -70,7 +70,7 @@ class Consumer:
     def __init__(
         self,
         receiver: Receiver,
-        spec: LaneSpec,
+        spec: LanePolicy,
         handler: Handler,
         signal: Signal,
         *,

@@ -2,9 +2,10 @@
 
     decide(outcome, attempt, spec) -> Ack() | Retry(delay_ms) | DeadLetter(kind)
 
-`attempt` is the delivery count of the message (JetStream's `num_delivered`, 1-based), so it
-survives a worker crash: every delivery is one attempt. The consume loop (`consumer.py`) turns
-the decision into broker calls; `tests/mega/jobs/test_delivery.py` checks it as a table.
+`attempt` counts every delivery of the job (1-based), as the driver reports it (the engine's
+delivery count plus the attempts a retry's copy carries), so it survives a worker crash: every
+delivery is one attempt. The consume loop (`consumer.py`) turns the decision into calls of the
+driver's receiver; `tests/mega/jobs/test_delivery.py` checks it as a table.
 
 - SUCCEEDED: ack.
 - FAILED with tries left (attempt < retries + 1): retry after the backoff (full jitter).
@@ -69,7 +70,7 @@ class RetryPolicy(Protocol):
     def backoff(self) -> BackoffPolicy: ...
 
 
-class LaneSpec(RetryPolicy, Protocol):
+class LanePolicy(RetryPolicy, Protocol):
     """What a consume loop needs of what it runs (a JobSpec, a ListenerSpec)."""
 
     @property

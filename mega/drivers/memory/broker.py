@@ -13,11 +13,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mega.drivers.base import DlqRecord, Lane, LaneStats
+from mega.drivers.base import DEDUP_WINDOW_S, DlqRecord, Lane, LaneStats
 
-# A caller-given id (or an event's) is remembered this long: a second message with it is
-# dropped (the same window as the other drivers').
-DEDUP_WINDOW_S = 120.0
 # Events a memory bus keeps for listener groups that start later (the oldest go first).
 EVENTS_KEPT = 100_000
 # Ids the dedup window holds before it forgets those that left the window.

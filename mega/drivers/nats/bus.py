@@ -36,7 +36,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from mega.config import BusSpec
 from mega.constants import CONNECT_TIMEOUT_S, HOW_TO_GET_SERVICES, NATS_RECONNECT_WAIT_S
-from mega.drivers.base import DlqRecord, DriverUnavailable, Lane, LaneStats, Message
+from mega.drivers.base import DEDUP_WINDOW_S, DlqRecord, DriverUnavailable, Lane, LaneStats, Message
 from mega.drivers.nats.errors import NATS_ERRORS
 from mega.drivers.nats.names import (
     DELAY_TOKEN,
@@ -62,8 +62,6 @@ from mega.errors import DependencyUnavailable, JobError
 
 logger = logging.getLogger("mega.jobqueue")
 
-# JetStream's dedup window (its default); a DLQ's is shortened to a smaller max_age.
-DEDUP_WINDOW_S = 120.0
 # Many messages at once: time for every PubAck, on top of this much per message.
 BULK_TIMEOUT_S = 5.0
 BULK_TIMEOUT_PER_MSG_S = 0.001

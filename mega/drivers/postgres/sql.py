@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import re
 
+from mega.drivers.base import DEDUP_WINDOW_S
+
 JOBS = "mega_bus_jobs"
 DEAD = "mega_bus_dead"
 DEDUP = "mega_bus_dedup"
@@ -33,9 +35,6 @@ WAKE_CHANNEL = "mega_bus"
 EVENTS_PAYLOAD = "*events"  # no lane is called that: lanes are 'job:...' or 'group:...'
 OUTBOX_CHANNEL = "mega_outbox_wake"
 
-# Caller-given ids are remembered this long (mega.jobs.queue.DEDUP_WINDOW_S, and NATS's
-# duplicate window); kept here as a number so this module imports nothing.
-DEDUP_WINDOW_S = 120
 # pg_advisory_xact_lock key held by every emit until its commit: "mgev" in ASCII.
 EMIT_LOCK_KEY = 0x6D676576
 

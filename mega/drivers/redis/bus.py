@@ -25,11 +25,17 @@ from redis.exceptions import RedisError
 
 from mega.config import BusSpec
 from mega.constants import CONNECT_TIMEOUT_S, HOW_TO_GET_SERVICES, REDIS_MAX_CONNECTIONS
-from mega.drivers.base import DlqRecord, DriverUnavailable, Lane, LaneStats, Message
+from mega.drivers.base import (
+    DEDUP_WINDOW_S,
+    DlqRecord,
+    DriverUnavailable,
+    Lane,
+    LaneStats,
+    Message,
+)
 from mega.drivers.redis.lanes import LaneKeys, as_text, lane_keys, parse_record
 from mega.drivers.redis.receiver import RedisReceiver, ensure_groups
 from mega.drivers.redis.scripts import (
-    DEDUP_WINDOW_S,
     EMIT,
     ENQUEUE,
     EVENT_SUBJECT_PREFIX,

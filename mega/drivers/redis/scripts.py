@@ -33,9 +33,6 @@ WAKE_CHANNEL = "mega:outbox:wake"
 # after the NATS subjects); Message.subject and Delivery.subject carry the bare name.
 EVENT_SUBJECT_PREFIX = "events."
 
-# A caller-given id (or an event's) is remembered this long: a second message with it is
-# dropped (the same window as NATS's duplicate window).
-DEDUP_WINDOW_S = 120
 # Dead letters kept per lane (oldest trimmed first); NATS keeps them by age instead.
 DLQ_MAXLEN = 100_000
 # How long one XREADGROUP waits for entries, and how often the promoter and the reclaimer run.
