@@ -5,6 +5,7 @@ is requeued and comes back to the DLQ after three more attempts."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -19,6 +20,7 @@ import httpx
 import pytest
 
 from mega.runtime.embedded import free_port
+from tests.processes import descendants
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -99,7 +101,11 @@ def test_make_run_bus_postgres_runs_jobs_to_their_ends(tmp_path: Path) -> None:
         assert "Traceback" not in text
         assert (tmp_path / "var" / "postgres").is_dir()  # the cluster lives in ./var
     finally:
-        if dev.poll() is None:
+        if dev.poll() is None:  # a failed step: nothing of this run may outlive the test
+            family = descendants(dev.pid)
             dev.kill()
             dev.wait()
+            for pid in family:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         log.close()
