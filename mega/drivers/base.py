@@ -19,6 +19,7 @@ tables) under names of its own; the framework only hands it the `Lane`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, Self, TypedDict
@@ -260,3 +261,14 @@ class Bus(Protocol):
     def announce_commit(self) -> None:
         """Tell relays elsewhere that outbox rows were committed (fire and forget)."""
         ...
+
+
+def pattern_matcher(pattern: str) -> Callable[[str], bool]:
+    """A test of event names against a listener group's pattern, with the NATS wildcards (`*`
+    one dot-separated token, a final `>` one or more), for the engines that cannot filter."""
+    regex = r"\.".join(
+        "[^.]+" if token == "*" else ".+" if token == ">" else re.escape(token)
+        for token in pattern.split(".")
+    )
+    compiled = re.compile(regex)
+    return lambda name: compiled.fullmatch(name) is not None

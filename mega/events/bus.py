@@ -15,20 +15,17 @@ group's inbox had already completed that event id).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from mega.context import Context
-from mega.drivers.base import Bus, Delivery, DriverUnavailable, Lane, LaneStats, Message
-from mega.errors import DependencyUnavailable, JobError
+from mega.drivers.base import Delivery, DriverUnavailable, Lane, LaneStats, Message
+from mega.errors import JobError
 from mega.events.event import EVENTS_MAX_AGE_S, Event, ReceivedEvent, encode_event, validate_event
 from mega.events.inbox import Inbox
 from mega.events.listener import Listener, ListenerSpec, validate_listener
-from mega.jobs.consumer import DLQ_RETRY_DELAY_S, Consumer
 from mega.jobs.dlq import DeadLetters
-from mega.signals import Observer, Signals
+from mega.jobs.lanes import LaneEndpoint
 
 SIGNALS = ("emit", "start", "done", "retry", "fail", "dlq", "skip")
 
@@ -43,41 +40,24 @@ def group_lane(spec: ListenerSpec) -> Lane:
     )  # fmt: skip
 
 
-class EventBus:
+class EventBus(LaneEndpoint):
     """Emit the events of one bus alias and run its listener groups in this process; an Event
-    or a Listener does not change when its bus changes driver.
-
-    `instance_id` names this process in DLQ records (default: the context's); `max_age_s` how
-    long events are kept for replay. Observers: `on(name, fn)` with a name of SIGNALS; unknown
-    names raise ValueError.
+    or a Listener does not change when its bus changes driver. Options and observers as
+    LaneEndpoint's (mega/jobs/lanes.py), with the signals of SIGNALS; `max_age_s` is how long
+    events are kept for replay.
     """
 
+    signal_names: ClassVar[tuple[str, ...]] = SIGNALS
+    kind: ClassVar[str] = "event"
+
     def __init__(
-        self,
-        ctx: Context,
-        bus_alias: str,
-        *,
-        instance_id: str | None = None,
-        max_age_s: float = EVENTS_MAX_AGE_S,
-        dlq_retry_delay_s: float = DLQ_RETRY_DELAY_S,
-        apply_limits: bool = False,
+        self, ctx: Context, bus_alias: str, *, max_age_s: float = EVENTS_MAX_AGE_S, **options: Any
     ) -> None:
-        self.ctx = ctx
-        self.bus_alias = bus_alias
-        self.bus: Bus = ctx.bus(bus_alias)
-        self.instance_id = instance_id or ctx.instance_id
+        super().__init__(ctx, bus_alias, **options)
         self.max_age_s = max_age_s
-        self.dlq_retry_delay_s = dlq_retry_delay_s
-        self.apply_limits = apply_limits
-        self.signals = Signals(SIGNALS)
         self._specs: dict[type[Listener], ListenerSpec] = {}
         self._events_ready = False
         self._ensured: set[type[Listener]] = set()
-        self._consumers: dict[type[Listener], Consumer] = {}
-        self._stopped = False
-
-    def on(self, name: str, observer: Observer) -> None:
-        self.signals.on(name, observer)
 
     async def signal(self, name: str, **fields: Any) -> None:
         """Notify observers (skipped when nobody listens)."""
@@ -118,7 +98,7 @@ class EventBus:
         try:
             await self.bus.ensure_events(max_age_s=self.max_age_s)
         except DriverUnavailable as exc:
-            raise self._unavailable("cannot set up the events", exc) from exc
+            raise self.unavailable("cannot set up the events", exc) from exc
         self._events_ready = True
 
     async def ensure(self, listener_cls: type[Listener], *, force: bool = False) -> ListenerSpec:
@@ -132,7 +112,7 @@ class EventBus:
         try:
             await self.bus.ensure(group_lane(spec), apply_limits=self.apply_limits)
         except DriverUnavailable as exc:
-            raise self._unavailable(f"{spec.group}: cannot set up its consumer", exc) from exc
+            raise self.unavailable(f"{spec.group}: cannot set up its consumer", exc) from exc
         self._ensured.add(listener_cls)
         return spec
 
@@ -142,7 +122,7 @@ class EventBus:
         try:
             return await self.bus.stats(group_lane(spec))
         except DriverUnavailable as exc:
-            raise self._unavailable(f"cannot read {spec.group}", exc) from exc
+            raise self.unavailable(f"cannot read {spec.group}", exc) from exc
 
     # -- emit ---------------------------------------------------------------------------------
 
@@ -165,7 +145,7 @@ class EventBus:
         try:
             [kept] = await self.bus.emit([message], max_age_s=self.max_age_s)
         except DriverUnavailable as exc:
-            raise self._unavailable(f"cannot emit {message.subject}", exc) from exc
+            raise self.unavailable(f"cannot emit {message.subject}", exc) from exc
         await self.signal("emit", event=message.subject, id=message.id, duplicate=not kept)
         return kept
 
@@ -190,10 +170,6 @@ class EventBus:
     ) -> None:
         """Run the group's consume loop in this process until `stop()` has drained it."""
         spec = await self.ensure(listener_cls)
-        if self._stopped:
-            return
-        if listener_cls in self._consumers:
-            raise JobError(f"{spec.group} is already consumed here", code="event.twice")
         run_event = self._runner(spec, handler_ctx or self.ctx)
 
         async def run(payload: Any, delivery: Delivery) -> None:
@@ -203,25 +179,7 @@ class EventBus:
             )  # fmt: skip
             await run_event(event)
 
-        receiver = self.bus.receiver(group_lane(spec), consumer=self.instance_id)
-        consumer = Consumer(
-            receiver, spec, run, self.signal,
-            instance_id=self.instance_id, dlq_retry_delay_s=self.dlq_retry_delay_s,
-        )  # fmt: skip
-        self._consumers[listener_cls] = consumer
-        try:
-            await consumer.run()
-        finally:
-            del self._consumers[listener_cls]
-
-    async def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop fetching, wait up to `timeout_s` for running listeners, hand the rest back."""
-        self._stopped = True
-        consumers = list(self._consumers.values())
-        for consumer in consumers:
-            consumer.request_stop(timeout_s)
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*(consumer.closed.wait() for consumer in consumers))
+        await self.run_lane(listener_cls, group_lane(spec), spec, run)
 
     def _runner(self, spec: ListenerSpec, ctx: Context) -> RunEvent:
         """What runs one delivery of an event: the group's inbox check, `run`, the inbox mark."""
@@ -241,9 +199,6 @@ class EventBus:
                 await inbox.mark(event.id)
 
         return run
-
-    def _unavailable(self, what: str, exc: DriverUnavailable) -> DependencyUnavailable:
-        return DependencyUnavailable(self.bus.driver, f"{what} on bus {self.bus_alias!r}: {exc}")
 
 
 async def emit(ctx: Context, event_cls: type[Event], payload: Any, *, id: str | None = None) -> str:

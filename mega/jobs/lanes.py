@@ -1,5 +1,6 @@
-"""The host side of consuming: one consume loop per registered class, for jobs and listener
-groups alike (`JobWorker` and `ListenerWorker` are this class with their own few names).
+"""What jobs and listener groups share above the drivers: `LaneEndpoint`, the part of a
+JobQueue and an EventBus that runs consume loops on a bus and reports their signals, and
+`LaneWorker`, the host side (`JobWorker` and `ListenerWorker` are it with their own few names).
 
     worker = JobWorker(ctx)
     worker.register(EmailJob)           # validated here, against the context's buses
@@ -14,13 +15,91 @@ endpoints, so one observer sees the whole host.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from mega.context import Context
-from mega.errors import JobError
+from mega.drivers.base import Bus, Delivery, DriverUnavailable, Lane
+from mega.errors import DependencyUnavailable, JobError
+from mega.jobs.consumer import DLQ_RETRY_DELAY_S, Consumer
+from mega.jobs.delivery import LanePolicy
 from mega.signals import Observer, Signals
+
+
+class LaneEndpoint:
+    """The lanes of one bus alias in this process: its driver (`bus`), its observers, and the
+    consume loops it runs until `stop()`. `instance_id` names this process in DLQ records
+    (default: the context's); `apply_limits` lets the classes' limits change running queues
+    (the worker's `--apply-limits`). Observers: `on(name, fn)` with a name of
+    `signal_names`; unknown names raise ValueError."""
+
+    signal_names: ClassVar[tuple[str, ...]]
+    kind: ClassVar[str]  # "job" or "event": the word in its error codes
+
+    def __init__(
+        self,
+        ctx: Context,
+        bus_alias: str,
+        *,
+        instance_id: str | None = None,
+        dlq_retry_delay_s: float = DLQ_RETRY_DELAY_S,
+        apply_limits: bool = False,
+    ) -> None:
+        self.ctx = ctx
+        self.bus_alias = bus_alias
+        self.bus: Bus = ctx.bus(bus_alias)
+        self.instance_id = instance_id or ctx.instance_id
+        self.dlq_retry_delay_s = dlq_retry_delay_s
+        self.apply_limits = apply_limits
+        self.signals = Signals(self.signal_names)
+        self._consumers: dict[type[Any], Consumer] = {}
+        self._stopped = False
+
+    def on(self, name: str, observer: Observer) -> None:
+        self.signals.on(name, observer)
+
+    async def signal(self, name: str, **fields: Any) -> None:
+        """Notify observers, skipping the work when nobody listens (the hot path)."""
+        if self.signals.has_observers(name):
+            await self.signals.emit(name, **fields)
+
+    async def run_lane(
+        self,
+        cls: type[Any],
+        lane: Lane,
+        policy: LanePolicy,
+        run: Callable[[Any, Delivery], Awaitable[None]],
+    ) -> None:
+        """Run the consume loop of `cls` (a Job, a Listener) on `lane` until `stop()`."""
+        if self._stopped:
+            return  # stop() came while the caller was setting up
+        if cls in self._consumers:
+            raise JobError(f"{policy.name} is already consumed here", code=f"{self.kind}.twice")
+        receiver = self.bus.receiver(lane, consumer=self.instance_id)
+        consumer = Consumer(
+            receiver, policy, run, self.signal,
+            instance_id=self.instance_id, dlq_retry_delay_s=self.dlq_retry_delay_s,
+        )  # fmt: skip
+        self._consumers[cls] = consumer
+        try:
+            await consumer.run()
+        finally:
+            del self._consumers[cls]
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop fetching, wait up to `timeout_s` for running work, then cancel the rest and
+        hand it back to be delivered again. Final for consuming (publishing keeps working)."""
+        self._stopped = True
+        consumers = list(self._consumers.values())
+        for consumer in consumers:
+            consumer.request_stop(timeout_s)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*(consumer.closed.wait() for consumer in consumers))
+
+    def unavailable(self, what: str, exc: DriverUnavailable) -> DependencyUnavailable:
+        return DependencyUnavailable(self.bus.driver, f"{what} on bus {self.bus_alias!r}: {exc}")
 
 
 class Endpoint(Protocol):

@@ -12,20 +12,17 @@ observers as a signal of SIGNALS.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from mega.context import Context
 from mega.drivers.base import Bus, Delivery, DriverUnavailable, Lane, LaneStats, Message
-from mega.errors import DependencyUnavailable, JobError
-from mega.jobs.consumer import DLQ_RETRY_DELAY_S, Consumer
+from mega.errors import JobError
 from mega.jobs.dlq import DeadLetters
 from mega.jobs.job import Job, JobSpec, due_ms_of, encode_job, validate_job
+from mega.jobs.lanes import LaneEndpoint
 from mega.jobs.progress import RunContexts
-from mega.signals import Observer, Signals
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -45,44 +42,19 @@ def job_lane(spec: JobSpec) -> Lane:
     )  # fmt: skip
 
 
-class JobQueue:
+class JobQueue(LaneEndpoint):
     """Enqueue and consume the jobs of one bus alias; a Job does not change when its bus
-    changes driver, and a `Context` built by hand works with every driver.
-
-    `instance_id` names this process in DLQ records (default: the context's). `apply_limits`:
-    a queue whose running limits differ from the class's is changed (the worker's
-    `--apply-limits`), not only reported. Observers: `on(name, fn)` with a name of SIGNALS;
-    unknown names raise ValueError.
+    changes driver, and a `Context` built by hand works with every driver. Options and
+    observers as LaneEndpoint's (mega/jobs/lanes.py), with the signals of SIGNALS.
     """
 
-    def __init__(
-        self,
-        ctx: Context,
-        bus_alias: str,
-        *,
-        instance_id: str | None = None,
-        dlq_retry_delay_s: float = DLQ_RETRY_DELAY_S,
-        apply_limits: bool = False,
-    ) -> None:
-        self.ctx = ctx
-        self.bus_alias = bus_alias
-        self.bus: Bus = ctx.bus(bus_alias)
-        self.instance_id = instance_id or ctx.instance_id
-        self.dlq_retry_delay_s = dlq_retry_delay_s
-        self.apply_limits = apply_limits
-        self.signals = Signals(SIGNALS)
+    signal_names: ClassVar[tuple[str, ...]] = SIGNALS
+    kind: ClassVar[str] = "job"
+
+    def __init__(self, ctx: Context, bus_alias: str, **options: Any) -> None:
+        super().__init__(ctx, bus_alias, **options)
         self._specs: dict[type[Job], JobSpec] = {}
         self._ensured: set[type[Job]] = set()
-        self._consumers: dict[type[Job], Consumer] = {}
-        self._stopped = False
-
-    def on(self, name: str, observer: Observer) -> None:
-        self.signals.on(name, observer)
-
-    async def signal(self, name: str, **fields: Any) -> None:
-        """Notify observers, skipping the work when nobody listens (the hot path)."""
-        if self.signals.has_observers(name):
-            await self.signals.emit(name, **fields)
 
     def spec(self, job_cls: type[Job]) -> JobSpec:
         """The validated spec of a Job class on this queue's bus (cached)."""
@@ -121,7 +93,7 @@ class JobQueue:
         try:
             await self.bus.ensure(job_lane(spec), apply_limits=self.apply_limits)
         except DriverUnavailable as exc:
-            raise self._unavailable(f"{spec.name}: cannot set up its queue", exc) from exc
+            raise self.unavailable(f"{spec.name}: cannot set up its queue", exc) from exc
         self._ensured.add(job_cls)
         return spec
 
@@ -132,7 +104,7 @@ class JobQueue:
         try:
             return await self.bus.stats(job_lane(spec))
         except DriverUnavailable as exc:
-            raise self._unavailable(f"cannot read {spec.name}'s queue", exc) from exc
+            raise self.unavailable(f"cannot read {spec.name}'s queue", exc) from exc
 
     # -- enqueue ------------------------------------------------------------------------------
 
@@ -166,7 +138,7 @@ class JobQueue:
             else:
                 [stored] = await self.bus.publish(lane, [message])
         except DriverUnavailable as exc:
-            raise self._unavailable(f"cannot enqueue {spec.name}", exc) from exc
+            raise self.unavailable(f"cannot enqueue {spec.name}", exc) from exc
         await self.signal(
             "dispatch", job=spec.name, id=message.id, subject=spec.subject,
             run_at=message.run_at_ms, duplicate=not stored,
@@ -181,7 +153,7 @@ class JobQueue:
         try:
             await self.bus.publish(job_lane(spec), messages)
         except DriverUnavailable as exc:
-            raise self._unavailable(f"cannot enqueue {len(messages)} x {spec.name}", exc) from exc
+            raise self.unavailable(f"cannot enqueue {len(messages)} x {spec.name}", exc) from exc
         if self.signals.has_observers("dispatch"):
             for message in messages:
                 await self.signals.emit(
@@ -197,10 +169,6 @@ class JobQueue:
         `handler_ctx` is what `run(payload, ctx)` receives, with this run's id, attempt and
         `progress()` on top (default: the queue's context)."""
         spec = await self.ensure(job_cls)
-        if self._stopped:
-            return  # stop() came while we were setting up
-        if job_cls in self._consumers:
-            raise JobError(f"{spec.name} is already consumed by this queue", code="job.twice")
         job = spec.job_cls()
         contexts = RunContexts(
             handler_ctx or self.ctx, job=spec.name, worker=self.instance_id, report=self.signal
@@ -209,29 +177,7 @@ class JobQueue:
         async def run(payload: Any, delivery: Delivery) -> None:
             await job.run(payload, contexts(delivery.id, delivery.attempt))
 
-        receiver = self.bus.receiver(job_lane(spec), consumer=self.instance_id)
-        consumer = Consumer(
-            receiver, spec, run, self.signal,
-            instance_id=self.instance_id, dlq_retry_delay_s=self.dlq_retry_delay_s,
-        )  # fmt: skip
-        self._consumers[job_cls] = consumer
-        try:
-            await consumer.run()
-        finally:
-            del self._consumers[job_cls]
-
-    async def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop fetching, wait up to `timeout_s` for running jobs, then cancel the rest and
-        hand them back to be delivered again. Final for consuming (enqueue keeps working)."""
-        self._stopped = True
-        consumers = list(self._consumers.values())
-        for consumer in consumers:
-            consumer.request_stop(timeout_s)
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*(consumer.closed.wait() for consumer in consumers))
-
-    def _unavailable(self, what: str, exc: DriverUnavailable) -> DependencyUnavailable:
-        return DependencyUnavailable(self.bus.driver, f"{what} on bus {self.bus_alias!r}: {exc}")
+        await self.run_lane(job_cls, job_lane(spec), spec, run)
 
 
 def publish_in(bus: Bus, session: Session, lane: Lane, messages: list[Message]) -> list[bool]:

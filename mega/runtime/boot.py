@@ -14,11 +14,6 @@ import logging
 from typing import TYPE_CHECKING
 
 from mega.config import Config
-from mega.constants import (
-    CONNECT_TIMEOUT_S,
-    HOW_TO_GET_SERVICES,
-    REDIS_MAX_CONNECTIONS,
-)
 from mega.context import CacheAdapter, Context, new_instance_id
 from mega.drivers import find_driver
 from mega.errors import DependencyUnavailable, MegaError
@@ -67,30 +62,11 @@ async def shutdown(ctx: Context) -> None:
 
 
 async def connect_redis(alias: str, url: str, *, decode_responses: bool = True) -> Redis:
+    """A cache's client: the redis driver's connection (str replies by default)."""
     # ~0.1 s to import: only for configs that declare caches
-    from redis.asyncio import BlockingConnectionPool, Redis
+    from mega.drivers.redis.bus import connect_redis as connect
 
-    # A burst beyond the pool (300 enqueues gathered at once) waits for a free connection,
-    # instead of failing with "Too many connections".
-    pool = BlockingConnectionPool.from_url(
-        url,
-        max_connections=REDIS_MAX_CONNECTIONS,
-        timeout=CONNECT_TIMEOUT_S,
-        socket_connect_timeout=CONNECT_TIMEOUT_S,
-        socket_timeout=CONNECT_TIMEOUT_S,
-        health_check_interval=15,
-        decode_responses=decode_responses,
-    )
-    client: Redis = Redis.from_pool(pool)  # aclose() closes the pool too
-    try:
-        await asyncio.wait_for(client.ping(), CONNECT_TIMEOUT_S)
-    except Exception as exc:
-        await client.aclose()
-        raise DependencyUnavailable(
-            "redis",
-            f"cannot reach Redis {alias!r} at {url} ({_reason(exc)}); {HOW_TO_GET_SERVICES}",
-        ) from exc
-    return client
+    return await connect(alias, url, decode_responses=decode_responses)
 
 
 async def connect_database(url: str) -> Database:

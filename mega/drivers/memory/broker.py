@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import re
 import time
 from collections import deque
 from collections.abc import Callable
@@ -150,14 +149,3 @@ class MemoryBroker:
 
 def queue_name(lane: Lane) -> str:
     return lane.subject if lane.kind == "job" else f"group:{lane.name}"  # no `:` in a subject
-
-
-def subject_matcher(pattern: str) -> Callable[[str], bool]:
-    """A test of event names against a group's pattern, with the NATS wildcards (`*` one
-    token, a final `>` one or more). A copy of mega.events.listener's: drivers sit below it."""
-    regex = r"\.".join(
-        "[^.]+" if token == "*" else ".+" if token == ">" else re.escape(token)
-        for token in pattern.split(".")
-    )
-    compiled = re.compile(regex)
-    return lambda subject: compiled.fullmatch(subject) is not None

@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import ClassVar, Self
 
 from mega.config import BusSpec
-from mega.drivers.base import DlqRecord, Lane, LaneStats, Message
-from mega.drivers.memory.broker import MemoryBroker, MemoryMessage, queue_name, subject_matcher
+from mega.drivers.base import DlqRecord, Lane, LaneStats, Message, pattern_matcher
+from mega.drivers.memory.broker import MemoryBroker, MemoryMessage, queue_name
 from mega.drivers.memory.receiver import MemoryReceiver
 
 logger = logging.getLogger("mega.drivers.memory")
@@ -71,7 +71,7 @@ class MemoryBus:
         queue = self.broker.lane(lane)
         if lane.kind == "job" or lane.name in self.broker.groups:
             return
-        matches = subject_matcher(lane.subject)
+        matches = pattern_matcher(lane.subject)
         self.broker.groups[lane.name] = (matches, queue_name(lane))
         for name, event_id, body, emitted in self.broker.events:
             if matches(name):

@@ -74,27 +74,7 @@ class RedisBus:
     @classmethod
     async def connect(cls, alias: str, spec: BusSpec) -> Self:
         url = spec.url if isinstance(spec.url, str) else ",".join(spec.url)
-        # A burst beyond the pool (300 enqueues gathered at once) waits for a free connection,
-        # instead of failing with "Too many connections".
-        pool = BlockingConnectionPool.from_url(
-            url,
-            max_connections=REDIS_MAX_CONNECTIONS,
-            timeout=CONNECT_TIMEOUT_S,
-            socket_connect_timeout=CONNECT_TIMEOUT_S,
-            socket_timeout=CONNECT_TIMEOUT_S,
-            health_check_interval=15,
-            decode_responses=False,
-        )
-        client: Redis = Redis.from_pool(pool)  # aclose() closes the pool too
-        try:
-            await asyncio.wait_for(client.ping(), CONNECT_TIMEOUT_S)
-        except Exception as exc:
-            await client.aclose()
-            raise DependencyUnavailable(
-                "redis",
-                f"cannot reach Redis {alias!r} at {url} ({_reason(exc)}); {HOW_TO_GET_SERVICES}",
-            ) from exc
-        return cls(alias, spec, client)
+        return cls(alias, spec, await connect_redis(alias, url, decode_responses=False))
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -325,3 +305,29 @@ def _group(groups: list[dict[Any, Any]], name: str) -> dict[str, Any]:
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+async def connect_redis(alias: str, url: str, *, decode_responses: bool) -> Redis:
+    """A client on a pool of at most REDIS_MAX_CONNECTIONS, checked with a PING (bounded);
+    DependencyUnavailable names the URL when it does not answer. Also the caches' client."""
+    # A burst beyond the pool (300 enqueues gathered at once) waits for a free connection,
+    # instead of failing with "Too many connections".
+    pool = BlockingConnectionPool.from_url(
+        url,
+        max_connections=REDIS_MAX_CONNECTIONS,
+        timeout=CONNECT_TIMEOUT_S,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_timeout=CONNECT_TIMEOUT_S,
+        health_check_interval=15,
+        decode_responses=decode_responses,
+    )
+    client: Redis = Redis.from_pool(pool)  # aclose() closes the pool too
+    try:
+        await asyncio.wait_for(client.ping(), CONNECT_TIMEOUT_S)
+    except Exception as exc:
+        await client.aclose()
+        raise DependencyUnavailable(
+            "redis",
+            f"cannot reach Redis {alias!r} at {url} ({_reason(exc)}); {HOW_TO_GET_SERVICES}",
+        ) from exc
+    return client

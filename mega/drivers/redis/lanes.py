@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mega.drivers.base import DlqRecord, Lane
+from mega.drivers.base import DlqRecord, Lane, pattern_matcher
 from mega.drivers.redis.scripts import (
     EVENT_SUBJECT_PREFIX,
     EVENTS_LOG,
@@ -57,19 +56,8 @@ def lane_keys(lane: Lane) -> LaneKeys:
         scheduled=own + ":scheduled",
         dlq=own + ":dlq",
         shared=True,
-        accepts=subject_matcher(lane.subject),
+        accepts=pattern_matcher(lane.subject),
     )
-
-
-def subject_matcher(pattern: str) -> Callable[[str], bool]:
-    """A test of event names against a group's pattern, with the NATS wildcards (`*` one
-    token, a final `>` one or more). A copy of mega.events.listener's: drivers sit below it."""
-    regex = r"\.".join(
-        "[^.]+" if token == "*" else ".+" if token == ">" else re.escape(token)
-        for token in pattern.split(".")
-    )
-    compiled = re.compile(regex)
-    return lambda subject: compiled.fullmatch(subject) is not None
 
 
 def event_name(fields: Fields) -> str:
