@@ -97,7 +97,11 @@ def validate_declaration(
     try:
         return model.model_validate(attrs, context=dict(context or {}))
     except ValidationError as exc:
-        problems = describe(exc, model)
+        # The fields a model declares itself come first, then those it inherits (a Job's
+        # subject before the settings every consumed class shares).
+        own = list(vars(model).get("__annotations__", {}))
+        order = {name: i for i, name in enumerate(dict.fromkeys([*own, *model.model_fields]))}
+        problems = sorted(describe(exc, model), key=lambda p: order.get(p.split(":")[0], 0))
         raise RegistrationError(heading + "; ".join(field_prefix + p for p in problems)) from None
 
 

@@ -27,8 +27,6 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 from pydantic import StrictStr, ValidationInfo, field_validator
 
 from mega.declaration import (
-    Declaration,
-    NonNegativeInt,
     PositiveInt,
     declared_alias,
     matching,
@@ -37,16 +35,7 @@ from mega.declaration import (
 )
 from mega.errors import RegistrationError
 from mega.events.event import Event, ReceivedEvent
-from mega.jobs.backoff import BackoffPolicy
-from mega.jobs.job import (
-    DEFAULT_ACK_WAIT_S,
-    DEFAULT_BACKOFF,
-    DEFAULT_DLQ_MAX_AGE_S,
-    AckWait,
-    Backoff,
-    DlqMaxAge,
-    Replicas,
-)
+from mega.jobs.job import Consumed, ConsumedDeclaration, ConsumedSpec
 
 if TYPE_CHECKING:
     from mega.context import Context
@@ -59,7 +48,7 @@ GROUP_RE = re.compile(r"[A-Za-z0-9_-]+")
 DEFAULT_INBOX_TTL_S = 14 * 24 * 3600
 
 
-class Listener:
+class Listener(Consumed):
     """Base class of every listener. Subclasses set `event` and override `run`.
 
     Class attributes: `event` (an Event class, or a name pattern with `*` / `>`), `group`
@@ -74,14 +63,8 @@ class Listener:
     event: ClassVar[type[Event] | str]
     group: ClassVar[str]
     bus: ClassVar[str | None] = None
-    concurrency: ClassVar[int] = 1
-    retries: ClassVar[int] = 3
-    backoff: ClassVar[dict[str, Any]] = DEFAULT_BACKOFF
-    ack_wait_s: ClassVar[float] = DEFAULT_ACK_WAIT_S
-    dlq_max_age_s: ClassVar[float] = DEFAULT_DLQ_MAX_AGE_S
     inbox: ClassVar[str | None] = None
     inbox_ttl_s: ClassVar[int] = DEFAULT_INBOX_TTL_S
-    replicas: ClassVar[int] = 1
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -93,48 +76,32 @@ class Listener:
         raise NotImplementedError
 
 
-@dataclass(frozen=True)
-class ListenerSpec:
+@dataclass(frozen=True, kw_only=True)
+class ListenerSpec(ConsumedSpec):
     """A validated Listener class with everything the event bus derives from it."""
 
     listener_cls: type[Listener]
     group: str
     bus: str
     pattern: str  # event names, with NATS wildcards
-    concurrency: int
-    retries: int
-    backoff: BackoffPolicy
-    ack_wait_s: float
-    dlq_max_age_s: float
     inbox: str | None
     inbox_ttl_s: int
-    replicas: int = 1
 
     @property
     def name(self) -> str:
         return self.group
-
-    @property
-    def max_attempts(self) -> int:
-        return self.retries + 1
 
 
 GROUP_RULE = "letters, digits, '_' and '-' only"
 EVENT_RULE = "an Event class or a name pattern such as 'user.*'"
 
 
-class ListenerDeclaration(Declaration):
-    """The class attributes of a Listener, in the order its problems are reported."""
+class ListenerDeclaration(ConsumedDeclaration):
+    """The class attributes of a Listener."""
 
     event: Annotated[type[Event] | Annotated[StrictStr, matching(PATTERN_RE)], rule(EVENT_RULE)]
     bus: str
     group: Annotated[StrictStr, matching(GROUP_RE), rule(GROUP_RULE)]
-    concurrency: PositiveInt
-    retries: NonNegativeInt
-    replicas: Replicas
-    backoff: Backoff
-    ack_wait_s: AckWait
-    dlq_max_age_s: DlqMaxAge
     inbox_ttl_s: PositiveInt
     inbox: str | None
     run: Any
@@ -176,16 +143,7 @@ def validate_listener(
     )
     event = listener.event
     return ListenerSpec(
-        listener_cls=listener_cls,
-        group=listener.group,
-        bus=listener.bus,
+        listener_cls=listener_cls, group=listener.group, bus=listener.bus,
         pattern=event if isinstance(event, str) else getattr(event, "name", ""),
-        concurrency=listener.concurrency,
-        retries=listener.retries,
-        backoff=listener.backoff,
-        ack_wait_s=listener.ack_wait_s,
-        dlq_max_age_s=listener.dlq_max_age_s,
-        inbox=listener.inbox,
-        inbox_ttl_s=listener.inbox_ttl_s,
-        replicas=listener.replicas,
-    )
+        inbox=listener.inbox, inbox_ttl_s=listener.inbox_ttl_s, **listener.consumed(),
+    )  # fmt: skip

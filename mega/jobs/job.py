@@ -80,7 +80,21 @@ DEFAULT_DLQ_MAX_AGE_S = 7 * 24 * 3600
 MAX_ID_LENGTH = 200
 
 
-class Job:
+class Consumed:
+    """What the consume loop reads of a Job or a Listener class, with its defaults: how many
+    run at once (`concurrency`), how often and how patiently a failure is tried again
+    (`retries`, `backoff`), how long a delivery may go unsettled (`ack_wait_s`), how long its
+    dead letters are kept (`dlq_max_age_s`) and copies of its data in a cluster (`replicas`)."""
+
+    concurrency: ClassVar[int] = DEFAULT_CONCURRENCY
+    retries: ClassVar[int] = DEFAULT_RETRIES
+    backoff: ClassVar[dict[str, Any]] = DEFAULT_BACKOFF
+    ack_wait_s: ClassVar[float] = DEFAULT_ACK_WAIT_S
+    dlq_max_age_s: ClassVar[float] = DEFAULT_DLQ_MAX_AGE_S
+    replicas: ClassVar[int] = 1
+
+
+class Job(Consumed):
     """Base class of every job. Subclasses set `subject` and `bus` and override `run`.
 
     Class attributes: `subject` (see SUBJECT_RE; not ending in `.dlq`), `bus` (a bus alias of
@@ -97,13 +111,7 @@ class Job:
     subject: ClassVar[str]
     bus: ClassVar[str]
     name: ClassVar[str]
-    concurrency: ClassVar[int] = DEFAULT_CONCURRENCY
-    retries: ClassVar[int] = DEFAULT_RETRIES
-    backoff: ClassVar[dict[str, Any]] = DEFAULT_BACKOFF
-    ack_wait_s: ClassVar[float] = DEFAULT_ACK_WAIT_S
-    dlq_max_age_s: ClassVar[float] = DEFAULT_DLQ_MAX_AGE_S
     dlq_max_bytes: ClassVar[int | None] = None
-    replicas: ClassVar[int] = 1
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -118,25 +126,31 @@ class Job:
         raise NotImplementedError
 
 
-@dataclass(frozen=True)
-class JobSpec:
+@dataclass(frozen=True, kw_only=True)
+class ConsumedSpec:
+    """The validated settings of a Consumed class (a JobSpec's, a ListenerSpec's)."""
+
+    concurrency: int
+    retries: int
+    backoff: BackoffPolicy
+    ack_wait_s: float
+    dlq_max_age_s: float
+    replicas: int = 1
+
+    @property
+    def max_attempts(self) -> int:
+        return self.retries + 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec(ConsumedSpec):
     """A validated Job class with everything the queue derives from it."""
 
     job_cls: type[Job]
     name: str
     subject: str
     bus: str
-    concurrency: int
-    retries: int
-    backoff: BackoffPolicy
-    ack_wait_s: float
-    dlq_max_age_s: float
     dlq_max_bytes: int | None
-    replicas: int = 1
-
-    @property
-    def max_attempts(self) -> int:
-        return self.retries + 1
 
 
 # -- validation --------------------------------------------------------------------------------
@@ -158,17 +172,27 @@ DlqMaxAge = Annotated[
 ]
 
 
-class JobDeclaration(Declaration):
-    """The class attributes of a Job, in the order its problems are reported."""
+class ConsumedDeclaration(Declaration):
+    """The class attributes of a Consumed class (a Job, a Listener), checked the same for both;
+    their problems are reported after those of the fields a subclass declares first."""
 
-    subject: Annotated[StrictStr, matching(SUBJECT_RE), rule(SUBJECT_RULE)]
-    bus: str
     concurrency: PositiveInt
     retries: NonNegativeInt
     replicas: Replicas
     backoff: Backoff
     ack_wait_s: AckWait
     dlq_max_age_s: DlqMaxAge
+
+    def consumed(self) -> dict[str, Any]:
+        """The settings, as ConsumedSpec's keyword arguments."""
+        return {name: getattr(self, name) for name in ConsumedDeclaration.model_fields}
+
+
+class JobDeclaration(ConsumedDeclaration):
+    """The class attributes of a Job."""
+
+    subject: Annotated[StrictStr, matching(SUBJECT_RE), rule(SUBJECT_RULE)]
+    bus: str
     dlq_max_bytes: Annotated[
         Annotated[StrictInt, Field(ge=1)] | None, rule("must be None or a positive int")
     ]
@@ -206,18 +230,9 @@ def validate_job(job_cls: type[Job], bus_aliases: Collection[str]) -> JobSpec:
         JobDeclaration, job_cls, f"job {where!r} is invalid: ", {"bus_aliases": bus_aliases}
     )
     return JobSpec(
-        job_cls=job_cls,
-        name=job.name,
-        subject=job.subject,
-        bus=job.bus,
-        concurrency=job.concurrency,
-        retries=job.retries,
-        backoff=job.backoff,
-        ack_wait_s=job.ack_wait_s,
-        dlq_max_age_s=job.dlq_max_age_s,
-        dlq_max_bytes=job.dlq_max_bytes,
-        replicas=job.replicas,
-    )
+        job_cls=job_cls, name=job.name, subject=job.subject, bus=job.bus,
+        dlq_max_bytes=job.dlq_max_bytes, **job.consumed(),
+    )  # fmt: skip
 
 
 # -- the message ---------------------------------------------------------------------------
