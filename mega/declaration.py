@@ -105,6 +105,21 @@ def validate_declaration(
         raise RegistrationError(heading + "; ".join(field_prefix + p for p in problems)) from None
 
 
+def validate_subclass(
+    model: type[D], cls: object, base: type, kind: str, context: Mapping[str, object]
+) -> D:
+    """`validate_declaration` of a class that must subclass `base` (a Job, an Event, a
+    Listener): RegistrationError `<Name>: a <kind> must be a subclass of mega.<Base>` when it
+    does not, `<kind> '<Name>' is invalid: ...` for its fields."""
+    where = getattr(cls, "__name__", repr(cls))
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise RegistrationError(
+            f"{where}: {article} {kind} must be a subclass of mega.{base.__name__}"
+        )
+    return validate_declaration(model, cls, f"{kind} {where!r} is invalid: ", context)
+
+
 def describe(exc: ValidationError, model: type[BaseModel]) -> list[str]:
     """One `field: sentence` per problem, in the order of the fields (a nested one as
     `lock.ttl`); the unknown keys of a nested dict together, with the keys it allows."""

@@ -20,7 +20,6 @@ from typing import Any, ClassVar
 
 from mega.context import Context
 from mega.drivers.base import Delivery, DriverUnavailable, Lane, LaneStats, Message
-from mega.errors import JobError
 from mega.events.event import EVENTS_MAX_AGE_S, Event, ReceivedEvent, encode_event, validate_event
 from mega.events.inbox import Inbox
 from mega.events.listener import Listener, ListenerSpec, validate_listener
@@ -55,9 +54,7 @@ class EventBus(LaneEndpoint):
     ) -> None:
         super().__init__(ctx, bus_alias, **options)
         self.max_age_s = max_age_s
-        self._specs: dict[type[Listener], ListenerSpec] = {}
         self._events_ready = False
-        self._ensured: set[type[Listener]] = set()
 
     async def signal(self, name: str, **fields: Any) -> None:
         """Notify observers (skipped when nobody listens)."""
@@ -67,16 +64,9 @@ class EventBus(LaneEndpoint):
             await self.signals.emit(name, **fields)
 
     def spec(self, listener_cls: type[Listener]) -> ListenerSpec:
-        spec = self._specs.get(listener_cls)
-        if spec is None:
-            spec = validate_listener(listener_cls, self.ctx.buses, self.ctx.caches)
-            if spec.bus != self.bus_alias:
-                raise JobError(
-                    f"{spec.group} is on bus {spec.bus!r}, this event bus is {self.bus_alias!r}",
-                    code="event.wrong_bus",
-                )
-            self._specs[listener_cls] = spec
-        return spec
+        return self.declared(
+            listener_cls, lambda cls: validate_listener(cls, self.ctx.buses, self.ctx.caches)
+        )
 
     @property
     def dlq(self) -> DeadLetters:
@@ -109,20 +99,14 @@ class EventBus(LaneEndpoint):
         if force:
             self._events_ready = False
         await self.ensure_stream()
-        try:
-            await self.bus.ensure(group_lane(spec), apply_limits=self.apply_limits)
-        except DriverUnavailable as exc:
-            raise self.unavailable(f"{spec.group}: cannot set up its consumer", exc) from exc
-        self._ensured.add(listener_cls)
+        what = f"{spec.group}: cannot set up its consumer"
+        await self.ensure_lane(listener_cls, group_lane(spec), what)
         return spec
 
     async def stats(self, listener_cls: type[Listener]) -> LaneStats:
         """The group's backlog right now: pending, in flight, dead letters."""
         spec = await self.ensure(listener_cls)
-        try:
-            return await self.bus.stats(group_lane(spec))
-        except DriverUnavailable as exc:
-            raise self.unavailable(f"cannot read {spec.group}", exc) from exc
+        return await self.lane_stats(group_lane(spec), f"cannot read {spec.group}")
 
     # -- emit ---------------------------------------------------------------------------------
 

@@ -13,7 +13,6 @@ a new listener group starts from the oldest kept.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import uuid
@@ -23,9 +22,10 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, Field, StrictStr, ValidationError, ValidationInfo, field_validator
 
-from mega.declaration import Declaration, declared_alias, matching, rule, validate_declaration
+from mega.declaration import Declaration, declared_alias, matching, rule, validate_subclass
 from mega.drivers.base import Message
-from mega.errors import JobError, RegistrationError
+from mega.errors import JobError
+from mega.jobs.job import json_body
 
 # Event names: letters, digits, `_` and `-` in non-empty tokens joined by dots, like job subjects.
 NAME_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
@@ -82,12 +82,8 @@ class EventDeclaration(Declaration):
 
 def validate_event(event_cls: type[Event], bus_aliases: Collection[str]) -> EventSpec:
     """Check an Event class at once; RegistrationError lists each bad field."""
-    where = getattr(event_cls, "__name__", repr(event_cls))
-    if not (isinstance(event_cls, type) and issubclass(event_cls, Event)):
-        raise RegistrationError(f"{where}: an event must be a subclass of mega.Event")
-    event = validate_declaration(
-        EventDeclaration, event_cls, f"event {where!r} is invalid: ", {"bus_aliases": bus_aliases}
-    )
+    context = {"bus_aliases": bus_aliases}
+    event = validate_subclass(EventDeclaration, event_cls, Event, "event", context)
     return EventSpec(event_cls, event.name, event.bus, event.payload_schema)
 
 
@@ -106,12 +102,7 @@ def encode_event(
                 f"{spec.name}: payload does not match {spec.schema.__name__}: {exc}",
                 code="event.invalid_payload",
             ) from None
-    try:
-        body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
-    except (TypeError, ValueError) as exc:
-        raise JobError(
-            f"{spec.name}: payload must be JSON-serialisable ({exc})", code="event.invalid_payload"
-        ) from None
+    body = json_body(spec.name, payload, "event.invalid_payload")
     event_id = event_id or uuid.uuid4().hex
     emitted = emitted_at_ms if emitted_at_ms is not None else int(time.time() * 1000)
     return Message(event_id, spec.name, body, emitted)

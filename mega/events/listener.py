@@ -18,22 +18,14 @@ Delivery is at-least-once: make `run` idempotent, or let the inbox skip complete
 
 from __future__ import annotations
 
-import inspect
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, ClassVar
 
 from pydantic import StrictStr, ValidationInfo, field_validator
 
-from mega.declaration import (
-    PositiveInt,
-    declared_alias,
-    matching,
-    rule,
-    validate_declaration,
-)
-from mega.errors import RegistrationError
+from mega.declaration import PositiveInt, declared_alias, matching, rule, validate_subclass
 from mega.events.event import Event, ReceivedEvent
 from mega.jobs.job import Consumed, ConsumedDeclaration, ConsumedSpec
 
@@ -99,12 +91,14 @@ EVENT_RULE = "an Event class or a name pattern such as 'user.*'"
 class ListenerDeclaration(ConsumedDeclaration):
     """The class attributes of a Listener."""
 
+    base_run: ClassVar[object] = Listener.run
+    run_signature: ClassVar[str] = "(self, event, ctx)"
+
     event: Annotated[type[Event] | Annotated[StrictStr, matching(PATTERN_RE)], rule(EVENT_RULE)]
     bus: str
     group: Annotated[StrictStr, matching(GROUP_RE), rule(GROUP_RULE)]
     inbox_ttl_s: PositiveInt
     inbox: str | None
-    run: Any
 
     @field_validator("bus", mode="before")
     @classmethod
@@ -120,27 +114,13 @@ class ListenerDeclaration(ConsumedDeclaration):
     def _declared_cache(cls, inbox: object, info: ValidationInfo) -> str | None:
         return None if inbox is None else declared_alias(inbox, "cache", info)
 
-    @field_validator("run")
-    @classmethod
-    def _async_run(cls, run: object) -> object:
-        if run is Listener.run or not inspect.iscoroutinefunction(run):
-            raise ValueError("override it with `async def run(self, event, ctx)`")
-        return run
-
 
 def validate_listener(
     listener_cls: type[Listener], bus_aliases: Collection[str], cache_aliases: Collection[str]
 ) -> ListenerSpec:
     """Check every attribute of a Listener class at once; RegistrationError lists each one."""
-    where = getattr(listener_cls, "__name__", repr(listener_cls))
-    if not (isinstance(listener_cls, type) and issubclass(listener_cls, Listener)):
-        raise RegistrationError(f"{where}: a listener must be a subclass of mega.Listener")
-    listener = validate_declaration(
-        ListenerDeclaration,
-        listener_cls,
-        f"listener {where!r} is invalid: ",
-        {"bus_aliases": bus_aliases, "cache_aliases": cache_aliases},
-    )
+    context = {"bus_aliases": bus_aliases, "cache_aliases": cache_aliases}
+    listener = validate_subclass(ListenerDeclaration, listener_cls, Listener, "listener", context)
     event = listener.event
     return ListenerSpec(
         listener_cls=listener_cls, group=listener.group, bus=listener.bus,

@@ -48,10 +48,10 @@ from mega.declaration import (
     declared_alias,
     matching,
     rule,
-    validate_declaration,
+    validate_subclass,
 )
 from mega.drivers.base import Message
-from mega.errors import JobError, RegistrationError
+from mega.errors import JobError
 from mega.jobs.backoff import BackoffPolicy
 from mega.validation import is_number
 
@@ -183,13 +183,30 @@ class ConsumedDeclaration(Declaration):
     ack_wait_s: AckWait
     dlq_max_age_s: DlqMaxAge
 
+    run: Any
+    # What a subclass says of its class's `run`: the base's own (never overridden), and the
+    # signature an override has.
+    base_run: ClassVar[object] = None
+    run_signature: ClassVar[str] = ""
+
+    @field_validator("run")
+    @classmethod
+    def _async_run(cls, run: object) -> object:
+        if run is cls.base_run or not inspect.iscoroutinefunction(run):
+            raise ValueError(f"override it with `async def run{cls.run_signature}`")
+        return run
+
     def consumed(self) -> dict[str, Any]:
         """The settings, as ConsumedSpec's keyword arguments."""
-        return {name: getattr(self, name) for name in ConsumedDeclaration.model_fields}
+        settings = set(ConsumedDeclaration.model_fields) - {"run"}
+        return {name: getattr(self, name) for name in settings}
 
 
 class JobDeclaration(ConsumedDeclaration):
     """The class attributes of a Job."""
+
+    base_run: ClassVar[object] = Job.run
+    run_signature: ClassVar[str] = "(self, payload, ctx)"
 
     subject: Annotated[StrictStr, matching(SUBJECT_RE), rule(SUBJECT_RULE)]
     bus: str
@@ -197,7 +214,6 @@ class JobDeclaration(ConsumedDeclaration):
         Annotated[StrictInt, Field(ge=1)] | None, rule("must be None or a positive int")
     ]
     name: NonEmptyStr
-    run: Any
 
     @field_validator("subject")
     @classmethod
@@ -213,22 +229,10 @@ class JobDeclaration(ConsumedDeclaration):
     def _declared_bus(cls, bus: object, info: ValidationInfo) -> str:
         return declared_alias(bus, "bus", info)
 
-    @field_validator("run")
-    @classmethod
-    def _async_run(cls, run: object) -> object:
-        if run is Job.run or not inspect.iscoroutinefunction(run):
-            raise ValueError("override it with `async def run(self, payload, ctx)`")
-        return run
-
 
 def validate_job(job_cls: type[Job], bus_aliases: Collection[str]) -> JobSpec:
     """Check every attribute of a Job class at once; RegistrationError lists each bad field."""
-    where = getattr(job_cls, "__name__", repr(job_cls))
-    if not (isinstance(job_cls, type) and issubclass(job_cls, Job)):
-        raise RegistrationError(f"{where}: a job must be a subclass of mega.Job")
-    job = validate_declaration(
-        JobDeclaration, job_cls, f"job {where!r} is invalid: ", {"bus_aliases": bus_aliases}
-    )
+    job = validate_subclass(JobDeclaration, job_cls, Job, "job", {"bus_aliases": bus_aliases})
     return JobSpec(
         job_cls=job_cls, name=job.name, subject=job.subject, bus=job.bus,
         dlq_max_bytes=job.dlq_max_bytes, **job.consumed(),
@@ -236,6 +240,14 @@ def validate_job(job_cls: type[Job], bus_aliases: Collection[str]) -> JobSpec:
 
 
 # -- the message ---------------------------------------------------------------------------
+
+
+def json_body(name: str, payload: Any, code: str) -> bytes:
+    """A payload as compact JSON; JobError `code` naming `name` when it is not JSON."""
+    try:
+        return json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise JobError(f"{name}: payload must be JSON-serialisable ({exc})", code=code) from None
 
 
 def encode_job(
@@ -246,12 +258,7 @@ def encode_job(
     `job_id` (caller-given) is the dedup key; default a random uuid. `due_ms` (epoch ms) in
     the future holds the job until then. Raises JobError `job.invalid_payload` /
     `job.invalid_id` before anything is stored."""
-    try:
-        body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
-    except (TypeError, ValueError) as exc:
-        raise JobError(
-            f"{spec.name}: payload must be JSON-serialisable ({exc})", code="job.invalid_payload"
-        ) from None
+    body = json_body(spec.name, payload, "job.invalid_payload")
     now_ms = int(time.time() * 1000)
     dedup = job_id is not None
     if job_id is None:

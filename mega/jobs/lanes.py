@@ -21,11 +21,33 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from mega.context import Context
-from mega.drivers.base import Bus, Delivery, DriverUnavailable, Lane
+from mega.drivers.base import Bus, Delivery, DriverUnavailable, Lane, LaneStats
 from mega.errors import DependencyUnavailable, JobError
 from mega.jobs.consumer import DLQ_RETRY_DELAY_S, Consumer
 from mega.jobs.delivery import LanePolicy
 from mega.signals import Observer, Signals
+
+
+class Endpoint(Protocol):
+    """What a lane worker needs of a JobQueue or an EventBus."""
+
+    bus_alias: str
+
+    def on(self, name: str, observer: Observer) -> None: ...
+    async def stop(self, timeout_s: float = ...) -> None: ...
+
+
+class Declared(Protocol):
+    """What a lane worker needs of a JobSpec or a ListenerSpec."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def bus(self) -> str: ...
+
+
+E = TypeVar("E", bound=Endpoint)
+S = TypeVar("S", bound=Declared)
 
 
 class LaneEndpoint:
@@ -55,10 +77,41 @@ class LaneEndpoint:
         self.apply_limits = apply_limits
         self.signals = Signals(self.signal_names)
         self._consumers: dict[type[Any], Consumer] = {}
+        self._declared: dict[type[Any], Any] = {}  # class -> its validated spec
+        self._ensured: set[type[Any]] = set()  # the classes whose lane exists
         self._stopped = False
 
     def on(self, name: str, observer: Observer) -> None:
         self.signals.on(name, observer)
+
+    def declared(self, cls: type[Any], validate: Callable[[type[Any]], S]) -> S:
+        """`cls` validated (once, then cached), and checked to be on this endpoint's bus."""
+        spec: S | None = self._declared.get(cls)
+        if spec is None:
+            spec = validate(cls)
+            if spec.bus != self.bus_alias:
+                raise JobError(
+                    f"{spec.name} is on bus {spec.bus!r}, not on this one, {self.bus_alias!r}",
+                    code=f"{self.kind}.wrong_bus",
+                )
+            self._declared[cls] = spec
+        return spec
+
+    async def ensure_lane(self, cls: type[Any], lane: Lane, what: str) -> None:
+        """Make `cls`'s lane exist on the bus; DependencyUnavailable(`what`) when the bus does
+        not answer."""
+        try:
+            await self.bus.ensure(lane, apply_limits=self.apply_limits)
+        except DriverUnavailable as exc:
+            raise self.unavailable(what, exc) from exc
+        self._ensured.add(cls)
+
+    async def lane_stats(self, lane: Lane, what: str) -> LaneStats:
+        """The lane now, as the engine counts it; DependencyUnavailable(`what`) otherwise."""
+        try:
+            return await self.bus.stats(lane)
+        except DriverUnavailable as exc:
+            raise self.unavailable(what, exc) from exc
 
     async def signal(self, name: str, **fields: Any) -> None:
         """Notify observers, skipping the work when nobody listens (the hot path)."""
@@ -100,28 +153,6 @@ class LaneEndpoint:
 
     def unavailable(self, what: str, exc: DriverUnavailable) -> DependencyUnavailable:
         return DependencyUnavailable(self.bus.driver, f"{what} on bus {self.bus_alias!r}: {exc}")
-
-
-class Endpoint(Protocol):
-    """What a lane worker needs of a JobQueue or an EventBus."""
-
-    bus_alias: str
-
-    def on(self, name: str, observer: Observer) -> None: ...
-    async def stop(self, timeout_s: float = ...) -> None: ...
-
-
-class Declared(Protocol):
-    """What a lane worker needs of a JobSpec or a ListenerSpec."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def bus(self) -> str: ...
-
-
-E = TypeVar("E", bound=Endpoint)
-S = TypeVar("S", bound=Declared)
 
 
 class LaneWorker(Generic[E, S]):

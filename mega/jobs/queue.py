@@ -51,23 +51,9 @@ class JobQueue(LaneEndpoint):
     signal_names: ClassVar[tuple[str, ...]] = SIGNALS
     kind: ClassVar[str] = "job"
 
-    def __init__(self, ctx: Context, bus_alias: str, **options: Any) -> None:
-        super().__init__(ctx, bus_alias, **options)
-        self._specs: dict[type[Job], JobSpec] = {}
-        self._ensured: set[type[Job]] = set()
-
     def spec(self, job_cls: type[Job]) -> JobSpec:
         """The validated spec of a Job class on this queue's bus (cached)."""
-        spec = self._specs.get(job_cls)
-        if spec is None:
-            spec = validate_job(job_cls, self.ctx.buses)
-            if spec.bus != self.bus_alias:
-                raise JobError(
-                    f"{spec.name} is on bus {spec.bus!r}, this queue serves {self.bus_alias!r}",
-                    code="job.wrong_bus",
-                )
-            self._specs[job_cls] = spec
-        return spec
+        return self.declared(job_cls, lambda cls: validate_job(cls, self.ctx.buses))
 
     def lane(self, job_cls: type[Job]) -> Lane:
         return job_lane(self.spec(job_cls))
@@ -90,21 +76,14 @@ class JobQueue(LaneEndpoint):
         spec = self.spec(job_cls)
         if job_cls in self._ensured and not force:
             return spec
-        try:
-            await self.bus.ensure(job_lane(spec), apply_limits=self.apply_limits)
-        except DriverUnavailable as exc:
-            raise self.unavailable(f"{spec.name}: cannot set up its queue", exc) from exc
-        self._ensured.add(job_cls)
+        await self.ensure_lane(job_cls, job_lane(spec), f"{spec.name}: cannot set up its queue")
         return spec
 
     async def stats(self, job_cls: type[Job]) -> JobStats:
         """The job's queue right now, as the engine counts it (for consoles and health pages).
         Raises DependencyUnavailable when the bus does not answer."""
         spec = await self.ensure(job_cls)
-        try:
-            return await self.bus.stats(job_lane(spec))
-        except DriverUnavailable as exc:
-            raise self.unavailable(f"cannot read {spec.name}'s queue", exc) from exc
+        return await self.lane_stats(job_lane(spec), f"cannot read {spec.name}'s queue")
 
     # -- enqueue ------------------------------------------------------------------------------
 
