@@ -22,6 +22,7 @@ _EXPORTS = {
     "Config": "mega.config",
     "load_config": "mega.config",
     "Bus": "mega.drivers.base",
+    "LaneStats": "mega.drivers.base",
     "CacheAdapter": "mega.context",
     "Context": "mega.context",
     "Database": "mega.database",
@@ -51,7 +52,6 @@ _EXPORTS = {
     "JobContext": "mega.jobs.progress",
     "JobWorker": "mega.jobs.jobworker",
     "JobQueue": "mega.jobs.queue",
-    "JobStats": "mega.jobs.queue",
     # events
     "EventBus": "mega.events.bus",
     "emit": "mega.events.bus",
@@ -103,6 +103,7 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.context import TaskPool as TaskPool
     from mega.database import Database as Database
     from mega.drivers.base import Bus as Bus
+    from mega.drivers.base import LaneStats as LaneStats
     from mega.errors import ConfigError as ConfigError
     from mega.errors import DependencyUnavailable as DependencyUnavailable
     from mega.errors import JobError as JobError
@@ -127,7 +128,6 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.jobs.jobworker import JobWorker as JobWorker
     from mega.jobs.progress import JobContext as JobContext
     from mega.jobs.queue import JobQueue as JobQueue
-    from mega.jobs.queue import JobStats as JobStats
     from mega.runtime.boot import boot as boot
     from mega.runtime.boot import shutdown as shutdown
     from mega.runtime.metrics import observe_jobs as observe_jobs

@@ -29,9 +29,6 @@ if TYPE_CHECKING:
 
 SIGNALS = ("dispatch", "start", "progress", "done", "retry", "fail", "dlq")
 
-# A job's queue at an instant: pending, in flight, dead letters (the name the API has used).
-JobStats = LaneStats
-
 
 def job_lane(spec: JobSpec) -> Lane:
     """What a driver needs to know of a job's queue."""
@@ -79,7 +76,7 @@ class JobQueue(LaneEndpoint):
         await self.ensure_lane(job_cls, job_lane(spec), f"{spec.name}: cannot set up its queue")
         return spec
 
-    async def stats(self, job_cls: type[Job]) -> JobStats:
+    async def stats(self, job_cls: type[Job]) -> LaneStats:
         """The job's queue right now, as the engine counts it (for consoles and health pages).
         Raises DependencyUnavailable when the bus does not answer."""
         spec = await self.ensure(job_cls)
