@@ -42,6 +42,7 @@ CHAPTERS = (
     ("schedules", "Schedules"),
     ("jobs", "Jobs"),
     ("events", "Events"),
+    ("drivers", "Bus drivers"),
     ("workers", "CPU workers"),
     ("testing", "Testing"),
     ("scaling", "Scaling out"),
