@@ -88,6 +88,7 @@ class NatsBus:
         self.js: JetStreamContext = client.jetstream()
         self._events_max_age_s: float | None = None
         self._apply_limits: dict[Lane, bool] = {}
+        self._max_ack_pending: dict[Lane, int | None] = {}  # what each lane's consumer runs with
 
     @classmethod
     async def connect(cls, alias: str, spec: BusSpec) -> Self:
@@ -150,11 +151,16 @@ class NatsBus:
                 wanted.filter_subject = lane.subject
             else:
                 wanted.filter_subjects = filter_subjects_of(lane)
-            await ensure_consumer(
+            self._max_ack_pending[lane] = await ensure_consumer(
                 self.js, stream_of(lane), wanted, what=lane.name, apply_limits=apply_limits
             )
         except NATS_ERRORS as exc:
             raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+
+    def window_safe(self, lane: Lane) -> bool:
+        """Whether the lane's consumer caps unacked messages at the lane's concurrency (its
+        receiver may then keep a whole window of pull requests open)."""
+        return self._max_ack_pending.get(lane) == lane.concurrency
 
     async def restore(self, lane: Lane) -> None:
         """Make a lane's streams and consumer exist again (a JetStream that lost them)."""
@@ -369,17 +375,18 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
 
 async def ensure_consumer(
     js: JetStreamContext, stream: str, wanted: ConsumerConfig, *, what: str, apply_limits: bool
-) -> None:
+) -> int | None:
     """Create a durable consumer, or bring an existing one in line with `wanted`. Its limits
     (`ack_wait`, `max_ack_pending`: the class's `ack_wait_s` and `concurrency`) change only with
     `apply_limits`; otherwise a difference is said in one line and the running limits are kept,
-    so a stale deployment cannot silently rewrite the whole fleet's."""
+    so a stale deployment cannot silently rewrite the whole fleet's. Returns the
+    max_ack_pending the consumer runs with."""
     assert wanted.durable_name is not None
     try:
         have = (await js.consumer_info(stream, wanted.durable_name)).config
     except NotFoundError:
         await js.add_consumer(stream, wanted)
-        return
+        return wanted.max_ack_pending
     running = (have.ack_wait, have.max_ack_pending)
     declared = (wanted.ack_wait, wanted.max_ack_pending)
     if running != declared:
@@ -399,10 +406,10 @@ async def ensure_consumer(
                 wanted, ack_wait=have.ack_wait, max_ack_pending=have.max_ack_pending
             )
     fields = ("ack_wait", "max_ack_pending", "filter_subject", "filter_subjects")
-    if all(getattr(have, name) == getattr(wanted, name) for name in fields):
-        return
-    # Without an action the server creates, or updates the editable fields in place.
-    await js.add_consumer(stream, wanted)
+    if not all(getattr(have, name) == getattr(wanted, name) for name in fields):
+        # Without an action the server creates, or updates the editable fields in place.
+        await js.add_consumer(stream, wanted)
+    return wanted.max_ack_pending
 
 
 def dlq_stream_config(lane: Lane) -> StreamConfig:

@@ -82,6 +82,10 @@ class NatsLink(Protocol):
         """Make the lane's streams and consumer exist again."""
         ...
 
+    def window_safe(self, lane: Lane) -> bool:
+        """Whether the lane's consumer caps unacked messages at the lane's concurrency."""
+        ...
+
 
 class NatsReceiver:
     """The pull requests and settling calls of one lane in this process (see the module)."""
@@ -113,6 +117,8 @@ class NatsReceiver:
         if self.subscription is None:
             self.inbox = self.nc.new_inbox()
             self.subscription = await self.nc.subscribe(self.inbox, cb=self._on_message)
+        if self.arrived:  # the next pull leaves before this batch runs: its round trip is hidden
+            await self._top_up(limit, time.monotonic())
         deadline = time.monotonic() + IDLE_WAIT_S
         while not self.arrived:
             if self.woken:
@@ -148,7 +154,13 @@ class NatsReceiver:
             self.credits = 0
         if self.needs_ensure and now >= self.pause_until:
             await self._ensure_again()
-        free = limit - self.credits
+        # Ask for the whole window where the consumer's max_ack_pending is the lane's
+        # concurrency: the server then never sends more than the slots (the group's unacked
+        # messages are capped), and a request is always waiting when an ack frees one, so no
+        # round trip is spent between batches. Otherwise (limits not applied), only the free
+        # slots, so that no fetched message waits for one while its ack wait runs.
+        window = self.lane.concurrency if self.bus.window_safe(self.lane) else limit
+        free = window - self.credits - len(self.arrived)
         if (
             free > 0
             and (free >= self.refill_at or self.credits == 0)
@@ -277,6 +289,11 @@ class NatsReceiver:
         await _settle(msg.term() if terminate else msg.ack())
 
     async def close(self) -> None:
+        """Hand back what arrived and was never run (at once, not after its ack wait), stop
+        listening, and send the last acks. A message of a pull request still open that lands
+        after this comes back after its ack wait."""
+        while self.arrived:
+            await _settle(self.arrived.popleft().nak())
         if self.subscription is not None:
             with contextlib.suppress(*NATS_ERRORS):
                 await self.subscription.unsubscribe()
