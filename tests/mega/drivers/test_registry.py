@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from mega import Job, JobWorker
-from mega.config import load_config
+from mega.config import BusSpec, load_config
+from mega.context import Context
 from mega.drivers import driver_names, find_driver
 from mega.errors import ConfigError
 from mega.runtime.boot import boot, shutdown
@@ -94,3 +95,30 @@ def test_a_config_naming_an_unknown_driver_is_refused(
     path = write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body)
     with pytest.raises(ConfigError, match=r"services\.buses\.jobs\.driver: unknown driver 'kafka'"):
         load_config(path)
+
+
+@pytest.mark.parametrize("name", ["nats", "redis", "memory", "postgres"])
+async def test_a_context_built_by_hand_runs_a_job_on_every_driver(
+    name: str, request: pytest.FixtureRequest, prefix: str
+) -> None:
+    urls = {"nats": "nats_url", "redis": "redis_url", "postgres": "postgres_url"}
+    url = request.getfixturevalue(urls[name]) if name in urls else ""
+    bus = await find_driver(name).connect("jobs", BusSpec(driver=name, url=url))
+    ctx = Context(instance_id="by-hand", buses={"jobs": bus})
+    job = type("Ping", (Ping,), {"subject": f"{prefix}.ping"})
+    worker = JobWorker(ctx)
+    worker.register(job)
+    RAN.clear()
+    await worker.start()
+    try:
+        await worker.queue("jobs").enqueue(job, {"driver": name})
+        async with asyncio.timeout(10):
+            while not RAN:
+                await asyncio.sleep(0.01)
+        assert [{"driver": name}] == RAN
+        assert ctx.bus("jobs", type(bus)) is bus  # typed as its driver: .native is its client
+        with pytest.raises(ConfigError, match=r"services\.buses\.jobs: a \w+ bus, not "):
+            ctx.bus("jobs", find_driver("memory" if name != "memory" else "nats"))
+    finally:
+        await worker.stop(1)
+        await bus.close()
