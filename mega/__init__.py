@@ -32,6 +32,7 @@ _EXPORTS = {
     "ConfigError": "mega.errors",
     "DependencyUnavailable": "mega.errors",
     "JobError": "mega.errors",
+    "EventError": "mega.errors",
     "LockBackendError": "mega.errors",
     "MegaError": "mega.errors",
     "RegistrationError": "mega.errors",
@@ -106,6 +107,7 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.drivers.base import LaneStats as LaneStats
     from mega.errors import ConfigError as ConfigError
     from mega.errors import DependencyUnavailable as DependencyUnavailable
+    from mega.errors import EventError as EventError
     from mega.errors import JobError as JobError
     from mega.errors import LockBackendError as LockBackendError
     from mega.errors import MegaError as MegaError

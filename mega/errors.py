@@ -79,3 +79,10 @@ class JobError(MegaError):
     """A job queue failure (bad payload, unknown job, ...)."""
 
     code = "job.error"
+
+
+class EventError(JobError):
+    """An event or listener failure (bad payload, a group on another bus, ...). A JobError, so
+    code that catches those catches these too: events travel the jobs' machinery."""
+
+    code = "event.error"

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from mega.context import Context
 from mega.drivers.base import Delivery, DriverUnavailable, Lane, LaneStats, Message
+from mega.errors import EventError, JobError
 from mega.events.event import EVENTS_MAX_AGE_S, Event, ReceivedEvent, encode_event, validate_event
 from mega.events.inbox import Inbox
 from mega.events.listener import Listener, ListenerSpec, validate_listener
@@ -48,6 +49,7 @@ class EventBus(LaneEndpoint):
 
     signal_names: ClassVar[tuple[str, ...]] = SIGNALS
     kind: ClassVar[str] = "event"
+    error: ClassVar[type[JobError]] = EventError
 
     def __init__(
         self, ctx: Context, bus_alias: str, *, max_age_s: float = EVENTS_MAX_AGE_S, **options: Any
@@ -115,7 +117,7 @@ class EventBus(LaneEndpoint):
 
         For code with no database write to pair it with; otherwise use the outbox, so that the
         event exists if and only if the transaction commits. `id` is the dedup key (default a
-        random one). Raises JobError `event.invalid_payload` (nothing published) or
+        random one). Raises EventError `event.invalid_payload` (nothing published) or
         DependencyUnavailable."""
         spec = validate_event(event_cls, self.ctx.buses)
         message = encode_event(spec, payload, event_id=id)

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, StrictStr, ValidationError, ValidationInf
 
 from mega.declaration import Declaration, declared_alias, matching, rule, validate_subclass
 from mega.drivers.base import Message
-from mega.errors import JobError
+from mega.errors import EventError
 from mega.jobs.job import json_body
 
 # Event names: letters, digits, `_` and `-` in non-empty tokens joined by dots, like job subjects.
@@ -93,16 +93,16 @@ def encode_event(
     """Validate the payload (against `schema`, then as JSON) and build the message.
 
     The event id is its dedup key, so a second publish of the same event within the bus's
-    dedup window is dropped. Raises JobError `event.invalid_payload`."""
+    dedup window is dropped. Raises EventError `event.invalid_payload`."""
     if spec.schema is not None:
         try:
             payload = spec.schema.model_validate(payload).model_dump(mode="json")
         except ValidationError as exc:
-            raise JobError(
+            raise EventError(
                 f"{spec.name}: payload does not match {spec.schema.__name__}: {exc}",
                 code="event.invalid_payload",
             ) from None
-    body = json_body(spec.name, payload, "event.invalid_payload")
+    body = json_body(spec.name, payload, "event.invalid_payload", EventError)
     event_id = event_id or uuid.uuid4().hex
     emitted = emitted_at_ms if emitted_at_ms is not None else int(time.time() * 1000)
     return Message(event_id, spec.name, body, emitted)

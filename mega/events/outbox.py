@@ -95,7 +95,7 @@ class Outbox:
     ) -> str:
         """Insert the event's row in `session` (nothing is published yet) and return its id.
 
-        The payload is validated now (the Event's schema, JSON): a bad one raises JobError
+        The payload is validated now (the Event's schema, JSON): a bad one raises EventError
         `event.invalid_payload` and the caller's transaction decides what to do with it."""
         spec = _spec(event_cls)
         now_ms = time.time_ns() // 10**6

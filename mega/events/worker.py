@@ -15,6 +15,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any, ClassVar
 
+from mega.errors import EventError, JobError
 from mega.events.bus import SIGNALS, EventBus
 from mega.events.listener import ListenerSpec, validate_listener
 from mega.jobs.lanes import LaneWorker
@@ -25,6 +26,7 @@ class ListenerWorker(LaneWorker[EventBus, ListenerSpec]):
 
     signal_names: ClassVar[tuple[str, ...]] = SIGNALS
     kind: ClassVar[str] = "event"
+    error: ClassVar[type[JobError]] = EventError
     logger: ClassVar[logging.Logger] = logging.getLogger("mega.listeners")
 
     def validate(self, cls: type[Any]) -> ListenerSpec:

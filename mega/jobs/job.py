@@ -242,12 +242,12 @@ def validate_job(job_cls: type[Job], bus_aliases: Collection[str]) -> JobSpec:
 # -- the message ---------------------------------------------------------------------------
 
 
-def json_body(name: str, payload: Any, code: str) -> bytes:
-    """A payload as compact JSON; JobError `code` naming `name` when it is not JSON."""
+def json_body(name: str, payload: Any, code: str, error: type[JobError] = JobError) -> bytes:
+    """A payload as compact JSON; `error` with `code`, naming `name`, when it is not JSON."""
     try:
         return json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
     except (TypeError, ValueError) as exc:
-        raise JobError(f"{name}: payload must be JSON-serialisable ({exc})", code=code) from None
+        raise error(f"{name}: payload must be JSON-serialisable ({exc})", code=code) from None
 
 
 def encode_job(

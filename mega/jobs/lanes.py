@@ -59,6 +59,7 @@ class LaneEndpoint:
 
     signal_names: ClassVar[tuple[str, ...]]
     kind: ClassVar[str]  # "job" or "event": the word in its error codes
+    error: ClassVar[type[JobError]] = JobError  # what it raises (EventError for events)
 
     def __init__(
         self,
@@ -90,7 +91,7 @@ class LaneEndpoint:
         if spec is None:
             spec = validate(cls)
             if spec.bus != self.bus_alias:
-                raise JobError(
+                raise self.error(
                     f"{spec.name} is on bus {spec.bus!r}, not on this one, {self.bus_alias!r}",
                     code=f"{self.kind}.wrong_bus",
                 )
@@ -129,7 +130,7 @@ class LaneEndpoint:
         if self._stopped:
             return  # stop() came while the caller was setting up
         if cls in self._consumers:
-            raise JobError(f"{policy.name} is already consumed here", code=f"{self.kind}.twice")
+            raise self.error(f"{policy.name} is already consumed here", code=f"{self.kind}.twice")
         receiver = self.bus.receiver(lane, consumer=self.instance_id)
         consumer = Consumer(
             receiver, policy, run, self.signal,
@@ -165,6 +166,7 @@ class LaneWorker(Generic[E, S]):
     signal_names: ClassVar[tuple[str, ...]]
     kind: ClassVar[str]
     logger: ClassVar[logging.Logger]
+    error: ClassVar[type[JobError]] = JobError
 
     def __init__(
         self, ctx: Context, *, instance_id: str | None = None, apply_limits: bool = False
@@ -208,10 +210,10 @@ class LaneWorker(Generic[E, S]):
         """Validate a class (RegistrationError names the field) and add it; before start()."""
         if self._tasks:
             code = f"{self.kind}.worker_started"
-            raise JobError("register() every class before start()", code=code)
+            raise self.error("register() every class before start()", code=code)
         spec = self.validate(cls)
         if any(self.key(known) == self.key(spec) for known in self.specs):
-            raise JobError(f"{spec.name} is registered twice", code=f"{self.kind}.twice")
+            raise self.error(f"{spec.name} is registered twice", code=f"{self.kind}.twice")
         self.specs.append(spec)
         return spec
 
