@@ -43,7 +43,12 @@ class Signals:
 
     async def emit(self, name: str, **fields: Any) -> None:
         self._check(name)
-        signal = {"signal": name, **fields}
+        await self.dispatch({"signal": name, **fields})
+
+    async def dispatch(self, signal: dict[str, Any]) -> None:
+        """Notify the observers of a signal another runtime built (`{"signal": name, ...}`),
+        as it is: how a host relays its parts' signals without building them again."""
+        name = signal["signal"]
         for observer in list(self._observers[name]):
             try:
                 result = observer(signal)

@@ -89,6 +89,7 @@ class Consumer:
         self.drain_timeout_s = 0.0
         self.closed = asyncio.Event()
         self.unreported: OrderedDict[Hashable, DlqRecord] = OrderedDict()
+        self.max_attempts = spec.max_attempts
 
     def request_stop(self, timeout_s: float) -> None:
         self.stopping = True
@@ -141,7 +142,7 @@ class Consumer:
             record = self._record(delivery, None, "DecodeError", str(exc), attempt, delivery.body)
             await self._dead_letter(decide(Outcome.UNDECODABLE, attempt, spec), delivery, record)
             return
-        if attempt > spec.max_attempts:
+        if attempt > self.max_attempts:
             await self._unreported(delivery, payload)
             return
         started = time.time()

@@ -253,11 +253,7 @@ class LaneWorker(Generic[E, S]):
         if (endpoint.bus_alias, name) in self._forwarded:
             return
         self._forwarded.add((endpoint.bus_alias, name))
-
-        async def forward(signal: dict[str, Any]) -> None:
-            await self.signals.emit(name, **{k: v for k, v in signal.items() if k != "signal"})
-
-        endpoint.on(name, forward)
+        endpoint.on(name, self.signals.dispatch)
 
     def _loop_ended(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:

@@ -12,6 +12,7 @@ observers as a signal of SIGNALS.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -30,8 +31,9 @@ if TYPE_CHECKING:
 SIGNALS = ("dispatch", "start", "progress", "done", "retry", "fail", "dlq")
 
 
+@functools.lru_cache(maxsize=1024)
 def job_lane(spec: JobSpec) -> Lane:
-    """What a driver needs to know of a job's queue."""
+    """What a driver needs to know of a job's queue (made once per spec: enqueue's hot path)."""
     return Lane(
         kind="job", name=spec.name, subject=spec.subject, concurrency=spec.concurrency,
         ack_wait_s=spec.ack_wait_s, dlq_max_age_s=spec.dlq_max_age_s,
