@@ -61,6 +61,7 @@ class PostgresReceiver:
         self._signal = asyncio.Event()
         self._woken = False
         self._acks: list[int] = []
+        self._flusher: asyncio.Task[None] | None = None
         self._pruned_at = 0.0
         self._warned = ""
         self._payloads = [self._key] + ([sql.EVENTS_PAYLOAD] if lane.kind == "group" else [])
@@ -166,22 +167,24 @@ class PostgresReceiver:
     # -- settles ------------------------------------------------------------------------------
 
     async def ack(self, delivery: Delivery) -> None:
-        """Acks that arrive while the connection is busy leave together: the first to get it
-        deletes every row waiting (one statement), the others find nothing left to send."""
+        """Acks leave together, in the background: the first one starts a flush that deletes
+        every row waiting (one statement), and those that come meanwhile join the next. An ack
+        lost with its process only runs the job again (at-least-once)."""
         row_id, _ = delivery.handle
         self._acks.append(row_id)
-        await self._flush_acks()
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_acks())
 
     async def _flush_acks(self) -> None:
-        async with self._lock:
-            ids, self._acks = self._acks, []
-            if not ids:
-                return
-            try:
-                connection = await self._connect()
-                await connection.execute(sql.ACK, {"ids": ids})
-            except Unavailable as exc:  # they come back after their lease: run again
-                await self._lost(exc)
+        while self._acks:
+            async with self._lock:
+                ids, self._acks = self._acks, []
+                try:
+                    connection = await self._connect()
+                    await connection.execute(sql.ACK, {"ids": ids})
+                except Unavailable as exc:  # they come back after their lease: run again
+                    await self._lost(exc)
+                    return
 
     async def retry(self, delivery: Delivery, *, due_ms: int, attempts: int) -> None:
         await self._settle(sql.RETRY, delivery, due_ms=due_ms, attempts=attempts)
@@ -221,6 +224,8 @@ class PostgresReceiver:
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
+            if self._flusher is not None:
+                await self._flusher
             await self._flush_acks()
         self._bus.unsubscribe(self._payloads, self._signal)
         self._bus.forget(self)
