@@ -85,8 +85,15 @@ def run() -> Result:
                     )  # fmt: skip
             for name, (_, marker) in hosts.items():
                 wait_ready(tmp / f"{name}.log", marker)
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5):
-                pass
+            deadline = time.monotonic() + 10  # "web listening" may come just before the bind
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5):
+                        break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
             time.sleep(IDLE_S)
             rss = {name: rss_mb(p.pid) for name, p in processes.items()}
             pool = [rss_mb(pid) for pid in children(processes["web"].pid)]
