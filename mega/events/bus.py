@@ -151,10 +151,11 @@ class EventBus(LaneEndpoint):
 
     # -- listen -------------------------------------------------------------------------------
 
-    async def listen(
+    async def consume(
         self, listener_cls: type[Listener], handler_ctx: Context | None = None
     ) -> None:
-        """Run the group's consume loop in this process until `stop()` has drained it."""
+        """Run the group's consume loop in this process until `stop()` has drained it
+        (`listen` is the same call)."""
         spec = await self.ensure(listener_cls)
         run_event = self._runner(spec, handler_ctx or self.ctx)
 
@@ -166,6 +167,8 @@ class EventBus(LaneEndpoint):
             await run_event(event)
 
         await self.run_lane(listener_cls, group_lane(spec), spec, run)
+
+    listen = consume
 
     def _runner(self, spec: ListenerSpec, ctx: Context) -> RunEvent:
         """What runs one delivery of an event: the group's inbox check, `run`, the inbox mark."""

@@ -12,7 +12,6 @@ The host side is the jobs' own `LaneWorker` (mega/jobs/lanes.py), with one Event
 from __future__ import annotations
 
 import logging
-from collections.abc import Coroutine
 from typing import Any, ClassVar
 
 from mega.errors import EventError, JobError
@@ -24,6 +23,7 @@ from mega.jobs.lanes import LaneWorker
 class ListenerWorker(LaneWorker[EventBus, ListenerSpec]):
     """Run every registered Listener group in this process (see LaneWorker)."""
 
+    endpoint_cls = EventBus
     signal_names: ClassVar[tuple[str, ...]] = SIGNALS
     kind: ClassVar[str] = "event"
     error: ClassVar[type[JobError]] = EventError
@@ -34,17 +34,6 @@ class ListenerWorker(LaneWorker[EventBus, ListenerSpec]):
 
     def key(self, spec: ListenerSpec) -> object:
         return spec.group
-
-    def make_endpoint(self, alias: str) -> EventBus:
-        return EventBus(
-            self.ctx, alias, instance_id=self.instance_id, apply_limits=self.apply_limits
-        )
-
-    async def ensure(self, endpoint: EventBus, spec: ListenerSpec) -> None:
-        await endpoint.ensure(spec.listener_cls)
-
-    def consume(self, endpoint: EventBus, spec: ListenerSpec) -> Coroutine[Any, Any, None]:
-        return endpoint.listen(spec.listener_cls)
 
     def bus(self, alias: str) -> EventBus:
         """The event bus of an alias (made on first use), its signals forwarded here."""

@@ -8,7 +8,6 @@ driver. Its signals: dispatch, start, progress (when a job reports it), done, re
 from __future__ import annotations
 
 import logging
-from collections.abc import Coroutine
 from typing import Any, ClassVar
 
 from mega.jobs.job import JobSpec, validate_job
@@ -19,6 +18,7 @@ from mega.jobs.queue import SIGNALS, JobQueue
 class JobWorker(LaneWorker[JobQueue, JobSpec]):
     """Consume every registered Job class of this process (see LaneWorker)."""
 
+    endpoint_cls = JobQueue
     signal_names: ClassVar[tuple[str, ...]] = SIGNALS
     kind: ClassVar[str] = "job"
     logger: ClassVar[logging.Logger] = logging.getLogger("mega.jobworker")
@@ -28,17 +28,6 @@ class JobWorker(LaneWorker[JobQueue, JobSpec]):
 
     def key(self, spec: JobSpec) -> object:
         return spec.job_cls
-
-    def make_endpoint(self, alias: str) -> JobQueue:
-        return JobQueue(
-            self.ctx, alias, instance_id=self.instance_id, apply_limits=self.apply_limits
-        )
-
-    async def ensure(self, endpoint: JobQueue, spec: JobSpec) -> None:
-        await endpoint.ensure(spec.job_cls)
-
-    def consume(self, endpoint: JobQueue, spec: JobSpec) -> Coroutine[Any, Any, None]:
-        return endpoint.consume(spec.job_cls)
 
     def queue(self, bus_alias: str) -> JobQueue:
         """The queue of a bus alias (made on first use), sharing this worker's observers."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from mega.context import Context
@@ -33,7 +33,12 @@ class Endpoint(Protocol):
 
     bus_alias: str
 
+    def __init__(
+        self, ctx: Context, bus_alias: str, *, instance_id: str | None, apply_limits: bool
+    ) -> None: ...
     def on(self, name: str, observer: Observer) -> None: ...
+    async def ensure(self, cls: Any) -> Any: ...
+    async def consume(self, cls: Any) -> None: ...
     async def stop(self, timeout_s: float = ...) -> None: ...
 
 
@@ -162,7 +167,9 @@ class LaneWorker(Generic[E, S]):
     `instance_id` names the process in DLQ records (default: the context's); `apply_limits`
     lets the classes' limits change running queues (the worker's `--apply-limits`)."""
 
-    # What subclasses say: their signals, the word in their errors and task names, their log.
+    # What subclasses say: their endpoint, signals, the word in their errors and task names,
+    # their log.
+    endpoint_cls: type[E]
     signal_names: ClassVar[tuple[str, ...]]
     kind: ClassVar[str]
     logger: ClassVar[logging.Logger]
@@ -177,6 +184,7 @@ class LaneWorker(Generic[E, S]):
         self.signals = Signals(self.signal_names)
         self.endpoints: dict[str, E] = {}
         self.specs: list[S] = []
+        self._classes: list[type[Any]] = []  # the registered classes, as `specs`
         self._tasks: list[asyncio.Task[None]] = []
         self._forwarded: set[tuple[str, str]] = set()
 
@@ -187,15 +195,6 @@ class LaneWorker(Generic[E, S]):
 
     def key(self, spec: S) -> object:
         """What makes two registrations the same one."""
-        raise NotImplementedError
-
-    def make_endpoint(self, alias: str) -> E:
-        raise NotImplementedError
-
-    async def ensure(self, endpoint: E, spec: S) -> None:
-        raise NotImplementedError
-
-    def consume(self, endpoint: E, spec: S) -> Coroutine[Any, Any, None]:
         raise NotImplementedError
 
     # -- the same for every kind --------------------------------------------------------------
@@ -215,13 +214,16 @@ class LaneWorker(Generic[E, S]):
         if any(self.key(known) == self.key(spec) for known in self.specs):
             raise self.error(f"{spec.name} is registered twice", code=f"{self.kind}.twice")
         self.specs.append(spec)
+        self._classes.append(cls)
         return spec
 
     def endpoint(self, alias: str) -> E:
         """The endpoint of a bus alias (made on first use), its signals forwarded here."""
         endpoint = self.endpoints.get(alias)
         if endpoint is None:
-            endpoint = self.endpoints[alias] = self.make_endpoint(alias)
+            endpoint = self.endpoints[alias] = self.endpoint_cls(
+                self.ctx, alias, instance_id=self.instance_id, apply_limits=self.apply_limits
+            )
             for name in self.signal_names:
                 if self.signals.has_observers(name):
                     self._forward(endpoint, name)
@@ -230,11 +232,12 @@ class LaneWorker(Generic[E, S]):
     async def start(self) -> None:
         """Ensure every class's queue, then run one consume loop per class. Returns once all
         loops run; raises DependencyUnavailable when a bus cannot be reached."""
-        for spec in self.specs:
-            await self.ensure(self.endpoint(spec.bus), spec)
-        for spec in self.specs:
+        registered = list(zip(self._classes, self.specs, strict=True))
+        for cls, spec in registered:
+            await self.endpoint(spec.bus).ensure(cls)
+        for cls, spec in registered:
             task = asyncio.create_task(
-                self.consume(self.endpoint(spec.bus), spec), name=f"mega-{self.kind}-{spec.name}"
+                self.endpoint(spec.bus).consume(cls), name=f"mega-{self.kind}-{spec.name}"
             )
             task.add_done_callback(self._loop_ended)
             self._tasks.append(task)

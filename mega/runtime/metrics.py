@@ -14,28 +14,24 @@ from prometheus_client import Counter, Gauge, Histogram
 # Latency buckets (seconds) from 1 ms to 1 min: jobs and tasks span that whole range.
 BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
+
+def _seconds(name: str, documentation: str, label: str) -> Histogram:
+    """A histogram of seconds in BUCKETS_S, by one label."""
+    return Histogram(name, documentation, [label], buckets=BUCKETS_S)
+
+
 JOB_EVENTS = Counter("mega_job_events_total", "Job queue events", ["job", "event"])
-JOB_DURATION = Histogram(
-    "mega_job_duration_seconds", "Run time of one job attempt", ["job"], buckets=BUCKETS_S
-)
-JOB_START_LATENCY = Histogram(
-    "mega_job_start_latency_seconds",
-    "From enqueue (or due time) to the start of the run",
-    ["job"],
-    buckets=BUCKETS_S,
+JOB_DURATION = _seconds("mega_job_duration_seconds", "Run time of one job attempt", "job")
+JOB_START_LATENCY = _seconds(
+    "mega_job_start_latency_seconds", "From enqueue (or due time) to the start of the run", "job"
 )
 SCHEDULE_EVENTS = Counter("mega_schedule_events_total", "Scheduler events", ["schedule", "event"])
-SCHEDULE_LATENESS = Histogram(
-    "mega_schedule_lateness_seconds",
-    "Start of a run minus its planned instant",
-    ["schedule"],
-    buckets=BUCKETS_S,
+SCHEDULE_LATENESS = _seconds(
+    "mega_schedule_lateness_seconds", "Start of a run minus its planned instant", "schedule"
 )
 POOL_TASKS = Counter("mega_pool_tasks_total", "CPU pool tasks by outcome", ["worker", "outcome"])
 POOL_CRASHES = Counter("mega_pool_crashes_total", "CPU pool child processes that died", ["worker"])
-POOL_DURATION = Histogram(
-    "mega_pool_task_duration_seconds", "Run time of one pool task", ["worker"], buckets=BUCKETS_S
-)
+POOL_DURATION = _seconds("mega_pool_task_duration_seconds", "Run time of one pool task", "worker")
 POOL_QUEUE = Gauge("mega_pool_queue_depth", "Tasks waiting for a free slot", ["worker"])
 POOL_BUSY = Gauge("mega_pool_busy", "Slots running a task", ["worker"])
 LISTENER_EVENTS = Counter(
