@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from mega.config import BusSpec
-from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane, LaneStats, Message
+from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane, LaneStats
 from mega.drivers.memory import MemoryBroker, MemoryBus, MemoryLane, MemoryReceiver
+from tests.mega.drivers.lanes import group_lane, message, record
 
 
 @pytest.fixture
@@ -23,24 +24,6 @@ async def bus() -> AsyncIterator[MemoryBus]:
 
 def job_lane(subject: str = "app.send") -> Lane:
     return Lane("job", subject, subject, 10, 30.0, 3600.0)
-
-
-def group_lane(name: str, pattern: str) -> Lane:
-    return Lane("group", name, pattern, 10, 30.0, 3600.0)
-
-
-def message(job_id: str, subject: str, *, run_at_ms: int | None = None, dedup: bool = True,
-            body: bytes = b'{"n":1}') -> Message:  # fmt: skip
-    return Message(job_id, subject, body, int(time.time() * 1000), run_at_ms, dedup)
-
-
-def record(delivery: Delivery, attempts: int) -> DlqRecord:
-    return DlqRecord(
-        id=delivery.id, subject=delivery.subject, payload={"n": 1},
-        error={"type": "RuntimeError", "message": "boom"}, attempts=attempts,
-        first_enqueued_at=delivery.enqueued_at_ms, failed_at=int(time.time() * 1000),
-        worker="test",
-    )  # fmt: skip
 
 
 async def collect(receiver: MemoryReceiver, count: int, timeout_s: float = 5.0) -> list[Delivery]:
