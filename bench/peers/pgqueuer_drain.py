@@ -8,7 +8,7 @@ still in its queue table once the worker has stopped (0: nothing would run again
 
     .venv-peers/bin/python bench/peers/pgqueuer_drain.py POSTGRES_URL JOBS
 
-A safety net: after STALL_S without progress it reports what ran ("ran" < JOBS).
+A safety net: after drain.STALL_S without progress it reports what ran ("ran" < JOBS).
 """
 
 from __future__ import annotations
@@ -16,15 +16,14 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
 from collections import Counter
 
 import asyncpg
+from drain import report, until_all_ran  # beside this script (see drain.py)
 from pgqueuer import Job, PgQueuer, Queries
 from pgqueuer.types import QueueExecutionMode
 
 BATCH = 100
-STALL_S = 10.0
 
 
 async def drain(url: str, jobs: int) -> dict[str, object]:
@@ -41,28 +40,14 @@ async def drain(url: str, jobs: int) -> dict[str, object]:
     async def noop(job: Job) -> None:
         ran[int(job.payload or b"-1")] += 1
 
-    started = time.perf_counter()
     worker = asyncio.create_task(pgq.qm.run(batch_size=BATCH, mode=QueueExecutionMode.drain))
-    progress_at, seen = started, 0
-    while len(ran) < jobs and not worker.done():
-        await asyncio.sleep(0.001)
-        if len(ran) != seen:
-            progress_at, seen = time.perf_counter(), len(ran)
-        elif time.perf_counter() - progress_at > STALL_S:
-            break
-    elapsed = time.perf_counter() - started
+    elapsed = await until_all_ran(ran, jobs, worker)
     pgq.qm.shutdown.set()  # drain mode would also stop, after its idle poll: no need to wait
     await asyncio.wait_for(worker, 30)  # flushes the finished jobs' statuses on the way out
     await connection.close()
     left = await setup.fetchval("SELECT count(*) FROM pgqueuer")
     await setup.close()
-    exactly_once = set(ran.values()) == {1} and sorted(ran) == list(range(jobs)) and left == 0
-    return {
-        "jobs_per_s": jobs / elapsed,
-        "ran": len(ran),
-        "exactly_once": exactly_once,
-        "left": left,
-    }
+    return report(ran, jobs, elapsed, left, "jobs")
 
 
 if __name__ == "__main__":

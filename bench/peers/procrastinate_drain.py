@@ -8,7 +8,7 @@ once the worker has stopped (0: nothing would run again).
 
     .venv-peers/bin/python bench/peers/procrastinate_drain.py POSTGRES_URL JOBS
 
-A safety net: after STALL_S without progress it reports what ran ("ran" < JOBS).
+A safety net: after drain.STALL_S without progress it reports what ran ("ran" < JOBS).
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ import asyncio
 import json
 import logging
 import sys
-import time
 from collections import Counter
 
+from drain import report, until_all_ran  # beside this script (see drain.py)
 from procrastinate import App, PsycopgConnector
 
 DEFER_BATCH = 1_000
-STALL_S = 10.0
 
 
 async def drain(url: str, jobs: int) -> dict[str, object]:
@@ -43,30 +42,15 @@ async def drain(url: str, jobs: int) -> dict[str, object]:
             batch = range(first, min(first + DEFER_BATCH, jobs))
             await noop.batch_defer_async(*({"n": n} for n in batch))
 
-        started = time.perf_counter()
         worker = asyncio.create_task(
             app.run_worker_async(wait=False, install_signal_handlers=False)
         )
-        progress_at, seen = started, 0
-        while len(ran) < jobs and not worker.done():
-            await asyncio.sleep(0.001)
-            if len(ran) != seen:
-                progress_at, seen = time.perf_counter(), len(ran)
-            elif time.perf_counter() - progress_at > STALL_S:
-                break
-        elapsed = time.perf_counter() - started
+        elapsed = await until_all_ran(ran, jobs, worker)
         await asyncio.wait_for(worker, 30)  # `wait=False`: it stops once the queue is empty
         rows = await app.connector.execute_query_one_async(
             "SELECT count(*) FILTER (WHERE status <> 'succeeded') AS left FROM procrastinate_jobs"
         )
-    left = rows["left"]
-    exactly_once = set(ran.values()) == {1} and sorted(ran) == list(range(jobs)) and left == 0
-    return {
-        "jobs_per_s": jobs / elapsed,
-        "ran": len(ran),
-        "exactly_once": exactly_once,
-        "left": left,
-    }
+    return report(ran, jobs, elapsed, rows["left"], "jobs")
 
 
 if __name__ == "__main__":

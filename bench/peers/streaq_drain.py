@@ -11,7 +11,7 @@ run; it stops once the stream is empty. Prints one JSON line, {"tasks_per_s": ..
 On the benchmark's valkey, whose XREADGROUP has no CLAIM option, streaq reads the stream
 through its Lua script, as it does on any server without it.
 
-A safety net: after STALL_S without progress it reports what ran ("ran" < JOBS); a message lost
+A safety net: after drain.STALL_S without progress it reports what ran ("ran" < JOBS); a message lost
 in flight would wait for streaq's `idle_timeout` (60 s by default) to run again.
 """
 
@@ -20,13 +20,12 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
 from collections import Counter
 
+from drain import report, until_all_ran  # beside this script (see drain.py)
 from streaq import Worker
 
 ENQUEUE_BATCH = 1_000
-STALL_S = 10.0
 
 
 async def drain(url: str, jobs: int, queue: str) -> dict[str, object]:
@@ -43,26 +42,12 @@ async def drain(url: str, jobs: int, queue: str) -> dict[str, object]:
             await worker.enqueue_many([noop.enqueue(n) for n in batch])
     worker.burst = True  # what `streaq run --burst` sets: stop once the queue is empty
 
-    started = time.perf_counter()
     running = asyncio.create_task(worker.run_async())
-    progress_at, seen = started, 0
-    while len(ran) < jobs and not running.done():
-        await asyncio.sleep(0.001)
-        if len(ran) != seen:
-            progress_at, seen = time.perf_counter(), len(ran)
-        elif time.perf_counter() - progress_at > STALL_S:
-            break
-    elapsed = time.perf_counter() - started
+    elapsed = await until_all_ran(ran, jobs, running)
     await asyncio.wait_for(running, 30)
     async with worker:
         left = await worker.queue_size()
-    exactly_once = set(ran.values()) == {1} and sorted(ran) == list(range(jobs)) and left == 0
-    return {
-        "tasks_per_s": jobs / elapsed,
-        "ran": len(ran),
-        "exactly_once": exactly_once,
-        "left": left,
-    }
+    return report(ran, jobs, elapsed, left, "tasks")
 
 
 if __name__ == "__main__":

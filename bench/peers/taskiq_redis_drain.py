@@ -6,7 +6,7 @@ taskiq's receiver was seen to hang, and nothing after the figure matters here.
 
     .venv-peers/bin/python bench/peers/taskiq_redis_drain.py REDIS_URL JOBS QUEUE
 
-A safety net, never seen to fire: after STALL_S without progress it reports what ran ("ran" <
+A safety net, never seen to fire: after drain.STALL_S without progress it reports what ran ("ran" <
 JOBS), and the benchmark tries again on a fresh queue (an entry lost in flight would wait for
 taskiq-redis's `idle_timeout`, 10 minutes by default).
 
@@ -21,13 +21,11 @@ import asyncio
 import json
 import os
 import sys
-import time
 from collections import Counter
 
+from drain import report, until_all_ran  # beside this script (see drain.py)
 from taskiq.api.receiver import run_receiver_task
 from taskiq_redis import RedisStreamBroker
-
-STALL_S = 5.0
 
 
 async def drain(url: str, jobs: int, queue: str) -> dict[str, object]:
@@ -41,19 +39,10 @@ async def drain(url: str, jobs: int, queue: str) -> dict[str, object]:
     await broker.startup()
     for n in range(jobs):
         await noop.kiq(n)
-    started = time.perf_counter()
     receiver = asyncio.create_task(run_receiver_task(broker, max_async_tasks=200))
-    progress_at, seen = started, 0
-    while len(ran) < jobs:
-        await asyncio.sleep(0.001)
-        if len(ran) != seen:
-            progress_at, seen = time.perf_counter(), len(ran)
-        elif time.perf_counter() - progress_at > STALL_S:
-            break
-    elapsed = time.perf_counter() - started
+    elapsed = await until_all_ran(ran, jobs, receiver)
     assert not receiver.done()
-    exactly_once = set(ran.values()) == {1} and sorted(ran) == list(range(jobs))
-    return {"tasks_per_s": jobs / elapsed, "ran": len(ran), "exactly_once": exactly_once}
+    return report(ran, jobs, elapsed, 0, "tasks")
 
 
 if __name__ == "__main__":
