@@ -11,8 +11,8 @@ run; it stops once the stream is empty. Prints one JSON line, {"tasks_per_s": ..
 On the benchmark's valkey, whose XREADGROUP has no CLAIM option, streaq reads the stream
 through its Lua script, as it does on any server without it.
 
-A safety net: after drain.STALL_S without progress it reports what ran ("ran" < JOBS); a message lost
-in flight would wait for streaq's `idle_timeout` (60 s by default) to run again.
+A safety net: after drain.STALL_S without progress it reports what ran ("ran" < JOBS); a
+message lost in flight would wait for streaq's `idle_timeout` (60 s by default) to run again.
 """
 
 from __future__ import annotations
