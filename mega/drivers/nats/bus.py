@@ -28,6 +28,7 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
+    PubAck,
     RetentionPolicy,
     StorageType,
     StreamConfig,
@@ -68,6 +69,9 @@ BULK_TIMEOUT_PER_MSG_S = 0.001
 # How long a batch of events (the outbox relay's) waits for its PubAcks before it gives up
 # (the rows stay pending). On SQLite writers wait for the relay's transaction meanwhile.
 EVENTS_TIMEOUT_S = 2.0
+# JetStream's answer to a publish whose Nats-Msg-Id an earlier publish still being stored
+# carries: a duplicate, not a failure (the first one's message is the job).
+DUPLICATE_IN_PROCESS = 10158
 # Broker-side message schedules (delayed jobs, scheduled retries) exist since this nats-server.
 SCHEDULES_SINCE = (2, 12)
 # A commit that added outbox rows in another process says so here (core NATS, fire and
@@ -317,25 +321,39 @@ class NatsBus:
     async def _publish(
         self, envelopes: list[tuple[str, bytes, dict[str, str]]], timeout_s: float | None = None
     ) -> list[bool]:
+        """Publish and wait for every PubAck; True each one stored, False a duplicate id (also
+        one whose first publish is still in process: the message is the first's, not lost)."""
         if len(envelopes) == 1:
             subject, body, headers = envelopes[0]
             try:
-                ack = await self.js.publish(subject, body, headers=headers)
+                return [stored(await self.js.publish(subject, body, headers=headers))]
             except NATS_ERRORS as exc:
-                raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
-            return [not ack.duplicate]
+                return [stored(exc)]
         futures: list[asyncio.Future[Any]] = []
         try:
             for subject, body, headers in envelopes:
                 futures.append(await self.js.publish_async(subject, body, headers=headers))
             if timeout_s is None:
                 timeout_s = BULK_TIMEOUT_S + BULK_TIMEOUT_PER_MSG_S * len(envelopes)
-            acks = await asyncio.wait_for(asyncio.gather(*futures), timeout_s)
+            acks = await asyncio.wait_for(
+                asyncio.gather(*futures, return_exceptions=True), timeout_s
+            )
         except NATS_ERRORS as exc:
             for future in futures:
                 future.cancel()  # frees nats-py's in-flight slot of an ack that never came
             raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
-        return [not ack.duplicate for ack in acks]
+        return [stored(answer) for answer in acks]
+
+
+def stored(answer: PubAck | BaseException) -> bool:
+    """What JetStream answered one publish: True stored, False a duplicate id (also one whose
+    first publish is still being stored: the first's message is the job, nothing failed);
+    DriverUnavailable for anything else."""
+    if isinstance(answer, APIError) and answer.err_code == DUPLICATE_IN_PROCESS:
+        return False
+    if isinstance(answer, BaseException):
+        raise DriverUnavailable(str(answer) or type(answer).__name__) from answer
+    return not answer.duplicate
 
 
 def job_envelope(message: Message) -> tuple[str, bytes, dict[str, str]]:

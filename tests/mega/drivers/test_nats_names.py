@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
+from nats.js.api import PubAck
+from nats.js.errors import APIError
 
-from mega.drivers.base import Lane, Message
-from mega.drivers.nats.bus import job_envelope
+from mega.drivers.base import DriverUnavailable, Lane, Message
+from mega.drivers.nats.bus import job_envelope, stored
 from mega.drivers.nats.names import (
     HEADER_ENQUEUED_AT,
     HEADER_JOB_ID,
@@ -80,3 +83,26 @@ def test_a_delayed_job_is_a_broker_schedule() -> None:
     assert headers[HEADER_RUN_AT] == str(due_ms)
     at = datetime.strptime(headers["Nats-Schedule"], "@at %Y-%m-%dT%H:%M:%S.%fZ")
     assert abs(at.replace(tzinfo=UTC).timestamp() * 1000 - due_ms) < 1
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (PubAck(stream="S", seq=1), True),
+        (PubAck(stream="S", seq=1, duplicate=True), False),
+        # A publish whose Nats-Msg-Id an earlier one still being stored carries: a duplicate.
+        (APIError(code=409, err_code=10158, description="duplicate message id is in process"),
+         False),
+    ],
+)  # fmt: skip
+def test_what_a_publish_answer_says(answer: Any, expected: bool) -> None:
+    assert stored(answer) is expected
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [APIError(code=503, err_code=10077, description="no responders"), TimeoutError()],
+)
+def test_any_other_failed_publish_is_the_bus_unavailable(answer: BaseException) -> None:
+    with pytest.raises(DriverUnavailable):
+        stored(answer)

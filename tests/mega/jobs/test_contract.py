@@ -154,6 +154,20 @@ async def test_an_id_is_a_dedup_key(setup: Any, prefix: str) -> None:
     assert RUNS[key] == 1
 
 
+async def test_one_id_enqueued_at_once_many_times_is_one_job_and_no_error(
+    setup: Any, prefix: str
+) -> None:
+    """A retry racing its first try (the same id while the first is still being stored) is a
+    duplicate, not a failure: every call answers the id, and the job runs once."""
+    _, job, queue, _seen = setup
+    key = f"{prefix}-race"
+    answers = await asyncio.gather(*(queue.enqueue(job, {"id": key}, id=key) for _ in range(20)))
+    assert answers == [key] * 20
+    await until(lambda: DONE[key] == 1, "done")
+    await asyncio.sleep(0.3)
+    assert RUNS[key] == 1
+
+
 async def test_a_delayed_job_waits_without_a_slot(setup: Any, prefix: str) -> None:
     _, job, queue, _seen = setup
     started = time.monotonic()
