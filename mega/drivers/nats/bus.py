@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any, ClassVar, Self
 from urllib.parse import urlsplit
@@ -515,8 +516,6 @@ def _name(subject: str) -> str:
 
 
 def _now_ms() -> int:
-    import time
-
     return int(time.time() * 1000)
 
 

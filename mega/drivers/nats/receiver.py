@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import time
@@ -282,7 +283,9 @@ class NatsReceiver:
         own."""
         headers = {NATS_MSG_ID: f"{record['id']}:dlq:{delivery.key}"}
         try:
-            await self.bus.js.publish(dlq_subject_of(self.lane), _json(record), headers=headers)
+            await self.bus.js.publish(
+                dlq_subject_of(self.lane), json.dumps(record).encode(), headers=headers
+            )
         except NATS_ERRORS as exc:
             raise DriverUnavailable(str(exc) or repr(exc)) from exc
         msg = delivery.handle
@@ -323,12 +326,6 @@ async def _settle(reply: Coroutine[Any, Any, Any]) -> None:
         await reply
     except NATS_ERRORS as exc:
         logger.debug("ack not sent (%s); the message will be redelivered", exc)
-
-
-def _json(record: DlqRecord) -> bytes:
-    import json
-
-    return json.dumps(record).encode()
 
 
 def _int(value: str | None) -> int | None:
