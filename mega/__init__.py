@@ -52,6 +52,7 @@ _EXPORTS = {
     "Job": "mega.jobs.job",
     "JobContext": "mega.jobs.progress",
     "JobWorker": "mega.jobs.jobworker",
+    "JobId": "mega.jobs.queue",
     "JobQueue": "mega.jobs.queue",
     # events
     "EventBus": "mega.events.bus",
@@ -129,6 +130,7 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.jobs.job import Job as Job
     from mega.jobs.jobworker import JobWorker as JobWorker
     from mega.jobs.progress import JobContext as JobContext
+    from mega.jobs.queue import JobId as JobId
     from mega.jobs.queue import JobQueue as JobQueue
     from mega.runtime.boot import boot as boot
     from mega.runtime.boot import shutdown as shutdown

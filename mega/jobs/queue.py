@@ -41,6 +41,21 @@ def job_lane(spec: JobSpec) -> Lane:
     )  # fmt: skip
 
 
+class JobId(str):
+    """What `enqueue` answers: the job's id, a plain `str`, that also says whether this call
+    stored the job. `duplicate` is True when the bus already had a job with this id (within
+    its dedup window, or still being stored by an earlier call), so nothing new was stored and
+    the job runs once."""
+
+    __slots__ = ("duplicate",)
+    duplicate: bool
+
+    def __new__(cls, job_id: str, *, duplicate: bool = False) -> JobId:
+        answer = super().__new__(cls, job_id)
+        answer.duplicate = duplicate
+        return answer
+
+
 class JobQueue(LaneEndpoint):
     """Enqueue and consume the jobs of one bus alias; a Job does not change when its bus
     changes driver, and a `Context` built by hand works with every driver. Options and
@@ -95,12 +110,12 @@ class JobQueue(LaneEndpoint):
         delay: float | timedelta | None = None,
         run_at: datetime | None = None,
         session: Session | None = None,
-    ) -> str:
+    ) -> JobId:
         """Store one job and return its id once the bus has it (NATS: after the PubAck).
 
         `payload`: any JSON-serialisable value (else JobError `job.invalid_payload`, nothing is
         stored). `id`: the dedup key (a second enqueue with the same id within 2 minutes is
-        dropped and returns the same id); default a random uuid. `delay` (seconds or
+        dropped and returns the same id, with `.duplicate` True); default a random uuid. `delay` (seconds or
         timedelta) or `run_at` (aware datetime): hold the job until then without using a
         worker slot. `session`: a SQLAlchemy session whose transaction the job joins, so it
         exists if and only if that transaction commits (postgres driver only; JobError
@@ -121,7 +136,7 @@ class JobQueue(LaneEndpoint):
             "dispatch", job=spec.name, id=message.id, subject=spec.subject,
             run_at=message.run_at_ms, duplicate=not stored,
         )  # fmt: skip
-        return message.id
+        return JobId(message.id, duplicate=not stored)
 
     async def enqueue_many(self, job_cls: type[Job], payloads: Iterable[Any]) -> list[str]:
         """Store many jobs in one go; returns the ids (in order) once every one is stored.

@@ -147,8 +147,10 @@ async def test_retries_plus_one_attempts_then_the_dlq_and_requeue(setup: Any, pr
 async def test_an_id_is_a_dedup_key(setup: Any, prefix: str) -> None:
     _, job, queue, _seen = setup
     key = f"{prefix}-dedup"
-    assert await queue.enqueue(job, {"id": key}, id=key) == key
-    assert await queue.enqueue(job, {"id": key}, id=key) == key
+    first = await queue.enqueue(job, {"id": key}, id=key)
+    again = await queue.enqueue(job, {"id": key}, id=key)
+    assert (first, first.duplicate) == (key, False)
+    assert (again, again.duplicate) == (key, True)
     await until(lambda: DONE[key] == 1, "done")
     await asyncio.sleep(0.3)
     assert RUNS[key] == 1
@@ -163,6 +165,7 @@ async def test_one_id_enqueued_at_once_many_times_is_one_job_and_no_error(
     key = f"{prefix}-race"
     answers = await asyncio.gather(*(queue.enqueue(job, {"id": key}, id=key) for _ in range(20)))
     assert answers == [key] * 20
+    assert [answer.duplicate for answer in answers].count(False) == 1  # one call stored it
     await until(lambda: DONE[key] == 1, "done")
     await asyncio.sleep(0.3)
     assert RUNS[key] == 1
