@@ -115,13 +115,13 @@ class JobQueue(LaneEndpoint):
 
         `payload`: any JSON-serialisable value (else JobError `job.invalid_payload`, nothing is
         stored). `id`: the dedup key (a second enqueue with the same id within 2 minutes is
-        dropped and returns the same id, with `.duplicate` True); default a random uuid. `delay` (seconds or
-        timedelta) or `run_at` (aware datetime): hold the job until then without using a
-        worker slot. `session`: a SQLAlchemy session whose transaction the job joins, so it
-        exists if and only if that transaction commits (postgres driver only; JobError
-        `job.session_unsupported` elsewhere). Raises DependencyUnavailable when the bus does
-        not answer; then the job may still have been stored, so give an `id` when a retry must
-        not duplicate it."""
+        dropped and returns the same id, with `.duplicate` True); default a random uuid.
+        `delay` (seconds or timedelta) or `run_at` (aware datetime): hold the job until then
+        without using a worker slot. `session`: a SQLAlchemy session whose transaction the
+        job joins, so it exists if and only if that transaction commits (postgres driver only;
+        JobError `job.session_unsupported` elsewhere). Raises DependencyUnavailable when the
+        bus does not answer; then the job may still have been stored, so give an `id` when a
+        retry must not duplicate it."""
         spec = await self.ensure(job_cls)
         message = encode_job(spec, payload, job_id=id, due_ms=due_ms_of(spec, delay, run_at))
         lane = job_lane(spec)

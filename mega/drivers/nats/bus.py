@@ -17,12 +17,14 @@ import contextlib
 import dataclasses
 import json
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any, ClassVar, Self
 from urllib.parse import urlsplit
 
 from nats.aio.client import Client as NatsClient
+from nats.aio.client import Server
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -37,7 +39,13 @@ from nats.js.api import (
 from nats.js.errors import APIError, NotFoundError
 
 from mega.config import BusSpec
-from mega.constants import CONNECT_TIMEOUT_S, HOW_TO_GET_SERVICES, NATS_RECONNECT_WAIT_S
+from mega.constants import (
+    CONNECT_TIMEOUT_S,
+    HOW_TO_GET_SERVICES,
+    NATS_MAX_OUTSTANDING_PINGS,
+    NATS_PING_INTERVAL_S,
+    NATS_RECONNECT_WAIT_S,
+)
 from mega.drivers.base import DEDUP_WINDOW_S, DlqRecord, DriverUnavailable, Lane, LaneStats, Message
 from mega.drivers.nats.errors import NATS_ERRORS
 from mega.drivers.nats.names import (
@@ -86,10 +94,13 @@ class NatsBus:
 
     driver: ClassVar[str] = "nats"
 
-    def __init__(self, alias: str, spec: BusSpec, client: NatsClient) -> None:
+    def __init__(
+        self, alias: str, spec: BusSpec, client: NatsClient, watch: Reconnects | None = None
+    ) -> None:
         self.alias = alias
         self.spec = spec
         self.native: NatsClient = client
+        self.watch = watch or Reconnects()
         self.js: JetStreamContext = client.jetstream()
         self._events_max_age_s: float | None = None
         self._apply_limits: dict[Lane, bool] = {}
@@ -97,7 +108,13 @@ class NatsBus:
 
     @classmethod
     async def connect(cls, alias: str, spec: BusSpec) -> Self:
-        return cls(alias, spec, await connect_nats(alias, str(spec.url)))
+        watch = Reconnects()
+        return cls(alias, spec, await connect_nats(alias, str(spec.url), watch), watch)
+
+    @property
+    def disconnects(self) -> int:
+        """Times the connection was lost (a node went away or went silent) since connecting."""
+        return self.watch.disconnects
 
     @property
     def url(self) -> str:
@@ -196,7 +213,7 @@ class NatsBus:
         )
 
     def receiver(self, lane: Lane, *, consumer: str) -> NatsReceiver:
-        return NatsReceiver(self, lane)
+        return NatsReceiver(self, lane, self.watch.hooks)
 
     # -- dead letters -------------------------------------------------------------------------
 
@@ -448,16 +465,48 @@ def dlq_stream_config(lane: Lane) -> StreamConfig:
     )
 
 
-async def connect_nats(alias: str, url: str) -> NatsClient:
-    """A client that reconnects forever, after a bounded check that some node answers."""
+class Reconnects:
+    """What happens to one NATS client's connection: disconnects counted, and what must run
+    again on the new connection (each receiver's `resettle`)."""
+
+    def __init__(self) -> None:
+        self.disconnects = 0
+        self.server = "its server"  # host:port of the node the client is on
+        self.hooks: set[Callable[[], Awaitable[None]]] = set()
+
+    def choose(self, servers: list[Server], _info: dict[str, Any]) -> tuple[Server, float]:
+        """The node to try next: the fewest failed attempts, and among those not the one just
+        lost (a frozen server still accepts TCP, a cut one does not answer, and either holds
+        the attempt for the whole connect timeout). When every node has failed since, wait a
+        little before the next round."""
+        best = min(
+            servers, key=lambda server: (server.reconnects, server.uri.netloc == self.server)
+        )
+        return best, NATS_RECONNECT_WAIT_S if best.reconnects else 0.0
+
+    async def reconnected(self) -> None:
+        for hook in list(self.hooks):
+            try:
+                await hook()
+            except Exception:  # one receiver's trouble never keeps the others from theirs
+                logger.exception("after a NATS reconnect")
+
+
+async def connect_nats(alias: str, url: str, watch: Reconnects | None = None) -> NatsClient:
+    """A client that reconnects forever, after a bounded check that some node answers. It
+    pings every NATS_PING_INTERVAL_S, so a silent node is left within seconds."""
     client = NatsClient()
+    watch = watch or Reconnects()
 
     async def disconnected() -> None:
         if not (client.is_closed or client.is_draining):  # our own shutdown is not news
-            logger.warning("NATS %r disconnected from %s; reconnecting", alias, url)
+            watch.disconnects += 1
+            logger.warning("NATS %r lost %s; moving to another node", alias, watch.server)
 
     async def reconnected() -> None:
-        logger.info("NATS %r reconnected to %s", alias, url)
+        watch.server = _server_of(client)
+        logger.info("NATS %r reconnected to %s", alias, watch.server)
+        await watch.reconnected()
 
     async def error(exc: Exception) -> None:
         logger.debug("NATS %r: %s", alias, exc)
@@ -467,18 +516,25 @@ async def connect_nats(alias: str, url: str) -> NatsClient:
         # reachability is checked with a bounded probe first and the connect itself is capped.
         servers = url.split(",")  # a cluster: any node will do, the client learns the others
         await _probe_any(servers)
+        # Shuffled once here, so that processes spread over the nodes; after losing one the
+        # client picks the next with `watch.choose`, never the one it just lost first.
         connect = client.connect(
-            servers=servers,
+            servers=random.sample(servers, len(servers)),
+            dont_randomize=True,
+            reconnect_to_server_handler=watch.choose,
             name=f"mega:{alias}",
             connect_timeout=int(CONNECT_TIMEOUT_S),
             allow_reconnect=True,
             max_reconnect_attempts=-1,  # forever: a NATS restart is an outage, not a crash
             reconnect_time_wait=NATS_RECONNECT_WAIT_S,  # type: ignore[arg-type]  # float s works
+            ping_interval=NATS_PING_INTERVAL_S,
+            max_outstanding_pings=NATS_MAX_OUTSTANDING_PINGS,
             disconnected_cb=disconnected,
             reconnected_cb=reconnected,
             error_cb=error,
         )
         await asyncio.wait_for(connect, CONNECT_TIMEOUT_S * 2)
+        watch.server = _server_of(client)
         return client
     except Exception as exc:
         raise DependencyUnavailable(
@@ -503,6 +559,11 @@ async def _probe_any(urls: list[str]) -> None:
             await writer.wait_closed()
         return
     raise error
+
+
+def _server_of(client: NatsClient) -> str:
+    url = client.connected_url
+    return url.netloc if url is not None else "its server"
 
 
 def _reason(exc: BaseException) -> str:

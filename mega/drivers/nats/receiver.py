@@ -22,7 +22,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from nats.aio.msg import Msg
@@ -68,6 +68,16 @@ IDLE_WAIT_S = 0.5
 OUTAGE_BACKOFF_S = 0.25
 # nats-py sends a bare nak for nak(delay=0): a zero delay still takes the delayed path.
 MIN_NAK_DELAY_S = 0.001
+# Settles (ack, nak, term) sent this recently are sent again after a reconnect: those written
+# to a connection that had gone silent never arrived, and each would hold a slot of the group's
+# max_ack_pending for a whole ack wait. A silent server is left within about 4 s (a ping every
+# NATS_PING_INTERVAL_S, NATS_MAX_OUTSTANDING_PINGS unanswered), so this covers it twice over.
+RESETTLE_WINDOW_S = 8.0
+# ... and at most this many of them beyond the lane's concurrency: after a server goes silent
+# nothing new arrives, so a process settles at most what it held, its concurrency.
+RESETTLE_SPARE = 64
+ACK = b"+ACK"
+TERM = b"+TERM"
 
 
 class NatsLink(Protocol):
@@ -91,7 +101,9 @@ class NatsLink(Protocol):
 class NatsReceiver:
     """The pull requests and settling calls of one lane in this process (see the module)."""
 
-    def __init__(self, bus: NatsLink, lane: Lane) -> None:
+    def __init__(
+        self, bus: NatsLink, lane: Lane, on_reconnect: set[Callable[[], Awaitable[None]]]
+    ) -> None:
         self.bus = bus
         self.lane = lane
         self.nc = bus.native
@@ -111,6 +123,12 @@ class NatsReceiver:
         self.reconnects = self.nc.stats["reconnects"]
         self.woken = False
         self.schedules = bus.schedules_supported
+        # (when, ack subject, payload) of the latest settles, sent again after a reconnect.
+        self.settled: deque[tuple[float, str, bytes]] = deque(
+            maxlen=lane.concurrency + RESETTLE_SPARE
+        )
+        self.on_reconnect = on_reconnect
+        on_reconnect.add(self.resettle)
 
     # -- fetching -----------------------------------------------------------------------------
 
@@ -241,13 +259,13 @@ class NatsReceiver:
     # -- settling -----------------------------------------------------------------------------
 
     async def ack(self, delivery: Delivery) -> None:
-        await _settle(delivery.handle.ack())
+        await self._end(delivery.handle, ACK)
 
     async def extend(self, delivery: Delivery) -> None:
         await _settle(delivery.handle.in_progress())
 
     async def release(self, delivery: Delivery, *, delay_s: float) -> None:
-        await _settle(delivery.handle.nak(delay=max(delay_s, MIN_NAK_DELAY_S)))
+        await self._end(delivery.handle, nak_payload(delay_s))
 
     async def retry(self, delivery: Delivery, *, due_ms: int, attempts: int) -> None:
         """The next attempt as a message scheduled for `due_ms`, then ack this one. Where
@@ -271,10 +289,9 @@ class NatsReceiver:
             except NATS_ERRORS as exc:
                 logger.debug("%s: retry not scheduled (%s); nak instead", self.lane.name, exc)
             else:
-                await _settle(msg.ack())
+                await self._end(msg, ACK)
                 return
-        delay_s = max(0.0, (due_ms - time.time() * 1000) / 1000)
-        await _settle(msg.nak(delay=max(delay_s, MIN_NAK_DELAY_S)))
+        await self._end(msg, nak_payload((due_ms - time.time() * 1000) / 1000))
 
     async def dead_letter(self, delivery: Delivery, record: DlqRecord, *, terminate: bool) -> None:
         """Publish the record, wait for its PubAck, and only then ack (or term) the original.
@@ -288,13 +305,30 @@ class NatsReceiver:
             )
         except NATS_ERRORS as exc:
             raise DriverUnavailable(str(exc) or repr(exc)) from exc
-        msg = delivery.handle
-        await _settle(msg.term() if terminate else msg.ack())
+        await self._end(delivery.handle, TERM if terminate else ACK)
+
+    async def _end(self, msg: Msg, payload: bytes) -> None:
+        """Send the settle that ends this delivery, and remember it for a reconnect."""
+        self.settled.append((time.monotonic(), msg.reply, payload))
+        await _settle(self.nc.publish(msg.reply, payload))
+
+    async def resettle(self) -> None:
+        """After a reconnect: send again the settles of the last RESETTLE_WINDOW_S. One that
+        had arrived changes nothing (the message is gone, or a later settle wins); one that
+        was lost frees its slot now instead of after the ack wait."""
+        since = time.monotonic() - RESETTLE_WINDOW_S
+        again = [(reply, payload) for at, reply, payload in self.settled if at >= since]
+        for reply, payload in again:
+            await _settle(self.nc.publish(reply, payload))
+        if again:
+            logger.info("%s: %d settle(s) sent again after the reconnect", self.lane.name,
+                        len(again))  # fmt: skip
 
     async def close(self) -> None:
         """Hand back what arrived and was never run (at once, not after its ack wait), stop
         listening, and send the last acks. A message of a pull request still open that lands
         after this comes back after its ack wait."""
+        self.on_reconnect.discard(self.resettle)
         while self.arrived:
             await _settle(self.arrived.popleft().nak())
         if self.subscription is not None:
@@ -318,6 +352,12 @@ def requeue_headers(
         HEADER_EVENT_ID: job_id, HEADER_EVENT_NAME: subject, HEADER_EMITTED_AT: str(emitted),
         HEADER_RUN_AT: str(run_at_ms),
     }  # fmt: skip
+
+
+def nak_payload(delay_s: float) -> bytes:
+    """A nak asking for redelivery after `delay_s` (nats-py's own `nak(delay=)` body)."""
+    delay_ns = int(max(delay_s, MIN_NAK_DELAY_S) * 1e9)
+    return b'-NAK {"delay":%d}' % delay_ns
 
 
 async def _settle(reply: Coroutine[Any, Any, Any]) -> None:
