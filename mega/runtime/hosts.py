@@ -192,6 +192,8 @@ async def _run_host(
                 getattr(importlib.import_module("mega.runtime.metrics"), part.metrics)(runtime)
             await run_hooks(config, part.hook, runtime, ctx)
             runtimes.append(runtime)
+        if config.metrics.enabled:
+            importlib.import_module("mega.runtime.metrics").observe_buses(ctx.buses)
         start_metrics_server(config, metrics_port)
         for part, runtime in zip(parts, runtimes, strict=True):
             await runtime.start()

@@ -7,9 +7,12 @@ never changes what a runtime does.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 # Latency buckets (seconds) from 1 ms to 1 min: jobs and tasks span that whole range.
 BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -42,6 +45,26 @@ OUTBOX_PUBLISHED = Counter("mega_outbox_published_total", "Outbox rows published
 OUTBOX_LAG = Gauge(
     "mega_outbox_lag_seconds", "Age of the oldest row still pending after the relay's last batch"
 )
+
+
+class BusDisconnects(Collector):
+    """`mega_bus_disconnects_total{bus}`: connections to a bus lost since the process started
+    (a node that went away or went silent), read from each bus that counts them (nats)."""
+
+    def __init__(self) -> None:
+        self.buses: dict[str, Any] = {}
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "mega_bus_disconnects", "Connections to a bus lost (then re-made)", labels=["bus"]
+        )
+        for alias, bus in self.buses.items():
+            family.add_metric([alias], bus.disconnects)
+        yield family
+
+
+BUS_DISCONNECTS = BusDisconnects()
+REGISTRY.register(BUS_DISCONNECTS)
 
 
 class Observable(Protocol):
@@ -112,3 +135,10 @@ def observe_relay(relay: Any) -> None:
         OUTBOX_PUBLISHED.inc(signal["count"])
 
     relay.on("published", count)
+
+
+def observe_buses(buses: Mapping[str, Any]) -> None:
+    """Export the disconnects of every bus of `buses` that counts them."""
+    BUS_DISCONNECTS.buses.update(
+        (alias, bus) for alias, bus in buses.items() if hasattr(bus, "disconnects")
+    )

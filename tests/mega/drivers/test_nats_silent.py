@@ -13,11 +13,13 @@ import time
 from collections.abc import Awaitable, Callable
 
 import pytest
+from prometheus_client import generate_latest
 
 from mega.config import BusSpec
 from mega.drivers.base import Lane
 from mega.drivers.nats.bus import NatsBus
 from mega.drivers.nats.names import durable_of, stream_of
+from mega.runtime.metrics import observe_buses
 from tests.cluster import NatsCluster
 from tests.mega.drivers.lanes import message
 
@@ -75,6 +77,8 @@ async def test_acks_lost_on_a_frozen_node_are_sent_again_on_the_next(
         assert f"lost {frozen.url.removeprefix('nats://')}; moving to another node" in caplog.text
         assert "4 settle(s) sent again after the reconnect" in caplog.text
         assert (await observer.stats(lane)).pending == 0  # acked: gone from the work queue
+        observe_buses({"jobs": bus})
+        assert 'mega_bus_disconnects_total{bus="jobs"} 1.0' in generate_latest().decode()
     finally:
         await receiver.close()
         await bus.close()
