@@ -15,6 +15,11 @@ in `self.tick.fence`, so its writes can refuse a stale holder. Claim, guard and 
 call, `LockAdapter.acquire_fenced`: one Lua script (one round trip) on a single Redis, three
 steps on a quorum (see `mega.schedules.locks`).
 
+Whose clock: each instance wakes by its own, but the claim is judged by the lock server's. A claim
+the server finds early (this clock is ahead of its) takes nothing and says how long until the
+instant there; the tick waits that long and claims again, so a fast clock cannot run a tick
+before its instant, and a slow one arrives after it and claims in time.
+
 Redis keys, with ``<prefix>`` = ``lock["key"]`` or ``mega:schedule:<ClassName>``:
     <prefix>:tick:<epoch>   claim of one planned instant (left to expire)
     <prefix>:running        overlap guard (renewed while the run lives, then released)
@@ -45,7 +50,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from mega.context import Context, LockAdapter, Refusal
+from mega.context import Context, EarlyClaim, FencedLease, LockAdapter, Refusal
 from mega.errors import LockBackendError, MegaError, RegistrationError
 from mega.schedules import cron
 from mega.schedules.schedule import (
@@ -67,6 +72,10 @@ LATE_LIMIT_S = 1.0
 # The claim must outlive the clock skew between peers (up to a second), or a late peer could
 # claim an instant again after the first claim expired; so never shorter than this.
 CLAIM_MIN_TTL_MS = 60_000
+# A claim found early waits for the lock server's clock and is tried again, up to this long in
+# all: an instance further ahead than this has a broken clock, not a skewed one, and skips the
+# tick (its peers run it) rather than pile up waiting ticks.
+EARLY_WAIT_LIMIT_S = 60.0
 # Longest single sleep, so a wall-clock step (NTP) is noticed within this delay.
 MAX_SLEEP_S = 30.0
 # After cancelling runs that outlived `stop()`, how long to let their `finally` release guards.
@@ -305,27 +314,51 @@ class Scheduler:
             tick = Tick(planned, None, source, self.instance_id)
             return await self._execute(spec, tick, record, extras=extras)
         adapter = self.ctx.lock(plan.alias)
-        # A manual tick is its own instant: no claim, only the guard and the fence.
+        try:
+            lease = await self._acquire(spec.name, plan, adapter, planned, source)
+        except Exception as exc:  # any adapter failure is a skip, never a crash of the host
+            detail = exc.message if isinstance(exc, LockBackendError) else repr(exc)
+            return await self._skip(spec, record, f"lock backend error: {detail}")
+        if isinstance(lease, EarlyClaim):
+            reason = (
+                f"early: the lock server's clock is {lease.wait_ms / 1000:.1f} s before the "
+                "instant (this instance's clock is ahead); not run here"
+            )
+            return await self._skip(spec, record, reason)
+        if isinstance(lease, str):
+            return await self._skip(spec, record, REFUSAL_REASONS[lease])
+        tick = Tick(planned, lease.fence, source, self.instance_id)
+        return await self._execute(spec, tick, record, (adapter, lease.token), extras)
+
+    async def _acquire(
+        self, name: str, plan: LockPlan, adapter: LockAdapter, planned: datetime,
+        source: TickSource,
+    ) -> FencedLease | Refusal | EarlyClaim:  # fmt: skip
+        """Claim, guard and fence in one call; while the lock server finds the claim early,
+        wait for its clock to reach the instant (by its answer) and claim again, up to
+        EARLY_WAIT_LIMIT_S. A manual tick is its own instant: no claim, only guard and fence."""
         claim_key = None
         if source == "schedule":
             claim_key = f"{plan.key_prefix}:tick:{int(planned.timestamp())}"
-        try:
+        instant_ms = int(planned.timestamp() * 1000)
+        waited_s = 0.0
+        while True:
             lease = await adapter.acquire_fenced(
                 f"{plan.key_prefix}:running",
                 plan.ttl_ms,
                 f"{plan.key_prefix}:fence",
                 claim_key=claim_key,
                 claim_ttl_ms=max(plan.ttl_ms, CLAIM_MIN_TTL_MS),
+                claim_at_ms=instant_ms,
                 # The planned instant (ms) keeps fences rising after a Redis restarted empty.
-                fence_floor=int(planned.timestamp() * 1000),
+                fence_floor=instant_ms,
             )
-        except Exception as exc:  # any adapter failure is a skip, never a crash of the host
-            detail = exc.message if isinstance(exc, LockBackendError) else repr(exc)
-            return await self._skip(spec, record, f"lock backend error: {detail}")
-        if isinstance(lease, str):
-            return await self._skip(spec, record, REFUSAL_REASONS[lease])
-        tick = Tick(planned, lease.fence, source, self.instance_id)
-        return await self._execute(spec, tick, record, (adapter, lease.token), extras)
+            if not isinstance(lease, EarlyClaim):
+                return lease
+            waited_s += lease.wait_ms / 1000
+            if waited_s > EARLY_WAIT_LIMIT_S:
+                return lease
+            await asyncio.sleep(lease.wait_ms / 1000)
 
     async def _execute(
         self,
