@@ -18,7 +18,9 @@ steps on a quorum (see `mega.schedules.locks`).
 Whose clock: each instance wakes by its own, but the claim is judged by the lock server's. A claim
 the server finds early (this clock is ahead of its) takes nothing and says how long until the
 instant there; the tick waits that long and claims again, so a fast clock cannot run a tick
-before its instant, and a slow one arrives after it and claims in time.
+before its instant, and a slow one arrives after it and claims in time. The offset between the
+clocks comes with every claim: sent as a `clock` signal (the metrics' gauge), and logged once
+per lock when it exceeds `CLOCK_OFFSET_WARN_MS`.
 
 Redis keys, with ``<prefix>`` = ``lock["key"]`` or ``mega:schedule:<ClassName>``:
     <prefix>:tick:<epoch>   claim of one planned instant (left to expire)
@@ -65,7 +67,7 @@ from mega.signals import Observer, Signals
 
 logger = logging.getLogger("mega.scheduler")
 
-SIGNALS = ("run", "skip", "done", "fail")
+SIGNALS = ("run", "skip", "done", "fail", "clock")
 # An instant reached more than this late (event loop stalled, host suspended) counts as missed
 # and is not fired: a burst of stale ticks would be worse than a gap.
 LATE_LIMIT_S = 1.0
@@ -76,6 +78,9 @@ CLAIM_MIN_TTL_MS = 60_000
 # all: an instance further ahead than this has a broken clock, not a skewed one, and skips the
 # tick (its peers run it) rather than pile up waiting ticks.
 EARLY_WAIT_LIMIT_S = 60.0
+# An offset from the lock server's clock above this is logged once per lock: claims keep the
+# ticks on time, but a clock this far off is one NTP no longer keeps.
+CLOCK_OFFSET_WARN_MS = 250
 # Longest single sleep, so a wall-clock step (NTP) is noticed within this delay.
 MAX_SLEEP_S = 30.0
 # After cancelling runs that outlived `stop()`, how long to let their `finally` release guards.
@@ -132,7 +137,7 @@ class TickResult:
 
 
 class Scheduler:
-    """Runs Schedule classes on their cron. Signals: run, skip, done, fail.
+    """Runs Schedule classes on their cron. Signals: run, skip, done, fail, clock.
 
     `stop_timeout_s` bounds how long `stop()` waits for running runs (seconds); `audit_size` is
     how many tick records are kept per schedule (all instances together).
@@ -158,6 +163,7 @@ class Scheduler:
         self._active: dict[str, int] = {}  # runs in progress here, per schedule name
         self._local_audit: dict[str, deque[dict[str, Any]]] = {}
         self._audit_failing = False
+        self._clock_warned: set[str] = set()  # the locks whose clock offset was logged
         self._started = False
 
     def on(self, name: str, observer: Observer) -> Callable[[], None]:
@@ -353,12 +359,29 @@ class Scheduler:
                 # The planned instant (ms) keeps fences rising after a Redis restarted empty.
                 fence_floor=instant_ms,
             )
+            await self._note_clock(name, plan.alias, adapter.clock_offset_ms)
             if not isinstance(lease, EarlyClaim):
                 return lease
             waited_s += lease.wait_ms / 1000
             if waited_s > EARLY_WAIT_LIMIT_S:
                 return lease
             await asyncio.sleep(lease.wait_ms / 1000)
+
+    async def _note_clock(self, name: str, alias: str, offset_ms: float | None) -> None:
+        """Send the clock offset a claim measured; log it once per lock when it is too large."""
+        if offset_ms is None:
+            return
+        if abs(offset_ms) > CLOCK_OFFSET_WARN_MS and alias not in self._clock_warned:
+            self._clock_warned.add(alias)
+            logger.warning(
+                "this scheduler's clock is %+.3f s off the lock server's (lock %r, Redis TIME; "
+                "over %d ms): ticks still wait for their instant on the server's clock, but a "
+                "clock behind makes this instance late and its log times are off; keep NTP on",
+                offset_ms / 1000,
+                alias,
+                CLOCK_OFFSET_WARN_MS,
+            )
+        await self.signals.emit("clock", schedule=name, lock=alias, offset_ms=round(offset_ms, 1))
 
     async def _execute(
         self,

@@ -435,11 +435,15 @@ async def test_a_tick_fired_before_its_instant_waits_for_the_lock_servers_clock(
     scheduler = Scheduler(context("a", clients(redis_url))).register(schedule(prefix, runs))
     started: list[float] = []  # by this process's clock, which is the lock server's here
     scheduler.on("run", lambda signal: started.append(time.time()))
+    clocks: list[dict[str, Any]] = []
+    scheduler.on("clock", clocks.append)
     planned = datetime.now(UTC) + timedelta(seconds=0.8)  # a clock 0.8 s fast fires now
     result = await fire_at(scheduler, "Probe", planned)
     assert result.ran is True and [r[0] for r in runs] == [planned]
     assert started[0] >= planned.timestamp() - CLAIM_TOLERANCE_MS / 1000
     assert started[0] < planned.timestamp() + 0.5
+    assert len(clocks) == 2  # refused as early, then claimed: each reply measured the offset
+    assert all(c["lock"] == "main" and abs(c["offset_ms"]) < 50 for c in clocks)
 
 
 async def test_a_tick_fired_too_far_before_its_instant_is_skipped_here(
