@@ -26,6 +26,7 @@ _EXPORTS = {
     "CacheAdapter": "mega.context",
     "Context": "mega.context",
     "Database": "mega.database",
+    "EarlyClaim": "mega.context",
     "FencedLease": "mega.context",
     "LockAdapter": "mega.context",
     "TaskPool": "mega.context",
@@ -100,6 +101,7 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.config import load_config as load_config
     from mega.context import CacheAdapter as CacheAdapter
     from mega.context import Context as Context
+    from mega.context import EarlyClaim as EarlyClaim
     from mega.context import FencedLease as FencedLease
     from mega.context import LockAdapter as LockAdapter
     from mega.context import TaskPool as TaskPool

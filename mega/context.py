@@ -44,6 +44,14 @@ class FencedLease:
     fence: int  # larger than every fencing number drawn before under the same fence key
 
 
+@dataclass(frozen=True)
+class EarlyClaim:
+    """`acquire_fenced` found the claim's instant still ahead on the lock server's clock: it
+    took nothing; try again in `wait_ms` milliseconds, when the server reaches the instant."""
+
+    wait_ms: int
+
+
 class LockAdapter(Protocol):
     """What `ctx.lock(alias)` gives: one-attempt locks with tokens (opaque strings)."""
 
@@ -77,10 +85,14 @@ class LockAdapter(Protocol):
         claim_key: str | None = None,
         claim_ttl_ms: int = 0,
         fence_floor: int = 0,
-    ) -> FencedLease | Refusal:
+        claim_at_ms: int = 0,
+    ) -> FencedLease | Refusal | EarlyClaim:
         """One attempt, no waiting, at a claim, a lock and its fencing number together.
 
-        With `claim_key`: "claimed" when that key is taken already; else it is taken for
+        With `claim_key`: an `EarlyClaim` while the lock server's clock is still before
+        `claim_at_ms` (the instant claimed, epoch ms; 0 never waits) by more than the adapter's
+        tolerance (a few ms; nothing is taken), so no caller acts before an instant whatever its
+        own clock says. Else "claimed" when that key is taken already; else it is taken for
         `claim_ttl_ms` ms (a positive int) and left to expire, even when "overlap" follows (the
         claim is a one-shot: whoever takes it consumes it). Then "overlap" when `key` is held;
         else `key` is held for `ttl_ms` ms (a positive int) and the lease carries its token
@@ -90,6 +102,13 @@ class LockAdapter(Protocol):
         with a Redis restarted empty. A backend failure raises LockBackendError and does not
         leave `key` held (the claim may be).
         """
+        ...
+
+    @property
+    def clock_offset_ms(self) -> float | None:
+        """This process's clock minus the lock server's (ms; the median over a quorum's
+        servers), measured at the last `acquire_fenced` from the middle of its round trip;
+        None before the first."""
         ...
 
 

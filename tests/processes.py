@@ -1,14 +1,24 @@
-"""Process helpers for tests that run real hosts: who is below a pid, who is alive, free ports."""
+"""Process helpers for tests that run real hosts: who is below a pid, who is alive, free ports,
+a host started with its clock set off."""
 
 from __future__ import annotations
 
 import re
 import socket
+import sysconfig
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+
+import pytest
+
+# libfaketime's preload library as Debian's `faketime` package installs it, in its thread-safe
+# build: a host runs threads beside its event loop (the metrics server, asyncio.to_thread).
+FAKETIME_LIBRARY = (
+    Path("/usr/lib") / (sysconfig.get_config_var("MULTIARCH") or "") / "faketime/libfaketimeMT.so.1"
+)
 
 
 def descendants(pid: int) -> set[int]:
@@ -106,3 +116,16 @@ def wait_for_text(
             break
         time.sleep(0.2)
     raise AssertionError(f"{pattern!r} did not appear {count} time(s)\n{read()[-4000:]}")
+
+
+def clock_offset_env(offset_s: float) -> dict[str, str]:
+    """Environment variables that start a process with its wall clock `offset_s` seconds off
+    (libfaketime: `time.time()` and `datetime.now()` are shifted; the monotonic clock is left
+    alone, so asyncio's sleeps and timeouts stay real). Skips the test without libfaketime."""
+    if not FAKETIME_LIBRARY.exists():
+        pytest.skip(f"libfaketime is not installed ({FAKETIME_LIBRARY}): apt-get install faketime")
+    return {
+        "LD_PRELOAD": str(FAKETIME_LIBRARY),
+        "FAKETIME": f"{offset_s:+}",  # seconds; "." is the decimal point (C numeric locale)
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    }

@@ -32,6 +32,11 @@ SCHEDULE_EVENTS = Counter("mega_schedule_events_total", "Scheduler events", ["sc
 SCHEDULE_LATENESS = _seconds(
     "mega_schedule_lateness_seconds", "Start of a run minus its planned instant", "schedule"
 )
+SCHEDULER_CLOCK_OFFSET = Gauge(
+    "mega_scheduler_clock_offset_seconds",
+    "This scheduler's clock minus its lock server's (Redis TIME), measured at its last claim",
+    ["lock"],
+)
 POOL_TASKS = Counter("mega_pool_tasks_total", "CPU pool tasks by outcome", ["worker", "outcome"])
 POOL_CRASHES = Counter("mega_pool_crashes_total", "CPU pool child processes that died", ["worker"])
 POOL_DURATION = _seconds("mega_pool_task_duration_seconds", "Run time of one pool task", "worker")
@@ -88,14 +93,20 @@ def observe_jobs(runtime: Observable) -> None:
 
 
 def observe_scheduler(runtime: Observable) -> None:
+    """Count every tick's signal, time its lateness; the clock offset from each claim."""
+
     def count(signal: dict[str, Any]) -> None:
         schedule = str(signal.get("schedule", "unknown"))
         SCHEDULE_EVENTS.labels(schedule, signal["signal"]).inc()
         if signal["signal"] == "run" and signal.get("lateness_ms") is not None:
             SCHEDULE_LATENESS.labels(schedule).observe(signal["lateness_ms"] / 1000)
 
+    def clock(signal: dict[str, Any]) -> None:
+        SCHEDULER_CLOCK_OFFSET.labels(str(signal["lock"])).set(signal["offset_ms"] / 1000)
+
     for name in ("run", "skip", "done", "fail"):
         runtime.on(name, count)
+    runtime.on("clock", clock)
 
 
 def observe_pool(pool: Any) -> None:

@@ -11,6 +11,13 @@ protected writes can refuse a stale holder, and `acquire_fenced()` takes a lock 
 fencing number (plus an optional one-shot claim): what a scheduler tick needs, in one round trip
 on one server.
 
+A claim is for an instant, and the lock server's clock decides when that instant has come: the
+scripts read Redis `TIME` and refuse a claim more than `CLAIM_TOLERANCE_MS` before it, so a
+caller whose clock runs ahead waits instead of acting early. Every such reply carries the
+server's time, and the middle of its round trip gives this process's clock offset
+(`clock_offset_ms`). This needs Redis 5 or later (or valkey), where a script may write after
+reading TIME.
+
 A Redis failure is raised as `LockBackendError` (code ``lock.backend``) naming the server; a
 quorum tolerates a minority of servers down and only raises when no majority can answer.
 """
@@ -19,62 +26,30 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import statistics
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Literal, TypeVar
 
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
-from mega.context import FencedLease, Refusal
+from mega.context import EarlyClaim, FencedLease, Refusal
 from mega.errors import ConfigError, LockBackendError
+from mega.schedules.lock_scripts import (
+    ACQUIRE_FENCED_SCRIPT,
+    CLAIM_SCRIPT,
+    EXTEND_SCRIPT,
+    RAISE_TO_SCRIPT,
+    RELEASE_SCRIPT,
+)
 from mega.validation import int_problem
 
-# Delete the key only while it still holds our token.
-RELEASE_SCRIPT = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-# Reset the key's TTL only while it still holds our token: a lease renewed by its holder alone.
-EXTEND_SCRIPT = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-# Raise a counter to at least ARGV[1] (never lower it): the quorum form of INCR, see `incr()`.
-RAISE_TO_SCRIPT = """
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-local wanted = tonumber(ARGV[1])
-if current < wanted then
-    redis.call('SET', KEYS[1], wanted)
-    return wanted
-end
-return current
-"""
-# `acquire_fenced` on one server, atomically: KEYS = guard, fence[, claim]; ARGV = token, guard
-# ttl ms, fence floor[, claim ttl ms]. The claim is taken first and kept even on "overlap" (tick
-# consumed). The fence is the counter plus one, or the floor when that is larger: a counter
-# lost with a Redis restarted empty starts again above every fence drawn before.
-# INCR comes before the guard's SET: a script that fails half-way keeps its earlier writes, and a
-# fence key holding a non-number must not leave a guard behind that blocks the next ticks.
-ACQUIRE_FENCED_SCRIPT = """
-if #KEYS == 3 and not redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[4]) then
-    return {'claimed'}
-end
-if redis.call('EXISTS', KEYS[1]) == 1 then
-    return {'overlap'}
-end
-local fence = redis.call('INCR', KEYS[2])
-if fence < tonumber(ARGV[3]) then
-    redis.call('SET', KEYS[2], ARGV[3])
-    fence = ARGV[3]
-end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {'acquired', fence}
-"""
+# The claim's tolerance: a claim is refused as early only when the lock server's clock is more
+# than this before its instant. Clocks kept by NTP agree within a few ms: a scheduler on time is
+# not sent back for that, one really ahead is.
+CLAIM_TOLERANCE_MS = 5
 # 128 random bits: a token no other holder can guess or collide with.
 TOKEN_BYTES = 16
 # Bound on one command to one server, so a blackholed server cannot stall a caller.
@@ -108,6 +83,8 @@ class RedLock:
         self._extend_scripts = [client.register_script(EXTEND_SCRIPT) for client in clients]
         self._raise_scripts = [client.register_script(RAISE_TO_SCRIPT) for client in clients]
         self._fenced_scripts = [client.register_script(ACQUIRE_FENCED_SCRIPT) for client in clients]
+        self._claim_scripts = [client.register_script(CLAIM_SCRIPT) for client in clients]
+        self.clock_offset_ms: float | None = None  # see `LockAdapter.clock_offset_ms`
 
     @property
     def native(self) -> Redis:
@@ -124,11 +101,7 @@ class RedLock:
         )
         elapsed_ms = (time.monotonic() - started) * 1000
         held = sum(1 for result in results if result is True)
-        if len(self.clients) == 1:
-            valid = True  # the server's own TTL is the whole story; no peers to disagree with
-        else:
-            valid = ttl_ms - elapsed_ms - (ttl_ms * DRIFT_FACTOR + DRIFT_MIN_MS) > 0
-        if held >= self.quorum and valid:
+        if held >= self.quorum and self._still_valid(ttl_ms, elapsed_ms):
             return token
         if held or any(isinstance(result, BaseException) for result in results):
             # A timed-out SET may still have landed: release everywhere so peers can try now.
@@ -200,28 +173,27 @@ class RedLock:
         claim_key: str | None = None,
         claim_ttl_ms: int = 0,
         fence_floor: int = 0,
-    ) -> FencedLease | Refusal:
+        claim_at_ms: int = 0,
+    ) -> FencedLease | Refusal | EarlyClaim:
         """See `LockAdapter.acquire_fenced`. One server: one Lua script, one round trip, and the
-        fence is issued atomically with the lock. A quorum: `acquire` (claim), `acquire` (lock),
-        `incr` (fence) in turn, since a script runs on one server and cannot span independent
-        ones; the fence is then drawn just after the lock is held.
+        fence is issued atomically with the lock. A quorum: claim (a script on each server),
+        `acquire` (lock), `incr` (fence) in turn, since a script runs on one server and cannot
+        span independent ones; the fence is then drawn just after the lock is held.
         """
         _check_ttl("ttl_ms", ttl_ms)
         if claim_key is not None:
             _check_ttl("claim_ttl_ms", claim_ttl_ms)
         if len(self.clients) > 1:
             return await self._acquire_fenced_in_steps(
-                key, ttl_ms, fence_key, claim_key, claim_ttl_ms, fence_floor
+                key, ttl_ms, fence_key, claim_key, claim_ttl_ms, claim_at_ms, fence_floor
             )
         token = secrets.token_hex(TOKEN_BYTES)
         keys = [key, fence_key]
         args: list[str | int] = [token, ttl_ms, fence_floor]
         if claim_key is not None:
             keys.append(claim_key)
-            args.append(claim_ttl_ms)
-        results = await self._on_each(
-            lambda i: self._fenced_scripts[i](keys=keys, args=args), OP_TIMEOUT_S
-        )
+            args.extend([claim_ttl_ms, claim_at_ms, CLAIM_TOLERANCE_MS])
+        results = await self._run_timed(self._fenced_scripts, keys, args, OP_TIMEOUT_S)
         if isinstance(results[0], BaseException):
             # A timed-out script may still have run: give back what it may hold, as `acquire`.
             held = [k for k in keys if k != fence_key]
@@ -229,11 +201,14 @@ class RedLock:
             self._raise_without_majority(results, f"acquire {key!r} with fence {fence_key!r}")
         return self._fenced_reply(results[0], token)
 
-    def _fenced_reply(self, reply: Any, token: str) -> FencedLease | Refusal:
-        """Read `ACQUIRE_FENCED_SCRIPT`'s reply: ``[status]`` or ``["acquired", fence]``."""
+    def _fenced_reply(self, reply: Any, token: str) -> FencedLease | Refusal | EarlyClaim:
+        """Read `ACQUIRE_FENCED_SCRIPT`'s reply: ``[status, now]`` or ``[status, now, detail]``,
+        the detail being the fence ("acquired") or the wait ("early")."""
         status = _text(reply[0])
         if status == "acquired":
-            return FencedLease(token, int(reply[1]))
+            return FencedLease(token, int(reply[2]))
+        if status == "early":
+            return EarlyClaim(int(reply[2]))
         if status == "claimed":
             return "claimed"
         if status == "overlap":
@@ -242,10 +217,12 @@ class RedLock:
 
     async def _acquire_fenced_in_steps(
         self, key: str, ttl_ms: int, fence_key: str, claim_key: str | None, claim_ttl_ms: int,
-        fence_floor: int,
-    ) -> FencedLease | Refusal:  # fmt: skip
-        if claim_key is not None and await self.acquire(claim_key, claim_ttl_ms) is None:
-            return "claimed"
+        claim_at_ms: int, fence_floor: int,
+    ) -> FencedLease | Refusal | EarlyClaim:  # fmt: skip
+        if claim_key is not None:
+            refused = await self._claim_on_quorum(claim_key, claim_ttl_ms, claim_at_ms)
+            if refused is not None:
+                return refused
         token = await self.acquire(key, ttl_ms)
         if token is None:
             return "overlap"
@@ -257,11 +234,61 @@ class RedLock:
             raise
         return FencedLease(token, fence)
 
+    async def _claim_on_quorum(
+        self, key: str, ttl_ms: int, instant_ms: int
+    ) -> Literal["claimed"] | EarlyClaim | None:
+        """Take a claim on a majority within its validity, as `acquire` takes a lock, each
+        server judging "early" by its own clock (`CLAIM_SCRIPT`); None when held."""
+        token = secrets.token_hex(TOKEN_BYTES)
+        started = time.monotonic()
+        results = await self._run_timed(
+            self._claim_scripts,
+            [key],
+            [token, ttl_ms, instant_ms, CLAIM_TOLERANCE_MS],
+            self._acquire_timeout_s(ttl_ms),
+        )
+        elapsed_ms = (time.monotonic() - started) * 1000
+        answers = [
+            None if isinstance(reply, BaseException) else _claim_answer(reply) for reply in results
+        ]
+        outcome = quorum_claim(answers, self.quorum)
+        if outcome == "acquired" and self._still_valid(ttl_ms, elapsed_ms):
+            return None
+        if any(answer is None or answer[0] == "acquired" for answer in answers):
+            await self._release_quietly(key, token)  # partial holds, and SETs that may have landed
+        self._raise_without_majority(results, f"claim {key!r}")
+        return "claimed" if outcome == "acquired" else outcome
+
+    def _still_valid(self, ttl_ms: int, elapsed_ms: float) -> bool:
+        """Whether a hold that took `elapsed_ms` to win is worth keeping: on one server its TTL
+        is the whole story (no peers to disagree with); on a quorum, Redlock's validity."""
+        if len(self.clients) == 1:
+            return True
+        return ttl_ms - elapsed_ms - (ttl_ms * DRIFT_FACTOR + DRIFT_MIN_MS) > 0
+
     def _acquire_timeout_s(self, ttl_ms: int) -> float:
         if len(self.clients) == 1:
             return OP_TIMEOUT_S
         fraction_s = ttl_ms / 1000 * QUORUM_TIMEOUT_FRACTION
         return min(OP_TIMEOUT_S, max(QUORUM_TIMEOUT_MIN_S, fraction_s))
+
+    async def _run_timed(
+        self, scripts: list[AsyncScript], keys: list[str], args: list[str | int], timeout_s: float
+    ) -> list[Any]:
+        """Run one script per server whose replies start ``[status, server now ms]``, and note
+        `clock_offset_ms` from the middle of each round trip (the median over the servers)."""
+        offsets_ms: list[float] = []
+
+        async def timed(i: int) -> Any:
+            sent = time.time()
+            reply = await scripts[i](keys=keys, args=args)
+            offsets_ms.append((sent + time.time()) / 2 * 1000 - int(reply[1]))
+            return reply
+
+        results = await self._on_each(timed, timeout_s)
+        if offsets_ms:
+            self.clock_offset_ms = statistics.median(offsets_ms)
+        return results
 
     async def _on_each(
         self, op: Callable[[int], Awaitable[T]], timeout_s: float
@@ -303,6 +330,26 @@ class RedLock:
         raise LockBackendError(message)
 
 
+def quorum_claim(
+    answers: Sequence[tuple[str, int] | None], quorum: int
+) -> Literal["acquired", "claimed"] | EarlyClaim:
+    """What the servers' answers to one claim add up to. Each answer is ``("acquired", 0)``,
+    ``("claimed", 0)``, ``("early", ms until the instant on that server)`` or None (no answer).
+
+    "acquired" when a majority took it. Else, when servers that found it early could still make
+    a majority with those that took it, an `EarlyClaim` to wait until just enough of them reach
+    the instant; else "claimed": a peer holds too many servers for waiting to help.
+    """
+    held = sum(1 for answer in answers if answer and answer[0] == "acquired")
+    if held >= quorum:
+        return "acquired"
+    waits_ms = sorted(answer[1] for answer in answers if answer and answer[0] == "early")
+    missing = quorum - held
+    if len(waits_ms) >= missing:
+        return EarlyClaim(waits_ms[missing - 1])
+    return "claimed"
+
+
 def server_name(client: Redis) -> str:
     """`host:port/db` (or the socket path) of a client, for messages and audits."""
     kwargs = client.connection_pool.connection_kwargs
@@ -315,6 +362,12 @@ def _check_ttl(name: str, ttl_ms: object) -> None:
     problem = int_problem(ttl_ms, unit="milliseconds")
     if problem:
         raise ValueError(f"{name} {problem}")
+
+
+def _claim_answer(reply: Any) -> tuple[str, int]:
+    """One server's `CLAIM_SCRIPT` reply as `quorum_claim` reads it: (status, wait ms)."""
+    status = _text(reply[0])
+    return status, int(reply[2]) if status == "early" else 0
 
 
 def _text(value: object) -> str:

@@ -15,6 +15,13 @@ in `self.tick.fence`, so its writes can refuse a stale holder. Claim, guard and 
 call, `LockAdapter.acquire_fenced`: one Lua script (one round trip) on a single Redis, three
 steps on a quorum (see `mega.schedules.locks`).
 
+Whose clock: each instance wakes by its own, but the claim is judged by the lock server's. A claim
+the server finds early (this clock is ahead of its) takes nothing and says how long until the
+instant there; the tick waits that long and claims again, so a fast clock cannot run a tick
+before its instant, and a slow one arrives after it and claims in time. The offset between the
+clocks comes with every claim: sent as a `clock` signal (the metrics' gauge), and logged once
+per lock when it exceeds `CLOCK_OFFSET_WARN_MS`.
+
 Redis keys, with ``<prefix>`` = ``lock["key"]`` or ``mega:schedule:<ClassName>``:
     <prefix>:tick:<epoch>   claim of one planned instant (left to expire)
     <prefix>:running        overlap guard (renewed while the run lives, then released)
@@ -45,7 +52,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from mega.context import Context, LockAdapter, Refusal
+from mega.context import Context, EarlyClaim, FencedLease, LockAdapter, Refusal
 from mega.errors import LockBackendError, MegaError, RegistrationError
 from mega.schedules import cron
 from mega.schedules.schedule import (
@@ -60,13 +67,20 @@ from mega.signals import Observer, Signals
 
 logger = logging.getLogger("mega.scheduler")
 
-SIGNALS = ("run", "skip", "done", "fail")
+SIGNALS = ("run", "skip", "done", "fail", "clock")
 # An instant reached more than this late (event loop stalled, host suspended) counts as missed
 # and is not fired: a burst of stale ticks would be worse than a gap.
 LATE_LIMIT_S = 1.0
 # The claim must outlive the clock skew between peers (up to a second), or a late peer could
 # claim an instant again after the first claim expired; so never shorter than this.
 CLAIM_MIN_TTL_MS = 60_000
+# A claim found early waits for the lock server's clock and is tried again, up to this long in
+# all: an instance further ahead than this has a broken clock, not a skewed one, and skips the
+# tick (its peers run it) rather than pile up waiting ticks.
+EARLY_WAIT_LIMIT_S = 60.0
+# An offset from the lock server's clock above this is logged once per lock: claims keep the
+# ticks on time, but a clock this far off is one NTP no longer keeps.
+CLOCK_OFFSET_WARN_MS = 250
 # Longest single sleep, so a wall-clock step (NTP) is noticed within this delay.
 MAX_SLEEP_S = 30.0
 # After cancelling runs that outlived `stop()`, how long to let their `finally` release guards.
@@ -123,7 +137,7 @@ class TickResult:
 
 
 class Scheduler:
-    """Runs Schedule classes on their cron. Signals: run, skip, done, fail.
+    """Runs Schedule classes on their cron. Signals: run, skip, done, fail, clock.
 
     `stop_timeout_s` bounds how long `stop()` waits for running runs (seconds); `audit_size` is
     how many tick records are kept per schedule (all instances together).
@@ -149,6 +163,7 @@ class Scheduler:
         self._active: dict[str, int] = {}  # runs in progress here, per schedule name
         self._local_audit: dict[str, deque[dict[str, Any]]] = {}
         self._audit_failing = False
+        self._clock_warned: set[str] = set()  # the locks whose clock offset was logged
         self._started = False
 
     def on(self, name: str, observer: Observer) -> Callable[[], None]:
@@ -305,27 +320,68 @@ class Scheduler:
             tick = Tick(planned, None, source, self.instance_id)
             return await self._execute(spec, tick, record, extras=extras)
         adapter = self.ctx.lock(plan.alias)
-        # A manual tick is its own instant: no claim, only the guard and the fence.
+        try:
+            lease = await self._acquire(spec.name, plan, adapter, planned, source)
+        except Exception as exc:  # any adapter failure is a skip, never a crash of the host
+            detail = exc.message if isinstance(exc, LockBackendError) else repr(exc)
+            return await self._skip(spec, record, f"lock backend error: {detail}")
+        if isinstance(lease, EarlyClaim):
+            reason = (
+                f"early: the lock server's clock is {lease.wait_ms / 1000:.1f} s before the "
+                "instant (this instance's clock is ahead); not run here"
+            )
+            return await self._skip(spec, record, reason)
+        if isinstance(lease, str):
+            return await self._skip(spec, record, REFUSAL_REASONS[lease])
+        tick = Tick(planned, lease.fence, source, self.instance_id)
+        return await self._execute(spec, tick, record, (adapter, lease.token), extras)
+
+    async def _acquire(
+        self, name: str, plan: LockPlan, adapter: LockAdapter, planned: datetime,
+        source: TickSource,
+    ) -> FencedLease | Refusal | EarlyClaim:  # fmt: skip
+        """Claim, guard and fence in one call; while the lock server finds the claim early,
+        wait for its clock to reach the instant (by its answer) and claim again, up to
+        EARLY_WAIT_LIMIT_S. A manual tick is its own instant: no claim, only guard and fence."""
         claim_key = None
         if source == "schedule":
             claim_key = f"{plan.key_prefix}:tick:{int(planned.timestamp())}"
-        try:
+        instant_ms = int(planned.timestamp() * 1000)
+        waited_s = 0.0
+        while True:
             lease = await adapter.acquire_fenced(
                 f"{plan.key_prefix}:running",
                 plan.ttl_ms,
                 f"{plan.key_prefix}:fence",
                 claim_key=claim_key,
                 claim_ttl_ms=max(plan.ttl_ms, CLAIM_MIN_TTL_MS),
+                claim_at_ms=instant_ms,
                 # The planned instant (ms) keeps fences rising after a Redis restarted empty.
-                fence_floor=int(planned.timestamp() * 1000),
+                fence_floor=instant_ms,
             )
-        except Exception as exc:  # any adapter failure is a skip, never a crash of the host
-            detail = exc.message if isinstance(exc, LockBackendError) else repr(exc)
-            return await self._skip(spec, record, f"lock backend error: {detail}")
-        if isinstance(lease, str):
-            return await self._skip(spec, record, REFUSAL_REASONS[lease])
-        tick = Tick(planned, lease.fence, source, self.instance_id)
-        return await self._execute(spec, tick, record, (adapter, lease.token), extras)
+            await self._note_clock(name, plan.alias, adapter.clock_offset_ms)
+            if not isinstance(lease, EarlyClaim):
+                return lease
+            waited_s += lease.wait_ms / 1000
+            if waited_s > EARLY_WAIT_LIMIT_S:
+                return lease
+            await asyncio.sleep(lease.wait_ms / 1000)
+
+    async def _note_clock(self, name: str, alias: str, offset_ms: float | None) -> None:
+        """Send the clock offset a claim measured; log it once per lock when it is too large."""
+        if offset_ms is None:
+            return
+        if abs(offset_ms) > CLOCK_OFFSET_WARN_MS and alias not in self._clock_warned:
+            self._clock_warned.add(alias)
+            logger.warning(
+                "this scheduler's clock is %+.3f s off the lock server's (lock %r, Redis TIME; "
+                "over %d ms): ticks still wait for their instant on the server's clock, but a "
+                "clock behind makes this instance late and its log times are off; keep NTP on",
+                offset_ms / 1000,
+                alias,
+                CLOCK_OFFSET_WARN_MS,
+            )
+        await self.signals.emit("clock", schedule=name, lock=alias, offset_ms=round(offset_ms, 1))
 
     async def _execute(
         self,

@@ -8,10 +8,10 @@ from collections.abc import Callable
 import pytest
 from redis.asyncio import Redis
 
-from mega.context import FencedLease, Refusal
+from mega.context import EarlyClaim, FencedLease, Refusal
 from mega.errors import LockBackendError
 from mega.runtime.embedded import EmbeddedServer
-from mega.schedules.locks import RedLock
+from mega.schedules.locks import CLAIM_TOLERANCE_MS, RedLock, quorum_claim
 
 
 @pytest.fixture
@@ -180,13 +180,19 @@ async def test_quorum_fence_keeps_increasing_across_a_restart(
 
 
 async def fenced(
-    lock: RedLock, prefix: str, claim: str | None = None, ttl_ms: int = 5_000
-) -> FencedLease | Refusal:
-    """`acquire_fenced` with the scheduler's key layout under `prefix`."""
+    lock: RedLock, prefix: str, claim: str | None = None, ttl_ms: int = 5_000, at_ms: int = 0
+) -> FencedLease | Refusal | EarlyClaim:
+    """`acquire_fenced` with the scheduler's key layout under `prefix`, claiming `at_ms`."""
     claim_key = None if claim is None else f"{prefix}:tick:{claim}"
     return await lock.acquire_fenced(
-        f"{prefix}:running", ttl_ms, f"{prefix}:fence", claim_key=claim_key, claim_ttl_ms=60_000
-    )
+        f"{prefix}:running", ttl_ms, f"{prefix}:fence", claim_key=claim_key, claim_ttl_ms=60_000,
+        claim_at_ms=at_ms,
+    )  # fmt: skip
+
+
+async def server_ms(client: Redis) -> int:
+    seconds, microseconds = await client.time()
+    return int(seconds * 1000 + microseconds // 1000)
 
 
 async def test_acquire_fenced_claimed_overlap_acquired(lock: RedLock, prefix: str) -> None:
@@ -327,3 +333,75 @@ async def test_quorum_acquire_fenced_frees_the_guard_when_the_fence_fails(
     with pytest.raises(LockBackendError, match="incr 'p:fence'"):
         await fenced(lock, "p", claim="1")
     assert [await client.exists("p:running") for client in lock.clients] == [0, 0, 0]
+
+
+# -- the claim's instant, by the lock server's clock -----------------------------------------
+
+
+async def test_a_claim_before_its_instant_on_the_servers_clock_is_early_and_takes_nothing(
+    lock: RedLock, prefix: str
+) -> None:
+    assert lock.clock_offset_ms is None  # nothing measured yet
+    now_ms = await server_ms(lock.native)
+    early = await fenced(lock, prefix, claim="1", at_ms=now_ms + 2_000)
+    assert isinstance(early, EarlyClaim) and 1_900 < early.wait_ms <= 2_000
+    assert await lock.native.exists(f"{prefix}:tick:1", f"{prefix}:running", f"{prefix}:fence") == 0
+    # This process and the server share the machine's clock: the measured offset is about 0.
+    assert lock.clock_offset_ms is not None and abs(lock.clock_offset_ms) < 50
+
+    # Within the tolerance of the instant: taken (the server's clock only moves towards it).
+    now_ms = await server_ms(lock.native)
+    near = await fenced(lock, prefix, claim="1", at_ms=now_ms + CLAIM_TOLERANCE_MS - 1)
+    assert isinstance(near, FencedLease)
+    assert await lock.release(f"{prefix}:running", near.token) is True
+    late = await fenced(lock, prefix, claim="2", at_ms=now_ms - 1_500)  # a slow clock's claim
+    assert isinstance(late, FencedLease) and late.fence == near.fence + 1
+    manual = await fenced(lock, prefix, at_ms=now_ms + 60_000)  # no claim: no instant to wait for
+    assert manual == "overlap"
+
+
+async def test_a_quorum_claim_before_its_instant_is_early_on_the_servers_clocks(
+    redis_factory: Callable[[], EmbeddedServer], clients: Callable[[str], Redis]
+) -> None:
+    servers = [redis_factory() for _ in range(3)]
+    lock = RedLock("quorum", [clients(server.url) for server in servers])
+    now_ms = await server_ms(lock.native)
+    early = await fenced(lock, "p", claim="1", at_ms=now_ms + 2_000)
+    assert isinstance(early, EarlyClaim) and 1_900 < early.wait_ms <= 2_000
+    assert [await client.exists("p:tick:1", "p:running") for client in lock.clients] == [0, 0, 0]
+    assert lock.clock_offset_ms is not None and abs(lock.clock_offset_ms) < 50
+
+    servers[2].stop()  # a minority down: the majority's clocks still decide
+    lease = await fenced(lock, "p", claim="1", at_ms=now_ms)
+    assert isinstance(lease, FencedLease)
+    assert await fenced(lock, "p", claim="1", at_ms=now_ms) == "claimed"
+
+
+# One server's answer to a claim, as `quorum_claim` reads it.
+HELD, TAKEN = ("acquired", 0), ("claimed", 0)
+
+
+def early(wait_ms: int) -> tuple[str, int]:
+    return ("early", wait_ms)
+
+
+@pytest.mark.parametrize(
+    ("answers", "outcome"),
+    [
+        ([HELD], "acquired"),
+        ([early(7)], EarlyClaim(7)),
+        ([TAKEN], "claimed"),
+        ([HELD, HELD, TAKEN], "acquired"),
+        ([HELD, HELD, early(400)], "acquired"),
+        ([early(400), early(500), early(300)], EarlyClaim(400)),  # two at the instant: enough
+        ([HELD, early(300), TAKEN], EarlyClaim(300)),  # the early one can complete a majority
+        ([HELD, early(300), None], EarlyClaim(300)),  # ... with a server down too
+        ([early(300), TAKEN, TAKEN], "claimed"),  # a peer holds a majority: waiting cannot help
+        ([HELD, TAKEN, None], "claimed"),
+        ([HELD, early(100), early(900), early(50), TAKEN], EarlyClaim(100)),  # 2 more of 5
+    ],
+)
+def test_quorum_claim_outcome(
+    answers: list[tuple[str, int] | None], outcome: str | EarlyClaim
+) -> None:
+    assert quorum_claim(answers, len(answers) // 2 + 1) == outcome

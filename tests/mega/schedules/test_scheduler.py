@@ -17,9 +17,9 @@ from redis.asyncio import Redis
 from mega.context import Context
 from mega.errors import LockBackendError, RegistrationError
 from mega.runtime.embedded import EmbeddedServer
-from mega.schedules.locks import RedLock
+from mega.schedules.locks import CLAIM_TOLERANCE_MS, RedLock
 from mega.schedules.schedule import LockSettings, Schedule, Tick
-from mega.schedules.scheduler import Scheduler
+from mega.schedules.scheduler import EARLY_WAIT_LIMIT_S, Scheduler, TickResult
 
 Run = tuple[datetime, str, int | None, str]  # planned instant, instance, fence, source
 
@@ -416,6 +416,49 @@ async def test_a_run_whose_renewals_fail_is_reported(
     assert (await scheduler.run_now("Stalls")).ran is True
     assert [f["phase"] for f in fails] == ["release"]
     assert "guard expired" in fails[0]["error"] and "100 ms" in fails[0]["error"]
+
+
+# -- whose clock: the lock server's ----------------------------------------------------------
+
+
+async def fire_at(scheduler: Scheduler, name: str, planned: datetime) -> TickResult:
+    """One scheduled tick of `name` for the instant `planned`, as the loop fires it when this
+    host's clock reads `planned`: an instant still ahead of the real clock is what a scheduler
+    whose clock runs fast fires."""
+    return await scheduler._tick(scheduler._specs[name], planned, "schedule")
+
+
+async def test_a_tick_fired_before_its_instant_waits_for_the_lock_servers_clock(
+    redis_url: str, clients: Callable[[str], Redis], prefix: str
+) -> None:
+    runs: list[Run] = []
+    scheduler = Scheduler(context("a", clients(redis_url))).register(schedule(prefix, runs))
+    started: list[float] = []  # by this process's clock, which is the lock server's here
+    scheduler.on("run", lambda signal: started.append(time.time()))
+    clocks: list[dict[str, Any]] = []
+    scheduler.on("clock", clocks.append)
+    planned = datetime.now(UTC) + timedelta(seconds=0.8)  # a clock 0.8 s fast fires now
+    result = await fire_at(scheduler, "Probe", planned)
+    assert result.ran is True and [r[0] for r in runs] == [planned]
+    assert started[0] >= planned.timestamp() - CLAIM_TOLERANCE_MS / 1000
+    assert started[0] < planned.timestamp() + 0.5
+    assert len(clocks) == 2  # refused as early, then claimed: each reply measured the offset
+    assert all(c["lock"] == "main" and abs(c["offset_ms"]) < 50 for c in clocks)
+
+
+async def test_a_tick_fired_too_far_before_its_instant_is_skipped_here(
+    redis_url: str, clients: Callable[[str], Redis], prefix: str
+) -> None:
+    runs: list[Run] = []
+    scheduler = Scheduler(context("a", clients(redis_url))).register(schedule(prefix, runs))
+    planned = datetime.now(UTC) + timedelta(seconds=EARLY_WAIT_LIMIT_S + 5)
+    began = time.monotonic()
+    result = await fire_at(scheduler, "Probe", planned)
+    assert time.monotonic() - began < 1  # no minute-long wait: a clock this far off is broken
+    assert result.ran is False and runs == []
+    assert result.reason is not None and result.reason.startswith("early: the lock server's")
+    claim = f"{prefix}:tick:{int(planned.timestamp())}"
+    assert await scheduler.ctx.lock("main").native.exists(claim) == 0  # left for the peers
 
 
 # -- failure and shutdown -------------------------------------------------------------------
