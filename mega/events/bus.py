@@ -13,8 +13,8 @@ heartbeats and the drain are the jobs' own. Signals: `emit` (an event was stored
 group's inbox had already completed that event id).
 
 A group's `inbox` decides what surrounds `run`: nothing; a cache alias (mega/events/inbox.py:
-the mark is checked before and set after); or "db" (mega/events/db_inbox.py: `run` inside a
-transaction committed with the mark).
+the mark is checked before and set after, and `event.inbox.apply` sets it with a Redis effect);
+or "db" (mega/events/db_inbox.py: `run` inside a transaction committed with the mark).
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ class EventBus(LaneEndpoint):
             if inbox is not None and await inbox.seen(delivery.id):
                 await self._skipped(spec, delivery)
                 return
-            await listener.run(received(payload, delivery), ctx)
+            await listener.run(received(payload, delivery, cache_inbox=inbox), ctx)
             if inbox is not None:
                 await inbox.mark(delivery.id)
 
@@ -217,11 +217,12 @@ def received(
     delivery: Delivery,
     *,
     db_transaction: InboxTransaction | None = None,
+    cache_inbox: Inbox | None = None,
 ) -> ReceivedEvent:
     """The event a listener's `run` receives for one delivery."""
     return ReceivedEvent(
         id=delivery.id, name=delivery.subject, data=payload, emitted_at=delivery.enqueued_at_ms,
-        attempt=delivery.attempt, db_transaction=db_transaction,
+        attempt=delivery.attempt, db_transaction=db_transaction, cache_inbox=cache_inbox,
     )  # fmt: skip
 
 

@@ -29,6 +29,7 @@ from mega.jobs.job import json_body
 
 if TYPE_CHECKING:
     from mega.events.db_inbox import InboxTransaction
+    from mega.events.inbox import Inbox
 
 # Event names: letters, digits, `_` and `-` in non-empty tokens joined by dots, like job subjects.
 NAME_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
@@ -58,8 +59,8 @@ class EventSpec:
 @dataclass(frozen=True)
 class ReceivedEvent:
     """What a listener's `run(event, ctx)` receives: the event as emitted, which delivery of it
-    this is (1 the first time; more after a retry or a crash), and with `inbox = "db"` the
-    delivery's transaction, `db`."""
+    this is (1 the first time; more after a retry or a crash), and the group's inbox: `db`
+    (inbox = "db") or `inbox` (inbox = a cache alias)."""
 
     id: str
     name: str
@@ -70,6 +71,7 @@ class ReceivedEvent:
     db_transaction: InboxTransaction | None = field(
         default=None, kw_only=True, repr=False, compare=False
     )
+    cache_inbox: Inbox | None = field(default=None, kw_only=True, repr=False, compare=False)
 
     @property
     def db(self) -> InboxTransaction:
@@ -82,6 +84,18 @@ class ReceivedEvent:
                 code="event.no_inbox",
             )
         return self.db_transaction
+
+    @property
+    def inbox(self) -> Inbox:
+        """The group's inbox in Redis, for effects there: `await event.inbox.apply(event.id,
+        ("HINCRBY", key, field, 1))`. Only with `inbox = "<cache alias>"`."""
+        if self.cache_inbox is None:
+            raise EventError(
+                f"{self.name}: event.inbox is the Redis inbox of a group with inbox = "
+                '"<cache alias>", and this group has another inbox or none',
+                code="event.no_inbox",
+            )
+        return self.cache_inbox
 
 
 class EventDeclaration(Declaration):

@@ -15,7 +15,8 @@ Fan-out: every group receives every event it listens to; the processes of one gr
 lands in the group's own dead letters, exactly as a job does (the same consume loop).
 Delivery is at-least-once: make `run` idempotent, or let the inbox skip completed ids. An
 inbox in Redis (`inbox = "<cache alias>"`) narrows the window of a repeat; `inbox = "db"` closes
-it for database effects (mega/events/db_inbox.py).
+it for database effects (mega/events/db_inbox.py), and `event.inbox.apply` for Redis effects
+(mega/events/inbox.py).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class Listener(Consumed):
     pattern needs it), `concurrency` (>= 1, for the whole group), `retries` (>= 0),
     `backoff` (exponential, ms), `ack_wait_s` (> 0), `dlq_max_age_s` (>= 0, 0 keeps forever),
     `inbox` (None; a cache alias where the group remembers completed event ids for
-    `inbox_ttl_s` seconds and skips them when they come again; or "db": each delivery runs in a
+    `inbox_ttl_s` seconds and skips them when they come again, and `event.inbox.apply` makes an
+    effect in that Redis with the mark; or "db": each delivery runs in a
     database transaction, `event.db`, committed with the event id), `replicas` (1 to 5: copies
     of its DLQ stream in a NATS cluster; the events stream's are the bus's `replicas`).
     """

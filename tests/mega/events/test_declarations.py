@@ -114,7 +114,7 @@ def test_an_inbox_is_a_cache_alias_or_db_with_a_database() -> None:
     )
 
 
-@pytest.mark.parametrize("attribute", ["db"])
+@pytest.mark.parametrize("attribute", ["db", "inbox"])
 def test_an_event_says_which_inbox_its_group_lacks(attribute: str) -> None:
     event = ReceivedEvent("e1", "user.signed_up", {}, None, attempt=1)
     with pytest.raises(EventError) as caught:
