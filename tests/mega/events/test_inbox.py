@@ -65,7 +65,7 @@ async def test_a_group_applies_through_event_inbox_and_skips_what_was_applied(
 ) -> None:
     ctx = memory_context("jobs")
     ctx.caches["main"] = CacheAdapter("main", redis_url, redis)
-    group = type("CountByDomain", (CountByDomain,), {"group": f"{prefix}-count"})
+    group: type[Listener] = type("CountByDomain", (CountByDomain,), {"group": f"{prefix}-count"})
     skipped: list[dict[str, Any]] = []
     done: list[dict[str, Any]] = []
     worker = ListenerWorker(ctx)
