@@ -50,8 +50,8 @@ T = TypeVar("T")
 
 logger = logging.getLogger("mega.listeners")
 
-# Expired rows deleted per statement, and how often one process prunes a group's rows: the rows
-# are only read by a redelivery, so an hour's delay costs a few bytes, not correctness.
+# Expired rows deleted per statement, and how often one process prunes a group's rows: a row is
+# read only by a redelivery of its event, so pruning it minutes late costs bytes, not correctness.
 PRUNE_BATCH = 1000
 PRUNE_EVERY_S = 600.0
 
