@@ -190,6 +190,11 @@ class Context:
         return bus
 
     @property
+    def has_database(self) -> bool:
+        """Whether `ctx.db` gives a database (open already, or opened on first use)."""
+        return self.database is not None or bool(self.database_url)
+
+    @property
     def db(self) -> Database:
         if self.database is None and self.database_url:
             from mega.database import Database  # SQLAlchemy: ~0.3 s, only when used

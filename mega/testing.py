@@ -15,7 +15,8 @@ no servers.
         ticks = planned_ticks(DailyReport, datetime(2026, 3, 28, tzinfo=UTC), days=2)
 
 - `memory_context(*buses, caches=...)`: a Context whose buses are `memory` ones (jobs and
-  events) and whose caches are in-memory Redis servers (fakeredis: `mega-py[testing]`).
+  events) and whose caches are in-memory Redis servers (fakeredis: `mega-py[testing]`). No
+  database: a Listener with `inbox = "db"` needs `ctx.database` set to a migrated one.
 - `drain(ctx, jobs=..., listeners=..., hooks=...)`: runs the jobs and listener groups you name
   on everything enqueued or emitted for them, and on what follows (retries, jobs their
   listeners enqueue), until none has anything left; backoffs and delays are skipped, not

@@ -5,12 +5,12 @@
 Starts its own nats-server and Redis, then `mega start`, `mega scheduler` and two `mega worker`
 processes with the sample's mega_config.py, exactly as an operator runs them. For the duration:
 an EmailJob every 0.25 s (ok, flaky, fail in turn), a signup every second (its event goes
-through the outbox to three listener groups), a pool hash every 3 s, the CronCounter ticking
+through the outbox to four listener groups), a pool hash every 3 s, the CronCounter ticking
 every 30 s; and every 30 s the second worker is SIGKILLed and a new one started. Then the load
 stops and the stack drains. It passes when:
 
 - nothing is lost: every ok and flaky job is done, every fail job is in the DLQ, every
-  committed signup's event was heard by all three groups, no tick instant ran twice;
+  committed signup's event was heard by all four groups, no tick instant ran twice;
 - the web, scheduler and first worker hold their RSS within 10% of its value after warm-up;
 - no host logged an error or a traceback other than the provoked ones (the fail jobs' own).
 """
@@ -43,7 +43,7 @@ MODES = ("ok", "flaky", "fail")
 KILL_EVERY_S = 30.0
 RSS_TOLERANCE = 0.10
 DRAIN_TIMEOUT_S = 150.0
-GROUPS = ("WelcomeEmailListener", "SignupStatsListener", "CrmSyncListener")
+GROUPS = ("WelcomeEmailListener", "SignupStatsListener", "WelcomeCreditListener", "CrmSyncListener")
 # Lines a fail job provokes on purpose (its retries and its dead letter), never a finding.
 PROVOKED = re.compile(r"SimulatedSendError|WorkerCrashed")
 

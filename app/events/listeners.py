@@ -1,13 +1,15 @@
-"""The three listener groups of UserSignedUp. Each hears every signup; each does its own thing.
+"""The four listener groups of UserSignedUp. Each hears every signup; each does its own thing.
 
-    WelcomeEmailListener  an event starts a job: enqueues an EmailJob to the new address
-    SignupStatsListener   counts signups per e-mail domain in Redis, once per event id
-    CrmSyncListener       a pretend CRM that rejects addresses starting with "fail":
-                          retried with backoff, then the group's dead-letter queue
+    WelcomeEmailListener   an event starts a job: enqueues an EmailJob to the new address
+    SignupStatsListener    counts signups per e-mail domain in Redis, once per event id
+    WelcomeCreditListener  grants the new user welcome credits, a database row, once per event
+    CrmSyncListener        a pretend CRM that rejects addresses starting with "fail":
+                           retried with backoff, then the group's dead-letter queue
 
 Delivery is at-least-once, so each is idempotent in its own way: the welcome job's id is derived
 from the event id (a second enqueue is a duplicate JetStream drops) and the group keeps an
-inbox; the stats count under a set of counted event ids, in one Lua script.
+inbox; the stats count and their inbox mark are one Lua script (`event.inbox.apply`); the credit
+row and the inbox mark are one database transaction (`inbox = "db"`, `event.db`).
 """
 
 from __future__ import annotations
@@ -18,18 +20,11 @@ from app.events.signups import UserSignedUp
 from app.jobs.email import EmailJob
 from app.replicas import REPLICAS
 from app.services import job_timeline
+from app.services.signups import grant_welcome_credits
 from mega import Context, JobQueue, Listener, ReceivedEvent
 
-# Signups per domain, and the event ids already counted (so a redelivery counts nothing).
+# Signups per e-mail domain (a hash: domain -> count).
 STATS_KEY = "demo:signups:domains"
-COUNTED_KEY = "demo:signups:counted"
-COUNT_ONCE = """
-if redis.call('SADD', KEYS[1], ARGV[1]) == 1 then
-  redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
-  return 1
-end
-return 0
-"""
 
 
 class CrmRejected(RuntimeError):
@@ -57,11 +52,23 @@ class SignupStatsListener(Listener):
     event = UserSignedUp
     replicas = REPLICAS
     concurrency = 4
+    inbox = "main"  # the count and the inbox mark in one script: counted once per event id
 
     async def run(self, event: ReceivedEvent, ctx: Context) -> None:
         domain = str(event.data["email"]).rsplit("@", 1)[-1].lower()
-        redis = ctx.cache("main").native
-        await redis.eval(COUNT_ONCE, 2, COUNTED_KEY, STATS_KEY, event.id, domain)
+        await event.inbox.apply(event.id, ("HINCRBY", STATS_KEY, domain, 1))
+
+
+class WelcomeCreditListener(Listener):
+    event = UserSignedUp
+    replicas = REPLICAS
+    inbox = "db"  # the credit row commits with the event id: granted once per event
+    retries = 2
+    backoff = {"type": "exponential", "initial": 200, "max": 1000}
+
+    async def run(self, event: ReceivedEvent, ctx: Context) -> None:
+        signup_id = int(event.data["signup_id"])
+        await event.db.run(lambda session: grant_welcome_credits(session, signup_id, event.id))
 
 
 class CrmSyncListener(Listener):
@@ -77,7 +84,9 @@ class CrmSyncListener(Listener):
             raise CrmRejected(f"the CRM rejected {email}")
 
 
-LISTENERS: list[type[Listener]] = [WelcomeEmailListener, SignupStatsListener, CrmSyncListener]
+LISTENERS: list[type[Listener]] = [
+    WelcomeEmailListener, SignupStatsListener, WelcomeCreditListener, CrmSyncListener,
+]  # fmt: skip
 
 
 def welcome_queue(ctx: Context) -> JobQueue:

@@ -1,6 +1,7 @@
 """The events demo: a signup form whose commit emits UserSignedUp through the outbox, the
 outbox itself (pending rows, relay lag, the pause switch), each event with every listener
-group's status, and the listener groups' dead letters with requeue.
+group's status, the welcome credits one group writes, and the listener groups' dead letters
+with requeue.
 
 Bad input is a 422 with field errors and writes nothing. The JSON routes and the forms (post,
 redirect, get: they work without JavaScript) share the functions below. Times are ISO-8601 in
@@ -70,7 +71,9 @@ class RelayRequest(BaseModel):
 
 
 class GroupRequeueRequest(BaseModel):
-    group: Literal["WelcomeEmailListener", "SignupStatsListener", "CrmSyncListener"]
+    group: Literal[
+        "WelcomeEmailListener", "SignupStatsListener", "WelcomeCreditListener", "CrmSyncListener"
+    ]
     id: Annotated[str | None, Field(min_length=1, max_length=100)] = None
     all: bool = False
     # What the validator below checks, said in the schema too (OpenAPI clients and fuzzers
@@ -150,6 +153,7 @@ async def events_state(request: Request) -> dict[str, Any]:
             for signup in signups
         ],
         "listeners": listeners,
+        "credits": {"rows": await SignupService(db).credit_rows()},
         "dlq": dead,
         "timezone": ZONE,
     }

@@ -1,8 +1,13 @@
-"""The signup demo's data: the `demo_signups` table and SignupService.sign_up.
+"""The signup demo's data: the `demo_signups` table and SignupService.sign_up, and the welcome
+credits of `demo_credits`.
 
 A signup and its UserSignedUp event are written in one transaction: the row in `demo_signups`
 and the event's row in the framework's outbox. `mode="rollback"` raises after both inserts, so
 neither is committed and no listener ever hears of it.
+
+A credit row is written by WelcomeCreditListener (app/events/listeners.py) in the transaction of
+its delivery, which commits the event id with it (`inbox = "db"`): one row per signup event,
+however often the event is delivered.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
-from sqlalchemy import DateTime, Integer, String, select
+from sqlalchemy import DateTime, Integer, String, func, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from app.events.signups import UserSignedUp
@@ -19,6 +24,8 @@ from mega import Database, outbox
 
 # The signups the page lists.
 LISTED = 20
+# What every new user is granted once.
+WELCOME_CREDITS = 10
 
 
 class AppBase(DeclarativeBase):
@@ -32,6 +39,24 @@ class Signup(AppBase):
     email: Mapped[str] = mapped_column(String(254))
     event_id: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Credit(AppBase):
+    __tablename__ = "demo_credits"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    signup_id: Mapped[int] = mapped_column(Integer)
+    event_id: Mapped[str] = mapped_column(String(64))  # not unique: the inbox keeps it single
+    amount: Mapped[int] = mapped_column(Integer)
+    granted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+def grant_welcome_credits(session: Session, signup_id: int, event_id: str) -> None:
+    """Add the signup's welcome credits in the caller's transaction."""
+    now = datetime.now(UTC)
+    session.add(
+        Credit(signup_id=signup_id, event_id=event_id, amount=WELCOME_CREDITS, granted_at=now)
+    )
 
 
 class RolledBack(Exception):
@@ -72,6 +97,10 @@ class SignupService:
             return await self.db.run(transaction)
         except RolledBack:
             return SignupResult(False, None, None)
+
+    async def credit_rows(self) -> int:
+        """How many credit rows the listener wrote (one per committed signup)."""
+        return await self.db.run(lambda session: session.scalar(select(func.count(Credit.id))) or 0)
 
     async def recent(self) -> list[Signup]:
         def query(session: Session) -> list[Signup]:

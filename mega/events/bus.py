@@ -11,6 +11,10 @@ jobs' consume loop (mega/jobs/consumer.py): retries with backoff, dead letters, 
 heartbeats and the drain are the jobs' own. Signals: `emit` (an event was stored), `start`,
 `done`, `retry`, `fail`, `dlq` (as for jobs, with `group` instead of `job`) and `skip` (the
 group's inbox had already completed that event id).
+
+A group's `inbox` decides what surrounds `run`: nothing; a cache alias (mega/events/inbox.py:
+the mark is checked before and set after, and `event.inbox.apply` sets it with a Redis effect);
+or "db" (mega/events/db_inbox.py: `run` inside a transaction committed with the mark).
 """
 
 from __future__ import annotations
@@ -21,15 +25,15 @@ from typing import Any, ClassVar
 from mega.context import Context
 from mega.drivers.base import Delivery, DriverUnavailable, Lane, LaneStats, Message
 from mega.errors import EventError, JobError
+from mega.events.db_inbox import DbInbox, InboxTransaction
 from mega.events.event import EVENTS_MAX_AGE_S, Event, ReceivedEvent, encode_event, validate_event
 from mega.events.inbox import Inbox
-from mega.events.listener import Listener, ListenerSpec, validate_listener
+from mega.events.listener import DB_INBOX, Listener, ListenerSpec, validate_listener
+from mega.jobs.consumer import Handler
 from mega.jobs.dlq import DeadLetters
 from mega.jobs.lanes import LaneEndpoint
 
 SIGNALS = ("emit", "start", "done", "retry", "fail", "dlq", "skip")
-
-RunEvent = Callable[[ReceivedEvent], Awaitable[None]]
 
 
 def group_lane(spec: ListenerSpec) -> Lane:
@@ -67,7 +71,10 @@ class EventBus(LaneEndpoint):
 
     def spec(self, listener_cls: type[Listener]) -> ListenerSpec:
         return self.declared(
-            listener_cls, lambda cls: validate_listener(cls, self.ctx.buses, self.ctx.caches)
+            listener_cls,
+            lambda cls: validate_listener(
+                cls, self.ctx.buses, self.ctx.caches, database=self.ctx.has_database
+            ),
         )
 
     @property
@@ -157,37 +164,66 @@ class EventBus(LaneEndpoint):
         """Run the group's consume loop in this process until `stop()` has drained it
         (`listen` is the same call)."""
         spec = await self.ensure(listener_cls)
-        run_event = self._runner(spec, handler_ctx or self.ctx)
-
-        async def run(payload: Any, delivery: Delivery) -> None:
-            event = ReceivedEvent(
-                id=delivery.id, name=delivery.subject, data=payload,
-                emitted_at=delivery.enqueued_at_ms, attempt=delivery.attempt,
-            )  # fmt: skip
-            await run_event(event)
-
+        run = self._runner(spec, handler_ctx or self.ctx)
         await self.run_lane(listener_cls, group_lane(spec), spec, run)
 
     listen = consume
 
-    def _runner(self, spec: ListenerSpec, ctx: Context) -> RunEvent:
-        """What runs one delivery of an event: the group's inbox check, `run`, the inbox mark."""
+    def _runner(self, spec: ListenerSpec, ctx: Context) -> Handler:
+        """What runs one delivery of an event: `run`, within the group's inbox if it has one."""
         listener = spec.listener_cls()
+        if spec.inbox == DB_INBOX:
+            return self._transactional_runner(spec, listener, ctx)
         inbox = (
             Inbox(ctx.cache(spec.inbox).native, spec.group, spec.inbox_ttl_s)
             if spec.inbox
             else None
         )
 
-        async def run(event: ReceivedEvent) -> None:
-            if inbox is not None and await inbox.seen(event.id):
-                await self.signal("skip", group=spec.group, id=event.id, attempt=event.attempt)
+        async def run(payload: Any, delivery: Delivery) -> None:
+            if inbox is not None and await inbox.seen(delivery.id):
+                await self._skipped(spec, delivery)
                 return
-            await listener.run(event, ctx)
+            await listener.run(received(payload, delivery, cache_inbox=inbox), ctx)
             if inbox is not None:
-                await inbox.mark(event.id)
+                await inbox.mark(delivery.id)
 
         return run
+
+    def _transactional_runner(
+        self, spec: ListenerSpec, listener: Listener, ctx: Context
+    ) -> Handler:
+        """`run` inside a database transaction that commits the group's mark of the event id."""
+        inbox = DbInbox(ctx.db, spec.group, spec.inbox_ttl_s)
+
+        async def run(payload: Any, delivery: Delivery) -> None:
+            async def within(transaction: InboxTransaction) -> None:
+                event = received(payload, delivery, db_transaction=transaction)
+                await listener.run(event, ctx)
+
+            if not await inbox.deliver(delivery.id, within):
+                await self._skipped(spec, delivery)
+                return
+            await inbox.prune_now_and_then()
+
+        return run
+
+    async def _skipped(self, spec: ListenerSpec, delivery: Delivery) -> None:
+        await self.signal("skip", group=spec.group, id=delivery.id, attempt=delivery.attempt)
+
+
+def received(
+    payload: Any,
+    delivery: Delivery,
+    *,
+    db_transaction: InboxTransaction | None = None,
+    cache_inbox: Inbox | None = None,
+) -> ReceivedEvent:
+    """The event a listener's `run` receives for one delivery."""
+    return ReceivedEvent(
+        id=delivery.id, name=delivery.subject, data=payload, emitted_at=delivery.enqueued_at_ms,
+        attempt=delivery.attempt, db_transaction=db_transaction, cache_inbox=cache_inbox,
+    )  # fmt: skip
 
 
 async def emit(ctx: Context, event_cls: type[Event], payload: Any, *, id: str | None = None) -> str:

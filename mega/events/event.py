@@ -17,8 +17,8 @@ import re
 import time
 import uuid
 from collections.abc import Collection
-from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from pydantic import BaseModel, Field, StrictStr, ValidationError, ValidationInfo, field_validator
 
@@ -26,6 +26,10 @@ from mega.declaration import Declaration, declared_alias, matching, rule, valida
 from mega.drivers.base import Message
 from mega.errors import EventError
 from mega.jobs.job import json_body
+
+if TYPE_CHECKING:
+    from mega.events.db_inbox import InboxTransaction
+    from mega.events.inbox import Inbox
 
 # Event names: letters, digits, `_` and `-` in non-empty tokens joined by dots, like job subjects.
 NAME_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
@@ -54,14 +58,44 @@ class EventSpec:
 
 @dataclass(frozen=True)
 class ReceivedEvent:
-    """What a listener's `run(event, ctx)` receives: the event as emitted, and which delivery
-    of it this is (1 the first time; more after a retry or a crash)."""
+    """What a listener's `run(event, ctx)` receives: the event as emitted, which delivery of it
+    this is (1 the first time; more after a retry or a crash), and the group's inbox: `db`
+    (inbox = "db") or `inbox` (inbox = a cache alias)."""
 
     id: str
     name: str
     data: Any
     emitted_at: int | None  # epoch ms
     attempt: int
+    # Set by the event bus for each delivery, from the group's `inbox`.
+    db_transaction: InboxTransaction | None = field(
+        default=None, kw_only=True, repr=False, compare=False
+    )
+    cache_inbox: Inbox | None = field(default=None, kw_only=True, repr=False, compare=False)
+
+    @property
+    def db(self) -> InboxTransaction:
+        """This delivery's database transaction, committed with the event id once `run`
+        returns: `await event.db.run(lambda session: ...)`. Only with `inbox = "db"`."""
+        if self.db_transaction is None:
+            raise EventError(
+                f'{self.name}: event.db is the transaction of a group with inbox = "db", and '
+                "this group has another inbox or none",
+                code="event.no_inbox",
+            )
+        return self.db_transaction
+
+    @property
+    def inbox(self) -> Inbox:
+        """The group's inbox in Redis, for effects there: `await event.inbox.apply(event.id,
+        ("HINCRBY", key, field, 1))`. Only with `inbox = "<cache alias>"`."""
+        if self.cache_inbox is None:
+            raise EventError(
+                f"{self.name}: event.inbox is the Redis inbox of a group with inbox = "
+                '"<cache alias>", and this group has another inbox or none',
+                code="event.no_inbox",
+            )
+        return self.cache_inbox
 
 
 class EventDeclaration(Declaration):

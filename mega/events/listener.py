@@ -13,7 +13,10 @@ it is run (`concurrency`, `retries`, `backoff`, `ack_wait_s`) and what it does
 Fan-out: every group receives every event it listens to; the processes of one group share them
 (one cursor per group over the bus's events). A failure retries with backoff and then
 lands in the group's own dead letters, exactly as a job does (the same consume loop).
-Delivery is at-least-once: make `run` idempotent, or let the inbox skip completed ids.
+Delivery is at-least-once: make `run` idempotent, or let the inbox skip completed ids. An
+inbox in Redis (`inbox = "<cache alias>"`) narrows the window of a repeat; `inbox = "db"` closes
+it for database effects (mega/events/db_inbox.py), and `event.inbox.apply` for Redis effects
+(mega/events/inbox.py).
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ PATTERN_RE = re.compile(r"(?:[A-Za-z0-9_-]+|\*)(?:\.(?:[A-Za-z0-9_-]+|\*))*(?:\.
 GROUP_RE = re.compile(r"[A-Za-z0-9_-]+")
 # The inbox remembers a completed event id this long: longer than the events are kept.
 DEFAULT_INBOX_TTL_S = 14 * 24 * 3600
+# `inbox = "db"`: the transactional inbox, in the database of services.database (so a cache
+# alias "db" cannot hold an inbox).
+DB_INBOX = "db"
 
 
 class Listener(Consumed):
@@ -47,9 +53,11 @@ class Listener(Consumed):
     (default the class name; letters, digits, `_`, `-`), `bus` (default the Event class's; a
     pattern needs it), `concurrency` (>= 1, for the whole group), `retries` (>= 0),
     `backoff` (exponential, ms), `ack_wait_s` (> 0), `dlq_max_age_s` (>= 0, 0 keeps forever),
-    `inbox` (None, or a cache alias where the group remembers completed event ids for
-    `inbox_ttl_s` seconds and skips them when they come again), `replicas` (1 to 5: copies of
-    its DLQ stream in a NATS cluster; the events stream's are the bus's `replicas`).
+    `inbox` (None; a cache alias where the group remembers completed event ids for
+    `inbox_ttl_s` seconds and skips them when they come again, and `event.inbox.apply` makes an
+    effect in that Redis with the mark; or "db": each delivery runs in a
+    database transaction, `event.db`, committed with the event id), `replicas` (1 to 5: copies
+    of its DLQ stream in a NATS cluster; the events stream's are the bus's `replicas`).
     """
 
     event: ClassVar[type[Event] | str]
@@ -111,15 +119,32 @@ class ListenerDeclaration(ConsumedDeclaration):
 
     @field_validator("inbox", mode="before")
     @classmethod
-    def _declared_cache(cls, inbox: object, info: ValidationInfo) -> str | None:
-        return None if inbox is None else declared_alias(inbox, "cache", info)
+    def _declared_inbox(cls, inbox: object, info: ValidationInfo) -> str | None:
+        if inbox is None:
+            return None
+        if inbox == DB_INBOX:
+            if not (info.context or {}).get("database"):
+                raise ValueError(
+                    '"db" keeps the inbox in the database, and none is configured '
+                    "(services.database)"
+                )
+            return DB_INBOX
+        try:
+            return declared_alias(inbox, "cache", info)
+        except ValueError as exc:
+            raise ValueError(f'{exc}, or "db" for the database') from None
 
 
 def validate_listener(
-    listener_cls: type[Listener], bus_aliases: Collection[str], cache_aliases: Collection[str]
+    listener_cls: type[Listener],
+    bus_aliases: Collection[str],
+    cache_aliases: Collection[str],
+    *,
+    database: bool = False,
 ) -> ListenerSpec:
-    """Check every attribute of a Listener class at once; RegistrationError lists each one."""
-    context = {"bus_aliases": bus_aliases, "cache_aliases": cache_aliases}
+    """Check every attribute of a Listener class at once; RegistrationError lists each one.
+    `database`: whether a database is configured (`inbox = "db"` needs one)."""
+    context = {"bus_aliases": bus_aliases, "cache_aliases": cache_aliases, "database": database}
     listener = validate_subclass(ListenerDeclaration, listener_cls, Listener, "listener", context)
     event = listener.event
     return ListenerSpec(

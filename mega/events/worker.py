@@ -30,7 +30,9 @@ class ListenerWorker(LaneWorker[EventBus, ListenerSpec]):
     logger: ClassVar[logging.Logger] = logging.getLogger("mega.listeners")
 
     def validate(self, cls: type[Any]) -> ListenerSpec:
-        return validate_listener(cls, self.ctx.buses, self.ctx.caches)
+        return validate_listener(
+            cls, self.ctx.buses, self.ctx.caches, database=self.ctx.has_database
+        )
 
     def key(self, spec: ListenerSpec) -> object:
         return spec.group

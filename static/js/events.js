@@ -59,6 +59,7 @@
     patch($("events"), state.events.map(eventCard));
     $("events-empty").hidden = state.events.length > 0;
     replaceRows($("groups").tBodies[0], state.listeners.map(groupRow));
+    $("credit-rows").textContent = state.credits.rows;
     patch($("dlq-items"), state.dlq.map(dlqItem));
     $("dlq-empty").hidden = state.dlq.length > 0;
   }

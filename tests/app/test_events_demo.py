@@ -16,7 +16,7 @@ from app.events.listeners import STATS_KEY
 from mega.config import Config
 from tests.factories import authed, csrf_from, login, web_client, worker_host
 
-GROUPS = ["WelcomeEmailListener", "SignupStatsListener", "CrmSyncListener"]
+GROUPS = ["WelcomeEmailListener", "SignupStatsListener", "WelcomeCreditListener", "CrmSyncListener"]
 
 EMAIL = "is not a valid e-mail address (one like name@example.com, at most 254 characters)"
 
@@ -87,6 +87,7 @@ async def test_a_committed_signup_reaches_every_group_once_a_rolled_back_one_non
         assert counts == dict.fromkeys(GROUPS, (1, 0, 0))
         redis = client.app.state.ctx.cache("main").native  # type: ignore[attr-defined]
         assert await redis.hgetall(STATS_KEY) == {"example.com": "1"}
+        assert data["credits"] == {"rows": 1}  # WelcomeCreditListener's row, in the database
         # The welcome email is a job: it ran, on the jobs page's timeline.
         jobs = (await client.get("/api/demo/jobs")).json()["data"]["jobs"]
         deadline = asyncio.get_running_loop().time() + 20
@@ -104,7 +105,7 @@ async def test_the_crm_group_dead_letters_and_requeue_brings_it_back(config: Con
         data = await until(client, lambda d: statuses(d, event_id)["CrmSyncListener"] == "dlq")
         assert statuses(data, event_id) == {
             "WelcomeEmailListener": "done", "SignupStatsListener": "done",
-            "CrmSyncListener": "dlq", "event": "published",
+            "WelcomeCreditListener": "done", "CrmSyncListener": "dlq", "event": "published",
         }  # fmt: skip
         [dead] = data["dlq"]
         assert (dead["group"], dead["id"], dead["attempts"]) == ("CrmSyncListener", event_id, 3)
@@ -131,7 +132,9 @@ async def test_the_crm_group_dead_letters_and_requeue_brings_it_back(config: Con
         others = {
             g["group"]: g["done"] for g in data["listeners"] if g["group"] != "CrmSyncListener"
         }
-        assert others == {"WelcomeEmailListener": 1, "SignupStatsListener": 1}  # untouched
+        assert others == {  # untouched
+            "WelcomeEmailListener": 1, "SignupStatsListener": 1, "WelcomeCreditListener": 1
+        }  # fmt: skip
         missing = await client.post(
             "/api/demo/events/dlq/requeue",
             json={"group": "CrmSyncListener", "id": "nope"}, headers=headers,
@@ -156,11 +159,9 @@ async def test_a_paused_relay_lets_rows_pile_up_then_they_drain(config: Config) 
         assert {statuses(data, i)["event"] for i in ids} == {"pending"}
         # Nothing is published yet: every group waits for the relay, none has it queued.
         for i in ids:
-            assert {g: s for g, s in statuses(data, i).items() if g != "event"} == {
-                "WelcomeEmailListener": "waiting",
-                "SignupStatsListener": "waiting",
-                "CrmSyncListener": "waiting",
-            }
+            assert {g: s for g, s in statuses(data, i).items() if g != "event"} == dict.fromkeys(
+                GROUPS, "waiting"
+            )
         await client.post("/api/demo/events/relay", json={"paused": False}, headers=headers)
         data = await until(
             client,

@@ -34,7 +34,9 @@ def test_signup_event_flows_to_every_listener_and_the_relay_pauses(
     assert "Committed" in sign_up(page, "grace@example.com")
     card = page.locator("#events article.job").first
     expect(card).to_have_attribute("data-status", "published", timeout=20_000)
-    for group in ("WelcomeEmailListener", "SignupStatsListener", "CrmSyncListener"):
+    for group in (
+        "WelcomeEmailListener", "SignupStatsListener", "WelcomeCreditListener", "CrmSyncListener"
+    ):  # fmt: skip
         expect(card.locator(f'li[data-group="{group}"] .badge')).to_have_text(
             "done", timeout=20_000
         )

@@ -39,7 +39,7 @@ from tests.factories import csrf_from
 
 ROOT = Path(__file__).resolve().parents[2]
 UPSTREAM = ("python:3.11-slim", "nats:2.12-alpine", "redis:7-alpine", "postgres:16-alpine")
-GROUPS = {"WelcomeEmailListener", "SignupStatsListener", "CrmSyncListener"}
+GROUPS = {"WelcomeEmailListener", "SignupStatsListener", "WelcomeCreditListener", "CrmSyncListener"}
 CLUSTER_URL = "nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222"
 T = TypeVar("T")
 

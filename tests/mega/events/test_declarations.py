@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel
 
 from mega import Context, Event, Listener, ReceivedEvent
-from mega.errors import JobError, RegistrationError
+from mega.errors import EventError, JobError, RegistrationError
 from mega.events.event import encode_event, validate_event
 from mega.events.listener import validate_listener
 
@@ -97,3 +97,27 @@ def test_the_payload_is_checked_against_the_schema_and_as_json() -> None:
     plain = validate_event(type("Plain", (Event,), {"name": "x.y", "bus": "jobs"}), BUSES)
     with pytest.raises(JobError, match="JSON-serialisable"):
         encode_event(plain, {"when": object()})
+
+
+def test_an_inbox_is_a_cache_alias_or_db_with_a_database() -> None:
+    assert validate_listener(listener(inbox="main"), BUSES, CACHES).inbox == "main"
+    assert validate_listener(listener(inbox="db"), BUSES, CACHES, database=True).inbox == "db"
+    with pytest.raises(RegistrationError) as caught:
+        validate_listener(listener(inbox="db"), BUSES, CACHES)
+    assert str(caught.value).endswith(
+        'inbox: "db" keeps the inbox in the database, and none is configured (services.database)'
+    )
+    with pytest.raises(RegistrationError) as caught:
+        validate_listener(listener(inbox="nope"), BUSES, CACHES, database=True)
+    assert str(caught.value).endswith(
+        "inbox: 'nope' is not a declared cache alias (declared: main), or \"db\" for the database"
+    )
+
+
+@pytest.mark.parametrize("attribute", ["db", "inbox"])
+def test_an_event_says_which_inbox_its_group_lacks(attribute: str) -> None:
+    event = ReceivedEvent("e1", "user.signed_up", {}, None, attempt=1)
+    with pytest.raises(EventError) as caught:
+        getattr(event, attribute)
+    assert caught.value.code == "event.no_inbox"
+    assert str(caught.value).startswith(f"user.signed_up: event.{attribute} is the ")

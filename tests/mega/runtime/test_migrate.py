@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import inspect, select
 
 from mega.database import Base, Database
+from mega.events.db_inbox import InboxRow
 from mega.events.outbox import OutboxRow
 from mega.runtime.migrate import HEAD, current, head, is_current, upgrade
 from mega.web.models import LoginFailure, User, UserSession
@@ -25,7 +26,8 @@ def legacy_database(url: str) -> Database:
     with a user and a live session in them."""
     db = Database(url)
     tables = [User.__table__, UserSession.__table__, LoginFailure.__table__]
-    Base.metadata.drop_all(db.engine, tables=[OutboxRow.__table__, *tables])  # type: ignore[list-item]
+    made_later = [OutboxRow.__table__, InboxRow.__table__]
+    Base.metadata.drop_all(db.engine, tables=[*made_later, *tables])  # type: ignore[list-item]
     Base.metadata.create_all(db.engine, tables=tables)  # type: ignore[arg-type]
     now = datetime.now(UTC)
     with db.sessions.begin() as session:
@@ -45,12 +47,13 @@ def check_upgraded_keeps_rows(db: Database) -> None:
     assert current(db) is None  # no version recorded: made by create_all
     before, after = upgrade(db)
     assert (before, after) == (None, head())
-    assert current(db) == head() == "0003"
+    assert current(db) == head() == "0004"
     assert inspect(db.engine).has_table("mega_outbox")
+    assert inspect(db.engine).has_table("mega_inbox")
     with db.sessions() as session:
         assert session.scalars(select(User.username)).all() == ["ada"]
         assert session.scalars(select(UserSession.id_hash)).all() == ["h" * 64]
-    assert upgrade(db) == ("0003", "0003")  # idempotent
+    assert upgrade(db) == ("0004", "0004")  # idempotent
 
 
 def test_the_fast_check_knows_alembics_head() -> None:
@@ -60,10 +63,16 @@ def test_the_fast_check_knows_alembics_head() -> None:
 def test_an_empty_sqlite_database_gets_every_table(tmp_path: Path) -> None:
     db = Database(f"sqlite:///{tmp_path / 'new.db'}")
     assert not is_current(db)
-    assert upgrade(db) == (None, "0003")
+    assert upgrade(db) == (None, "0004")
     assert is_current(db)
     names = set(inspect(db.engine).get_table_names())
-    assert {"mega_users", "mega_sessions", "mega_login_failures", "mega_outbox"} <= names
+    assert {
+        "mega_users",
+        "mega_sessions",
+        "mega_login_failures",
+        "mega_outbox",
+        "mega_inbox",
+    } <= names
     assert "mega_alembic_version" in names and "alembic_version" not in names
     db.dispose()
 
@@ -97,7 +106,7 @@ def test_mega_db_upgrade_and_current_from_the_command_line(tmp_path: Path) -> No
         assert result.returncode == 0, result.stderr
         return result.stdout.strip()
 
-    assert mega_db("current").endswith("at nothing (empty); newest 0003")
-    assert mega_db("upgrade").endswith("upgraded from empty to 0003")
-    assert mega_db("upgrade").endswith("already at 0003")
-    assert mega_db("current").endswith("at 0003; newest 0003")
+    assert mega_db("current").endswith("at nothing (empty); newest 0004")
+    assert mega_db("upgrade").endswith("upgraded from empty to 0004")
+    assert mega_db("upgrade").endswith("already at 0004")
+    assert mega_db("current").endswith("at 0004; newest 0004")
