@@ -17,8 +17,9 @@ tmp_path, and held to TARGET_S.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,13 @@ TIMED = (
     "end_to_next_start_s",
     "enqueue_longest_without_puback_s",  # from the fault on
 )
+# A worker's log lines for its NATS connection, in the client's wordings before and after it
+# learnt to leave a silent node.
+DISCONNECT_LOGGED = r"^NATS .* (disconnected from|lost) "
+RECONNECT_LOGGED = r"^NATS .* reconnected to "
+# What the nodes' logs say of leaders and quorum, reported beside the figures.
+SERVER_EVENTS = r"leader|quorum"
+MAX_SERVER_EVENTS = 30
 SCENARIOS = [
     Scenario("cut-leader", "cut", "leader"),
     Scenario("cut-follower", "cut", "follower"),
@@ -63,6 +71,8 @@ def figures(run: FaultRun) -> dict[str, Any]:
     return {
         "scenario": run.scenario.name,
         "fault": f"{run.scenario.fault} {run.target} for {FAULT_S:g} s",
+        "fault_began_at": datetime.fromtimestamp(run.fault_at, UTC).isoformat(),
+        "fault_ended_at": datetime.fromtimestamp(run.ended_at, UTC).isoformat(),
         "leaders": run.leaders,
         "longest_stall_s": seconds(stall.seconds),
         "longest_stall_after_fault_s": [seconds(stall.since - since), seconds(stall.until - since)],
@@ -93,12 +103,13 @@ def figures(run: FaultRun) -> dict[str, Any]:
             "errors": errors.most_common(3),
         },
         "workers": [worker_figures(run, worker.pid, worker.output()) for worker in run.workers],
+        "server_events": server_events(run),
     }
 
 
 def worker_figures(run: FaultRun, pid: int, output: str) -> dict[str, Any]:
-    def after_fault(word: str) -> list[float | None]:
-        times = [at - run.fault_at for at in logged_times(output, word) if at >= run.fault_at]
+    def after_fault(pattern: str) -> list[float | None]:
+        times = [at - run.fault_at for at in logged_times(output, pattern) if at >= run.fault_at]
         return [seconds(at) for at in times[:3]]
 
     return {
@@ -109,18 +120,31 @@ def worker_figures(run: FaultRun, pid: int, output: str) -> dict[str, Any]:
             "before": run.connected_to.get(pid),
             "after": run.connected_at_end.get(pid),
         },
-        "disconnect_logged_after_fault_s": after_fault("disconnected"),
-        "reconnect_logged_after_fault_s": after_fault("reconnected"),
+        "disconnect_logged_after_fault_s": after_fault(DISCONNECT_LOGGED),
+        "reconnect_logged_after_fault_s": after_fault(RECONNECT_LOGGED),
     }
 
 
-def logged_times(output: str, word: str) -> list[float]:
-    """When a host logged a message with `word` in it (its JSON logs), in epoch s."""
+def logged_times(output: str, pattern: str) -> list[float]:
+    """When a host logged a message that `pattern` finds (its JSON logs), in epoch s."""
     times = []
     for line in output.splitlines():
-        if line.startswith("{") and word in (entry := json.loads(line))["message"]:
+        if line.startswith("{") and re.search(pattern, (entry := json.loads(line))["message"]):
             times.append(datetime.fromisoformat(entry["ts"]).timestamp())
     return times
+
+
+def server_events(run: FaultRun) -> list[str]:
+    """The nodes' elections and lost quorums from the fault's start on: `+<s> <node>: <line>`."""
+    events = []
+    for node in run.cluster.nodes:
+        for line in node.log_path.read_text(errors="replace").splitlines():
+            found = re.match(r"\[\d+\] (\S+ \S+) \[\w+\] (.*)", line)
+            if found and re.search(SERVER_EVENTS, found[2]):
+                at = datetime.strptime(found[1], "%Y/%m/%d %H:%M:%S.%f").timestamp()  # local
+                if run.fault_at <= at <= run.observed_until:
+                    events.append((at, f"{at - run.fault_at:+.2f} {node.server_name}: {found[2]}"))
+    return [text for _, text in sorted(events)][:MAX_SERVER_EVENTS]
 
 
 def problems(figures: dict[str, Any]) -> list[str]:
@@ -149,12 +173,15 @@ def write_report(folder: Path, figures: dict[str, Any], found: list[str]) -> str
         f"## {figures['scenario']}: {figures['fault']} (leaders: {figures['leaders']})", "",
         "| figure | seconds | target |", "| --- | --- | --- |",
         *[f"| {name} | {figures[name]} | < {TARGET_S:g} |" for name in TIMED], "",
+        f"fault from {figures['fault_began_at']} to {figures['fault_ended_at']}",
         f"longest stall, from and to (s after the fault's start): "
         f"{figures['longest_stall_after_fault_s']}",
         f"longest stall after the fault's end: {figures['longest_stall_after_end_s']} s",
         f"starts during the fault: {figures['starts_during_fault']}",
         f"jobs: {figures['jobs']}", f"enqueues: {figures['enqueues']}",
         *[f"worker: {worker}" for worker in figures["workers"]],
+        "", "server events (s after the fault's start):",
+        *[f"    {event}" for event in figures["server_events"]], "",
         *[f"problem: {problem}" for problem in found], "",
     ])  # fmt: skip
     (folder / "report.md").write_text(text)
