@@ -25,23 +25,24 @@ class ClusterNode(EmbeddedServer):
 
     name: ClassVar[str] = "nats"
     server_name: str = "n1"
+    host: str = "127.0.0.1"  # the address both ports listen on
     cluster_port: int = field(default_factory=free_port)
     routes: list[str] = field(default_factory=list)
 
     def command(self) -> list[str]:
         return [
             find_nats_server(),
-            "-a", "127.0.0.1", "-p", str(self.port),
+            "-a", self.host, "-p", str(self.port),
             "-n", self.server_name,
             "-js", "-sd", str(self.data_dir / "jetstream"),
             "--cluster_name", CLUSTER_NAME,
-            "--cluster", f"nats://127.0.0.1:{self.cluster_port}",
+            "--cluster", f"nats://{self.host}:{self.cluster_port}",
             "--routes", ",".join(self.routes),
         ]  # fmt: skip
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"nats://{self.host}:{self.port}"
 
 
 class NatsCluster:

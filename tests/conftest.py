@@ -16,6 +16,7 @@ import pytest
 
 from mega.runtime.embedded import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis, EmbeddedServer
 from tests.cluster import NatsCluster
+from tests.netns import NamespacesUnavailable, NetnsCluster, Network
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -112,6 +113,23 @@ def cluster(tmp_path: Path) -> Iterator[NatsCluster]:
         yield nodes
     finally:
         nodes.stop()
+
+
+@pytest.fixture
+def netns_cluster(tmp_path: Path) -> Iterator[NetnsCluster]:
+    """A three-node NATS cluster in network namespaces of this test's own (tests/netns.py),
+    which it may cut off or freeze; skipped where namespaces cannot be made."""
+    try:
+        network = Network().create()
+    except NamespacesUnavailable as exc:
+        pytest.skip(str(exc))
+    nodes = NetnsCluster(tmp_path / "cluster", network)
+    try:
+        nodes.start()
+        yield nodes
+    finally:
+        nodes.stop()
+        network.destroy()
 
 
 @pytest.fixture

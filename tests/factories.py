@@ -48,24 +48,28 @@ def write_config(
     tmp_path: Path,
     *,
     nats_url: str,
-    redis_url: str,
+    redis_url: str | None,
     body: str = "",
     web_app: str = FRAMEWORK_SITE,
     name: str = "mega_config.py",
     **auth: Any,
 ) -> Path:
-    """A config file for one test: its own servers, its own SQLite, `body` for the rest."""
+    """A config file for one test: its own servers, its own SQLite, `body` for the rest.
+    Without `redis_url`, the config declares no cache and no lock."""
     landing = "/demo" if web_app == SAMPLE_APP else "/home"
     auth_options = {
         "login_max_failures": 5, "login_window_s": 900, "landing_path": landing, **auth
     }  # fmt: skip
+    caches = {
+        "caches": {"main": {"driver": "redis", "url": redis_url}},
+        "locks": {"main": {"driver": "redlock", "caches": ["main"]}},
+    } if redis_url is not None else {}  # fmt: skip
     path = tmp_path / name
     path.write_text(
         textwrap.dedent(
             f"""
             services = {{
-                "caches": {{"main": {{"driver": "redis", "url": {redis_url!r}}}}},
-                "locks": {{"main": {{"driver": "redlock", "caches": ["main"]}}}},
+                **{caches!r},
                 "buses": {{"jobs": {{"driver": "nats", "url": {nats_url!r}}}}},
                 "database": {{"url": {f"sqlite:///{tmp_path / 'test.db'}"!r}}},
             }}

@@ -3,8 +3,10 @@ a host started with its clock set off."""
 
 from __future__ import annotations
 
+import os
 import re
 import socket
+import struct
 import sysconfig
 import time
 import urllib.error
@@ -53,6 +55,27 @@ def command_line(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
     except OSError:
         return ""
+
+
+def tcp_peers(pid: int) -> set[tuple[str, int]]:
+    """The (address, port) at the far end of every established IPv4 TCP connection of `pid`:
+    its sockets (/proc/<pid>/fd) looked up in its network namespace's table (/proc/<pid>/net)."""
+    sockets = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            sockets.add(target[len("socket:[") : -1])
+    peers = set()
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()  # sl local remote state ... inode (the tenth)
+        if fields[3] == "01" and fields[9] in sockets:  # 01: ESTABLISHED
+            address, port = fields[2].split(":")
+            # The address is the kernel's 32-bit word in this machine's byte order.
+            peers.add((socket.inet_ntoa(struct.pack("=I", int(address, 16))), int(port, 16)))
+    return peers
 
 
 def _bindable(port: int) -> bool:

@@ -1,4 +1,5 @@
-"""Jobs for tests/mega/jobs/test_jobs_faults.py, run by real `mega worker` processes.
+"""Jobs for the fault tests of tests/mega/jobs (test_jobs_faults.py, test_cluster.py,
+test_silent_faults.py), run by real `mega worker` processes.
 
 The subjects and Redis keys carry a prefix from the environment (FAULT_PREFIX), so that every
 test has its own streams and keys. What each run does is recorded in the config's `main` cache:
@@ -8,15 +9,22 @@ test has its own streams and keys. What each run does is recorded in the config'
     <prefix>:runs            hash, job id -> n     CrashJob runs (each one ends its process)
 
 Which jobs a process had acked is the broker's to say: they are gone from the work-queue stream.
+
+TimedJob records to files instead (tests/mega/jobs/timeline.py reads them), for workers that
+reach no Redis: a line `<epoch s> start|done <job id>` in <FAULT_RECORDS>/<pid>.log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
-from typing import Any
+import time
+from pathlib import Path
+from typing import Any, TextIO
 
 from mega import Context, Job
+from mega.jobs.job import DEFAULT_ACK_WAIT_S
 
 PREFIX = os.environ.get("FAULT_PREFIX", "faults")
 # Redelivery of an unacked job after a worker dies comes this quickly (running jobs renew it).
@@ -31,6 +39,17 @@ async def record_start(ctx: Context, job_id: str) -> None:
 
 async def record_effect(ctx: Context, job_id: str) -> None:
     await ctx.cache("main").native.hincrby(f"{PREFIX}:done", job_id, 1)
+
+
+@functools.cache
+def _record_file() -> TextIO:
+    folder = Path(os.environ["FAULT_RECORDS"])
+    return open(folder / f"{os.getpid()}.log", "a", buffering=1)  # the process's, never closed
+
+
+def record_line(event: str, job_id: str) -> None:
+    """One whole line, in one append (line-buffered): a reader never sees half of it."""
+    _record_file().write(f"{time.time():.6f} {event} {job_id}\n")
 
 
 class BusyJob(Job):
@@ -95,3 +114,18 @@ class ClusterJob(Job):
         await record_start(ctx, payload["id"])
         await asyncio.sleep(0.02)
         await record_effect(ctx, payload["id"])
+
+
+class TimedJob(ClusterJob):
+    """ClusterJob's queue (three replicas, 20 in flight) with jobs of 100 ms: 5,000 of them
+    keep two workers busy for 25 s, through a 10 s network fault. The ack wait is the default,
+    the one a fault leaves unacked jobs to wait out. Starts and effects go to files
+    (FAULT_RECORDS): these workers run in a network namespace that reaches the NATS nodes only."""
+
+    subject = f"{PREFIX}.timed"
+    ack_wait_s = DEFAULT_ACK_WAIT_S
+
+    async def run(self, payload: dict[str, Any], ctx: Context) -> None:
+        record_line("start", payload["id"])
+        await asyncio.sleep(0.1)
+        record_line("done", payload["id"])

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 
 import nats
@@ -55,15 +55,24 @@ def for_prefix(job: type[Job], prefix: str) -> type[Job]:
 
 
 class MegaWorker:
-    """One `mega worker` process; its output goes to a log file read back on failure."""
+    """One `mega worker` process; its output goes to a log file read back on failure.
+    `launch` wraps its command (e.g. to run it in a network namespace); `env` adds variables."""
 
-    def __init__(self, config: Path, prefix: str, log: Path) -> None:
+    def __init__(
+        self,
+        config: Path,
+        prefix: str,
+        log: Path,
+        *,
+        launch: Callable[[list[str]], list[str]] = list,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.log = log
+        command = [sys.executable, "-m", "mega", "worker", "--config", str(config)]
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "mega", "worker", "--config", str(config)],
-                cwd=ROOT, env={**os.environ, "FAULT_PREFIX": prefix}, stdout=out,
-                stderr=subprocess.STDOUT,
+                launch(command), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, "FAULT_PREFIX": prefix, **(env or {})},
             )  # fmt: skip
 
     @property
