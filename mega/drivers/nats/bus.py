@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
@@ -473,16 +474,22 @@ class Reconnects:
         self.disconnects = 0
         self.server = "its server"  # host:port of the node the client is on
         self.hooks: set[Callable[[], Awaitable[None]]] = set()
+        self.tried: dict[str, float] = {}  # host:port -> when last tried or lost (monotonic)
+
+    def lost(self) -> None:
+        self.disconnects += 1
+        self.tried[self.server] = time.monotonic()
 
     def choose(self, servers: list[Server], _info: dict[str, Any]) -> tuple[Server, float]:
-        """The node to try next: the fewest failed attempts, and among those not the one just
-        lost (a frozen server still accepts TCP, a cut one does not answer, and either holds
-        the attempt for the whole connect timeout). When every node has failed since, wait a
-        little before the next round."""
-        best = min(
-            servers, key=lambda server: (server.reconnects, server.uri.netloc == self.server)
-        )
-        return best, NATS_RECONNECT_WAIT_S if best.reconnects else 0.0
+        """The node to try next: the one least recently tried, the node just lost counting as
+        tried at that moment, so it comes last (a frozen server still accepts TCP, a cut one
+        does not answer, and either would hold the attempt for the whole connect timeout).
+        A node tried within NATS_RECONNECT_WAIT_S is tried again only after that pause."""
+        best = min(servers, key=lambda server: self.tried.get(server.uri.netloc, -math.inf))
+        now = time.monotonic()
+        since_s = now - self.tried.get(best.uri.netloc, -math.inf)
+        self.tried[best.uri.netloc] = now + max(0.0, NATS_RECONNECT_WAIT_S - since_s)
+        return best, max(0.0, NATS_RECONNECT_WAIT_S - since_s)
 
     async def reconnected(self) -> None:
         for hook in list(self.hooks):
@@ -500,7 +507,7 @@ async def connect_nats(alias: str, url: str, watch: Reconnects | None = None) ->
 
     async def disconnected() -> None:
         if not (client.is_closed or client.is_draining):  # our own shutdown is not news
-            watch.disconnects += 1
+            watch.lost()
             logger.warning("NATS %r lost %s; moving to another node", alias, watch.server)
 
     async def reconnected() -> None:

@@ -68,11 +68,15 @@ IDLE_WAIT_S = 0.5
 OUTAGE_BACKOFF_S = 0.25
 # nats-py sends a bare nak for nak(delay=0): a zero delay still takes the delayed path.
 MIN_NAK_DELAY_S = 0.001
-# Settles (ack, nak, term) sent this recently are sent again after a reconnect: those written
-# to a connection that had gone silent never arrived, and each would hold a slot of the group's
+# Settles (ack, nak, term) sent this recently are sent again after a reconnect, and when the
+# consumer gets a new leader: those written to a connection that had gone silent, or sent while
+# the consumer had no leader, never arrived, and each would hold a slot of the group's
 # max_ack_pending for a whole ack wait. A silent server is left within about 4 s (a ping every
-# NATS_PING_INTERVAL_S, NATS_MAX_OUTSTANDING_PINGS unanswered), so this covers it twice over.
-RESETTLE_WINDOW_S = 8.0
+# NATS_PING_INTERVAL_S, NATS_MAX_OUTSTANDING_PINGS unanswered), and an election takes a few
+# seconds more; this covers both.
+RESETTLE_WINDOW_S = 15.0
+# JetStream announces each election of a consumer's leader here (+ ".<stream>.<consumer>").
+LEADER_ELECTED = "$JS.EVENT.ADVISORY.CONSUMER.LEADER_ELECTED"
 # ... and at most this many of them beyond the lane's concurrency: after a server goes silent
 # nothing new arrives, so a process settles at most what it held, its concurrency.
 RESETTLE_SPARE = 64
@@ -120,6 +124,8 @@ class NatsReceiver:
         self.last_warning = ""
         self.inbox = ""
         self.subscription: Any = None
+        self.elections: Any = None
+        self.leader_subject = f"{LEADER_ELECTED}.{self.stream}.{durable_of(lane)}"
         self.reconnects = self.nc.stats["reconnects"]
         self.woken = False
         self.schedules = bus.schedules_supported
@@ -136,6 +142,7 @@ class NatsReceiver:
         if self.subscription is None:
             self.inbox = self.nc.new_inbox()
             self.subscription = await self.nc.subscribe(self.inbox, cb=self._on_message)
+            self.elections = await self.nc.subscribe(self.leader_subject, cb=self._on_leader)
         if self.arrived:  # the next pull leaves before this batch runs: its round trip is hidden
             await self._top_up(limit, time.monotonic())
         deadline = time.monotonic() + IDLE_WAIT_S
@@ -213,6 +220,13 @@ class NatsReceiver:
             self.credits -= 1
         self.arrived.append(msg)
         self.ready.set()
+
+    async def _on_leader(self, _msg: Msg) -> None:
+        """A new leader of the consumer: the pull requests the old one held are gone, and so
+        are the settles sent while there was none. Ask again now, and settle again."""
+        self.credits = 0
+        self.ready.set()
+        await self.resettle("the consumer's new leader")
 
     def _on_status(self, msg: Msg) -> None:
         headers = msg.headers or {}
@@ -312,17 +326,16 @@ class NatsReceiver:
         self.settled.append((time.monotonic(), msg.reply, payload))
         await _settle(self.nc.publish(msg.reply, payload))
 
-    async def resettle(self) -> None:
-        """After a reconnect: send again the settles of the last RESETTLE_WINDOW_S. One that
-        had arrived changes nothing (the message is gone, or a later settle wins); one that
-        was lost frees its slot now instead of after the ack wait."""
+    async def resettle(self, why: str = "the reconnect") -> None:
+        """After a reconnect or an election: send again the settles of the last
+        RESETTLE_WINDOW_S. One that had arrived changes nothing (the message is gone, or a later
+        settle wins); one that was lost frees its slot now instead of after the ack wait."""
         since = time.monotonic() - RESETTLE_WINDOW_S
         again = [(reply, payload) for at, reply, payload in self.settled if at >= since]
         for reply, payload in again:
             await _settle(self.nc.publish(reply, payload))
         if again:
-            logger.info("%s: %d settle(s) sent again after the reconnect", self.lane.name,
-                        len(again))  # fmt: skip
+            logger.info("%s: %d settle(s) sent again after %s", self.lane.name, len(again), why)
 
     async def close(self) -> None:
         """Hand back what arrived and was never run (at once, not after its ack wait), stop
@@ -331,9 +344,10 @@ class NatsReceiver:
         self.on_reconnect.discard(self.resettle)
         while self.arrived:
             await _settle(self.arrived.popleft().nak())
-        if self.subscription is not None:
-            with contextlib.suppress(*NATS_ERRORS):
-                await self.subscription.unsubscribe()
+        for subscription in (self.subscription, self.elections):
+            if subscription is not None:
+                with contextlib.suppress(*NATS_ERRORS):
+                    await subscription.unsubscribe()
         with contextlib.suppress(*NATS_ERRORS):
             await self.nc.flush(timeout=1)  # the last acks and naks leave before we return
 

@@ -1,17 +1,21 @@
-"""What the nats driver keeps where, and a job's message on the wire (pure, no broker)."""
+"""What the nats driver keeps where, a job's message on the wire, and which node a client tries
+next (pure, no broker)."""
 
 from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
+from nats.aio.client import Server
 from nats.js.api import PubAck
 from nats.js.errors import APIError
 
+from mega.constants import NATS_RECONNECT_WAIT_S
 from mega.drivers.base import DriverUnavailable, Lane, Message
-from mega.drivers.nats.bus import job_envelope, stored
+from mega.drivers.nats.bus import Reconnects, job_envelope, stored
 from mega.drivers.nats.names import (
     HEADER_ENQUEUED_AT,
     HEADER_JOB_ID,
@@ -106,3 +110,16 @@ def test_what_a_publish_answer_says(answer: Any, expected: bool) -> None:
 def test_any_other_failed_publish_is_the_bus_unavailable(answer: BaseException) -> None:
     with pytest.raises(DriverUnavailable):
         stored(answer)
+
+
+def test_after_losing_a_node_the_client_tries_the_others_first_then_pauses_between_rounds() -> None:
+    pool = [Server(urlparse(f"nats://{netloc}")) for netloc in ("a:1", "b:2", "c:3")]
+    watch = Reconnects()
+    watch.server = "a:1"
+    watch.lost()
+    assert watch.disconnects == 1
+    tries = [watch.choose(pool, {}) for _ in range(4)]
+    assert [server.uri.netloc for server, _ in tries] == ["b:2", "c:3", "a:1", "b:2"]
+    assert [delay_s for _, delay_s in tries[:2]] == [0.0, 0.0]  # never tried: at once
+    # the lost node, and a second round, only after a pause since each was last tried
+    assert all(0 < delay_s <= NATS_RECONNECT_WAIT_S for _, delay_s in tries[2:])
