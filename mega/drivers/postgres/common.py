@@ -7,6 +7,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 
 from mega.drivers.base import Lane
 
@@ -16,13 +17,23 @@ Connection = psycopg.AsyncConnection[tuple[Any, ...]]
 CONNECT_TIMEOUT_S = 5.0
 # How long the LISTEN connection waits before connecting again after losing the server.
 LISTEN_RETRY_S = 1.0
+# A server cut off by the network is noticed by the kernel instead of after its default of
+# about two hours idle (or fifteen minutes of retransmits): keepalive probes from 5 s idle, one
+# every 2 s, three missed; sent data unacknowledged for 10 s. libpq's names and units.
+TCP_FAULT_SETTINGS: dict[str, int] = {
+    "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}  # fmt: skip
 
 
 async def open_connection(url: str) -> Connection:
     """One autocommit connection (each statement its own transaction, unless in a block)."""
     connection: Connection = await asyncio.wait_for(
         psycopg.AsyncConnection.connect(
-            url, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT_S), application_name="mega"
+            make_conninfo(url, **TCP_FAULT_SETTINGS),
+            autocommit=True,
+            connect_timeout=int(CONNECT_TIMEOUT_S),
+            application_name="mega",
         ),
         timeout=CONNECT_TIMEOUT_S + 1,
     )

@@ -160,6 +160,8 @@ def problems(figures: dict[str, Any]) -> list[str]:
             found.append(
                 f"worker {worker['pid']}: alive {worker['alive']}, traceback {worker['traceback']}"
             )
+        if not worker["disconnect_logged_after_fault_s"]:
+            found.append(f"worker {worker['pid']} never said it lost the faulted node")
     for name in TIMED:
         if figures[name] is None or figures[name] >= TARGET_S:
             found.append(f"{name} = {figures[name]} (target < {TARGET_S:g} s)")
