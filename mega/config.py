@@ -326,16 +326,23 @@ def build_config(module: ModuleType, path: Path, *, dev: bool, signs: bool = Tru
     )
 
 
+# Set on every module imported as a config: such a module may be replaced by a config of the
+# same name loaded later; any other module of that name is left alone.
+CONFIG_MARK = "__mega_config__"
+
+
 def _import_file(path: Path) -> ModuleType:
     # The config imports the application (`from app...`): its folder must be importable.
     root = str(path.parent)
     if root not in sys.path:
         sys.path.insert(0, root)
-    spec = importlib.util.spec_from_file_location("mega_config", path)
+    name = _module_name(path)
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ConfigError(f"cannot import config file {path}")
     module = importlib.util.module_from_spec(spec)
-    sys.modules["mega_config"] = module
+    setattr(module, CONFIG_MARK, True)
+    sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
     except ConfigError:
@@ -345,6 +352,20 @@ def _import_file(path: Path) -> ModuleType:
             f"config file {path} failed to import: {type(exc).__name__}: {exc}"
         ) from exc
     return module
+
+
+def _module_name(path: Path) -> str:
+    """The config's own module name, its file's (`mega_config`, `staging_config`): so a config
+    can `from mega_config import services` to build on another, and two live side by side. A
+    name already taken by a module that is not a config (`app.py` as a config, beside the `app`
+    package) gets a prefix instead of replacing it."""
+    name = path.stem if path.stem.isidentifier() else "mega_config"
+    held = sys.modules.get(name)
+    if held is None or getattr(held, CONFIG_MARK, False):
+        return name
+    if Path(getattr(held, "__file__", None) or "").resolve() == path.resolve():
+        return name
+    return f"mega_config_{name}"
 
 
 def _with_env_overrides(names: dict[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,29 @@ def test_a_dev_env_beside_the_config_fills_unset_urls(
     assert config.buses["jobs"].url == "nats://127.0.0.1:4999"  # unset: from mega dev's file
     assert config.caches["main"] == "redis://mine:6379/0"  # set: the environment wins
     assert "OTHER" not in os.environ
+
+
+def test_a_config_builds_on_another_and_both_load_side_by_side(tmp_path: Path) -> None:
+    """Each config file is imported under its own name, its folder importable: a staging config
+    imports the main one's services and changes one URL, and each keeps its own."""
+    (tmp_path / "mega_config.py").write_text(GOOD)
+    (tmp_path / "staging_config.py").write_text(
+        "from mega_config import auth, services\n"
+        "services = {**services, 'buses': {'jobs': {'driver': 'nats',"
+        " 'url': 'nats://staging:4222'}}}\n"
+    )
+    main = load_config(tmp_path / "mega_config.py")
+    staging = load_config(tmp_path / "staging_config.py")
+    assert (main.module.__name__, staging.module.__name__) == ("mega_config", "staging_config")
+    assert str(main.buses["jobs"].url) == "nats://127.0.0.1:4222"
+    assert str(staging.buses["jobs"].url) == "nats://staging:4222"
+    assert staging.caches == main.caches  # the rest comes from the config it imported
+
+
+def test_a_config_named_like_a_module_of_the_project_leaves_that_module_alone(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "pytest.py").write_text(GOOD)  # "pytest" is taken, by a module no config made
+    config = load_config(tmp_path / "pytest.py")
+    assert config.module.__name__ == "mega_config_pytest"
+    assert sys.modules["pytest"] is pytest
