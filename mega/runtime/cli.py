@@ -1,4 +1,4 @@
-"""The `mega` command: start, scheduler, worker, work, dev, dlq, db.
+"""The `mega` command: start, scheduler, worker, work, dev, dlq, db, token.
 
 Every command takes `--config PATH` (or MEGA_CONFIG; default ./mega_config.py). Errors a user can
 fix (bad config, unreachable NATS/Redis) print one line naming the problem and exit non-zero;
@@ -100,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["upgrade", "current"],
         help="apply missing migrations, or show the revision",
     )
+    token = command(
+        "token",
+        "API tokens for scripts and services: `Authorization: Bearer <token>` on the JSON "
+        "routes, no CSRF token needed. Stored hashed; the token is shown once, at create.",
+    )
+    token.add_argument("action", choices=["create", "list", "revoke"], help="what to do")
+    token.add_argument("name", nargs="?", help="the token's name (create, revoke)")
     return parser
 
 
@@ -198,6 +205,35 @@ async def _db(config: Config, args: argparse.Namespace) -> None:
         db.dispose()
 
 
+async def _token(config: Config, args: argparse.Namespace) -> None:
+    from mega.runtime.boot import open_database
+    from mega.web import tokens
+
+    if args.action != "list" and not args.name:
+        raise ConfigError(f"mega token {args.action} needs a NAME: mega token {args.action} NAME")
+    db = await open_database(config.database_url, migrate=True)
+    try:
+        if args.action == "create":
+            secret = await db.run(lambda session: tokens.create_token(session, args.name))
+            print(secret)
+            print(f"token {args.name!r} created: it is shown this once, keep it somewhere safe",
+                  file=sys.stderr)  # fmt: skip
+        elif args.action == "revoke":
+            if not await db.run(lambda session: tokens.revoke_token(session, args.name)):
+                raise MegaError(f"no token named {args.name!r} (mega token list shows them)")
+            print(f"token {args.name!r} revoked")
+        else:
+            rows = await db.run(tokens.list_tokens)
+            for row in rows:
+                print(row.describe())
+            if not rows:
+                print("no API tokens yet: mega token create NAME")
+    except tokens.TokenError as exc:
+        raise MegaError(str(exc)) from exc
+    finally:
+        db.dispose()
+
+
 _COMMANDS: dict[str, Callable[[Config, argparse.Namespace], Coroutine[Any, Any, None]]] = {
     "start": _start,
     "scheduler": _scheduler,
@@ -205,6 +241,7 @@ _COMMANDS: dict[str, Callable[[Config, argparse.Namespace], Coroutine[Any, Any, 
     "work": _work,
     "dlq": _dlq,
     "db": _db,
+    "token": _token,
 }
 
 

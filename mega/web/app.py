@@ -1,7 +1,9 @@
 """`create_web_app`: the FastAPI app every mega application starts from.
 
-It wires the JSON envelope, security headers, CSRF on every unsafe request, login/logout,
-`/healthz`, `/readyz` and `/metrics`, and the templates; the application adds its own routers.
+It wires the JSON envelope, security headers, CSRF on every unsafe request of a cookie
+session, API tokens (`Authorization: Bearer`, mega/web/tokens.py: no CSRF token needed),
+login/logout, `/healthz`, `/readyz` and `/metrics`, and the templates; the application adds its
+own routers, and `public_routers` for routes with no login at all.
 Templates are looked up in the application's `templates/` folder first, then in the framework's
 own (`mega/web/templates/`: plain `base.html`, `login.html` and `error.html`), so an application
 restyles the login page by shipping its own `login.html`, and works without one.
@@ -15,6 +17,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -86,6 +89,7 @@ def create_web_app(
     ctx: Context,
     *,
     routers: Iterable[APIRouter] = (),
+    public_routers: Iterable[APIRouter] = (),
     templates_dir: Path | None = None,
     static_dir: Path | None = None,
     title: str = "mega",
@@ -117,6 +121,16 @@ def create_web_app(
     app.include_router(login_router)
     for router in routers:
         app.include_router(router)
+    # Routes that read no login: no session asked, no CSRF token (webhooks, a public API). A
+    # route here that wants a user still gets one from `UserDep`, which asks on its own.
+    app.state.public_routes = []
+    for router in public_routers:
+        app.include_router(router)
+        app.state.public_routes.extend(
+            (route.path_regex, route.methods)
+            for route in router.routes
+            if isinstance(route, APIRoute)
+        )
     app.add_api_route(
         "/api/{path:path}", _api_not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
         include_in_schema=False,
@@ -161,6 +175,20 @@ def _template_globals(request: Request) -> dict[str, Any]:
     }
 
 
+async def _api_refusal(request: Request) -> Response | None:
+    """Every unsafe API request but a public route's needs a session or a token: say so (401)
+    before a byte of the body is read."""
+    if request.method not in auth.UNSAFE_METHODS or not request.url.path.startswith("/api/"):
+        return None
+    try:
+        user = await auth.current_user(request)
+    except HTTPException as exc:  # a wrong or revoked API token
+        return fail(exc.status_code, "auth.required", str(exc.detail))
+    if user is not None or auth.is_public(request):
+        return None
+    return fail(401, "auth.required", "log in first")
+
+
 async def _security_middleware(
     request: Request, call_next: Callable[[Request], Awaitable[Response]]
 ) -> Response:
@@ -168,13 +196,8 @@ async def _security_middleware(
     response: Response
     if not length.isdigit() or int(length) > MAX_BODY_BYTES:
         response = fail(422, "validation_failed", BODY_LIMIT, fields={"body": BODY_LIMIT})
-    elif (
-        request.method in auth.UNSAFE_METHODS
-        and request.url.path.startswith("/api/")
-        and await auth.current_user(request) is None
-    ):
-        # Every API route needs a session: say so before a byte of the body is read.
-        response = fail(401, "auth.required", "log in first")
+    elif refusal := await _api_refusal(request):
+        response = refusal
     else:
         response = await call_next(request)
     for name, value in SECURITY_HEADERS.items():

@@ -47,7 +47,7 @@ from mega.constants import (
     SESSION_COOKIE,
 )
 from mega.database import Database
-from mega.web import limits
+from mega.web import limits, tokens
 from mega.web.limits import limit_key, normalise_username
 from mega.web.models import User, UserSession, as_utc
 from mega.web.passwords import DUMMY_HASH, hash_password, verify_and_update, verify_password
@@ -58,9 +58,13 @@ LOGIN_PATH = "/login"
 
 @dataclass(frozen=True)
 class CurrentUser:
-    id: int
+    """Who sent the request: a logged-in user (a session cookie, `csrf_token` its CSRF token),
+    or a service with an API token (`token` its name, `id` None, `username` "token:<name>")."""
+
+    id: int | None
     username: str
     csrf_token: str
+    token: str | None = None
 
 
 # ---- signing -------------------------------------------------------------------------------
@@ -115,6 +119,11 @@ async def current_user(request: Request) -> CurrentUser | None:
     if hasattr(request.state, "user"):
         user: CurrentUser | None = request.state.user
         return user
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer":
+        service = await _token_user(request, credentials.strip())
+        request.state.user = service
+        return service
     session_id = unsign(request.cookies.get(SESSION_COOKIE), settings(request).secret_key)
     found: CurrentUser | None = None
     if session_id:
@@ -137,6 +146,15 @@ async def current_user(request: Request) -> CurrentUser | None:
         found = await database(request).run(lookup)
     request.state.user = found
     return found
+
+
+async def _token_user(request: Request, token: str) -> CurrentUser:
+    """The service an API token names; a 401 for a wrong or revoked one (no fall-back to the
+    cookie: a client that sends a token means it)."""
+    name = await database(request).run(lambda db: tokens.token_name(db, token))
+    if name is None:
+        raise HTTPException(401, "wrong or revoked API token (`mega token list` shows the names)")
+    return CurrentUser(None, f"token:{name}", "", token=name)
 
 
 async def require_user(request: Request) -> CurrentUser:
@@ -201,11 +219,26 @@ async def csrf_protect(request: Request) -> None:
     form checks its own (`csrf_valid`), so that it can answer with the form and a sentence."""
     if request.method not in UNSAFE_METHODS or request.url.path == LOGIN_PATH:
         return
-    if await current_user(request) is None and request.url.path.startswith("/api/"):
+    if is_public(request):
+        return  # a route that reads no session has nothing a forged request could borrow
+    user = await current_user(request)
+    if user is not None and user.token is not None:
+        return  # an API token is a header the client set, not a cookie the browser adds
+    if user is None and request.url.path.startswith("/api/"):
         # Every API route needs a session: say so (401) before judging the token.
         raise HTTPException(401, "log in first")
     if not await csrf_valid(request):
         raise HTTPException(403, "missing or wrong CSRF token; reload the page and try again")
+
+
+def is_public(request: Request) -> bool:
+    """Whether the request is for a route of a router given as `public_routers` (no login):
+    its path and method match one, before routing as after."""
+    path, method = request.url.path, request.method
+    return any(
+        pattern.match(path) and method in methods
+        for pattern, methods in getattr(request.app.state, "public_routes", ())
+    )
 
 
 async def csrf_valid(request: Request) -> bool:

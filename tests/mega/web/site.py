@@ -1,6 +1,7 @@
 """A minimal application on the framework alone, for the framework's own tests: the bare
-`create_web_app` with one page and one JSON resource behind the login, and no templates of its
-own (the framework's fallback templates render the login page)."""
+`create_web_app` with one page and one JSON resource behind the login, one public route (no
+login: a webhook), and no templates of its own (the framework's fallback templates render the
+login page)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from mega import Config, Context
 from mega.web import UserDep, create_web_app, flash, ok, render
 
 router = APIRouter()
+public = APIRouter()
 
 
 class Thing(BaseModel):
@@ -42,7 +44,13 @@ async def add_thing(body: Thing, request: Request, user: UserDep) -> Response:
     return ok({"name": body.name}, status=201)
 
 
+@public.post("/api/hooks/{source}")
+async def hook(source: str, body: Thing, request: Request) -> Response:
+    """A webhook: another service posts here with no login and no CSRF token."""
+    return ok({"from": source, "pong": body.name})
+
+
 def create_app(config: Config, ctx: Context) -> FastAPI:
-    app = create_web_app(config, ctx, routers=[router], title="site")
+    app = create_web_app(config, ctx, routers=[router], public_routers=[public], title="site")
     app.state.things = []
     return app
