@@ -35,7 +35,8 @@ lint: install
 	$(BIN)/lint-imports --no-cache  # the architecture contracts of pyproject.toml
 
 test: lint  ## lint, then every test (fault, cluster and browser tests included), coverage gate
-	$(BIN)/pytest --cov=mega --cov-report=term-missing:skip-covered --cov-fail-under=90
+	chromium="$$(bash tests/tools/chromium.sh)" && MEGA_CHROMIUM="$$chromium" \
+		$(BIN)/pytest --cov=mega --cov-report=term-missing:skip-covered --cov-fail-under=90
 
 format: install
 	$(BIN)/ruff check --fix mega app tests bench mega_config.py

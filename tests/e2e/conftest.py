@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -22,7 +23,8 @@ from mega.runtime.embedded import EmbeddedNats, EmbeddedRedis, free_port
 from tests.factories import DEMO_PASSWORD, DEMO_USER, TEST_SECRET
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = os.environ.get("MEGA_CHROMIUM", "/usr/bin/chromium")
+# `make test` finds one first (tests/tools/chromium.sh) and passes it here.
+CHROMIUM = os.environ.get("MEGA_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
 GUIDE = ROOT / "docs" / "guide"
 GUIDE_IMAGES = GUIDE / "img"
