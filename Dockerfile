@@ -11,9 +11,10 @@ RUN useradd --create-home --uid 10001 --user-group mega
 WORKDIR /app
 
 # Dependencies first, from pyproject.toml alone: this layer is rebuilt only when the dependency
-# list changes, not on every source edit. The postgres extra is for compose's PostgreSQL.
+# list changes, not on every source edit. The framework's, the sample's (the web side and its
+# guide), and the postgres extra for compose's PostgreSQL.
 COPY pyproject.toml ./
-RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['postgres']))" > /tmp/requirements.txt \
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; o = p['optional-dependencies']; print('\n'.join(r for r in p['dependencies'] + o['sample'] + o['web'] + o['postgres'] if not r.startswith('mega-py')))" > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 

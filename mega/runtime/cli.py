@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -110,10 +111,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The commands that serve or change the web side: they need the `web` extra installed.
+WEB_COMMANDS = ("start", "dev", "token")
+WEB_MODULES = ("fastapi", "uvicorn", "jinja2", "itsdangerous", "pwdlib")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     setup_logging(json_logs=args.json_logs)
     try:
+        if args.command in WEB_COMMANDS:
+            _need_web(args.command)
         if args.command == "dev":
             from mega.runtime.dev import run_dev
 
@@ -136,6 +144,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.command,
             f"internal error: {type(exc).__name__}: {exc} (MEGA_DEBUG=1 shows the trace)",
             1,
+        )
+
+
+def _need_web(command: str) -> None:
+    missing = [name for name in WEB_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ConfigError(
+            f"mega {command} needs the web side, which this install lacks ({', '.join(missing)}):"
+            " pip install 'mega-py[web]'"
         )
 
 
