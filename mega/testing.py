@@ -59,7 +59,7 @@ from mega.jobs.job import Job
 from mega.jobs.jobworker import JobWorker
 from mega.jobs.queue import job_lane
 from mega.schedules import cron
-from mega.schedules.schedule import Schedule, Tick
+from mega.schedules.schedule import Schedule, ScheduleSpec, Tick, validate_schedule
 from mega.workers.pool import WorkerPool
 from mega.workers.worker import Worker
 
@@ -237,12 +237,14 @@ def failing_dlq(*, times: int = 1, error: Exception | None = None) -> Iterator[N
 def planned_ticks(
     schedule_cls: type[Schedule], start: datetime, *, days: float = 1, limit: int = 100_000
 ) -> list[datetime]:
-    """The schedule's planned instants after `start` and within `days`, in its time zone."""
+    """The schedule's planned instants after `start` and within `days`, in its time zone.
+    RegistrationError for a class `mega scheduler` refuses (a bad cron, say)."""
+    spec = _validated_schedule(schedule_cls, locks=())
     end = start + timedelta(days=days)
     found: list[datetime] = []
     after = start
     while len(found) < limit:
-        instant = cron.next(schedule_cls.cron, after, schedule_cls.timezone)
+        instant = cron.next(spec.cron, after, spec.timezone)
         if instant > end:
             break
         found.append(instant)
@@ -254,11 +256,21 @@ async def run_tick(
     schedule_cls: type[Schedule], ctx: Context, instant: datetime, *, fence: int | None = None
 ) -> Tick:
     """Run the schedule once as the scheduler would at `instant` (no lock, no audit); returns
-    the Tick its run saw. Whatever the run raises is raised here."""
+    the Tick its run saw. Whatever the run raises is raised here; RegistrationError, before
+    it runs, for a class `mega scheduler` refuses (a bad cron, say)."""
+    _validated_schedule(schedule_cls, locks=ctx.locks)
     tick = Tick(instant, fence, "schedule", ctx.instance_id)
     run_ctx = dataclasses.replace(ctx, extras={**ctx.extras, "tick": tick})  # as the scheduler
     await schedule_cls(tick).run(run_ctx)
     return tick
+
+
+def _validated_schedule(schedule_cls: type[Schedule], locks: Iterable[str]) -> ScheduleSpec:
+    """The class checked as the scheduler registers it; its lock's alias is taken as declared
+    (no lock is taken here, and a memory context declares none)."""
+    lock = getattr(schedule_cls, "lock", None)
+    alias = lock.get("lock") if isinstance(lock, dict) else None
+    return validate_schedule(schedule_cls, {*locks, *([alias] if isinstance(alias, str) else [])})
 
 
 @contextlib.asynccontextmanager

@@ -44,6 +44,44 @@ hooks = {"worker": [attach_timeline], "listeners": [attach_event_status]}
 """
 
 
+# One class of each kind, all valid, each listed: a config body `mega check` finds nothing in
+# (a test breaks one with a line such as "Tidy.cron = 'x'"). Tidy's lock needs a redis_url.
+DECLARATIONS = """
+from mega import Event, Job, Listener, Schedule, Worker
+
+class Signup(Event):
+    name = "user.signed_up"
+    bus = "jobs"
+
+class Welcome(Listener):
+    event = Signup
+
+    async def run(self, event, ctx): ...
+
+class Email(Job):
+    subject = "email.send"
+    bus = "jobs"
+
+    async def run(self, payload, ctx): ...
+
+class Tidy(Schedule):
+    cron = "*/5 * * * *"
+    timezone = "UTC"
+    lock = {"lock": "main", "ttl": 20_000}
+
+    async def run(self, ctx): ...
+
+class Hash(Worker):
+    task_file = "tests.mega.workers.worker_tasks"
+
+schedules = [Tidy]
+jobs = [Email]
+workers = [Hash]
+events = [Signup]
+listeners = [Welcome]
+"""
+
+
 def write_config(
     tmp_path: Path,
     *,

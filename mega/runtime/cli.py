@@ -1,4 +1,4 @@
-"""The `mega` command: start, scheduler, worker, work, dev, dlq, db, token.
+"""The `mega` command: start, scheduler, worker, work, dev, check, dlq, db, token.
 
 Every command takes `--config PATH` (or MEGA_CONFIG; default ./mega_config.py). Errors a user can
 fix (bad config, unreachable NATS/Redis) print one line naming the problem and exit non-zero;
@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"how many {role} to run (0 to 8, default 2: the lock and the sharing show)",
         )  # fmt: skip
 
+    command(
+        "check",
+        "Validate every schedule, job, worker, event and listener of the config, as the hosts "
+        "would, without connecting to any server; print every problem at once. Exit 1 on an "
+        "error; warnings (what would fail silently) are printed and exit 0.",
+    )
     dlq = command("dlq", "Inspect and repair dead-lettered jobs.")
     dlq.add_argument("action", choices=["list", "requeue", "purge"], help="what to do")
     dlq.add_argument("--job", help="job class name (default: every job in the config)")
@@ -127,6 +133,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
             hosts = {"schedulers": args.schedulers, "workers": args.workers}
             sys.exit(run_dev(args.config, host=args.host, port=args.port, **hosts))
+        if args.command == "check":
+            sys.exit(_check(args.config))
         config = load_config(args.config, signs=args.command == "start")
         _run(_COMMANDS[args.command](config, args))
     except ConfigError as exc:
@@ -163,6 +171,24 @@ def _run(coro: Coroutine[Any, Any, None]) -> None:
 def _die(command: str, message: str, code: int) -> None:
     print(f"mega {command}: error: {message}", file=sys.stderr)
     sys.exit(code)
+
+
+def _check(path: str) -> int:
+    """`mega check`: each finding on a line of its own, then a summary; 1 when any is an error.
+    A config that does not load is one error too: its line lists every bad key."""
+    from mega.runtime.check import Finding, check_config, summary
+
+    try:
+        config = load_config(path, signs=False)
+    except ConfigError as exc:
+        print(Finding("error", "config", exc.message))
+        print("mega check: 1 error (the config must load before its classes are checked)")
+        return 1
+    findings = check_config(config)
+    for finding in findings:
+        print(finding)
+    print(summary(config, findings))
+    return 1 if any(finding.level == "error" for finding in findings) else 0
 
 
 def _start(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:

@@ -24,6 +24,7 @@ from mega.constants import DRAIN_TIMEOUT_S
 from mega.context import Context
 from mega.errors import ConfigError, MegaError
 from mega.runtime.boot import boot, check_database, shutdown
+from mega.runtime.check import enforce
 
 logger = logging.getLogger("mega.host")
 # Routine signals (jobs started and done) are counted and logged once per this many seconds.
@@ -175,6 +176,7 @@ async def _run_host(
 ) -> None:
     """The shared life of the scheduler and worker hosts: boot, register, observe, start,
     wait for a stop signal, stop each part in order with a bounded drain, close connections."""
+    enforce(config, logger.warning)  # a bad class is named before any server is reached
     ctx = await boot(config, role=role, database=False)
     started: list[Any] = []
     try:
@@ -232,6 +234,7 @@ async def run_web(config: Config, host: str, port: int) -> None:
     import uvicorn
 
     check_port_free(host, port)
+    enforce(config, logger.warning)  # a bad class is named before any server is reached
 
     class Server(uvicorn.Server):
         """uvicorn, minus its own signal handling: it re-raises SIGTERM after shutting down,

@@ -22,6 +22,7 @@ from mega import (
     Schedule,
     Worker,
 )
+from mega.errors import RegistrationError
 from mega.testing import (
     drain,
     failing,
@@ -165,6 +166,25 @@ async def test_run_tick_runs_one_instant_with_its_tick() -> None:
         await run_tick(DailyReport, memory_context(), instant + timedelta(days=1))
 
 
+class EveryMinuteSixtyOne(DailyReport):
+    cron = "61 * * * *"  # `mega scheduler` refuses it: minutes go to 59
+
+
+class LockedReport(DailyReport):
+    lock = {"lock": "main", "ttl": 5_000}  # no lock is taken by run_tick: none is declared
+
+
+async def test_run_tick_and_planned_ticks_refuse_what_the_scheduler_refuses() -> None:
+    start = datetime(2026, 3, 30, tzinfo=UTC)
+    with pytest.raises(RegistrationError, match="cron: invalid cron expression '61 "):
+        await run_tick(EveryMinuteSixtyOne, memory_context(), start)
+    with pytest.raises(RegistrationError, match="schedule 'EveryMinuteSixtyOne' is invalid"):
+        planned_ticks(EveryMinuteSixtyOne, start)
+    assert not RAN
+    await run_tick(LockedReport, memory_context(), start)
+    assert [("report", start)] == RAN
+
+
 async def test_each_memory_context_has_its_own_in_memory_redis() -> None:
     first, second = memory_context(caches=["main"]), memory_context(caches=["main"])
     redis = first.cache("main").native
@@ -185,7 +205,7 @@ async def test_drain_runs_the_apps_hooks_and_leaves_other_queues_alone() -> None
     report = await drain(ctx, listeners=[SendWelcome], hooks={"listeners": [attach]})
     assert seen == ["SendWelcome"] and report.count("SendWelcome", "done") == 1
     assert (await JobQueue(ctx, "jobs").stats(Welcome)).pending == 1  # not drained: queued
-    assert RAN == []
+    assert not RAN
     with pytest.raises(ValueError, match="scheduler"):
         await drain(ctx, jobs=[Welcome], hooks={"scheduler": [attach]})
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mega.runtime.embedded import free_port
-from tests.factories import write_config
+from tests.factories import DECLARATIONS, write_config
 from tests.processes import alive, descendants
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -39,7 +39,7 @@ def run_mega(
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("command", ["start", "scheduler", "worker", "dev", "dlq"])
+@pytest.mark.parametrize("command", ["start", "scheduler", "worker", "dev", "check", "dlq"])
 def test_every_command_has_help(command: str) -> None:
     result = run_mega(command, "--help")
     assert result.returncode == 0
@@ -69,6 +69,60 @@ def test_bad_config_key_is_named(tmp_path: Path) -> None:
     result = run_mega("worker", "--config", str(config), env={"MEGA_SECRET_KEY": "k" * 40})
     assert result.returncode == 2
     assert "services.caches.main.driver" in result.stderr and "Traceback" not in result.stderr
+
+
+# Three mistakes in three classes; the listener's refused, its event is heard by none.
+BROKEN = (
+    DECLARATIONS
+    + "Tidy.cron = '61 * * * *'\nEmail.subject = 'email send'\nWelcome.bus = 'elsewhere'\n"
+)
+# Nothing listens on port 1: a command that connected would say it cannot reach NATS or Redis.
+CLOSED_NATS, CLOSED_REDIS = "nats://127.0.0.1:1", "redis://127.0.0.1:1/0"
+
+
+def test_check_prints_every_problem_at_once_and_exits_1(tmp_path: Path) -> None:
+    config = write_config(tmp_path, nats_url=CLOSED_NATS, redis_url=CLOSED_REDIS, body=BROKEN)
+    result = run_mega("check", "--config", str(config))
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.splitlines() == [
+        "error: schedules: Tidy: schedule 'Tidy' is invalid: cron: invalid cron expression "
+        "'61 * * * *': [61 * * * *] is not acceptable, out of range",
+        "error: jobs: Email: job 'Email' is invalid: subject: letters, digits, '.', '_' and '-' "
+        "only, got 'email send'",
+        "error: listeners: Welcome: listener 'Welcome' is invalid: bus: 'elsewhere' is not a "
+        "declared bus alias (declared: jobs)",
+        "warning: events: Signup: no listener hears 'user.signed_up': its events are relayed and "
+        "kept for a group that may come later; add a Listener to `listeners`, or drop it from "
+        "`events`",
+        "mega check: 3 errors, 1 warning",
+    ]
+
+
+def test_check_of_a_good_config_exits_0_with_a_summary(tmp_path: Path) -> None:
+    config = write_config(tmp_path, nats_url=CLOSED_NATS, redis_url=None)
+    result = run_mega("check", "--config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout == "mega check: 0 schedules, 0 jobs, 0 workers, 0 events, 0 listeners ok\n"
+    sample = run_mega("check", "--config", str(ROOT / "mega_config.py"))
+    assert sample.returncode == 0 and sample.stdout.startswith("mega check: 1 schedule, 1 job")
+
+
+def test_a_config_that_does_not_load_is_one_error_for_check(tmp_path: Path) -> None:
+    config = tmp_path / "cfg.py"
+    config.write_text('services = {"caches": {"main": {"driver": "memcached", "url": "x"}}}\n')
+    result = run_mega("check", "--config", str(config))
+    assert result.returncode == 1
+    assert result.stdout.startswith("error: config: services.caches.main.driver: ")
+
+
+@pytest.mark.parametrize("command", ["worker", "scheduler", "work"])
+def test_a_host_names_a_bad_class_before_it_reaches_a_server(tmp_path: Path, command: str) -> None:
+    config = write_config(tmp_path, nats_url=CLOSED_NATS, redis_url=CLOSED_REDIS, body=BROKEN)
+    result = run_mega(command, "--config", str(config))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"mega {command}: error: 3 problems in mega_config.py:\n")
+    assert "error: jobs: Email: job 'Email' is invalid: subject: " in result.stderr
+    assert "cannot reach" not in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
