@@ -69,16 +69,36 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+@dataclass(frozen=True)
+class Shown:
+    """What the config reference (`mega.runtime.config_reference`) says of a key beyond its
+    annotation: `type` where the annotation is too loose to read (`list[type]`), `env` the
+    variable that replaces the key's value when set (`build_config` reads it)."""
+
+    type: str = ""
+    env: str = ""
+
+
 class CacheSpec(_Model):
-    driver: Literal["redis"]
-    url: Annotated[str, _url_with("redis", "rediss", "unix")]
+    driver: Literal["redis"] = Field(description="The cache's engine; only Redis for now.")
+    url: Annotated[str, _url_with("redis", "rediss", "unix"), Shown(env="REDIS_<ALIAS>_URL")] = (
+        Field(description="Where the Redis server is: redis://, rediss:// (TLS) or unix://.")
+    )
 
 
 class LockSpec(_Model):
-    driver: Literal["redlock"]
-    # One cache alias is a single Redis; several independent ones make a quorum (scale-out).
-    caches: Annotated[list[str], Field(min_length=1)] | None = None
-    cache: str | None = None
+    driver: Literal["redlock"] = Field(
+        description="The lock's algorithm: Redlock, over one Redis or a quorum of several."
+    )
+    caches: Annotated[list[str], Field(min_length=1)] | None = Field(
+        default=None,
+        description="The cache aliases the lock takes its keys on: one is a single Redis, "
+        "several independent ones make a quorum (a majority must agree). Each names an entry "
+        "of `services.caches`.",
+    )
+    cache: str | None = Field(
+        default=None, description="One cache alias, the short form of `caches = [alias]`."
+    )
 
     @model_validator(mode="after")
     def one_or_more(self) -> LockSpec:
@@ -92,18 +112,25 @@ class LockSpec(_Model):
 
 
 class BusSpec(_Model):
-    """One bus alias: which driver moves its jobs and events, and where its engine is.
+    """One bus alias: which driver moves its jobs and events, and where its engine is."""
 
-    `driver`: a built-in one (`nats`, `redis`, `postgres`, `memory`) or one a package adds
-    through the `mega.drivers` entry-point group (checked at boot). `url`: nats:// (or tls://)
-    for nats, several for a cluster (a list, or joined by commas: what NATS_URL can carry);
-    redis:// (or rediss://) for redis; postgresql:// for postgres (default: the application's
-    database). `replicas`: copies of the events stream in a NATS cluster (Jobs and Listeners
-    say their own)."""
-
-    driver: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")]
-    url: str | list[str] = ""
-    replicas: Annotated[int, Field(ge=1, le=5)] = 1
+    driver: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")] = Field(
+        description="The driver that moves the bus's jobs and events: a built-in one (`nats`, "
+        "`redis`, `postgres`, `memory`) or one a package adds through the `mega.drivers` "
+        "entry-point group (checked at boot)."
+    )
+    url: Annotated[str | list[str], Shown(env="NATS_<ALIAS>_URL")] = Field(
+        default="",
+        description="Where the engine is. nats: nats:// or tls://, several for a cluster (a "
+        "list, or joined by commas, as NATS_URL can carry them); redis: one redis:// or "
+        "rediss://; postgres: one postgresql://, empty for the application's database; "
+        "memory: none.",
+    )
+    replicas: Annotated[int, Field(ge=1, le=5)] = Field(
+        default=1,
+        description="Copies of the events stream in a NATS cluster (Jobs and Listeners say "
+        "their own streams' copies).",
+    )
 
     @field_validator("driver")
     @classmethod
@@ -135,14 +162,24 @@ class BusSpec(_Model):
 
 
 class DatabaseSpec(_Model):
-    url: str | None = None  # default: SQLite under <config folder>/var/mega.db
+    url: Annotated[str | None, Shown(env="DATABASE_URL")] = Field(
+        default=None,
+        description="The SQL database (users, sessions, the outbox), as an SQLAlchemy URL; "
+        "None: SQLite in var/mega.db beside the config file.",
+    )
 
 
 class ServicesSpec(_Model):
-    caches: dict[str, CacheSpec] = {}
-    locks: dict[str, LockSpec] = {}
-    buses: dict[str, BusSpec] = {}
-    database: DatabaseSpec = DatabaseSpec()
+    caches: dict[str, CacheSpec] = Field(
+        default={}, description="Redis servers by alias, for the schedules' locks and tick audit."
+    )
+    locks: dict[str, LockSpec] = Field(
+        default={}, description="Locks by alias, the name a Schedule's `lock` gives."
+    )
+    buses: dict[str, BusSpec] = Field(
+        default={}, description="Buses by alias, the name a Job's or an Event's `bus` gives."
+    )
+    database: DatabaseSpec = Field(default=DatabaseSpec(), description="The SQL database.")
 
 
 class AuthConfig(_Model):
@@ -151,34 +188,76 @@ class AuthConfig(_Model):
     `login_window_s`; and per account across every IP within `login_account_window_s`, a limit
     a browser that logged in before (its device cookie) is exempt from."""
 
-    # From MEGA_SECRET_KEY (or the file); required outside dev, at least 32 characters.
-    secret_key: str
-    session_max_age_s: PositiveInt = 8 * 3600
-    login_max_failures: PositiveInt = 5  # per (username, IP)
-    login_ip_max_failures: PositiveInt = 50  # per IP, every username (an office behind a NAT)
-    login_window_s: PositiveInt = 15 * 60
-    # Per account, from every IP (OWASP ASVS 2.2.1: at most 100 failed tries an hour).
-    login_account_max_failures: PositiveInt = 100
-    login_account_window_s: PositiveInt = 3600
-    # How long the device cookie a login leaves exempts its browser from the account's limit.
-    device_cookie_max_age_s: PositiveInt = 30 * 24 * 3600
-    # Where a login lands when it was not sent from a page (`next=`); a local path.
-    landing_path: Annotated[str, Field(pattern=r"^/([^/\\].*)?$")] = "/"
-    # Users the web host creates at start (a changed password is reset): username -> password.
-    users: dict[Annotated[str, Field(min_length=1, max_length=64)], str] = {}
+    secret_key: Annotated[str, Shown(env="MEGA_SECRET_KEY")] = Field(
+        description="Signs the session cookies; at least 32 characters, required outside "
+        "`mega dev` (which uses a fixed key) by the hosts that sign cookies."
+    )
+    session_max_age_s: PositiveInt = Field(
+        default=8 * 3600, description="Seconds a login session lasts (8 hours)."
+    )
+    login_max_failures: PositiveInt = Field(
+        default=5,
+        description="Failed logins allowed per (username, client IP) pair within `login_window_s`.",
+    )
+    login_ip_max_failures: PositiveInt = Field(
+        default=50,
+        description="Failed logins allowed per client IP, every username, within "
+        "`login_window_s`: high, for an office behind one NAT address.",
+    )
+    login_window_s: PositiveInt = Field(
+        default=15 * 60,
+        description="Seconds the per-pair and per-IP failure counts last (15 minutes).",
+    )
+    login_account_max_failures: PositiveInt = Field(
+        default=100,
+        description="Failed logins allowed per account, from every IP, within "
+        "`login_account_window_s` (OWASP ASVS 2.2.1: at most 100 an hour).",
+    )
+    login_account_window_s: PositiveInt = Field(
+        default=3600, description="Seconds the per-account failure count lasts (1 hour)."
+    )
+    device_cookie_max_age_s: PositiveInt = Field(
+        default=30 * 24 * 3600,
+        description="Seconds the device cookie a login leaves exempts its browser from the "
+        "per-account limit (30 days).",
+    )
+    landing_path: Annotated[str, Field(pattern=r"^/([^/\\].*)?$")] = Field(
+        default="/",
+        description="The local path a login lands on when it was not sent from a page "
+        "(no `next=`).",
+    )
+    users: Annotated[
+        dict[Annotated[str, Field(min_length=1, max_length=64)], str],
+        Shown(type="dict of username (1-64 characters) -> password"),
+    ] = Field(
+        default={},
+        description="Users the web host creates at start; a password changed since is set back.",
+    )
 
 
 class MetricsConfig(_Model):
-    enabled: StrictBool = False
-    # Where the scheduler's and worker's metrics ports listen; MEGA_METRICS_BIND overrides it
-    # (`mega dev` sets 127.0.0.1: on a laptop nothing outside needs them).
-    bind: str = "0.0.0.0"
-    scheduler_port: Port = 9101
-    worker_port: Port = 9102
-    # The web app's /metrics is on the public port: with a token (MEGA_METRICS_TOKEN overrides
-    # it) a scrape must send `Authorization: Bearer <token>`; `web = False` serves none there.
-    token: Annotated[str, Field(min_length=16)] | None = None
-    web: StrictBool = True
+    enabled: StrictBool = Field(
+        default=False,
+        description="Export Prometheus metrics: the scheduler and worker hosts on their own "
+        "ports, the web app on /metrics.",
+    )
+    bind: Annotated[str, Shown(env="MEGA_METRICS_BIND")] = Field(
+        default="0.0.0.0",
+        description="The address the scheduler's and worker's metrics ports listen on "
+        "(`mega dev` sets 127.0.0.1: on a laptop nothing outside needs them).",
+    )
+    scheduler_port: Port = Field(default=9101, description="The scheduler host's metrics port.")
+    worker_port: Port = Field(default=9102, description="The worker host's metrics port.")
+    token: Annotated[
+        Annotated[str, Field(min_length=16)] | None, Shown(env="MEGA_METRICS_TOKEN")
+    ] = Field(
+        default=None,
+        description="When set, a scrape of the web app's /metrics (on the public port) must "
+        "send `Authorization: Bearer` and this token.",
+    )
+    web: StrictBool = Field(
+        default=True, description="Serve /metrics on the web app; False: none there."
+    )
 
 
 class OutboxConfig(_Model):
@@ -186,41 +265,89 @@ class OutboxConfig(_Model):
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
-    relay: StrictBool = True
-    batch: PositiveInt = 2000  # rows per publish batch (SQLite writers wait for one)
-    poll_s: Annotated[float, Field(gt=0)] = 0.5  # when no commit woke it
-    retention_s: Annotated[float, Field(ge=0)] = 3600.0  # published rows kept, then deleted
-    # `async def paused(ctx) -> bool`: while True the relay publishes nothing (rows pile up).
-    paused: Callable[..., Any] | None = None
+    relay: StrictBool = Field(
+        default=True, description="Run the outbox relay in this config's worker hosts."
+    )
+    batch: PositiveInt = Field(
+        default=2000, description="Outbox rows per publish batch (SQLite writers wait for one)."
+    )
+    poll_s: Annotated[float, Field(gt=0)] = Field(
+        default=0.5,
+        description="Seconds the relay waits before looking again when no commit woke it.",
+    )
+    retention_s: Annotated[float, Field(ge=0)] = Field(
+        default=3600.0, description="Seconds published rows are kept before they are deleted."
+    )
+    paused: Annotated[Callable[..., Any] | None, Shown(type="async function or None")] = Field(
+        default=None,
+        description="`async def paused(ctx) -> bool`: while it returns True the relay "
+        "publishes nothing (rows pile up in the outbox).",
+    )
 
 
 class WorkConfig(_Model):
     """`mega work`: what the single process runs beyond jobs, listeners and the relay."""
 
-    scheduler: StrictBool = False  # also tick the schedules (as --with-scheduler)
+    scheduler: StrictBool = Field(
+        default=False, description="Also tick the schedules in `mega work` (as --with-scheduler)."
+    )
+
+
+def _classes(kind: str) -> Shown:
+    return Shown(type=f"list of {kind} classes")
 
 
 class ConfigFile(_Model):
-    """The module-level names of a config file, as the loader reads them."""
+    """The module-level names of a config file, as the loader reads them, in the order the
+    config reference lists them."""
 
     model_config = ConfigDict(extra="ignore", frozen=True, arbitrary_types_allowed=True)
 
-    services: ServicesSpec = ServicesSpec()
-    schedules: list[type] = []
-    jobs: list[type] = []
-    workers: list[type] = []
-    events: list[type] = []
-    listeners: list[type] = []
-    outbox: OutboxConfig = OutboxConfig()
-    work: WorkConfig = WorkConfig()
-    # A worker may change a running consumer's limits to its classes' (as --apply-limits).
-    apply_limits: StrictBool = False
-    web_app: Annotated[str, Field(pattern=r"^[\w.]+(:\w+)?$")] | None = None
-    hooks: dict[
-        Literal["scheduler", "worker", "web", "listeners", "relay"], list[Callable[..., Any]]
-    ] = {}
-    auth: AuthConfig
-    metrics: MetricsConfig = MetricsConfig()
+    services: ServicesSpec = Field(
+        default=ServicesSpec(), description="The engines the hosts connect to, each by an alias."
+    )
+    auth: AuthConfig = Field(description="Login and session options.")
+    metrics: MetricsConfig = Field(default=MetricsConfig(), description="Prometheus metrics.")
+    outbox: OutboxConfig = Field(
+        default=OutboxConfig(), description="The outbox relay that publishes committed events."
+    )
+    work: WorkConfig = Field(
+        default=WorkConfig(),
+        description="What `mega work` runs beyond jobs, listeners and the relay.",
+    )
+    web_app: Annotated[str, Field(pattern=r"^[\w.]+(:\w+)?$")] | None = Field(
+        default=None,
+        description='"module:factory" whose factory(config, ctx) builds the FastAPI app; None: '
+        "the framework's bare app.",
+    )
+    hooks: Annotated[
+        dict[Literal["scheduler", "worker", "web", "listeners", "relay"], list[Callable[..., Any]]],
+        Shown(type="host -> list of functions"),
+    ] = Field(
+        default={},
+        description="Functions called once per host after registration, as hook(runtime, ctx) "
+        "(async or not), to attach observers; hosts: scheduler, worker, web, listeners, relay.",
+    )
+    schedules: Annotated[list[type], _classes("Schedule")] = Field(
+        default=[], description="The schedules `mega scheduler` ticks."
+    )
+    jobs: Annotated[list[type], _classes("Job")] = Field(
+        default=[], description="The jobs `mega worker` consumes and the web app may enqueue."
+    )
+    workers: Annotated[list[type], _classes("Worker")] = Field(
+        default=[], description="The CPU pools the web app starts (`ctx.workers`)."
+    )
+    events: Annotated[list[type], _classes("Event")] = Field(
+        default=[], description="The events the outbox may carry; declaring any starts the relay."
+    )
+    listeners: Annotated[list[type], _classes("Listener")] = Field(
+        default=[], description="The listener groups `mega worker` runs."
+    )
+    apply_limits: StrictBool = Field(
+        default=False,
+        description="Let a worker change a running consumer's limits to its classes' (as "
+        "--apply-limits).",
+    )
 
 
 @dataclass(frozen=True)
