@@ -6,11 +6,12 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
+from app.deps import BUS, POOL
 from app.routes import api_console, api_cron, api_events, api_jobs, api_worker, learn, pages
 from app.services.signups import create_tables
 from app.workers.pool_log import PoolLog
-from mega import Config, Context, EventBus, JobQueue, Scheduler, observe_jobs, observe_scheduler
-from mega.web import create_web_app
+from mega import Config, Context, EventBus, Scheduler, observe_jobs, observe_scheduler
+from mega.web import create_web_app, job_queue, provide
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,18 +40,18 @@ def create_app(config: Config, ctx: Context) -> FastAPI:
         scheduler.register(schedule)
     if config.metrics.enabled:
         observe_scheduler(scheduler)  # manual ticks count in the web app's /metrics
-    app.state.scheduler = scheduler
+    provide(app, scheduler)
     # The web app enqueues and reads the DLQ; `mega worker` consumes.
-    app.state.job_queue = JobQueue(ctx, "jobs")
     if config.metrics.enabled:
-        observe_jobs(app.state.job_queue)  # enqueues count as `dispatch` in /metrics
+        observe_jobs(job_queue(app, BUS))  # enqueues count as `dispatch` in /metrics
     # The web app signs people up (their events go through the outbox) and reads the listeners'
     # dead letters; `mega worker` relays the outbox and runs the listeners.
     create_tables(ctx.db)
-    app.state.event_bus = EventBus(ctx, "jobs")
+    provide(app, EventBus(ctx, BUS))
     # The pools start before the app is made (`mega start`): the worker page's pool log hears
     # of every child the hash pool replaces.
-    app.state.pool_log = PoolLog()
-    if api_worker.POOL in ctx.workers:
-        ctx.workers[api_worker.POOL].on("replaced", app.state.pool_log.record)
+    pool_log = PoolLog()
+    provide(app, pool_log)
+    if POOL in ctx.workers:
+        ctx.workers[POOL].on("replaced", pool_log.record)
     return app

@@ -71,6 +71,7 @@ _EXPORTS = {
     "WorkerPool": "mega.workers.pool",
     "Worker": "mega.workers.worker",
     # hosts
+    "asgi_app": "mega.runtime.asgi",
     "boot": "mega.runtime.boot",
     "shutdown": "mega.runtime.boot",
     "observe_jobs": "mega.runtime.metrics",
@@ -134,6 +135,7 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.jobs.progress import JobContext as JobContext
     from mega.jobs.queue import JobId as JobId
     from mega.jobs.queue import JobQueue as JobQueue
+    from mega.runtime.asgi import asgi_app as asgi_app
     from mega.runtime.boot import boot as boot
     from mega.runtime.boot import shutdown as shutdown
     from mega.runtime.metrics import observe_jobs as observe_jobs

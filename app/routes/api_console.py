@@ -13,11 +13,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
+from app.deps import hash_pool, main_redis, queue, scheduler
 from app.jobs.email import EmailJob
-from app.routes.api_cron import SCHEDULE, scheduler
+from app.routes.api_cron import SCHEDULE
 from app.routes.api_events import events_part
-from app.routes.api_jobs import jobs_part, queue
-from app.routes.api_worker import POOL
+from app.routes.api_jobs import jobs_part
 from app.services import console_series
 from app.services.instances import short_instance
 from mega.web import UserDep, api_responses, ok
@@ -62,7 +62,7 @@ async def schedules_part(request: Request) -> dict[str, Any]:
 
 async def workers_part(request: Request) -> dict[str, Any]:
     """Job workers that started or finished an EmailJob in the last 10 minutes."""
-    seen = await console_series.recent_workers(request.app.state.ctx.cache("main").native)
+    seen = await console_series.recent_workers(main_redis(request))
     return {
         "instances": [
             {
@@ -76,13 +76,13 @@ async def workers_part(request: Request) -> dict[str, Any]:
 
 
 async def pool_part(request: Request) -> dict[str, Any]:
-    stats: dict[str, Any] = request.app.state.ctx.workers[POOL].stats()
+    stats: dict[str, Any] = hash_pool(request).stats()
     return stats
 
 
 async def series_part(request: Request) -> dict[str, Any]:
     """The charts' last 10 minutes; samples the DLQ size first (see console_series)."""
-    redis = request.app.state.ctx.cache("main").native
+    redis = main_redis(request)
     stats = await queue(request).stats(EmailJob)
     await console_series.record_dlq_size(redis, stats.dlq)
     ticks = await scheduler(request).recent_ticks(SCHEDULE, limit=SERIES_TICKS)

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Body, Request, Response
 from fastapi.responses import RedirectResponse
 from pydantic import BaseModel, ValidationError
 
+from app.deps import main_redis, scheduler
 from app.schedules.cron_counter import CronCounterSchedule
 from app.services.cron_counter import (
     HOLD_EXTRA,
@@ -25,7 +26,6 @@ from app.services.cron_counter import (
     read_state,
 )
 from app.services.instances import short_instance
-from mega import Scheduler
 from mega.web import (
     UserDep,
     WholeNumber,
@@ -41,12 +41,6 @@ router = APIRouter()
 SCHEDULE = CronCounterSchedule.name
 # Manual ticks still holding, kept referenced so that they are not collected mid-hold.
 HOLDING: set[asyncio.Task[Any]] = set()
-
-
-def scheduler(request: Request) -> Scheduler:
-    """The web process's Scheduler: registered, never started; it serves run_now and reads."""
-    found: Scheduler = request.app.state.scheduler
-    return found
 
 
 def as_utc(instant: str) -> str:
@@ -82,7 +76,7 @@ def scheduler_processes(ticks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def cron_state(request: Request) -> dict[str, Any]:
-    state = await read_state(request.app.state.ctx.cache("main").native)
+    state = await read_state(main_redis(request))
     settings = scheduler(request).describe(SCHEDULE)
     ticks = await scheduler(request).recent_ticks(SCHEDULE, limit=15)
     return {

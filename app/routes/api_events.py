@@ -21,12 +21,15 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import RedirectResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from app.deps import database
+from app.deps import event_bus as bus
+from app.deps import main_redis as redis
 from app.events import relay_switch, status
 from app.events.listeners import LISTENERS
 from app.events.signups import UserSignedUp
 from app.routes.api_jobs import ID_OR_ALL, Requeued
 from app.services.signups import SignupService
-from mega import EventBus, Listener, outbox
+from mega import Listener, outbox
 from mega.web import (
     ApiError,
     EmailAddress,
@@ -87,17 +90,8 @@ class GroupRequeueRequest(BaseModel):
         return self
 
 
-def bus(request: Request) -> EventBus:
-    found: EventBus = request.app.state.event_bus
-    return found
-
-
-def redis(request: Request) -> Any:
-    return request.app.state.ctx.cache("main").native
-
-
 async def sign_up(request: Request, body: SignupRequest) -> dict[str, Any]:
-    result = await SignupService(request.app.state.ctx.db).sign_up(str(body.email), body.mode)
+    result = await SignupService(database(request)).sign_up(str(body.email), body.mode)
     return {
         "committed": result.committed,
         "signup_id": result.signup_id,
@@ -106,7 +100,7 @@ async def sign_up(request: Request, body: SignupRequest) -> dict[str, Any]:
 
 
 async def events_state(request: Request) -> dict[str, Any]:
-    db = request.app.state.ctx.db
+    db = database(request)
     signups = await SignupService(db).recent()
     ids = [signup.event_id for signup in signups]
     pending = await db.run(lambda session: outbox.pending_ids(session, ids))
@@ -273,7 +267,7 @@ async def requeue_form(request: Request, user: UserDep) -> Response:
 
 async def events_part(request: Request) -> dict[str, Any]:
     """The console's events panel: the outbox and each listener group."""
-    db = request.app.state.ctx.db
+    db = database(request)
     stats = await db.run(outbox.stats)
     groups = []
     for group, listener in GROUPS.items():

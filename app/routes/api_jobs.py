@@ -13,9 +13,10 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import RedirectResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from app.deps import main_redis as redis
+from app.deps import queue
 from app.jobs.email import SLOW_ACK_WAITS, SLOW_STEPS, EmailJob
 from app.services import job_timeline
-from mega import JobQueue
 from mega.web import (
     ApiError,
     EmailAddress,
@@ -86,16 +87,6 @@ class RequeueRequest(BaseModel):
         if (self.id is None) == (not self.all):
             raise ValueError("give either an id or all: true")
         return self
-
-
-def queue(request: Request) -> JobQueue:
-    """The web app's JobQueue on bus `jobs` (it only enqueues and reads; it never consumes)."""
-    found: JobQueue = request.app.state.job_queue
-    return found
-
-
-def redis(request: Request) -> Any:
-    return request.app.state.ctx.cache("main").native
 
 
 async def enqueue_emails(request: Request, body: EnqueueRequest) -> list[str]:

@@ -19,9 +19,9 @@ from fastapi.responses import RedirectResponse
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
+from app.deps import hash_pool, pool_log
 from app.workers.hash_rates import HashRates, Mode
 from app.workers.hash_tasks import MAX_ROUNDS, sha256_loop
-from app.workers.pool_log import PoolLog
 from app.workers.run_progress import RunProgress
 from mega import WorkerError, WorkerOverloaded
 from mega.web import (
@@ -33,12 +33,12 @@ from mega.web import (
     flash,
     form_number,
     ok,
+    provided,
     render,
 )
 
 logger = logging.getLogger("app.worker")
 router = APIRouter()
-POOL = "hash"
 # A run past this is killed (its process replaced): MAX_ROUNDS takes ~15 s here. A request may
 # ask for less with `timeout_ms`, which is how the page shows worker.task_timeout.
 HASH_TIMEOUT_MS = 60_000
@@ -165,9 +165,20 @@ class InlineGate:
         self.busy_until = time.monotonic() + seconds
 
 
+class BurstRuns(set[asyncio.Task[Any]]):
+    """The burst's accepted runs, referenced until done (then forgotten)."""
+
+
+# The app's own objects, each made on first use and kept for the app's life.
+inline_gate = provided(InlineGate, default=InlineGate)
+hash_rates = provided(HashRates, default=HashRates)
+run_progress = provided(RunProgress, default=RunProgress)
+burst_runs = provided(BurstRuns, default=BurstRuns)
+
+
 def inline_hash(request: Request, task: dict[str, Any]) -> dict[str, Any]:
     """The same hash on the event loop, on purpose (the contrast), behind the gate."""
-    gate: InlineGate = request.app.state.__dict__.setdefault("inline_gate", InlineGate())
+    gate = inline_gate(request)
     gate.check()
     started = time.perf_counter()
     try:
@@ -177,17 +188,6 @@ def inline_hash(request: Request, task: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def hash_rates(request: Request) -> HashRates:
-    rates: HashRates = request.app.state.__dict__.setdefault("hash_rates", HashRates())
-    return rates
-
-
-def pool_log(request: Request) -> PoolLog:
-    """Filled by the pool's `replaced` signal (create_app in app/web.py)."""
-    log: PoolLog = request.app.state.pool_log
-    return log
-
-
 def timed_run(request: Request, mode: Mode, rounds: int, started: float) -> float:
     """The run's wall time in ms (what the result card shows), counted in the measured rate."""
     seconds = time.perf_counter() - started
@@ -195,16 +195,11 @@ def timed_run(request: Request, mode: Mode, rounds: int, started: float) -> floa
     return round(seconds * 1000, 1)
 
 
-def run_progress(request: Request) -> RunProgress:
-    board: RunProgress = request.app.state.__dict__.setdefault("hash_progress", RunProgress())
-    return board
-
-
 async def pool_hash(
     request: Request, task: dict[str, Any], timeout_ms: int | None, run_id: str | None
 ) -> dict[str, Any]:
     """The hash in the pool; with a run id, its rounds done are readable at /worker/progress."""
-    pool = request.app.state.ctx.workers[POOL]
+    pool = hash_pool(request)
     timeout = timeout_ms or HASH_TIMEOUT_MS
     if run_id is None:
         result: dict[str, Any] = await pool.run("sha256_loop", task, timeout_ms=timeout)
@@ -252,7 +247,7 @@ async def hash_progress(
 def pool_state(request: Request) -> dict[str, Any]:
     """The pool panel: stats() and the settings they are measured against, the rate the last
     runs hashed at, and the pool's last replacements."""
-    pool = request.app.state.ctx.workers[POOL]
+    pool = hash_pool(request)
     settings = pool.settings
     rates = hash_rates(request)
     return {
@@ -281,7 +276,7 @@ async def kill_child(request: Request, user: UserDep) -> Response:
 
 
 def kill_one(request: Request) -> int | None:
-    pool = request.app.state.ctx.workers[POOL]
+    pool = hash_pool(request)
     state = pool_state(request)
     if state["restarts"] >= state["max_restarts"]:
         raise ApiError(
@@ -304,7 +299,7 @@ async def burst(request: Request, user: UserDep) -> Response:
 
 
 async def send_burst(request: Request) -> dict[str, Any]:
-    pool = request.app.state.ctx.workers[POOL]
+    pool = hash_pool(request)
     settings = pool.settings
     capacity = settings.pool_size + settings.max_queue
     task = {"input": "burst", "rounds": BURST_ROUNDS}
@@ -318,7 +313,7 @@ async def send_burst(request: Request) -> dict[str, Any]:
     errors = [error for run in done if (error := run.exception()) is not None]
     refused = [error for error in errors if isinstance(error, WorkerOverloaded)]
     failed = [error for error in errors if not isinstance(error, WorkerOverloaded)]
-    keep: set[asyncio.Task[Any]] = request.app.state.__dict__.setdefault("burst_runs", set())
+    keep = burst_runs(request)
     for run in pending:
         keep.add(run)  # referenced until done, then forgotten
         run.add_done_callback(functools.partial(_forget, keep))
@@ -332,7 +327,7 @@ async def send_burst(request: Request) -> dict[str, Any]:
     }
 
 
-def _forget(keep: set[asyncio.Task[Any]], run: asyncio.Task[Any]) -> None:
+def _forget(keep: BurstRuns, run: asyncio.Task[Any]) -> None:
     keep.discard(run)
     if not run.cancelled() and run.exception() is not None:
         logger.info("a burst run ended with %s", run.exception())

@@ -15,7 +15,7 @@ import logging
 import signal as os_signal
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -244,21 +244,7 @@ async def run_web(config: Config, host: str, port: int) -> None:
         def capture_signals(self) -> Iterator[None]:
             yield
 
-    ctx = await boot(config, role="web")
-    stop_announcing: Callable[[], None] = lambda: None  # noqa: E731
-    try:
-        if config.auth.users:
-            from mega.web.auth import ensure_user
-
-            for username, password in config.auth.users.items():
-                await asyncio.to_thread(ensure_user, ctx.db, username, password)
-        if config.events:  # relays in the workers hear of each commit that adds an event
-            from mega.events.relay import announce_commits
-
-            stop_announcing = announce_commits(ctx)
-        await start_worker_pools(config, ctx)
-        app = load_web_app(config)(config, ctx)
-        await run_hooks(config, "web", app, ctx)
+    async with web_app(config) as app:
         server = Server(
             uvicorn.Config(
                 app,
@@ -280,11 +266,35 @@ async def run_web(config: Config, host: str, port: int) -> None:
         server.should_exit = True
         stop.cancel()
         await serving
+    logger.info("web stopped")
+
+
+@contextlib.asynccontextmanager
+async def web_app(config: Config) -> AsyncIterator[Any]:
+    """The web host's app, with what it serves running: the context booted, the config's users
+    made, commits announced to the relays, the CPU pools started, the `web` hooks run. On exit
+    all of it stops, in reverse. `mega start` serves it, and so does `mega.asgi_app` under any
+    ASGI server."""
+    ctx = await boot(config, role="web")
+    stop_announcing: Callable[[], None] = lambda: None  # noqa: E731
+    try:
+        if config.auth.users:
+            from mega.web.auth import ensure_user
+
+            for username, password in config.auth.users.items():
+                await asyncio.to_thread(ensure_user, ctx.db, username, password)
+        if config.events:  # relays in the workers hear of each commit that adds an event
+            from mega.events.relay import announce_commits
+
+            stop_announcing = announce_commits(ctx)
+        await start_worker_pools(config, ctx)
+        app = load_web_app(config)(config, ctx)
+        await run_hooks(config, "web", app, ctx)
+        yield app
     finally:
         stop_announcing()
         await stop_worker_pools(ctx)
         await shutdown(ctx)
-    logger.info("web stopped")
 
 
 async def start_worker_pools(config: Config, ctx: Context) -> None:

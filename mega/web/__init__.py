@@ -6,12 +6,16 @@
     async def things(request: Request, user: UserDep) -> Response:   # 401 when anonymous
         return ok({"things": [...]})                                  # the JSON envelope
 
+`CtxDep`, `queue_dep(bus)`, `pool_dep(name)` and `provided(cls)` give a route the context, a
+JobQueue, a CPU pool and the app's own objects (mega/web/deps.py).
+
 `create_web_app(config, ctx, routers=[...])` wires login, sessions, CSRF, security headers, the
 envelope, /healthz, /readyz and /metrics; see the guide's http chapter.
 """
 
 from mega.web.app import create_web_app
 from mega.web.auth import CurrentUser, UserDep, ensure_user
+from mega.web.deps import CtxDep, context, job_queue, pool_dep, provide, provided, queue_dep
 from mega.web.envelope import ApiError, api_responses, fail, field_errors, ok
 from mega.web.fields import EmailAddress, WholeNumber, form_number
 from mega.web.limits import normalise_username
@@ -19,18 +23,25 @@ from mega.web.pages import flash, render
 
 __all__ = [
     "ApiError",
+    "CtxDep",
     "CurrentUser",
     "EmailAddress",
     "UserDep",
     "WholeNumber",
     "api_responses",
+    "context",
     "create_web_app",
     "ensure_user",
     "fail",
     "field_errors",
     "flash",
     "form_number",
+    "job_queue",
     "normalise_username",
     "ok",
+    "pool_dep",
+    "provide",
+    "provided",
+    "queue_dep",
     "render",
 ]

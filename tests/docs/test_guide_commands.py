@@ -60,7 +60,7 @@ COURSE = ("schedules", "jobs", "events", "workers", "testing", "scaling", "opera
 # Programs a plain `sh` block may name besides make, mega and docker compose.
 KNOWN_PROGRAMS = {
     ".", "source", "export", "honcho", "supervisord", "curl", "kill", "python", "pytest", "nats",
-    "openssl",
+    "openssl", "uvicorn",
 }  # fmt: skip
 FENCE = re.compile(r"^(?P<indent>[ ]*)```(?P<info>[^`]*)$")
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
