@@ -53,7 +53,15 @@ def start_metrics_server(config: Config, port: int) -> None:
     if config.metrics.enabled:
         from prometheus_client import start_http_server
 
-        start_http_server(port, addr=config.metrics.bind)
+        try:
+            start_http_server(port, addr=config.metrics.bind)
+        except OSError as exc:
+            raise MegaError(
+                f"cannot serve metrics on {config.metrics.bind}:{port} ({exc.strerror}); is "
+                "another host using that port? Give each host its own (metrics.worker_port, "
+                "metrics.scheduler_port), or one per process on one machine",
+                code="metrics.port_in_use",
+            ) from None
         logger.info("metrics on http://%s:%d/metrics", config.metrics.bind, port)
 
 

@@ -57,3 +57,22 @@ async def test_a_short_metrics_token_is_a_config_error(
     body = 'metrics = {"enabled": True, "token": "short"}\n'
     with pytest.raises(ConfigError, match="token"):
         load_config(write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body))
+
+
+def test_a_metrics_port_in_use_is_one_line_naming_it(tmp_path: Path) -> None:
+    """A host whose metrics port is taken stops with a sentence, not an OSError."""
+    import socket
+
+    from mega.errors import MegaError
+    from mega.runtime.hosts import start_metrics_server
+
+    body = 'metrics = {"enabled": True, "bind": "127.0.0.1"}'
+    config = load_config(write_config(tmp_path, nats_url="nats://x:1", redis_url=None, body=body))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(MegaError) as refused:
+            start_metrics_server(config, port)
+    assert refused.value.code == "metrics.port_in_use"
+    assert refused.value.message.startswith(f"cannot serve metrics on 127.0.0.1:{port} (")
