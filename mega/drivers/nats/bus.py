@@ -27,6 +27,8 @@ from urllib.parse import urlsplit
 from nats.aio.client import Client as NatsClient
 from nats.aio.client import Server
 from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -82,6 +84,10 @@ EVENTS_TIMEOUT_S = 2.0
 # JetStream's answer to a publish whose Nats-Msg-Id an earlier publish still being stored
 # carries: a duplicate, not a failure (the first one's message is the job).
 DUPLICATE_IN_PROCESS = 10158
+# Setting a lane up asks this many times when JetStream answers late (a cluster electing
+# leaders, or busy making replicas), this long apart, before NATS counts as unavailable.
+ENSURE_ATTEMPTS = 3
+ENSURE_PAUSE_S = 0.5
 # Broker-side message schedules (delayed jobs, scheduled retries) exist since this nats-server.
 SCHEDULES_SINCE = (2, 12)
 # A commit that added outbox rows in another process says so here (core NATS, fire and
@@ -150,35 +156,48 @@ class NatsBus:
         its limits (ack wait, max_ack_pending) unless `apply_limits`: a difference is said in
         one line (see `ensure_consumer`)."""
         self._apply_limits[lane] = apply_limits
-        try:
-            if lane.kind == "job":
-                await ensure_stream(self.js, StreamConfig(
-                    name=stream_of(lane),
-                    subjects=[lane.subject, f"{lane.subject}.{DELAY_TOKEN}.*"],
-                    retention=RetentionPolicy.WORK_QUEUE,
-                    storage=StorageType.FILE,
-                    duplicate_window=DEDUP_WINDOW_S,
-                    allow_msg_schedules=True if self.schedules_supported else None,
-                    num_replicas=lane.replicas,
-                ))  # fmt: skip
-            await ensure_stream(self.js, dlq_stream_config(lane))
-            wanted = ConsumerConfig(
-                durable_name=durable_of(lane),
-                ack_policy=AckPolicy.EXPLICIT,
-                deliver_policy=DeliverPolicy.ALL,
-                ack_wait=lane.ack_wait_s,
-                max_ack_pending=lane.concurrency,
-                max_deliver=-1,  # the consume loop decides when a job is dead
-            )
-            if lane.kind == "job":
-                wanted.filter_subject = lane.subject
-            else:
-                wanted.filter_subjects = filter_subjects_of(lane)
-            self._max_ack_pending[lane] = await ensure_consumer(
-                self.js, stream_of(lane), wanted, what=lane.name, apply_limits=apply_limits
-            )
-        except NATS_ERRORS as exc:
-            raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+        for attempt in range(1, ENSURE_ATTEMPTS + 1):
+            try:
+                await self._ensure_once(lane, apply_limits)
+                return
+            except (NatsTimeoutError, NoRespondersError) as exc:
+                # A cluster electing leaders, or busy creating replicas, answers late: the
+                # steps are idempotent, so ask again before calling NATS unavailable.
+                if attempt == ENSURE_ATTEMPTS:
+                    raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+                logger.info("%s: JetStream answered late (%s); asking again", lane.name, exc)
+                await asyncio.sleep(ENSURE_PAUSE_S)
+            except NATS_ERRORS as exc:
+                raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+
+    async def _ensure_once(self, lane: Lane, apply_limits: bool) -> None:
+        """One pass of `ensure`: the job stream, the dead letters, the consumer."""
+        if lane.kind == "job":
+            await ensure_stream(self.js, StreamConfig(
+                name=stream_of(lane),
+                subjects=[lane.subject, f"{lane.subject}.{DELAY_TOKEN}.*"],
+                retention=RetentionPolicy.WORK_QUEUE,
+                storage=StorageType.FILE,
+                duplicate_window=DEDUP_WINDOW_S,
+                allow_msg_schedules=True if self.schedules_supported else None,
+                num_replicas=lane.replicas,
+            ))  # fmt: skip
+        await ensure_stream(self.js, dlq_stream_config(lane))
+        wanted = ConsumerConfig(
+            durable_name=durable_of(lane),
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=lane.ack_wait_s,
+            max_ack_pending=lane.concurrency,
+            max_deliver=-1,  # the consume loop decides when a job is dead
+        )
+        if lane.kind == "job":
+            wanted.filter_subject = lane.subject
+        else:
+            wanted.filter_subjects = filter_subjects_of(lane)
+        self._max_ack_pending[lane] = await ensure_consumer(
+            self.js, stream_of(lane), wanted, what=lane.name, apply_limits=apply_limits
+        )
 
     def window_safe(self, lane: Lane) -> bool:
         """Whether the lane's consumer caps unacked messages at the lane's concurrency (its
