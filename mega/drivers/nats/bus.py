@@ -506,9 +506,11 @@ class Reconnects:
         A node tried within NATS_RECONNECT_WAIT_S is tried again only after that pause."""
         best = min(servers, key=lambda server: self.tried.get(server.uri.netloc, -math.inf))
         now = time.monotonic()
-        since_s = now - self.tried.get(best.uri.netloc, -math.inf)
-        self.tried[best.uri.netloc] = now + max(0.0, NATS_RECONNECT_WAIT_S - since_s)
-        return best, max(0.0, NATS_RECONNECT_WAIT_S - since_s)
+        delay_s = max(
+            0.0, NATS_RECONNECT_WAIT_S - (now - self.tried.get(best.uri.netloc, -math.inf))
+        )
+        self.tried[best.uri.netloc] = now + delay_s  # tried when the pause ends
+        return best, delay_s
 
     async def reconnected(self) -> None:
         for hook in list(self.hooks):
