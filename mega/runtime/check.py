@@ -19,7 +19,7 @@ from mega.drivers.base import pattern_matcher
 from mega.errors import ConfigError, MegaError, RegistrationError
 from mega.events.event import EventSpec, validate_event
 from mega.events.listener import ListenerSpec, validate_listener
-from mega.jobs.job import validate_job
+from mega.jobs.spec import validate_job
 from mega.schedules.schedule import ScheduleSpec, validate_schedule
 from mega.workers.worker import Worker, WorkerSettings
 
