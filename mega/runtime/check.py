@@ -3,9 +3,9 @@
 Each `check_*` function is pure: a Config in, a list of Findings out. An error is what a host
 refuses (a bad field, a duplicate); a warning is what no host refuses but what fails silently:
 a listener on an event nothing declares (its rows may never be relayed), an event nobody hears,
-an outbox no worker of this config relays, a job of the project that `jobs` lacks. `mega check` prints them all; `mega start`,
-`scheduler`, `worker` and `work` run the same checks before they connect, so a mistake in a
-class is reported as itself and not as "cannot reach NATS".
+an outbox no worker of this config relays, a job of the project that `jobs` lacks. `mega check`
+prints them all; `mega start`, `scheduler`, `worker` and `work` run the same checks before they
+connect, so a mistake in a class is reported as itself and not as "cannot reach NATS".
 """
 
 from __future__ import annotations
