@@ -245,7 +245,8 @@ def threaded(run: Callable[..., Any], concurrency: int) -> Callable[..., Awaitab
     limiter = CapacityLimiter(concurrency)
 
     async def on_a_thread(*args: Any) -> Any:
-        return await anyio.to_thread.run_sync(run, *args, limiter=limiter)
+        # A thread cannot be interrupted: a cancelled run (a stop's drain time up) lets it go.
+        return await anyio.to_thread.run_sync(run, *args, limiter=limiter, abandon_on_cancel=True)
 
     return on_a_thread
 
