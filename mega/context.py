@@ -168,6 +168,9 @@ class Context:
     workers: dict[str, TaskPool] = field(default_factory=dict)
     # Free-form room for the application (the sample keeps its services here).
     extras: dict[str, Any] = field(default_factory=dict)
+    # What the layers above make once per context and keep here, by a key of their own (the
+    # JobQueue behind `Job.enqueue`). A run's context shares its host's.
+    memo: dict[object, Any] = field(default_factory=dict, repr=False)
 
     def cache(self, alias: str) -> CacheAdapter:
         return _lookup(self.caches, alias, "services.caches")

@@ -115,7 +115,7 @@ def validate_subclass(
     if not (isinstance(cls, type) and issubclass(cls, base)):
         article = "an" if kind[0] in "aeiou" else "a"
         raise RegistrationError(
-            f"{where}: {article} {kind} must be a subclass of mega.{base.__name__}"
+            f"{where}: {article} {kind} must be a subclass of mega.{kind.capitalize()}"
         )
     return validate_declaration(model, cls, f"{kind} {where!r} is invalid: ", context)
 

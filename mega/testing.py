@@ -200,13 +200,20 @@ def failing(
     original = cls.run
     left = [times]
 
-    async def run(self: Any, *args: Any) -> None:
+    def fail_now() -> None:
         if left[0] > 0:
             left[0] -= 1
             raise error or RuntimeError("injected failure")
-        await original(self, *args)
 
-    cls.run = run  # type: ignore[method-assign,assignment]
+    async def run(self: Any, *args: Any) -> Any:
+        fail_now()
+        return await original(self, *args)
+
+    def plain_run(self: Any, *args: Any) -> Any:  # a plain `def run` stays one (on its thread)
+        fail_now()
+        return original(self, *args)
+
+    cls.run = run if inspect.iscoroutinefunction(original) else plain_run  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:

@@ -14,14 +14,12 @@ row and the inbox mark are one database transaction (`inbox = "db"`, `event.db`)
 
 from __future__ import annotations
 
-from typing import Any
-
 from app.events.signups import UserSignedUp
 from app.jobs.email import EmailJob
 from app.replicas import REPLICAS
 from app.services import job_timeline
 from app.services.signups import grant_welcome_credits
-from mega import Context, JobQueue, Listener, ReceivedEvent
+from mega import Context, Listener, ReceivedEvent
 
 # Signups per e-mail domain (a hash: domain -> count).
 STATS_KEY = "demo:signups:domains"
@@ -43,9 +41,7 @@ class WelcomeEmailListener(Listener):
         email = event.data["email"]
         redis = ctx.cache("main").native
         await job_timeline.record_enqueued(redis, job_id, email, "ok")
-        await welcome_queue(ctx).enqueue(
-            EmailJob, {"id": job_id, "to": email, "mode": "ok"}, id=job_id
-        )
+        await EmailJob.enqueue(ctx, {"id": job_id, "to": email, "mode": "ok"}, id=job_id)
 
 
 class SignupStatsListener(Listener):
@@ -87,11 +83,3 @@ class CrmSyncListener(Listener):
 LISTENERS: list[type[Listener]] = [
     WelcomeEmailListener, SignupStatsListener, WelcomeCreditListener, CrmSyncListener,
 ]  # fmt: skip
-
-
-def welcome_queue(ctx: Context) -> JobQueue:
-    """One JobQueue per process for the welcome jobs (made on first use)."""
-    queue: Any = ctx.extras.get("welcome_queue")
-    if queue is None:
-        queue = ctx.extras["welcome_queue"] = JobQueue(ctx, "jobs")
-    return queue  # type: ignore[no-any-return]

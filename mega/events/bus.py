@@ -32,6 +32,7 @@ from mega.events.listener import DB_INBOX, Listener, ListenerSpec, validate_list
 from mega.jobs.consumer import Handler
 from mega.jobs.dlq import DeadLetters
 from mega.jobs.lanes import LaneEndpoint
+from mega.jobs.spec import threaded
 
 SIGNALS = ("emit", "start", "done", "retry", "fail", "dlq", "skip")
 
@@ -170,10 +171,11 @@ class EventBus(LaneEndpoint):
     listen = consume
 
     def _runner(self, spec: ListenerSpec, ctx: Context) -> Handler:
-        """What runs one delivery of an event: `run`, within the group's inbox if it has one."""
-        listener = spec.listener_cls()
+        """What runs one delivery of an event: `run` (on a thread when it is a plain `def`),
+        within the group's inbox if it has one."""
+        listener_run = threaded(spec.listener_cls().run, spec.concurrency)
         if spec.inbox == DB_INBOX:
-            return self._transactional_runner(spec, listener, ctx)
+            return self._transactional_runner(spec, listener_run, ctx)
         inbox = (
             Inbox(ctx.cache(spec.inbox).native, spec.group, spec.inbox_ttl_s)
             if spec.inbox
@@ -184,14 +186,14 @@ class EventBus(LaneEndpoint):
             if inbox is not None and await inbox.seen(delivery.id):
                 await self._skipped(spec, delivery)
                 return
-            await listener.run(received(payload, delivery, cache_inbox=inbox), ctx)
+            await listener_run(received(payload, delivery, cache_inbox=inbox), ctx)
             if inbox is not None:
                 await inbox.mark(delivery.id)
 
         return run
 
     def _transactional_runner(
-        self, spec: ListenerSpec, listener: Listener, ctx: Context
+        self, spec: ListenerSpec, listener_run: Callable[..., Awaitable[Any]], ctx: Context
     ) -> Handler:
         """`run` inside a database transaction that commits the group's mark of the event id."""
         inbox = DbInbox(ctx.db, spec.group, spec.inbox_ttl_s)
@@ -199,7 +201,7 @@ class EventBus(LaneEndpoint):
         async def run(payload: Any, delivery: Delivery) -> None:
             async def within(transaction: InboxTransaction) -> None:
                 event = received(payload, delivery, db_transaction=transaction)
-                await listener.run(event, ctx)
+                await listener_run(event, ctx)
 
             if not await inbox.deliver(delivery.id, within):
                 await self._skipped(spec, delivery)

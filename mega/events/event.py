@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field, StrictStr, ValidationError, ValidationInf
 from mega.declaration import Declaration, declared_alias, matching, rule, validate_subclass
 from mega.drivers.base import Message
 from mega.errors import EventError
-from mega.jobs.job import json_body
+from mega.jobs.spec import json_body
 
 if TYPE_CHECKING:
     from mega.events.db_inbox import InboxTransaction

@@ -24,13 +24,13 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from pydantic import StrictStr, ValidationInfo, field_validator
 
 from mega.declaration import PositiveInt, declared_alias, matching, rule, validate_subclass
 from mega.events.event import Event, ReceivedEvent
-from mega.jobs.job import Consumed, ConsumedDeclaration, ConsumedSpec
+from mega.jobs.spec import Consumed, ConsumedDeclaration, ConsumedSpec
 
 if TYPE_CHECKING:
     from mega.context import Context
@@ -71,8 +71,11 @@ class Listener(Consumed):
         if "group" not in cls.__dict__:
             cls.group = cls.__name__
 
-    async def run(self, event: ReceivedEvent, ctx: Context) -> None:
-        """Handle one event. Raise to fail this attempt (it is retried, then dead-lettered)."""
+    # Declared plain (returning Any) so that both `async def run` and a plain `def run` type
+    # check as overrides.
+    def run(self, event: ReceivedEvent, ctx: Context) -> Any:
+        """Handle one event. Raise to fail this attempt (it is retried, then dead-lettered).
+        A plain `def run` runs on a worker thread, at most `concurrency` at once."""
         raise NotImplementedError
 
 

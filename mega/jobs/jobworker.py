@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
-from mega.jobs.job import JobSpec, validate_job
 from mega.jobs.lanes import LaneWorker
 from mega.jobs.queue import SIGNALS, JobQueue
+from mega.jobs.spec import JobSpec, validate_job
 
 
 class JobWorker(LaneWorker[JobQueue, JobSpec]):

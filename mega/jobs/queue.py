@@ -4,6 +4,8 @@
     job_id = await queue.enqueue(EmailJob, {"to": "ada@example.com"}, delay=30)
     await queue.consume(EmailJob)        # the consume loop, until stop()
 
+(`await EmailJob.enqueue(ctx, payload)` is the short form: mega/jobs/job.py.)
+
 The queue knows no engine: it validates the Job class, encodes the payload, and hands the
 driver of its bus (`ctx.bus(alias)`, see mega/drivers) a `Lane` and `Message`s; consuming is
 the one consume loop of consumer.py over the driver's `Receiver`. Every step is reported to
@@ -21,9 +23,17 @@ from mega.context import Context
 from mega.drivers.base import Bus, Delivery, DriverUnavailable, Lane, LaneStats, Message
 from mega.errors import JobError
 from mega.jobs.dlq import DeadLetters
-from mega.jobs.job import Job, JobSpec, due_ms_of, encode_job, validate_job
 from mega.jobs.lanes import LaneEndpoint
 from mega.jobs.progress import RunContexts
+from mega.jobs.spec import (
+    JobBase,
+    JobSpec,
+    due_ms_of,
+    encode_job,
+    fit_schema,
+    threaded,
+    validate_job,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -65,11 +75,11 @@ class JobQueue(LaneEndpoint):
     signal_names: ClassVar[tuple[str, ...]] = SIGNALS
     kind: ClassVar[str] = "job"
 
-    def spec(self, job_cls: type[Job]) -> JobSpec:
+    def spec(self, job_cls: type[JobBase]) -> JobSpec:
         """The validated spec of a Job class on this queue's bus (cached)."""
         return self.declared(job_cls, lambda cls: validate_job(cls, self.ctx.buses))
 
-    def lane(self, job_cls: type[Job]) -> Lane:
+    def lane(self, job_cls: type[JobBase]) -> Lane:
         return job_lane(self.spec(job_cls))
 
     @property
@@ -81,7 +91,7 @@ class JobQueue(LaneEndpoint):
         await self.ensure(job_cls)
         return self.lane(job_cls)
 
-    async def ensure(self, job_cls: type[Job], *, force: bool = False) -> JobSpec:
+    async def ensure(self, job_cls: type[JobBase], *, force: bool = False) -> JobSpec:
         """Make the job's queue and dead letters exist on the bus; returns its spec.
 
         Idempotent and safe to race with other processes. Existing limits are the operator's:
@@ -93,7 +103,7 @@ class JobQueue(LaneEndpoint):
         await self.ensure_lane(job_cls, job_lane(spec), f"{spec.name}: cannot set up its queue")
         return spec
 
-    async def stats(self, job_cls: type[Job]) -> LaneStats:
+    async def stats(self, job_cls: type[JobBase]) -> LaneStats:
         """The job's queue right now, as the engine counts it (for consoles and health pages).
         Raises DependencyUnavailable when the bus does not answer."""
         spec = await self.ensure(job_cls)
@@ -103,7 +113,7 @@ class JobQueue(LaneEndpoint):
 
     async def enqueue(
         self,
-        job_cls: type[Job],
+        job_cls: type[JobBase],
         payload: Any,
         *,
         id: str | None = None,
@@ -113,8 +123,9 @@ class JobQueue(LaneEndpoint):
     ) -> JobId:
         """Store one job and return its id once the bus has it (NATS: after the PubAck).
 
-        `payload`: any JSON-serialisable value (else JobError `job.invalid_payload`, nothing is
-        stored). `id`: the dedup key (a second enqueue with the same id within 2 minutes is
+        `payload`: any JSON-serialisable value, or what the job's `schema` accepts (a dict or
+        an instance); else JobError `job.invalid_payload` naming the problem, and nothing is
+        stored. `id`: the dedup key (a second enqueue with the same id within 2 minutes is
         dropped and returns the same id, with `.duplicate` True); default a random uuid.
         `delay` (seconds or timedelta) or `run_at` (aware datetime): hold the job until then
         without using a worker slot. `session`: a SQLAlchemy session whose transaction the
@@ -138,7 +149,7 @@ class JobQueue(LaneEndpoint):
         )  # fmt: skip
         return JobId(message.id, duplicate=not stored)
 
-    async def enqueue_many(self, job_cls: type[Job], payloads: Iterable[Any]) -> list[str]:
+    async def enqueue_many(self, job_cls: type[JobBase], payloads: Iterable[Any]) -> list[str]:
         """Store many jobs in one go; returns the ids (in order) once every one is stored.
         Every payload is checked before the first is sent."""
         spec = await self.ensure(job_cls)
@@ -156,19 +167,21 @@ class JobQueue(LaneEndpoint):
 
     # -- consume ------------------------------------------------------------------------------
 
-    async def consume(self, job_cls: type[Job], handler_ctx: Context | None = None) -> None:
+    async def consume(self, job_cls: type[JobBase], handler_ctx: Context | None = None) -> None:
         """Run the job's consume loop in this process until `stop()` has drained it.
 
         `handler_ctx` is what `run(payload, ctx)` receives, with this run's id, attempt and
         `progress()` on top (default: the queue's context)."""
         spec = await self.ensure(job_cls)
-        job = spec.job_cls()
+        job_run = threaded(spec.job_cls().run, spec.concurrency)
         contexts = RunContexts(
             handler_ctx or self.ctx, job=spec.name, worker=self.instance_id, report=self.signal
         )
 
         async def run(payload: Any, delivery: Delivery) -> None:
-            await job.run(payload, contexts(delivery.id, delivery.attempt))
+            if spec.schema is not None:
+                payload = fit_schema(spec, payload)
+            await job_run(payload, contexts(delivery.id, delivery.attempt))
 
         await self.run_lane(job_cls, job_lane(spec), spec, run)
 

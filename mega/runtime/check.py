@@ -3,15 +3,18 @@
 Each `check_*` function is pure: a Config in, a list of Findings out. An error is what a host
 refuses (a bad field, a duplicate); a warning is what no host refuses but what fails silently:
 a listener on an event nothing declares (its rows may never be relayed), an event nobody hears,
-an outbox no worker of this config relays. `mega check` prints them all; `mega start`,
-`scheduler`, `worker` and `work` run the same checks before they connect, so a mistake in a
-class is reported as itself and not as "cannot reach NATS".
+an outbox no worker of this config relays, a job of the project that `jobs` lacks. `mega check`
+prints them all; `mega start`, `scheduler`, `worker` and `work` run the same checks before they
+connect, so a mistake in a class is reported as itself and not as "cannot reach NATS".
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import Any, Literal, TypeVar
 
 from mega.config import Config
@@ -19,7 +22,7 @@ from mega.drivers.base import pattern_matcher
 from mega.errors import ConfigError, MegaError, RegistrationError
 from mega.events.event import EventSpec, validate_event
 from mega.events.listener import ListenerSpec, validate_listener
-from mega.jobs.job import validate_job
+from mega.jobs.spec import JobBase, validate_job
 from mega.schedules.schedule import ScheduleSpec, validate_schedule
 from mega.workers.worker import Worker, WorkerSettings
 
@@ -66,9 +69,65 @@ def check_schedules(config: Config) -> list[Finding]:
 
 
 def check_jobs(config: Config) -> list[Finding]:
-    """Each job as `mega worker` registers it; a class listed twice is refused there."""
+    """Each job as `mega worker` registers it; a class listed twice is refused there. And a
+    warning for each job of the project that `jobs` lacks."""
     specs, findings = _validated(config.jobs, "jobs", lambda cls: validate_job(cls, config.buses))
-    return findings + _duplicates("jobs", [(c, c) for c, _ in specs], "class")
+    return [
+        *findings,
+        *_duplicates("jobs", [(c, c) for c, _ in specs], "class"),
+        *unlisted_jobs(config),
+    ]
+
+
+def unlisted_jobs(config: Config) -> list[Finding]:
+    """A warning for each Job class of the config's own project (the packages beside the config
+    that it imports from) that `jobs` does not list: enqueueing it works, and no worker of
+    this config ever runs it. Only the classes the config's imports load are seen."""
+    if config.module is None:
+        return []
+    packages = _project_packages(config.module, config.path.parent)
+    # The config's own classes by identity: an earlier config of the same module name may
+    # still have classes alive.
+    own = {value for value in vars(config.module).values() if isinstance(value, type)}
+    listed = set(config.jobs)
+    return [
+        Finding(
+            "warning",
+            f"jobs: {cls.__name__}",
+            f"a Job of {cls.__module__} that `jobs` does not list: enqueueing it works, and no "
+            f"`mega worker` of this config runs it, so its jobs wait forever; add {cls.__name__} "
+            "to `jobs` (unless the workers of another config run it)",
+        )
+        for cls in _concrete_jobs()
+        if cls not in listed and (cls in own or cls.__module__.partition(".")[0] in packages)
+    ]
+
+
+def _concrete_jobs() -> Iterator[type[JobBase]]:
+    """Every loaded Job class that names a subject, subclasses before their own subclasses."""
+    seen: set[type[JobBase]] = set()
+    stack = list(reversed(JobBase.__subclasses__()))
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        if isinstance(getattr(cls, "subject", None), str):
+            yield cls
+        stack.extend(reversed(cls.__subclasses__()))
+
+
+def _project_packages(module: ModuleType, folder: Path) -> set[str]:
+    """The top-level modules the config imports from whose files are under its folder."""
+    folder = folder.resolve()
+    packages = set()
+    for value in vars(module).values():
+        name = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", "")
+        top = (name or "").partition(".")[0]
+        path = getattr(sys.modules.get(top), "__file__", None)
+        if top and top != module.__name__ and path and Path(path).resolve().is_relative_to(folder):
+            packages.add(top)
+    return packages
 
 
 def check_workers(config: Config) -> list[Finding]:

@@ -18,8 +18,8 @@ from datetime import UTC, datetime
 
 from mega.config import Config
 from mega.errors import ConfigError
-from mega.jobs.job import Job
 from mega.jobs.queue import JobQueue
+from mega.jobs.spec import JobBase
 from mega.runtime.boot import boot, shutdown
 
 
@@ -59,7 +59,7 @@ async def run_dlq_command(
         await shutdown(ctx)
 
 
-def _select(config: Config, name: str | None) -> list[type[Job]]:
+def _select(config: Config, name: str | None) -> list[type[JobBase]]:
     if name is None:
         return list(config.jobs)
     for job_cls in config.jobs:
@@ -69,7 +69,7 @@ def _select(config: Config, name: str | None) -> list[type[Job]]:
     raise ConfigError(f"--job: no job named {name!r} in the config (jobs: {known})")
 
 
-def _requeue_refusal(counts: list[tuple[type[Job], int]], job: str | None) -> str:
+def _requeue_refusal(counts: list[tuple[type[JobBase], int]], job: str | None) -> str:
     """`requeue` without --id or --all: what it would replay, and the two ways on."""
     total = sum(n for _, n in counts)
     letters = f"{total} dead letter{'' if total == 1 else 's'}"
@@ -84,7 +84,7 @@ def _requeue_refusal(counts: list[tuple[type[Job], int]], job: str | None) -> st
     )
 
 
-async def _list(queue: JobQueue, job_cls: type[Job], limit: int) -> None:
+async def _list(queue: JobQueue, job_cls: type[JobBase], limit: int) -> None:
     dlq = queue.dlq
     count = await dlq.count(job_cls)
     print(f"{job_cls.name}: {count} dead letter(s)")
@@ -96,7 +96,7 @@ async def _list(queue: JobQueue, job_cls: type[Job], limit: int) -> None:
         print(f"    payload {json.dumps(record.get('payload'))[:200]}")
 
 
-async def _list_json(queue: JobQueue, job_cls: type[Job], limit: int) -> None:
+async def _list_json(queue: JobQueue, job_cls: type[JobBase], limit: int) -> None:
     """One record per line (JSON Lines), newest first, each with its job's name: what a script
     reads, e.g. the newest id with `... --limit 1 --json | python -c '...["id"]'`."""
     for record in await queue.dlq.list(job_cls, limit=limit):

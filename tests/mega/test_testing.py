@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -115,6 +116,35 @@ async def test_failing_injects_failures_then_lets_the_class_run() -> None:
     assert [s["signal"] for s in report.signals] == ["start", "retry", "start", "done"]
     assert RAN == [("welcome", "flaky@example.com")]  # the injected failure never ran the body
     assert Welcome.run.__qualname__ == "Welcome.run"  # restored
+
+
+class Tally(Job):
+    """A plain `def run`: it runs on a thread."""
+
+    subject = "kit.tally"
+    bus = "jobs"
+
+    def run(self, payload: dict[str, Any], ctx: Context) -> None:
+        RAN.append(("tally", threading.current_thread() is threading.main_thread()))
+
+
+class CountSignups(Listener):
+    event = SignedUp
+
+    def run(self, event: ReceivedEvent, ctx: Context) -> None:
+        RAN.append(("signup", event.data["email"]))
+
+
+async def test_plain_def_runs_on_a_thread_and_failing_keeps_them_plain() -> None:
+    ctx = memory_context()
+    await Tally.enqueue(ctx, {})
+    await EventBus(ctx, "jobs").emit(SignedUp, {"email": "ada@example.com"})
+    with failing(Tally, times=1), failing(CountSignups, times=1):
+        report = await drain(ctx, jobs=[Tally], listeners=[CountSignups])
+    assert report.count("Tally", "retry") == 1 and report.count("Tally", "done") == 1
+    assert report.count("CountSignups", "retry") == 1
+    assert report.count("CountSignups", "done") == 1
+    assert sorted(RAN) == [("signup", "ada@example.com"), ("tally", False)]
 
 
 async def test_a_failed_dlq_publish_keeps_the_job_until_its_record_is_written() -> None:

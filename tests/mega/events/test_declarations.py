@@ -60,7 +60,7 @@ def test_a_good_listener_and_what_it_derives() -> None:
         ({"dlq_max_age_s": -1}, "dlq_max_age_s"),
         ({"inbox": "nope"}, "inbox"),
         ({"inbox_ttl_s": 0}, "inbox_ttl_s"),
-        ({"run": lambda self, event, ctx: None}, "run"),
+        ({"run": 42}, "run"),
     ],
 )
 def test_a_bad_listener_names_the_field(attrs: dict[str, Any], field: str) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mega import Context, Job
-from mega.jobs.job import DEFAULT_ACK_WAIT_S
+from mega.jobs.spec import DEFAULT_ACK_WAIT_S
 
 PREFIX = os.environ.get("FAULT_PREFIX", "faults")
 # Redelivery of an unacked job after a worker dies comes this quickly (running jobs renew it).

@@ -5,6 +5,7 @@ driver runs on the session's nats-server, `redis` on its Redis, `memory` in this
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from mega import Context, Job, JobQueue, JobWorker
 from mega.config import load_config
@@ -57,6 +59,30 @@ class Contract(Job):
         if RUNS[payload["id"]] <= payload.get("fail_first", 0):
             raise RuntimeError(f"planned failure {RUNS[payload['id']]}")
         DONE[payload["id"]] += 1
+
+
+class Order(BaseModel):
+    id: str
+    sleep_s: float = 0
+
+
+TYPED: dict[str, list[tuple[type, bool]]] = {}  # order id -> (payload type, on the loop thread)
+
+
+class Typed(Job):
+    """A `schema` and a plain `def run`, which sleeps (blocking) `sleep_s` on its thread."""
+
+    bus = "jobs"
+    schema = Order
+    ack_wait_s = 0.6
+    concurrency = 2
+
+    def run(self, order: Order, ctx: Context) -> None:
+        TYPED.setdefault(order.id, []).append(
+            (type(order), threading.current_thread() is threading.main_thread())
+        )
+        time.sleep(order.sleep_s)
+        DONE[order.id] += 1
 
 
 def bus_body(request: pytest.FixtureRequest) -> str:
@@ -221,6 +247,31 @@ async def test_enqueue_many_and_bad_payloads(setup: Any, prefix: str) -> None:
     assert caught.value.code == "job.invalid_payload"
     stats = await queue.stats(job)
     assert (stats.pending, stats.dlq) == (0, 0)
+
+
+async def test_the_short_form_a_schema_and_a_plain_run_on_a_thread(setup: Any, prefix: str) -> None:
+    ctx, _job, _queue, _seen = setup
+    typed = type("Typed", (Typed,), {"subject": f"{prefix}.typed"})
+    worker = JobWorker(ctx)
+    worker.register(typed)
+    await worker.start()
+    try:
+        with pytest.raises(JobError) as caught:
+            await typed.enqueue(ctx, {"id": f"{prefix}-bad", "sleep_s": "long"})
+        assert caught.value.code == "job.invalid_payload"
+        assert "sleep_s: Input should be a valid number" in caught.value.message
+        # Three times its ack wait: the loop renews the lease while the thread sleeps.
+        job_id = await typed.enqueue(ctx, Order(id=f"{prefix}-slow", sleep_s=1.8), id=prefix)
+        again = await typed.enqueue(ctx, {"id": f"{prefix}-slow"}, id=prefix)
+        assert (job_id, job_id.duplicate, again, again.duplicate) == (prefix, False, prefix, True)
+        await until(lambda: DONE[f"{prefix}-slow"] == 1, "the slow run done")
+        await asyncio.sleep(1.0)  # past another ack wait: a lost lease would have run it again
+        assert TYPED[f"{prefix}-slow"] == [(Order, False)]
+        assert DONE[f"{prefix}-slow"] == 1
+        stats = await worker.queue("jobs").stats(typed)
+        assert (stats.pending, stats.dlq) == (0, 0)
+    finally:
+        await worker.stop(5)
 
 
 async def test_stop_drains_running_jobs(setup: Any, prefix: str) -> None:

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from mega.errors import JobError, RegistrationError
-from mega.jobs.job import Job, JobSpec, due_ms_of, encode_job, validate_job
+from mega.jobs.job import Job
+from mega.jobs.spec import JobSpec, due_ms_of, encode_job, validate_job
 
 BUSES = {"jobs"}
 
@@ -121,21 +122,29 @@ def test_zero_dlq_age_means_forever_and_byte_cap_is_kept() -> None:
     assert (spec.dlq_max_age_s, spec.dlq_max_bytes) == (0, 1_000_000)
 
 
-def test_run_must_be_an_overridden_coroutine() -> None:
+def test_run_must_be_overridden_by_a_function() -> None:
     class NoRun(Job):
         subject = "a"
         bus = "jobs"
+
+    class GeneratorRun(Job):
+        subject = "a"
+        bus = "jobs"
+
+        def run(self, payload: Any, ctx: Any) -> Any:
+            yield payload
 
     class SyncRun(Job):
         subject = "a"
         bus = "jobs"
 
-        def run(self, payload: Any, ctx: Any) -> None:  # type: ignore[override]
+        def run(self, payload: Any, ctx: Any) -> None:
             return None
 
-    for job_cls in (NoRun, SyncRun):
-        with pytest.raises(RegistrationError, match=r"invalid: run: "):
+    for job_cls in (NoRun, GeneratorRun):
+        with pytest.raises(RegistrationError, match=r"invalid: run: override it with `async def"):
             validate_job(job_cls, BUSES)
+    assert validate_job(SyncRun, BUSES).job_cls is SyncRun  # a plain def runs on a thread
 
 
 def test_not_a_job_class() -> None:

@@ -29,8 +29,9 @@ from mega.config import BusSpec
 from mega.context import Context
 from mega.drivers.nats import NatsBus
 from mega.drivers.nats.names import HEADER_JOB_ID, stream_name
-from mega.jobs.job import Job, JobSpec
+from mega.jobs.job import Job
 from mega.jobs.queue import JobQueue
+from mega.jobs.spec import JobSpec
 from tests.factories import write_config
 from tests.mega.jobs import fault_jobs
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,34 @@ def test_a_duplicate_is_an_error(tmp_path: Path, body: str, subject: str, expect
 def test_a_worker_that_is_not_a_worker_class_is_an_error(tmp_path: Path) -> None:
     [finding] = check_config(config_of(tmp_path, DECLARATIONS + "workers = [Email]\n"))
     assert str(finding) == "error: workers: Email: a worker must be a subclass of mega.Worker"
+
+
+def test_a_job_of_the_project_missing_from_jobs_is_a_warning(tmp_path: Path) -> None:
+    package = tmp_path / "shop_check"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "jobs.py").write_text(
+        "from mega import Job\n"
+        "class Shared(Job):\n    bus = 'jobs'\n    async def run(self, payload, ctx): pass\n"
+        "class SendReceipt(Shared):\n    subject = 'shop.receipt'\n"
+        "class Forgotten(Shared):\n    subject = 'shop.forgotten'\n"
+    )
+    body = (
+        "from shop_check.jobs import SendReceipt\n"
+        "class Unlisted(SendReceipt):\n    subject = 'shop.unlisted'\n"
+        "jobs = [SendReceipt]\n"
+    )
+    try:
+        findings = check_config(config_of(tmp_path, body))
+    finally:
+        for name in ("shop_check", "shop_check.jobs"):
+            sys.modules.pop(name, None)
+    # Not Shared: it names no subject. Nor the jobs of other configs of this test run.
+    assert [(f.level, f.subject) for f in findings] == [
+        ("warning", "jobs: Unlisted"), ("warning", "jobs: Forgotten")
+    ]  # fmt: skip
+    assert findings[1].message.startswith("a Job of shop_check.jobs that `jobs` does not list")
+    assert "add Forgotten to `jobs`" in findings[1].message
 
 
 def test_a_listener_on_an_event_missing_from_events_is_a_warning(tmp_path: Path) -> None:

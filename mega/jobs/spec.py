@@ -1,0 +1,339 @@
+"""What a job class declares, validated: the settings of a Job (`JobBase`, which `mega.Job`
+extends with `enqueue`), its `JobSpec`, and the message one run travels as. `JobQueue` moves
+jobs; this module only describes them, validates them and encodes their payloads.
+
+The class attributes are documented on `mega.Job` (mega/jobs/job.py); a Listener shares the
+consume settings of `Consumed`, and a plain `def run` of either runs on a thread (`threaded`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+
+import anyio.to_thread
+from anyio import CapacityLimiter
+from pydantic import (
+    BaseModel,
+    Field,
+    PlainValidator,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+
+from mega.declaration import (
+    Declaration,
+    NonEmptyStr,
+    NonNegativeInt,
+    PositiveInt,
+    declared_alias,
+    matching,
+    rule,
+    validate_subclass,
+)
+from mega.drivers.base import Message
+from mega.errors import JobError
+from mega.jobs.backoff import BackoffPolicy
+from mega.validation import is_number
+
+if TYPE_CHECKING:
+    from mega.jobs.progress import JobContext
+
+# Letters, digits, `_` and `-` in non-empty tokens joined by dots: no wildcards, no spaces.
+SUBJECT_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
+# `<subject>.dlq` is the dead-letter subject, so no job may own it.
+DLQ_SUFFIX = ".dlq"
+# Delayed jobs wait as broker-side schedules on `<subject>._delay.<token>` (see queue.py), so
+# this token is reserved: a job on `a._delay.b` would overlap the stream of job `a`.
+DELAY_TOKEN = "_delay"
+# Copies of a job's data in a cluster (a NATS stream's replicas): JetStream allows at most five.
+MAX_REPLICAS = 5
+
+DEFAULT_CONCURRENCY = 1
+DEFAULT_RETRIES = 3
+DEFAULT_BACKOFF: dict[str, Any] = {"type": "exponential", "initial": 1000, "max": 30_000}
+# Redelivery timeout of an unacked message; a running job renews it every third of it.
+DEFAULT_ACK_WAIT_S = 30.0
+# Dead letters expire after a week by default so a failing job cannot fill the disk.
+DEFAULT_DLQ_MAX_AGE_S = 7 * 24 * 3600
+
+# Caller-given ids travel as header values and keys; bounded so a dedup key stays a key.
+MAX_ID_LENGTH = 200
+
+
+class Consumed:
+    """What the consume loop reads of a Job or a Listener class, with its defaults: how many
+    run at once (`concurrency`), how often and how patiently a failure is tried again
+    (`retries`, `backoff`), how long a delivery may go unsettled (`ack_wait_s`), how long its
+    dead letters are kept (`dlq_max_age_s`) and copies of its data in a cluster (`replicas`)."""
+
+    concurrency: ClassVar[int] = DEFAULT_CONCURRENCY
+    retries: ClassVar[int] = DEFAULT_RETRIES
+    backoff: ClassVar[dict[str, Any]] = DEFAULT_BACKOFF
+    ack_wait_s: ClassVar[float] = DEFAULT_ACK_WAIT_S
+    dlq_max_age_s: ClassVar[float] = DEFAULT_DLQ_MAX_AGE_S
+    replicas: ClassVar[int] = 1
+
+
+class JobBase(Consumed):
+    """What every job declares (the attributes are documented on `mega.Job`, which adds
+    `enqueue`). The worker makes one instance per consume loop: keep no per-run state on
+    `self`."""
+
+    subject: ClassVar[str]
+    bus: ClassVar[str]
+    name: ClassVar[str]
+    dlq_max_bytes: ClassVar[int | None] = None
+    schema: ClassVar[type[BaseModel] | None] = None
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" not in cls.__dict__:
+            cls.name = cls.__name__
+
+    # Declared plain (returning Any) so that both `async def run` and a plain `def run` type
+    # check as overrides.
+    def run(self, payload: Any, ctx: JobContext) -> Any:
+        """Do the work. Raise to fail this attempt (it is retried, then dead-lettered).
+
+        `payload` is the decoded JSON, or an instance of `schema` when the job declares one.
+        `ctx` is the host's Context plus this run: `ctx.job_id`, `ctx.attempt`, and
+        `await ctx.progress(fraction, note)` to report how far it got (mega/jobs/progress.py).
+        A plain `def run(self, payload, ctx)` runs on a thread instead (see `threaded`)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConsumedSpec:
+    """The validated settings of a Consumed class (a JobSpec's, a ListenerSpec's)."""
+
+    concurrency: int
+    retries: int
+    backoff: BackoffPolicy
+    ack_wait_s: float
+    dlq_max_age_s: float
+    replicas: int = 1
+
+    @property
+    def max_attempts(self) -> int:
+        return self.retries + 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec(ConsumedSpec):
+    """A validated Job class with everything the queue derives from it."""
+
+    job_cls: type[JobBase]
+    name: str
+    subject: str
+    bus: str
+    dlq_max_bytes: int | None
+    schema: type[BaseModel] | None = None
+
+
+# -- validation --------------------------------------------------------------------------------
+
+SUBJECT_RULE = "letters, digits, '.', '_' and '-' only"
+
+# What the consume loop reads of a Job or a Listener class, checked the same for both.
+Replicas = Annotated[
+    StrictInt,
+    Field(ge=1, le=MAX_REPLICAS),
+    rule(f"must be an int from 1 to {MAX_REPLICAS} (NATS's limit)"),
+]
+Backoff = Annotated[BackoffPolicy, PlainValidator(BackoffPolicy.parse)]
+AckWait = Annotated[
+    StrictFloat, Field(gt=0, allow_inf_nan=False), rule("must be a positive number of seconds")
+]
+DlqMaxAge = Annotated[
+    StrictFloat, Field(ge=0, allow_inf_nan=False), rule("must be >= 0 s (0 = keep)")
+]
+
+
+class ConsumedDeclaration(Declaration):
+    """The class attributes of a Consumed class (a Job, a Listener), checked the same for both;
+    their problems are reported after those of the fields a subclass declares first."""
+
+    concurrency: PositiveInt
+    retries: NonNegativeInt
+    replicas: Replicas
+    backoff: Backoff
+    ack_wait_s: AckWait
+    dlq_max_age_s: DlqMaxAge
+
+    run: Any
+    # What a subclass says of its class's `run`: the base's own (never overridden), and the
+    # signature an override has.
+    base_run: ClassVar[object] = None
+    run_signature: ClassVar[str] = ""
+
+    @field_validator("run")
+    @classmethod
+    def _overridden_run(cls, run: object) -> object:
+        if run is cls.base_run or not inspect.isfunction(run) or inspect.isgeneratorfunction(run):
+            raise ValueError(
+                f"override it with `async def run{cls.run_signature}` (or a plain `def run`, "
+                "which runs on a thread)"
+            )
+        return run
+
+    def consumed(self) -> dict[str, Any]:
+        """The settings, as ConsumedSpec's keyword arguments."""
+        settings = set(ConsumedDeclaration.model_fields) - {"run"}
+        return {name: getattr(self, name) for name in settings}
+
+
+class JobDeclaration(ConsumedDeclaration):
+    """The class attributes of a Job."""
+
+    base_run: ClassVar[object] = JobBase.run
+    run_signature: ClassVar[str] = "(self, payload, ctx)"
+
+    subject: Annotated[StrictStr, matching(SUBJECT_RE), rule(SUBJECT_RULE)]
+    bus: str
+    dlq_max_bytes: Annotated[
+        Annotated[StrictInt, Field(ge=1)] | None, rule("must be None or a positive int")
+    ]
+    name: NonEmptyStr
+    # `schema` would shadow a BaseModel attribute: the field takes the attribute's name as alias.
+    payload_schema: Annotated[
+        type[BaseModel] | None, rule("must be a pydantic model class (a BaseModel) or None")
+    ] = Field(alias="schema")
+
+    @field_validator("subject")
+    @classmethod
+    def _not_reserved(cls, subject: str) -> str:
+        if subject.endswith(DLQ_SUFFIX):
+            raise ValueError(f"must not end in {DLQ_SUFFIX!r} (reserved for the dead letters)")
+        if DELAY_TOKEN in subject.split("."):
+            raise ValueError(f"the token {DELAY_TOKEN!r} is reserved for delayed jobs")
+        return subject
+
+    @field_validator("bus", mode="before")
+    @classmethod
+    def _declared_bus(cls, bus: object, info: ValidationInfo) -> str:
+        return declared_alias(bus, "bus", info)
+
+
+def validate_job(job_cls: type[JobBase], bus_aliases: Collection[str]) -> JobSpec:
+    """Check every attribute of a Job class at once; RegistrationError lists each bad field."""
+    context = {"bus_aliases": bus_aliases}
+    job = validate_subclass(JobDeclaration, job_cls, JobBase, "job", context)
+    return JobSpec(
+        job_cls=job_cls, name=job.name, subject=job.subject, bus=job.bus,
+        dlq_max_bytes=job.dlq_max_bytes, schema=job.payload_schema, **job.consumed(),
+    )  # fmt: skip
+
+
+def threaded(run: Callable[..., Any], concurrency: int) -> Callable[..., Awaitable[Any]]:
+    """`run` (a Job's or a Listener's) as a coroutine function: itself when it is async, else
+    a call on a worker thread, at most `concurrency` at once, so that the event loop, and the
+    lease heartbeats it sends while the run lasts, keep going. Call it in the running loop."""
+    if inspect.iscoroutinefunction(run):
+        return run
+    limiter = CapacityLimiter(concurrency)
+
+    async def on_a_thread(*args: Any) -> Any:
+        # A thread cannot be interrupted: a cancelled run (a stop's drain time up) lets it go.
+        return await anyio.to_thread.run_sync(run, *args, limiter=limiter, abandon_on_cancel=True)
+
+    return on_a_thread
+
+
+# -- the message ---------------------------------------------------------------------------
+
+
+def json_body(name: str, payload: Any, code: str, error: type[JobError] = JobError) -> bytes:
+    """A payload as compact JSON; `error` with `code`, naming `name`, when it is not JSON."""
+    try:
+        return json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise error(f"{name}: payload must be JSON-serialisable ({exc})", code=code) from None
+
+
+def encode_job(
+    spec: JobSpec, payload: Any, *, job_id: str | None = None, due_ms: int | None = None
+) -> Message:
+    """Build the message of one job (pure but for the clock and a random id).
+
+    `job_id` (caller-given) is the dedup key; default a random uuid. `due_ms` (epoch ms) in
+    the future holds the job until then. The payload is checked against the job's `schema`
+    first, when it has one. Raises JobError `job.invalid_payload` / `job.invalid_id` before
+    anything is stored."""
+    if spec.schema is not None:
+        payload = fit_schema(spec, payload).model_dump(mode="json")
+    body = json_body(spec.name, payload, "job.invalid_payload")
+    now_ms = int(time.time() * 1000)
+    dedup = job_id is not None
+    if job_id is None:
+        job_id = uuid.uuid4().hex
+    else:
+        _check_id(spec, job_id)
+    run_at_ms = due_ms if due_ms is not None and due_ms > now_ms else None
+    return Message(job_id, spec.subject, body, now_ms, run_at_ms, dedup=dedup)
+
+
+def fit_schema(spec: JobSpec, payload: Any) -> BaseModel:
+    """The payload as an instance of the job's `schema` (validated unless it is one already);
+    JobError `job.invalid_payload` naming each field that does not fit."""
+    assert spec.schema is not None
+    if isinstance(payload, spec.schema):
+        return payload
+    try:
+        return spec.schema.model_validate(payload)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or 'payload'}: {error['msg']}"
+            for error in exc.errors(include_url=False)
+        )
+        raise JobError(
+            f"{spec.name}: payload does not fit {spec.schema.__name__}: {problems}",
+            code="job.invalid_payload",
+        ) from None
+
+
+def due_ms_of(
+    spec: JobSpec, delay: float | timedelta | None, run_at: datetime | None
+) -> int | None:
+    """Epoch ms a job is due at from `delay` (s or timedelta, >= 0) or `run_at` (aware), or
+    None when neither is given. Raises JobError `job.invalid_delay`."""
+    if delay is not None and run_at is not None:
+        raise JobError(f"{spec.name}: give delay or run_at, not both", code="job.invalid_delay")
+    if run_at is not None:
+        if run_at.tzinfo is None:
+            raise JobError(f"{spec.name}: run_at must be timezone-aware", code="job.invalid_delay")
+        return int(run_at.timestamp() * 1000)
+    if delay is None:
+        return None
+    seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+    if not is_number(seconds) or seconds < 0:
+        raise JobError(
+            f"{spec.name}: delay must be >= 0 seconds, got {delay!r}", code="job.invalid_delay"
+        )
+    return int(time.time() * 1000 + seconds * 1000)
+
+
+def _check_id(spec: JobSpec, job_id: object) -> None:
+    # It travels as a header value: no whitespace (a CR/LF would forge headers), bounded.
+    if (
+        not isinstance(job_id, str)
+        or not 0 < len(job_id) <= MAX_ID_LENGTH
+        or not job_id.isprintable()
+        or any(c.isspace() for c in job_id)
+    ):
+        raise JobError(
+            f"{spec.name}: id must be 1-{MAX_ID_LENGTH} printable characters without spaces, "
+            f"got {job_id!r}",
+            code="job.invalid_id",
+        )
