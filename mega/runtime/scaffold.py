@@ -49,8 +49,8 @@ RESERVED = {
     },
 }  # fmt: skip
 
-# What differs with the bus: its entry in mega_config.py, the environment it reads, the words
-# the README uses, and the extras of mega-py the project needs.
+# What differs with the bus: its entry in mega_config.py, the environment it reads and what it
+# says of the database, the words the README uses, and the extras of mega-py the project needs.
 BUS_CONFIG = {
     "nats": (
         "# Jobs and events on NATS JetStream (`mega dev` embeds a nats-server).\n"
@@ -68,14 +68,19 @@ BUS_CONFIG = {
 }
 BUS_ENVIRONMENT = {
     "nats": (
-        "    NATS_URL       nats://127.0.0.1:4222     the bus of the jobs and events\n"
-        "    DATABASE_URL   unset: SQLite in var/mega.db beside this file"
+        "    NATS_URL         nats://127.0.0.1:4222     the bus of the jobs and events\n"
+        "    DATABASE_URL     unset: SQLite in var/mega.db beside this file"
     ),
-    "redis": "    DATABASE_URL   unset: SQLite in var/mega.db beside this file",
+    "redis": "    DATABASE_URL     unset: SQLite in var/mega.db beside this file",
     "postgres": (
-        "    DATABASE_URL   postgresql://user:password@host/db, the bus of the jobs and events\n"
-        "                   too (unset under `mega dev`: it starts an embedded PostgreSQL)"
+        "    DATABASE_URL     postgresql://user:password@host/db, also the bus of the jobs and\n"
+        "                     events (unset under `mega dev`: it starts an embedded PostgreSQL)"
     ),
+}
+DATABASE_COMMENT = {
+    "nats": "# None: SQLite in var/mega.db beside this file.",
+    "redis": "# None: SQLite in var/mega.db beside this file.",
+    "postgres": "# PostgreSQL, as the bus needs (DATABASE_URL; `mega dev` sets it).",
 }
 BUS_WORDS = {
     "nats": "jobs and events on NATS JetStream",
@@ -119,12 +124,13 @@ def new_project(name: str, parent: Path, *, bus: str = DEFAULT_BUS) -> Path:
     target = parent / name
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise ConfigError(
-            f"{target} exists and is not empty: choose another name, or move it out of the way"
+            f"{name}/ exists here and is not empty: choose another name, or move it away"
         )
     values = {
         "package": name,
         "bus": BUS_CONFIG[bus],
         "bus_environment": BUS_ENVIRONMENT[bus],
+        "database_comment": DATABASE_COMMENT[bus],
         "bus_words": BUS_WORDS[bus],
         "mega_requirement": f"mega-py[{BUS_EXTRAS[bus]}]{_series()}",
     }
