@@ -28,7 +28,8 @@ EXIT_UNAVAILABLE = 3
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mega",
-        description="Run the mega hosts: web, scheduler, job worker, or all of them in dev.",
+        description="Start a project (new), or run the mega hosts: web, scheduler, job worker, "
+        "or all of them in dev.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -68,6 +68,27 @@ def test_the_project_is_written_as_ruff_formats_and_lints_it(
         assert ran.returncode == 0, ran.stdout + ran.stderr
 
 
+def test_mega_new_needs_no_config_and_imports_no_web_stack(tmp_path: Path) -> None:
+    script = (
+        "import sys\n"
+        "from mega.runtime.cli import main\n"
+        "try:\n"
+        "    main(['new', 'shop'])\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code == 0, exc.code\n"
+        "heavy = ('fastapi', 'starlette', 'jinja2', 'uvicorn', 'sqlalchemy', 'nats', 'redis')\n"
+        "print(sorted(name for name in sys.modules if name.split('.')[0] in heavy))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "MEGA_CONFIG"}
+    ran = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env,
+        timeout=60,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines()[-1] == "[]"
+    assert not (tmp_path / "mega_config.py").exists() and (tmp_path / "shop").is_dir()
+
+
 def test_an_empty_folder_of_that_name_is_filled(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
