@@ -83,9 +83,9 @@ DATABASE_COMMENT = {
     "postgres": "# PostgreSQL, as the bus needs (DATABASE_URL; `mega dev` sets it).",
 }
 BUS_WORDS = {
-    "nats": "jobs and events on NATS JetStream",
-    "redis": "jobs and events on Redis Streams",
-    "postgres": "jobs and events in PostgreSQL, beside the data",
+    "nats": "on NATS JetStream",
+    "redis": "on Redis Streams",
+    "postgres": "through PostgreSQL, beside the data",
 }
 BUS_EXTRAS = {"nats": "web", "redis": "web", "postgres": "web,postgres"}
 
