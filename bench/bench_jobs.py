@@ -238,6 +238,16 @@ def _stream(name: str, subject: str) -> StreamConfig:
     )
 
 
+def interpreter_spawn_s(runs: int = 7) -> float:
+    """The median wall time of `python -c pass` in this virtualenv: the floor of any spawn."""
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        times.append(time.perf_counter() - started)
+    return sorted(times)[runs // 2]
+
+
 def _rate(count: int, seconds: float) -> float:
     return count / seconds if seconds > 0 else float("nan")
 
@@ -601,6 +611,7 @@ async def _bench(options: Options) -> Result:
             enqueue = await bench.bench_enqueue()
             bare = await bench.bench_bare_consume()
             mega, check = await bench.bench_consume()
+            check["interpreter_s"] = interpreter_spawn_s()
             memory = await bench.bench_memory_and_latency()
             bench.data["load_after"] = os.getloadavg()[0]
             with contextlib.suppress(Exception):
@@ -665,6 +676,7 @@ def _report(
             target=f"< {FIRST_JOB_TARGET_S} s",
             passed=mega.first_s < FIRST_JOB_TARGET_S,
         ),
+        row("consume: interpreter spawn (`python -c pass`)", check["interpreter_s"], show=seconds),
         row(
             "enqueue one at a time (jobs/s)",
             enqueue["mega1"],

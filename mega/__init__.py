@@ -33,6 +33,8 @@ _EXPORTS = {
     "ConfigError": "mega.errors",
     "DependencyUnavailable": "mega.errors",
     "JobError": "mega.errors",
+    "JobTimeout": "mega.errors",
+    "Permanent": "mega.errors",
     "EventError": "mega.errors",
     "LockBackendError": "mega.errors",
     "MegaError": "mega.errors",
@@ -113,8 +115,10 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.errors import DependencyUnavailable as DependencyUnavailable
     from mega.errors import EventError as EventError
     from mega.errors import JobError as JobError
+    from mega.errors import JobTimeout as JobTimeout
     from mega.errors import LockBackendError as LockBackendError
     from mega.errors import MegaError as MegaError
+    from mega.errors import Permanent as Permanent
     from mega.errors import RegistrationError as RegistrationError
     from mega.errors import TaskFailed as TaskFailed
     from mega.errors import WorkerError as WorkerError

@@ -86,3 +86,15 @@ class EventError(JobError):
     code that catches those catches these too: events travel the jobs' machinery."""
 
     code = "event.error"
+
+
+class Permanent(Exception):
+    """Raise it in a Job's or a Listener's `run` for a failure no retry can fix (a record that
+    is gone, a payload the world refuses): the retries are skipped and the job goes to its DLQ
+    after this one attempt. `permanent = (SomeError, ...)` on the class does the same for
+    exceptions of those classes."""
+
+
+class JobTimeout(Exception):
+    """A run went past its class's `timeout_s`: it was cancelled, and the attempt counts as
+    failed (retried by the class's policy)."""

@@ -13,10 +13,12 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import RedirectResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from app.deps import main_redis as redis
-from app.deps import queue
+from app.deps import QueueDep, RedisDep
+from app.deps import main_redis as redis_of
+from app.deps import queue as queue_of
 from app.jobs.email import SLOW_ACK_WAITS, SLOW_STEPS, EmailJob
 from app.services import job_timeline
+from mega import JobQueue
 from mega.web import (
     ApiError,
     EmailAddress,
@@ -89,37 +91,35 @@ class RequeueRequest(BaseModel):
         return self
 
 
-async def enqueue_emails(request: Request, body: EnqueueRequest) -> list[str]:
+async def enqueue_emails(queue: JobQueue, redis: Any, body: EnqueueRequest) -> list[str]:
     """`body.count` jobs alike, one after the other; their ids in order. If the bus fails part
     way (a 503), the jobs enqueued before stay enqueued: each is its own durable message."""
-    return [await enqueue_email(request, body) for _ in range(body.count)]
+    return [await enqueue_email(queue, redis, body) for _ in range(body.count)]
 
 
-async def enqueue_email(request: Request, body: EnqueueRequest) -> str:
+async def enqueue_email(queue: JobQueue, redis: Any, body: EnqueueRequest) -> str:
     job_id = uuid.uuid4().hex[:12]
-    await job_timeline.record_enqueued(
-        redis(request), job_id, body.to, body.mode, delay_ms=body.delay_ms
-    )
+    await job_timeline.record_enqueued(redis, job_id, body.to, body.mode, delay_ms=body.delay_ms)
     try:
         # The page's id is the job id: it is also the dedup key (Nats-Msg-Id).
-        await queue(request).enqueue(
+        await queue.enqueue(
             EmailJob, {"id": job_id, "to": body.to, "mode": body.mode}, id=job_id,
             delay=body.delay_ms / 1000 or None,
         )  # fmt: skip
     except BaseException:
-        await job_timeline.forget(redis(request), job_id)
+        await job_timeline.forget(redis, job_id)
         raise
     return job_id
 
 
 async def jobs_state(
-    request: Request, *, limit: int = job_timeline.MAX_JOBS, before: str | None = None
+    queue: JobQueue, redis: Any, *, limit: int = job_timeline.MAX_JOBS, before: str | None = None
 ) -> dict[str, Any]:
     """`jobs` newest first (`limit` of them, older than job `before` if given), `older` (the
     `before` of the next page, or None), and the DLQ."""
-    dlq = queue(request).dlq
+    dlq = queue.dlq
     records = await dlq.list(EmailJob, limit=DLQ_LISTED)
-    listed = await job_timeline.list_jobs(redis(request), limit, before=before)
+    listed = await job_timeline.list_jobs(redis, limit, before=before)
     return {
         "jobs": listed.jobs,
         "older": listed.older,
@@ -139,17 +139,17 @@ async def jobs_state(
     }
 
 
-async def requeue(request: Request, body: RequeueRequest) -> int:
+async def requeue(queue: JobQueue, redis: Any, body: RequeueRequest) -> int:
     """Put dead letters back on the queue. Their timelines say "requeued" and their attempt
     counters restart *before* the requeue: a worker may start one the instant it is back, and
     its "attempt 1 started" must come after, counted from 1."""
-    dlq = queue(request).dlq
+    dlq = queue.dlq
     listed = [r["id"] for r in await dlq.list(EmailJob, limit=10_000)]
     ids = listed if body.all else [job_id for job_id in listed if job_id == body.id]
     for job_id in ids:
-        await redis(request).delete(job_timeline.attempts_key(job_id))
+        await redis.delete(job_timeline.attempts_key(job_id))
         await job_timeline.record_event(
-            redis(request), job_id, "requeued", "requeued from the DLQ, attempts reset",
+            redis, job_id, "requeued", "requeued from the DLQ, attempts reset",
             status="queued", attempt=0, due=job_timeline.Due(job_timeline.now_ms(), "requeue"),
         )  # fmt: skip
     if not ids:
@@ -171,20 +171,26 @@ class Requeued(BaseModel):
 
 @router.get("/api/demo/jobs", responses=api_responses(errors=(401, 422, 503)))
 async def get_jobs(
-    request: Request, user: UserDep, before: Before = None, limit: Limit = job_timeline.MAX_JOBS
+    user: UserDep,
+    queue: QueueDep,
+    redis: RedisDep,
+    before: Before = None,
+    limit: Limit = job_timeline.MAX_JOBS,
 ) -> Response:
     """Every kept job (the newest 30) by default; `limit` and `before` page through them:
     `?limit=10`, then `?limit=10&before=<older>` with the `older` of the previous answer."""
-    return ok(await jobs_state(request, limit=limit, before=before))
+    return ok(await jobs_state(queue, redis, limit=limit, before=before))
 
 
 @router.post(
     "/api/demo/jobs", status_code=201,
     responses=api_responses(JobCreated, status=201, errors=(401, 403, 422, 503)),
 )  # fmt: skip
-async def post_job(body: EnqueueRequest, request: Request, user: UserDep) -> Response:
+async def post_job(
+    body: EnqueueRequest, user: UserDep, queue: QueueDep, redis: RedisDep
+) -> Response:
     """Enqueue `count` jobs (default 1): `{id}`, and `ids` too when count is more than 1."""
-    ids = await enqueue_emails(request, body)
+    ids = await enqueue_emails(queue, redis, body)
     return ok({"id": ids[0], **({"ids": ids} if len(ids) > 1 else {})}, status=201)
 
 
@@ -192,8 +198,10 @@ async def post_job(body: EnqueueRequest, request: Request, user: UserDep) -> Res
     "/api/demo/jobs/dlq/requeue",
     responses=api_responses(Requeued, errors=(401, 403, 404, 422, 503)),
 )
-async def post_requeue(body: RequeueRequest, request: Request, user: UserDep) -> Response:
-    count = await requeue(request, body)
+async def post_requeue(
+    body: RequeueRequest, user: UserDep, queue: QueueDep, redis: RedisDep
+) -> Response:
+    count = await requeue(queue, redis, body)
     if body.id is not None and count == 0:
         raise ApiError(404, "not_found", f"no dead letter with id {body.id!r}")
     return ok({"requeued": count})
@@ -210,7 +218,9 @@ async def jobs_page_context(
     `before`), the form (kept on a 422) and its field errors."""
     return {
         "title": "Jobs",
-        "state": await jobs_state(request, limit=job_timeline.PAGE_JOBS, before=before),
+        "state": await jobs_state(
+            queue_of(request), redis_of(request), limit=job_timeline.PAGE_JOBS, before=before
+        ),
         "page_jobs": job_timeline.PAGE_JOBS,
         "before": before,
         "max_jobs": job_timeline.MAX_JOBS,
@@ -228,7 +238,9 @@ async def jobs_page_context(
 
 
 @router.post("/demo/jobs", include_in_schema=False)
-async def post_job_form(request: Request, user: UserDep) -> Response:
+async def post_job_form(
+    request: Request, user: UserDep, queue: QueueDep, redis: RedisDep
+) -> Response:
     form = await request.form()
     typed = {name: str(form.get(name, "")) for name in ("to", "mode", "delay_ms", "count")}
     values: dict[str, Any] = {k: typed[k] for k in ("to", "mode") if typed[k]}
@@ -239,27 +251,29 @@ async def post_job_form(request: Request, user: UserDep) -> Response:
     except ValidationError as exc:
         context = await jobs_page_context(request, form=typed, errors=field_errors(exc.errors()))
         return render(request, "demo/jobs.html", context, status_code=422)
-    ids = await enqueue_emails(request, body)
+    ids = await enqueue_emails(queue, redis, body)
     notice = f"Job {ids[0]} enqueued." if len(ids) == 1 else f"{len(ids)} jobs enqueued."
     return flash(request, RedirectResponse("/demo/jobs", status_code=303), notice)
 
 
 @router.post("/demo/jobs/dlq/requeue", include_in_schema=False)
-async def requeue_form(request: Request, user: UserDep) -> Response:
+async def requeue_form(
+    request: Request, user: UserDep, queue: QueueDep, redis: RedisDep
+) -> Response:
     form = await request.form()
     job_id = form.get("id")
     body = RequeueRequest(id=str(job_id)) if job_id else RequeueRequest(all=True)
-    count = await requeue(request, body)
+    count = await requeue(queue, redis, body)
     back = RedirectResponse("/demo/jobs", status_code=303)
     return flash(request, back, f"Requeued {count} job(s) from the DLQ.")
 
 
 async def jobs_part(request: Request) -> dict[str, Any]:
     """The console's job panel: waiting, in flight, DLQ, enqueue-to-start p50."""
-    stats = await queue(request).stats(EmailJob)
+    stats = await queue_of(request).stats(EmailJob)
     return {
         "pending": stats.pending,
         "in_flight": stats.in_flight,
         "dlq": stats.dlq,
-        "start_latency_p50_ms": await job_timeline.latency_p50_ms(redis(request)),
+        "start_latency_p50_ms": await job_timeline.latency_p50_ms(redis_of(request)),
     }

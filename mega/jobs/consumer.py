@@ -12,6 +12,8 @@ the slots (`concurrency` runs at a time), the lease heartbeats, the decision for
   reported back (the job killed its worker): it goes to the DLQ as `WorkerCrashed` instead of
   running again.
 - A retry is scheduled by the driver for the backoff's end without holding a slot meanwhile.
+- A run past the lane's `timeout_s` is cancelled and fails as `JobTimeout`; a run that raises
+  `Permanent` (or one of the lane's `permanent` errors) is dead-lettered without its retries.
 - Tries exhausted: the DLQ record is stored and only then the delivery settled. If the record
   cannot be stored the delivery is released to come back later, and the record is remembered
   (by the message's key) so the redelivery writes it with the real error: nothing is lost.
@@ -30,6 +32,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
 from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Receiver
+from mega.errors import JobTimeout, Permanent
 from mega.jobs.delivery import DeadLetter, Decision, LanePolicy, Outcome, Retry, decide
 from mega.jobs.dlq import make_record
 
@@ -152,7 +155,7 @@ class Consumer:
             latency_ms=None if due_ms is None else max(0, round(started * 1000) - due_ms),
         )  # fmt: skip
         try:
-            await self.handler(payload, delivery)
+            await self._run(payload, delivery)
         except asyncio.CancelledError:
             # Cut off by the drain timeout: hand it back now rather than after the ack wait.
             await self.receiver.release(delivery, delay_s=HAND_BACK_DELAY_S)
@@ -166,6 +169,23 @@ class Consumer:
             duration_ms=round((time.time() - started) * 1000, 3),
         )  # fmt: skip
 
+    async def _run(self, payload: Any, delivery: Delivery) -> None:
+        """The handler, within the lane's `timeout_s` when it has one (JobTimeout past it)."""
+        timeout_s = self.spec.timeout_s
+        if timeout_s is None:
+            await self.handler(payload, delivery)
+            return
+        limit = asyncio.timeout(timeout_s)
+        try:
+            async with limit:
+                await self.handler(payload, delivery)
+        except TimeoutError:
+            if not limit.expired():
+                raise  # the run's own TimeoutError, not the limit's
+            raise JobTimeout(
+                f"the run took longer than its timeout_s ({timeout_s:g} s) and was cancelled"
+            ) from None
+
     async def _failed(
         self, delivery: Delivery, payload: Any, started: float, exc: Exception
     ) -> None:
@@ -175,7 +195,8 @@ class Consumer:
             "job": spec.name, "id": delivery.id, "attempt": attempt,
             "duration_ms": round((time.time() - started) * 1000, 3),
         }  # fmt: skip
-        decision = decide(Outcome.FAILED, attempt, spec)
+        permanent = isinstance(exc, (Permanent, *spec.permanent))
+        decision = decide(Outcome.PERMANENT if permanent else Outcome.FAILED, attempt, spec)
         if isinstance(decision, Retry):
             due_ms = int(time.time() * 1000) + decision.delay_ms
             await self.receiver.retry(delivery, due_ms=due_ms, attempts=attempt)

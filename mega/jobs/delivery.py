@@ -10,6 +10,8 @@ driver's receiver; `tests/mega/jobs/test_delivery.py` checks it as a table.
 - SUCCEEDED: ack.
 - FAILED with tries left (attempt < retries + 1): retry after the backoff (full jitter).
 - FAILED on the last try: dead-letter, kind "failed".
+- PERMANENT (the run raised `mega.Permanent` or one of the class's `permanent` errors): dead-
+  letter at once, kind "permanent", whatever tries are left.
 - UNDECODABLE (the body is not JSON): dead-letter at once, kind "undecodable", and terminate the
   message instead of acking it (nothing would ever decode it).
 - UNREPORTED, a delivery past retries + 1: the previous attempt never reported back, because
@@ -30,6 +32,7 @@ from mega.jobs.backoff import BackoffPolicy, RandomSource, backoff_delay_ms
 class Outcome(Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    PERMANENT = "permanent"
     UNDECODABLE = "undecodable"
     UNREPORTED = "unreported"
 
@@ -50,7 +53,7 @@ class Retry:
 class DeadLetter:
     """Publish a DLQ record, then settle the message: term it when `terminate`, else ack."""
 
-    kind: Literal["failed", "undecodable", "crashed"]
+    kind: Literal["failed", "permanent", "undecodable", "crashed"]
 
     @property
     def terminate(self) -> bool:
@@ -79,6 +82,10 @@ class LanePolicy(RetryPolicy, Protocol):
     def concurrency(self) -> int: ...
     @property
     def ack_wait_s(self) -> float: ...
+    @property
+    def timeout_s(self) -> float | None: ...  # a run's wall-clock limit
+    @property
+    def permanent(self) -> tuple[type[Exception], ...]: ...  # errors that skip the retries
 
 
 def is_unreported(attempt: int, policy: RetryPolicy) -> bool:
@@ -94,6 +101,8 @@ def decide(
         return Ack()
     if outcome is Outcome.UNDECODABLE:
         return DeadLetter("undecodable")
+    if outcome is Outcome.PERMANENT:
+        return DeadLetter("permanent")
     if outcome is Outcome.UNREPORTED or is_unreported(attempt, policy):
         return DeadLetter("crashed")
     if attempt < policy.max_attempts:

@@ -76,7 +76,9 @@ class Consumed:
     """What the consume loop reads of a Job or a Listener class, with its defaults: how many
     run at once (`concurrency`), how often and how patiently a failure is tried again
     (`retries`, `backoff`), how long a delivery may go unsettled (`ack_wait_s`), how long its
-    dead letters are kept (`dlq_max_age_s`) and copies of its data in a cluster (`replicas`)."""
+    dead letters are kept (`dlq_max_age_s`), copies of its data in a cluster (`replicas`), how
+    long one run may take (`timeout_s`, None: no limit) and which errors skip the retries
+    (`permanent`, besides `mega.Permanent`)."""
 
     concurrency: ClassVar[int] = DEFAULT_CONCURRENCY
     retries: ClassVar[int] = DEFAULT_RETRIES
@@ -84,6 +86,8 @@ class Consumed:
     ack_wait_s: ClassVar[float] = DEFAULT_ACK_WAIT_S
     dlq_max_age_s: ClassVar[float] = DEFAULT_DLQ_MAX_AGE_S
     replicas: ClassVar[int] = 1
+    timeout_s: ClassVar[float | None] = None
+    permanent: ClassVar[tuple[type[Exception], ...]] = ()
 
 
 class JobBase(Consumed):
@@ -124,6 +128,8 @@ class ConsumedSpec:
     ack_wait_s: float
     dlq_max_age_s: float
     replicas: int = 1
+    timeout_s: float | None = None
+    permanent: tuple[type[Exception], ...] = ()
 
     @property
     def max_attempts(self) -> int:
@@ -159,6 +165,10 @@ AckWait = Annotated[
 DlqMaxAge = Annotated[
     StrictFloat, Field(ge=0, allow_inf_nan=False), rule("must be >= 0 s (0 = keep)")
 ]
+TimeoutS = Annotated[
+    Annotated[StrictFloat, Field(gt=0, allow_inf_nan=False)] | None,
+    rule("must be None (no limit) or a positive number of seconds"),
+]
 
 
 class ConsumedDeclaration(Declaration):
@@ -171,6 +181,8 @@ class ConsumedDeclaration(Declaration):
     backoff: Backoff
     ack_wait_s: AckWait
     dlq_max_age_s: DlqMaxAge
+    timeout_s: TimeoutS
+    permanent: Any
 
     run: Any
     # What a subclass says of its class's `run`: the base's own (never overridden), and the
@@ -187,6 +199,16 @@ class ConsumedDeclaration(Declaration):
                 "which runs on a thread)"
             )
         return run
+
+    @field_validator("permanent", mode="before")
+    @classmethod
+    def _exception_classes(cls, permanent: object) -> tuple[type[Exception], ...]:
+        classes = permanent if isinstance(permanent, (tuple, list)) else (permanent,)
+        if permanent is None or not all(
+            isinstance(c, type) and issubclass(c, Exception) for c in classes
+        ):
+            raise ValueError("must be a tuple of exception classes, such as (KeyError,)")
+        return tuple(classes)
 
     def consumed(self) -> dict[str, Any]:
         """The settings, as ConsumedSpec's keyword arguments."""

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from mega import Context, Job, JobQueue, JobWorker
 from mega.config import load_config
-from mega.errors import JobError
+from mega.errors import JobError, Permanent
 from mega.runtime.boot import boot, shutdown
 from tests.factories import write_config
 
@@ -83,6 +83,30 @@ class Typed(Job):
         )
         time.sleep(order.sleep_s)
         DONE[order.id] += 1
+
+
+class Limited(Job):
+    """A wall-clock limit and errors that skip the retries: `mode` says what a run does."""
+
+    bus = "jobs"
+    timeout_s = 0.3
+    retries = 1
+    backoff = {"type": "exponential", "initial": 10, "max": 10}
+    permanent = (KeyError,)
+    concurrency = 4
+
+    async def run(self, payload: dict[str, Any], ctx: Context) -> None:
+        RUNS[payload["id"]] += 1
+        mode = payload["mode"]
+        if mode == "hang":
+            await asyncio.sleep(30)
+        elif mode == "own_timeout":
+            raise TimeoutError("the run's own")
+        elif mode == "permanent":
+            raise Permanent("the order is gone")
+        elif mode == "key":
+            raise KeyError("sku")
+        DONE[payload["id"]] += 1
 
 
 def bus_body(request: pytest.FixtureRequest) -> str:
@@ -270,6 +294,39 @@ async def test_the_short_form_a_schema_and_a_plain_run_on_a_thread(setup: Any, p
         assert DONE[f"{prefix}-slow"] == 1
         stats = await worker.queue("jobs").stats(typed)
         assert (stats.pending, stats.dlq) == (0, 0)
+    finally:
+        await worker.stop(5)
+
+
+async def test_a_timeout_fails_the_attempt_and_permanent_errors_skip_the_retries(
+    setup: Any, prefix: str
+) -> None:
+    ctx, _job, _queue, _seen = setup
+    limited = type("Limited", (Limited,), {"subject": f"{prefix}.limited"})
+    worker = JobWorker(ctx)
+    worker.register(limited)
+    seen: list[dict[str, Any]] = []
+    for name in ("start", "retry", "fail", "dlq"):
+        worker.on(name, seen.append)
+    await worker.start()
+    queue = worker.queue("jobs")
+    try:
+        modes = ("hang", "own_timeout", "permanent", "key")
+        for mode in modes:
+            await queue.enqueue(limited, {"id": f"{prefix}-{mode}", "mode": mode}, id=mode)
+        await until(lambda: sum(s["signal"] == "dlq" for s in seen) == 4, "four dead letters")
+        records = {r["id"]: r for r in await queue.dlq.list(limited)}
+        ended = {
+            mode: (records[mode]["error"]["type"], records[mode]["attempts"]) for mode in modes
+        }
+        assert ended == {
+            "hang": ("JobTimeout", 2), "own_timeout": ("TimeoutError", 2),
+            "permanent": ("Permanent", 1), "key": ("KeyError", 1),
+        }  # fmt: skip
+        assert [RUNS[f"{prefix}-{mode}"] for mode in modes] == [2, 2, 1, 1]
+        assert "longer than its timeout_s (0.3 s)" in records["hang"]["error"]["message"]
+        stats = await queue.stats(limited)
+        assert (stats.pending, stats.in_flight, stats.dlq) == (0, 0, 4)
     finally:
         await worker.stop(5)
 

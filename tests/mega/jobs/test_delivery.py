@@ -43,6 +43,8 @@ class Highest:
         (Outcome.FAILED, 3, DeadLetter("failed")),  # ...until the tries run out
         (Outcome.UNDECODABLE, 1, DeadLetter("undecodable")),  # never worth a retry
         (Outcome.UNDECODABLE, 5, DeadLetter("undecodable")),
+        (Outcome.PERMANENT, 1, DeadLetter("permanent")),  # tries left, skipped
+        (Outcome.PERMANENT, 3, DeadLetter("permanent")),
         (Outcome.UNREPORTED, 4, DeadLetter("crashed")),  # attempt 3 killed its worker
         (Outcome.FAILED, 4, DeadLetter("crashed")),  # past the limit, whatever happened
     ],
