@@ -36,7 +36,7 @@ lint: install
 
 test: lint  ## lint, then every test (fault, cluster and browser tests included), coverage gate
 	chromium="$$(bash tests/tools/chromium.sh)" && MEGA_CHROMIUM="$$chromium" \
-		$(BIN)/pytest --cov=mega --cov-report=term-missing:skip-covered --cov-fail-under=90 --durations=25
+		$(BIN)/pytest -n 2 --dist loadgroup --cov=mega --cov-report=term-missing:skip-covered --cov-fail-under=90 --durations=25
 
 format: install
 	$(BIN)/ruff check --fix mega app tests bench mega_config.py

@@ -18,10 +18,19 @@ from mega.runtime.embedded import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis,
 from tests.cluster import NatsCluster
 from tests.netns import NamespacesUnavailable, NetnsCluster, Network
 
+# Tests that share something beyond the session's servers run on one xdist worker each group
+# (`make test` runs two): the browser tests share their live stacks, the compose tests the
+# Docker daemon.
+XDIST_GROUPS = {"/e2e/": "browser", "/ops/test_compose": "compose"}
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Browser tests last: they are the slowest and need everything else to work first."""
     items.sort(key=lambda item: "/e2e/" in str(item.path))
+    for item in items:
+        for part, group in XDIST_GROUPS.items():
+            if part in str(item.path):
+                item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
