@@ -60,6 +60,10 @@ class DlqRecord(_DlqRecordBase, total=False):
     seq: int
 
 
+# The record stores of a job lane: each job's status record, and the values its runs returned.
+Table = Literal["status", "result"]
+
+
 @dataclass(frozen=True)
 class Lane:
     """What one consume loop works on, as a driver needs to know it.
@@ -69,7 +73,9 @@ class Lane:
     `>` the rest). `concurrency` caps the deliveries a process runs at once (on NATS, the whole
     group's), `ack_wait_s` is how long a delivery may go unsettled before another worker gets
     it (running ones are extended every third of it). The rest is how long and how much of the
-    lane's dead letters are kept, and copies of its data in a cluster."""
+    lane's dead letters are kept, and copies of its data in a cluster. `keep_status_s` and
+    `keep_result_s` (0: none kept) are how long a record of the lane's record stores lives after
+    its last write (see `Bus.put_records`)."""
 
     kind: Literal["job", "group"]
     name: str
@@ -79,6 +85,12 @@ class Lane:
     dlq_max_age_s: float
     dlq_max_bytes: int | None = None
     replicas: int = 1
+    keep_status_s: float = 0
+    keep_result_s: float = 0
+
+    def keep_s(self, table: Table) -> float:
+        """How long a record of `table` lives after its last write (0: the table is off)."""
+        return self.keep_status_s if table == "status" else self.keep_result_s
 
 
 @dataclass(frozen=True)
@@ -242,6 +254,24 @@ class Bus(Protocol):
 
     async def purge(self, lane: Lane) -> int:
         """Delete every dead letter of the lane; returns how many there were."""
+        ...
+
+    # -- the records of a lane: a key-value store per table, each record with an expiry --------
+
+    async def put_records(
+        self, lane: Lane, table: Table, records: Sequence[tuple[str, bytes]], *, create: bool
+    ) -> list[bool]:
+        """Store each (key, value) in the lane's `table`, in order, and return once every one
+        is stored; it expires `lane.keep_s(table)` seconds after this write. `create`: store
+        only keys that have no live record (True each one stored, False each one kept as it
+        was); otherwise overwrite (all True). Keys are job ids: 1 to 200 printable characters
+        without spaces. A table whose keep is 0 is never written (`ensure` may skip it).
+        Raises DriverUnavailable (some may have been stored)."""
+        ...
+
+    async def get_record(self, lane: Lane, table: Table, key: str) -> bytes | None:
+        """The live value of `key` in the lane's `table`, or None (never stored, or expired).
+        Raises DriverUnavailable."""
         ...
 
     # -- events -------------------------------------------------------------------------------

@@ -18,6 +18,8 @@ from mega.drivers.base import DEDUP_WINDOW_S, DlqRecord, Lane, LaneStats
 EVENTS_KEPT = 100_000
 # Ids the dedup window holds before it forgets those that left the window.
 DEDUP_KEPT = 100_000
+# A lane's record store drops its expired records whenever it holds more than this many.
+RECORDS_SWEPT_AT = 100_000
 
 _keys = itertools.count(1)
 
@@ -110,6 +112,17 @@ class MemoryBroker:
         self.events: deque[tuple[str, str, bytes, int]] = deque(maxlen=EVENTS_KEPT)
         # Listener groups: group -> (its pattern's test of an event name, its queue's name).
         self.groups: dict[str, tuple[Callable[[str], bool], str]] = {}
+        # The lanes' record stores: (queue name, table) -> key -> (value, expires, monotonic s).
+        self.records: dict[tuple[str, str], dict[str, tuple[bytes, float]]] = {}
+
+    def table(self, lane: Lane, table: str) -> dict[str, tuple[bytes, float]]:
+        """One record store of a lane, its expired records dropped now and then."""
+        records = self.records.setdefault((queue_name(lane), table), {})
+        if len(records) > RECORDS_SWEPT_AT:
+            now = time.monotonic()
+            for key in [key for key, (_, expires) in records.items() if expires <= now]:
+                del records[key]
+        return records
 
     def subject(self, name: str) -> MemoryLane:
         """The queue called `name`, made empty when missing."""

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import ClassVar, Self
 
 from mega.config import BusSpec
-from mega.drivers.base import DlqRecord, Lane, LaneStats, Message, pattern_matcher
+from mega.drivers.base import DlqRecord, Lane, LaneStats, Message, Table, pattern_matcher
 from mega.drivers.memory.broker import MemoryBroker, MemoryMessage, queue_name
 from mega.drivers.memory.receiver import MemoryReceiver
 
@@ -132,6 +132,28 @@ class MemoryBus:
         count = len(dead)
         dead.clear()
         return count
+
+    # -- records ------------------------------------------------------------------------------
+
+    async def put_records(
+        self, lane: Lane, table: Table, records: Sequence[tuple[str, bytes]], *, create: bool
+    ) -> list[bool]:
+        store = self.broker.table(lane, table)
+        now = time.monotonic()
+        expires = now + lane.keep_s(table)
+        stored: list[bool] = []
+        for key, value in records:
+            kept = store.get(key)
+            if create and kept is not None and kept[1] > now:
+                stored.append(False)
+                continue
+            store[key] = (value, expires)
+            stored.append(True)
+        return stored
+
+    async def get_record(self, lane: Lane, table: Table, key: str) -> bytes | None:
+        kept = self.broker.table(lane, table).get(key)
+        return kept[0] if kept is not None and kept[1] > time.monotonic() else None
 
     # -- events -------------------------------------------------------------------------------
 
