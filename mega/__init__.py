@@ -33,6 +33,7 @@ _EXPORTS = {
     "ConfigError": "mega.errors",
     "DependencyUnavailable": "mega.errors",
     "JobError": "mega.errors",
+    "JobFailed": "mega.errors",
     "JobTimeout": "mega.errors",
     "Permanent": "mega.errors",
     "EventError": "mega.errors",
@@ -56,6 +57,7 @@ _EXPORTS = {
     "JobContext": "mega.jobs.progress",
     "JobWorker": "mega.jobs.jobworker",
     "JobId": "mega.jobs.queue",
+    "JobStatus": "mega.jobs.status",
     "JobQueue": "mega.jobs.queue",
     # events
     "EventBus": "mega.events.bus",
@@ -115,6 +117,7 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.errors import DependencyUnavailable as DependencyUnavailable
     from mega.errors import EventError as EventError
     from mega.errors import JobError as JobError
+    from mega.errors import JobFailed as JobFailed
     from mega.errors import JobTimeout as JobTimeout
     from mega.errors import LockBackendError as LockBackendError
     from mega.errors import MegaError as MegaError
@@ -139,6 +142,7 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.jobs.progress import JobContext as JobContext
     from mega.jobs.queue import JobId as JobId
     from mega.jobs.queue import JobQueue as JobQueue
+    from mega.jobs.status import JobStatus as JobStatus
     from mega.runtime.asgi import asgi_app as asgi_app
     from mega.runtime.boot import boot as boot
     from mega.runtime.boot import shutdown as shutdown

@@ -78,6 +78,16 @@ class TaskFailed(WorkerError):
 class JobError(MegaError):
     """A job queue failure (bad payload, unknown job, ...)."""
 
+
+class JobFailed(JobError):
+    """What `result()` raises for a job that ended without a result: dead-lettered (code
+    `job.dead_lettered`, `error` its last failure) or cancelled (`job.cancelled`). `status` is
+    its status record."""
+
+    def __init__(self, message: str, *, code: str, status: object) -> None:
+        super().__init__(message, code=code)
+        self.status = status
+
     code = "job.error"
 
 

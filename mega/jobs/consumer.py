@@ -35,6 +35,7 @@ from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Receiver
 from mega.errors import JobTimeout, Permanent
 from mega.jobs.delivery import DeadLetter, Decision, LanePolicy, Outcome, Retry, decide
 from mega.jobs.dlq import make_record
+from mega.jobs.status import ErrorInfo, StatusWriter
 
 # The queue's logger: to an operator, the consume loop is part of the job queue.
 logger = logging.getLogger("mega.jobqueue")
@@ -48,8 +49,9 @@ DLQ_RETRY_DELAY_S = 5.0
 # DLQ records whose store failed, kept so the redelivery carries the real error.
 UNREPORTED_MEMO_SIZE = 1024
 
-# Runs one decoded delivery: (payload, delivery). Raising fails the attempt.
-Handler = Callable[[Any, Delivery], Awaitable[None]]
+# Runs one decoded delivery: (payload, delivery); what it returns is the run's result. Raising
+# fails the attempt.
+Handler = Callable[[Any, Delivery], Awaitable[Any]]
 Signal = Callable[..., Awaitable[None]]
 
 
@@ -68,7 +70,8 @@ class Consumer:
 
     `spec` says how it runs (its name in signals, concurrency, ack wait, retries, backoff),
     `handler` runs one delivery, `signal(name, **fields)` reports every step (fields name the
-    lane `job`), `instance_id` names this process in DLQ records."""
+    lane `job`), `instance_id` names this process in DLQ records, `records` (a job lane's)
+    keeps each job's status record."""
 
     def __init__(
         self,
@@ -79,8 +82,10 @@ class Consumer:
         *,
         instance_id: str,
         dlq_retry_delay_s: float = DLQ_RETRY_DELAY_S,
+        records: StatusWriter | None = None,
     ) -> None:
         self.receiver = receiver
+        self.records = records
         self.spec = spec
         self.handler = handler
         self.signal = signal
@@ -109,6 +114,8 @@ class Consumer:
             heartbeat.cancel()
             for task in self.running:  # left only if run() itself was cancelled
                 task.cancel()
+            if self.records is not None:
+                await self.records.close()
             await self.receiver.close()
             self.closed.set()
 
@@ -149,13 +156,16 @@ class Consumer:
             await self._unreported(delivery, payload)
             return
         started = time.time()
+        started_ms = int(started * 1000)
         due_ms = delivery.run_at_ms or delivery.enqueued_at_ms
         await self.signal(
             "start", job=spec.name, id=delivery.id, attempt=attempt,
-            latency_ms=None if due_ms is None else max(0, round(started * 1000) - due_ms),
+            latency_ms=None if due_ms is None else max(0, started_ms - due_ms),
         )  # fmt: skip
+        if self.records is not None:
+            self.records.started(delivery, started_ms)
         try:
-            await self._run(payload, delivery)
+            result = await self._run(payload, delivery)
         except asyncio.CancelledError:
             # Cut off by the drain timeout: hand it back now rather than after the ack wait.
             await self.receiver.release(delivery, delay_s=HAND_BACK_DELAY_S)
@@ -164,21 +174,22 @@ class Consumer:
             await self._failed(delivery, payload, started, exc)
             return
         await self.receiver.ack(delivery)
+        if self.records is not None:
+            self.records.done(delivery, started_ms, result)
         await self.signal(
             "done", job=spec.name, id=delivery.id, attempt=attempt,
             duration_ms=round((time.time() - started) * 1000, 3),
         )  # fmt: skip
 
-    async def _run(self, payload: Any, delivery: Delivery) -> None:
+    async def _run(self, payload: Any, delivery: Delivery) -> Any:
         """The handler, within the lane's `timeout_s` when it has one (JobTimeout past it)."""
         timeout_s = self.spec.timeout_s
         if timeout_s is None:
-            await self.handler(payload, delivery)
-            return
+            return await self.handler(payload, delivery)
         limit = asyncio.timeout(timeout_s)
         try:
             async with limit:
-                await self.handler(payload, delivery)
+                return await self.handler(payload, delivery)
         except TimeoutError:
             if not limit.expired():
                 raise  # the run's own TimeoutError, not the limit's
@@ -200,6 +211,9 @@ class Consumer:
         if isinstance(decision, Retry):
             due_ms = int(time.time() * 1000) + decision.delay_ms
             await self.receiver.retry(delivery, due_ms=due_ms, attempts=attempt)
+            if self.records is not None:
+                failure = ErrorInfo(type=error_type, message=error)
+                self.records.retrying(delivery, int(started * 1000), failure, due_ms)
             await self.signal(
                 "retry", **fields, delay_ms=decision.delay_ms, run_at=due_ms,
                 error_type=error_type, error=error,
@@ -207,7 +221,7 @@ class Consumer:
             return
         await self.signal("fail", **fields, phase="run", error_type=error_type, error=error)
         record = self._record(delivery, payload, error_type, error, attempt)
-        await self._dead_letter(decision, delivery, record)
+        await self._dead_letter(decision, delivery, record, started_ms=int(started * 1000))
 
     async def _unreported(self, delivery: Delivery, payload: Any) -> None:
         """A delivery past the last attempt: dead-letter what the last one left behind."""
@@ -237,14 +251,20 @@ class Consumer:
             first_enqueued_at=delivery.enqueued_at_ms, worker=self.instance_id, raw=raw,
         )  # fmt: skip
 
-    async def _dead_letter(self, decision: Decision, delivery: Delivery, record: DlqRecord) -> None:
+    async def _dead_letter(
+        self, decision: Decision, delivery: Delivery, record: DlqRecord,
+        started_ms: int | None = None,
+    ) -> None:  # fmt: skip
         """Store the record, and only then settle the delivery (the receiver does both). If
         the store fails the delivery is released to come back and try again: nothing is lost,
         and the driver's dedup keeps a retried record single."""
         assert isinstance(decision, DeadLetter), decision  # the others are settled inline
+        failure = ErrorInfo(type=record["error"]["type"], message=record["error"]["message"])
         try:
             await self.receiver.dead_letter(delivery, record, terminate=decision.terminate)
         except DriverUnavailable as exc:
+            if self.records is not None:
+                self.records.ended(delivery, started_ms, "failed", failure)
             self.unreported[delivery.key] = record
             while len(self.unreported) > UNREPORTED_MEMO_SIZE:
                 self.unreported.popitem(last=False)
@@ -257,6 +277,8 @@ class Consumer:
             )  # fmt: skip
             return
         self.unreported.pop(delivery.key, None)
+        if self.records is not None:
+            self.records.ended(delivery, started_ms, "dlq", failure)
         await self.signal(
             "dlq", job=self.spec.name, id=record["id"], attempts=record["attempts"],
             error_type=record["error"]["type"], error=record["error"]["message"],

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from mega.jobs.queue import JobId, JobQueue
 from mega.jobs.spec import JobBase
+from mega.jobs.status import JobStatus
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -73,6 +74,16 @@ class Job(JobBase):
         return await queue_of(ctx, cls.bus).enqueue(
             cls, payload, id=id, delay=delay_s, run_at=run_at, session=session
         )
+
+    @classmethod
+    async def status(cls, ctx: Context, job_id: str) -> JobStatus | None:
+        """The status record of one job of this class: `JobQueue.status` on its own bus."""
+        return await queue_of(ctx, cls.bus).status(cls, job_id)
+
+    @classmethod
+    async def result(cls, ctx: Context, job_id: str, *, timeout_s: float | None = None) -> Any:
+        """What one job of this class returned: `JobQueue.result` on its own bus."""
+        return await queue_of(ctx, cls.bus).result(cls, job_id, timeout_s=timeout_s)
 
 
 def queue_of(ctx: Context, bus: str) -> JobQueue:

@@ -25,6 +25,7 @@ from mega.drivers.base import Bus, Delivery, DriverUnavailable, Lane, LaneStats
 from mega.errors import DependencyUnavailable, JobError
 from mega.jobs.consumer import DLQ_RETRY_DELAY_S, Consumer
 from mega.jobs.delivery import LanePolicy
+from mega.jobs.status import StatusWriter
 from mega.signals import Observer, Signals
 
 
@@ -129,7 +130,8 @@ class LaneEndpoint:
         cls: type[Any],
         lane: Lane,
         policy: LanePolicy,
-        run: Callable[[Any, Delivery], Awaitable[None]],
+        run: Callable[[Any, Delivery], Awaitable[Any]],
+        records: StatusWriter | None = None,
     ) -> None:
         """Run the consume loop of `cls` (a Job, a Listener) on `lane` until `stop()`."""
         if self._stopped:
@@ -140,6 +142,7 @@ class LaneEndpoint:
         consumer = Consumer(
             receiver, policy, run, self.signal,
             instance_id=self.instance_id, dlq_retry_delay_s=self.dlq_retry_delay_s,
+            records=records,
         )  # fmt: skip
         self._consumers[cls] = consumer
         try:

@@ -14,14 +14,17 @@ observers as a signal of SIGNALS.
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import json
+import logging
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from mega.context import Context
 from mega.drivers.base import Bus, Delivery, DriverUnavailable, Lane, LaneStats, Message
-from mega.errors import JobError
+from mega.errors import JobError, JobFailed
 from mega.jobs.dlq import DeadLetters
 from mega.jobs.lanes import LaneEndpoint
 from mega.jobs.progress import RunContexts
@@ -34,9 +37,12 @@ from mega.jobs.spec import (
     threaded,
     validate_job,
 )
+from mega.jobs.status import RESULT_POLL_S, JobStatus, StatusWriter, decode, encode, enqueued
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
+
+logger = logging.getLogger("mega.jobqueue")
 
 SIGNALS = ("dispatch", "start", "progress", "done", "retry", "fail", "dlq")
 
@@ -48,6 +54,7 @@ def job_lane(spec: JobSpec) -> Lane:
         kind="job", name=spec.name, subject=spec.subject, concurrency=spec.concurrency,
         ack_wait_s=spec.ack_wait_s, dlq_max_age_s=spec.dlq_max_age_s,
         dlq_max_bytes=spec.dlq_max_bytes, replicas=spec.replicas,
+        keep_status_s=spec.keep_status_s, keep_result_s=spec.keep_result_s,
     )  # fmt: skip
 
 
@@ -143,6 +150,8 @@ class JobQueue(LaneEndpoint):
                 [stored] = await self.bus.publish(lane, [message])
         except DriverUnavailable as exc:
             raise self.unavailable(f"cannot enqueue {spec.name}", exc) from exc
+        if stored:
+            await self._created(spec, lane, [message])
         await self.signal(
             "dispatch", job=spec.name, id=message.id, subject=spec.subject,
             run_at=message.run_at_ms, duplicate=not stored,
@@ -154,16 +163,82 @@ class JobQueue(LaneEndpoint):
         Every payload is checked before the first is sent."""
         spec = await self.ensure(job_cls)
         messages = [encode_job(spec, payload) for payload in payloads]
+        lane = job_lane(spec)
         try:
-            await self.bus.publish(job_lane(spec), messages)
+            await self.bus.publish(lane, messages)
         except DriverUnavailable as exc:
             raise self.unavailable(f"cannot enqueue {len(messages)} x {spec.name}", exc) from exc
+        await self._created(spec, lane, messages)
         if self.signals.has_observers("dispatch"):
             for message in messages:
                 await self.signals.emit(
                     "dispatch", job=spec.name, id=message.id, subject=spec.subject
                 )
         return [message.id for message in messages]
+
+    async def _created(self, spec: JobSpec, lane: Lane, messages: list[Message]) -> None:
+        """The new jobs' first status records, where none is there yet (a worker may have
+        started one already). After the publish: a job that failed to be stored has none. The
+        jobs are stored whatever happens here, so a bus that stops answering now costs their
+        `queued` records (logged), not an error."""
+        if lane.keep_status_s <= 0:
+            return
+        records = [(message.id, encode(enqueued(spec.name, message))) for message in messages]
+        try:
+            await self.bus.put_records(lane, "status", records, create=True)
+        except DriverUnavailable as exc:
+            logger.warning(
+                "%s: %d job(s) stored, their status records not (%s)", spec.name, len(records), exc
+            )
+
+    # -- status and results -------------------------------------------------------------------
+
+    async def status(self, job_cls: type[JobBase], job_id: str) -> JobStatus | None:
+        """The job's status record, or None when there is none (an unknown id, or one whose
+        record is older than the job's `keep_status_s`). DependencyUnavailable when the bus
+        does not answer."""
+        spec = await self.ensure(job_cls)
+        try:
+            raw = await self.bus.get_record(job_lane(spec), "status", job_id)
+        except DriverUnavailable as exc:
+            raise self.unavailable(f"cannot read the status of {spec.name} {job_id}", exc) from exc
+        return None if raw is None else decode(raw)
+
+    async def result(
+        self, job_cls: type[JobBase], job_id: str, *, timeout_s: float | None = None
+    ) -> Any:
+        """What the job's `run` returned, once it is done; waits up to `timeout_s` (None: no
+        limit) for it to end, then TimeoutError. JobFailed when it ended without one
+        (`job.dead_lettered`, `job.cancelled`); JobError `job.result_not_kept` at once for a
+        job whose `keep_result_s` is 0, and `job.result_gone` when the job is done and its
+        result expired (or its value was not JSON)."""
+        spec = await self.ensure(job_cls)
+        if spec.keep_result_s <= 0:
+            raise JobError(
+                f"{spec.name} keeps no results: set keep_result_s (seconds) on the class",
+                code="job.result_not_kept",
+            )
+        async with asyncio.timeout(timeout_s):
+            status = await self.status(job_cls, job_id)
+            while status is None or not status.final:
+                await asyncio.sleep(RESULT_POLL_S)
+                status = await self.status(job_cls, job_id)
+        if status.state != "done":
+            error = f": {status.error.type}: {status.error.message}" if status.error else ""
+            code = "job.cancelled" if status.state == "cancelled" else "job.dead_lettered"
+            raise JobFailed(f"{spec.name} {job_id} ended {status.state}{error}", code=code,
+                            status=status)  # fmt: skip
+        try:
+            raw = await self.bus.get_record(job_lane(spec), "result", job_id)
+        except DriverUnavailable as exc:
+            raise self.unavailable(f"cannot read the result of {spec.name} {job_id}", exc) from exc
+        if raw is None:
+            raise JobError(
+                f"{spec.name} {job_id} is done and its result is gone (kept {spec.keep_result_s:g}"
+                " s, and only when `run` returns a JSON value)",
+                code="job.result_gone",
+            )
+        return json.loads(raw)
 
     # -- consume ------------------------------------------------------------------------------
 
@@ -178,12 +253,14 @@ class JobQueue(LaneEndpoint):
             handler_ctx or self.ctx, job=spec.name, worker=self.instance_id, report=self.signal
         )
 
-        async def run(payload: Any, delivery: Delivery) -> None:
+        async def run(payload: Any, delivery: Delivery) -> Any:
             if spec.schema is not None:
                 payload = fit_schema(spec, payload)
-            await job_run(payload, contexts(delivery.id, delivery.attempt))
+            return await job_run(payload, contexts(delivery.id, delivery.attempt))
 
-        await self.run_lane(job_cls, job_lane(spec), spec, run)
+        lane = job_lane(spec)
+        records = StatusWriter(self.bus, lane, worker=self.instance_id)
+        await self.run_lane(job_cls, lane, spec, run, records)
 
 
 def publish_in(bus: Bus, session: Session, lane: Lane, messages: list[Message]) -> list[bool]:

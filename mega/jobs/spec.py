@@ -68,6 +68,10 @@ DEFAULT_ACK_WAIT_S = 30.0
 # Dead letters expire after a week by default so a failing job cannot fill the disk.
 DEFAULT_DLQ_MAX_AGE_S = 7 * 24 * 3600
 
+# A job's status record is kept this long after its last change; its result not at all.
+DEFAULT_KEEP_STATUS_S = 24 * 3600
+DEFAULT_KEEP_RESULT_S = 0
+
 # Caller-given ids travel as header values and keys; bounded so a dedup key stays a key.
 MAX_ID_LENGTH = 200
 
@@ -100,6 +104,8 @@ class JobBase(Consumed):
     name: ClassVar[str]
     dlq_max_bytes: ClassVar[int | None] = None
     schema: ClassVar[type[BaseModel] | None] = None
+    keep_status_s: ClassVar[float] = DEFAULT_KEEP_STATUS_S
+    keep_result_s: ClassVar[float] = DEFAULT_KEEP_RESULT_S
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -146,6 +152,8 @@ class JobSpec(ConsumedSpec):
     bus: str
     dlq_max_bytes: int | None
     schema: type[BaseModel] | None = None
+    keep_status_s: float = DEFAULT_KEEP_STATUS_S
+    keep_result_s: float = DEFAULT_KEEP_RESULT_S
 
 
 # -- validation --------------------------------------------------------------------------------
@@ -228,6 +236,12 @@ class JobDeclaration(ConsumedDeclaration):
         Annotated[StrictInt, Field(ge=1)] | None, rule("must be None or a positive int")
     ]
     name: NonEmptyStr
+    keep_status_s: Annotated[
+        StrictFloat, Field(ge=0, allow_inf_nan=False), rule("must be >= 0 s (0: no status)")
+    ]
+    keep_result_s: Annotated[
+        StrictFloat, Field(ge=0, allow_inf_nan=False), rule("must be >= 0 s (0: not kept)")
+    ]
     # `schema` would shadow a BaseModel attribute: the field takes the attribute's name as alias.
     payload_schema: Annotated[
         type[BaseModel] | None, rule("must be a pydantic model class (a BaseModel) or None")
@@ -254,7 +268,8 @@ def validate_job(job_cls: type[JobBase], bus_aliases: Collection[str]) -> JobSpe
     job = validate_subclass(JobDeclaration, job_cls, JobBase, "job", context)
     return JobSpec(
         job_cls=job_cls, name=job.name, subject=job.subject, bus=job.bus,
-        dlq_max_bytes=job.dlq_max_bytes, schema=job.payload_schema, **job.consumed(),
+        dlq_max_bytes=job.dlq_max_bytes, schema=job.payload_schema,
+        keep_status_s=job.keep_status_s, keep_result_s=job.keep_result_s, **job.consumed(),
     )  # fmt: skip
 
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from mega import Context, Job, JobQueue, JobWorker
 from mega.config import load_config
-from mega.errors import JobError, Permanent
+from mega.errors import JobError, JobFailed, Permanent
 from mega.runtime.boot import boot, shutdown
 from tests.factories import write_config
 
@@ -107,6 +107,22 @@ class Limited(Job):
         elif mode == "key":
             raise KeyError("sku")
         DONE[payload["id"]] += 1
+
+
+class Tracked(Job):
+    """Keeps its results: returns what the payload says after `fail_first` failures."""
+
+    bus = "jobs"
+    retries = 1
+    backoff = {"type": "exponential", "initial": 10, "max": 10}
+    keep_result_s = 60
+    concurrency = 4
+
+    async def run(self, payload: dict[str, Any], ctx: Context) -> Any:
+        RUNS[payload["id"]] += 1
+        if RUNS[payload["id"]] <= payload.get("fail_first", 0):
+            raise RuntimeError(f"planned failure {RUNS[payload['id']]}")
+        return payload.get("returns")
 
 
 def bus_body(request: pytest.FixtureRequest) -> str:
@@ -327,6 +343,57 @@ async def test_a_timeout_fails_the_attempt_and_permanent_errors_skip_the_retries
         assert "longer than its timeout_s (0.3 s)" in records["hang"]["error"]["message"]
         stats = await queue.stats(limited)
         assert (stats.pending, stats.in_flight, stats.dlq) == (0, 0, 4)
+    finally:
+        await worker.stop(5)
+
+
+async def test_a_status_record_follows_each_job_and_result_answers(setup: Any, prefix: str) -> None:
+    ctx, job, queue, _seen = setup
+    tracked = type("Tracked", (Tracked,), {"subject": f"{prefix}.tracked"})
+    idle = type("Idle", (Tracked,), {"subject": f"{prefix}.idle"})  # no worker consumes it
+    before_ms = int(time.time() * 1000)
+    queued = await idle.enqueue(ctx, {"id": f"{prefix}-q"})
+    delayed = await idle.enqueue(ctx, {"id": f"{prefix}-d"}, delay_s=60)
+    [status_q, status_d] = [await idle.status(ctx, i) for i in (queued, delayed)]
+    assert status_q is not None and status_d is not None
+    assert (status_q.state, status_q.attempts, status_q.job) == ("queued", 0, "Idle")
+    assert status_q.enqueued_at is not None and status_q.enqueued_at >= before_ms
+    assert status_d.state == "delayed" and status_d.due_at is not None
+    assert status_d.due_at >= before_ms + 59_000
+    assert await idle.status(ctx, "no-such-job") is None
+
+    worker = JobWorker(ctx)
+    worker.register(tracked)
+    await worker.start()
+    try:
+        ok = await tracked.enqueue(ctx, {"id": f"{prefix}-ok", "returns": {"n": 7}})
+        flaky = await tracked.enqueue(
+            ctx, {"id": f"{prefix}-flaky", "fail_first": 1, "returns": [1, 2]}
+        )
+        failing = await tracked.enqueue(ctx, {"id": f"{prefix}-fail", "fail_first": 9})
+        assert await tracked.result(ctx, ok, timeout_s=15) == {"n": 7}
+        assert await tracked.result(ctx, flaky, timeout_s=15) == [1, 2]
+        with pytest.raises(JobFailed) as caught:
+            await tracked.result(ctx, failing, timeout_s=15)
+        assert caught.value.code == "job.dead_lettered"
+        assert "RuntimeError: planned failure 2" in caught.value.message
+
+        done = await tracked.status(ctx, ok)
+        assert done is not None
+        assert (done.state, done.attempts, done.result_kept) == ("done", 1, True)
+        assert done.worker == ctx.instance_id
+        assert done.started_at is not None and done.finished_at is not None
+        assert before_ms <= done.started_at <= done.finished_at
+        retried = await tracked.status(ctx, flaky)
+        assert retried is not None and (retried.state, retried.attempts) == ("done", 2)
+        dead = await tracked.status(ctx, failing)
+        assert dead is not None and (dead.state, dead.attempts) == ("dlq", 2)
+        assert dead.error is not None and dead.error.type == "RuntimeError"
+        with pytest.raises(TimeoutError):
+            await tracked.result(ctx, "never-enqueued", timeout_s=0.2)
+        with pytest.raises(JobError) as not_kept:
+            await queue.result(job, ok, timeout_s=1)  # Contract keeps no results
+        assert not_kept.value.code == "job.result_not_kept"
     finally:
         await worker.stop(5)
 
