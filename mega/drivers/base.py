@@ -264,14 +264,17 @@ class Bus(Protocol):
         """Store each (key, value) in the lane's `table`, in order, and return once every one
         is stored; it expires `lane.keep_s(table)` seconds after this write. `create`: store
         only keys that have no live record (True each one stored, False each one kept as it
-        was); otherwise overwrite (all True). Keys are job ids: 1 to 200 printable characters
-        without spaces. A table whose keep is 0 is never written (`ensure` may skip it).
-        Raises DriverUnavailable (some may have been stored)."""
+        was); otherwise overwrite (all True). Keys are job ids (1 to 200 printable characters
+        without spaces) or the framework's own keys, which hold a space. A table whose keep is
+        0 is never written (`ensure` may skip it). Raises DriverUnavailable (some may have
+        been stored)."""
         ...
 
-    async def get_record(self, lane: Lane, table: Table, key: str) -> bytes | None:
-        """The live value of `key` in the lane's `table`, or None (never stored, or expired).
-        Raises DriverUnavailable."""
+    async def get_records(
+        self, lane: Lane, table: Table, keys: Sequence[str]
+    ) -> list[bytes | None]:
+        """The live value of each key in the lane's `table`, in order, None for one never
+        stored or expired; in one round trip where the engine can. Raises DriverUnavailable."""
         ...
 
     # -- events -------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from typing import Any
 
 from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Receiver
 from mega.errors import JobTimeout, Permanent
+from mega.jobs.control import WATCH_S, LaneControl
 from mega.jobs.delivery import DeadLetter, Decision, LanePolicy, Outcome, Retry, decide
 from mega.jobs.dlq import make_record
 from mega.jobs.status import ErrorInfo, StatusWriter
@@ -56,13 +57,15 @@ Signal = Callable[..., Awaitable[None]]
 
 
 class Lease:
-    """A delivery being run and when its ack wait was last extended (monotonic s)."""
+    """A delivery being run, when its ack wait was last extended (monotonic s), and whether
+    its job was cancelled (then its task is cancelled, and the delivery acked)."""
 
-    __slots__ = ("delivery", "extended_at")
+    __slots__ = ("cancelled", "delivery", "extended_at")
 
     def __init__(self, delivery: Delivery, extended_at: float) -> None:
         self.delivery = delivery
         self.extended_at = extended_at
+        self.cancelled = False
 
 
 class Consumer:
@@ -71,7 +74,7 @@ class Consumer:
     `spec` says how it runs (its name in signals, concurrency, ack wait, retries, backoff),
     `handler` runs one delivery, `signal(name, **fields)` reports every step (fields name the
     lane `job`), `instance_id` names this process in DLQ records, `records` (a job lane's)
-    keeps each job's status record."""
+    keeps each job's status record and `control` reads its pause and cancels."""
 
     def __init__(
         self,
@@ -83,9 +86,12 @@ class Consumer:
         instance_id: str,
         dlq_retry_delay_s: float = DLQ_RETRY_DELAY_S,
         records: StatusWriter | None = None,
+        control: LaneControl | None = None,
     ) -> None:
         self.receiver = receiver
         self.records = records
+        self.control = control
+        self.resumed = asyncio.Event()
         self.spec = spec
         self.handler = handler
         self.signal = signal
@@ -104,14 +110,18 @@ class Consumer:
         self.drain_timeout_s = timeout_s
         self.receiver.wake()
         self.slot_free.set()
+        self.resumed.set()
 
     async def run(self) -> None:
         heartbeat = asyncio.create_task(self._heartbeat())
+        watch = asyncio.create_task(self._watch()) if self.control is not None else None
         try:
             await self._fetch_loop()
             await self._drain()
         finally:
             heartbeat.cancel()
+            if watch is not None:
+                watch.cancel()
             for task in self.running:  # left only if run() itself was cancelled
                 task.cancel()
             if self.records is not None:
@@ -122,13 +132,22 @@ class Consumer:
     async def _fetch_loop(self) -> None:
         concurrency = self.spec.concurrency
         while not self.stopping:
+            if self.control is not None and self.control.paused:
+                await self.resumed.wait()  # set by the watch, or by a stop
+                continue
             free = concurrency - len(self.running)
             if free <= 0:
                 self.slot_free.clear()
                 await self.slot_free.wait()
                 continue
-            for delivery in await self.receiver.fetch(free):
-                task = asyncio.create_task(self._process(delivery))
+            deliveries = await self.receiver.fetch(free)
+            cancelled = await self._cancelled([d.id for d in deliveries]) if deliveries else ()
+            for delivery in deliveries:
+                if delivery.id in cancelled:
+                    process = self._skip(delivery)
+                else:
+                    process = self._process(delivery)
+                task = asyncio.create_task(process)
                 self.running[task] = Lease(delivery, time.monotonic())
                 task.add_done_callback(self._on_done)
 
@@ -167,6 +186,10 @@ class Consumer:
         try:
             result = await self._run(payload, delivery)
         except asyncio.CancelledError:
+            lease = self.running.get(asyncio.current_task())  # type: ignore[arg-type]
+            if lease is not None and lease.cancelled:  # its job was cancelled: not run again
+                await self._skip(delivery, started_ms)
+                return
             # Cut off by the drain timeout: hand it back now rather than after the ack wait.
             await self.receiver.release(delivery, delay_s=HAND_BACK_DELAY_S)
             raise
@@ -283,6 +306,55 @@ class Consumer:
             "dlq", job=self.spec.name, id=record["id"], attempts=record["attempts"],
             error_type=record["error"]["type"], error=record["error"]["message"],
         )  # fmt: skip
+
+    # -- control: cancels and the pause ------------------------------------------------------
+
+    async def _cancelled(self, job_ids: list[str]) -> set[str] | tuple[()]:
+        """Which of the fetched jobs were cancelled: the lane's control records read now, so a
+        cancel that returned before this fetch is seen (see mega/jobs/control.py)."""
+        if self.control is None:
+            return ()
+        try:
+            await self.control.refresh()
+            return await self.control.cancelled(job_ids)
+        except DriverUnavailable as exc:  # the runs' own settles will say the bus is away
+            logger.warning("%s: cannot read its cancels (%s)", self.spec.name, exc)
+            return ()
+
+    async def _skip(self, delivery: Delivery, started_ms: int | None = None) -> None:
+        """Settle a cancelled job's delivery without running it (again)."""
+        await self.receiver.ack(delivery)
+        if self.records is not None:
+            self.records.ended(delivery, started_ms, "cancelled", None)
+        await self.signal("cancel", job=self.spec.name, id=delivery.id, attempt=delivery.attempt,
+                          running=started_ms is not None)  # fmt: skip
+
+    async def _watch(self) -> None:
+        """Every WATCH_S: the pause (no new starts while it holds) and, while the cancel
+        window is open, the cancels of the running jobs (their tasks are cancelled)."""
+        assert self.control is not None
+        while True:
+            await asyncio.sleep(WATCH_S)
+            was_paused = self.control.paused
+            try:
+                await self.control.refresh()
+                cancelled = await self.control.cancelled(
+                    [lease.delivery.id for lease in self.running.values() if not lease.cancelled]
+                )
+            except DriverUnavailable as exc:
+                logger.warning("%s: cannot read its pause and cancels (%s)", self.spec.name, exc)
+                continue
+            if self.control.paused and not was_paused:
+                self.resumed.clear()
+                self.receiver.wake()  # the fetch waiting now returns: nothing new starts
+                logger.info("%s: paused: running jobs finish, none start", self.spec.name)
+            elif was_paused and not self.control.paused:
+                self.resumed.set()
+                logger.info("%s: resumed", self.spec.name)
+            for task, lease in list(self.running.items()):
+                if lease.delivery.id in cancelled:
+                    lease.cancelled = True
+                    task.cancel()
 
     async def _heartbeat(self) -> None:
         """Extend the ack wait of every job running for a third of it (one task for all)."""

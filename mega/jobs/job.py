@@ -33,6 +33,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from mega.jobs.control import Cancelled
 from mega.jobs.queue import JobId, JobQueue
 from mega.jobs.spec import JobBase
 from mega.jobs.status import JobStatus
@@ -84,6 +85,11 @@ class Job(JobBase):
     async def result(cls, ctx: Context, job_id: str, *, timeout_s: float | None = None) -> Any:
         """What one job of this class returned: `JobQueue.result` on its own bus."""
         return await queue_of(ctx, cls.bus).result(cls, job_id, timeout_s=timeout_s)
+
+    @classmethod
+    async def cancel(cls, ctx: Context, job_id: str) -> Cancelled:
+        """Cancel one job of this class: `JobQueue.cancel` on its own bus."""
+        return await queue_of(ctx, cls.bus).cancel(cls, job_id)
 
 
 def queue_of(ctx: Context, bus: str) -> JobQueue:

@@ -24,6 +24,7 @@ from mega.context import Context
 from mega.drivers.base import Bus, Delivery, DriverUnavailable, Lane, LaneStats
 from mega.errors import DependencyUnavailable, JobError
 from mega.jobs.consumer import DLQ_RETRY_DELAY_S, Consumer
+from mega.jobs.control import LaneControl
 from mega.jobs.delivery import LanePolicy
 from mega.jobs.status import StatusWriter
 from mega.signals import Observer, Signals
@@ -132,6 +133,7 @@ class LaneEndpoint:
         policy: LanePolicy,
         run: Callable[[Any, Delivery], Awaitable[Any]],
         records: StatusWriter | None = None,
+        control: LaneControl | None = None,
     ) -> None:
         """Run the consume loop of `cls` (a Job, a Listener) on `lane` until `stop()`."""
         if self._stopped:
@@ -142,7 +144,7 @@ class LaneEndpoint:
         consumer = Consumer(
             receiver, policy, run, self.signal,
             instance_id=self.instance_id, dlq_retry_delay_s=self.dlq_retry_delay_s,
-            records=records,
+            records=records, control=control,
         )  # fmt: skip
         self._consumers[cls] = consumer
         try:

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from mega.context import Context
 from mega.drivers.base import Bus, Delivery, DriverUnavailable, Lane, LaneStats, Message
 from mega.errors import JobError, JobFailed
+from mega.jobs import control
+from mega.jobs.control import Cancelled, LaneControl, Pause
 from mega.jobs.dlq import DeadLetters
 from mega.jobs.lanes import LaneEndpoint
 from mega.jobs.progress import RunContexts
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("mega.jobqueue")
 
-SIGNALS = ("dispatch", "start", "progress", "done", "retry", "fail", "dlq")
+SIGNALS = ("dispatch", "start", "progress", "done", "retry", "fail", "dlq", "cancel")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -199,7 +201,7 @@ class JobQueue(LaneEndpoint):
         does not answer."""
         spec = await self.ensure(job_cls)
         try:
-            raw = await self.bus.get_record(job_lane(spec), "status", job_id)
+            [raw] = await self.bus.get_records(job_lane(spec), "status", [job_id])
         except DriverUnavailable as exc:
             raise self.unavailable(f"cannot read the status of {spec.name} {job_id}", exc) from exc
         return None if raw is None else decode(raw)
@@ -229,7 +231,7 @@ class JobQueue(LaneEndpoint):
             raise JobFailed(f"{spec.name} {job_id} ended {status.state}{error}", code=code,
                             status=status)  # fmt: skip
         try:
-            raw = await self.bus.get_record(job_lane(spec), "result", job_id)
+            [raw] = await self.bus.get_records(job_lane(spec), "result", [job_id])
         except DriverUnavailable as exc:
             raise self.unavailable(f"cannot read the result of {spec.name} {job_id}", exc) from exc
         if raw is None:
@@ -239,6 +241,57 @@ class JobQueue(LaneEndpoint):
                 code="job.result_gone",
             )
         return json.loads(raw)
+
+    # -- control ------------------------------------------------------------------------------
+
+    async def cancel(self, job_cls: type[JobBase], job_id: str) -> Cancelled:
+        """Cancel one job. Queued, delayed or retrying: it never runs (again). Running: its
+        worker cancels its task within a second (`run` gets CancelledError at its next
+        `await`) and nothing retries it. Finished: nothing changes, and the answer says so
+        (`cancelled` False, `state` done, dlq or cancelled). JobError `job.no_status` for a
+        job whose `keep_status_s` is 0 (the cancel is a status record)."""
+        spec = await self.ensure(job_cls)
+        lane = self._recorded(spec, "cancel")
+        try:
+            return await control.cancel(self.bus, lane, spec.name, job_id)
+        except DriverUnavailable as exc:
+            raise self.unavailable(f"cannot cancel {spec.name} {job_id}", exc) from exc
+
+    async def pause(self, job_cls: type[JobBase], *, by: str = "") -> Pause:
+        """Pause the job's queue for the whole fleet: within a second no worker starts one,
+        and the running ones finish. Enqueueing goes on. `by` says who, for the record."""
+        return await self._set_pause(job_cls, paused=True, by=by)
+
+    async def resume(self, job_cls: type[JobBase], *, by: str = "") -> Pause:
+        """Undo `pause`: within a second the workers start the job's queue again."""
+        return await self._set_pause(job_cls, paused=False, by=by)
+
+    async def paused(self, job_cls: type[JobBase]) -> Pause:
+        """Whether the job's queue is paused, since when and by whom."""
+        spec = await self.ensure(job_cls)
+        try:
+            return await control.read_pause(self.bus, job_lane(spec))
+        except DriverUnavailable as exc:
+            raise self.unavailable(f"cannot read whether {spec.name} is paused", exc) from exc
+
+    async def _set_pause(self, job_cls: type[JobBase], *, paused: bool, by: str) -> Pause:
+        spec = await self.ensure(job_cls)
+        lane = self._recorded(spec, "pause" if paused else "resume")
+        try:
+            record = await control.set_pause(self.bus, lane, paused=paused, by=by)
+        except DriverUnavailable as exc:
+            raise self.unavailable(f"cannot pause or resume {spec.name}", exc) from exc
+        logger.info("%s %s by %s", spec.name, "paused" if paused else "resumed", by or "?")
+        return record
+
+    def _recorded(self, spec: JobSpec, what: str) -> Lane:
+        """The job's lane, which must keep status records for `what` to work."""
+        if spec.keep_status_s <= 0:
+            raise JobError(
+                f"cannot {what} {spec.name}: it keeps no status records (keep_status_s = 0)",
+                code="job.no_status",
+            )
+        return job_lane(spec)
 
     # -- consume ------------------------------------------------------------------------------
 
@@ -260,7 +313,7 @@ class JobQueue(LaneEndpoint):
 
         lane = job_lane(spec)
         records = StatusWriter(self.bus, lane, worker=self.instance_id)
-        await self.run_lane(job_cls, lane, spec, run, records)
+        await self.run_lane(job_cls, lane, spec, run, records, LaneControl(self.bus, lane))
 
 
 def publish_in(bus: Bus, session: Session, lane: Lane, messages: list[Message]) -> list[bool]:

@@ -171,7 +171,7 @@ def worker_parts(config: Config, *, apply_limits: bool = False) -> list[Part]:
     parts.append(
         Part(
             "worker", functools.partial(JobWorker, apply_limits=apply_limits), config.jobs,
-            ("start", "done", "retry", "fail", "dlq"),
+            ("start", "done", "retry", "fail", "dlq", "cancel"),
             "consuming {count} job(s): {names}", routine=("start", "done"),
             metrics="observe_jobs",
         )

@@ -151,9 +151,15 @@ class MemoryBus:
             stored.append(True)
         return stored
 
-    async def get_record(self, lane: Lane, table: Table, key: str) -> bytes | None:
-        kept = self.broker.table(lane, table).get(key)
-        return kept[0] if kept is not None and kept[1] > time.monotonic() else None
+    async def get_records(
+        self, lane: Lane, table: Table, keys: Sequence[str]
+    ) -> list[bytes | None]:
+        store, now = self.broker.table(lane, table), time.monotonic()
+        found: list[bytes | None] = []
+        for key in keys:
+            kept = store.get(key)
+            found.append(kept[0] if kept is not None and kept[1] > now else None)
+        return found
 
     # -- events -------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The record stores of a lane (`Bus.put_records`, `Bus.get_record`), the same on every driver:
+"""The record stores of a lane (`Bus.put_records`, `Bus.get_records`), the same on every driver:
 overwrite and create-only writes, order within one call, expiry, one table apart from the other
 and one lane apart from another. The job statuses and results stand on these two primitives."""
 
@@ -43,16 +43,16 @@ async def bus(request: pytest.FixtureRequest) -> AsyncIterator[Bus]:
 async def test_a_record_is_written_read_and_overwritten(bus: Bus, prefix: str) -> None:
     lane = job_lane(prefix)
     await bus.ensure(lane, apply_limits=False)
-    assert await bus.get_record(lane, "status", "a") is None
+    assert (await bus.get_records(lane, "status", ["a"]))[0] is None
     assert await bus.put_records(lane, "status", [("a", b'{"n":1}')], create=False) == [True]
-    assert await bus.get_record(lane, "status", "a") == b'{"n":1}'
+    assert (await bus.get_records(lane, "status", ["a"]))[0] == b'{"n":1}'
     # In order within one call: the last write of a key wins.
     written = await bus.put_records(
         lane, "status", [("a", b'{"n":2}'), ("b", b"x"), ("a", b'{"n":3}')], create=False
     )
     assert written == [True, True, True]
-    assert await bus.get_record(lane, "status", "a") == b'{"n":3}'
-    assert await bus.get_record(lane, "status", "b") == b"x"
+    assert (await bus.get_records(lane, "status", ["a"]))[0] == b'{"n":3}'
+    assert (await bus.get_records(lane, "status", ["b"]))[0] == b"x"
 
 
 async def test_create_stores_only_keys_without_a_record(bus: Bus, prefix: str) -> None:
@@ -63,8 +63,8 @@ async def test_create_stores_only_keys_without_a_record(bus: Bus, prefix: str) -
         lane, "status", [("taken", b"second"), ("fresh", b"new")], create=True
     )
     assert created == [False, True]
-    assert await bus.get_record(lane, "status", "taken") == b"first"
-    assert await bus.get_record(lane, "status", "fresh") == b"new"
+    assert (await bus.get_records(lane, "status", ["taken"]))[0] == b"first"
+    assert (await bus.get_records(lane, "status", ["fresh"]))[0] == b"new"
 
 
 async def test_tables_and_lanes_are_apart(bus: Bus, prefix: str) -> None:
@@ -73,30 +73,31 @@ async def test_tables_and_lanes_are_apart(bus: Bus, prefix: str) -> None:
         await bus.ensure(lane, apply_limits=False)
     await bus.put_records(one, "status", [("k", b"one status")], create=False)
     await bus.put_records(one, "result", [("k", b"one result")], create=False)
-    assert await bus.get_record(one, "status", "k") == b"one status"
-    assert await bus.get_record(one, "result", "k") == b"one result"
-    assert await bus.get_record(other, "status", "k") is None
-    assert await bus.get_record(other, "result", "k") is None
+    assert (await bus.get_records(one, "status", ["k"]))[0] == b"one status"
+    assert (await bus.get_records(one, "result", ["k"]))[0] == b"one result"
+    assert (await bus.get_records(other, "status", ["k"]))[0] is None
+    assert (await bus.get_records(other, "result", ["k"]))[0] is None
 
 
-async def test_any_job_id_is_a_key(bus: Bus, prefix: str) -> None:
+async def test_any_job_id_is_a_key_and_many_are_read_at_once(bus: Bus, prefix: str) -> None:
     lane = job_lane(prefix)
     await bus.ensure(lane, apply_limits=False)
-    keys = ["order:42/ship", "a.b.c", "=x", "ünïcode-✓", "w" * 200, "*", ">"]
+    keys = ["order:42/ship", "a.b.c", "=x", "ünïcode-✓", "w" * 200, "*", ">", "lane pause"]
     await bus.put_records(lane, "status", [(key, key.encode()) for key in keys], create=False)
-    assert [await bus.get_record(lane, "status", key) for key in keys] == [
-        key.encode() for key in keys
+    assert await bus.get_records(lane, "status", [*keys, "missing"]) == [
+        *(key.encode() for key in keys),
+        None,
     ]
-    assert await bus.get_record(lane, "status", "a.b") is None
+    assert (await bus.get_records(lane, "status", ["a.b"]))[0] is None
 
 
 async def test_a_record_expires_its_keep_after_its_last_write(bus: Bus, prefix: str) -> None:
     lane = job_lane(prefix, keep_s=1.0)
     await bus.ensure(lane, apply_limits=False)
     await bus.put_records(lane, "status", [("short", b"v")], create=False)
-    assert await bus.get_record(lane, "status", "short") == b"v"
+    assert (await bus.get_records(lane, "status", ["short"]))[0] == b"v"
     deadline = time.monotonic() + 10
-    while await bus.get_record(lane, "status", "short") is not None:
+    while (await bus.get_records(lane, "status", ["short"]))[0] is not None:
         assert time.monotonic() < deadline, "the record outlived its keep by 9 s"
         await asyncio.sleep(0.1)
     # Expired: a create may take the key again.

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from mega import Context, Job, JobQueue, JobWorker
 from mega.config import load_config
 from mega.errors import JobError, JobFailed, Permanent
+from mega.jobs.control import Cancelled
 from mega.runtime.boot import boot, shutdown
 from tests.factories import write_config
 
@@ -394,6 +395,97 @@ async def test_a_status_record_follows_each_job_and_result_answers(setup: Any, p
         with pytest.raises(JobError) as not_kept:
             await queue.result(job, ok, timeout_s=1)  # Contract keeps no results
         assert not_kept.value.code == "job.result_not_kept"
+    finally:
+        await worker.stop(5)
+
+
+class Slow(Job):
+    """Sleeps `sleep_s`; counts its starts (RUNS), its ends (DONE) and its cancels."""
+
+    bus = "jobs"
+    concurrency = 2
+    retries = 3
+    backoff = {"type": "exponential", "initial": 10, "max": 10}
+
+    async def run(self, payload: dict[str, Any], ctx: Context) -> None:
+        RUNS[payload["id"]] += 1
+        try:
+            await asyncio.sleep(payload.get("sleep_s", 0))
+        except asyncio.CancelledError:
+            CANCELLED[payload["id"]] += 1
+            raise
+        DONE[payload["id"]] += 1
+
+
+CANCELLED: Counter[str] = Counter()
+
+
+async def test_cancel_a_queued_a_delayed_a_running_and_a_finished_job(
+    setup: Any, prefix: str
+) -> None:
+    ctx, _job, _queue, _seen = setup
+    slow = type("Slow", (Slow,), {"subject": f"{prefix}.slow"})
+    queue = JobQueue(ctx, "jobs")
+    # Before any worker: one queued, one delayed, both cancelled.
+    queued = await slow.enqueue(ctx, {"id": f"{prefix}-queued"})
+    delayed = await slow.enqueue(ctx, {"id": f"{prefix}-delayed"}, delay_s=0.5)
+    for job_id in (queued, delayed):
+        assert await slow.cancel(ctx, job_id) == Cancelled(True, "cancelled")
+    worker = JobWorker(ctx)
+    worker.register(slow)
+    seen: list[dict[str, Any]] = []
+    for name in ("start", "done", "cancel", "retry"):
+        worker.on(name, seen.append)
+    await worker.start()
+    try:
+        running = await slow.enqueue(ctx, {"id": f"{prefix}-running", "sleep_s": 30})
+        quick = await slow.enqueue(ctx, {"id": f"{prefix}-quick"})
+        await until(lambda: RUNS[f"{prefix}-running"] == 1, "the long job started")
+        await until(lambda: DONE[f"{prefix}-quick"] == 1, "the quick job done")
+        assert await queue.cancel(slow, running) == Cancelled(True, "cancelled")
+        await until(lambda: CANCELLED[f"{prefix}-running"] == 1, "the running job cancelled")
+        assert await queue.cancel(slow, quick) == Cancelled(False, "done")
+        # The queued and the delayed ones come up and are skipped; nothing runs them.
+        await until(lambda: sum(s["signal"] == "cancel" for s in seen) == 3, "three cancels")
+        await asyncio.sleep(1.0)  # past the delay and a watch: nothing retries or runs again
+        assert [RUNS[f"{prefix}-{n}"] for n in ("queued", "delayed", "running", "quick")] == [
+            0, 0, 1, 1
+        ]  # fmt: skip
+        assert not [s for s in seen if s["signal"] == "retry"]
+        statuses = {i: await slow.status(ctx, i) for i in (queued, delayed, running, quick)}
+        assert {i: s.state for i, s in statuses.items() if s} == {
+            queued: "cancelled", delayed: "cancelled", running: "cancelled", quick: "done"
+        }  # fmt: skip
+        assert await queue.cancel(slow, running) == Cancelled(False, "cancelled")
+        stats = await queue.stats(slow)
+        assert (stats.pending, stats.in_flight, stats.dlq) == (0, 0, 0)
+    finally:
+        await worker.stop(5)
+
+
+async def test_a_paused_queue_starts_nothing_until_it_is_resumed(setup: Any, prefix: str) -> None:
+    ctx, _job, _queue, _seen = setup
+    slow = type("Slow", (Slow,), {"subject": f"{prefix}.paused"})
+    queue = JobQueue(ctx, "jobs")
+    worker = JobWorker(ctx)
+    worker.register(slow)
+    await worker.start()
+    try:
+        await slow.enqueue(ctx, {"id": f"{prefix}-long", "sleep_s": 1.5})
+        await until(lambda: RUNS[f"{prefix}-long"] == 1, "the long job started")
+        pause = await queue.pause(slow, by="test")
+        assert (pause.paused, pause.by) == (True, "test")
+        assert (await queue.paused(slow)).paused
+        await asyncio.sleep(1.2)  # every worker sees it within a second
+        for n in range(3):
+            await slow.enqueue(ctx, {"id": f"{prefix}-p{n}"})
+        await until(lambda: DONE[f"{prefix}-long"] == 1, "the running job finished")
+        await asyncio.sleep(1.0)
+        assert sum(RUNS[f"{prefix}-p{n}"] for n in range(3)) == 0  # nothing new started
+        assert (await queue.stats(slow)).pending == 3
+        await queue.resume(slow, by="test")
+        await until(lambda: all(DONE[f"{prefix}-p{n}"] == 1 for n in range(3)), "resumed")
+        assert not (await queue.paused(slow)).paused
     finally:
         await worker.stop(5)
 

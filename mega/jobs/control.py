@@ -1,0 +1,119 @@
+"""Control of a job's queue while the fleet runs: cancel one job, pause and resume the queue.
+
+Both are records in the lane's "status" store (`Bus.put_records`), so they work the same on
+every driver and every host sees them without a channel of its own:
+
+- **Cancel** writes the job's status record as `cancelled` (a tombstone). A worker reads the
+  records of what it fetched before it starts them, and skips (acks) a cancelled one; each
+  second it reads the records of what it runs, and cancels the task of a cancelled one. Both
+  reads happen only while the lane's cancel window is open: a cancel opens it for
+  `keep_status_s` (the tombstone's life) in the record `CANCELS_KEY`, so a queue nobody
+  cancels in pays one small read per fetch, and nothing per job.
+- **Pause** sets `PAUSE_KEY`. Each worker reads it every second (`WATCH_S`): a paused queue
+  starts nothing new and its running jobs finish; resume clears it.
+
+The two keys hold a space, which no job id may, so they never meet a job's record.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from mega.drivers.base import Bus, Lane
+from mega.jobs.status import JobStatus, decode, encode
+
+# The lane's control records (keys no job id can be: ids have no spaces).
+CANCELS_KEY = "lane cancels"
+PAUSE_KEY = "lane pause"
+# How often a worker reads the control records while it runs.
+WATCH_S = 1.0
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """What `cancel` answers: whether this call cancelled the job, and its state now."""
+
+    cancelled: bool
+    state: str
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A queue's pause record: since when (epoch ms) and who paused it."""
+
+    paused: bool
+    at_ms: int | None = None
+    by: str | None = None
+
+
+async def cancel(bus: Bus, lane: Lane, job: str, job_id: str) -> Cancelled:
+    """Cancel one job: a finished one is left as it is (False and its state); any other
+    (queued, delayed, retrying, running, or unknown here yet) gets the `cancelled` record."""
+    [raw] = await bus.get_records(lane, "status", [job_id])
+    status = None if raw is None else decode(raw)
+    if status is not None and status.final:
+        return Cancelled(False, status.state)
+    now_ms = int(time.time() * 1000)
+    # The window first: a worker that sees the tombstone must also have seen the window.
+    window = json.dumps({"until": now_ms + int(lane.keep_status_s * 1000)}).encode()
+    await bus.put_records(lane, "status", [(CANCELS_KEY, window)], create=False)
+    base = status or JobStatus(id=job_id, job=job, state="cancelled")
+    tombstone = base.model_copy(update={"state": "cancelled", "finished_at": now_ms})
+    await bus.put_records(lane, "status", [(job_id, encode(tombstone))], create=False)
+    return Cancelled(True, "cancelled")
+
+
+async def set_pause(bus: Bus, lane: Lane, *, paused: bool, by: str) -> Pause:
+    record = Pause(paused, int(time.time() * 1000), by)
+    await bus.put_records(lane, "status", [(PAUSE_KEY, _pause_json(record))], create=False)
+    return record
+
+
+async def read_pause(bus: Bus, lane: Lane) -> Pause:
+    [raw] = await bus.get_records(lane, "status", [PAUSE_KEY])
+    if raw is None:
+        return Pause(False)
+    fields: dict[str, Any] = json.loads(raw)
+    return Pause(bool(fields.get("paused")), fields.get("at_ms"), fields.get("by"))
+
+
+def _pause_json(pause: Pause) -> bytes:
+    return json.dumps({"paused": pause.paused, "at_ms": pause.at_ms, "by": pause.by}).encode()
+
+
+class LaneControl:
+    """What a consume loop reads of its lane's control records: whether it is paused, whether
+    the cancel window is open, and which of some job ids are cancelled."""
+
+    def __init__(self, bus: Bus, lane: Lane) -> None:
+        self.bus = bus
+        self.lane = lane
+        self.on = lane.keep_status_s > 0
+        self.paused = False
+        self.cancels_until_ms = 0
+
+    async def refresh(self) -> None:
+        """Read the pause and the cancel window (one call)."""
+        if not self.on:
+            return
+        pause, window = await self.bus.get_records(self.lane, "status", [PAUSE_KEY, CANCELS_KEY])
+        self.paused = pause is not None and bool(json.loads(pause).get("paused"))
+        self.cancels_until_ms = 0 if window is None else int(json.loads(window)["until"])
+
+    @property
+    def cancelling(self) -> bool:
+        return self.cancels_until_ms > time.time() * 1000
+
+    async def cancelled(self, job_ids: list[str]) -> set[str]:
+        """Those of `job_ids` whose record says `cancelled` (none read outside the window)."""
+        if not (self.on and self.cancelling and job_ids):
+            return set()
+        records = await self.bus.get_records(self.lane, "status", job_ids)
+        return {
+            job_id
+            for job_id, raw in zip(job_ids, records, strict=True)
+            if raw is not None and decode(raw).state == "cancelled"
+        }
