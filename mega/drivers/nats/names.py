@@ -55,6 +55,9 @@ PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
 NATS_MSG_ID = "Nats-Msg-Id"
 # A record's publish is stored only when its key's last message has this sequence (0: none).
 NATS_EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+# A key-value delete marker: written by a client (DEL or PURGE), or left by the server.
+HEADER_KV_OPERATION = "KV-Operation"
+HEADER_MARKER_REASON = "Nats-Marker-Reason"
 HEADER_JOB_ID = "Mega-Job-Id"
 # Epoch ms of the first enqueue (kept through delays, retries and DLQ requeues).
 HEADER_ENQUEUED_AT = "Mega-Enqueued-At"

@@ -28,6 +28,8 @@ from mega.drivers.base import DEDUP_WINDOW_S, DriverUnavailable, Lane, Table
 from mega.drivers.nats.errors import NATS_ERRORS
 from mega.drivers.nats.names import (
     BUCKET_STREAM_PREFIX,
+    HEADER_KV_OPERATION,
+    HEADER_MARKER_REASON,
     NATS_EXPECTED_LAST_SUBJECT_SEQ,
     bucket_of,
     record_subject,
@@ -43,10 +45,6 @@ TABLES: tuple[Table, ...] = ("status", "result")
 KEY_EXISTS = 10071
 # JetStream's "no message found" (a key never written, or expired), beside "stream not found".
 NO_MESSAGE = 10037
-# The headers of a delete marker: one a client wrote (`KV-Operation` DEL or PURGE), one the
-# server left (`Nats-Marker-Reason`).
-KV_OPERATION = "KV-Operation"
-MARKER_REASON = "Nats-Marker-Reason"
 
 Envelope = tuple[str, bytes, dict[str, str] | None]  # subject, value, headers
 
@@ -159,7 +157,7 @@ def is_marker(headers: dict[str, str] | None) -> bool:
     """Whether a key's message is a delete marker rather than a record."""
     if not headers:
         return False
-    return headers.get(KV_OPERATION) in ("DEL", "PURGE") or MARKER_REASON in headers
+    return headers.get(HEADER_KV_OPERATION) in ("DEL", "PURGE") or HEADER_MARKER_REASON in headers
 
 
 async def _publish(js: JetStreamContext, envelopes: list[Envelope]) -> list[bool]:
