@@ -7,7 +7,8 @@ message schedule (nats-server 2.12+): it waits in the stream on `<subject>._dela
 the server publishes a fresh copy onto `<subject>` at its time, so it holds no worker slot,
 no max_ack_pending and no delivery while it waits. A DLQ requeue publishes a new message, so
 its delivery count (the attempt) restarts at 1. Streams are created where missing and never
-changed (their limits are the operator's); consumers are created explicitly and bound.
+changed (their limits are the operator's); consumers are created explicitly and bound. A lane's
+records live in key-value buckets (records.py) whose keep changes only with `apply_limits`.
 """
 
 from __future__ import annotations
@@ -49,7 +50,15 @@ from mega.constants import (
     NATS_PING_INTERVAL_S,
     NATS_RECONNECT_WAIT_S,
 )
-from mega.drivers.base import DEDUP_WINDOW_S, DlqRecord, DriverUnavailable, Lane, LaneStats, Message
+from mega.drivers.base import (
+    DEDUP_WINDOW_S,
+    DlqRecord,
+    DriverUnavailable,
+    Lane,
+    LaneStats,
+    Message,
+    Table,
+)
 from mega.drivers.nats.errors import NATS_ERRORS
 from mega.drivers.nats.names import (
     DELAY_TOKEN,
@@ -61,6 +70,7 @@ from mega.drivers.nats.names import (
     HEADER_RUN_AT,
     NATS_MSG_ID,
     REQUEUE_PREFIX,
+    bucket_of,
     dlq_stream_of,
     dlq_subject_of,
     durable_of,
@@ -71,6 +81,7 @@ from mega.drivers.nats.names import (
     stream_of,
 )
 from mega.drivers.nats.receiver import NatsReceiver, requeue_headers
+from mega.drivers.nats.records import ensure_buckets, read_record, write_records
 from mega.errors import DependencyUnavailable, JobError
 
 logger = logging.getLogger("mega.jobqueue")
@@ -152,9 +163,9 @@ class NatsBus:
     # -- lanes --------------------------------------------------------------------------------
 
     async def ensure(self, lane: Lane, *, apply_limits: bool) -> None:
-        """The lane's streams and durable consumer, where missing. An existing consumer keeps
-        its limits (ack wait, max_ack_pending) unless `apply_limits`: a difference is said in
-        one line (see `ensure_consumer`)."""
+        """The lane's streams, record buckets and durable consumer, where missing. An existing
+        consumer keeps its limits (ack wait, max_ack_pending) and a bucket its keep unless
+        `apply_limits`: a difference is said in one line (see `ensure_consumer`)."""
         self._apply_limits[lane] = apply_limits
         for attempt in range(1, ENSURE_ATTEMPTS + 1):
             try:
@@ -171,7 +182,8 @@ class NatsBus:
                 raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
 
     async def _ensure_once(self, lane: Lane, apply_limits: bool) -> None:
-        """One pass of `ensure`: the job stream, the dead letters, the consumer."""
+        """One pass of `ensure`: the job stream, the dead letters, the record buckets (of the
+        tables whose keep is above 0), the consumer."""
         if lane.kind == "job":
             await ensure_stream(self.js, StreamConfig(
                 name=stream_of(lane),
@@ -183,6 +195,7 @@ class NatsBus:
                 num_replicas=lane.replicas,
             ))  # fmt: skip
         await ensure_stream(self.js, dlq_stream_config(lane))
+        await ensure_buckets(self.js, lane, apply_limits=apply_limits)
         wanted = ConsumerConfig(
             durable_name=durable_of(lane),
             ack_policy=AckPolicy.EXPLICIT,
@@ -296,6 +309,35 @@ class NatsBus:
                 continue  # not one of ours; leave it alone
             record["seq"] = seq
             yield record
+
+    # -- records ------------------------------------------------------------------------------
+
+    async def put_records(
+        self, lane: Lane, table: Table, records: Sequence[tuple[str, bytes]], *, create: bool
+    ) -> list[bool]:
+        """Publish each record onto its key's subject in the lane's bucket (see records.py). A
+        table kept 0 s has no bucket: nothing is written, and nothing will be read."""
+        if not records or lane.keep_s(table) <= 0:
+            return [True] * len(records)
+        self._check_connected()
+        bucket = bucket_of(lane, table)
+        try:
+            return await write_records(self.js, bucket, records, create=create)
+        except DriverUnavailable as exc:
+            raise DriverUnavailable(
+                f"{lane.name}: cannot store its {table} records in bucket {bucket}: {exc}"
+            ) from exc
+
+    async def get_record(self, lane: Lane, table: Table, key: str) -> bytes | None:
+        if lane.keep_s(table) <= 0:
+            return None
+        bucket = bucket_of(lane, table)
+        try:
+            return await read_record(self.js, bucket, key)
+        except DriverUnavailable as exc:
+            raise DriverUnavailable(
+                f"{lane.name}: cannot read its {table} records in bucket {bucket}: {exc}"
+            ) from exc
 
     # -- events -------------------------------------------------------------------------------
 

@@ -4,6 +4,10 @@ Per job subject `<s>`:
     MEGA_JOBS_<s>       work queue (file storage) on `<s>` and `<s>._delay.*`; one durable pull
                         consumer `mega_workers` shared by every worker process
     MEGA_JOBS_<s>_DLQ   limits retention on `<s>.dlq` (kept `dlq_max_age_s`, optional byte cap)
+    MEGA_JOBS_<s>_STATUS, MEGA_JOBS_<s>_RESULT
+                        key-value buckets (streams KV_<bucket>) of the lane's records, one key
+                        per job id (see `record_key`), each kept the lane's keep after its
+                        last write; made only when that keep is above 0
 Per bus, the events:
     MEGA_EVENTS         limits retention on `events.>` (every event, as `events.<name>`) and
                         `events_requeue.>` (a group's retries and requeued events)
@@ -11,15 +15,17 @@ Per listener group `<g>`:
     mega_group_<g>      durable pull consumer on MEGA_EVENTS, filtered on the group's pattern
                         and on `events_requeue.<g>`
     MEGA_EVENTS_<G>_DLQ its dead letters, on `events_dlq.<g>`
+    MEGA_EVENTS_<G>_STATUS, MEGA_EVENTS_<G>_RESULT   its records, as a job's
 """
 
 from __future__ import annotations
 
+import base64
 import re
 import uuid
 from datetime import UTC, datetime
 
-from mega.drivers.base import Lane
+from mega.drivers.base import Lane, Table
 
 # The one durable pull consumer every worker process of a job binds to.
 JOB_CONSUMER = "mega_workers"
@@ -35,10 +41,23 @@ REQUEUE_PREFIX = "events_requeue."
 GROUP_DLQ_PREFIX = "events_dlq."
 GROUP_DLQ_STREAM_PREFIX = "MEGA_EVENTS_"
 GROUP_CONSUMER_PREFIX = "mega_group_"
+# A record bucket `<b>` is the stream KV_<b> on the subjects `$KV.<b>.<key>` (JetStream's
+# key-value convention, so `nats kv` reads them too).
+BUCKET_STREAM_PREFIX = "KV_"
+BUCKET_SUBJECT_PREFIX = "$KV."
+# A job id that is not a plain token is a record key as this prefix plus its UTF-8 in
+# unpadded base64url; a plain token never starts with it, so either way decodes one way.
+ENCODED_KEY_PREFIX = "="
+PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 # Message headers (the body is the JSON payload alone). JetStream drops a second message with
 # the same Nats-Msg-Id within the stream's dedup window.
 NATS_MSG_ID = "Nats-Msg-Id"
+# A record's publish is stored only when its key's last message has this sequence (0: none).
+NATS_EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+# A key-value delete marker: written by a client (DEL or PURGE), or left by the server.
+HEADER_KV_OPERATION = "KV-Operation"
+HEADER_MARKER_REASON = "Nats-Marker-Reason"
 HEADER_JOB_ID = "Mega-Job-Id"
 # Epoch ms of the first enqueue (kept through delays, retries and DLQ requeues).
 HEADER_ENQUEUED_AT = "Mega-Enqueued-At"
@@ -94,6 +113,36 @@ def requeue_subject_of(lane: Lane) -> str:
 def filter_subjects_of(lane: Lane) -> list[str]:
     """What a group's consumer hears: the events of its pattern and its own requeued ones."""
     return [EVENT_PREFIX + lane.subject, REQUEUE_PREFIX + lane.name]
+
+
+def bucket_of(lane: Lane, table: Table) -> str:
+    """The key-value bucket of a lane's records, named as its dead letters' stream with the
+    table instead of `DLQ` (`MEGA_JOBS_<s>_STATUS`, `MEGA_EVENTS_<G>_RESULT`)."""
+    if lane.kind == "job":
+        return f"{stream_name(lane.subject)}_{table.upper()}"
+    return f"{GROUP_DLQ_STREAM_PREFIX}{sanitized(lane.name).upper()}_{table.upper()}"
+
+
+def record_key(job_id: str) -> str:
+    """A job id as a key-value key, which allows only `[-/_=.A-Za-z0-9]` in non-empty
+    dot-separated tokens: an id of `[A-Za-z0-9_-]` as it is (readable in `nats kv get`), any
+    other (dots, `*`, `:`, unicode...) as `=` + its UTF-8 in unpadded base64url."""
+    if PLAIN_KEY.fullmatch(job_id):
+        return job_id
+    encoded = base64.urlsafe_b64encode(job_id.encode()).rstrip(b"=").decode()
+    return ENCODED_KEY_PREFIX + encoded
+
+
+def job_id_of(key: str) -> str:
+    """The job id a record key stands for (`record_key` reversed)."""
+    if not key.startswith(ENCODED_KEY_PREFIX):
+        return key
+    encoded = key.removeprefix(ENCODED_KEY_PREFIX)
+    return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+
+
+def record_subject(bucket: str, job_id: str) -> str:
+    return f"{BUCKET_SUBJECT_PREFIX}{bucket}.{record_key(job_id)}"
 
 
 def schedule_headers(target: str, due_ms: int) -> dict[str, str]:

@@ -9,6 +9,8 @@ Tables (sql.py holds their DDL and every statement):
     mega_bus_dedup    caller-given ids seen within the 120 s window, per lane
     mega_bus_events   the events log, append-only, kept `max_age_s`, one row per event id
     mega_bus_cursors  per listener group, the last event seq it copied into its lane
+    mega_bus_records  the lanes' records (status, result), one row per job id, live until its
+                      `expires_at`; expired rows are deleted by the receivers now and then
 
 A listener group is a lane like a job's: its receivers first copy the new matching events past
 the group's cursor into the jobs table under the group's lane (cursor row locked, so one
@@ -19,9 +21,9 @@ Connections: one for publishing and the bus's other calls (`native`), one per re
 claims and settles, one that LISTENs. A publish or an emit sends `pg_notify` in its own
 transaction, so waiting receivers wake at its commit; they poll every POLL_S otherwise.
 
-The tables come with the framework's migrations (`mega db upgrade`, revision 0003); `ensure`
-and `ensure_events` create them too when missing (same DDL), so a bus on a database nobody
-migrated still works.
+The tables come with the framework's migrations (`mega db upgrade`, revisions 0003 and 0006);
+`ensure` and `ensure_events` create them too when missing (same DDL), so a bus on a database
+nobody migrated still works.
 """
 
 from __future__ import annotations
@@ -39,7 +41,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 import psycopg
 
 from mega.config import BusSpec
-from mega.drivers.base import DlqRecord, DriverUnavailable, Lane, LaneStats, Message, Receiver
+from mega.drivers.base import (
+    DlqRecord,
+    DriverUnavailable,
+    Lane,
+    LaneStats,
+    Message,
+    Receiver,
+    Table,
+)
 from mega.drivers.postgres import sql
 from mega.drivers.postgres.common import Connection, lane_key, one_line, open_connection, redact
 from mega.drivers.postgres.receiver import PostgresReceiver
@@ -159,7 +169,7 @@ class PostgresBus:
             return
         async with connection.transaction():
             await connection.execute(f"SELECT pg_advisory_xact_lock({DDL_LOCK_KEY})")
-            for statement in sql.DDL:
+            for statement in sql.SCHEMA:
                 await connection.execute(statement)  # type: ignore[arg-type]  # constants
         self._schema_ready = True
 
@@ -277,6 +287,41 @@ class PostgresBus:
         async with self._using(f"cannot purge the dead letters of {key}") as connection:
             cursor = await connection.execute(sql.DEAD_PURGE, {"lane": key})
         return max(cursor.rowcount, 0)
+
+    # -- records ------------------------------------------------------------------------------
+
+    async def put_records(
+        self, lane: Lane, table: Table, records: Sequence[tuple[str, bytes]], *, create: bool
+    ) -> list[bool]:
+        """One statement per record, pipelined in one transaction: in order, so a later
+        record of a key sees an earlier one. Expiry on the database's clock. A table kept 0 s
+        is never written (nothing will be read)."""
+        keep_s = float(lane.keep_s(table))
+        if not records or keep_s <= 0:
+            return [True] * len(records)
+        key = lane_key(lane)
+        params = [
+            {"lane": key, "tbl": table, "key": record_key, "value": value, "keep_s": keep_s}
+            for record_key, value in records
+        ]
+        async with (
+            self._using(f"cannot store the {table} records of {key}") as connection,
+            connection.transaction(),
+            connection.cursor() as cursor,
+        ):
+            if create:
+                return await _each_row(cursor, sql.RECORD_CREATE, params)
+            await cursor.executemany(sql.RECORD_PUT, params)  # type: ignore[arg-type]
+        return [True] * len(records)
+
+    async def get_record(self, lane: Lane, table: Table, key: str) -> bytes | None:
+        lane_id = lane_key(lane)
+        async with self._using(f"cannot read the {table} records of {lane_id}") as connection:
+            cursor = await connection.execute(
+                sql.RECORD_GET, {"lane": lane_id, "tbl": table, "key": key}
+            )
+            row = await cursor.fetchone()
+        return None if row is None else bytes(row[0])
 
     # -- events -------------------------------------------------------------------------------
 

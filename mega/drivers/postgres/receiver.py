@@ -26,8 +26,9 @@ logger = logging.getLogger("mega.drivers.postgres")
 # The fallback when no NOTIFY comes: a fetch waits at most this long (the contract's "about
 # half a second"), less when the lane's next delayed row is due sooner.
 POLL_S = 0.5
-# How often a receiver deletes expired dedup keys, old dead letters and old events. Each is
-# one indexed DELETE; once a minute per receiver keeps the tables small at no visible cost.
+# How often a receiver deletes expired dedup keys and records, old dead letters and old events.
+# Each is one indexed DELETE; once a minute per receiver keeps the tables small at no visible
+# cost.
 PRUNE_EVERY_S = 60.0
 # Events copied into a group's lane per fetch at most (the rest at the next fetch).
 COPY_BATCH = 1000
@@ -157,6 +158,7 @@ class PostgresReceiver:
 
     async def _prune(self, connection: Connection) -> None:
         await connection.execute(sql.PRUNE_DEDUP)
+        await connection.execute(sql.PRUNE_RECORDS)
         if self._lane.dlq_max_age_s > 0:
             await connection.execute(
                 sql.PRUNE_DEAD, {"lane": self._key, "age_s": float(self._lane.dlq_max_age_s)}

@@ -1,8 +1,9 @@
 """Every table and statement of the `postgres` bus driver, as named constants.
 
-Plain strings, no psycopg import: the framework's migration 0003 reads `DDL` from here too, on
-a database that may be SQLite with no psycopg installed. So the tables have one definition,
-applied by `mega db upgrade` or, when nobody migrated the database, by `PostgresBus.ensure`.
+Plain strings, no psycopg import: the framework's migrations 0003 and 0006 read `DDL` and
+`RECORDS_DDL` from here too, on a database that may be SQLite with no psycopg installed. So the
+tables have one definition, applied by `mega db upgrade` or, when nobody migrated the database,
+by `PostgresBus.ensure` (`SCHEMA`: both).
 
 Statements take psycopg's named parameters (`%(name)s`). The ones that `publish_in` also sends
 through SQLAlchemy write their casts as `CAST(... AS type)`, never `::type`, and contain no
@@ -27,6 +28,7 @@ DEAD = "mega_bus_dead"
 DEDUP = "mega_bus_dedup"
 EVENTS = "mega_bus_events"
 CURSORS = "mega_bus_cursors"
+RECORDS = "mega_bus_records"
 
 # NOTIFY channels. One channel for every lane, the payload naming the lane (or EVENTS_PAYLOAD
 # for an emit): a channel name is an identifier of at most 63 bytes, a lane name is not
@@ -95,6 +97,24 @@ DDL: tuple[str, ...] = (
 
 # The tables, children first, for the migration's downgrade.
 TABLES = (JOBS, DEAD, DEDUP, EVENTS, CURSORS)
+
+# The lanes' records (`Bus.put_records`), one row per (lane, table, key): made later than the
+# others (migration 0006), so `DDL` stays what migration 0003 makes. A row past `expires_at`
+# is no record (reads and creates compare with now()); receivers delete such rows now and then.
+RECORDS_DDL: tuple[str, ...] = (
+    f"""CREATE TABLE IF NOT EXISTS {RECORDS} (
+        lane text NOT NULL,
+        tbl text NOT NULL,
+        key text NOT NULL,
+        value bytea NOT NULL,
+        expires_at timestamptz NOT NULL,
+        PRIMARY KEY (lane, tbl, key)
+    )""",
+    f"CREATE INDEX IF NOT EXISTS {RECORDS}_expires ON {RECORDS} (expires_at)",
+)
+
+# Every table, where missing: what `PostgresBus.ensure` runs.
+SCHEMA = DDL + RECORDS_DDL
 
 # -- jobs -------------------------------------------------------------------------------------
 
@@ -258,9 +278,34 @@ SELECT count(*) FROM {EVENTS}
 WHERE seq > (SELECT last_seq FROM {CURSORS} WHERE lane = %(lane)s) AND name ~ %(pattern)s
 """
 
+# -- records ----------------------------------------------------------------------------------
+
+# Write one record, kept `keep_s` from now. Overwrite: whatever the key had.
+RECORD_PUT = f"""
+INSERT INTO {RECORDS} (lane, tbl, key, value, expires_at)
+VALUES (%(lane)s, %(tbl)s, %(key)s, %(value)s, now() + make_interval(secs => %(keep_s)s))
+ON CONFLICT (lane, tbl, key) DO UPDATE
+    SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at
+"""
+# Create: only over no row or an expired one; a row back, it was stored. A racing create of
+# the same key waits for the first one's commit, then sees its row live and stores nothing.
+RECORD_CREATE = f"""
+INSERT INTO {RECORDS} (lane, tbl, key, value, expires_at)
+VALUES (%(lane)s, %(tbl)s, %(key)s, %(value)s, now() + make_interval(secs => %(keep_s)s))
+ON CONFLICT (lane, tbl, key) DO UPDATE
+    SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at
+    WHERE {RECORDS}.expires_at <= now()
+RETURNING 1
+"""
+RECORD_GET = f"""
+SELECT value FROM {RECORDS}
+WHERE lane = %(lane)s AND tbl = %(tbl)s AND key = %(key)s AND expires_at > now()
+"""
+
 # -- pruning (from time to time, by receivers) ------------------------------------------------
 
 PRUNE_DEDUP = f"DELETE FROM {DEDUP} WHERE expires_at <= now()"
+PRUNE_RECORDS = f"DELETE FROM {RECORDS} WHERE expires_at <= now()"
 PRUNE_DEAD = f"""
 DELETE FROM {DEAD} WHERE lane = %(lane)s AND failed_at < now() - make_interval(secs => %(age_s)s)
 """

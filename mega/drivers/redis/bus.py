@@ -18,7 +18,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, cast
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import RedisError
@@ -32,6 +32,7 @@ from mega.drivers.base import (
     Lane,
     LaneStats,
     Message,
+    Table,
 )
 from mega.drivers.redis.lanes import LaneKeys, as_text, lane_keys, parse_record
 from mega.drivers.redis.receiver import RedisReceiver, ensure_groups
@@ -233,6 +234,38 @@ class RedisBus:
         except _OUTAGES as exc:
             raise DriverUnavailable(f"cannot purge the dead letters of {lane.name}: {exc}") from exc
         return int(count)
+
+    # -- records ------------------------------------------------------------------------------
+
+    async def put_records(
+        self, lane: Lane, table: Table, records: Sequence[tuple[str, bytes]], *, create: bool
+    ) -> list[bool]:
+        """One SET per record with the lane's keep as its expiry (NX for a create: Redis
+        answers nothing when the key exists), all in one pipeline, run in order. A table kept
+        0 s is never written (nothing will be read)."""
+        keep_ms = round(lane.keep_s(table) * 1000)
+        if not records or keep_ms <= 0:
+            return [True] * len(records)
+        keys = lane_keys(lane)
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for key, value in records:
+                    pipe.set(keys.record(table, key), value, px=keep_ms, nx=create)
+                answers: list[Any] = await pipe.execute()
+        except _OUTAGES as exc:
+            raise DriverUnavailable(
+                f"cannot store the {table} records of {lane.name}: {exc}"
+            ) from exc
+        return [bool(answer) for answer in answers]
+
+    async def get_record(self, lane: Lane, table: Table, key: str) -> bytes | None:
+        try:
+            value = await self.redis.get(lane_keys(lane).record(table, key))
+        except _OUTAGES as exc:
+            raise DriverUnavailable(
+                f"cannot read the {table} records of {lane.name}: {exc}"
+            ) from exc
+        return cast(bytes | None, value)  # bytes: the client decodes no responses
 
     # -- events -------------------------------------------------------------------------------
 

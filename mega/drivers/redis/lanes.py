@@ -1,4 +1,5 @@
-"""Where a lane lives in Redis: its streams, consumer group, sorted set and dead letters."""
+"""Where a lane lives in Redis: its streams, consumer group, sorted set, dead letters and
+records."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mega.drivers.base import DlqRecord, Lane, pattern_matcher
+from mega.drivers.base import DlqRecord, Lane, Table, pattern_matcher
 from mega.drivers.redis.scripts import (
     EVENT_SUBJECT_PREFIX,
     EVENTS_LOG,
@@ -42,6 +43,10 @@ class LaneKeys:
 
     def deletes(self, stream: str) -> bool:
         return not (self.shared and stream == self.stream)
+
+    def record(self, table: Table, key: str) -> str:
+        """The key of one record of the lane's `table`: `<own>:<table>:<job id>`."""
+        return f"{self.own}:{table}:{key}"
 
 
 def lane_keys(lane: Lane) -> LaneKeys:

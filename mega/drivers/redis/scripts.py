@@ -7,6 +7,9 @@ Keys of a job lane, under `mega:jobs:<subject>`:
                       entry's fields as a JSON list [name, value, name, value, ...])
     <key>:dlq         the dead-letter stream (one field `record`, capped at DLQ_MAXLEN)
     <key>:dedup:<id>  a caller-given id seen within DEDUP_WINDOW_S (SET NX with a TTL)
+    <key>:status:<id>, <key>:result:<id>
+                      the lane's records: a string per job id, expiring the lane's keep after
+                      its last write (SET PX, with NX for a create)
 
 Keys of the events and of a listener group lane:
     mega:events                    the log: every event, trimmed to `max_age_s` (XADD MINID);
@@ -15,6 +18,7 @@ Keys of the events and of a listener group lane:
     mega:events:dedup:<id>         an event id seen within DEDUP_WINDOW_S (SET NX with a TTL)
     mega:events:group:<group>      the group's own stream: its retries and requeued records
     ...:scheduled, ...:dlq         the group's retries waiting for their time, its dead letters
+    ...:status:<id>, ...:result:<id>   its records, as a job lane's
     channel mega:outbox:wake       a commit with outbox rows, announced to relays elsewhere
 
 An entry's fields: `id`, `body` (the JSON payload), `enqueued_at` and `run_at` (epoch ms),

@@ -3,6 +3,7 @@ next (pure, no broker)."""
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -20,11 +21,15 @@ from mega.drivers.nats.names import (
     HEADER_ENQUEUED_AT,
     HEADER_JOB_ID,
     HEADER_RUN_AT,
+    bucket_of,
     dlq_stream_name,
     dlq_stream_of,
     dlq_subject_of,
     durable_of,
     filter_subjects_of,
+    job_id_of,
+    record_key,
+    record_subject,
     requeue_subject_of,
     stream_name,
     stream_of,
@@ -65,6 +70,33 @@ def test_a_group_lane_is_a_consumer_of_the_events_stream() -> None:
         "Mega-Event-Id": "e1", "Mega-Event-Name": "user.signed_up", "Mega-Emitted-At": "5",
         "Mega-Run-At": "9",
     }  # fmt: skip
+
+
+def test_a_lanes_records_are_a_bucket_per_table() -> None:
+    assert (bucket_of(JOB, "status"), bucket_of(JOB, "result")) == (
+        "MEGA_JOBS_demo_email_STATUS", "MEGA_JOBS_demo_email_RESULT",
+    )  # fmt: skip
+    assert bucket_of(GROUP, "status") == "MEGA_EVENTS_GOOD_STATUS"
+    assert record_subject("B", "a.b") == "$KV.B.=YS5i"
+
+
+@pytest.mark.parametrize(
+    ("job_id", "key"),
+    [
+        ("order-17_b", "order-17_b"),  # a plain token stays readable
+        ("a.b", "=YS5i"),  # one token, not two
+        ("=x", "=PXg"),  # never mistaken for an encoded key
+        ("*", "=Kg"),
+        (">", "=Pg"),
+        ("order:42/ship", "=b3JkZXI6NDIvc2hpcA"),
+        ("ünï-✓", "=w7xuw68t4pyT"),
+        ("w" * 200, "w" * 200),
+    ],
+)
+def test_a_job_id_is_a_record_key_both_ways(job_id: str, key: str) -> None:
+    assert record_key(job_id) == key
+    assert job_id_of(key) == job_id
+    assert re.fullmatch(r"[-/_=.A-Za-z0-9]+", key) and "." not in key
 
 
 def test_envelope_of_a_plain_job() -> None:

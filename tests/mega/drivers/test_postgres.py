@@ -505,15 +505,18 @@ async def test_migrations_make_the_tables_the_bus_uses(postgres_url: str) -> Non
     finally:
         database.dispose()
     async with await psycopg.AsyncConnection.connect(postgres_url) as connection:
+        tables = [*sql.TABLES, sql.RECORDS]
         cursor = await connection.execute(
-            "SELECT count(*) FROM pg_tables WHERE tablename = ANY(%s)", [list(sql.TABLES)]
+            "SELECT count(*) FROM pg_tables WHERE tablename = ANY(%s)", [tables]
         )
-        assert await cursor.fetchone() == (len(sql.TABLES),)
+        assert await cursor.fetchone() == (len(tables),)
     bus = await PostgresBus.connect("jobs", BusSpec(driver="postgres", url=postgres_url))
     try:
-        lane = job_lane()
+        lane = job_lane(keep_status_s=60)
         assert await bus.publish(lane, [message("a")]) == [True]  # no ensure: migrated
         [delivery] = await fetch_until(bus.receiver(lane, consumer="w1"), 1)
         assert delivery.id == "a"
+        assert await bus.put_records(lane, "status", [("a", b"done")], create=True) == [True]
+        assert await bus.get_record(lane, "status", "a") == b"done"
     finally:
         await bus.close()
