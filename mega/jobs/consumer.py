@@ -91,7 +91,8 @@ class Consumer:
         self.receiver = receiver
         self.records = records
         self.control = control
-        self.resumed = asyncio.Event()
+        self.resumed = asyncio.Event()  # cleared while the lane is paused
+        self.resumed.set()
         self.spec = spec
         self.handler = handler
         self.signal = signal
@@ -132,9 +133,6 @@ class Consumer:
     async def _fetch_loop(self) -> None:
         concurrency = self.spec.concurrency
         while not self.stopping:
-            if self.control is not None and self.control.paused:
-                await self.resumed.wait()  # set by the watch, or by a stop
-                continue
             free = concurrency - len(self.running)
             if free <= 0:
                 self.slot_free.clear()
@@ -174,6 +172,12 @@ class Consumer:
         if attempt > self.max_attempts:
             await self._unreported(delivery, payload)
             return
+        if self.control is not None and self.control.paused:
+            # Held, its lease renewed, until the queue is resumed; handed back at a stop.
+            await self.resumed.wait()
+            if self.stopping:
+                await self.receiver.release(delivery, delay_s=HAND_BACK_DELAY_S)
+                return
         started = time.time()
         started_ms = int(started * 1000)
         due_ms = delivery.run_at_ms or delivery.enqueued_at_ms
@@ -315,11 +319,27 @@ class Consumer:
         if self.control is None:
             return ()
         try:
-            await self.control.refresh()
+            await self._refresh()
             return await self.control.cancelled(job_ids)
         except DriverUnavailable as exc:  # the runs' own settles will say the bus is away
             logger.warning("%s: cannot read its cancels (%s)", self.spec.name, exc)
             return ()
+
+    async def _refresh(self) -> None:
+        """Read the lane's pause and cancel window; a change of the pause holds or lets go
+        the starts (`resumed`)."""
+        assert self.control is not None
+        was_paused = self.control.paused
+        await self.control.refresh()
+        if self.control.paused and not was_paused:
+            self.resumed.clear()
+            logger.info(
+                "%s: paused: running jobs finish; up to %d fetched ones wait, none start",
+                self.spec.name, self.spec.concurrency,
+            )  # fmt: skip
+        elif was_paused and not self.control.paused:
+            self.resumed.set()
+            logger.info("%s: resumed", self.spec.name)
 
     async def _skip(self, delivery: Delivery, started_ms: int | None = None) -> None:
         """Settle a cancelled job's delivery without running it (again)."""
@@ -335,22 +355,14 @@ class Consumer:
         assert self.control is not None
         while True:
             await asyncio.sleep(WATCH_S)
-            was_paused = self.control.paused
             try:
-                await self.control.refresh()
+                await self._refresh()
                 cancelled = await self.control.cancelled(
                     [lease.delivery.id for lease in self.running.values() if not lease.cancelled]
                 )
             except DriverUnavailable as exc:
                 logger.warning("%s: cannot read its pause and cancels (%s)", self.spec.name, exc)
                 continue
-            if self.control.paused and not was_paused:
-                self.resumed.clear()
-                self.receiver.wake()  # the fetch waiting now returns: nothing new starts
-                logger.info("%s: paused: running jobs finish, none start", self.spec.name)
-            elif was_paused and not self.control.paused:
-                self.resumed.set()
-                logger.info("%s: resumed", self.spec.name)
             for task, lease in list(self.running.items()):
                 if lease.delivery.id in cancelled:
                     lease.cancelled = True

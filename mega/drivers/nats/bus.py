@@ -328,12 +328,15 @@ class NatsBus:
                 f"{lane.name}: cannot store its {table} records in bucket {bucket}: {exc}"
             ) from exc
 
-    async def get_record(self, lane: Lane, table: Table, key: str) -> bytes | None:
+    async def get_records(
+        self, lane: Lane, table: Table, keys: Sequence[str]
+    ) -> list[bytes | None]:
+        """One request per key, all sent before any answer is awaited."""
         if lane.keep_s(table) <= 0:
-            return None
+            return [None] * len(keys)
         bucket = bucket_of(lane, table)
         try:
-            return await read_record(self.js, bucket, key)
+            return list(await asyncio.gather(*(read_record(self.js, bucket, key) for key in keys)))
         except DriverUnavailable as exc:
             raise DriverUnavailable(
                 f"{lane.name}: cannot read its {table} records in bucket {bucket}: {exc}"

@@ -314,14 +314,18 @@ class PostgresBus:
             await cursor.executemany(sql.RECORD_PUT, params)  # type: ignore[arg-type]
         return [True] * len(records)
 
-    async def get_record(self, lane: Lane, table: Table, key: str) -> bytes | None:
+    async def get_records(
+        self, lane: Lane, table: Table, keys: Sequence[str]
+    ) -> list[bytes | None]:
+        if not keys:
+            return []
         lane_id = lane_key(lane)
         async with self._using(f"cannot read the {table} records of {lane_id}") as connection:
             cursor = await connection.execute(
-                sql.RECORD_GET, {"lane": lane_id, "tbl": table, "key": key}
+                sql.RECORDS_GET, {"lane": lane_id, "tbl": table, "keys": list(keys)}
             )
-            row = await cursor.fetchone()
-        return None if row is None else bytes(row[0])
+            found = {key: bytes(value) for key, value in await cursor.fetchall()}
+        return [found.get(key) for key in keys]
 
     # -- events -------------------------------------------------------------------------------
 

@@ -297,9 +297,9 @@ ON CONFLICT (lane, tbl, key) DO UPDATE
     WHERE {RECORDS}.expires_at <= now()
 RETURNING 1
 """
-RECORD_GET = f"""
-SELECT value FROM {RECORDS}
-WHERE lane = %(lane)s AND tbl = %(tbl)s AND key = %(key)s AND expires_at > now()
+RECORDS_GET = f"""
+SELECT key, value FROM {RECORDS}
+WHERE lane = %(lane)s AND tbl = %(tbl)s AND key = ANY(%(keys)s) AND expires_at > now()
 """
 
 # -- pruning (from time to time, by receivers) ------------------------------------------------

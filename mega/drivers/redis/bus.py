@@ -258,14 +258,19 @@ class RedisBus:
             ) from exc
         return [bool(answer) for answer in answers]
 
-    async def get_record(self, lane: Lane, table: Table, key: str) -> bytes | None:
+    async def get_records(
+        self, lane: Lane, table: Table, keys: Sequence[str]
+    ) -> list[bytes | None]:
+        if not keys:
+            return []
+        names = lane_keys(lane)
         try:
-            value = await self.redis.get(lane_keys(lane).record(table, key))
+            values = await self.redis.mget([names.record(table, key) for key in keys])
         except _OUTAGES as exc:
             raise DriverUnavailable(
                 f"cannot read the {table} records of {lane.name}: {exc}"
             ) from exc
-        return cast(bytes | None, value)  # bytes: the client decodes no responses
+        return cast(list[bytes | None], values)  # bytes: the client decodes no responses
 
     # -- events -------------------------------------------------------------------------------
 

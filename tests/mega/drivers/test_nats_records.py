@@ -58,9 +58,9 @@ async def test_a_delete_marker_is_no_record_and_a_create_writes_over_it(
     await bus.put_records(lane, "status", [("j.1", b"v")], create=False)
     kv = await bus.js.key_value(bucket_of(lane, "status"))
     await kv.delete(record_key("j.1"))  # what `nats kv del` leaves: a DEL marker
-    assert await bus.get_record(lane, "status", "j.1") is None
+    assert (await bus.get_records(lane, "status", ["j.1"]))[0] is None
     assert await bus.put_records(lane, "status", [("j.1", b"new")], create=True) == [True]
-    assert await bus.get_record(lane, "status", "j.1") == b"new"
+    assert (await bus.get_records(lane, "status", ["j.1"]))[0] == b"new"
 
 
 async def test_a_lane_never_ensured_says_which_bucket_is_missing(bus: NatsBus, prefix: str) -> None:
@@ -68,4 +68,4 @@ async def test_a_lane_never_ensured_says_which_bucket_is_missing(bus: NatsBus, p
     with pytest.raises(DriverUnavailable, match=f"bucket {bucket_of(lane, 'status')}"):
         await bus.put_records(lane, "status", [("j", b"v")], create=False)
     with pytest.raises(DriverUnavailable, match=f"bucket {bucket_of(lane, 'status')}"):
-        await bus.get_record(lane, "status", "j")
+        (await bus.get_records(lane, "status", ["j"]))[0]

@@ -517,6 +517,6 @@ async def test_migrations_make_the_tables_the_bus_uses(postgres_url: str) -> Non
         [delivery] = await fetch_until(bus.receiver(lane, consumer="w1"), 1)
         assert delivery.id == "a"
         assert await bus.put_records(lane, "status", [("a", b"done")], create=True) == [True]
-        assert await bus.get_record(lane, "status", "a") == b"done"
+        assert (await bus.get_records(lane, "status", ["a"]))[0] == b"done"
     finally:
         await bus.close()

@@ -482,7 +482,8 @@ async def test_a_paused_queue_starts_nothing_until_it_is_resumed(setup: Any, pre
         await until(lambda: DONE[f"{prefix}-long"] == 1, "the running job finished")
         await asyncio.sleep(1.0)
         assert sum(RUNS[f"{prefix}-p{n}"] for n in range(3)) == 0  # nothing new started
-        assert (await queue.stats(slow)).pending == 3
+        stats = await queue.stats(slow)  # waiting; fetched ones are held, their leases renewed
+        assert (stats.pending + stats.in_flight, stats.dlq) == (3, 0)
         await queue.resume(slow, by="test")
         await until(lambda: all(DONE[f"{prefix}-p{n}"] == 1 for n in range(3)), "resumed")
         assert not (await queue.paused(slow)).paused
