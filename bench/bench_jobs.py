@@ -73,6 +73,7 @@ SECRET_KEY = "bench-secret-key-" + "x" * 32  # the config needs one outside dev 
 # The targets each row of the table is held to.
 CONSUME_TARGET = 0.9  # mega worker end-to-end jobs/s >= this x the bare fetch+ack loop
 STEADY_TARGET = 1.0  # and its steady rate >= this x the bare loop's (the next pull hidden)
+STATUS_TARGET = 0.85  # its steady rate with status records >= this x without them
 ENQUEUE_TARGET = 0.95  # one-at-a-time enqueue >= this x bare awaited js.publish
 ENQUEUE_MANY_TARGET = 0.8  # enqueue_many >= this x bare pipelined publish_async
 FIRST_JOB_TARGET_S = 0.25  # worker spawn to first job
@@ -307,10 +308,10 @@ class Bench:
     def subject(self, part: str) -> str:
         return f"bench.{self.run_id}.{part}"
 
-    def job(self, part: str) -> type[NoopJob]:
+    def job(self, part: str, *, keep_status_s: float | None = None) -> type[NoopJob]:
         from bench.jobs_noop import job_class
 
-        return job_class(self.subject(part), self.o.concurrency)
+        return job_class(self.subject(part), self.o.concurrency, keep_status_s)
 
     async def connect(self) -> None:
         from mega.config import BusSpec
@@ -329,7 +330,9 @@ class Bench:
 
     # -- workers ---------------------------------------------------------------------------
 
-    def spawn_worker(self, label: str, subject: str, *, profile: bool = False) -> Worker:
+    def spawn_worker(
+        self, label: str, subject: str, *, profile: bool = False, keep_status_s: float | None = None
+    ) -> Worker:
         records = self.tmp / f"records-{label}"
         records.mkdir()
         log = self.tmp / f"worker-{label}.log"
@@ -341,6 +344,11 @@ class Bench:
             BENCH_JOBS_CAPACITY=str(self.o.jobs + int(self.o.rate * self.o.latency_s) + 1000),
             **({"BENCH_JOBS_PROFILE": str(profile_path)} if profile_path else {}),
             **({"MEGA_LOG_LEVEL": self.o.log_level} if self.o.log_level else {}),
+            **(
+                {"BENCH_JOBS_KEEP_STATUS_S": str(keep_status_s)}
+                if keep_status_s is not None
+                else {}
+            ),
         )
         command = [sys.executable, "-m", "mega", "worker", "--config", str(self.config)]
         with open(log, "wb") as out:
@@ -505,6 +513,16 @@ class Bench:
             raise RuntimeError(f"bare consume loop left {left} messages unacked")
         return Drain.of(times, spawned_at, report["last"])
 
+    async def bench_consume_without_status(self) -> Drain:
+        """The same drain with the job's status records off (keep_status_s = 0)."""
+        job = self.job("nostatus", keep_status_s=0)
+        spec = await self.queue.ensure(job)
+        await self.queue.enqueue_many(job, range(self.o.jobs))
+        worker = self.spawn_worker("nostatus", spec.subject, keep_status_s=0)
+        await self.wait_drained(worker, stream_name(spec.subject), self.o.jobs)
+        runs = worker.stop()
+        return Drain.of([run.at for run in runs], worker.spawned_at)
+
     async def bench_consume(self) -> tuple[Drain, dict[str, Any]]:
         consume_job = self.job("consume")
         spec = self.queue.spec(consume_job)
@@ -611,6 +629,7 @@ async def _bench(options: Options) -> Result:
             enqueue = await bench.bench_enqueue()
             bare = await bench.bench_bare_consume()
             mega, check = await bench.bench_consume()
+            unrecorded = await bench.bench_consume_without_status()
             check["interpreter_s"] = interpreter_spawn_s()
             memory = await bench.bench_memory_and_latency()
             bench.data["load_after"] = os.getloadavg()[0]
@@ -619,7 +638,7 @@ async def _bench(options: Options) -> Result:
         finally:
             bench.kill_children()
             server.stop()
-    return _report(options, bench, enqueue, bare, mega, check, memory)
+    return _report(options, bench, enqueue, bare, mega, check, memory, unrecorded)
 
 
 def _report(
@@ -630,6 +649,7 @@ def _report(
     mega: Drain,
     check: dict[str, Any],
     memory: dict[str, Any],
+    unrecorded: Drain,
 ) -> Result:
     lat = memory["latencies_ms"]
     p50, p99, worst = percentile(lat, 50), percentile(lat, 99), max(lat) if lat else float("nan")
@@ -665,6 +685,18 @@ def _report(
             baseline_name="bare",
             target=f">= {STEADY_TARGET}x",
             passed=mega.steady >= STEADY_TARGET * bare.steady,
+        ),
+        row(
+            f"consume: status records off (keep_status_s = 0), steady {lo:,}-{hi:,} (jobs/s)",
+            unrecorded.steady,
+        ),
+        row(
+            "consume: status records on (the default) vs off, steady",
+            mega.steady,
+            baseline=unrecorded.steady,
+            baseline_name="status off",
+            target=f">= {STATUS_TARGET}x",
+            passed=mega.steady >= STATUS_TARGET * unrecorded.steady,
         ),
         exactly,
         row(

@@ -6,6 +6,7 @@ import, so one module serves every run:
 
     BENCH_JOBS_SUBJECT      the job subject (unique per run; default "bench.noop")
     BENCH_JOBS_CONCURRENCY  the job's concurrency (default 200)
+    BENCH_JOBS_KEEP_STATUS_S  the job's keep_status_s (default the Job's: status records on)
     BENCH_JOBS_DIR          when set, every run is recorded and written at exit to
                             <dir>/<pid>.json as {"ids": [...], "times": [...], "sent": [...],
                             "imported_at": epoch s when the worker imported this module}
@@ -33,12 +34,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from mega.jobs.job import Job
+from mega.jobs.spec import DEFAULT_KEEP_STATUS_S
 
 if TYPE_CHECKING:
     from mega.context import Context
 
 SUBJECT_ENV = "BENCH_JOBS_SUBJECT"
 CONCURRENCY_ENV = "BENCH_JOBS_CONCURRENCY"
+KEEP_STATUS_ENV = "BENCH_JOBS_KEEP_STATUS_S"
 RECORD_DIR_ENV = "BENCH_JOBS_DIR"
 CAPACITY_ENV = "BENCH_JOBS_CAPACITY"
 PROFILE_ENV = "BENCH_JOBS_PROFILE"
@@ -98,6 +101,7 @@ class NoopJob(Job):
     subject = os.environ.get(SUBJECT_ENV, DEFAULT_SUBJECT)
     bus = "jobs"
     concurrency = int(os.environ.get(CONCURRENCY_ENV, str(DEFAULT_CONCURRENCY)))
+    keep_status_s = float(os.environ.get(KEEP_STATUS_ENV, str(DEFAULT_KEEP_STATUS_S)))
     retries = 0  # a no-op never fails; a second run of a job would be a duplicate, not a retry
     record: ClassVar[bool] = RECORDING
 
@@ -106,9 +110,13 @@ class NoopJob(Job):
             RECORDS.add(payload, time.time())
 
 
-def job_class(subject: str, concurrency: int = DEFAULT_CONCURRENCY) -> type[NoopJob]:
+def job_class(
+    subject: str, concurrency: int = DEFAULT_CONCURRENCY, keep_status_s: float | None = None
+) -> type[NoopJob]:
     """A NoopJob on another subject, for the benchmark's own process (which enqueues only)."""
-    return type("NoopJob", (NoopJob,), {"subject": subject, "concurrency": concurrency})
+    keep = DEFAULT_KEEP_STATUS_S if keep_status_s is None else keep_status_s
+    attributes = {"subject": subject, "concurrency": concurrency, "keep_status_s": keep}
+    return type("NoopJob", (NoopJob,), attributes)
 
 
 def _start_profile(path: str) -> None:

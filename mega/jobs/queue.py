@@ -146,14 +146,14 @@ class JobQueue(LaneEndpoint):
         message = encode_job(spec, payload, job_id=id, due_ms=due_ms_of(spec, delay, run_at))
         lane = job_lane(spec)
         try:
-            if session is not None:
+            if session is not None:  # its record comes with its first run: not before a commit
                 [stored] = publish_in(self.bus, session, lane, [message])
             else:
-                [stored] = await self.bus.publish(lane, [message])
+                [stored], _ = await asyncio.gather(
+                    self.bus.publish(lane, [message]), self._created(spec, lane, [message])
+                )
         except DriverUnavailable as exc:
             raise self.unavailable(f"cannot enqueue {spec.name}", exc) from exc
-        if stored:
-            await self._created(spec, lane, [message])
         await self.signal(
             "dispatch", job=spec.name, id=message.id, subject=spec.subject,
             run_at=message.run_at_ms, duplicate=not stored,
@@ -167,10 +167,11 @@ class JobQueue(LaneEndpoint):
         messages = [encode_job(spec, payload) for payload in payloads]
         lane = job_lane(spec)
         try:
-            await self.bus.publish(lane, messages)
+            await asyncio.gather(
+                self.bus.publish(lane, messages), self._created(spec, lane, messages)
+            )
         except DriverUnavailable as exc:
             raise self.unavailable(f"cannot enqueue {len(messages)} x {spec.name}", exc) from exc
-        await self._created(spec, lane, messages)
         if self.signals.has_observers("dispatch"):
             for message in messages:
                 await self.signals.emit(
@@ -180,9 +181,10 @@ class JobQueue(LaneEndpoint):
 
     async def _created(self, spec: JobSpec, lane: Lane, messages: list[Message]) -> None:
         """The new jobs' first status records, where none is there yet (a worker may have
-        started one already). After the publish: a job that failed to be stored has none. The
-        jobs are stored whatever happens here, so a bus that stops answering now costs their
-        `queued` records (logged), not an error."""
+        started one already, or the id is a duplicate's), sent beside the jobs themselves: one
+        round trip for both. A publish that fails may still have stored its job (see
+        `enqueue`), and its record says `queued` as it may be. Records that fail cost only
+        themselves (logged): the enqueue stands or falls with its jobs."""
         if lane.keep_status_s <= 0:
             return
         records = [(message.id, encode(enqueued(spec.name, message))) for message in messages]

@@ -59,6 +59,7 @@ from mega.drivers.base import (
     Message,
     Table,
 )
+from mega.drivers.nats.acks import BULK_TIMEOUT_PER_MSG_S, BULK_TIMEOUT_S, AckMux
 from mega.drivers.nats.errors import NATS_ERRORS
 from mega.drivers.nats.names import (
     DELAY_TOKEN,
@@ -86,9 +87,6 @@ from mega.errors import DependencyUnavailable, JobError
 
 logger = logging.getLogger("mega.jobqueue")
 
-# Many messages at once: time for every PubAck, on top of this much per message.
-BULK_TIMEOUT_S = 5.0
-BULK_TIMEOUT_PER_MSG_S = 0.001
 # How long a batch of events (the outbox relay's) waits for its PubAcks before it gives up
 # (the rows stay pending). On SQLite writers wait for the relay's transaction meanwhile.
 EVENTS_TIMEOUT_S = 2.0
@@ -120,6 +118,7 @@ class NatsBus:
         self.native: NatsClient = client
         self.watch = watch or Reconnects()
         self.js: JetStreamContext = client.jetstream()
+        self.acks = AckMux(client)  # pipelined writes of records (see acks.py)
         self._events_max_age_s: float | None = None
         self._apply_limits: dict[Lane, bool] = {}
         self._max_ack_pending: dict[Lane, int | None] = {}  # what each lane's consumer runs with
@@ -322,7 +321,7 @@ class NatsBus:
         self._check_connected()
         bucket = bucket_of(lane, table)
         try:
-            return await write_records(self.js, bucket, records, create=create)
+            return await write_records(self.js, self.acks, bucket, records, create=create)
         except DriverUnavailable as exc:
             raise DriverUnavailable(
                 f"{lane.name}: cannot store its {table} records in bucket {bucket}: {exc}"

@@ -14,17 +14,18 @@ as nats-py's own `KeyValue.create` does.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig, PubAck, RawStreamMsg, StorageType
+from nats.js.api import KeyValueConfig, RawStreamMsg, StorageType
 from nats.js.errors import APIError, NotFoundError
 
 from mega.drivers.base import DEDUP_WINDOW_S, DriverUnavailable, Lane, Table
+from mega.drivers.nats.acks import BULK_TIMEOUT_PER_MSG_S, BULK_TIMEOUT_S, AckMux, Envelope
 from mega.drivers.nats.errors import NATS_ERRORS
 from mega.drivers.nats.names import (
     BUCKET_STREAM_PREFIX,
@@ -45,8 +46,6 @@ TABLES: tuple[Table, ...] = ("status", "result")
 KEY_EXISTS = 10071
 # JetStream's "no message found" (a key never written, or expired), beside "stream not found".
 NO_MESSAGE = 10037
-
-Envelope = tuple[str, bytes, dict[str, str] | None]  # subject, value, headers
 
 
 def bucket_config(lane: Lane, table: Table) -> KeyValueConfig:
@@ -117,19 +116,20 @@ async def ensure_bucket(
 
 
 async def write_records(
-    js: JetStreamContext, bucket: str, records: Sequence[tuple[str, bytes]], *, create: bool
-) -> list[bool]:
+    js: JetStreamContext, mux: AckMux, bucket: str, records: Sequence[tuple[str, bytes]], *,
+    create: bool,
+) -> list[bool]:  # fmt: skip
     """Publish each record onto its key's subject, in order; `create`: only onto a key with no
     message. True each one stored, False a create refused. Raises DriverUnavailable."""
     headers = {NATS_EXPECTED_LAST_SUBJECT_SEQ: "0"} if create else None
     envelopes = [(record_subject(bucket, key), value, headers) for key, value in records]
-    kept = await _publish(js, envelopes)
+    kept = await _publish(mux, envelopes)
     for index, (subject, value, _) in enumerate(envelopes):
         if not kept[index]:  # one by one, in order: of two creates of one key, the first wins
             last = await _last_message(js, bucket, subject)
             if last is not None and last.seq is not None and is_marker(last.headers):
                 over = {NATS_EXPECTED_LAST_SUBJECT_SEQ: str(last.seq)}
-                kept[index] = (await _publish(js, [(subject, value, over)]))[0]
+                kept[index] = (await _publish(mux, [(subject, value, over)]))[0]
     return kept
 
 
@@ -143,14 +143,15 @@ async def read_record(js: JetStreamContext, bucket: str, job_id: str) -> bytes |
     return last.data or b""
 
 
-def written(answer: PubAck | BaseException) -> bool:
+def written(answer: dict[str, Any]) -> bool:
     """What JetStream answered one record's publish: True stored, False a create refused
-    because the key has a message; DriverUnavailable for anything else."""
-    if isinstance(answer, APIError) and answer.err_code == KEY_EXISTS:
+    because the key has a message; DriverUnavailable for any other error."""
+    error = answer.get("error")
+    if error is None:
+        return True
+    if error.get("err_code") == KEY_EXISTS:
         return False
-    if isinstance(answer, BaseException):
-        raise DriverUnavailable(str(answer) or type(answer).__name__) from answer
-    return True
+    raise DriverUnavailable(str(error.get("description") or error))
 
 
 def is_marker(headers: dict[str, str] | None) -> bool:
@@ -160,22 +161,10 @@ def is_marker(headers: dict[str, str] | None) -> bool:
     return headers.get(HEADER_KV_OPERATION) in ("DEL", "PURGE") or HEADER_MARKER_REASON in headers
 
 
-async def _publish(js: JetStreamContext, envelopes: list[Envelope]) -> list[bool]:
-    """Publish and read each answer with `written`. The first alone (it may make the client's
-    reply subscription, and requests racing that go out of order), then the rest pipelined:
-    gathered requests are all sent, in order, before any answer is awaited. Not with
-    publish_async, whose acks never settle on an error answer in nats-py (its reply handler
-    raises the error instead of setting it), and a refused create is one."""
-    subject, value, headers = envelopes[0]
-    try:
-        first = written(await js.publish(subject, value, headers=headers))
-    except NATS_ERRORS as exc:
-        first = written(exc)
-    rest = await asyncio.gather(
-        *(js.publish(subject, value, headers=headers) for subject, value, headers in envelopes[1:]),
-        return_exceptions=True,
-    )
-    return [first, *(written(answer) for answer in rest)]
+async def _publish(mux: AckMux, envelopes: list[Envelope]) -> list[bool]:
+    """Publish pipelined (see acks.py) and read each answer with `written`."""
+    timeout_s = BULK_TIMEOUT_S + BULK_TIMEOUT_PER_MSG_S * len(envelopes)
+    return [written(answer) for answer in await mux.publish(envelopes, timeout_s=timeout_s)]
 
 
 async def _last_message(js: JetStreamContext, bucket: str, subject: str) -> RawStreamMsg | None:
