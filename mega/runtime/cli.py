@@ -1,4 +1,5 @@
-"""The `mega` command: new, start, scheduler, worker, work, dev, check, dlq, db, token.
+"""The `mega` command: new, start, scheduler, worker, work, dev, check, dlq, jobs, schedules, db,
+token.
 
 Every command but `new` takes `--config PATH` (or MEGA_CONFIG; default ./mega_config.py). Errors
 a user can fix (bad config, unreachable NATS/Redis) print one line naming the problem and exit
@@ -49,14 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
-        p.add_argument(
-            "--config",
-            default=str(default_config_path()),
-            help="config file (default: $MEGA_CONFIG or ./mega_config.py)",
-        )
-        p.add_argument("--json-logs", action="store_true", help="one JSON object per log line")
-        return p
+        return _with_config(sub.add_parser(name, help=help, description=help))
 
     start = command("start", "Serve the web app (uvicorn) with the CPU worker pools.")
     start.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"), help="bind address")
@@ -119,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     dlq.add_argument("--limit", type=int, default=20, help="how many records `list` shows")
     dlq.add_argument("--json", action="store_true", help="`list`: one JSON object per record")
+    _jobs_parser(sub)
+    _schedules_parser(sub)
     db = command("db", "The framework's database schema (Alembic migrations shipped with mega).")
     db.add_argument(
         "action",
@@ -133,6 +129,88 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("action", choices=["create", "list", "revoke"], help="what to do")
     token.add_argument("name", nargs="?", help="the token's name (create, revoke)")
     return parser
+
+
+def _with_config(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options every command but `new` takes (each action of `jobs` and `schedules` too)."""
+    parser.add_argument(
+        "--config",
+        default=str(default_config_path()),
+        help="config file (default: $MEGA_CONFIG or ./mega_config.py)",
+    )
+    parser.add_argument("--json-logs", action="store_true", help="one JSON object per log line")
+    return parser
+
+
+def _actions(
+    sub: Any, name: str, help: str, **defaults: Any
+) -> Callable[[str, str], argparse.ArgumentParser]:
+    """A command made of actions (`mega jobs stats`), each with its own `--help`; `defaults`
+    are the options some actions lack, so every action's namespace has them all."""
+    parent = sub.add_parser(name, help=help, description=help)
+    parent.set_defaults(**defaults)
+    actions = parent.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def action(name: str, help: str) -> argparse.ArgumentParser:
+        return _with_config(actions.add_parser(name, help=help, description=help))
+
+    return action
+
+
+def _jobs_parser(sub: Any) -> None:
+    action = _actions(
+        sub, "jobs", "Watch and steer the jobs of the config while the fleet runs.",
+        target=None, job=None, by=None, json=False,
+    )  # fmt: skip
+    stats = action("stats", "Per job of the config: pending, in flight, dead letters, paused.")
+    inspect = action(
+        "inspect",
+        "A job's status record (state, attempts, times, worker, last error), found by its id "
+        "in every job of the config, or in --job.",
+    )
+    cancel = action(
+        "cancel",
+        "Cancel one job: queued, delayed or retrying, it never runs; running, its worker "
+        "cancels it within a second; finished, nothing changes and the answer says so.",
+    )
+    retry = action("retry", "Requeue one dead letter by its id (its attempts start again).")
+    pause = action(
+        "pause",
+        "Pause a job's queue for the whole fleet within a second: no worker starts one, the "
+        "running ones finish, enqueueing goes on.",
+    )
+    resume = action("resume", "Resume a paused job's queue: within a second the workers start it.")
+    for by_id in (inspect, cancel, retry):
+        by_id.add_argument("target", metavar="ID", help="the job's id (what enqueue returned)")
+    for with_job in (stats, inspect, cancel, retry):
+        with_job.add_argument("--job", help="job class name (default: every job in the config)")
+    for with_json in (stats, inspect):
+        with_json.add_argument("--json", action="store_true", help="one JSON object per line")
+    for change in (pause, resume):
+        change.add_argument("target", metavar="JOB", help="job class name")
+        change.add_argument("--by", metavar="WHO", help="who, for the record (default: $USER@host)")
+
+
+def _schedules_parser(sub: Any) -> None:
+    action = _actions(
+        sub, "schedules", "See, pause and resume the schedules of the config.",
+        target=None, by=None, json=False,
+    )  # fmt: skip
+    listing = action(
+        "list", "Each schedule of the config: cron, zone, next instant, and whether it is paused."
+    )
+    listing.add_argument("--json", action="store_true", help="one JSON object per schedule")
+    pause = action(
+        "pause",
+        "Pause a schedule on every scheduler from its next tick: its planned ticks are skipped "
+        "with the reason 'paused' (a manual tick still runs). It needs a lock.",
+    )
+    resume = action("resume", "Resume a paused schedule: every scheduler runs its next tick.")
+    for change in (pause, resume):
+        change.add_argument("target", metavar="NAME", help="schedule name")
+        change.add_argument(
+            "--by", metavar="WHO", help="who, for the record and the audit (default: $USER@host)"
+        )
 
 
 # The commands that serve or change the web side: they need the `web` extra installed.
@@ -265,6 +343,22 @@ def _dlq(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:
     )  # fmt: skip
 
 
+def _jobs(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:
+    from mega.runtime.control_cli import run_jobs_command
+
+    return run_jobs_command(
+        config, args.action, target=args.target, job=args.job, by=args.by, as_json=args.json
+    )
+
+
+def _schedules(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:
+    from mega.runtime.control_cli import run_schedules_command
+
+    return run_schedules_command(
+        config, args.action, name=args.target, by=args.by, as_json=args.json
+    )
+
+
 async def _db(config: Config, args: argparse.Namespace) -> None:
     from mega.runtime.boot import open_database
     from mega.runtime.migrate import current, head, upgrade
@@ -317,6 +411,8 @@ _COMMANDS: dict[str, Callable[[Config, argparse.Namespace], Coroutine[Any, Any, 
     "worker": _worker,
     "work": _work,
     "dlq": _dlq,
+    "jobs": _jobs,
+    "schedules": _schedules,
     "db": _db,
     "token": _token,
 }

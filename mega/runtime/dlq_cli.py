@@ -29,7 +29,7 @@ async def run_dlq_command(
 ) -> None:  # fmt: skip
     """Run one `mega dlq` action. `replay_all` is `--all` (requeue only, instead of `--id`),
     `as_json` is `--json` (list only); a refused combination raises ConfigError (exit 2)."""
-    jobs = _select(config, job)
+    jobs = select_jobs(config, job)
     if action == "purge" and job is None:
         raise ConfigError("purge: name the job with --job (purging every DLQ at once is refused)")
     if job_id is not None and action != "requeue":
@@ -59,14 +59,16 @@ async def run_dlq_command(
         await shutdown(ctx)
 
 
-def _select(config: Config, name: str | None) -> list[type[JobBase]]:
+def select_jobs(config: Config, name: str | None, *, given: str = "--job") -> list[type[JobBase]]:
+    """The job of the config called `name` (its class name or its `name`), or every job when
+    `name` is None; ConfigError naming the jobs there are, and where the name was `given`."""
     if name is None:
         return list(config.jobs)
     for job_cls in config.jobs:
         if job_cls.__name__ == name or getattr(job_cls, "name", None) == name:
             return [job_cls]
     known = ", ".join(j.__name__ for j in config.jobs) or "none"
-    raise ConfigError(f"--job: no job named {name!r} in the config (jobs: {known})")
+    raise ConfigError(f"{given}: no job named {name!r} in the config (jobs: {known})")
 
 
 def _requeue_refusal(counts: list[tuple[type[JobBase], int]], job: str | None) -> str:

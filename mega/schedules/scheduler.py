@@ -27,11 +27,15 @@ Redis keys, with ``<prefix>`` = ``lock["key"]`` or ``mega:schedule:<ClassName>``
     <prefix>:running        overlap guard (renewed while the run lives, then released)
     <prefix>:fence          fencing counter (no TTL)
     <prefix>:audit          last `audit_size` tick records of every instance (JSON list)
+    <prefix>:paused         the pause record, read before each claim (see `mega.schedules.pause`)
 
 Time: the next instant is computed from the planned one, so a slow run never drifts the
 schedule; instants missed while the process was down (or stalled past `LATE_LIMIT_S`) are not
 replayed. A lock backend error is a `skip` signal carrying the error, never a crash: the loop
 keeps ticking and recovers when Redis returns. Schedules without a lock run on every instance.
+
+Pause: `pause(name)` stops a schedule's planned ticks on every instance from its next tick (each
+is skipped with the reason "paused") until `resume(name)`; both are in the audit.
 
 Each run gets its own Schedule instance with `self.tick` (a `Tick`), and a shallow copy of the
 context whose `extras["tick"]` is the same Tick, for code that only receives `ctx`.
@@ -53,8 +57,10 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from mega.context import Context, EarlyClaim, FencedLease, LockAdapter, Refusal
-from mega.errors import LockBackendError, MegaError, RegistrationError
-from mega.schedules import cron
+from mega.errors import DependencyUnavailable, LockBackendError, MegaError, RegistrationError
+from mega.schedules import audit, cron
+from mega.schedules.audit import AUDIT_TIMEOUT_S, DEFAULT_AUDIT_SIZE, TickRecord
+from mega.schedules.pause import PAUSED_REASON, SchedulePause, lock_of, read_pause, write_pause
 from mega.schedules.schedule import (
     LockPlan,
     Schedule,
@@ -85,8 +91,6 @@ CLOCK_OFFSET_WARN_MS = 250
 MAX_SLEEP_S = 30.0
 # After cancelling runs that outlived `stop()`, how long to let their `finally` release guards.
 CANCEL_GRACE_S = 2.0
-# Bound on one audit read or write, so a blackholed Redis cannot pile up tasks.
-AUDIT_TIMEOUT_S = 1.0
 # After an unexpected error in a schedule's loop, wait this long before ticking again.
 LOOP_RETRY_S = 1.0
 # The overlap guard is renewed this many times per TTL while its run lives: one renewal may
@@ -107,23 +111,6 @@ class GuardExpired(MegaError):
     """A run outlived its overlap guard's TTL (reported as a `fail` signal, phase "release")."""
 
     code = "schedule.guard_expired"
-
-
-@dataclass(frozen=True)
-class TickRecord:
-    """One instance's account of one tick, as stored in the audit (JSON)."""
-
-    instant: str  # planned instant, ISO-8601 UTC (a manual tick: the moment it was asked)
-    source: TickSource
-    instance: str
-    lateness_ms: float  # how long after `instant` the decision started
-    outcome: str = "skipped"  # or "ran"
-    reason: str | None = None
-    fence: int | None = None
-
-    def event_fields(self, schedule: str, **extra: Any) -> dict[str, Any]:
-        fields = {"instant": self.instant, "source": self.source, "instance": self.instance}
-        return {"schedule": schedule, **fields, **extra}
 
 
 @dataclass(frozen=True)
@@ -149,7 +136,7 @@ class Scheduler:
         *,
         instance_id: str | None = None,
         stop_timeout_s: float = 30.0,
-        audit_size: int = 200,
+        audit_size: int = DEFAULT_AUDIT_SIZE,
     ) -> None:
         self.ctx = ctx
         self.instance_id = instance_id or ctx.instance_id
@@ -163,6 +150,7 @@ class Scheduler:
         self._active: dict[str, int] = {}  # runs in progress here, per schedule name
         self._local_audit: dict[str, deque[dict[str, Any]]] = {}
         self._audit_failing = False
+        self._pause_unread: set[str] = set()  # the locks whose pause record could not be read
         self._clock_warned: set[str] = set()  # the locks whose clock offset was logged
         self._started = False
 
@@ -223,25 +211,66 @@ class Scheduler:
         """Run one tick of `name` now, through the overlap guard and fence (no per-instant
         claim: a manual tick is its own instant). `ran` is False with the reason on a skip.
         `extras` are added to this run's `ctx.extras` (what the caller of a manual tick asks
-        of it, say how long to take)."""
+        of it, say how long to take). A paused schedule runs too: the pause stops the planned
+        ticks, and a manual tick is someone asking for this one."""
         spec = self._spec(name)
         return await self._track(self._tick(spec, datetime.now(UTC), "manual", extras or {}))
+
+    async def pause(self, name: str, *, by: str = "") -> SchedulePause:
+        """Pause `name` on every instance: from the next tick on, each scheduler skips its
+        planned ticks with the reason "paused" (a run already going finishes; `run_now` still
+        runs). `by` says who, for the record and the audit. The Scheduler need not be started.
+        ConfigError `schedule.no_lock` for a schedule without a lock; DependencyUnavailable
+        when its Redis does not answer."""
+        return await self._set_pause(name, paused=True, by=by)
+
+    async def resume(self, name: str, *, by: str = "") -> SchedulePause:
+        """Undo `pause`: every instance runs `name`'s next planned tick again."""
+        return await self._set_pause(name, paused=False, by=by)
+
+    async def paused(self, name: str) -> SchedulePause:
+        """Whether `name` is paused, since when and by whom; after a resume, `paused` is False
+        with who resumed it and when. A schedule without a lock is never paused."""
+        spec = self._spec(name)
+        if spec.lock is None:
+            return SchedulePause(False)
+        try:
+            return await read_pause(self.ctx.lock(spec.lock.alias).native, spec.lock)
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise _unreachable(spec.lock, f"cannot read whether {name} is paused", exc) from exc
+
+    async def _set_pause(self, name: str, *, paused: bool, by: str) -> SchedulePause:
+        spec = self._spec(name)
+        plan = lock_of(spec)
+        native = self.ctx.lock(plan.alias).native
+        try:
+            record = await write_pause(
+                native, plan, paused=paused, by=by, instance=self.instance_id,
+                audit_size=self.audit_size,
+            )  # fmt: skip
+        except (RedisError, OSError, TimeoutError) as exc:
+            what = "pause" if paused else "resume"
+            raise _unreachable(plan, f"cannot {what} {name}", exc) from exc
+        logger.info("schedule %r %s by %s", name, "paused" if paused else "resumed", by or "?")
+        return record
 
     async def recent_ticks(self, name: str, limit: int = 20) -> list[dict[str, Any]]:
         """Newest first: ``{instant, source, winner, fence, lateness_ms, skipped: [{instance,
         reason}]}``, merged across instances. `instant` is ISO-8601 UTC; `lateness_ms` is the
-        winner's. Falls back to this instance's own records when Redis cannot be read."""
+        winner's. A pause or a resume is a row too (source "pause" or "resume", its `skipped`
+        entry saying who asked). Falls back to this instance's own records when Redis cannot be
+        read."""
         spec = self._spec(name)
         records: list[dict[str, Any]] = list(self._local_audit[name])
         if spec.lock is not None:
             try:
                 async with asyncio.timeout(AUDIT_TIMEOUT_S):
                     native = self.ctx.lock(spec.lock.alias).native
-                    raw = await native.lrange(f"{spec.lock.key_prefix}:audit", 0, -1)
+                    raw = await native.lrange(audit.audit_key(spec.lock), 0, -1)
                 records = [json.loads(item) for item in raw]
             except (RedisError, OSError, TimeoutError, ValueError) as exc:
                 logger.debug("audit of %r unreadable (%s); showing local records", name, exc)
-        return _merge(records)[:limit]
+        return audit.merge(records)[:limit]
 
     def describe(self, name: str) -> dict[str, Any]:
         """Settings and the next `PREVIEW_RUNS` instants (ISO-8601 with the zone's offset)."""
@@ -319,6 +348,8 @@ class Scheduler:
                 return await self._skip(spec, record, "overlap: still running here")
             tick = Tick(planned, None, source, self.instance_id)
             return await self._execute(spec, tick, record, extras=extras)
+        if source == "schedule" and await self._is_paused(plan):
+            return await self._skip(spec, record, PAUSED_REASON)
         adapter = self.ctx.lock(plan.alias)
         try:
             lease = await self._acquire(spec.name, plan, adapter, planned, source)
@@ -366,6 +397,25 @@ class Scheduler:
             if waited_s > EARLY_WAIT_LIMIT_S:
                 return lease
             await asyncio.sleep(lease.wait_ms / 1000)
+
+    async def _is_paused(self, plan: LockPlan) -> bool:
+        """The pause record, read before each claim. Unreadable (Redis down or slow, a record
+        that is not JSON): not paused, logged once per lock until it reads again; a Redis that
+        is down then fails the claim, which skips the tick for that reason."""
+        try:
+            pause = await read_pause(self.ctx.lock(plan.alias).native, plan)
+        except (RedisError, OSError, TimeoutError, ValueError) as exc:
+            if plan.alias not in self._pause_unread:
+                self._pause_unread.add(plan.alias)
+                logger.warning(
+                    "pause record of %r unreadable on lock %r (%r): ticking as if not paused",
+                    plan.key_prefix, plan.alias, exc,
+                )  # fmt: skip
+            return False
+        if plan.alias in self._pause_unread:
+            self._pause_unread.discard(plan.alias)
+            logger.info("pause records of lock %r read again", plan.alias)
+        return pause.paused
 
     async def _note_clock(self, name: str, alias: str, offset_ms: float | None) -> None:
         """Send the clock offset a claim measured; log it once per lock when it is too large."""
@@ -448,12 +498,10 @@ class Scheduler:
             task.add_done_callback(self._background.discard)
 
     async def _push_audit(self, plan: LockPlan, record: TickRecord) -> None:
-        key = f"{plan.key_prefix}:audit"
         try:
             async with asyncio.timeout(AUDIT_TIMEOUT_S):
                 pipe = self.ctx.lock(plan.alias).native.pipeline(transaction=False)
-                pipe.lpush(key, json.dumps(dataclasses.asdict(record)))
-                pipe.ltrim(key, 0, self.audit_size - 1)
+                audit.append(pipe, plan, record, self.audit_size)
                 await pipe.execute()
         except (RedisError, OSError, TimeoutError) as exc:
             if not self._audit_failing:
@@ -472,6 +520,10 @@ class Scheduler:
         except KeyError:
             known = ", ".join(sorted(self._specs)) or "none"
             raise ValueError(f"no schedule named {name!r} (registered: {known})") from None
+
+
+def _unreachable(plan: LockPlan, what: str, exc: BaseException) -> DependencyUnavailable:
+    return DependencyUnavailable("redis", f"{what}: the Redis of lock {plan.alias!r}: {exc!r}")
 
 
 async def _release_guard(plan: LockPlan, adapter: LockAdapter, token: str) -> Exception | None:
@@ -508,23 +560,6 @@ async def _sleep_until(instant: datetime) -> None:
     target = instant.timestamp()
     while (remaining := target - time.time()) > 0:
         await asyncio.sleep(min(remaining, MAX_SLEEP_S))
-
-
-def _merge(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Group per-instance records by tick (instant + source), newest instant first."""
-    ticks: dict[tuple[str, str], dict[str, Any]] = {}
-    for record in records:
-        instant, source = key = (record["instant"], record["source"])
-        if key not in ticks:
-            ticks[key] = {"instant": instant, "source": source, "winner": None, "fence": None}
-            ticks[key].update(lateness_ms=None, skipped=[])
-        tick = ticks[key]
-        if record["outcome"] == "ran":
-            tick.update(winner=record["instance"], fence=record["fence"])
-            tick["lateness_ms"] = record["lateness_ms"]
-        else:
-            tick["skipped"].append({"instance": record["instance"], "reason": record["reason"]})
-    return sorted(ticks.values(), key=lambda t: datetime.fromisoformat(t["instant"]), reverse=True)
 
 
 def _error_text(error: BaseException) -> str:

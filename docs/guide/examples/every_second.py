@@ -5,7 +5,8 @@
 
 Any file with these module-level names is a config (`--config` or MEGA_CONFIG), so an app of
 yours reuses the framework this way. Run as a script, it prints the tick audit both schedulers
-wrote: one winner per instant, the other instance skipped with "claimed by another instance".
+wrote: one winner per instant, the other instance skipped with "claimed by another instance";
+after a `mega schedules pause EverySecond`, ticks nobody ran ("paused") and the pause itself.
 """
 
 from __future__ import annotations
@@ -38,11 +39,15 @@ async def print_audit() -> None:
     ctx = await boot(load_config(__file__, signs=False), role="script", database=False)
     try:
         scheduler = Scheduler(ctx).register(EverySecond)
-        ticks = [t for t in await scheduler.recent_ticks("EverySecond", limit=200) if t["winner"]]
-        for tick in ticks:
-            skipped = ", ".join(f"{s['instance']}: {s['reason']}" for s in tick["skipped"])
-            print(f"{tick['instant']}  winner {tick['winner']}  fence {tick['fence']}  "
+        rows = await scheduler.recent_ticks("EverySecond", limit=200)
+        for row in rows:
+            skipped = ", ".join(f"{s['instance']}: {s['reason']}" for s in row["skipped"])
+            if row["winner"] is None:  # a tick nobody ran (paused), or a pause or a resume
+                print(f"{row['instant']}  {row['source']}  {skipped}")
+                continue
+            print(f"{row['instant']}  winner {row['winner']}  fence {row['fence']}  "
                   f"skipped {skipped or '-'}")  # fmt: skip
+        ticks = [row for row in rows if row["winner"]]
         runs = int(await ctx.cache("main").native.get(f"{KEY}:runs") or 0)
         print(f"{len(ticks)} instants, {runs} runs")
         assert runs == len(ticks), "an instant ran twice"

@@ -1,0 +1,254 @@
+"""`mega jobs ...` and `mega schedules ...`: control of a running fleet from a terminal.
+
+mega jobs stats [--job NAME] [--json]      per job: pending, in flight, dead letters, paused
+mega jobs inspect ID [--job NAME] [--json] a job's status record (every job searched by default)
+mega jobs cancel ID [--job NAME]           it never runs, or its running task is cancelled
+mega jobs retry ID [--job NAME]            its dead letter back onto the queue
+mega jobs pause JOB [--by WHO]             no worker starts one (within a second); resume undoes
+mega schedules list [--json]               each schedule: cron, zone, next instant, paused
+mega schedules pause NAME [--by WHO]       its planned ticks are skipped from the next one
+
+Each command boots a context without the database, does one thing and says what it did in a
+line per job or schedule. A name the config does not have, or an id in two jobs, is a
+ConfigError (exit 2, before any server is reached for a name); an operation that cannot be
+done (no job has the id, a job that keeps no status records) is a MegaError (exit 1).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import socket
+from datetime import UTC, datetime
+from typing import Any
+
+from mega.config import Config
+from mega.context import Context
+from mega.errors import ConfigError, MegaError, RegistrationError
+from mega.jobs.control import Pause
+from mega.jobs.queue import JobQueue
+from mega.jobs.spec import JobBase
+from mega.jobs.status import JobStatus
+from mega.runtime.boot import boot, shutdown
+from mega.runtime.dlq_cli import select_jobs
+from mega.schedules.scheduler import Scheduler
+
+JOB_ACTIONS = ("stats", "inspect", "cancel", "retry", "pause", "resume")
+SCHEDULE_ACTIONS = ("list", "pause", "resume")
+# What `cancel` says of a job that had ended already, by its state.
+ENDED = {"done": "already done", "dlq": "already dead-lettered", "cancelled": "already cancelled"}
+
+
+def default_by() -> str:
+    """Who changes a pause when `--by` is not given: `user@host`."""
+    try:
+        user = getpass.getuser()
+    except OSError:  # no USER, LOGNAME and no passwd entry (a bare container)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+# -- jobs -------------------------------------------------------------------------------------
+
+
+async def run_jobs_command(
+    config: Config, action: str, *, target: str | None, job: str | None, by: str | None,
+    as_json: bool = False,
+) -> None:  # fmt: skip
+    """Run one `mega jobs` action. `target` is the ID (inspect, cancel, retry) or the JOB
+    (pause, resume); `job` is `--job`."""
+    if action in ("pause", "resume"):
+        jobs = select_jobs(config, target, given="JOB")
+    else:
+        jobs = select_jobs(config, job)
+    if action == "stats" and not jobs:
+        print(f"{config.path.name} lists no jobs")
+        return
+    ctx = await boot(config, role="control", database=False)
+    try:
+        await jobs_command(
+            ctx, jobs, action, target=target or "", by=by, as_json=as_json, named=job is not None
+        )
+    finally:
+        await shutdown(ctx)
+
+
+async def jobs_command(
+    ctx: Context, jobs: list[type[JobBase]], action: str, *, target: str, by: str | None,
+    as_json: bool = False, named: bool = False,
+) -> None:  # fmt: skip
+    """One `mega jobs` action on `jobs` over `ctx`'s buses (what the command runs once booted).
+    `named`: the job was named with --job, so `cancel` cancels the id there even before its
+    record exists; else it cancels the one job whose record has the id."""
+    queues = {bus: JobQueue(ctx, bus) for bus in {job_cls.bus for job_cls in jobs}}
+    pairs = [(queues[job_cls.bus], job_cls) for job_cls in jobs]
+    if action == "stats":
+        for queue, job_cls in pairs:
+            await _stats(queue, job_cls, as_json)
+    elif action == "inspect":
+        for *_, status in await _find(pairs, target):
+            data = status.model_dump(mode="json")
+            print(json.dumps(data, separators=(",", ":")) if as_json else _status_text(data))
+    elif action == "cancel":
+        found = [(*pairs[0], None)] if named else await _find(pairs, target, searched=True)
+        if len(found) > 1:
+            names = " and ".join(job_cls.name for _, job_cls, _ in found)
+            raise ConfigError(f"id {target!r} is in {names}: name one with --job")
+        [(queue, job_cls, _)] = found
+        answer = await queue.cancel(job_cls, target)
+        ended = ENDED.get(answer.state, f"already {answer.state}")
+        done = "cancelled" if answer.cancelled else f"{ended}, nothing cancelled"
+        print(f"{job_cls.name} {target}: {done}")
+    elif action == "retry":
+        await _retry(pairs, target)
+    else:
+        who = by if by is not None else default_by()
+        [(queue, job_cls)] = pairs
+        change = queue.pause if action == "pause" else queue.resume
+        record = await change(job_cls, by=who)
+        print(f"{job_cls.name}: {action}d by {record.by}")
+
+
+async def _stats(queue: JobQueue, job_cls: type[JobBase], as_json: bool) -> None:
+    stats = await queue.stats(job_cls)
+    # A job that keeps no status records has no pause record either: it cannot be paused.
+    recorded = queue.spec(job_cls).keep_status_s > 0
+    pause = await queue.paused(job_cls) if recorded else Pause(False)
+    if as_json:
+        paused: dict[str, Any] = {"paused": pause.paused, "paused_by": None, "paused_at_ms": None}
+        if pause.paused:
+            paused.update(paused_by=pause.by, paused_at_ms=pause.at_ms)
+        line = {"job": job_cls.name, "pending": stats.pending, "in_flight": stats.in_flight,
+                "dlq": stats.dlq, **paused}  # fmt: skip
+        print(json.dumps(line, separators=(",", ":")))
+        return
+    print(
+        f"{job_cls.name}: {stats.pending} pending, {stats.in_flight} in flight, {stats.dlq} "
+        f"dead letter(s), {_pause_text(pause.paused, pause.at_ms, pause.by)}"
+    )
+
+
+async def _find(
+    pairs: list[tuple[JobQueue, type[JobBase]]], job_id: str, *, searched: bool = False
+) -> list[tuple[JobQueue, type[JobBase], JobStatus]]:
+    """The jobs that have a status record for `job_id`, with it; MegaError when none has
+    (`searched`: for a cancel that looked through the jobs, which --job would not need)."""
+    found = []
+    for queue, job_cls in pairs:
+        if queue.spec(job_cls).keep_status_s <= 0:
+            continue  # keeps no records: nothing to find
+        status = await queue.status(job_cls, job_id)
+        if status is not None:
+            found.append((queue, job_cls, status))
+    if not found:
+        names = ", ".join(job_cls.name for _, job_cls in pairs) or "no job (the config lists none)"
+        hint = " (name its job with --job to cancel it all the same)" if searched else ""
+        raise MegaError(
+            f"no job with id {job_id!r} in {names}: unknown, or its status record is older than "
+            f"the job's keep_status_s{hint}"
+        )
+    return found
+
+
+async def _retry(pairs: list[tuple[JobQueue, type[JobBase]]], job_id: str) -> None:
+    total = 0
+    for queue, job_cls in pairs:
+        count = await queue.dlq.requeue(job_cls, job_id)
+        if count:
+            records = f" ({count} records)" if count > 1 else ""
+            print(f"{job_cls.name} {job_id}: requeued{records}")
+        total += count
+    if total == 0:
+        names = ", ".join(job_cls.name for _, job_cls in pairs) or "no job (the config lists none)"
+        listing = "mega dlq list" + (f" --job {pairs[0][1].name}" if len(pairs) == 1 else "")
+        raise MegaError(f"no dead letter with id {job_id!r} in {names} (`{listing}` shows the ids)")
+
+
+def _status_text(data: dict[str, Any]) -> str:
+    """`EmailJob 4f2a: done`, then a line per field the record has, times in UTC."""
+    lines = [f"{data['job']} {data['id']}: {data['state']}"]
+    for field in ("attempts", "enqueued_at", "due_at", "started_at", "finished_at", "worker"):
+        value = data.get(field)
+        if value is not None:
+            shown = _at(value) if field.endswith("_at") else value
+            lines.append(f"  {field.replace('_', ' ')}: {shown}")
+    if data.get("error"):
+        lines.append(f"  error: {data['error']['type']}: {data['error']['message']}")
+    if data.get("result_kept"):
+        lines.append("  result: kept (queue.result reads it)")
+    return "\n".join(lines)
+
+
+# -- schedules --------------------------------------------------------------------------------
+
+
+async def run_schedules_command(
+    config: Config, action: str, *, name: str | None, by: str | None, as_json: bool = False
+) -> None:
+    """Run one `mega schedules` action: `list` every schedule, or pause or resume `name`."""
+    schedules = config.schedules if name is None else [_schedule_named(config, name)]
+    ctx = await boot(config, role="control", database=False)
+    try:
+        scheduler = Scheduler(ctx)  # never started: it reads and writes the records only
+        for schedule in schedules:
+            try:
+                scheduler.register(schedule)
+            except RegistrationError as exc:
+                raise ConfigError(exc.message) from exc
+        if action == "list":
+            if not schedules:
+                print(f"{config.path.name} lists no schedules")
+            for registered in scheduler.names:
+                await _describe(scheduler, registered, as_json)
+        else:
+            [registered] = scheduler.names
+            who = by if by is not None else default_by()
+            change = scheduler.pause if action == "pause" else scheduler.resume
+            record = await change(registered, by=who)
+            print(f"{registered}: {action}d by {record.by}")
+    finally:
+        await shutdown(ctx)
+
+
+def _schedule_named(config: Config, name: str) -> type:
+    for schedule in config.schedules:
+        if schedule.__name__ == name or getattr(schedule, "name", None) == name:
+            return schedule
+    known = ", ".join(s.__name__ for s in config.schedules) or "none"
+    raise ConfigError(f"NAME: no schedule named {name!r} in the config (schedules: {known})")
+
+
+async def _describe(scheduler: Scheduler, name: str, as_json: bool) -> None:
+    settings = scheduler.describe(name)
+    pause = await scheduler.paused(name)
+    if as_json:
+        lock = settings["lock"]["lock"] if settings["lock"] else None
+        line = {
+            "name": name, "cron": settings["cron"], "timezone": settings["timezone"],
+            "next_run": settings["next_runs"][0], "lock": lock, "paused": pause.paused,
+            "paused_by": pause.by if pause.paused else None,
+            "paused_at_ms": pause.at_ms if pause.paused else None,
+        }  # fmt: skip
+        print(json.dumps(line, separators=(",", ":")))
+        return
+    state = _pause_text(pause.paused, pause.at_ms, pause.by)
+    if settings["lock"] is None:
+        state = "no lock: runs on every scheduler, cannot be paused"
+    print(
+        f"{name}: {settings['cron']!r} in {settings['timezone']}, next "
+        f"{settings['next_runs'][0]}, {state}"
+    )
+
+
+# -- shared -----------------------------------------------------------------------------------
+
+
+def _pause_text(paused: bool, at_ms: int | None, by: str | None) -> str:
+    if not paused:
+        return "not paused"
+    since = f" since {_at(at_ms)}" if at_ms is not None else ""
+    return f"paused by {by or '?'}{since}"
+
+
+def _at(epoch_ms: int) -> str:
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="seconds")

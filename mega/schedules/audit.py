@@ -1,0 +1,75 @@
+"""The tick audit: each scheduler instance's account of each tick, and who paused or resumed a
+schedule, kept as a JSON list in the Redis of the schedule's lock at ``<prefix>:audit`` (the
+newest first, the last `DEFAULT_AUDIT_SIZE` records of every instance together).
+
+A record is a `TickRecord`. `merge` makes one row per tick of them, as `Scheduler.recent_ticks`
+answers: ``{instant, source, winner, fence, lateness_ms, skipped: [{instance, reason}]}``. A
+pause or a resume is a row of its own (source "pause" or "resume", no winner), its one
+"skipped" entry naming the process that wrote it and, in the reason, who asked: so a page that
+shows the ticks shows the change among them without knowing of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from redis.asyncio.client import Pipeline
+
+from mega.schedules.schedule import LockPlan, TickSource
+
+# Bound on one audit read or write, so a blackholed Redis cannot pile up tasks.
+AUDIT_TIMEOUT_S = 1.0
+# Records kept per schedule, all instances together (a Scheduler's `audit_size`).
+DEFAULT_AUDIT_SIZE = 200
+
+# What a record is of: a tick (scheduled or manual), or a change of the schedule's pause.
+AuditSource = TickSource | Literal["pause", "resume"]
+
+
+@dataclass(frozen=True)
+class TickRecord:
+    """One instance's account of one tick, as stored in the audit (JSON)."""
+
+    instant: str  # planned instant, ISO-8601 UTC (a manual tick or a change: when it was asked)
+    source: AuditSource
+    instance: str
+    lateness_ms: float  # how long after `instant` the decision started
+    outcome: str = "skipped"  # or "ran"; "paused" or "resumed" for a change of the pause
+    reason: str | None = None
+    fence: int | None = None
+
+    def event_fields(self, schedule: str, **extra: Any) -> dict[str, Any]:
+        fields = {"instant": self.instant, "source": self.source, "instance": self.instance}
+        return {"schedule": schedule, **fields, **extra}
+
+
+def audit_key(plan: LockPlan) -> str:
+    return f"{plan.key_prefix}:audit"
+
+
+def append(pipe: Pipeline, plan: LockPlan, record: TickRecord, size: int) -> None:
+    """Queue on `pipe` the push of `record` and the trim to the newest `size` records."""
+    key = audit_key(plan)
+    pipe.lpush(key, json.dumps(dataclasses.asdict(record)))
+    pipe.ltrim(key, 0, size - 1)
+
+
+def merge(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Group per-instance records by tick (instant + source), newest instant first."""
+    ticks: dict[tuple[str, str], dict[str, Any]] = {}
+    for record in records:
+        instant, source = key = (record["instant"], record["source"])
+        if key not in ticks:
+            ticks[key] = {"instant": instant, "source": source, "winner": None, "fence": None}
+            ticks[key].update(lateness_ms=None, skipped=[])
+        tick = ticks[key]
+        if record["outcome"] == "ran":
+            tick.update(winner=record["instance"], fence=record["fence"])
+            tick["lateness_ms"] = record["lateness_ms"]
+        else:
+            tick["skipped"].append({"instance": record["instance"], "reason": record["reason"]})
+    return sorted(ticks.values(), key=lambda t: datetime.fromisoformat(t["instant"]), reverse=True)
