@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from mega.config import Config, load_config
-from mega.drivers import find_driver
 from mega.jobs.queue import JobQueue
 from mega.runtime.boot import boot, shutdown
 from mega.runtime.control_cli import (
@@ -63,19 +62,7 @@ schedules = [Tidy, Everywhere]
 ON_REDIS = 'services["buses"]["jobs"] = {{"driver": "redis", "url": {url!r}}}\n'
 
 
-def keeps_records(driver: str) -> pytest.MarkDecorator:
-    """Status, cancel and pause are records in the lane (`Bus.put_records`): a driver without
-    them cannot serve these commands."""
-    lacking = not all(hasattr(find_driver(driver), f"{way}_records") for way in ("put", "get"))
-    return pytest.mark.skipif(lacking, reason=f"the {driver} driver keeps no lane records yet")
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("nats", marks=keeps_records("nats")),
-        pytest.param("redis", marks=keeps_records("redis")),
-    ]
-)
+@pytest.fixture(params=["nats", "redis"])
 def config(
     request: pytest.FixtureRequest, tmp_path: Path, nats_url: str, redis_url: str, prefix: str
 ) -> Config:
