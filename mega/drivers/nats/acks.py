@@ -50,22 +50,24 @@ class AckMux:
             self._inbox = inbox
         loop = asyncio.get_running_loop()
         tokens: list[str] = []
+        futures: list[asyncio.Future[dict[str, Any]]] = []
         try:
             for subject, body, headers in envelopes:
                 token = str(next(self._tokens))
-                self._waiting[token] = loop.create_future()
+                # An answer may come (and leave `_waiting`) before the last one is sent.
+                future = self._waiting[token] = loop.create_future()
                 tokens.append(token)
+                futures.append(future)
                 await self.nc.publish(
                     subject, body, reply=f"{self._inbox}.{token}", headers=headers
                 )
-            futures = [self._waiting[token] for token in tokens]
             return await asyncio.wait_for(asyncio.gather(*futures), timeout_s)
         except NATS_ERRORS as exc:
             raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
         finally:
-            for token in tokens:
-                future = self._waiting.pop(token, None)
-                if future is not None and not future.done():
+            for token, future in zip(tokens, futures, strict=True):
+                self._waiting.pop(token, None)
+                if not future.done():
                     future.cancel()
 
     async def _answer(self, msg: Msg) -> None:
