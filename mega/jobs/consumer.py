@@ -24,6 +24,7 @@ the slots (`concurrency` runs at a time), the lease heartbeats, the decision for
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -115,7 +116,11 @@ class Consumer:
 
     async def run(self) -> None:
         heartbeat = asyncio.create_task(self._heartbeat())
-        watch = asyncio.create_task(self._watch()) if self.control is not None else None
+        watch = None
+        if self.control is not None:
+            with contextlib.suppress(DriverUnavailable):  # the watch reads it again each second
+                await self._refresh()  # a queue paused before this worker started stays so
+            watch = asyncio.create_task(self._watch())
         try:
             await self._fetch_loop()
             await self._drain()
@@ -319,7 +324,7 @@ class Consumer:
         if self.control is None:
             return ()
         try:
-            await self._refresh()
+            await self.control.refresh_cancels()
             return await self.control.cancelled(job_ids)
         except DriverUnavailable as exc:  # the runs' own settles will say the bus is away
             logger.warning("%s: cannot read its cancels (%s)", self.spec.name, exc)

@@ -8,7 +8,7 @@ every driver and every host sees them without a channel of its own:
   second it reads the records of what it runs, and cancels the task of a cancelled one. Both
   reads happen only while the lane's cancel window is open: a cancel opens it for
   `keep_status_s` (the tombstone's life) in the record `CANCELS_KEY`, so a queue nobody
-  cancels in pays one small read per fetch, and nothing per job.
+  cancels in pays one small read per fetch (that record), and nothing per job.
 - **Pause** sets `PAUSE_KEY`. Each worker reads it every second (`WATCH_S`): a paused queue
   starts nothing new and its running jobs finish; resume clears it.
 
@@ -101,6 +101,13 @@ class LaneControl:
             return
         pause, window = await self.bus.get_records(self.lane, "status", [PAUSE_KEY, CANCELS_KEY])
         self.paused = pause is not None and bool(json.loads(pause).get("paused"))
+        self.cancels_until_ms = 0 if window is None else int(json.loads(window)["until"])
+
+    async def refresh_cancels(self) -> None:
+        """Read the cancel window alone (what each fetch needs: the pause can wait a second)."""
+        if not self.on:
+            return
+        [window] = await self.bus.get_records(self.lane, "status", [CANCELS_KEY])
         self.cancels_until_ms = 0 if window is None else int(json.loads(window)["until"])
 
     @property
