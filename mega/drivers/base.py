@@ -259,10 +259,13 @@ class Bus(Protocol):
     # -- the records of a lane: a key-value store per table, each record with an expiry --------
 
     async def put_records(
-        self, lane: Lane, table: Table, records: Sequence[tuple[str, bytes]], *, create: bool
-    ) -> list[bool]:
+        self, lane: Lane, table: Table, records: Sequence[tuple[str, bytes]], *, create: bool,
+        confirm: bool = True,
+    ) -> list[bool]:  # fmt: skip
         """Store each (key, value) in the lane's `table`, in order, and return once every one
-        is stored; it expires `lane.keep_s(table)` seconds after this write. `create`: store
+        is stored; it expires `lane.keep_s(table)` seconds after this write. `confirm` False:
+        the engine may take them without answering (a driver that can returns once they are
+        sent, all True), for records whose loss costs only themselves. `create`: store
         only keys that have no live record (True each one stored, False each one kept as it
         was); otherwise overwrite (all True). Keys are job ids (1 to 200 printable characters
         without spaces) or the framework's own keys, which hold a space. A table whose keep is

@@ -189,7 +189,7 @@ class JobQueue(LaneEndpoint):
             return
         records = [(message.id, encode(enqueued(spec.name, message))) for message in messages]
         try:
-            await self.bus.put_records(lane, "status", records, create=True)
+            await self.bus.put_records(lane, "status", records, create=True, confirm=False)
         except DriverUnavailable as exc:
             logger.warning(
                 "%s: %d job(s) stored, their status records not (%s)", spec.name, len(records), exc

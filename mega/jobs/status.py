@@ -164,7 +164,7 @@ class StatusWriter:
                     )
                 if statuses:
                     await self.bus.put_records(
-                        self.lane, "status", list(statuses.items()), create=False
+                        self.lane, "status", list(statuses.items()), create=False, confirm=False
                     )
             except DriverUnavailable as exc:
                 logger.warning(

@@ -136,8 +136,9 @@ class MemoryBus:
     # -- records ------------------------------------------------------------------------------
 
     async def put_records(
-        self, lane: Lane, table: Table, records: Sequence[tuple[str, bytes]], *, create: bool
-    ) -> list[bool]:
+        self, lane: Lane, table: Table, records: Sequence[tuple[str, bytes]], *, create: bool,
+        confirm: bool = True,
+    ) -> list[bool]:  # fmt: skip
         store = self.broker.table(lane, table)
         now = time.monotonic()
         expires = now + lane.keep_s(table)

@@ -82,7 +82,7 @@ from mega.drivers.nats.names import (
     stream_of,
 )
 from mega.drivers.nats.receiver import NatsReceiver, requeue_headers
-from mega.drivers.nats.records import ensure_buckets, read_record, write_records
+from mega.drivers.nats.records import ensure_buckets, read_record, send_records, write_records
 from mega.errors import DependencyUnavailable, JobError
 
 logger = logging.getLogger("mega.jobqueue")
@@ -312,15 +312,19 @@ class NatsBus:
     # -- records ------------------------------------------------------------------------------
 
     async def put_records(
-        self, lane: Lane, table: Table, records: Sequence[tuple[str, bytes]], *, create: bool
-    ) -> list[bool]:
-        """Publish each record onto its key's subject in the lane's bucket (see records.py). A
-        table kept 0 s has no bucket: nothing is written, and nothing will be read."""
+        self, lane: Lane, table: Table, records: Sequence[tuple[str, bytes]], *, create: bool,
+        confirm: bool = True,
+    ) -> list[bool]:  # fmt: skip
+        """Publish each record onto its key's subject in the lane's bucket (see records.py);
+        unconfirmed ones as plain publishes, which JetStream stores without answering. A table
+        kept 0 s has no bucket: nothing is written, and nothing will be read."""
         if not records or lane.keep_s(table) <= 0:
             return [True] * len(records)
         self._check_connected()
         bucket = bucket_of(lane, table)
         try:
+            if not confirm:
+                return await send_records(self.native, bucket, records, create=create)
             return await write_records(self.js, self.acks, bucket, records, create=create)
         except DriverUnavailable as exc:
             raise DriverUnavailable(

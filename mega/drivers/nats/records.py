@@ -20,6 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, RawStreamMsg, StorageType
 from nats.js.errors import APIError, NotFoundError
@@ -131,6 +132,21 @@ async def write_records(
                 over = {NATS_EXPECTED_LAST_SUBJECT_SEQ: str(last.seq)}
                 kept[index] = (await _publish(mux, [(subject, value, over)]))[0]
     return kept
+
+
+async def send_records(
+    nc: NatsClient, bucket: str, records: Sequence[tuple[str, bytes]], *, create: bool
+) -> list[bool]:
+    """Publish each record onto its key's subject without asking for an answer: JetStream
+    stores it (a create only onto a key with no message) and says nothing. All True: what
+    became of each is not known here. Raises DriverUnavailable when the connection fails."""
+    headers = {NATS_EXPECTED_LAST_SUBJECT_SEQ: "0"} if create else None
+    try:
+        for key, value in records:
+            await nc.publish(record_subject(bucket, key), value, headers=headers)
+    except NATS_ERRORS as exc:
+        raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+    return [True] * len(records)
 
 
 async def read_record(js: JetStreamContext, bucket: str, job_id: str) -> bytes | None:

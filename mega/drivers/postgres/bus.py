@@ -291,8 +291,9 @@ class PostgresBus:
     # -- records ------------------------------------------------------------------------------
 
     async def put_records(
-        self, lane: Lane, table: Table, records: Sequence[tuple[str, bytes]], *, create: bool
-    ) -> list[bool]:
+        self, lane: Lane, table: Table, records: Sequence[tuple[str, bytes]], *, create: bool,
+        confirm: bool = True,
+    ) -> list[bool]:  # fmt: skip
         """One statement per record, pipelined in one transaction: in order, so a later
         record of a key sees an earlier one. Expiry on the database's clock. A table kept 0 s
         is never written (nothing will be read)."""

@@ -238,8 +238,9 @@ class RedisBus:
     # -- records ------------------------------------------------------------------------------
 
     async def put_records(
-        self, lane: Lane, table: Table, records: Sequence[tuple[str, bytes]], *, create: bool
-    ) -> list[bool]:
+        self, lane: Lane, table: Table, records: Sequence[tuple[str, bytes]], *, create: bool,
+        confirm: bool = True,
+    ) -> list[bool]:  # fmt: skip
         """One SET per record with the lane's keep as its expiry (NX for a create: Redis
         answers nothing when the key exists), all in one pipeline, run in order. A table kept
         0 s is never written (nothing will be read)."""
