@@ -7,6 +7,7 @@ test has its own streams and keys. What each run does is recorded in the config'
     <prefix>:started:<pid>   hash, job id -> 1     the process <pid> began running the job
     <prefix>:done            hash, job id -> n     the job's effect: n runs completed
     <prefix>:runs            hash, job id -> n     CrashJob runs (each one ends its process)
+    <prefix>:cancelled:<pid> hash, job id -> 1     LongJob runs a cancel cut short in <pid>
 
 Which jobs a process had acked is the broker's to say: they are gone from the work-queue stream.
 
@@ -81,6 +82,28 @@ class SlowJob(Job):
     async def run(self, payload: dict[str, Any], ctx: Context) -> None:
         await record_start(ctx, payload["id"])
         await asyncio.sleep(1.0)
+        await record_effect(ctx, payload["id"])
+
+
+class LongJob(Job):
+    """Runs `sleep_s` (default a minute) unless cancelled; records its start, its effect and,
+    in `<prefix>:cancelled:<pid>`, a cancel that reached it mid-run."""
+
+    subject = f"{PREFIX}.long"
+    bus = "jobs"
+    concurrency = 4
+    retries = 3
+    backoff = FAST_BACKOFF
+    ack_wait_s = 5.0
+
+    async def run(self, payload: dict[str, Any], ctx: Context) -> None:
+        await record_start(ctx, payload["id"])
+        try:
+            await asyncio.sleep(payload.get("sleep_s", 60))
+        except asyncio.CancelledError:
+            cancelled = f"{PREFIX}:cancelled:{os.getpid()}"
+            await asyncio.shield(ctx.cache("main").native.hset(cancelled, payload["id"], 1))
+            raise
         await record_effect(ctx, payload["id"])
 
 

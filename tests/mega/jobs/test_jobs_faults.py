@@ -1,5 +1,5 @@
 """Process-level faults of the job-consumer host: SIGKILL mid-run, a job that kills its process,
-SIGTERM with jobs in flight.
+SIGTERM with jobs in flight; and cancel and pause across two worker processes.
 
 The workers are real `mega worker` processes (`python -m mega worker --config <file>`), run
 as a user or a process manager runs them, with the jobs of tests/mega/jobs/fault_jobs.py. The test
@@ -29,6 +29,7 @@ from mega.config import BusSpec
 from mega.context import Context
 from mega.drivers.nats import NatsBus
 from mega.drivers.nats.names import HEADER_JOB_ID, stream_name
+from mega.jobs.control import Cancelled
 from mega.jobs.job import Job
 from mega.jobs.queue import JobQueue
 from mega.jobs.spec import JobSpec
@@ -343,3 +344,98 @@ async def _at_least(value: Awaitable[int], n: int) -> bool:
 
 async def _equals(value: Awaitable[int], n: int) -> bool:
     return await value == n
+
+
+# -- cancel and pause, across two processes -------------------------------------------------
+
+
+async def started_by(redis: Redis, prefix: str, pids: list[int]) -> dict[str, list[int]]:
+    """Job id -> the pids of the processes that started it."""
+    found: dict[str, list[int]] = {}
+    for pid in pids:
+        for job_id in await keys_of(redis, f"{prefix}:started:{pid}"):
+            found.setdefault(job_id, []).append(pid)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+async def test_a_cancel_reaches_the_process_running_the_job_and_a_queued_one_never_starts(
+    queue: JobQueue, redis: Redis, start_worker: StartWorker, tmp_path: Path,
+    nats_url: str, redis_url: str, prefix: str,
+) -> None:  # fmt: skip
+    config = write_config(
+        tmp_path, nats_url=nats_url, redis_url=redis_url, body=registration("LongJob")
+    )
+    job = for_prefix(fault_jobs.LongJob, prefix)
+    spec = await queue.ensure(job)
+    workers = [await start_worker(config).ready() for _ in range(2)]
+    pids = [worker.pid for worker in workers]
+    running = [await queue.enqueue(job, {"id": f"r{n}"}, id=f"r{n}") for n in range(4)]
+    await until(lambda: _has(started_by(redis, prefix, pids), set(running)), "four running")
+    later = await queue.enqueue(job, {"id": "later"}, id="later", delay=2)
+    assert await queue.cancel(job, later) == Cancelled(True, "cancelled")
+
+    for job_id in running[:2]:
+        assert await queue.cancel(job, job_id) == Cancelled(True, "cancelled")
+    holders = await started_by(redis, prefix, pids)
+
+    async def cut_short() -> bool:
+        cut = {
+            job_id: pid
+            for pid in pids
+            for job_id in await keys_of(redis, f"{prefix}:cancelled:{pid}")
+        }
+        return cut == {job_id: holders[job_id][0] for job_id in running[:2]}
+
+    await until(cut_short, "each cancel reaching the process that runs its job")
+    await asyncio.sleep(3)  # past the delayed one's time, and a retry's backoff many times
+    assert await started_by(redis, prefix, pids) == holders  # nothing restarted, `later` never
+    for job_id in (*running[:2], later):
+        status = await queue.status(job, job_id)
+        assert status is not None and status.state == "cancelled"
+    for job_id in running[2:]:  # the others run on, untouched
+        status = await queue.status(job, job_id)
+        assert status is not None and status.state == "running"
+    assert await counts_of(redis, f"{prefix}:done") == {}
+    assert await stream_size(queue, stream_name(spec.subject)) == 2  # the two still running
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+async def test_a_pause_holds_every_process_until_the_resume(
+    queue: JobQueue, redis: Redis, start_worker: StartWorker, tmp_path: Path,
+    nats_url: str, redis_url: str, prefix: str,
+) -> None:  # fmt: skip
+    config = write_config(
+        tmp_path, nats_url=nats_url, redis_url=redis_url, body=registration("LongJob")
+    )
+    job = for_prefix(fault_jobs.LongJob, prefix)
+    spec = await queue.ensure(job)
+    workers = [await start_worker(config).ready() for _ in range(2)]
+    pids = [worker.pid for worker in workers]
+    await queue.pause(job, by="test")
+    await until(lambda: _logged(workers, " paused: "), "both processes paused")
+    ids = [await queue.enqueue(job, {"id": f"p{n}", "sleep_s": 0}, id=f"p{n}") for n in range(6)]
+    await asyncio.sleep(2)
+    assert await started_by(redis, prefix, pids) == {}  # nothing started in either
+    await queue.resume(job, by="test")
+    await until(lambda: _done(redis, prefix, ids), "all six done after the resume")
+    assert await counts_of(redis, f"{prefix}:done") == dict.fromkeys(ids, 1)
+    await until(lambda: _empty(queue, stream_name(spec.subject)), "the stream empty")
+
+
+async def _has(found: Awaitable[dict[str, list[int]]], ids: set[str]) -> bool:
+    return set(await found) == ids
+
+
+async def _logged(workers: list[MegaWorker], text: str) -> bool:
+    return all(text in worker.output() for worker in workers)
+
+
+async def _done(redis: Redis, prefix: str, ids: list[str]) -> bool:
+    return set(await counts_of(redis, f"{prefix}:done")) == set(ids)
+
+
+async def _empty(queue: JobQueue, stream: str) -> bool:
+    return await stream_size(queue, stream) == 0
