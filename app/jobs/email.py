@@ -43,8 +43,9 @@ class EmailJob(Job):
     # A crashed attempt comes back after this long; a running job renews it every third of it.
     # 5 s: a slow job (3 ack waits) lasts 15 s, a crash job reaches the DLQ about 15 s in.
     ack_wait_s = 5.0
+    keep_result_s = 3600  # what run returns: GET /api/demo/jobs/{id} shows it for an hour
 
-    async def run(self, payload: dict[str, Any], ctx: JobContext) -> None:
+    async def run(self, payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         redis = ctx.cache("main").native
         attempt = await redis.incr(attempts_key(payload["id"]))
         await redis.expire(attempts_key(payload["id"]), 24 * 3600)
@@ -57,6 +58,7 @@ class EmailJob(Job):
             await slow_send(ctx, SLOW_ACK_WAITS * self.ack_wait_s)
         if mode == "crash":
             os._exit(1)  # no ack, no nak, no goodbye: the worker process is gone
+        return {"sent_to": payload["to"], "attempt": attempt}
 
 
 async def slow_send(ctx: JobContext, total_s: float) -> None:

@@ -6,10 +6,11 @@ Bad input is a 422 with field errors and enqueues nothing. NATS down: 503 naming
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import RedirectResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -18,7 +19,7 @@ from app.deps import main_redis as redis_of
 from app.deps import queue as queue_of
 from app.jobs.email import SLOW_ACK_WAITS, SLOW_STEPS, EmailJob
 from app.services import job_timeline
-from mega import JobQueue
+from mega import JobError, JobQueue, JobStatus
 from mega.web import (
     ApiError,
     EmailAddress,
@@ -167,6 +168,43 @@ class JobCreated(BaseModel):
 
 class Requeued(BaseModel):
     requeued: int
+
+
+class CancelAnswer(BaseModel):
+    cancelled: bool  # False: it had ended already, as `state` says
+    state: str
+
+
+JobIdPath = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="a job's id")]
+
+
+@router.get(
+    "/api/demo/jobs/{job_id}", responses=api_responses(JobStatus, errors=(401, 404, 422, 503))
+)
+async def get_job(job_id: JobIdPath, user: UserDep, queue: QueueDep) -> Response:
+    """The job's status record (the framework's: state, attempts, times, worker, last error)
+    with `result`, what its run returned, once it is done."""
+    status = await queue.status(EmailJob, job_id)
+    if status is None:
+        raise ApiError(404, "not_found", f"no job with id {job_id!r} (kept a day)")
+    result = None
+    if status.result_kept:
+        with contextlib.suppress(JobError):  # expired since: the record says it was kept
+            result = await queue.result(EmailJob, job_id)
+    return ok({**status.model_dump(mode="json"), "result": result})
+
+
+@router.post(
+    "/api/demo/jobs/{job_id}/cancel",
+    responses=api_responses(CancelAnswer, errors=(401, 403, 404, 422, 503)),
+)
+async def cancel_job(job_id: JobIdPath, user: UserDep, queue: QueueDep) -> Response:
+    """Cancel a queued, delayed or running job (a `slow` one mid-run); one that has ended
+    answers `cancelled: false` with its state."""
+    if await queue.status(EmailJob, job_id) is None:
+        raise ApiError(404, "not_found", f"no job with id {job_id!r} (kept a day)")
+    answer = await queue.cancel(EmailJob, job_id)
+    return ok({"cancelled": answer.cancelled, "state": answer.state})
 
 
 @router.get("/api/demo/jobs", responses=api_responses(errors=(401, 422, 503)))

@@ -111,6 +111,36 @@ async def test_ok_flaky_and_fail_end_to_end(config: Config) -> None:
         assert console["start_latency_p50_ms"] is not None
 
 
+async def test_a_job_answers_its_status_and_result_and_a_slow_one_is_cancelled_mid_run(
+    config: Config,
+) -> None:
+    async with web_client(config) as client, job_worker(config):
+        assert (await client.get("/api/demo/jobs/nope")).status_code == 401
+        headers = await authed(client, "/demo/jobs")
+        ok_id = await enqueue(client, headers, "ok")
+        slow_id = await enqueue(client, headers, "slow")
+        await wait_for_job(client, ok_id, "done")
+        job = (await client.get(f"/api/demo/jobs/{ok_id}")).json()["data"]
+        assert (job["state"], job["attempts"], job["job"]) == ("done", 1, "EmailJob")
+        assert job["result"] == {"sent_to": "ada@example.com", "attempt": 1}
+
+        await wait_for_job(client, slow_id, "running")
+        answer = await client.post(f"/api/demo/jobs/{slow_id}/cancel", headers=headers)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["data"] == {"cancelled": True, "state": "cancelled"}
+        deadline = asyncio.get_running_loop().time() + 10
+        while (await stream_messages(client)) != 0:  # its worker lets it go, acked
+            assert asyncio.get_running_loop().time() < deadline, "the slow job still held"
+            await asyncio.sleep(0.1)
+        job = (await client.get(f"/api/demo/jobs/{slow_id}")).json()["data"]
+        assert (job["state"], job["attempts"], job["result"]) == ("cancelled", 1, None)
+        again = await client.post(f"/api/demo/jobs/{ok_id}/cancel", headers=headers)
+        assert again.json()["data"] == {"cancelled": False, "state": "done"}
+        missing = await client.get("/api/demo/jobs/no-such-job")
+        assert missing.status_code == 404
+        assert missing.json()["error"]["message"] == "no job with id 'no-such-job' (kept a day)"
+
+
 def clock_ms(clock: str, near_ms: int) -> int:
     """A timeline clock (HH:MM:SS.mmm, UTC) as epoch ms, on the day of `near_ms`."""
     day = datetime.fromtimestamp(near_ms / 1000, UTC).date()
