@@ -358,28 +358,18 @@ async def started_by(redis: Redis, prefix: str, pids: list[int]) -> dict[str, li
     return found
 
 
-async def two_long_workers(
-    queue: JobQueue, start_worker: StartWorker, tmp_path: Path, nats_url: str, redis_url: str,
-    prefix: str,
-) -> tuple[type[Job], JobSpec, list[MegaWorker]]:  # fmt: skip
-    """LongJob on the test's subject, its queue set up, and two `mega worker`s consuming it."""
-    config = write_config(
-        tmp_path, nats_url=nats_url, redis_url=redis_url, body=registration("LongJob")
-    )
-    job = for_prefix(fault_jobs.LongJob, prefix)
-    spec = await queue.ensure(job)
-    return job, spec, [await start_worker(config).ready() for _ in range(2)]
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 async def test_a_cancel_reaches_the_process_running_the_job_and_a_queued_one_never_starts(
     queue: JobQueue, redis: Redis, start_worker: StartWorker, tmp_path: Path,
     nats_url: str, redis_url: str, prefix: str,
 ) -> None:  # fmt: skip
-    job, spec, workers = await two_long_workers(
-        queue, start_worker, tmp_path, nats_url, redis_url, prefix
+    config = write_config(
+        tmp_path, nats_url=nats_url, redis_url=redis_url, body=registration("LongJob")
     )
+    job = for_prefix(fault_jobs.LongJob, prefix)
+    spec = await queue.ensure(job)
+    workers = [await start_worker(config).ready() for _ in range(2)]
     pids = [worker.pid for worker in workers]
     running = [await queue.enqueue(job, {"id": f"r{n}"}, id=f"r{n}") for n in range(4)]
     await until(lambda: _has(started_by(redis, prefix, pids), set(running)), "four running")
@@ -417,9 +407,12 @@ async def test_a_pause_holds_every_process_until_the_resume(
     queue: JobQueue, redis: Redis, start_worker: StartWorker, tmp_path: Path,
     nats_url: str, redis_url: str, prefix: str,
 ) -> None:  # fmt: skip
-    job, spec, workers = await two_long_workers(
-        queue, start_worker, tmp_path, nats_url, redis_url, prefix
+    config = write_config(
+        tmp_path, nats_url=nats_url, redis_url=redis_url, body=registration("LongJob")
     )
+    job = for_prefix(fault_jobs.LongJob, prefix)
+    spec = await queue.ensure(job)
+    workers = [await start_worker(config).ready() for _ in range(2)]
     pids = [worker.pid for worker in workers]
     await queue.pause(job, by="test")
     await until(lambda: _logged(workers, " paused: "), "both processes paused")
