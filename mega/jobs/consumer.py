@@ -50,6 +50,9 @@ HAND_BACK_DELAY_S = 1.0
 DLQ_RETRY_DELAY_S = 5.0
 # DLQ records whose store failed, kept so the redelivery carries the real error.
 UNREPORTED_MEMO_SIZE = 1024
+# The longest a fetch waits for its cancel read (and never over a quarter of the ack wait):
+# an engine in an election must not hold fetched jobs until they are delivered again.
+CANCEL_READ_S = 0.5
 
 # Runs one decoded delivery: (payload, delivery); what it returns is the run's result. Raising
 # fails the attempt.
@@ -323,11 +326,18 @@ class Consumer:
         cancel that returned before this fetch is seen (see mega/jobs/control.py)."""
         if self.control is None:
             return ()
+        control = self.control
+
+        async def read() -> set[str]:
+            await control.refresh_cancels()
+            return await control.cancelled(job_ids)
+
         try:
-            await self.control.refresh_cancels()
-            return await self.control.cancelled(job_ids)
-        except DriverUnavailable as exc:  # the runs' own settles will say the bus is away
-            logger.warning("%s: cannot read its cancels (%s)", self.spec.name, exc)
+            return await asyncio.wait_for(read(), min(CANCEL_READ_S, self.spec.ack_wait_s / 4))
+        except (DriverUnavailable, TimeoutError) as exc:
+            # Started unread: the watch still cancels a cancelled one within a second.
+            why = str(exc) or "no answer in time"
+            logger.warning("%s: cannot read its cancels (%s)", self.spec.name, why)
             return ()
 
     async def _refresh(self) -> None:
