@@ -31,22 +31,57 @@ logger = logging.getLogger("mega.host")
 SUMMARY_EVERY_S = 10.0
 
 
-async def wait_for_stop_signal() -> str:
-    """Block until SIGINT or SIGTERM; returns the signal's name."""
-    loop = asyncio.get_running_loop()
-    received: asyncio.Future[str] = loop.create_future()
+class StopSignals:
+    """SIGINT and SIGTERM, caught from a host's first step. One that comes while the host
+    starts cancels the start (what it opened is closed, and it exits 0, as after a run); one
+    that comes once it runs settles `running_until_signal()`. A second is not caught: it
+    kills the process, as it would anyway, for an operator who will not wait for the drain."""
 
-    def on_signal(sig: os_signal.Signals) -> None:
-        if not received.done():
-            received.set_result(sig.name)
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.host = asyncio.current_task()
+        self.received: asyncio.Future[str] = self.loop.create_future()
+        self.running = False
 
-    for sig in (os_signal.SIGINT, os_signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal, sig)
-    try:
-        return await received
-    finally:
+    def __enter__(self) -> StopSignals:
         for sig in (os_signal.SIGINT, os_signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+            self.loop.add_signal_handler(sig, self._on_signal, sig)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._uninstall()
+
+    @property
+    def while_starting(self) -> bool:
+        """Whether a signal came before the host was running."""
+        return self.received.done() and not self.running
+
+    def running_until_signal(self) -> asyncio.Future[str]:
+        """The host is running: from now on a signal stops it through this future (its
+        result: the signal's name) instead of cancelling it."""
+        self.running = True
+        return self.received
+
+    def _on_signal(self, sig: os_signal.Signals) -> None:
+        self._uninstall()
+        self.received.set_result(sig.name)
+        if not self.running and self.host is not None:
+            self.host.cancel()
+
+    def _uninstall(self) -> None:
+        for sig in (os_signal.SIGINT, os_signal.SIGTERM):
+            self.loop.remove_signal_handler(sig)
+
+
+@contextlib.contextmanager
+def stopped_while_starting(signals: StopSignals, role: str) -> Iterator[None]:
+    """The cancel of a start by a signal (see StopSignals), ended as a normal stop."""
+    try:
+        yield
+    except asyncio.CancelledError:
+        if not signals.while_starting:
+            raise
+        logger.info("%s received while starting: %s stopped", signals.received.result(), role)
 
 
 def start_metrics_server(config: Config, port: int) -> None:
@@ -185,6 +220,15 @@ async def _run_host(
     """The shared life of the scheduler and worker hosts: boot, register, observe, start,
     wait for a stop signal, stop each part in order with a bounded drain, close connections."""
     enforce(config, logger.warning)  # a bad class is named before any server is reached
+    with StopSignals() as signals, stopped_while_starting(signals, role):
+        await _host(config, signals, role=role, parts=parts, metrics_port=metrics_port,
+                    stopping=stopping)  # fmt: skip
+
+
+async def _host(
+    config: Config, signals: StopSignals, *, role: str, parts: list[Part], metrics_port: int,
+    stopping: str,
+) -> None:  # fmt: skip
     ctx = await boot(config, role=role, database=False)
     started: list[Any] = []
     try:
@@ -211,8 +255,7 @@ async def _run_host(
             names = ", ".join(d.__name__ for d in part.declarations) or "none"
             status = part.describe.format(count=len(part.declarations), names=names)
             logger.info("%s %s %s", role, ctx.instance_id, status)
-        signal_name = await wait_for_stop_signal()
-        logger.info("%s received: %s", signal_name, stopping)
+        logger.info("%s received: %s", await signals.running_until_signal(), stopping)
     finally:
         # In the parts' order (scheduler, relay, listeners, jobs), within one drain budget.
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
@@ -239,10 +282,14 @@ def check_port_free(host: str, port: int) -> None:
 
 
 async def run_web(config: Config, host: str, port: int) -> None:
-    import uvicorn
-
     check_port_free(host, port)
     enforce(config, logger.warning)  # a bad class is named before any server is reached
+    with StopSignals() as signals, stopped_while_starting(signals, "web"):
+        await _serve(config, signals, host, port)
+
+
+async def _serve(config: Config, signals: StopSignals, host: str, port: int) -> None:
+    import uvicorn
 
     class Server(uvicorn.Server):
         """uvicorn, minus its own signal handling: it re-raises SIGTERM after shutting down,
@@ -265,14 +312,13 @@ async def run_web(config: Config, host: str, port: int) -> None:
                 timeout_graceful_shutdown=10,
             )
         )
+        stop = signals.running_until_signal()
         logger.info("web listening on http://%s:%d", host, port)
-        serving = asyncio.create_task(server.serve())
-        stop = asyncio.create_task(wait_for_stop_signal())
-        await asyncio.wait({serving, stop}, return_when=asyncio.FIRST_COMPLETED)
+        serving: asyncio.Future[Any] = asyncio.create_task(server.serve())
+        await asyncio.wait([serving, stop], return_when=asyncio.FIRST_COMPLETED)
         if stop.done():
             logger.info("%s received: finishing open requests", stop.result())
         server.should_exit = True
-        stop.cancel()
         await serving
     logger.info("web stopped")
 

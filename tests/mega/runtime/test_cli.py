@@ -157,6 +157,51 @@ def test_start_stops_gracefully_on_signal_and_exits_0(
             web.communicate()
 
 
+# A start hook that says it began, then holds the host's start far longer than any test.
+SLOW_START = """
+import pathlib, time
+
+def hold(runtime, ctx):
+    pathlib.Path({marker!r}).touch()
+    time.sleep(0.5)  # blocking: the signal lands while the start is in a call, not an await
+
+async def hold_async(runtime, ctx):
+    import asyncio
+    await asyncio.sleep(60)
+
+hooks = {{{host!r}: [hold, hold_async]}}
+"""
+
+
+@pytest.mark.parametrize("command", ["worker", "start"])
+def test_a_signal_while_the_host_starts_stops_it_cleanly(
+    tmp_path: Path, nats_url: str, command: str
+) -> None:
+    marker = tmp_path / "starting"
+    host = {"worker": "worker", "start": "web"}[command]
+    body = SLOW_START.format(marker=str(marker), host=host)
+    config = write_config(tmp_path, nats_url=nats_url, redis_url=None, body=body)
+    args = ["--port", str(free_port())] if command == "start" else []
+    process = subprocess.Popen(
+        [*MEGA, command, "--config", str(config), *args], cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not marker.exists():
+            assert process.poll() is None and time.monotonic() < deadline, "no start hook ran"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)  # during the first hook's blocking call
+        output, _ = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, output
+    assert f"SIGTERM received while starting: {host} stopped" in output, output
+    assert "Traceback" not in output
+
+
 def test_json_logs_are_one_object_per_line_with_the_event_fields(
     tmp_path: Path, nats_url: str, redis_url: str, prefix: str
 ) -> None:
