@@ -274,7 +274,9 @@ def test_the_heartbeat_has_a_scale_a_run_max_and_grows_while_a_beat_is_pending(
     expect(page.locator("#heartbeat")).to_have_attribute(
         "aria-label", re.compile(r"last beat \d+ ms")
     )
-    page.fill("#hash-rounds", "6000000")
+    # The inline cap: a stall of over two seconds on any machine, so that a beat sent a second
+    # into it (the beats go once a second) is still pending a second later.
+    page.fill("#hash-rounds", "8000000")
     page.click("#run-inline")
     # While the loop hashes, a pending bar grows past a second, before its answer arrives.
     page.wait_for_function(
