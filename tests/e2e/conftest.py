@@ -158,7 +158,12 @@ def log_in(page, url: str) -> None:  # type: ignore[no-untyped-def]
 
 def screenshot(page, name: str) -> None:  # type: ignore[no-untyped-def]
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+    # Animations stopped (a live page always has one running) and a minute, not 30 s: on two
+    # busy cores a full-page capture has waited out the default for a stable frame.
+    page.screenshot(
+        path=str(SCREENSHOTS / f"{name}.png"), full_page=True, animations="disabled",
+        timeout=60_000,
+    )  # fmt: skip
     if os.environ.get("MEGA_GUIDE_SCREENSHOTS") == "1" and name in guide_images():
         # The page as a reader sees it, cut at GUIDE_MAX_HEIGHT_PX so the committed PNGs stay
         # small (a page with a long list would otherwise be several megabytes).
