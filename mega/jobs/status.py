@@ -23,7 +23,7 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -126,6 +126,15 @@ def enqueued(job: str, message: Message) -> JobStatus:
     )  # fmt: skip
 
 
+class Report(NamedTuple):
+    """What the consume loop said of a job, waiting to be sent as its record."""
+
+    attempts: int
+    state: State
+    enqueued_at: int | None
+    fields: dict[str, Any]
+
+
 class StatusWriter:
     """The records of one job lane in one process: each report is queued, and a flush
     `FLUSH_DELAY_S` later sends what is queued in one `put_records` call. A later report of a
@@ -142,7 +151,7 @@ class StatusWriter:
         self.worker = worker
         self.on = lane.keep_status_s > 0
         self.keep_results = lane.keep_result_s > 0
-        self._statuses: dict[str, JobStatus] = {}
+        self._statuses: dict[str, Report] = {}
         self._results: dict[str, bytes] = {}
         self._earlier: dict[str, int] = {}  # job id -> an earlier attempt to read and keep
         self._attempts: list[tuple[str, bytes]] = []
@@ -190,19 +199,22 @@ class StatusWriter:
         if not self.on:
             return
         job_id, attempt = delivery.id, attempts or delivery.attempt
-        # Built unvalidated: every field comes from the consume loop, typed.
-        record = JobStatus.model_construct(
-            id=job_id, job=self.lane.name, state=state, attempts=attempt,
-            enqueued_at=delivery.enqueued_at_ms, worker=self.worker, **fields,
-        )  # fmt: skip
+        # Kept as its fields, made a record only if no later report replaces it first.
+        report = Report(attempt, state, delivery.enqueued_at_ms, fields)
         replaced = self._statuses.pop(job_id, None)  # re-inserted last: batches keep order
-        self._statuses[job_id] = record
+        self._statuses[job_id] = report
         if replaced is not None and replaced.attempts < attempt:
-            self._keep(job_id, as_attempt(replaced))
+            self._keep(job_id, as_attempt(self._record(job_id, replaced)))
         elif replaced is None and attempt > 1 and (state == "running" or not fields["started_at"]):
             self._earlier[job_id] = attempt - 1  # its first report (a start, or an end unrun)
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
+
+    def _record(self, job_id: str, report: Report) -> JobStatus:
+        return JobStatus(
+            id=job_id, job=self.lane.name, state=report.state, attempts=report.attempts,
+            enqueued_at=report.enqueued_at, worker=self.worker, **report.fields,
+        )  # fmt: skip
 
     def _keep(self, job_id: str, attempt: AttemptRecord) -> None:
         record = attempt.model_dump_json(exclude_defaults=True).encode()
@@ -223,7 +235,10 @@ class StatusWriter:
                     await self.bus.put_records(
                         self.lane, "result", list(results.items()), create=False
                     )
-                records = attempts + [(key, encode(status)) for key, status in statuses.items()]
+                records = attempts + [
+                    (job_id, encode(self._record(job_id, report)))
+                    for job_id, report in statuses.items()
+                ]
                 await self.bus.put_records(
                     self.lane, "status", records, create=False, confirm=False
                 )  # fmt: skip
