@@ -373,6 +373,18 @@ class Scheduler:
             "next_runs": [instant.isoformat() for instant in runs],
         }
 
+    def describe_entry(self, name: str, entry: ScheduleEntry) -> dict[str, Any]:
+        """An entry of `name` as `describe` gives the class: its zone (the class's when it has
+        none of its own) and next `PREVIEW_RUNS` instants, with its key, args and writer."""
+        ticked = entry_spec(self._spec(name), entry)
+        runs = cron.next_runs(ticked.cron, PREVIEW_RUNS, tz=ticked.zone)
+        return {
+            "key": entry.key, "cron": entry.cron,
+            "timezone": ticked.timezone or f"host local time ({ticked.zone})",
+            "args": entry.args, "by": entry.by, "at_ms": entry.at_ms,
+            "next_runs": [instant.isoformat() for instant in runs],
+        }  # fmt: skip
+
     # -- the loop -----------------------------------------------------------------------------
 
     def _start_loop(self, spec: ScheduleSpec) -> None:
