@@ -278,7 +278,8 @@ async def _describe(scheduler: Scheduler, name: str, as_json: bool) -> None:
         lock = settings["lock"]["lock"] if settings["lock"] else None
         line = {
             "name": name, "cron": settings["cron"], "timezone": settings["timezone"],
-            "next_run": settings["next_runs"][0], "lock": lock, "paused": pause.paused,
+            "next_run": (settings["next_runs"] or [None])[0], "lock": lock,
+            "paused": pause.paused,
             "paused_by": pause.by if pause.paused else None,
             "paused_at_ms": pause.at_ms if pause.paused else None,
             "entries": [_entry_json(scheduler, name, entry) for entry in entries],
@@ -288,10 +289,13 @@ async def _describe(scheduler: Scheduler, name: str, as_json: bool) -> None:
     state = _pause_text(pause.paused, pause.at_ms, pause.by)
     if settings["lock"] is None:
         state = "no lock: runs on every scheduler, cannot be paused"
-    print(
-        f"{name}: {settings['cron']!r} in {settings['timezone']}, next "
-        f"{settings['next_runs'][0]}, {state}"
-    )
+    if settings["cron"] is None:
+        print(f"{name}: no cron of its own (cron = None: its entries only), {state}")
+    else:
+        print(
+            f"{name}: {settings['cron']!r} in {settings['timezone']}, next "
+            f"{settings['next_runs'][0]}, {state}"
+        )
     for entry in entries:
         described = scheduler.describe_entry(name, entry)
         print(f"  {entry.key}: {_entry_text(described)}, by {entry.by or '?'}")

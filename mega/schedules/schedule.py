@@ -75,16 +75,17 @@ class Tick:
 class Schedule:
     """Base class of every schedule. Subclasses set `cron` and override `run`.
 
-    Class attributes: `cron` (5 or 6 fields, see `mega.schedules.cron`), `timezone` (IANA name; None
-    is the host's local time, with a warning at register), `lock` (absent: no cluster guard, the
-    schedule runs on every instance), `name` (defaults to the class name).
+    Class attributes: `cron` (5 or 6 fields, see `mega.schedules.cron`; `cron = None`: no ticks
+    of its own, the class runs through its dynamic entries only, and needs a lock), `timezone`
+    (IANA name; None is the host's local time, with a warning at register), `lock` (absent: no
+    cluster guard, the schedule runs on every instance), `name` (defaults to the class name).
 
     Each run gets its own instance: `self.tick` (a `Tick`), `self.key` (the key of the dynamic
     entry this run is a tick of, None for the class's own cron) and `self.args` (that entry's
     arguments, a dict of JSON values; {} for the class's own cron).
     """
 
-    cron: ClassVar[str]
+    cron: ClassVar[str | None]
     timezone: ClassVar[str | None] = None
     lock: ClassVar[LockSettings | None] = None
     name: ClassVar[str]
@@ -122,7 +123,7 @@ class ScheduleSpec:
 
     schedule: type[Schedule]
     name: str
-    cron: str
+    cron: str | None  # None: the class ticks through its dynamic entries only
     timezone: str | None
     zone: tzinfo
     lock: LockPlan | None
@@ -133,8 +134,10 @@ class ScheduleSpec:
 LOCK_EXAMPLE = '{"lock": "main", "ttl": 20000}'
 
 
-def _valid_cron(expr: object) -> object:
+def _valid_cron(expr: object, info: ValidationInfo) -> object:
     if expr is None:
+        if (info.context or {}).get("entries_only"):
+            return None
         raise ValueError('missing; set e.g. cron = "*/5 * * * *"')
     try:
         cron.validate(expr)
@@ -152,8 +155,9 @@ def _known_zone(timezone: str | None) -> str | None:
 
 
 # A cron expression and a time zone, as a Schedule class declares them and as a dynamic entry
-# of it is given them: one validation for both.
+# of it is given them: one validation for both. A class may say `cron = None` (entries only).
 CronExpr = Annotated[str, BeforeValidator(_valid_cron)]
+OwnCron = Annotated[str | None, BeforeValidator(_valid_cron)]
 ZoneName = Annotated[
     StrictStr | None,
     rule("must be an IANA name such as 'Europe/Berlin'"),
@@ -194,14 +198,19 @@ class ScheduleDeclaration(Declaration):
 
     # Not blank: a pattern is searched for anywhere in the string.
     name: Annotated[StrictStr, Field(pattern=r"\S"), rule("must be a non-empty string")]
-    cron: CronExpr
+    cron: OwnCron
     timezone: ZoneName
     lock: LockDeclaration | None
     run: Any
 
     @field_validator("lock", mode="before")
     @classmethod
-    def _a_dict(cls, lock: object) -> object:
+    def _a_dict(cls, lock: object, info: ValidationInfo) -> object:
+        if lock is None and "cron" in info.data and info.data["cron"] is None:
+            raise ValueError(
+                "required with cron = None: the class then runs through its dynamic entries "
+                f"only, which are kept in the Redis of its lock; set e.g. lock = {LOCK_EXAMPLE}"
+            )
         if lock is not None and not isinstance(lock, dict):
             raise ValueError(f"must be a dict like {LOCK_EXAMPLE}, got {lock!r}")
         return lock
@@ -221,11 +230,13 @@ def validate_schedule(cls: object, lock_aliases: Collection[str]) -> ScheduleSpe
     if not (isinstance(cls, type) and issubclass(cls, Schedule)):
         raise RegistrationError(f"{cls!r} is not a Schedule subclass")
     label = cls.__dict__.get("name", cls.__name__)
+    # `cron = None` said in so many words, not a cron forgotten.
+    declared = next((vars(k)["cron"] for k in cls.__mro__ if "cron" in vars(k)), "")
     schedule = validate_declaration(
         ScheduleDeclaration,
         cls,
         f"schedule {label!r} is invalid: ",
-        {"lock_aliases": lock_aliases},
+        {"lock_aliases": lock_aliases, "entries_only": declared is None},
     )
     lock = schedule.lock
     plan = None

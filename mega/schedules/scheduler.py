@@ -359,12 +359,13 @@ class Scheduler:
         return audit.merge(records)[:limit]
 
     def describe(self, name: str) -> dict[str, Any]:
-        """Settings and the next `PREVIEW_RUNS` instants (ISO-8601 with the zone's offset)."""
+        """Settings and the next `PREVIEW_RUNS` instants (ISO-8601 with the zone's offset); none
+        for a class with `cron = None` (entries only: `describe_entry` gives theirs)."""
         spec = self._spec(name)
         lock = None
         if spec.lock is not None:
             lock = {"lock": spec.lock.alias, "ttl": spec.lock.ttl_ms, "key": spec.lock.key_prefix}
-        runs = cron.next_runs(spec.cron, PREVIEW_RUNS, tz=spec.zone)
+        runs = [] if spec.cron is None else cron.next_runs(spec.cron, PREVIEW_RUNS, tz=spec.zone)
         return {
             "name": spec.name,
             "cron": spec.cron,
@@ -377,7 +378,7 @@ class Scheduler:
         """An entry of `name` as `describe` gives the class: its zone (the class's when it has
         none of its own) and next `PREVIEW_RUNS` instants, with its key, args and writer."""
         ticked = entry_spec(self._spec(name), entry)
-        runs = cron.next_runs(ticked.cron, PREVIEW_RUNS, tz=ticked.zone)
+        runs = cron.next_runs(entry.cron, PREVIEW_RUNS, tz=ticked.zone)
         return {
             "key": entry.key, "cron": entry.cron,
             "timezone": ticked.timezone or f"host local time ({ticked.zone})",
@@ -388,10 +389,9 @@ class Scheduler:
     # -- the loop -----------------------------------------------------------------------------
 
     def _start_loop(self, spec: ScheduleSpec) -> None:
-        if spec.name not in self._loops:
-            self._loops[spec.name] = self._spawn(
-                spec.name, functools.partial(self._tick_forever, spec)
-            )
+        if spec.cron is not None and spec.name not in self._loops:
+            body = functools.partial(self._tick_forever, spec, spec.cron)
+            self._loops[spec.name] = self._spawn(spec.name, body)
         if spec.lock is not None and spec.name not in self._watchers:
             native = self.ctx.lock(spec.lock.alias).native
             apply = functools.partial(self._apply_entries, spec)
@@ -420,15 +420,16 @@ class Scheduler:
                 logger.info("schedule %r key %r: removed, no more ticks here", spec.name, key)
         for entry in start:
             ticked = entry_spec(spec, entry)
-            body = functools.partial(self._tick_forever, ticked)
+            body = functools.partial(self._tick_forever, ticked, entry.cron)
             loops[entry.key] = (entry, self._spawn(f"{spec.name} {entry.key}", body))
             logger.info(
                 "schedule %r key %r: ticking on %r in %s", spec.name, entry.key, ticked.cron,
                 ticked.timezone or f"host local time ({ticked.zone})",
             )  # fmt: skip
 
-    async def _tick_forever(self, spec: ScheduleSpec) -> None:
-        planned = _utc(cron.next(spec.cron, tz=spec.zone))
+    async def _tick_forever(self, spec: ScheduleSpec, expr: str) -> None:
+        """Tick `spec` on `expr` (its cron, given apart since a class's own may be None)."""
+        planned = _utc(cron.next(expr, tz=spec.zone))
         while True:
             await _sleep_until(planned)
             late_s = time.time() - planned.timestamp()
@@ -440,11 +441,11 @@ class Scheduler:
                     key=spec.key,
                 )  # fmt: skip
                 await self._skip(spec, missed, reason)
-                planned = _utc(cron.next(spec.cron, tz=spec.zone))
+                planned = _utc(cron.next(expr, tz=spec.zone))
                 continue
             self._track(self._tick(spec, planned, "schedule"))
             # From the planned instant, not from now: a late wake-up never drifts the schedule.
-            planned = _utc(cron.next(spec.cron, after=planned, tz=spec.zone))
+            planned = _utc(cron.next(expr, after=planned, tz=spec.zone))
 
     def _track(self, tick: Coroutine[Any, Any, TickResult]) -> asyncio.Task[TickResult]:
         task = asyncio.create_task(tick)

@@ -6,17 +6,18 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
 from mega.context import Context
-from mega.errors import ConfigError
+from mega.errors import ConfigError, RegistrationError
 from mega.schedules.dynamic import ScheduleEntry, changes, validate_entry
 from mega.schedules.schedule import Schedule
 from mega.schedules.scheduler import Scheduler
+from mega.testing import planned_ticks, run_tick
 from tests.mega.schedules.test_scheduler import context, schedule, wait_for
 
 # A run of a tenant schedule: its entry's key (None: the class's own cron), args, instant, instance.
@@ -292,3 +293,63 @@ async def test_an_entry_added_before_start_ticks_and_a_stop_ends_its_loop(
     # The stop ended every loop it started: the class's, the watch and the entry's.
     assert all(task.done() for task in asyncio.all_tasks() if "mega.schedule" in task.get_name())
     assert len(runs) == count and {(r[0], str(r[1])) for r in runs} == {("acme", "{'x': True}")}
+
+
+# -- a class of entries only (cron = None) ----------------------------------------------------
+
+
+def entries_only(prefix: str | None, runs: list[TenantRun]) -> type[Schedule]:
+    class TenantOnly(Schedule):
+        cron = None
+        timezone = "UTC"
+        lock = None if prefix is None else {"lock": "main", "ttl": 5_000, "key": prefix}
+
+        async def run(self, ctx: Context) -> None:
+            runs.append((self.key, self.args, self.tick.instant, self.tick.instance_id))
+
+    return TenantOnly
+
+
+async def test_a_class_with_cron_none_ticks_only_its_entries(
+    redis_url: str, clients: Callable[[str], Redis], prefix: str
+) -> None:
+    runs: list[TenantRun] = []
+    scheduler = Scheduler(context("a", clients(redis_url))).register(entries_only(prefix, runs))
+    described = scheduler.describe("TenantOnly")
+    assert (described["cron"], described["next_runs"]) == (None, [])
+    assert planned_ticks(entries_only(prefix, runs), datetime.now(UTC)) == []
+    await scheduler.add("TenantOnly", key="acme", cron="* * * * * *", args={"n": 1})
+    await scheduler.start()
+    try:
+        await wait_for(lambda: len(runs) >= 3, timeout_s=10)
+    finally:
+        await scheduler.stop()
+    assert {(key, str(args)) for key, args, *_ in runs} == {("acme", "{'n': 1}")}
+
+
+def test_cron_none_needs_a_lock_and_a_forgotten_cron_is_still_missing(redis_url: str) -> None:
+    scheduler = Scheduler(context("a", Redis.from_url(redis_url)))
+    with pytest.raises(RegistrationError) as caught:
+        scheduler.register(entries_only(None, []))
+    assert caught.value.message == (
+        "schedule 'TenantOnly' is invalid: lock: required with cron = None: the class then runs "
+        "through its dynamic entries only, which are kept in the Redis of its lock; set e.g. "
+        'lock = {"lock": "main", "ttl": 20000}'
+    )
+
+    class Forgotten(Schedule):
+        timezone = "UTC"
+
+        async def run(self, ctx: Context) -> None: ...
+
+    with pytest.raises(RegistrationError, match=r'cron: missing; set e\.g\. cron = "'):
+        scheduler.register(Forgotten)
+
+
+async def test_run_tick_runs_a_tick_of_an_entry() -> None:
+    runs: list[TenantRun] = []
+    tick = await run_tick(
+        entries_only("unused", runs), Context(instance_id="t"), datetime(2024, 1, 1, tzinfo=UTC),
+        key="acme", args={"n": 2},
+    )  # fmt: skip
+    assert runs == [("acme", {"n": 2}, tick.instant, "t")]
