@@ -388,3 +388,36 @@ def test_add_and_remove_help_name_their_options() -> None:
         assert option in add
     remove = run_mega("schedules", "remove", "--help").stdout
     assert "--key KEY" in remove and "--by WHO" in remove and "--cron" not in remove
+
+
+async def test_schedules_list_shows_a_class_of_entries_only(
+    tmp_path: Path, nats_url: str, redis_url: str, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = f"""
+from mega import Schedule
+
+class TenantReport(Schedule):
+    cron = None
+    timezone = "UTC"
+    lock = {{"lock": "main", "ttl": 20_000, "key": {prefix!r}}}
+
+    async def run(self, ctx): ...
+
+schedules = [TenantReport]
+"""
+    config = load_config(write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body))
+    await run_schedules_command(
+        config, "add", name="TenantReport", by="ada", key="acme", cron_expr="0 6 * * *"
+    )
+    assert capsys.readouterr().out.startswith(
+        "TenantReport acme: added by ada, '0 6 * * *' in UTC, next "
+    )
+    await run_schedules_command(config, "list", name=None, by=None)
+    own, acme = capsys.readouterr().out.splitlines()
+    assert own == "TenantReport: no cron of its own (cron = None: its entries only), not paused"
+    assert acme.startswith("  acme: '0 6 * * *' in UTC, next ") and acme.endswith(", by ada")
+    await run_schedules_command(config, "list", name=None, by=None, as_json=True)
+    line = json.loads(capsys.readouterr().out)
+    assert (line["cron"], line["next_run"], [e["key"] for e in line["entries"]]) == (
+        None, None, ["acme"],
+    )  # fmt: skip
