@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from redis.asyncio import Redis
 
 from mega.context import Context
 from mega.errors import ConfigError, RegistrationError
+from mega.runtime.embedded import EmbeddedServer
 from mega.schedules.dynamic import ScheduleEntry, changes, validate_entry
 from mega.schedules.schedule import Schedule
 from mega.schedules.scheduler import Scheduler
@@ -353,3 +355,37 @@ async def test_run_tick_runs_a_tick_of_an_entry() -> None:
         key="acme", args={"n": 2},
     )  # fmt: skip
     assert runs == [("acme", {"n": 2}, tick.instant, "t")]
+
+
+async def test_redis_down_keeps_the_loops_and_a_redis_back_empty_stops_them(
+    redis_factory: Callable[[], EmbeddedServer],
+    clients: Callable[[str], Redis],
+    prefix: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = redis_factory()
+    runs: list[TenantRun] = []
+    scheduler = Scheduler(context("a", clients(server.url))).register(entries_only(prefix, runs))
+    skips: list[dict[str, Any]] = []
+    scheduler.on("skip", skips.append)
+    await scheduler.add("TenantOnly", key="acme", cron="* * * * * *")
+    with caplog.at_level(logging.INFO, logger="mega.scheduler"):
+        await scheduler.start()
+        try:
+            await wait_for(lambda: len(runs) >= 1, timeout_s=5)
+            server.stop()
+            # The entry's loop keeps ticking: each tick meets the same Redis and skips.
+            await wait_for(lambda: sum(s["key"] == "acme" for s in skips) >= 3, timeout_s=8)
+            server.start()  # this Redis keeps nothing on disk: it is back without the entry
+            await wait_for(lambda: "no more ticks here" in caplog.text, timeout_s=5)
+            ran = len(runs)
+            await scheduler.add("TenantOnly", key="globex", cron="* * * * * *")
+            await wait_for(lambda: any(r[0] == "globex" for r in runs), timeout_s=5)
+        finally:
+            await scheduler.stop()
+    assert len([r for r in runs[ran:] if r[0] == "acme"]) <= 1  # one claimed as it was removed
+    watch_logs = [r.message for r in caplog.records if r.message.startswith("entries of")]
+    assert len(watch_logs) == 2, watch_logs  # once while down, once when read again
+    assert watch_logs[0].endswith("unreadable on lock 'main' (network:ConnectionError): their "
+                                  "loops keep ticking as they were")  # fmt: skip
+    assert watch_logs[1] == f"entries of {prefix!r} read again"
