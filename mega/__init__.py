@@ -49,6 +49,7 @@ _EXPORTS = {
     "Cron": "mega.schedules.cron",
     "RedLock": "mega.schedules.locks",
     "Schedule": "mega.schedules.schedule",
+    "ScheduleEntry": "mega.schedules.dynamic",
     "Tick": "mega.schedules.schedule",
     "Scheduler": "mega.schedules.scheduler",
     # jobs
@@ -154,6 +155,7 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.runtime.metrics import observe_relay as observe_relay
     from mega.runtime.metrics import observe_scheduler as observe_scheduler
     from mega.schedules.cron import Cron as Cron
+    from mega.schedules.dynamic import ScheduleEntry as ScheduleEntry
     from mega.schedules.locks import RedLock as RedLock
     from mega.schedules.schedule import Schedule as Schedule
     from mega.schedules.schedule import Tick as Tick

@@ -250,7 +250,7 @@ def planned_ticks(
     end = start + timedelta(days=days)
     found: list[datetime] = []
     after = start
-    while len(found) < limit:
+    while spec.cron is not None and len(found) < limit:  # `cron = None`: entries only
         instant = cron.next(spec.cron, after, spec.timezone)
         if instant > end:
             break
@@ -260,15 +260,17 @@ def planned_ticks(
 
 
 async def run_tick(
-    schedule_cls: type[Schedule], ctx: Context, instant: datetime, *, fence: int | None = None
-) -> Tick:
+    schedule_cls: type[Schedule], ctx: Context, instant: datetime, *, fence: int | None = None,
+    key: str | None = None, args: dict[str, Any] | None = None,
+) -> Tick:  # fmt: skip
     """Run the schedule once as the scheduler would at `instant` (no lock, no audit); returns
-    the Tick its run saw. Whatever the run raises is raised here; RegistrationError, before
-    it runs, for a class `mega scheduler` refuses (a bad cron, say)."""
+    the Tick its run saw. `key` and `args` make it a tick of that dynamic entry (`self.key`,
+    `self.args`). Whatever the run raises is raised here; RegistrationError, before it runs,
+    for a class `mega scheduler` refuses (a bad cron, say)."""
     _validated_schedule(schedule_cls, locks=ctx.locks)
     tick = Tick(instant, fence, "schedule", ctx.instance_id)
     run_ctx = dataclasses.replace(ctx, extras={**ctx.extras, "tick": tick})  # as the scheduler
-    await schedule_cls(tick).run(run_ctx)
+    await schedule_cls(tick, key, args).run(run_ctx)
     return tick
 
 

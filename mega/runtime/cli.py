@@ -193,8 +193,10 @@ def _jobs_parser(sub: Any) -> None:
 
 def _schedules_parser(sub: Any) -> None:
     action = _actions(
-        sub, "schedules", "See, pause and resume the schedules of the config.",
-        target=None, by=None, json=False,
+        sub, "schedules",
+        "See, pause and resume the schedules of the config, and add or remove their dynamic "
+        "entries.",
+        target=None, by=None, json=False, key=None, cron=None, timezone=None, args=None,
     )  # fmt: skip
     listing = action(
         "list", "Each schedule of the config: cron, zone, next instant, and whether it is paused."
@@ -206,8 +208,35 @@ def _schedules_parser(sub: Any) -> None:
         "with the reason 'paused' (a manual tick still runs). It needs a lock.",
     )
     resume = action("resume", "Resume a paused schedule: every scheduler runs its next tick.")
-    for change in (pause, resume):
+    add = action(
+        "add",
+        "Run schedule NAME under KEY on a cron of its own, with arguments (self.key and "
+        "self.args in its runs), besides its own cron: every scheduler follows within about a "
+        "second, each tick once. An existing KEY is changed. It needs a lock.",
+    )
+    remove = action(
+        "remove",
+        "Remove the dynamic entry KEY of schedule NAME: every scheduler stops its ticks within "
+        "about a second (a run already going finishes).",
+    )
+    for change in (pause, resume, add, remove):
         change.add_argument("target", metavar="NAME", help="schedule name")
+    for entry in (add, remove):
+        entry.add_argument(
+            "--key", required=True, metavar="KEY",
+            help="the entry's key: 1 to 128 letters, digits or . _ @ - (a tenant id, say)",
+        )  # fmt: skip
+    add.add_argument(
+        "--cron", required=True, metavar="EXPR",
+        help='its cron: 5 fields, or 6 with seconds first ("*/30 * * * * *")',
+    )  # fmt: skip
+    add.add_argument(
+        "--timezone", metavar="ZONE", help="IANA name such as Europe/Berlin (default: the class's)"
+    )
+    add.add_argument(
+        "--args", metavar="JSON", help="a JSON object, self.args in its runs (default: {})"
+    )
+    for change in (pause, resume, add, remove):
         change.add_argument(
             "--by", metavar="WHO", help="who, for the record and the audit (default: $USER@host)"
         )
@@ -355,8 +384,9 @@ def _schedules(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, 
     from mega.runtime.control_cli import run_schedules_command
 
     return run_schedules_command(
-        config, args.action, name=args.target, by=args.by, as_json=args.json
-    )
+        config, args.action, name=args.target, by=args.by, as_json=args.json, key=args.key,
+        cron_expr=args.cron, timezone=args.timezone, args=args.args,
+    )  # fmt: skip
 
 
 async def _db(config: Config, args: argparse.Namespace) -> None:

@@ -11,18 +11,22 @@ describes and validates it.
             await build_report(ctx, as_of=self.tick.instant, fence=self.tick.fence)
 
 The scheduler makes one instance per run, so `self.tick` (the planned instant, the fencing
-number, the source) belongs to that run alone.
+number, the source) belongs to that run alone. A class may also run as dynamic entries, added at
+run time with a key, a cron and arguments (`mega.schedules.dynamic`): the run of an entry finds
+them in `self.key` and `self.args`.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypedDict
 
 from pydantic import (
+    AfterValidator,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictInt,
@@ -71,12 +75,17 @@ class Tick:
 class Schedule:
     """Base class of every schedule. Subclasses set `cron` and override `run`.
 
-    Class attributes: `cron` (5 or 6 fields, see `mega.schedules.cron`), `timezone` (IANA name; None
-    is the host's local time, with a warning at register), `lock` (absent: no cluster guard, the
-    schedule runs on every instance), `name` (defaults to the class name).
+    Class attributes: `cron` (5 or 6 fields, see `mega.schedules.cron`; `cron = None`: no ticks
+    of its own, the class runs through its dynamic entries only, and needs a lock), `timezone`
+    (IANA name; None is the host's local time, with a warning at register), `lock` (absent: no
+    cluster guard, the schedule runs on every instance), `name` (defaults to the class name).
+
+    Each run gets its own instance: `self.tick` (a `Tick`), `self.key` (the key of the dynamic
+    entry this run is a tick of, None for the class's own cron) and `self.args` (that entry's
+    arguments, a dict of JSON values; {} for the class's own cron).
     """
 
-    cron: ClassVar[str]
+    cron: ClassVar[str | None]
     timezone: ClassVar[str | None] = None
     lock: ClassVar[LockSettings | None] = None
     name: ClassVar[str]
@@ -86,8 +95,12 @@ class Schedule:
         if "name" not in cls.__dict__:
             cls.name = cls.__name__
 
-    def __init__(self, tick: Tick) -> None:
+    def __init__(
+        self, tick: Tick, key: str | None = None, args: Mapping[str, Any] | None = None
+    ) -> None:
         self.tick = tick
+        self.key = key
+        self.args: dict[str, Any] = dict(args or {})
 
     async def run(self, ctx: Context) -> None:
         """The work of one tick. Raising makes a `fail` event (phase "run"); nothing retries."""
@@ -105,17 +118,51 @@ class LockPlan:
 
 @dataclass(frozen=True)
 class ScheduleSpec:
-    """A validated schedule, with its settings resolved (what the Scheduler keeps)."""
+    """A validated schedule, with its settings resolved (what the Scheduler keeps). A dynamic
+    entry of the class is the same with its own `cron` and zone, its `key` and its `args`."""
 
     schedule: type[Schedule]
     name: str
-    cron: str
+    cron: str | None  # None: the class ticks through its dynamic entries only
     timezone: str | None
     zone: tzinfo
     lock: LockPlan | None
+    key: str | None = None
+    args: Mapping[str, Any] = field(default_factory=dict)
 
 
 LOCK_EXAMPLE = '{"lock": "main", "ttl": 20000}'
+
+
+def _valid_cron(expr: object, info: ValidationInfo) -> object:
+    if expr is None:
+        if (info.context or {}).get("entries_only"):
+            return None
+        raise ValueError('missing; set e.g. cron = "*/5 * * * *"')
+    try:
+        cron.validate(expr)
+    except cron.CronError as exc:
+        raise ValueError(exc.message) from None
+    return expr
+
+
+def _known_zone(timezone: str | None) -> str | None:
+    try:
+        cron.resolve_zone(timezone)
+    except cron.CronError as exc:
+        raise ValueError(exc.message) from None
+    return timezone
+
+
+# A cron expression and a time zone, as a Schedule class declares them and as a dynamic entry
+# of it is given them: one validation for both. A class may say `cron = None` (entries only).
+CronExpr = Annotated[str, BeforeValidator(_valid_cron)]
+OwnCron = Annotated[str | None, BeforeValidator(_valid_cron)]
+ZoneName = Annotated[
+    StrictStr | None,
+    rule("must be an IANA name such as 'Europe/Berlin'"),
+    AfterValidator(_known_zone),
+]
 
 
 class LockDeclaration(Declaration):
@@ -151,34 +198,19 @@ class ScheduleDeclaration(Declaration):
 
     # Not blank: a pattern is searched for anywhere in the string.
     name: Annotated[StrictStr, Field(pattern=r"\S"), rule("must be a non-empty string")]
-    cron: str
-    timezone: Annotated[StrictStr | None, rule("must be an IANA name such as 'Europe/Berlin'")]
+    cron: OwnCron
+    timezone: ZoneName
     lock: LockDeclaration | None
     run: Any
 
-    @field_validator("cron", mode="before")
-    @classmethod
-    def _valid_cron(cls, expr: object) -> object:
-        if expr is None:
-            raise ValueError('missing; set e.g. cron = "*/5 * * * *"')
-        try:
-            cron.validate(expr)
-        except cron.CronError as exc:
-            raise ValueError(exc.message) from None
-        return expr
-
-    @field_validator("timezone")
-    @classmethod
-    def _known_zone(cls, timezone: str | None) -> str | None:
-        try:
-            cron.resolve_zone(timezone)
-        except cron.CronError as exc:
-            raise ValueError(exc.message) from None
-        return timezone
-
     @field_validator("lock", mode="before")
     @classmethod
-    def _a_dict(cls, lock: object) -> object:
+    def _a_dict(cls, lock: object, info: ValidationInfo) -> object:
+        if lock is None and "cron" in info.data and info.data["cron"] is None:
+            raise ValueError(
+                "required with cron = None: the class then runs through its dynamic entries "
+                f"only, which are kept in the Redis of its lock; set e.g. lock = {LOCK_EXAMPLE}"
+            )
         if lock is not None and not isinstance(lock, dict):
             raise ValueError(f"must be a dict like {LOCK_EXAMPLE}, got {lock!r}")
         return lock
@@ -198,11 +230,13 @@ def validate_schedule(cls: object, lock_aliases: Collection[str]) -> ScheduleSpe
     if not (isinstance(cls, type) and issubclass(cls, Schedule)):
         raise RegistrationError(f"{cls!r} is not a Schedule subclass")
     label = cls.__dict__.get("name", cls.__name__)
+    # `cron = None` said in so many words, not a cron forgotten.
+    declared = next((vars(k)["cron"] for k in cls.__mro__ if "cron" in vars(k)), "")
     schedule = validate_declaration(
         ScheduleDeclaration,
         cls,
         f"schedule {label!r} is invalid: ",
-        {"lock_aliases": lock_aliases},
+        {"lock_aliases": lock_aliases, "entries_only": declared is None},
     )
     lock = schedule.lock
     plan = None

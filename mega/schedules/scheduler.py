@@ -28,6 +28,9 @@ Redis keys, with ``<prefix>`` = ``lock["key"]`` or ``mega:schedule:<ClassName>``
     <prefix>:fence          fencing counter (no TTL)
     <prefix>:audit          last `audit_size` tick records of every instance (JSON list)
     <prefix>:paused         the pause record, read before each claim (see `mega.schedules.pause`)
+    <prefix>:entries        the dynamic entries, JSON by key (see `mega.schedules.dynamic`)
+    <prefix>:entries:changed  a new random token at each add, change or remove, read each second
+    <prefix>:entry:<key>:tick:<epoch>, <prefix>:entry:<key>:running   an entry's claims and guard
 
 Time: the next instant is computed from the planned one, so a slow run never drifts the
 schedule; instants missed while the process was down (or stalled past `LATE_LIMIT_S`) are not
@@ -35,7 +38,13 @@ replayed. A lock backend error is a `skip` signal carrying the error, never a cr
 keeps ticking and recovers when Redis returns. Schedules without a lock run on every instance.
 
 Pause: `pause(name)` stops a schedule's planned ticks on every instance from its next tick (each
-is skipped with the reason "paused") until `resume(name)`; both are in the audit.
+is skipped with the reason "paused") until `resume(name)`; both are in the audit. The pause
+holds for the class's dynamic entries too.
+
+Dynamic entries: `add(name, key=..., cron=..., args=...)` runs the class under that key on a
+cron of its own, besides its own cron, until `remove(name, key=...)`. A started scheduler reads
+each lock-holding class's change token every second and keeps one tick loop per entry, so the
+fleet follows a change within about a second; an entry's ticks are claimed under its own keys.
 
 Each run gets its own Schedule instance with `self.tick` (a `Tick`), and a shallow copy of the
 context whose `extras["tick"]` is the same Tick, for code that only receives `ctx`.
@@ -45,11 +54,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -60,6 +70,17 @@ from mega.context import Context, EarlyClaim, FencedLease, LockAdapter, Refusal
 from mega.errors import DependencyUnavailable, LockBackendError, MegaError, RegistrationError
 from mega.schedules import audit, cron
 from mega.schedules.audit import AUDIT_TIMEOUT_S, DEFAULT_AUDIT_SIZE, TickRecord
+from mega.schedules.dynamic import (
+    ScheduleEntry,
+    changes,
+    entries_lock,
+    entry_prefix,
+    entry_spec,
+    read_entries,
+    validate_entry,
+    watch_entries,
+    write_entry,
+)
 from mega.schedules.pause import PAUSED_REASON, SchedulePause, lock_of, read_pause, write_pause
 from mega.schedules.schedule import (
     LockPlan,
@@ -144,7 +165,10 @@ class Scheduler:
         self.audit_size = audit_size
         self.signals = Signals(SIGNALS)
         self._specs: dict[str, ScheduleSpec] = {}
-        self._loops: dict[str, asyncio.Task[None]] = {}
+        self._loops: dict[str, asyncio.Task[None]] = {}  # the class's own cron, by name
+        self._watchers: dict[str, asyncio.Task[None]] = {}  # the entries' watch, by name
+        # The dynamic entries ticking here, by name then key, each with its loop.
+        self._entry_loops: dict[str, dict[str, tuple[ScheduleEntry, asyncio.Task[None]]]] = {}
         self._runs: set[asyncio.Task[TickResult]] = set()
         self._background: set[asyncio.Task[None]] = set()
         self._active: dict[str, int] = {}  # runs in progress here, per schedule name
@@ -190,8 +214,11 @@ class Scheduler:
         """No new ticks; wait up to `timeout_s` (default `stop_timeout_s`) for running runs,
         then cancel what is left (their guards are still released)."""
         self._started = False
-        loops = list(self._loops.values())
+        loops = [*self._loops.values(), *self._watchers.values()]
+        loops += [task for entries in self._entry_loops.values() for _, task in entries.values()]
         self._loops.clear()
+        self._watchers.clear()
+        self._entry_loops.clear()
         for loop in loops:
             loop.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
@@ -254,12 +281,71 @@ class Scheduler:
         logger.info("schedule %r %s by %s", name, "paused" if paused else "resumed", by or "?")
         return record
 
+    async def add(
+        self, name: str, *, key: str, cron: str, timezone: str | None = None,
+        args: dict[str, Any] | None = None, by: str = "",
+    ) -> ScheduleEntry:  # fmt: skip
+        """Run `name` under `key` on `cron` in `timezone` (None: the class's zone) with `args`
+        (a JSON object; `self.args` in its runs), on every started scheduler within about a
+        second, each instant once across them; besides the class's own cron. Adding a key
+        that exists changes it (its loop restarts on the new cron). `by` says who, for the
+        audit. The Scheduler need not be started. ConfigError `schedule.entry_invalid` for a
+        bad key, cron, zone or args (nothing is written), `schedule.no_lock` for a class
+        without a lock; DependencyUnavailable when its Redis does not answer."""
+        spec = self._spec(name)
+        plan = entries_lock(spec)
+        entry = validate_entry(name, key, cron, timezone, args)
+        entry = dataclasses.replace(entry, at_ms=int(time.time() * 1000), by=by)
+        before = await self._write_entry(spec, plan, entry.key, entry, by, "add")
+        word = "added" if before is None else "changed"
+        logger.info(
+            "schedule %r key %r %s by %s: %r in %s", name, key, word, by or "?", entry.cron,
+            entry.timezone or spec.timezone,
+        )  # fmt: skip
+        return entry
+
+    async def remove(self, name: str, *, key: str, by: str = "") -> ScheduleEntry | None:
+        """Stop the entry `key` of `name` on every scheduler within about a second (a run
+        already going finishes); the entry removed, or None when there was none (nothing is
+        written then). Errors as `add`."""
+        spec = self._spec(name)
+        plan = entries_lock(spec)
+        before = await self._write_entry(spec, plan, key, None, by, "remove")
+        if before is not None:
+            logger.info("schedule %r key %r removed by %s", name, key, by or "?")
+        return before
+
+    async def entries(self, name: str) -> list[ScheduleEntry]:
+        """The dynamic entries of `name`, by key; none for a class without a lock."""
+        spec = self._spec(name)
+        if spec.lock is None:
+            return []
+        try:
+            stored = await read_entries(self.ctx.lock(spec.lock.alias).native, spec.lock)
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise _unreachable(spec.lock, f"cannot read the entries of {name}", exc) from exc
+        return list(stored.values())
+
+    async def _write_entry(
+        self, spec: ScheduleSpec, plan: LockPlan, key: str, entry: ScheduleEntry | None, by: str,
+        what: str,
+    ) -> ScheduleEntry | None:  # fmt: skip
+        native = self.ctx.lock(plan.alias).native
+        try:
+            return await write_entry(
+                native, plan, key, entry, by=by, instance=self.instance_id,
+                audit_size=self.audit_size,
+            )  # fmt: skip
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise _unreachable(plan, f"cannot {what} {spec.name} {key}", exc) from exc
+
     async def recent_ticks(self, name: str, limit: int = 20) -> list[dict[str, Any]]:
-        """Newest first: ``{instant, source, winner, fence, lateness_ms, skipped: [{instance,
-        reason}]}``, merged across instances. `instant` is ISO-8601 UTC; `lateness_ms` is the
-        winner's. A pause or a resume is a row too (source "pause" or "resume", its `skipped`
-        entry saying who asked). Falls back to this instance's own records when Redis cannot be
-        read."""
+        """Newest first: ``{instant, source, key, winner, fence, lateness_ms, skipped:
+        [{instance, reason}]}``, merged across instances; `key` names the dynamic entry (None
+        for the class's own cron). `instant` is ISO-8601 UTC; `lateness_ms` is the winner's. A
+        pause or a resume is a row too (source "pause" or "resume", its `skipped` entry saying
+        who asked), and so is an entry's add, change or remove (source "add", "change" or
+        "remove"). Falls back to this instance's own records when Redis cannot be read."""
         spec = self._spec(name)
         records: list[dict[str, Any]] = list(self._local_audit[name])
         if spec.lock is not None:
@@ -273,12 +359,13 @@ class Scheduler:
         return audit.merge(records)[:limit]
 
     def describe(self, name: str) -> dict[str, Any]:
-        """Settings and the next `PREVIEW_RUNS` instants (ISO-8601 with the zone's offset)."""
+        """Settings and the next `PREVIEW_RUNS` instants (ISO-8601 with the zone's offset); none
+        for a class with `cron = None` (entries only: `describe_entry` gives theirs)."""
         spec = self._spec(name)
         lock = None
         if spec.lock is not None:
             lock = {"lock": spec.lock.alias, "ttl": spec.lock.ttl_ms, "key": spec.lock.key_prefix}
-        runs = cron.next_runs(spec.cron, PREVIEW_RUNS, tz=spec.zone)
+        runs = [] if spec.cron is None else cron.next_runs(spec.cron, PREVIEW_RUNS, tz=spec.zone)
         return {
             "name": spec.name,
             "cron": spec.cron,
@@ -287,24 +374,62 @@ class Scheduler:
             "next_runs": [instant.isoformat() for instant in runs],
         }
 
+    def describe_entry(self, name: str, entry: ScheduleEntry) -> dict[str, Any]:
+        """An entry of `name` as `describe` gives the class: its zone (the class's when it has
+        none of its own) and next `PREVIEW_RUNS` instants, with its key, args and writer."""
+        ticked = entry_spec(self._spec(name), entry)
+        runs = cron.next_runs(entry.cron, PREVIEW_RUNS, tz=ticked.zone)
+        return {
+            "key": entry.key, "cron": entry.cron,
+            "timezone": ticked.timezone or f"host local time ({ticked.zone})",
+            "args": entry.args, "by": entry.by, "at_ms": entry.at_ms,
+            "next_runs": [instant.isoformat() for instant in runs],
+        }  # fmt: skip
+
     # -- the loop -----------------------------------------------------------------------------
 
     def _start_loop(self, spec: ScheduleSpec) -> None:
-        if spec.name not in self._loops:
-            task = asyncio.create_task(self._loop(spec), name=f"mega.schedule:{spec.name}")
-            self._loops[spec.name] = task
+        if spec.cron is not None and spec.name not in self._loops:
+            body = functools.partial(self._tick_forever, spec, spec.cron)
+            self._loops[spec.name] = self._spawn(spec.name, body)
+        if spec.lock is not None and spec.name not in self._watchers:
+            native = self.ctx.lock(spec.lock.alias).native
+            apply = functools.partial(self._apply_entries, spec)
+            watch = functools.partial(watch_entries, native, spec.lock, apply)
+            self._watchers[spec.name] = self._spawn(f"{spec.name} entries", watch)
 
-    async def _loop(self, spec: ScheduleSpec) -> None:
+    def _spawn(self, label: str, body: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
+        return asyncio.create_task(self._forever(label, body), name=f"mega.schedule:{label}")
+
+    async def _forever(self, label: str, body: Callable[[], Awaitable[None]]) -> None:
         while True:
             try:
-                await self._tick_forever(spec)
+                await body()
             except Exception:
                 # A bug here must not silently end the schedule: log, pause, start over from now.
-                logger.exception("schedule %r: loop error; restarting", spec.name)
+                logger.exception("schedule %r: loop error; restarting", label)
                 await asyncio.sleep(LOOP_RETRY_S)
 
-    async def _tick_forever(self, spec: ScheduleSpec) -> None:
-        planned = _utc(cron.next(spec.cron, tz=spec.zone))
+    def _apply_entries(self, spec: ScheduleSpec, stored: dict[str, ScheduleEntry]) -> None:
+        """Start, restart and stop the entries' loops here to match `stored`."""
+        loops = self._entry_loops.setdefault(spec.name, {})
+        stop, start = changes({key: entry for key, (entry, _) in loops.items()}, stored)
+        for key in stop:
+            loops.pop(key)[1].cancel()  # only the loop: a run already going finishes
+            if key not in stored:
+                logger.info("schedule %r key %r: removed, no more ticks here", spec.name, key)
+        for entry in start:
+            ticked = entry_spec(spec, entry)
+            body = functools.partial(self._tick_forever, ticked, entry.cron)
+            loops[entry.key] = (entry, self._spawn(f"{spec.name} {entry.key}", body))
+            logger.info(
+                "schedule %r key %r: ticking on %r in %s", spec.name, entry.key, ticked.cron,
+                ticked.timezone or f"host local time ({ticked.zone})",
+            )  # fmt: skip
+
+    async def _tick_forever(self, spec: ScheduleSpec, expr: str) -> None:
+        """Tick `spec` on `expr` (its cron, given apart since a class's own may be None)."""
+        planned = _utc(cron.next(expr, tz=spec.zone))
         while True:
             await _sleep_until(planned)
             late_s = time.time() - planned.timestamp()
@@ -312,14 +437,15 @@ class Scheduler:
                 # Visible like any other skip (signal + audit), so a stalled host shows up.
                 reason = f"missed: this instance woke {late_s:.1f} s late; not replayed"
                 missed = TickRecord(
-                    planned.isoformat(), "schedule", self.instance_id, round(late_s * 1000, 1)
-                )
+                    planned.isoformat(), "schedule", self.instance_id, round(late_s * 1000, 1),
+                    key=spec.key,
+                )  # fmt: skip
                 await self._skip(spec, missed, reason)
-                planned = _utc(cron.next(spec.cron, tz=spec.zone))
+                planned = _utc(cron.next(expr, tz=spec.zone))
                 continue
             self._track(self._tick(spec, planned, "schedule"))
             # From the planned instant, not from now: a late wake-up never drifts the schedule.
-            planned = _utc(cron.next(spec.cron, after=planned, tz=spec.zone))
+            planned = _utc(cron.next(expr, after=planned, tz=spec.zone))
 
     def _track(self, tick: Coroutine[Any, Any, TickResult]) -> asyncio.Task[TickResult]:
         task = asyncio.create_task(tick)
@@ -341,6 +467,7 @@ class Scheduler:
             source=source,
             instance=self.instance_id,
             lateness_ms=round((time.time() - planned.timestamp()) * 1000, 1),
+            key=spec.key,
         )
         plan = spec.lock
         if plan is None:
@@ -352,7 +479,7 @@ class Scheduler:
             return await self._skip(spec, record, PAUSED_REASON)
         adapter = self.ctx.lock(plan.alias)
         try:
-            lease = await self._acquire(spec.name, plan, adapter, planned, source)
+            lease = await self._acquire(spec, adapter, planned, source)
         except Exception as exc:  # any adapter failure is a skip, never a crash of the host
             detail = exc.message if isinstance(exc, LockBackendError) else repr(exc)
             return await self._skip(spec, record, f"lock backend error: {detail}")
@@ -368,20 +495,22 @@ class Scheduler:
         return await self._execute(spec, tick, record, (adapter, lease.token), extras)
 
     async def _acquire(
-        self, name: str, plan: LockPlan, adapter: LockAdapter, planned: datetime,
-        source: TickSource,
-    ) -> FencedLease | Refusal | EarlyClaim:  # fmt: skip
+        self, spec: ScheduleSpec, adapter: LockAdapter, planned: datetime, source: TickSource
+    ) -> FencedLease | Refusal | EarlyClaim:
         """Claim, guard and fence in one call; while the lock server finds the claim early,
         wait for its clock to reach the instant (by its answer) and claim again, up to
-        EARLY_WAIT_LIMIT_S. A manual tick is its own instant: no claim, only guard and fence."""
+        EARLY_WAIT_LIMIT_S. A manual tick is its own instant: no claim, only guard and fence.
+        An entry's claims and guard are its own; the fence counter is the class's."""
+        assert spec.lock is not None
+        plan = spec.lock
         claim_key = None
         if source == "schedule":
-            claim_key = f"{plan.key_prefix}:tick:{int(planned.timestamp())}"
+            claim_key = f"{_own_prefix(spec)}:tick:{int(planned.timestamp())}"
         instant_ms = int(planned.timestamp() * 1000)
         waited_s = 0.0
         while True:
             lease = await adapter.acquire_fenced(
-                f"{plan.key_prefix}:running",
+                _guard_key(spec),
                 plan.ttl_ms,
                 f"{plan.key_prefix}:fence",
                 claim_key=claim_key,
@@ -390,7 +519,7 @@ class Scheduler:
                 # The planned instant (ms) keeps fences rising after a Redis restarted empty.
                 fence_floor=instant_ms,
             )
-            await self._note_clock(name, plan.alias, adapter.clock_offset_ms)
+            await self._note_clock(spec.name, plan.alias, adapter.clock_offset_ms)
             if not isinstance(lease, EarlyClaim):
                 return lease
             waited_s += lease.wait_ms / 1000
@@ -448,13 +577,13 @@ class Scheduler:
         run_ctx = dataclasses.replace(self.ctx, extras=run_extras)
         keeper = None
         if guard is not None and spec.lock is not None:
-            keeper = asyncio.create_task(_keep_guard(spec.lock, *guard))
+            keeper = asyncio.create_task(_keep_guard(spec.lock, _guard_key(spec), *guard))
         started = time.monotonic()
         error: BaseException | None = None
         release_error: Exception | None = None
         try:
             await self.signals.emit("run", **fields, lateness_ms=record.lateness_ms)
-            await spec.schedule(tick).run(run_ctx)
+            await spec.schedule(tick, spec.key, spec.args).run(run_ctx)
         except (Exception, asyncio.CancelledError) as exc:
             error = exc
         finally:
@@ -463,7 +592,7 @@ class Scheduler:
                 keeper.cancel()
                 await asyncio.gather(keeper, return_exceptions=True)
             if guard is not None and spec.lock is not None:
-                release_error = await _release_guard(spec.lock, *guard)
+                release_error = await _release_guard(spec.lock, _guard_key(spec), *guard)
         duration_ms = round((time.monotonic() - started) * 1000, 1)
         if error is None:
             await self.signals.emit("done", **fields, duration_ms=duration_ms)
@@ -526,10 +655,24 @@ def _unreachable(plan: LockPlan, what: str, exc: BaseException) -> DependencyUna
     return DependencyUnavailable("redis", f"{what}: the Redis of lock {plan.alias!r}: {exc!r}")
 
 
-async def _release_guard(plan: LockPlan, adapter: LockAdapter, token: str) -> Exception | None:
-    """Release the overlap guard; the error to report, if any (never raises)."""
+def _own_prefix(spec: ScheduleSpec) -> str:
+    """The prefix of the claims and guard of what `spec` ticks: the class, or one entry of it."""
+    assert spec.lock is not None
+    if spec.key is None:
+        return spec.lock.key_prefix
+    return entry_prefix(spec.lock, spec.key)
+
+
+def _guard_key(spec: ScheduleSpec) -> str:
+    return f"{_own_prefix(spec)}:running"
+
+
+async def _release_guard(
+    plan: LockPlan, key: str, adapter: LockAdapter, token: str
+) -> Exception | None:
+    """Release the overlap guard `key`; the error to report, if any (never raises)."""
     try:
-        if await adapter.release(f"{plan.key_prefix}:running", token):
+        if await adapter.release(key, token):
             return None
     except Exception as exc:
         return exc
@@ -541,10 +684,9 @@ async def _release_guard(plan: LockPlan, adapter: LockAdapter, token: str) -> Ex
     )
 
 
-async def _keep_guard(plan: LockPlan, adapter: LockAdapter, token: str) -> None:
-    """Renew the overlap guard while its run lives (cancelled when the run ends). Stops once
-    the guard is lost: the release then reports it (`GuardExpired`)."""
-    key = f"{plan.key_prefix}:running"
+async def _keep_guard(plan: LockPlan, key: str, adapter: LockAdapter, token: str) -> None:
+    """Renew the overlap guard `key` while its run lives (cancelled when the run ends). Stops
+    once the guard is lost: the release then reports it (`GuardExpired`)."""
     while True:
         await asyncio.sleep(plan.ttl_ms / GUARD_RENEWALS_PER_TTL / 1000)
         try:

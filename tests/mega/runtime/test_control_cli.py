@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from redis.asyncio import Redis
 
 from mega.config import Config, load_config
 from mega.jobs.queue import JobQueue
@@ -24,6 +25,7 @@ from mega.runtime.control_cli import (
     run_jobs_command,
     run_schedules_command,
 )
+from mega.runtime.embedded import free_port
 from mega.schedules.scheduler import Scheduler
 from tests.factories import job_worker, write_config
 from tests.mega.runtime.test_cli import run_mega
@@ -219,7 +221,8 @@ async def test_schedules_list_pause_and_resume(
     assert tidy_json.pop("paused_at_ms") == pytest.approx(time.time() * 1000, abs=10_000)
     assert tidy_json.pop("next_run").endswith("T03:00:00+09:00")
     assert tidy_json == {"name": "Tidy", "cron": "0 3 * * *", "timezone": "Asia/Seoul",
-                         "lock": "main", "paused": True, "paused_by": "ada"}  # fmt: skip
+                         "lock": "main", "paused": True, "paused_by": "ada",
+                         "entries": []}  # fmt: skip
     assert (everywhere_json["lock"], everywhere_json["paused"]) == (None, False)
     await run_schedules_command(config, "list", name=None, by=None)
     assert " paused by ada since " in capsys.readouterr().out.splitlines()[0]
@@ -255,3 +258,166 @@ async def test_schedules_errors_name_the_problem_and_the_fix(schedules_config: C
         "mega schedules: error: NAME: no schedule named 'Nightly' in the config (schedules: "
         "Tidy, Everywhere)"
     ]
+
+
+# -- dynamic entries --------------------------------------------------------------------------
+
+
+async def test_schedules_add_change_list_and_remove_an_entry(
+    schedules_config: Config, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = schedules_config
+    add = {"key": "acme", "cron_expr": "*/2 * * * * *", "args": '{"tenant": "acme"}'}
+    await run_schedules_command(config, "add", name="Tidy", by="ada", **add)
+    line = capsys.readouterr().out
+    assert line.startswith("Tidy acme: added by ada, '*/2 * * * * *' in Asia/Seoul, next ")
+    assert line.endswith(', args {"tenant": "acme"}\n')
+    await run_schedules_command(
+        config, "add", name="Tidy", by=None, key="acme", cron_expr="0 6 * * *", timezone="UTC"
+    )
+    line = capsys.readouterr().out
+    assert line.startswith(f"Tidy acme: changed by {default_by()}, '0 6 * * *' in UTC, next ")
+    assert line.endswith("T06:00:00+00:00, args {}\n")
+
+    await run_schedules_command(config, "list", name=None, by=None)
+    tidy, acme, everywhere = capsys.readouterr().out.splitlines()
+    assert tidy.startswith("Tidy: '0 3 * * *' in Asia/Seoul")
+    assert acme.startswith("  acme: '0 6 * * *' in UTC, next ")
+    assert acme.endswith(f", args {{}}, by {default_by()}")
+    assert everywhere.startswith("Everywhere: ")
+    await run_schedules_command(config, "list", name=None, by=None, as_json=True)
+    tidy_json, everywhere_json = map(json.loads, capsys.readouterr().out.splitlines())
+    [entry] = tidy_json["entries"]
+    assert entry.pop("at_ms") == pytest.approx(time.time() * 1000, abs=10_000)
+    assert entry.pop("next_run").endswith("T06:00:00+00:00")
+    assert entry == {"key": "acme", "cron": "0 6 * * *", "timezone": "UTC", "args": {},
+                     "by": default_by()}  # fmt: skip
+    assert everywhere_json["entries"] == []
+
+    await run_schedules_command(config, "remove", name="Tidy", by="ada", key="acme")
+    assert capsys.readouterr().out == "Tidy acme: removed by ada\n"
+    await run_schedules_command(config, "list", name=None, by=None)
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    code, out, err = await mega(config, "schedules", "remove", "Tidy", "--key", "acme")
+    assert (code, out) == (1, "")
+    assert err.splitlines() == [
+        "mega schedules: error: Tidy has no entry with key 'acme', nothing removed "
+        "(`mega schedules list` shows them)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (
+            ["add", "Nightly", "--key", "acme", "--cron", "* * * * *"],
+            "NAME: no schedule named 'Nightly' in the config (schedules: Tidy, Everywhere)",
+        ),
+        (
+            ["add", "Tidy", "--key", "acme", "--cron", "* * *"],
+            "entry 'acme' of schedule 'Tidy' is invalid: cron: cron expression '* * *' has 3 "
+            "fields; expected 5",
+        ),
+        (
+            ["add", "Tidy", "--key", "acme", "--cron", "* * * * *", "--timezone", "Mars/Base"],
+            "entry 'acme' of schedule 'Tidy' is invalid: timezone: unknown time zone 'Mars/Base'",
+        ),
+        (
+            ["add", "Tidy", "--key", "acme", "--cron", "* * * * *", "--args", "{tenant: acme}"],
+            "--args: not JSON (Expecting property name enclosed in double quotes: line 1 "
+            "column 2 (char 1)): '{tenant: acme}'",
+        ),
+        (
+            ["add", "Tidy", "--key", "acme", "--cron", "* * * * *", "--args", "[1, 2]"],
+            "entry 'acme' of schedule 'Tidy' is invalid: args: must be a JSON object (a dict "
+            "with string keys), got [1, 2]",
+        ),
+        (
+            ["add", "Tidy", "--key", "a b", "--cron", "* * * * *"],
+            "entry 'a b' of schedule 'Tidy' is invalid: key: must be 1 to 128 letters, digits "
+            "or . _ @ -, starting with a letter or digit, got 'a b'",
+        ),
+        (
+            ["add", "Everywhere", "--key", "acme", "--cron", "* * * * *"],
+            "schedule 'Everywhere' has no lock, so it cannot have dynamic entries: they are "
+            "kept in the Redis of the schedule's lock, which also runs each of their ticks "
+            'once; give the class a lock such as {"lock": "main", "ttl": 20000}',
+        ),
+        (
+            ["remove", "Everywhere", "--key", "acme"],
+            "schedule 'Everywhere' has no lock, so it cannot have dynamic entries: they are "
+            "kept in the Redis of the schedule's lock, which also runs each of their ticks "
+            'once; give the class a lock such as {"lock": "main", "ttl": 20000}',
+        ),
+    ],
+    ids=["class", "cron", "zone", "json", "not-object", "key", "no-lock", "remove-no-lock"],
+)
+async def test_schedules_entry_errors_are_one_line_exit_2_and_change_nothing(
+    schedules_config: Config, redis_url: str, prefix: str, args: list[str], error: str
+) -> None:
+    client = Redis.from_url(redis_url)
+    try:
+        code, out, err = await mega(schedules_config, "schedules", *args)
+        assert (code, out) == (2, "")
+        assert err.splitlines()[-1].startswith(f"mega schedules: error: {error}")
+        assert len(err.splitlines()) == 1, err
+        assert await client.keys(f"{prefix}*") == []
+    finally:
+        await client.aclose()
+
+
+async def test_schedules_add_without_redis_is_one_line_exit_3(
+    tmp_path: Path, nats_url: str
+) -> None:
+    unreachable = f"redis://127.0.0.1:{free_port()}"
+    body = BODY.format(subject="ctl.none.mail", key="none")
+    config = load_config(
+        write_config(tmp_path, nats_url=nats_url, redis_url=unreachable, body=body)
+    )
+    code, out, err = await mega(
+        config, "schedules", "add", "Tidy", "--key", "a", "--cron", "* * * * *"
+    )
+    assert (code, out) == (3, "")
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("mega schedules: error: ") and "redis" in err.lower()
+
+
+def test_add_and_remove_help_name_their_options() -> None:
+    add = run_mega("schedules", "add", "--help").stdout
+    for option in ("--key KEY", "--cron EXPR", "--timezone ZONE", "--args JSON", "--by WHO"):
+        assert option in add
+    remove = run_mega("schedules", "remove", "--help").stdout
+    assert "--key KEY" in remove and "--by WHO" in remove and "--cron" not in remove
+
+
+async def test_schedules_list_shows_a_class_of_entries_only(
+    tmp_path: Path, nats_url: str, redis_url: str, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = f"""
+from mega import Schedule
+
+class TenantReport(Schedule):
+    cron = None
+    timezone = "UTC"
+    lock = {{"lock": "main", "ttl": 20_000, "key": {prefix!r}}}
+
+    async def run(self, ctx): ...
+
+schedules = [TenantReport]
+"""
+    config = load_config(write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body))
+    await run_schedules_command(
+        config, "add", name="TenantReport", by="ada", key="acme", cron_expr="0 6 * * *"
+    )
+    assert capsys.readouterr().out.startswith(
+        "TenantReport acme: added by ada, '0 6 * * *' in UTC, next "
+    )
+    await run_schedules_command(config, "list", name=None, by=None)
+    own, acme = capsys.readouterr().out.splitlines()
+    assert own == "TenantReport: no cron of its own (cron = None: its entries only), not paused"
+    assert acme.startswith("  acme: '0 6 * * *' in UTC, next ") and acme.endswith(", by ada")
+    await run_schedules_command(config, "list", name=None, by=None, as_json=True)
+    line = json.loads(capsys.readouterr().out)
+    assert (line["cron"], line["next_run"], [e["key"] for e in line["entries"]]) == (
+        None, None, ["acme"],
+    )  # fmt: skip
