@@ -30,6 +30,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
 
 from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Receiver
@@ -53,11 +54,23 @@ UNREPORTED_MEMO_SIZE = 1024
 # The longest a fetch waits for its cancel read (and never over a quarter of the ack wait):
 # an engine in an election must not hold fetched jobs until they are delivered again.
 CANCEL_READ_S = 0.5
+# How old a read of the cancel window may be when a fetch answers (else it is read again), and
+# so how long before its delivery a cancel must have returned to stop a job from starting at
+# all; one later is still honoured by the watch, which cancels the run within a second.
+WINDOW_FRESH_S = 0.05
 
 # Runs one decoded delivery: (payload, delivery); what it returns is the run's result. Raising
 # fails the attempt.
 Handler = Callable[[Any, Delivery], Awaitable[Any]]
 Signal = Callable[..., Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Window:
+    """A read of the lane's cancel window, started beside a fetch."""
+
+    read: asyncio.Task[None]
+    started_at: float  # monotonic
 
 
 class Lease:
@@ -109,6 +122,7 @@ class Consumer:
         self.closed = asyncio.Event()
         self.unreported: OrderedDict[Hashable, DlqRecord] = OrderedDict()
         self.max_attempts = spec.max_attempts
+        self.window: Window | None = None  # the latest read of the cancel window
 
     def request_stop(self, timeout_s: float) -> None:
         self.stopping = True
@@ -146,8 +160,10 @@ class Consumer:
                 self.slot_free.clear()
                 await self.slot_free.wait()
                 continue
+            # The cancel window is read beside the fetch, not after it: no round trip added.
+            window = self._read_window()
             deliveries = await self.receiver.fetch(free)
-            cancelled = await self._cancelled([d.id for d in deliveries]) if deliveries else ()
+            cancelled = await self._cancelled(deliveries, window)
             for delivery in deliveries:
                 if delivery.id in cancelled:
                     process = self._skip(delivery)
@@ -323,16 +339,38 @@ class Consumer:
 
     # -- control: cancels and the pause ------------------------------------------------------
 
-    async def _cancelled(self, job_ids: list[str]) -> set[str] | tuple[()]:
-        """Which of the fetched jobs were cancelled: the lane's control records read now, so a
-        cancel that returned before this fetch is seen (see mega/jobs/control.py)."""
-        if self.control is None:
+    def _read_window(self) -> Window | None:
+        """Start reading the lane's cancel window (see mega/jobs/control.py), unless a read
+        started within `WINDOW_FRESH_S` (fetches come often when jobs are short: one read
+        serves those that close together)."""
+        if self.control is None or not self.control.on:
+            return None
+        last = self.window
+        if last is not None and time.monotonic() - last.started_at < WINDOW_FRESH_S:
+            return last
+        read = asyncio.create_task(self.control.refresh_cancels())
+        read.add_done_callback(_retrieved)  # one not awaited fails quietly: the next reads again
+        self.window = Window(read, time.monotonic())
+        return self.window
+
+    async def _cancelled(
+        self, deliveries: list[Delivery], window: Window | None
+    ) -> set[str] | tuple[()]:
+        """Which of the fetched jobs were cancelled, so that a cancel that returned before
+        their fetch is seen: the window read beside the fetch, or read again when the fetch
+        waited longer than `WINDOW_FRESH_S` for its jobs; then, while it is open, their
+        marks. A read that does not answer within `CANCEL_READ_S` starts them unread."""
+        if window is None or not deliveries:
             return ()
         control = self.control
+        assert control is not None
 
         async def read() -> set[str]:
-            await control.refresh_cancels()
-            return await control.cancelled(job_ids)
+            if time.monotonic() - window.started_at > WINDOW_FRESH_S:
+                await control.refresh_cancels()
+            else:
+                await window.read
+            return await control.cancelled([delivery.id for delivery in deliveries])
 
         try:
             return await asyncio.wait_for(read(), min(CANCEL_READ_S, self.spec.ack_wait_s / 4))
@@ -405,3 +443,8 @@ class Consumer:
             task.cancel()
         if leftovers:
             await asyncio.wait(leftovers)
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()

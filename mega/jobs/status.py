@@ -39,6 +39,8 @@ RESULT_POLL_S = 0.05
 # A worker's records wait this long before they are sent, so that the reports of a short job
 # (running, then done) are one write.
 FLUSH_DELAY_S = 0.02
+# Compact JSON, as pydantic writes it.
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 # The most earlier attempts `read_status` reads into a record's history (the latest ones).
 MAX_HISTORY = 20
 
@@ -216,6 +218,22 @@ class StatusWriter:
             enqueued_at=report.enqueued_at, worker=self.worker, **report.fields,
         )  # fmt: skip
 
+    def _record_json(self, job_id: str, report: Report) -> bytes:
+        """`encode(self._record(...))`'s fields without the model: they are the loop's own,
+        typed, and this runs for every job a worker ends (the model took a third of the time
+        a no-op job's record costs)."""
+        record: dict[str, Any] = {
+            "id": job_id, "job": self.lane.name, "state": report.state,
+            "attempts": report.attempts, "worker": self.worker,
+        }  # fmt: skip
+        if report.enqueued_at is not None:
+            record["enqueued_at"] = report.enqueued_at
+        for name, value in report.fields.items():
+            if value is None or value is False:
+                continue  # a default: left out, as encode leaves it
+            record[name] = value.model_dump() if isinstance(value, ErrorInfo) else value
+        return _JSON.encode(record).encode()
+
     def _keep(self, job_id: str, attempt: AttemptRecord) -> None:
         record = attempt.model_dump_json(exclude_defaults=True).encode()
         self._attempts.append((attempt_key(job_id, attempt.attempt), record))
@@ -236,7 +254,7 @@ class StatusWriter:
                         self.lane, "result", list(results.items()), create=False
                     )
                 records = attempts + [
-                    (job_id, encode(self._record(job_id, report)))
+                    (job_id, self._record_json(job_id, report))
                     for job_id, report in statuses.items()
                 ]
                 await self.bus.put_records(
