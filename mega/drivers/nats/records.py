@@ -58,7 +58,7 @@ def bucket_config(lane: Lane, table: Table) -> KeyValueConfig:
         description=f"mega: the {table} records of {lane.name}",
         history=1,
         ttl=lane.keep_s(table),
-        storage=StorageType.MEMORY,
+        storage=StorageType.FILE,
         replicas=lane.replicas,
         direct=True,
     )
