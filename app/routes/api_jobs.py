@@ -1,11 +1,12 @@
 """The EmailJob demo: enqueue (JSON and form, one job or `count` alike), the timeline and DLQ
-state, and DLQ requeue.
+state, each job's status record with its result, cancel, and DLQ requeue.
 
 Bad input is a 422 with field errors and enqueues nothing. NATS down: 503 naming it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from typing import Annotated, Any, Literal
@@ -19,7 +20,7 @@ from app.deps import main_redis as redis_of
 from app.deps import queue as queue_of
 from app.jobs.email import SLOW_ACK_WAITS, SLOW_STEPS, EmailJob
 from app.services import job_timeline
-from mega import JobError, JobQueue, JobStatus
+from mega import DependencyUnavailable, JobError, JobQueue, JobStatus
 from mega.web import (
     ApiError,
     EmailAddress,
@@ -113,6 +114,46 @@ async def enqueue_email(queue: JobQueue, redis: Any, body: EnqueueRequest) -> st
     return job_id
 
 
+# The states a cancel still changes: a job that has not ended.
+CANCELLABLE = frozenset({"queued", "delayed", "running", "retrying"})
+
+
+async def job_view(queue: JobQueue, job_id: str) -> dict[str, Any] | None:
+    """The job's status record as JSON with `result`, what its run returned when it is kept
+    (None otherwise), or None for a job with no record."""
+    status = await queue.status(EmailJob, job_id)
+    if status is None:
+        return None
+    result = None
+    if status.result_kept:
+        with contextlib.suppress(JobError):  # expired since: the record says it was kept
+            result = await queue.result(EmailJob, job_id)
+    return {**status.model_dump(mode="json"), "result": result}
+
+
+async def listed_view(queue: JobQueue, job_id: str) -> dict[str, Any] | None:
+    """`job_view` for a list: a record the bus cannot give (its store lost in a restart of the
+    broker, say) makes that one job's state unknown rather than the whole page fail."""
+    try:
+        return await job_view(queue, job_id)
+    except DependencyUnavailable:
+        return None
+
+
+async def with_status(queue: JobQueue, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each timeline job with its status record's `state` (the framework's word for where it
+    is, `cancelled` included), `result` and whether a cancel would still change it."""
+    views = await asyncio.gather(*(listed_view(queue, job["id"]) for job in jobs))
+    merged = []
+    for job, view in zip(jobs, views, strict=True):
+        state = view["state"] if view else job["status"]
+        result = view["result"] if view else None
+        merged.append(
+            {**job, "state": state, "result": result, "cancellable": state in CANCELLABLE}
+        )
+    return merged
+
+
 async def jobs_state(
     queue: JobQueue, redis: Any, *, limit: int = job_timeline.MAX_JOBS, before: str | None = None
 ) -> dict[str, Any]:
@@ -122,7 +163,7 @@ async def jobs_state(
     records = await dlq.list(EmailJob, limit=DLQ_LISTED)
     listed = await job_timeline.list_jobs(redis, limit, before=before)
     return {
-        "jobs": listed.jobs,
+        "jobs": await with_status(queue, listed.jobs),
         "older": listed.older,
         "dlq": {
             "count": await dlq.count(EmailJob),
@@ -184,14 +225,25 @@ JobIdPath = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="a
 async def get_job(job_id: JobIdPath, user: UserDep, queue: QueueDep) -> Response:
     """The job's status record (the framework's: state, attempts, times, worker, last error)
     with `result`, what its run returned, once it is done."""
-    status = await queue.status(EmailJob, job_id)
-    if status is None:
+    view = await job_view(queue, job_id)
+    if view is None:
         raise ApiError(404, "not_found", f"no job with id {job_id!r} (kept a day)")
-    result = None
-    if status.result_kept:
-        with contextlib.suppress(JobError):  # expired since: the record says it was kept
-            result = await queue.result(EmailJob, job_id)
-    return ok({**status.model_dump(mode="json"), "result": result})
+    return ok(view)
+
+
+async def cancel(queue: JobQueue, job_id: str) -> CancelAnswer:
+    """Cancel the job (ApiError 404 for an id with no record)."""
+    if await queue.status(EmailJob, job_id) is None:
+        raise ApiError(404, "not_found", f"no job with id {job_id!r} (kept a day)")
+    answer = await queue.cancel(EmailJob, job_id)
+    return CancelAnswer(cancelled=answer.cancelled, state=answer.state)
+
+
+def cancel_text(job_id: str, answer: CancelAnswer) -> str:
+    """The page's one-line account of a cancel."""
+    if answer.cancelled:
+        return f"Job {job_id} cancelled: it will not run again."
+    return f"Job {job_id} was not cancelled: it had ended ({answer.state})."
 
 
 @router.post(
@@ -201,10 +253,8 @@ async def get_job(job_id: JobIdPath, user: UserDep, queue: QueueDep) -> Response
 async def cancel_job(job_id: JobIdPath, user: UserDep, queue: QueueDep) -> Response:
     """Cancel a queued, delayed or running job (a `slow` one mid-run); one that has ended
     answers `cancelled: false` with its state."""
-    if await queue.status(EmailJob, job_id) is None:
-        raise ApiError(404, "not_found", f"no job with id {job_id!r} (kept a day)")
-    answer = await queue.cancel(EmailJob, job_id)
-    return ok({"cancelled": answer.cancelled, "state": answer.state})
+    answer = await cancel(queue, job_id)
+    return ok(answer.model_dump())
 
 
 @router.get("/api/demo/jobs", responses=api_responses(errors=(401, 422, 503)))
@@ -304,6 +354,18 @@ async def requeue_form(
     count = await requeue(queue, redis, body)
     back = RedirectResponse("/demo/jobs", status_code=303)
     return flash(request, back, f"Requeued {count} job(s) from the DLQ.")
+
+
+@router.post("/demo/jobs/{job_id}/cancel", include_in_schema=False)
+async def cancel_form(
+    job_id: JobIdPath, request: Request, user: UserDep, queue: QueueDep
+) -> Response:
+    back = RedirectResponse("/demo/jobs", status_code=303)
+    try:
+        notice = cancel_text(job_id, await cancel(queue, job_id))
+    except ApiError:
+        notice = f"No job with id {job_id} is kept any more."
+    return flash(request, back, notice)
 
 
 async def jobs_part(request: Request) -> dict[str, Any]:

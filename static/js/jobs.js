@@ -11,19 +11,28 @@
     return Math.round(fraction * 100) + "%";
   }
 
+  // What run returned, as the template words it: "key: value, key: value".
+  function resultText(result) {
+    return Object.entries(result).map(([key, value]) => key + ": " + value).join(", ");
+  }
+
   // Built exactly as templates/demo/jobs.html renders it, so the first refresh morphs nothing.
   function jobCard(job) {
-    const progress = job.status === "running" && job.progress ? job.progress : null;
-    return el("article", { class: "job", "data-key": job.id, "data-id": job.id, "data-status": job.status },
+    const progress = job.state === "running" && job.progress ? job.progress : null;
+    return el("article", { class: "job", "data-key": job.id, "data-id": job.id, "data-status": job.state },
       el("header", { class: "job-head" },
         el("span", { class: "mono" }, job.id),
         el("span", { class: "badge" }, job.mode),
-        el("span", { class: "badge status-" + job.status }, job.status),
-        el("span", { class: "muted small job-to" }, job.to)),
+        el("span", { class: "badge status-" + job.state }, job.state),
+        el("span", { class: "muted small job-to" }, job.to),
+        job.cancellable ? el("form", { method: "post", action: "/demo/jobs/" + job.id + "/cancel", class: "cancel-form" },
+          el("input", { type: "hidden", name: "csrf_token", value: csrf }),
+          el("button", { class: "btn btn-small", type: "submit", "aria-label": "Cancel job " + job.id }, "Cancel")) : null),
       progress && el("div", { class: "job-progress" },
         el("progress", { max: "1", value: String(progress.fraction), "aria-label": "Progress of job " + job.id },
           percent(progress.fraction)),
         el("span", { class: "small" }, percent(progress.fraction) + (progress.note ? ": " + progress.note : ""))),
+      job.result !== null ? el("p", { class: "job-result small" }, "Result ", el("code", {}, resultText(job.result))) : null,
       el("ol", { class: "events" }, ...job.events.map((e) =>
         el("li", { class: "event event-" + e.kind },
           el("span", { class: "mono small muted" }, e.time), " " + e.detail))));
@@ -118,6 +127,24 @@
   $("job-mode").addEventListener("change", () => {
     const option = $("job-mode").selectedOptions[0];
     $("mode-help").textContent = option ? option.dataset.help || "" : "";
+  });
+
+  // One listener for every cancel form, present and future.
+  $("jobs").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const form = event.target;
+    const button = form.querySelector("button");
+    const id = form.closest("article").dataset.id;
+    button.disabled = true;
+    try {
+      const envelope = await api("POST", "/api/demo/jobs/" + encodeURIComponent(id) + "/cancel");
+      $("jobs-notice").textContent = !envelope.ok ? envelope.error.message
+        : envelope.data.cancelled ? "Job " + id + " cancelled: it will not run again."
+          : "Job " + id + " was not cancelled: it had ended (" + envelope.data.state + ").";
+      await load();
+    } finally {
+      button.disabled = false;
+    }
   });
 
   // One listener for every requeue form, present and future (the list is patched in place).

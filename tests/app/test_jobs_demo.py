@@ -549,3 +549,44 @@ async def test_a_crash_job_kills_a_worker_on_every_attempt_then_lands_in_the_dlq
             if worker.poll() is None:
                 worker.terminate()
                 worker.wait(30)
+
+
+async def test_the_list_shows_results_and_cancel_and_the_form_cancels_without_javascript(
+    config: Config,
+) -> None:
+    """Each listed job carries its status record's state and result, and a Cancel form while it
+    has not ended; the form cancels a delayed job with a flash notice (post, redirect, get)."""
+    async with web_client(config) as client, job_worker(config):
+        headers = await authed(client, "/demo/jobs")
+        ok_id = await enqueue(client, headers, "ok")
+        sent = await client.post(
+            "/api/demo/jobs", json={"to": "bob@example.com", "mode": "ok", "delay_ms": 60000},
+            headers=headers,
+        )  # fmt: skip
+        held = sent.json()["data"]["id"]
+        await wait_for_job(client, ok_id, "done")
+        jobs = {j["id"]: j for j in (await client.get("/api/demo/jobs")).json()["data"]["jobs"]}
+        assert (jobs[ok_id]["state"], jobs[ok_id]["cancellable"]) == ("done", False)
+        assert jobs[ok_id]["result"] == {"sent_to": "ada@example.com", "attempt": 1}
+        assert (jobs[held]["state"], jobs[held]["cancellable"], jobs[held]["result"]) == (
+            "delayed", True, None,
+        )  # fmt: skip
+
+        page = (await client.get("/demo/jobs")).text
+        forms = re.findall(r'<form method="post" action="/demo/jobs/(\w+)/cancel"', page)
+        assert forms == [held]  # the ended job has none
+        assert "Result <code>sent_to: ada@example.com, attempt: 1</code>" in page
+        token = csrf_from(page)
+        refused = await client.post(f"/demo/jobs/{held}/cancel")  # no CSRF token
+        assert refused.status_code == 403
+        done = await client.post(f"/demo/jobs/{held}/cancel", data={"csrf_token": token})
+        assert done.status_code == 303 and done.headers["location"] == "/demo/jobs"
+        page = (await client.get("/demo/jobs")).text
+        assert f"Job {held} cancelled: it will not run again." in page
+        assert re.search(rf'data-id="{held}" data-status="cancelled"', page)
+        again = await client.post(f"/demo/jobs/{ok_id}/cancel", data={"csrf_token": token})
+        assert again.status_code == 303
+        page = (await client.get("/demo/jobs")).text
+        assert f"Job {ok_id} was not cancelled: it had ended (done)." in page
+        job = (await client.get(f"/api/demo/jobs/{held}")).json()["data"]
+        assert (job["state"], job["attempts"]) == ("cancelled", 0)

@@ -1,9 +1,12 @@
-"""/demo/jobs in the browser: a flaky job shows its two attempts and "done"; a failing job
+"""/demo/jobs in the browser: a flaky job shows its two attempts, "done" and its result; a slow
+job cancelled mid-run ends "cancelled" and is never retried; a failing job
 lands in the DLQ and can be requeued, and its focused Requeue button stays focused across live
 refreshes; a slow job draws its progress; a 200-character recipient fits 390 px; bad input gets
 plain sentences at its fields, gone once corrected; a count of 20 enqueues 20 jobs."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 from axe_playwright_python.sync_playwright import Axe
@@ -32,14 +35,17 @@ def test_flaky_job_retries_then_done_and_fail_job_lands_in_dlq(page, live_stack:
     flaky = enqueue(page, "flaky")
     card = page.locator(f'article.job[data-id="{flaky}"]')
     expect(card).to_have_attribute("data-status", "done", timeout=20_000)
-    assert card.locator(".event-start").count() == 2
-    assert card.locator(".event-retry").count() == 1
-    assert "attempt 2 succeeded" in card.locator(".event-done").inner_text()
+    expect(card.locator(".event-start")).to_have_count(2)
+    expect(card.locator(".event-retry")).to_have_count(1)
+    expect(card.locator(".event-done")).to_contain_text("attempt 2 succeeded")
+    expect(card.locator(".job-result")).to_have_text(
+        "Result sent_to: flaky@example.com, attempt: 2"
+    )
 
     failing = enqueue(page, "fail")
     card = page.locator(f'article.job[data-id="{failing}"]')
     expect(card).to_have_attribute("data-status", "dlq", timeout=30_000)
-    assert card.locator(".event-start").count() == 3
+    expect(card.locator(".event-start")).to_have_count(3)
     dead = page.locator(f'#dlq-items li[data-id="{failing}"]')
     expect(dead).to_be_visible()
     assert "SimulatedSendError" in dead.inner_text()
@@ -101,6 +107,32 @@ def test_a_slow_job_draws_its_progress_on_one_attempt(page, live_stack: LiveStac
             if v["impact"] in ("serious", "critical")
         ]
         assert not violations, (scheme, violations)
+
+
+def test_a_slow_job_cancelled_mid_run_ends_cancelled_and_is_never_retried(
+    page, live_stack: LiveStack
+) -> None:  # type: ignore[no-untyped-def]
+    log_in(page, live_stack.url)
+    page.goto(live_stack.url + "/demo/jobs")
+    slow = enqueue(page, "slow")
+    card = page.locator(f'article.job[data-id="{slow}"]')
+    expect(card).to_have_attribute("data-status", "running", timeout=15_000)
+    expect(card.locator(".job-progress")).to_contain_text("1 of 6 steps done", timeout=15_000)
+    card.get_by_role("button", name=f"Cancel job {slow}").click()
+    expect(page.locator("#jobs-notice")).to_have_text(
+        f"Job {slow} cancelled: it will not run again."
+    )
+    expect(card).to_have_attribute("data-status", "cancelled")
+    expect(card.get_by_role("button", name=f"Cancel job {slow}")).to_have_count(0)
+    screenshot(page, "jobs-cancelled")
+    # Past its ack wait and the backoff's longest wait, it is still cancelled on one attempt.
+    url = f"{live_stack.url}/api/demo/jobs/{slow}"
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        job = page.request.get(url).json()["data"]
+        assert (job["state"], job["attempts"]) == ("cancelled", 1), job
+        page.wait_for_timeout(500)
+    assert card.get_attribute("data-status") == "cancelled"
 
 
 def test_a_long_recipient_does_not_widen_a_phone_screen(page, live_stack: LiveStack) -> None:
