@@ -57,7 +57,7 @@ Limit = Annotated[
 
 class EnqueueRequest(BaseModel):
     to: EmailAddress
-    mode: Literal["ok", "flaky", "fail", "slow", "crash"] = "ok"
+    mode: Literal["ok", "flaky", "fail", "permanent", "slow", "crash"] = "ok"
     # Hold the job this long before it may run (a broker-side schedule: it takes no slot).
     delay_ms: Annotated[
         int,

@@ -42,7 +42,7 @@
     return el("li", { class: "dlq-item", "data-key": item.id, "data-id": item.id },
       el("div", {},
         el("span", { class: "mono" }, item.id), " ",
-        el("span", { class: "muted small" }, "to " + item.to + ", " + item.attempts + " attempts"),
+        el("span", { class: "muted small" }, "to " + item.to + ", " + item.attempts + (item.attempts === 1 ? " attempt" : " attempts")),
         el("div", { class: "small" }, item.error)),
       el("form", { method: "post", action: "/demo/jobs/dlq/requeue", class: "requeue-form" },
         el("input", { type: "hidden", name: "csrf_token", value: csrf }),

@@ -28,13 +28,15 @@ EMAIL = "is not a valid e-mail address (one like name@example.com, at most 254 c
 
 
 async def wait_for_job(
-    client: httpx.AsyncClient, job_id: str, status: str, timeout_s: float = 20
+    client: httpx.AsyncClient, job_id: str, status: str, timeout_s: float = 20, key: str = "status"
 ) -> dict[str, Any]:
+    """The jobs' state once job `job_id`'s `key` (the timeline's `status`, or the status
+    record's `state`) reads `status`."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         data = (await client.get("/api/demo/jobs")).json()["data"]
         job = next((j for j in data["jobs"] if j["id"] == job_id), None)
-        if job is not None and job["status"] == status:
+        if job is not None and job[key] == status:
             return data
         assert asyncio.get_running_loop().time() < deadline, (
             f"job {job_id} never reached {status}: {job}"
@@ -564,7 +566,7 @@ async def test_the_list_shows_results_and_cancel_and_the_form_cancels_without_ja
             headers=headers,
         )  # fmt: skip
         held = sent.json()["data"]["id"]
-        await wait_for_job(client, ok_id, "done")
+        await wait_for_job(client, ok_id, "done", key="state")
         jobs = {j["id"]: j for j in (await client.get("/api/demo/jobs")).json()["data"]["jobs"]}
         assert (jobs[ok_id]["state"], jobs[ok_id]["cancellable"]) == ("done", False)
         assert jobs[ok_id]["result"] == {"sent_to": "ada@example.com", "attempt": 1}
@@ -590,3 +592,22 @@ async def test_the_list_shows_results_and_cancel_and_the_form_cancels_without_ja
         assert f"Job {ok_id} was not cancelled: it had ended (done)." in page
         job = (await client.get(f"/api/demo/jobs/{held}")).json()["data"]
         assert (job["state"], job["attempts"]) == ("cancelled", 0)
+
+
+async def test_a_permanent_job_goes_to_the_dlq_after_one_attempt(config: Config) -> None:
+    async with web_client(config) as client, job_worker(config):
+        headers = await authed(client, "/demo/jobs")
+        job_id = await enqueue(client, headers, "permanent")
+        data = await wait_for_job(client, job_id, "dlq", key="state")
+        job = next(j for j in data["jobs"] if j["id"] == job_id)
+        assert (job["state"], job["attempts"], job["cancellable"]) == ("dlq", 1, False)
+        (item,) = data["dlq"]["items"]
+        assert (item["id"], item["attempts"]) == (job_id, 1)
+        message = "no mailbox ada@example.com: the domain says it does not exist"
+        assert item["error"] == f"Permanent: {message}"
+        status = (await client.get(f"/api/demo/jobs/{job_id}")).json()["data"]
+        assert (status["state"], status["attempts"]) == ("dlq", 1)
+        assert status["error"] == {"type": "Permanent", "message": message}
+        page = (await client.get("/demo/jobs")).text
+        assert "to ada@example.com, 1 attempt</span>" in page
+        assert '<option value="permanent"' in page

@@ -1,5 +1,6 @@
 """/demo/jobs in the browser: a flaky job shows its two attempts, "done" and its result; a slow
-job cancelled mid-run ends "cancelled" and is never retried; a failing job
+job cancelled mid-run ends "cancelled" and is never retried; a permanent job is dead-lettered
+after one attempt; a failing job
 lands in the DLQ and can be requeued, and its focused Requeue button stays focused across live
 refreshes; a slow job draws its progress; a 200-character recipient fits 390 px; bad input gets
 plain sentences at its fields, gone once corrected; a count of 20 enqueues 20 jobs."""
@@ -54,6 +55,23 @@ def test_flaky_job_retries_then_done_and_fail_job_lands_in_dlq(page, live_stack:
     dead.get_by_role("button", name="Requeue").click()
     expect(card).to_have_attribute("data-status", "dlq", timeout=30_000)
     expect(card.locator(".event-requeued")).to_have_count(1)
+
+
+def test_a_permanent_job_lands_in_the_dlq_after_one_attempt(page, live_stack: LiveStack) -> None:  # type: ignore[no-untyped-def]
+    log_in(page, live_stack.url)
+    page.goto(live_stack.url + "/demo/jobs")
+    page.select_option("#job-mode", "permanent")
+    expect(page.locator("#mode-help")).to_have_text(
+        "permanent: raises Permanent: one attempt, then the DLQ"
+    )
+    job = enqueue(page, "permanent")
+    card = page.locator(f'article.job[data-id="{job}"]')
+    expect(card).to_have_attribute("data-status", "dlq", timeout=20_000)
+    dead = page.locator(f'#dlq-items li[data-id="{job}"]')
+    expect(dead).to_contain_text("to permanent@example.com, 1 attempt")
+    expect(dead).to_contain_text("Permanent: no mailbox permanent@example.com")
+    status = page.request.get(f"{live_stack.url}/api/demo/jobs/{job}").json()["data"]
+    assert (status["state"], status["attempts"]) == ("dlq", 1)
 
 
 def test_empty_recipient_shows_the_field_error(page, live_stack: LiveStack) -> None:

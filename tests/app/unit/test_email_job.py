@@ -50,3 +50,18 @@ async def test_fail_uses_its_three_attempts_then_lands_in_the_dlq() -> None:
         "type": "SimulatedSendError",
         "message": "mailbox ada@example.com rejected the message",
     }
+
+
+async def test_permanent_skips_the_retries_and_lands_in_the_dlq_after_one_attempt() -> None:
+    ctx = memory_context("jobs", caches=["main"])
+    job = await send(ctx, "permanent")
+    assert (job["status"], job["attempts"]) == ("dlq", 1)
+    assert kinds(job) == ["enqueued", "start", "fail", "dlq"]
+    [record] = await JobQueue(ctx, "jobs").dlq.list(EmailJob)
+    assert (record["id"], record["attempts"]) == ("j1", 1)
+    assert record["error"] == {
+        "type": "Permanent",
+        "message": "no mailbox ada@example.com: the domain says it does not exist",
+    }
+    status = await JobQueue(ctx, "jobs").status(EmailJob, "j1")
+    assert status is not None and (status.state, status.attempts) == ("dlq", 1)
