@@ -58,6 +58,7 @@ _EXPORTS = {
     "JobWorker": "mega.jobs.jobworker",
     "JobId": "mega.jobs.queue",
     "JobStatus": "mega.jobs.status",
+    "AttemptRecord": "mega.jobs.status",
     "JobQueue": "mega.jobs.queue",
     # events
     "EventBus": "mega.events.bus",
@@ -142,6 +143,7 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.jobs.progress import JobContext as JobContext
     from mega.jobs.queue import JobId as JobId
     from mega.jobs.queue import JobQueue as JobQueue
+    from mega.jobs.status import AttemptRecord as AttemptRecord
     from mega.jobs.status import JobStatus as JobStatus
     from mega.runtime.asgi import asgi_app as asgi_app
     from mega.runtime.boot import boot as boot

@@ -299,7 +299,9 @@ class Consumer:
             await self.receiver.dead_letter(delivery, record, terminate=decision.terminate)
         except DriverUnavailable as exc:
             if self.records is not None:
-                self.records.ended(delivery, started_ms, "failed", failure)
+                self.records.ended(
+                    delivery, started_ms, "failed", failure, attempts=record["attempts"]
+                )
             self.unreported[delivery.key] = record
             while len(self.unreported) > UNREPORTED_MEMO_SIZE:
                 self.unreported.popitem(last=False)
@@ -313,7 +315,7 @@ class Consumer:
             return
         self.unreported.pop(delivery.key, None)
         if self.records is not None:
-            self.records.ended(delivery, started_ms, "dlq", failure)
+            self.records.ended(delivery, started_ms, "dlq", failure, attempts=record["attempts"])
         await self.signal(
             "dlq", job=self.spec.name, id=record["id"], attempts=record["attempts"],
             error_type=record["error"]["type"], error=record["error"]["message"],

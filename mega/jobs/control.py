@@ -3,16 +3,18 @@
 Both are records in the lane's "status" store (`Bus.put_records`), so they work the same on
 every driver and every host sees them without a channel of its own:
 
-- **Cancel** writes the job's status record as `cancelled` (a tombstone). A worker reads the
-  records of what it fetched before it starts them, and skips (acks) a cancelled one; each
-  second it reads the records of what it runs, and cancels the task of a cancelled one. Both
-  reads happen only while the lane's cancel window is open: a cancel opens it for
-  `keep_status_s` (the tombstone's life) in the record `CANCELS_KEY`, so a queue nobody
-  cancels in pays one small read per fetch (that record), and nothing per job.
+- **Cancel** writes a mark under the job's `cancel_key` (a tombstone), then its status record
+  as `cancelled`. A worker reads the marks of what it fetched before it starts them, and skips
+  (acks) a cancelled one; each second it reads the marks of what it runs, and cancels the task
+  of a cancelled one. The mark has a key of its own so that a worker's own status writes (its
+  `running`, sent a moment after the start) never overwrite it. Both reads happen only while
+  the lane's cancel window is open: a cancel opens it for `keep_status_s` (the mark's life) in
+  the record `CANCELS_KEY`, so a queue nobody cancels in pays one small read per fetch (that
+  record), and nothing per job.
 - **Pause** sets `PAUSE_KEY`. Each worker reads it every second (`WATCH_S`): a paused queue
   starts nothing new and its running jobs finish; resume clears it.
 
-The two keys hold a space, which no job id may, so they never meet a job's record.
+These keys hold a space, which no job id may, so they never meet a job's record.
 """
 
 from __future__ import annotations
@@ -61,9 +63,17 @@ async def cancel(bus: Bus, lane: Lane, job: str, job_id: str) -> Cancelled:
     window = json.dumps({"until": now_ms + int(lane.keep_status_s * 1000)}).encode()
     await bus.put_records(lane, "status", [(CANCELS_KEY, window)], create=False)
     base = status or JobStatus(id=job_id, job=job, state="cancelled")
-    tombstone = base.model_copy(update={"state": "cancelled", "finished_at": now_ms})
-    await bus.put_records(lane, "status", [(job_id, encode(tombstone))], create=False)
+    record = base.model_copy(update={"state": "cancelled", "finished_at": now_ms})
+    mark = json.dumps({"at_ms": now_ms}).encode()
+    await bus.put_records(
+        lane, "status", [(cancel_key(job_id), mark), (job_id, encode(record))], create=False
+    )
     return Cancelled(True, "cancelled")
+
+
+def cancel_key(job_id: str) -> str:
+    """The key of a job's cancel mark."""
+    return f"{job_id} cancel"
 
 
 async def set_pause(bus: Bus, lane: Lane, *, paused: bool, by: str) -> Pause:
@@ -115,12 +125,8 @@ class LaneControl:
         return self.cancels_until_ms > time.time() * 1000
 
     async def cancelled(self, job_ids: list[str]) -> set[str]:
-        """Those of `job_ids` whose record says `cancelled` (none read outside the window)."""
+        """Those of `job_ids` with a cancel mark (none read outside the window)."""
         if not (self.on and self.cancelling and job_ids):
             return set()
-        records = await self.bus.get_records(self.lane, "status", job_ids)
-        return {
-            job_id
-            for job_id, raw in zip(job_ids, records, strict=True)
-            if raw is not None and decode(raw).state == "cancelled"
-        }
+        marks = await self.bus.get_records(self.lane, "status", list(map(cancel_key, job_ids)))
+        return {job_id for job_id, mark in zip(job_ids, marks, strict=True) if mark is not None}

@@ -39,7 +39,14 @@ from mega.jobs.spec import (
     threaded,
     validate_job,
 )
-from mega.jobs.status import RESULT_POLL_S, JobStatus, StatusWriter, decode, encode, enqueued
+from mega.jobs.status import (
+    RESULT_POLL_S,
+    JobStatus,
+    StatusWriter,
+    encode,
+    enqueued,
+    read_status,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -203,10 +210,9 @@ class JobQueue(LaneEndpoint):
         does not answer."""
         spec = await self.ensure(job_cls)
         try:
-            [raw] = await self.bus.get_records(job_lane(spec), "status", [job_id])
+            return await read_status(self.bus, job_lane(spec), job_id)
         except DriverUnavailable as exc:
             raise self.unavailable(f"cannot read the status of {spec.name} {job_id}", exc) from exc
-        return None if raw is None else decode(raw)
 
     async def result(
         self, job_cls: type[JobBase], job_id: str, *, timeout_s: float | None = None

@@ -36,11 +36,30 @@ State = Literal["queued", "delayed", "running", "retrying", "done", "failed", "d
 FINAL: frozenset[str] = frozenset({"done", "dlq", "cancelled"})
 # How often `result` looks at the record while it waits.
 RESULT_POLL_S = 0.05
+# A worker's records wait this long before they are sent, so that the reports of a short job
+# (running, then done) are one write.
+FLUSH_DELAY_S = 0.02
+# The most earlier attempts `read_status` reads into a record's history (the latest ones).
+MAX_HISTORY = 20
 
 
 class ErrorInfo(BaseModel):
     type: str
     message: str
+
+
+class AttemptRecord(BaseModel):
+    """One earlier attempt of a job, as its status record said when the next one started:
+    `retrying` or `failed` (with its `error`), or `lost` (its worker died while it ran)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    attempt: int
+    state: str
+    worker: str | None = None
+    started_at: int | None = None
+    finished_at: int | None = None
+    error: ErrorInfo | None = None
 
 
 class JobStatus(BaseModel):
@@ -52,7 +71,8 @@ class JobStatus(BaseModel):
     `cancelled`. `attempts`: runs started so far. Times are epoch ms: `enqueued_at`, `due_at`,
     `started_at` (the latest attempt's), `finished_at`. `worker`: the instance id of the
     latest attempt's worker. `error`: the latest failure. `result_kept`: `result()` can answer
-    with what `run` returned."""
+    with what `run` returned. `history`: the attempts before the latest, oldest first (read
+    with the record by `JobQueue.status`; each is stored under a key of its own)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -67,10 +87,26 @@ class JobStatus(BaseModel):
     worker: str | None = None
     error: ErrorInfo | None = None
     result_kept: bool = False
+    history: tuple[AttemptRecord, ...] = ()
 
     @property
     def final(self) -> bool:
         return self.state in FINAL
+
+
+def attempt_key(job_id: str, attempt: int) -> str:
+    """The key of a job's earlier attempt (a space, which no job id has, keeps it apart)."""
+    return f"{job_id} attempt {attempt}"
+
+
+def as_attempt(status: JobStatus) -> AttemptRecord:
+    """What a job's record says of its latest attempt, kept once the next one starts: a
+    record still `running` means the attempt's worker died."""
+    state = "lost" if status.state == "running" else status.state
+    return AttemptRecord(
+        attempt=status.attempts, state=state, worker=status.worker,
+        started_at=status.started_at, finished_at=status.finished_at, error=status.error,
+    )  # fmt: skip
 
 
 def encode(status: JobStatus) -> bytes:
@@ -91,10 +127,14 @@ def enqueued(job: str, message: Message) -> JobStatus:
 
 
 class StatusWriter:
-    """The records of one job lane in one process: `write(record)` queues it, a background
-    flush sends what is queued in one `put_records` call, and a later record of a job replaces
-    its earlier one while both wait. Best effort: a bus that does not answer loses the batch
-    (logged), never a job."""
+    """The records of one job lane in one process: each report is queued, and a flush
+    `FLUSH_DELAY_S` later sends what is queued in one `put_records` call. A later report of a
+    job replaces its earlier one while both wait, so a job that starts and ends within the
+    delay costs one write. Best effort: a bus that does not answer loses the batch (logged),
+    never a job.
+
+    An attempt after the first keeps the one before it under `attempt_key` (its history):
+    from the record it replaces here, or read from the store at the flush."""
 
     def __init__(self, bus: Bus, lane: Lane, *, worker: str) -> None:
         self.bus = bus
@@ -102,8 +142,10 @@ class StatusWriter:
         self.worker = worker
         self.on = lane.keep_status_s > 0
         self.keep_results = lane.keep_result_s > 0
-        self._statuses: dict[str, bytes] = {}
+        self._statuses: dict[str, JobStatus] = {}
         self._results: dict[str, bytes] = {}
+        self._earlier: dict[str, int] = {}  # job id -> an earlier attempt to read and keep
+        self._attempts: list[tuple[str, bytes]] = []
         self._flusher: asyncio.Task[None] | None = None
 
     # -- what the consume loop reports ---------------------------------------------------------
@@ -115,11 +157,14 @@ class StatusWriter:
         self._write(delivery, "retrying", started_at=started_ms, error=error, due_at=due_ms)
 
     def ended(
-        self, delivery: Delivery, started_ms: int | None, state: State, error: ErrorInfo | None
-    ) -> None:
-        """A last state: `failed` (its dead letter not stored yet), `dlq` or `cancelled`."""
+        self, delivery: Delivery, started_ms: int | None, state: State, error: ErrorInfo | None,
+        *, attempts: int | None = None,
+    ) -> None:  # fmt: skip
+        """A last state: `failed` (its dead letter not stored yet), `dlq` or `cancelled`.
+        `attempts`: the runs, where the delivery's count is one more (a run that never
+        reported back)."""
         self._write(
-            delivery, state, started_at=started_ms, error=error, finished_at=_now_ms()
+            delivery, state, attempts, started_at=started_ms, error=error, finished_at=_now_ms()
         )  # fmt: skip
 
     def done(self, delivery: Delivery, started_ms: int, result: Any) -> None:
@@ -139,43 +184,94 @@ class StatusWriter:
             delivery, "done", started_at=started_ms, finished_at=_now_ms(), result_kept=kept
         )
 
-    def _write(self, delivery: Delivery, state: State, **fields: Any) -> None:
+    def _write(
+        self, delivery: Delivery, state: State, attempts: int | None = None, **fields: Any
+    ) -> None:
         if not self.on:
             return
-        record = JobStatus(
-            id=delivery.id, job=self.lane.name, state=state, attempts=delivery.attempt,
+        job_id, attempt = delivery.id, attempts or delivery.attempt
+        # Built unvalidated: every field comes from the consume loop, typed.
+        record = JobStatus.model_construct(
+            id=job_id, job=self.lane.name, state=state, attempts=attempt,
             enqueued_at=delivery.enqueued_at_ms, worker=self.worker, **fields,
         )  # fmt: skip
-        self._statuses.pop(delivery.id, None)  # re-inserted last: the batch keeps write order
-        self._statuses[delivery.id] = encode(record)
+        replaced = self._statuses.pop(job_id, None)  # re-inserted last: batches keep order
+        self._statuses[job_id] = record
+        if replaced is not None and replaced.attempts < attempt:
+            self._keep(job_id, as_attempt(replaced))
+        elif replaced is None and attempt > 1 and (state == "running" or not fields["started_at"]):
+            self._earlier[job_id] = attempt - 1  # its first report (a start, or an end unrun)
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
+
+    def _keep(self, job_id: str, attempt: AttemptRecord) -> None:
+        record = attempt.model_dump_json(exclude_defaults=True).encode()
+        self._attempts.append((attempt_key(job_id, attempt.attempt), record))
 
     # -- sending -------------------------------------------------------------------------------
 
     async def _flush(self) -> None:
+        await asyncio.sleep(FLUSH_DELAY_S)
         while self._statuses or self._results:
             results, self._results = self._results, {}
             statuses, self._statuses = self._statuses, {}
             try:
+                if self._earlier:
+                    await self._read_earlier()
+                attempts, self._attempts = self._attempts, []
                 if results:  # before the `done` that says it is there
                     await self.bus.put_records(
                         self.lane, "result", list(results.items()), create=False
                     )
-                if statuses:
-                    await self.bus.put_records(
-                        self.lane, "status", list(statuses.items()), create=False, confirm=False
-                    )
+                records = attempts + [(key, encode(status)) for key, status in statuses.items()]
+                await self.bus.put_records(
+                    self.lane, "status", records, create=False, confirm=False
+                )  # fmt: skip
             except DriverUnavailable as exc:
                 logger.warning(
                     "%s: %d job status record(s) not written, the bus did not answer: %s",
                     self.lane.name, len(statuses), exc,
                 )  # fmt: skip
 
+    async def _read_earlier(self) -> None:
+        """Keep the attempts before each retried job's latest: the one the store's record
+        says, and as `lost` (no worker known) any after it that left no record (a worker that
+        died before its first write)."""
+        earlier, self._earlier = self._earlier, {}
+        ids = list(earlier)
+        for job_id, raw in zip(ids, await self.bus.get_records(self.lane, "status", ids),
+                               strict=True):  # fmt: skip
+            last = earlier[job_id]
+            status = None if raw is None else decode(raw)
+            stored = 0 if status is None else status.attempts
+            if status is not None and 1 <= stored <= last:
+                self._keep(job_id, as_attempt(status))
+            for attempt in range(stored + 1, last + 1):
+                self._keep(job_id, AttemptRecord(attempt=attempt, state="lost"))
+
     async def close(self) -> None:
         """Send what is queued (the consume loop calls it when it stops)."""
         if self._flusher is not None:
             await asyncio.shield(self._flusher)
+
+
+async def read_status(bus: Bus, lane: Lane, job_id: str) -> JobStatus | None:
+    """A job's status record with its history (its earlier attempts, one read more for a job
+    that ran more than once), or None. DriverUnavailable when the bus does not answer."""
+    [raw] = await bus.get_records(lane, "status", [job_id])
+    if raw is None:
+        return None
+    status = decode(raw)
+    if status.attempts <= 1:
+        return status
+    first = max(1, status.attempts - MAX_HISTORY)
+    keys = [attempt_key(job_id, n) for n in range(first, status.attempts)]
+    history = tuple(
+        AttemptRecord.model_validate_json(raw)
+        for raw in await bus.get_records(lane, "status", keys)
+        if raw is not None
+    )
+    return status.model_copy(update={"history": history})
 
 
 def _now_ms() -> int:

@@ -44,6 +44,20 @@ async def wait_for_job(
         await asyncio.sleep(0.1)
 
 
+async def wait_for_state(
+    client: httpx.AsyncClient, job_id: str, state: str, timeout_s: float = 20
+) -> dict[str, Any]:
+    """The job's status (GET /api/demo/jobs/{id}) once its record says `state`."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        answer = await client.get(f"/api/demo/jobs/{job_id}")
+        job = answer.json().get("data") if answer.status_code == 200 else None
+        if job is not None and job["state"] == state:
+            return job
+        assert asyncio.get_running_loop().time() < deadline, f"{job_id} never {state}: {job}"
+        await asyncio.sleep(0.05)
+
+
 async def stream_messages(client: httpx.AsyncClient) -> int:
     js = client.app.state.ctx.bus("jobs").js
     return int((await js.stream_info(stream_name(EmailJob.subject))).state.messages)
@@ -121,12 +135,11 @@ async def test_a_job_answers_its_status_and_result_and_a_slow_one_is_cancelled_m
         headers = await authed(client, "/demo/jobs")
         ok_id = await enqueue(client, headers, "ok")
         slow_id = await enqueue(client, headers, "slow")
-        await wait_for_job(client, ok_id, "done")
-        job = (await client.get(f"/api/demo/jobs/{ok_id}")).json()["data"]
+        job = await wait_for_state(client, ok_id, "done")
         assert (job["state"], job["attempts"], job["job"]) == ("done", 1, "EmailJob")
         assert job["result"] == {"sent_to": "ada@example.com", "attempt": 1}
 
-        await wait_for_job(client, slow_id, "running")
+        await wait_for_state(client, slow_id, "running")
         answer = await client.post(f"/api/demo/jobs/{slow_id}/cancel", headers=headers)
         assert answer.status_code == 200, answer.text
         assert answer.json()["data"] == {"cancelled": True, "state": "cancelled"}

@@ -5,6 +5,7 @@ driver runs on the session's nats-server, `redis` on its Redis, `memory` in this
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from collections import Counter
@@ -155,8 +156,9 @@ async def setup(
 
 
 async def until(check: Any, what: str, timeout_s: float = 15) -> None:
+    """Poll `check` (a function, or one returning an awaitable) until it is true."""
     deadline = time.monotonic() + timeout_s
-    while not check():
+    while not (await found if inspect.isawaitable(found := check()) else found):
         assert time.monotonic() < deadline, f"timed out: {what}"
         await asyncio.sleep(0.01)
 
@@ -385,11 +387,18 @@ async def test_a_status_record_follows_each_job_and_result_answers(setup: Any, p
         assert done.worker == ctx.instance_id
         assert done.started_at is not None and done.finished_at is not None
         assert before_ms <= done.started_at <= done.finished_at
+        assert done.history == ()
         retried = await tracked.status(ctx, flaky)
         assert retried is not None and (retried.state, retried.attempts) == ("done", 2)
+        [first] = retried.history  # the attempt before the latest, under a key of its own
+        assert (first.attempt, first.state, first.worker) == (1, "retrying", ctx.instance_id)
+        assert first.error is not None and first.error.message == "planned failure 1"
+        assert first.started_at is not None and retried.started_at is not None
+        assert first.started_at <= retried.started_at
         dead = await tracked.status(ctx, failing)
         assert dead is not None and (dead.state, dead.attempts) == ("dlq", 2)
         assert dead.error is not None and dead.error.type == "RuntimeError"
+        assert [(a.attempt, a.state) for a in dead.history] == [(1, "retrying")]
         with pytest.raises(TimeoutError):
             await tracked.result(ctx, "never-enqueued", timeout_s=0.2)
         with pytest.raises(JobError) as not_kept:
@@ -420,6 +429,11 @@ class Slow(Job):
 CANCELLED: Counter[str] = Counter()
 
 
+async def state_of(job: type[Job], ctx: Context, job_id: str, state: str) -> bool:
+    status = await job.status(ctx, job_id)
+    return status is not None and status.state == state
+
+
 async def test_cancel_a_queued_a_delayed_a_running_and_a_finished_job(
     setup: Any, prefix: str
 ) -> None:
@@ -441,7 +455,8 @@ async def test_cancel_a_queued_a_delayed_a_running_and_a_finished_job(
         running = await slow.enqueue(ctx, {"id": f"{prefix}-running", "sleep_s": 30})
         quick = await slow.enqueue(ctx, {"id": f"{prefix}-quick"})
         await until(lambda: RUNS[f"{prefix}-running"] == 1, "the long job started")
-        await until(lambda: DONE[f"{prefix}-quick"] == 1, "the quick job done")
+        # Finished is what its record says (a worker sends it a moment after the run).
+        await until(lambda: state_of(slow, ctx, quick, "done"), "the quick job's record done")
         assert await queue.cancel(slow, running) == Cancelled(True, "cancelled")
         await until(lambda: CANCELLED[f"{prefix}-running"] == 1, "the running job cancelled")
         assert await queue.cancel(slow, quick) == Cancelled(False, "done")

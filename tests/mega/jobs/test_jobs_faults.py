@@ -295,6 +295,12 @@ async def test_job_that_kills_its_worker_goes_to_the_dlq_after_retries_plus_one_
     assert {("fail", last), ("dlq", last)} <= logged_counts(output, job_id), output[-3000:]
     assert max(count for _, count in logged_counts(output, job_id)) == last
     assert record["payload"] == {"id": job_id}
+    # Its status: dead-lettered after its two runs, the first kept in its history as lost
+    # (the run's worker died before its record went out, or with it `running`).
+    status = await queue.status(job, job_id)
+    assert status is not None and (status.state, status.attempts) == ("dlq", job.retries + 1)
+    assert status.error is not None and status.error.type == "WorkerCrashed"
+    assert [(a.attempt, a.state) for a in status.history] == [(1, "lost")]
     assert await stream_size(queue, stream_name(spec.subject)) == 0
     for worker in fleet:
         worker.proc.send_signal(signal.SIGTERM)
