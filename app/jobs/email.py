@@ -12,8 +12,9 @@
                nothing acks it, so after each `ack_wait_s` another worker gets it, until the
                delivery after the last attempt, which the queue dead-letters as WorkerCrashed
 
-The job counts its own attempts in Redis per job id. Delivery is at-least-once, so a real
-send would first check a "sent" marker keyed on the id (see docs/guide/jobs.md, idempotency).
+`ctx.attempt` is the queue's count of runs (a requeue from the DLQ starts it again at 1).
+Delivery is at-least-once, so a real send would first check a "sent" marker keyed on the id
+(see docs/guide/jobs.md, idempotency).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import os
 from typing import Any
 
 from app.replicas import REPLICAS
-from app.services.job_timeline import attempts_key
 from mega import Job, JobContext, Permanent
 
 # The slow mode's steps; together they last SLOW_ACK_WAITS ack waits.
@@ -48,10 +48,7 @@ class EmailJob(Job):
     keep_result_s = 3600  # what run returns: GET /api/demo/jobs/{id} shows it for an hour
 
     async def run(self, payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-        redis = ctx.cache("main").native
-        attempt = await redis.incr(attempts_key(payload["id"]))
-        await redis.expire(attempts_key(payload["id"]), 24 * 3600)
-        mode = payload["mode"]
+        attempt, mode = ctx.attempt, payload["mode"]
         if mode == "fail":
             raise SimulatedSendError(f"mailbox {payload['to']} rejected the message")
         if mode == "permanent":

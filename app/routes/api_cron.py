@@ -57,7 +57,7 @@ def as_utc(instant: str) -> str:
 def instance_label(instance: str | None) -> str | None:
     """`scheduler@host:4121:a1b2c3` -> `scheduler a1b2c3 (pid 4121)`: short enough for a phone,
     the role says whether a process ticked or the web app ran a manual tick, the pid is what to
-    kill (the console and the jobs timeline name instances the same way)."""
+    kill (the console and the jobs page name instances the same way)."""
     if instance is None:
         return None
     role, _, _ = instance.partition("@")

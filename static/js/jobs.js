@@ -1,5 +1,5 @@
-// /demo/jobs: enqueue without a reload, a live timeline per job (with a running job's progress),
-// the DLQ with requeue. Refreshes patch the lists by job id, so focus and selection survive.
+// /demo/jobs: enqueue without a reload, a live card per job read from its status record (with a
+// running job's progress, its result, Cancel), the DLQ with requeue. Refreshes patch the lists by job id, so focus and selection survive.
 "use strict";
 
 (() => {
@@ -33,9 +33,9 @@
           percent(progress.fraction)),
         el("span", { class: "small" }, percent(progress.fraction) + (progress.note ? ": " + progress.note : ""))),
       job.result !== null ? el("p", { class: "job-result small" }, "Result ", el("code", {}, resultText(job.result))) : null,
-      el("ol", { class: "events" }, ...job.events.map((e) =>
-        el("li", { class: "event event-" + e.kind },
-          el("span", { class: "mono small muted" }, e.time), " " + e.detail))));
+      el("ol", { class: "events" }, ...job.lines.map((line) =>
+        el("li", { class: "event event-" + line.kind },
+          ...(line.time ? [el("span", { class: "mono small muted" }, line.time), " "] : []), line.detail))));
   }
 
   function dlqItem(item) {
@@ -50,7 +50,7 @@
         el("button", { class: "btn", type: "submit", "aria-label": "Requeue " + item.id }, "Requeue")));
   }
 
-  // The page's own slice of the timeline: the newest jobs, or those older than ?before=<id>.
+  // The page's own slice of the jobs: the newest ones, or those older than ?before=<id>.
   const before = new URLSearchParams(location.search).get("before");
   const pageJobs = $("jobs-page").dataset.pageJobs;
   const stateUrl = "/api/demo/jobs?limit=" + pageJobs + (before ? "&before=" + encodeURIComponent(before) : "");
