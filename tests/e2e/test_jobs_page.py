@@ -279,9 +279,7 @@ def test_the_mode_select_shows_each_option_whole_on_a_phone(page, live_stack: Li
     screenshot(page, "jobs-mode-390")
 
 
-def test_the_page_shows_the_newest_ten_and_links_to_older_ones(
-    page, live_stack: LiveStack
-) -> None:
+def test_the_page_shows_the_newest_ten_and_links_to_older_ones(page, live_stack: LiveStack) -> None:
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/jobs")
     ids = [enqueue(page, "ok") for _ in range(12)][::-1]  # newest first
