@@ -529,11 +529,13 @@ async def test_a_crash_job_kills_a_worker_on_every_attempt_then_lands_in_the_dlq
             assert [(a["attempt"], a["state"]) for a in record["history"]] == [
                 (n, "lost") for n in range(1, attempts)
             ]
-            workers_seen = [a["worker"] for a in record["history"]]
-            assert len(set(workers_seen)) == attempts - 1  # each attempt on a fresh process
+            # A worker killed within the status writer's flush delay (20 ms) never sent its
+            # `running`: the attempt is kept as lost, with no worker named.
+            on = [f" on worker {short_instance(a['worker'])}" if a["worker"] else "" for a in
+                  record["history"]]  # fmt: skip
             assert [line["detail"] for line in job["lines"][1:-1]] == [
-                f"attempt {n} on worker {short_instance(w)} never reported back: its worker died"
-                for n, w in enumerate(workers_seen, start=1)
+                f"attempt {n}{on[n - 1]} never reported back: its worker died"
+                for n in range(1, attempts)
             ] + [f"attempt {attempts} never reported back: its worker died"]
             assert record["error"]["type"] == "WorkerCrashed"
             [item] = [i for i in data["dlq"]["items"] if i["id"] == job_id]
