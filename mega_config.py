@@ -22,7 +22,7 @@ from app.events.relay_switch import relay_paused
 from app.events.signups import UserSignedUp
 from app.events.status import attach_event_status
 from app.jobs.email import EmailJob
-from app.jobs.timeline import attach_timeline
+from app.jobs.observers import attach_job_observers
 from app.replicas import REPLICAS
 from app.schedules.cron_counter import CronCounterSchedule
 from app.workers.hash_worker import HashWorker
@@ -66,9 +66,10 @@ outbox = {"paused": relay_paused}
 
 web_app = "app.web:create_app"
 
-# Called once per host as hook(runtime, ctx): the job worker's signals feed the /demo/jobs
-# timeline, the listener groups' signals the statuses of /demo/events.
-hooks = {"worker": [attach_timeline], "listeners": [attach_event_status]}
+# Called once per host as hook(runtime, ctx): the job worker's signals feed the progress bars
+# of /demo/jobs and the console's charts, the listener groups' signals the statuses of
+# /demo/events.
+hooks = {"worker": [attach_job_observers], "listeners": [attach_event_status]}
 
 # The demo's login: MEGA_DEMO_USER / MEGA_DEMO_PASSWORD, or demo / demo under `mega dev` only.
 DEV = os.environ.get("MEGA_ENV") == "dev"

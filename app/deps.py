@@ -18,7 +18,7 @@ POOL = "hash"
 
 
 def main_redis(request: Request) -> Any:
-    """The redis.asyncio client of cache `main` (the demo's counters and timelines)."""
+    """The redis.asyncio client of cache `main` (the demo's counters and lists)."""
     return context(request).cache(CACHE).native
 
 

@@ -31,7 +31,7 @@ from app.events.relay_switch import relay_paused
 from app.events.signups import UserSignedUp
 from app.events.status import attach_event_status
 from app.jobs.email import EmailJob
-from app.jobs.timeline import attach_timeline
+from app.jobs.observers import attach_job_observers
 from app.schedules.cron_counter import CronCounterSchedule
 from app.workers.hash_worker import HashWorker
 schedules = [CronCounterSchedule]
@@ -40,7 +40,7 @@ workers = [HashWorker]
 events = [UserSignedUp]
 listeners = LISTENERS
 outbox = {"paused": relay_paused, "poll_s": 0.1}
-hooks = {"worker": [attach_timeline], "listeners": [attach_event_status]}
+hooks = {"worker": [attach_job_observers], "listeners": [attach_event_status]}
 """
 
 

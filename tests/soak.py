@@ -193,31 +193,39 @@ async def drive(stack: Stack, duration_s: float, warmup_s: float) -> dict[str, A
     return {"jobs": jobs, "events": events, "answers": answers, "rss": rss_after_warmup}
 
 
-async def drained(redis_url: str, jobs: dict[str, str], events: list[str]) -> list[str]:
-    """Wait for every job and event to reach its end; returns what is still missing."""
-    redis = Redis.from_url(redis_url, decode_responses=True)
+async def drained(stack: Stack, jobs: dict[str, str], events: list[str]) -> list[str]:
+    """Wait for every job and event to reach its end; returns what is still missing. A job's
+    end is its status record's state (GET /api/demo/jobs/{id}); each is read until it ends."""
+    redis = Redis.from_url(stack.redis.url, decode_responses=True)
     expected = {"ok": "done", "flaky": "done", "fail": "dlq"}
+    pending = dict(jobs)
+    states: dict[str, str | None] = {}
     deadline = time.monotonic() + DRAIN_TIMEOUT_S
     try:
-        while True:
-            async with redis.pipeline(transaction=False) as pipe:
-                for job_id in jobs:
-                    pipe.hget(f"demo:jobs:job:{job_id}", "status")
-                for event_id in events:
-                    pipe.hgetall(f"demo:events:status:{event_id}")
-                replies = await pipe.execute()
-            missing = [
-                f"job {job_id} ({mode}): {status}"
-                for (job_id, mode), status in zip(jobs.items(), replies, strict=False)
-                if status != expected[mode]
-            ] + [
-                f"event {event_id}: {heard}"
-                for event_id, heard in zip(events, replies[len(jobs) :], strict=True)
-                if any(heard.get(group) != "done" for group in GROUPS)
-            ]
-            if not missing or time.monotonic() > deadline:
-                return missing
-            await asyncio.sleep(1.0)
+        async with httpx.AsyncClient(base_url=stack.url, timeout=30) as client:
+            await log_in(client, stack.password)
+            while True:
+                for job_id in list(pending):
+                    answer = await client.get(f"/api/demo/jobs/{job_id}")
+                    state = answer.json()["data"]["state"] if answer.status_code == 200 else None
+                    states[job_id] = state
+                    if state == expected[pending[job_id]]:
+                        del pending[job_id]
+                async with redis.pipeline(transaction=False) as pipe:
+                    for event_id in events:
+                        pipe.hgetall(f"demo:events:status:{event_id}")
+                    replies = await pipe.execute()
+                missing = [
+                    f"job {job_id} ({mode}): {states.get(job_id)}"
+                    for job_id, mode in pending.items()
+                ] + [
+                    f"event {event_id}: {heard}"
+                    for event_id, heard in zip(events, replies, strict=True)
+                    if any(heard.get(group) != "done" for group in GROUPS)
+                ]
+                if not missing or time.monotonic() > deadline:
+                    return missing
+                await asyncio.sleep(1.0)
     finally:
         await redis.aclose()
 
@@ -246,7 +254,7 @@ def main() -> int:
             print(f"soak: {duration_s:.0f} s of load on {stack.url}, a worker killed every "
                   f"{KILL_EVERY_S:.0f} s", flush=True)  # fmt: skip
             run = asyncio.run(drive(stack, duration_s, warmup_s))
-            missing = asyncio.run(drained(stack.redis.url, run["jobs"], run["events"]))
+            missing = asyncio.run(drained(stack, run["jobs"], run["events"]))
             rss_end = {name: stack.rss_mb(name) for name in run["rss"]}
             twice = asyncio.run(ticks_ran_twice(stack.redis.url))
             errors = stack.error_lines()

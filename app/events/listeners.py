@@ -17,7 +17,7 @@ from __future__ import annotations
 from app.events.signups import UserSignedUp
 from app.jobs.email import EmailJob
 from app.replicas import REPLICAS
-from app.services import job_timeline
+from app.services import recent_jobs
 from app.services.signups import grant_welcome_credits
 from mega import Context, Listener, ReceivedEvent
 
@@ -40,7 +40,7 @@ class WelcomeEmailListener(Listener):
         job_id = "w" + event.id[:11]  # one welcome job per event: a second enqueue dedups
         email = event.data["email"]
         redis = ctx.cache("main").native
-        await job_timeline.record_enqueued(redis, job_id, email, "ok")
+        await recent_jobs.remember(redis, job_id, email, "ok")
         await EmailJob.enqueue(ctx, {"id": job_id, "to": email, "mode": "ok"}, id=job_id)
 
 

@@ -1,17 +1,20 @@
-"""EmailJob: a pretend email send with five modes, to watch retries, the DLQ, leases and crashes.
+"""EmailJob: a pretend email send with six modes, to watch retries, the DLQ, leases and crashes.
 
-    ok     succeeds on the first attempt
-    flaky  fails its first attempt, then succeeds (one retry)
-    fail   always fails: 3 attempts (retries=2), then a record in the dead-letter queue
-    slow   runs SLOW_STEPS steps for 3x its ack wait in all, reporting each with ctx.progress:
-           its lease is renewed while it runs (in_progress heartbeats), so no other worker
-           gets it although it outlives the ack wait, and it succeeds on attempt 1
-    crash  kills its worker process on every attempt (as a segfault or an OOM kill would):
-           nothing acks it, so after each `ack_wait_s` another worker gets it, until the
-           delivery after the last attempt, which the queue dead-letters as WorkerCrashed
+    ok         succeeds on the first attempt
+    flaky      fails its first attempt, then succeeds (one retry)
+    fail       always fails: 3 attempts (retries=2), then a record in the dead-letter queue
+    permanent  raises mega.Permanent (the address does not exist, and no retry will make it):
+               the retries are skipped, and the job is dead-lettered after its one attempt
+    slow       runs SLOW_STEPS steps for 3x its ack wait in all, reporting each with ctx.progress:
+               its lease is renewed while it runs (in_progress heartbeats), so no other worker
+               gets it although it outlives the ack wait, and it succeeds on attempt 1
+    crash      kills its worker process on every attempt (as a segfault or an OOM kill would):
+               nothing acks it, so after each `ack_wait_s` another worker gets it, until the
+               delivery after the last attempt, which the queue dead-letters as WorkerCrashed
 
-The job counts its own attempts in Redis per job id. Delivery is at-least-once, so a real
-send would first check a "sent" marker keyed on the id (see docs/guide/jobs.md, idempotency).
+`ctx.attempt` is the queue's count of runs (a requeue from the DLQ starts it again at 1).
+Delivery is at-least-once, so a real send would first check a "sent" marker keyed on the id
+(see docs/guide/jobs.md, idempotency).
 """
 
 from __future__ import annotations
@@ -21,8 +24,7 @@ import os
 from typing import Any
 
 from app.replicas import REPLICAS
-from app.services.job_timeline import attempts_key
-from mega import Job, JobContext
+from mega import Job, JobContext, Permanent
 
 # The slow mode's steps; together they last SLOW_ACK_WAITS ack waits.
 SLOW_STEPS = 6
@@ -46,12 +48,11 @@ class EmailJob(Job):
     keep_result_s = 3600  # what run returns: GET /api/demo/jobs/{id} shows it for an hour
 
     async def run(self, payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-        redis = ctx.cache("main").native
-        attempt = await redis.incr(attempts_key(payload["id"]))
-        await redis.expire(attempts_key(payload["id"]), 24 * 3600)
-        mode = payload["mode"]
+        attempt, mode = ctx.attempt, payload["mode"]
         if mode == "fail":
             raise SimulatedSendError(f"mailbox {payload['to']} rejected the message")
+        if mode == "permanent":
+            raise Permanent(f"no mailbox {payload['to']}: the domain says it does not exist")
         if mode == "flaky" and attempt == 1:
             raise SimulatedSendError("SMTP server timed out (first attempt only)")
         if mode == "slow":

@@ -1,4 +1,9 @@
-"""The CronCounter demo: its state as JSON, a manual tick, and the page's no-JS form target.
+"""The CronCounter demo: its state as JSON, a manual tick, pause and resume, and the page's no-JS
+form targets.
+
+Pause and resume write the schedule's pause record (the Scheduler's): every `mega scheduler`
+reads it before it claims a tick, so within a tick the whole fleet skips with the reason
+"paused", and the change itself is a row of the audit. A manual tick still runs while paused.
 
 A manual tick may ask to hold its run (`hold_ms`, 0 to 60000): the run keeps the overlap guard
 for that long, so a tick planned inside the hold is skipped ("overlap") and the audit shows it.
@@ -27,6 +32,7 @@ from app.services.cron_counter import (
 )
 from app.services.instances import short_instance
 from mega.web import (
+    CurrentUser,
     UserDep,
     WholeNumber,
     api_responses,
@@ -51,7 +57,7 @@ def as_utc(instant: str) -> str:
 def instance_label(instance: str | None) -> str | None:
     """`scheduler@host:4121:a1b2c3` -> `scheduler a1b2c3 (pid 4121)`: short enough for a phone,
     the role says whether a process ticked or the web app ran a manual tick, the pid is what to
-    kill (the console and the jobs timeline name instances the same way)."""
+    kill (the console and the jobs page name instances the same way)."""
     if instance is None:
         return None
     role, _, _ = instance.partition("@")
@@ -75,12 +81,35 @@ def scheduler_processes(ticks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(seen.values())
 
 
+def clock(at_ms: int) -> str:
+    """HH:MM:SS (UTC), as the page's other times."""
+    return datetime.fromtimestamp(at_ms / 1000, UTC).strftime("%H:%M:%S")
+
+
+def pause_view(paused: bool, at_ms: int | None, by: str | None) -> dict[str, Any]:
+    """The pause record as JSON, with the page's sentence about it."""
+    who = by or "someone"
+    if paused:
+        since = f" since {clock(at_ms)} UTC" if at_ms else ""
+        text = (
+            f"Paused by {who}{since}: every scheduler skips its ticks (reason paused); "
+            "Run now still runs."
+        )
+    elif at_ms:
+        text = f"Ticking. Resumed by {who} at {clock(at_ms)} UTC."
+    else:
+        text = "Ticking."
+    return {"paused": paused, "at_ms": at_ms, "by": by, "text": text}
+
+
 async def cron_state(request: Request) -> dict[str, Any]:
     state = await read_state(main_redis(request))
     settings = scheduler(request).describe(SCHEDULE)
     ticks = await scheduler(request).recent_ticks(SCHEDULE, limit=15)
+    pause = await scheduler(request).paused(SCHEDULE)
     return {
         **state,
+        "pause": pause_view(pause.paused, pause.at_ms, pause.by),
         "history": [
             {"at": as_utc(h["at"]), "source": h["source"], "fence": h.get("fence")}
             for h in state["history"]
@@ -172,6 +201,44 @@ async def run_cron(
     request: Request, user: UserDep, body: Annotated[CronRunRequest | None, Body()] = None
 ) -> Response:
     return ok(await manual_tick(request, body.hold_ms if body else 0))
+
+
+class PauseAnswer(BaseModel):
+    paused: bool
+    at_ms: int | None = None  # when it changed (epoch ms)
+    by: str | None = None  # who changed it
+    text: str  # the page's sentence about it
+
+
+async def set_pause(request: Request, user: CurrentUser, *, paused: bool) -> dict[str, Any]:
+    """Pause or resume the schedule for every scheduler, in the user's name."""
+    change = scheduler(request).pause if paused else scheduler(request).resume
+    record = await change(SCHEDULE, by=user.username)
+    return pause_view(record.paused, record.at_ms, record.by)
+
+
+@router.post("/api/demo/cron/pause", responses=api_responses(PauseAnswer, errors=(401, 403, 503)))
+async def pause_cron(request: Request, user: UserDep) -> Response:
+    """Pause the schedule: from the next tick on, every scheduler skips it ("paused")."""
+    return ok(await set_pause(request, user, paused=True))
+
+
+@router.post("/api/demo/cron/resume", responses=api_responses(PauseAnswer, errors=(401, 403, 503)))
+async def resume_cron(request: Request, user: UserDep) -> Response:
+    """Resume the schedule: every scheduler runs its next tick again."""
+    return ok(await set_pause(request, user, paused=False))
+
+
+@router.post("/demo/cron/pause", include_in_schema=False)
+async def pause_form(request: Request, user: UserDep) -> Response:
+    data = await set_pause(request, user, paused=True)
+    return flash(request, RedirectResponse("/demo/cron", status_code=303), data["text"])
+
+
+@router.post("/demo/cron/resume", include_in_schema=False)
+async def resume_form(request: Request, user: UserDep) -> Response:
+    data = await set_pause(request, user, paused=False)
+    return flash(request, RedirectResponse("/demo/cron", status_code=303), data["text"])
 
 
 @router.post("/demo/cron/run", include_in_schema=False)

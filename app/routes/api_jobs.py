@@ -1,12 +1,12 @@
-"""The EmailJob demo: enqueue (JSON and form, one job or `count` alike), the timeline and DLQ
-state, and DLQ requeue.
+"""The EmailJob demo: enqueue (JSON and form, one job or `count` alike), the recent jobs (each
+read from its status record) and the DLQ, one job's status with its result, cancel, and DLQ
+requeue.
 
 Bad input is a 422 with field errors and enqueues nothing. NATS down: 503 naming it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from typing import Annotated, Any, Literal
 
@@ -18,8 +18,9 @@ from app.deps import QueueDep, RedisDep
 from app.deps import main_redis as redis_of
 from app.deps import queue as queue_of
 from app.jobs.email import SLOW_ACK_WAITS, SLOW_STEPS, EmailJob
-from app.services import job_timeline
-from mega import JobError, JobQueue, JobStatus
+from app.services import console_series, recent_jobs
+from app.services.jobs_page import job_view, jobs_state
+from mega import JobQueue, JobStatus
 from mega.web import (
     ApiError,
     EmailAddress,
@@ -34,15 +35,13 @@ from mega.web import (
 )
 
 router = APIRouter()
-# How many dead letters the page lists (the count covers all of them).
-DLQ_LISTED = 20
 # The longest delay the page offers, in ms.
 MAX_DELAY_MS = 60_000
-# The most jobs one enqueue makes: more than the timeline keeps (job_timeline.MAX_JOBS), so a
+# The most jobs one enqueue makes: more than the page keeps (recent_jobs.MAX_JOBS), so a
 # queue visibly builds up behind EmailJob's slots.
 MAX_COUNT = 50
 
-# Paging the timeline: `before` is a job id (the page's are 12 hex digits, a welcome job's a
+# Paging the jobs: `before` is a job id (the page's are 12 hex digits, a welcome job's a
 # "w" and 11), `limit` how many jobs, at most every one kept.
 Before = Annotated[
     str | None,
@@ -50,13 +49,13 @@ Before = Annotated[
 ]
 Limit = Annotated[
     int,
-    Query(ge=1, le=job_timeline.MAX_JOBS, description="jobs to list, newest first (1 to 30)"),
+    Query(ge=1, le=recent_jobs.MAX_JOBS, description="jobs to list, newest first (1 to 30)"),
 ]
 
 
 class EnqueueRequest(BaseModel):
     to: EmailAddress
-    mode: Literal["ok", "flaky", "fail", "slow", "crash"] = "ok"
+    mode: Literal["ok", "flaky", "fail", "permanent", "slow", "crash"] = "ok"
     # Hold the job this long before it may run (a broker-side schedule: it takes no slot).
     delay_ms: Annotated[
         int,
@@ -100,7 +99,7 @@ async def enqueue_emails(queue: JobQueue, redis: Any, body: EnqueueRequest) -> l
 
 async def enqueue_email(queue: JobQueue, redis: Any, body: EnqueueRequest) -> str:
     job_id = uuid.uuid4().hex[:12]
-    await job_timeline.record_enqueued(redis, job_id, body.to, body.mode, delay_ms=body.delay_ms)
+    await recent_jobs.remember(redis, job_id, body.to, body.mode)
     try:
         # The page's id is the job id: it is also the dedup key (Nats-Msg-Id).
         await queue.enqueue(
@@ -108,53 +107,21 @@ async def enqueue_email(queue: JobQueue, redis: Any, body: EnqueueRequest) -> st
             delay=body.delay_ms / 1000 or None,
         )  # fmt: skip
     except BaseException:
-        await job_timeline.forget(redis, job_id)
+        await recent_jobs.forget(redis, job_id)
         raise
     return job_id
 
 
-async def jobs_state(
-    queue: JobQueue, redis: Any, *, limit: int = job_timeline.MAX_JOBS, before: str | None = None
-) -> dict[str, Any]:
-    """`jobs` newest first (`limit` of them, older than job `before` if given), `older` (the
-    `before` of the next page, or None), and the DLQ."""
-    dlq = queue.dlq
-    records = await dlq.list(EmailJob, limit=DLQ_LISTED)
-    listed = await job_timeline.list_jobs(redis, limit, before=before)
-    return {
-        "jobs": listed.jobs,
-        "older": listed.older,
-        "dlq": {
-            "count": await dlq.count(EmailJob),
-            "items": [
-                {
-                    "id": r["id"],
-                    "to": (r.get("payload") or {}).get("to"),
-                    "error": f"{r['error']['type']}: {r['error']['message']}",
-                    "attempts": r["attempts"],
-                    "failed_at": r["failed_at"],
-                }
-                for r in records
-            ],
-        },
-    }
-
-
 async def requeue(queue: JobQueue, redis: Any, body: RequeueRequest) -> int:
-    """Put dead letters back on the queue. Their timelines say "requeued" and their attempt
-    counters restart *before* the requeue: a worker may start one the instant it is back, and
-    its "attempt 1 started" must come after, counted from 1."""
+    """Put dead letters back on the queue, attempts counted from 1 again; the page notes each
+    requeue on its job's card."""
     dlq = queue.dlq
     listed = [r["id"] for r in await dlq.list(EmailJob, limit=10_000)]
     ids = listed if body.all else [job_id for job_id in listed if job_id == body.id]
-    for job_id in ids:
-        await redis.delete(job_timeline.attempts_key(job_id))
-        await job_timeline.record_event(
-            redis, job_id, "requeued", "requeued from the DLQ, attempts reset",
-            status="queued", attempt=0, due=job_timeline.Due(job_timeline.now_ms(), "requeue"),
-        )  # fmt: skip
     if not ids:
         return 0
+    for job_id in ids:
+        await recent_jobs.note_requeue(redis, job_id)
     if body.all:
         return await dlq.requeue_all(EmailJob)
     assert body.id is not None
@@ -184,14 +151,25 @@ JobIdPath = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="a
 async def get_job(job_id: JobIdPath, user: UserDep, queue: QueueDep) -> Response:
     """The job's status record (the framework's: state, attempts, times, worker, last error)
     with `result`, what its run returned, once it is done."""
-    status = await queue.status(EmailJob, job_id)
-    if status is None:
+    view = await job_view(queue, job_id)
+    if view is None:
         raise ApiError(404, "not_found", f"no job with id {job_id!r} (kept a day)")
-    result = None
-    if status.result_kept:
-        with contextlib.suppress(JobError):  # expired since: the record says it was kept
-            result = await queue.result(EmailJob, job_id)
-    return ok({**status.model_dump(mode="json"), "result": result})
+    return ok(view)
+
+
+async def cancel(queue: JobQueue, job_id: str) -> CancelAnswer:
+    """Cancel the job (ApiError 404 for an id with no record)."""
+    if await queue.status(EmailJob, job_id) is None:
+        raise ApiError(404, "not_found", f"no job with id {job_id!r} (kept a day)")
+    answer = await queue.cancel(EmailJob, job_id)
+    return CancelAnswer(cancelled=answer.cancelled, state=answer.state)
+
+
+def cancel_text(job_id: str, answer: CancelAnswer) -> str:
+    """The page's one-line account of a cancel."""
+    if answer.cancelled:
+        return f"Job {job_id} cancelled: it will not run again."
+    return f"Job {job_id} was not cancelled: it had ended ({answer.state})."
 
 
 @router.post(
@@ -201,10 +179,8 @@ async def get_job(job_id: JobIdPath, user: UserDep, queue: QueueDep) -> Response
 async def cancel_job(job_id: JobIdPath, user: UserDep, queue: QueueDep) -> Response:
     """Cancel a queued, delayed or running job (a `slow` one mid-run); one that has ended
     answers `cancelled: false` with its state."""
-    if await queue.status(EmailJob, job_id) is None:
-        raise ApiError(404, "not_found", f"no job with id {job_id!r} (kept a day)")
-    answer = await queue.cancel(EmailJob, job_id)
-    return ok({"cancelled": answer.cancelled, "state": answer.state})
+    answer = await cancel(queue, job_id)
+    return ok(answer.model_dump())
 
 
 @router.get("/api/demo/jobs", responses=api_responses(errors=(401, 422, 503)))
@@ -213,7 +189,7 @@ async def get_jobs(
     queue: QueueDep,
     redis: RedisDep,
     before: Before = None,
-    limit: Limit = job_timeline.MAX_JOBS,
+    limit: Limit = recent_jobs.MAX_JOBS,
 ) -> Response:
     """Every kept job (the newest 30) by default; `limit` and `before` page through them:
     `?limit=10`, then `?limit=10&before=<older>` with the `older` of the previous answer."""
@@ -257,11 +233,11 @@ async def jobs_page_context(
     return {
         "title": "Jobs",
         "state": await jobs_state(
-            queue_of(request), redis_of(request), limit=job_timeline.PAGE_JOBS, before=before
+            queue_of(request), redis_of(request), limit=recent_jobs.PAGE_JOBS, before=before
         ),
-        "page_jobs": job_timeline.PAGE_JOBS,
+        "page_jobs": recent_jobs.PAGE_JOBS,
         "before": before,
-        "max_jobs": job_timeline.MAX_JOBS,
+        "max_jobs": recent_jobs.MAX_JOBS,
         "form": form or {"to": "ada@example.com", "mode": "flaky", "delay_ms": "0", "count": "1"},
         "errors": errors or {},
         "job": EmailJob,
@@ -306,6 +282,18 @@ async def requeue_form(
     return flash(request, back, f"Requeued {count} job(s) from the DLQ.")
 
 
+@router.post("/demo/jobs/{job_id}/cancel", include_in_schema=False)
+async def cancel_form(
+    job_id: JobIdPath, request: Request, user: UserDep, queue: QueueDep
+) -> Response:
+    back = RedirectResponse("/demo/jobs", status_code=303)
+    try:
+        notice = cancel_text(job_id, await cancel(queue, job_id))
+    except ApiError:
+        notice = f"No job with id {job_id} is kept any more."
+    return flash(request, back, notice)
+
+
 async def jobs_part(request: Request) -> dict[str, Any]:
     """The console's job panel: waiting, in flight, DLQ, enqueue-to-start p50."""
     stats = await queue_of(request).stats(EmailJob)
@@ -313,5 +301,5 @@ async def jobs_part(request: Request) -> dict[str, Any]:
         "pending": stats.pending,
         "in_flight": stats.in_flight,
         "dlq": stats.dlq,
-        "start_latency_p50_ms": await job_timeline.latency_p50_ms(redis_of(request)),
+        "start_latency_p50_ms": await console_series.start_latency_p50_ms(redis_of(request)),
     }

@@ -18,7 +18,8 @@ leaves the window, so nothing needs trimming and Redis never grows.
 
 Why buckets rather than one timestamped record per job: the reader's cost stays fixed
 (one pipeline of 3 x 60 reads) whatever the job rate, and the worker's cost is one pipeline
-per finished or started job, beside the timeline it already writes. Why the worker writes them
+per finished or started job. Why not the jobs' status records: they answer "where is job X",
+and a chart would have to read every job of ten minutes to count them. Why the worker writes them
 rather than the web process scraping the worker's Prometheus counters: the web process does not
 know where the workers are, and a restarted worker's counters start again from zero.
 
@@ -191,6 +192,18 @@ def build_series(
             "ticks": len(lateness),
         },
     }
+
+
+async def start_latency_p50_ms(redis: Redis, now_s: float | None = None) -> float | None:
+    """The median enqueue-to-start latency (ms) of the first attempts started in the window,
+    or None when none started."""
+    last = step_of(time.time() if now_s is None else now_s)
+    async with redis.pipeline(transaction=False) as pipe:
+        for step in range(last - STEPS + 1, last + 1):
+            pipe.lrange(start_key(step), 0, -1)
+        replies = await pipe.execute()
+    samples = [float(value) for values in replies for value in values]
+    return round(percentile(samples, 50), 1) if samples else None
 
 
 def percentile(samples: Sequence[float], q: float) -> float:

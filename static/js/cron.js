@@ -1,5 +1,5 @@
 // /demo/cron: keep the counter, history, audit and next runs live (keyed rows, patched in place);
-// "Run now" with an optional hold, without a reload.
+// "Run now" with an optional hold, and pause or resume, without a reload.
 "use strict";
 
 (() => {
@@ -14,12 +14,17 @@
       el("td", {}, el("span", { class: item.source === "manual" ? "badge badge-info" : "badge" }, item.source)));
   }
 
+  // The audit's rows that are no planned tick: a manual one, and a pause or a resume.
+  const SOURCE_BADGES = { manual: "badge-info", pause: "badge-warn", resume: "badge-ok" };
+
   function tickRow(tick) {
+    const change = tick.source === "pause" || tick.source === "resume";
     return el("tr", { "data-key": tick.instant + "|" + tick.source },
       el("td", {}, el("span", { class: "mono" }, tick.instant.slice(11, 19)),
-        ...(tick.source === "manual" ? [" ", el("span", { class: "badge badge-info" }, "manual")] : []),
+        ...(tick.source !== "schedule" ? [" ", el("span", { class: "badge " + SOURCE_BADGES[tick.source] }, tick.source)] : []),
         tick.lateness_ms === null ? null : el("div", { class: "small muted", title: LATE_TITLE }, tick.lateness_ms.toFixed(1) + " ms late")),
-      el("td", { class: "small" }, el("span", { class: "mono", title: tick.winner }, tick.winner_label || "none"),
+      el("td", { class: "small" }, change ? el("span", { class: "muted" }, "-")
+        : el("span", { class: "mono", title: tick.winner }, tick.winner_label || "none"),
         tick.fence === null ? null : el("div", { class: "mono muted fence", title: FENCE_TITLE }, String(tick.fence))),
       el("td", { class: "small" }, ...(tick.skipped.length
         ? tick.skipped.map((s) => el("div", {}, el("span", { class: "mono", title: s.instance }, s.label), ": " + s.reason))
@@ -56,8 +61,21 @@
   }
   const boxes = () => [$("history-box"), $("ticks-box")];
 
+  // The pause line and its one button, which pauses or resumes (the form's action says which).
+  function renderPause(pause) {
+    const form = $("pause-form");
+    form.dataset.paused = String(pause.paused);
+    form.action = "/demo/cron/" + (pause.paused ? "resume" : "pause");
+    $("pause-badge").className = "badge " + (pause.paused ? "badge-warn" : "badge-ok");
+    $("pause-badge").textContent = pause.paused ? "paused" : "ticking";
+    $("pause-state").textContent = pause.text;
+    $("pause-button").className = "btn " + (pause.paused ? "btn-primary" : "btn-warn");
+    $("pause-button").textContent = pause.paused ? "Resume" : "Pause";
+  }
+
   function render(state) {
     const first = state.next_runs.length > 0;
+    renderPause(state.pause);
     $("count").textContent = state.count;
     $("next-run").textContent = first ? state.next_runs_utc[0].slice(11, 19) + " UTC" : "-";
     $("next-run-zone").textContent = first ? ", " + state.next_runs[0].slice(11, 19) + " " + state.timezone : "";
@@ -95,6 +113,21 @@
     try {
       const envelope = await api("POST", "/api/demo/cron/run", { hold_ms: typed($("hold-ms"), 0) });
       result.textContent = envelope.ok ? outcome(envelope.data) : errors.show(envelope.error);
+      await load();
+    } finally {
+      button.disabled = false;
+    }
+  });
+
+  $("pause-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const button = $("pause-button");
+    const paused = $("pause-form").dataset.paused === "true";
+    button.disabled = true;
+    try {
+      const envelope = await api("POST", "/api/demo/cron/" + (paused ? "resume" : "pause"));
+      if (envelope.ok) renderPause(envelope.data);
+      else $("pause-state").textContent = envelope.error.message;
       await load();
     } finally {
       button.disabled = false;

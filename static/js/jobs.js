@@ -1,5 +1,5 @@
-// /demo/jobs: enqueue without a reload, a live timeline per job (with a running job's progress),
-// the DLQ with requeue. Refreshes patch the lists by job id, so focus and selection survive.
+// /demo/jobs: enqueue without a reload, a live card per job read from its status record (with a
+// running job's progress, its result, Cancel), the DLQ with requeue. Refreshes patch the lists by job id, so focus and selection survive.
 "use strict";
 
 (() => {
@@ -11,29 +11,38 @@
     return Math.round(fraction * 100) + "%";
   }
 
+  // What run returned, as the template words it: "key: value, key: value".
+  function resultText(result) {
+    return Object.entries(result).map(([key, value]) => key + ": " + value).join(", ");
+  }
+
   // Built exactly as templates/demo/jobs.html renders it, so the first refresh morphs nothing.
   function jobCard(job) {
-    const progress = job.status === "running" && job.progress ? job.progress : null;
-    return el("article", { class: "job", "data-key": job.id, "data-id": job.id, "data-status": job.status },
+    const progress = job.state === "running" && job.progress ? job.progress : null;
+    return el("article", { class: "job", "data-key": job.id, "data-id": job.id, "data-status": job.state },
       el("header", { class: "job-head" },
         el("span", { class: "mono" }, job.id),
         el("span", { class: "badge" }, job.mode),
-        el("span", { class: "badge status-" + job.status }, job.status),
-        el("span", { class: "muted small job-to" }, job.to)),
+        el("span", { class: "badge status-" + job.state }, job.state),
+        el("span", { class: "muted small job-to" }, job.to),
+        job.cancellable ? el("form", { method: "post", action: "/demo/jobs/" + job.id + "/cancel", class: "cancel-form" },
+          el("input", { type: "hidden", name: "csrf_token", value: csrf }),
+          el("button", { class: "btn btn-small", type: "submit", "aria-label": "Cancel job " + job.id }, "Cancel")) : null),
       progress && el("div", { class: "job-progress" },
         el("progress", { max: "1", value: String(progress.fraction), "aria-label": "Progress of job " + job.id },
           percent(progress.fraction)),
         el("span", { class: "small" }, percent(progress.fraction) + (progress.note ? ": " + progress.note : ""))),
-      el("ol", { class: "events" }, ...job.events.map((e) =>
-        el("li", { class: "event event-" + e.kind },
-          el("span", { class: "mono small muted" }, e.time), " " + e.detail))));
+      job.result !== null ? el("p", { class: "job-result small" }, "Result ", el("code", {}, resultText(job.result))) : null,
+      el("ol", { class: "events" }, ...job.lines.map((line) =>
+        el("li", { class: "event event-" + line.kind },
+          ...(line.time ? [el("span", { class: "mono small muted" }, line.time), " "] : []), line.detail))));
   }
 
   function dlqItem(item) {
     return el("li", { class: "dlq-item", "data-key": item.id, "data-id": item.id },
       el("div", {},
         el("span", { class: "mono" }, item.id), " ",
-        el("span", { class: "muted small" }, "to " + item.to + ", " + item.attempts + " attempts"),
+        el("span", { class: "muted small" }, "to " + item.to + ", " + item.attempts + (item.attempts === 1 ? " attempt" : " attempts")),
         el("div", { class: "small" }, item.error)),
       el("form", { method: "post", action: "/demo/jobs/dlq/requeue", class: "requeue-form" },
         el("input", { type: "hidden", name: "csrf_token", value: csrf }),
@@ -41,7 +50,7 @@
         el("button", { class: "btn", type: "submit", "aria-label": "Requeue " + item.id }, "Requeue")));
   }
 
-  // The page's own slice of the timeline: the newest jobs, or those older than ?before=<id>.
+  // The page's own slice of the jobs: the newest ones, or those older than ?before=<id>.
   const before = new URLSearchParams(location.search).get("before");
   const pageJobs = $("jobs-page").dataset.pageJobs;
   const stateUrl = "/api/demo/jobs?limit=" + pageJobs + (before ? "&before=" + encodeURIComponent(before) : "");
@@ -118,6 +127,24 @@
   $("job-mode").addEventListener("change", () => {
     const option = $("job-mode").selectedOptions[0];
     $("mode-help").textContent = option ? option.dataset.help || "" : "";
+  });
+
+  // One listener for every cancel form, present and future.
+  $("jobs").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const form = event.target;
+    const button = form.querySelector("button");
+    const id = form.closest("article").dataset.id;
+    button.disabled = true;
+    try {
+      const envelope = await api("POST", "/api/demo/jobs/" + encodeURIComponent(id) + "/cancel");
+      $("jobs-notice").textContent = !envelope.ok ? envelope.error.message
+        : envelope.data.cancelled ? "Job " + id + " cancelled: it will not run again."
+          : "Job " + id + " was not cancelled: it had ended (" + envelope.data.state + ").";
+      await load();
+    } finally {
+      button.disabled = false;
+    }
   });
 
   // One listener for every requeue form, present and future (the list is patched in place).

@@ -20,16 +20,20 @@ from app.schedules.cron_counter import CronCounterSchedule
 from app.services.cron_counter import COUNT_KEY, FENCE_KEY, HISTORY_KEY, read_state, record_run
 from mega import Scheduler
 from mega.schedules.schedule import LockSettings
-from tests.factories import csrf_from, login, sample_config_for, web_client
+from tests.factories import DEMO_USER, csrf_from, login, sample_config_for, web_client
 
 PREFIX = "mega:schedule:CronCounterSchedule"
+# The schedule's own keys under PREFIX: its overlap guard, its audit, its pause record.
+KEYS = ("running", "audit", "paused")
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "schedules.md"
 
 
 @pytest.fixture
 async def fresh_redis(redis_url: str):
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    await client.delete(COUNT_KEY, HISTORY_KEY, FENCE_KEY, f"{PREFIX}:running", f"{PREFIX}:audit")
+    await client.delete(
+        COUNT_KEY, HISTORY_KEY, FENCE_KEY, *(f"{PREFIX}:{key}" for key in KEYS)
+    )  # fmt: skip
     yield client
     await client.aclose()
 
@@ -43,6 +47,11 @@ async def test_anonymous_is_refused(tmp_path: Path, nats_url: str, redis_url: st
             "/api/demo/cron/run", json={}, headers={"X-CSRF-Token": csrf_from(page.text)}
         )
         assert posted.status_code == 401
+        for change in ("pause", "resume"):
+            refused = await client.post(
+                f"/api/demo/cron/{change}", headers={"X-CSRF-Token": csrf_from(page.text)}
+            )
+            assert refused.status_code == 401
 
 
 async def test_state_and_manual_run(
@@ -314,3 +323,111 @@ async def test_the_page_teaches_its_failure_modes(
         for path in ("app/schedules/cron_counter.py", "mega/schedules/locks.py"):
             assert f'href="/demo/source?path={path}"' in page
         assert "claimed by another instance" in page and "overlap" in page
+
+
+def instant_s(tick: dict[str, Any]) -> float:
+    return datetime.fromisoformat(tick["instant"]).timestamp()
+
+
+async def test_pause_makes_every_scheduler_skip_its_ticks_until_resume(
+    tmp_path: Path, nats_url: str, redis_url: str, fresh_redis
+) -> None:
+    """Two schedulers tick every second; a pause from the page makes both skip each tick with
+    the reason "paused" (no winner, the count stands still), a manual tick still runs, and a
+    resume gives the next tick a winner again. The changes are rows of the audit."""
+    async with web_client(sample_config_for(tmp_path, nats_url, redis_url)) as client:
+        await login(client)
+        ctx = client.app.state.ctx  # type: ignore[attr-defined]
+        hosts = [
+            Scheduler(ctx, instance_id=f"scheduler@test:{pid}:cd34").register(EverySecondCounter)
+            for pid in (201, 202)
+        ]
+        for host in hosts:
+            await host.start()
+        try:
+
+            async def state() -> dict[str, Any]:
+                return (await client.get("/api/demo/cron")).json()["data"]  # type: ignore[no-any-return]
+
+            headers = {"X-CSRF-Token": csrf_from((await client.get("/demo/cron")).text)}
+            assert (await state())["pause"] == {
+                "paused": False, "at_ms": None, "by": None, "text": "Ticking.",
+            }  # fmt: skip
+            paused = (await client.post("/api/demo/cron/pause", headers=headers)).json()["data"]
+            assert (paused["paused"], paused["by"]) == (True, DEMO_USER)
+            assert abs(paused["at_ms"] - time.time() * 1000) < 2000
+            assert paused["text"].startswith(f"Paused by {DEMO_USER} since ")
+            assert (await state())["pause"] == paused
+            since_s = paused["at_ms"] / 1000 + 1  # a tick claimed before the pause may still run
+
+            async def skipped_ticks(count: int) -> list[dict[str, Any]] | None:
+                ticks = [
+                    t for t in (await state())["ticks"]
+                    if t["source"] == "schedule" and instant_s(t) > since_s
+                ]  # fmt: skip
+                return ticks if len(ticks) >= count else None
+
+            await until_true(lambda: skipped_ticks(1), timeout_s=5)
+            count = (await read_state(fresh_redis))["count"]
+            for tick in await until_true(lambda: skipped_ticks(3), timeout_s=5):
+                assert (tick["winner"], tick["fence"]) == (None, None)
+                assert sorted(s["instance"] for s in tick["skipped"]) == [
+                    "scheduler@test:201:cd34", "scheduler@test:202:cd34",
+                ]  # fmt: skip
+                assert [s["reason"] for s in tick["skipped"]] == ["paused", "paused"]
+            assert (await read_state(fresh_redis))["count"] == count  # nothing ran
+            ran = await client.post("/api/demo/cron/run", json={}, headers=headers)
+            assert ran.json()["data"] == {"ran": True}  # someone asked for this one
+            assert (await read_state(fresh_redis))["count"] == count + 1
+
+            resumed = (await client.post("/api/demo/cron/resume", headers=headers)).json()["data"]
+            assert (resumed["paused"], resumed["by"]) == (False, DEMO_USER)
+            assert resumed["text"].startswith(f"Ticking. Resumed by {DEMO_USER} at ")
+            after_s = resumed["at_ms"] / 1000 + 1
+
+            async def ticking() -> dict[str, Any] | None:
+                return next(
+                    (
+                        t for t in (await state())["ticks"]
+                        if t["source"] == "schedule" and instant_s(t) > after_s and t["winner"]
+                    ),
+                    None,
+                )  # fmt: skip
+
+            tick = await until_true(ticking, timeout_s=5)
+            assert [s["reason"] for s in tick["skipped"]] == ["claimed by another instance"]
+            changes = [
+                (t["source"], [s["reason"] for s in t["skipped"]])
+                for t in (await state())["ticks"] if t["source"] in ("pause", "resume")
+            ]  # fmt: skip
+            assert changes == [
+                ("resume", [f"resumed by {DEMO_USER}"]), ("pause", [f"paused by {DEMO_USER}"]),
+            ]  # fmt: skip
+            page = (await client.get("/demo/cron")).text
+            assert '<span class="badge badge-warn">pause</span>' in page
+            assert '<span class="badge badge-ok">resume</span>' in page
+        finally:
+            for host in hosts:
+                await host.stop()
+
+
+async def test_the_pause_form_works_without_javascript(
+    tmp_path: Path, nats_url: str, redis_url: str, fresh_redis
+) -> None:
+    async with web_client(sample_config_for(tmp_path, nats_url, redis_url)) as client:
+        await login(client)
+        page = (await client.get("/demo/cron")).text
+        assert '<form method="post" action="/demo/cron/pause" id="pause-form"' in page
+        token = csrf_from(page)
+        assert (await client.post("/demo/cron/pause")).status_code == 403  # no CSRF token
+        posted = await client.post("/demo/cron/pause", data={"csrf_token": token})
+        assert posted.status_code == 303 and posted.headers["location"] == "/demo/cron"
+        page = (await client.get("/demo/cron")).text
+        assert f"Paused by {DEMO_USER} since " in page  # the flash, and the pause line
+        assert '<form method="post" action="/demo/cron/resume" id="pause-form"' in page
+        assert ">Resume</button>" in page and 'id="pause-badge">paused</span>' in page
+        posted = await client.post("/demo/cron/resume", data={"csrf_token": token})
+        assert posted.status_code == 303
+        page = (await client.get("/demo/cron")).text
+        assert f"Ticking. Resumed by {DEMO_USER} at " in page
+        assert ">Pause</button>" in page and 'id="pause-badge">ticking</span>' in page

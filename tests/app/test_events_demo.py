@@ -88,10 +88,10 @@ async def test_a_committed_signup_reaches_every_group_once_a_rolled_back_one_non
         redis = client.app.state.ctx.cache("main").native  # type: ignore[attr-defined]
         assert await redis.hgetall(STATS_KEY) == {"example.com": "1"}
         assert data["credits"] == {"rows": 1}  # WelcomeCreditListener's row, in the database
-        # The welcome email is a job: it ran, on the jobs page's timeline.
+        # The welcome email is a job: it ran, listed on the jobs page.
         jobs = (await client.get("/api/demo/jobs")).json()["data"]["jobs"]
         deadline = asyncio.get_running_loop().time() + 20
-        while not any(j["to"] == "ada@example.com" and j["status"] == "done" for j in jobs):
+        while not any(j["to"] == "ada@example.com" and j["state"] == "done" for j in jobs):
             assert asyncio.get_running_loop().time() < deadline, jobs
             await asyncio.sleep(0.1)
             jobs = (await client.get("/api/demo/jobs")).json()["data"]["jobs"]

@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime, time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import pytest
 
 from app.jobs.email import SLOW_ACK_WAITS, SLOW_STEPS, EmailJob
 from app.services.instances import short_instance
+from app.services.job_card import clock
 from mega.config import Config
 from mega.drivers.nats.names import stream_name
 from tests.factories import authed, csrf_from, job_worker, login, sample_config_for, web_client
@@ -28,16 +29,17 @@ EMAIL = "is not a valid e-mail address (one like name@example.com, at most 254 c
 
 
 async def wait_for_job(
-    client: httpx.AsyncClient, job_id: str, status: str, timeout_s: float = 20
+    client: httpx.AsyncClient, job_id: str, state: str, timeout_s: float = 20
 ) -> dict[str, Any]:
+    """The page's jobs (GET /api/demo/jobs) once job `job_id`'s card says `state`."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         data = (await client.get("/api/demo/jobs")).json()["data"]
         job = next((j for j in data["jobs"] if j["id"] == job_id), None)
-        if job is not None and job["status"] == status:
+        if job is not None and job["state"] == state:
             return data
         assert asyncio.get_running_loop().time() < deadline, (
-            f"job {job_id} never reached {status}: {job}"
+            f"job {job_id} never reached {state}: {job}"
         )
         await asyncio.sleep(0.1)
 
@@ -88,31 +90,37 @@ async def test_ok_flaky_and_fail_end_to_end(config: Config) -> None:
         data = await wait_for_job(client, ok_id, "done")
         ok_job = next(j for j in data["jobs"] if j["id"] == ok_id)
         assert ok_job["attempts"] == 1 and ok_job["progress"] is None  # ok reports none
-        assert [e["kind"] for e in ok_job["events"]] == ["enqueued", "start", "done"]
-        assert all(set(e) >= {"kind", "time", "detail"} for e in ok_job["events"])
+        assert [line["kind"] for line in ok_job["lines"]] == ["enqueued", "done"]
+        assert all(set(line) == {"kind", "at", "time", "detail"} for line in ok_job["lines"])
+        assert ok_job["result"] == {"sent_to": "ada@example.com", "attempt": 1}
         # Every attempt names the worker process that ran it, by its short id.
         here = short_instance(worker.instance_id)
-        assert ok_job["events"][1]["detail"].startswith(f"attempt 1 started on worker {here}, ")
+        assert re.fullmatch(
+            rf"attempt 1 on worker {re.escape(here)} succeeded in \d+ ms",
+            ok_job["lines"][1]["detail"],
+        )
 
         data = await wait_for_job(client, flaky_id, "done")
         flaky = next(j for j in data["jobs"] if j["id"] == flaky_id)
         assert flaky["attempts"] == 2
-        assert [e["kind"] for e in flaky["events"]] == [
-            "enqueued",
-            "start",
-            "retry",
-            "start",
-            "done",
-        ]
-        assert "; retry due at " in flaky["events"][2]["detail"]
-        assert flaky["events"][3]["detail"].startswith(f"attempt 2 started on worker {here}, ")
+        assert [line["kind"] for line in flaky["lines"]] == ["enqueued", "retry", "done"]
+        # The failed attempt stays on the card: the record's history keeps it.
+        assert flaky["lines"][1]["detail"] == (
+            f"attempt 1 on worker {here} failed: SimulatedSendError: SMTP server timed out "
+            "(first attempt only)"
+        )
+        assert flaky["lines"][2]["detail"].startswith(f"attempt 2 on worker {here} succeeded in ")
+        assert flaky["result"] == {"sent_to": "ada@example.com", "attempt": 2}
 
         data = await wait_for_job(client, fail_id, "dlq")
         failed = next(j for j in data["jobs"] if j["id"] == fail_id)
         assert failed["attempts"] == 3
-        assert [e["kind"] for e in failed["events"]] == [
-            "enqueued", "start", "retry", "start", "retry", "start", "fail", "dlq",
+        assert [line["kind"] for line in failed["lines"]] == [
+            "enqueued", "retry", "retry", "fail", "dlq",
         ]  # fmt: skip
+        assert failed["lines"][-1]["detail"] == "moved to the dead-letter queue after 3 attempts"
+        assert failed["lines"][3]["detail"].endswith("rejected the message; no tries left")
+        assert (failed["result"], failed["cancellable"]) == (None, False)
         assert data["dlq"]["count"] == 1
         (item,) = data["dlq"]["items"]
         assert item["id"] == fail_id and item["attempts"] == 3
@@ -154,19 +162,9 @@ async def test_a_job_answers_its_status_and_result_and_a_slow_one_is_cancelled_m
         assert missing.json()["error"]["message"] == "no job with id 'no-such-job' (kept a day)"
 
 
-def clock_ms(clock: str, near_ms: int) -> int:
-    """A timeline clock (HH:MM:SS.mmm, UTC) as epoch ms, on the day of `near_ms`."""
-    day = datetime.fromtimestamp(near_ms / 1000, UTC).date()
-    at = datetime.combine(day, time.fromisoformat(clock), UTC)
-    return int(at.timestamp() * 1000)
-
-
-async def test_a_delayed_job_counts_from_when_it_was_due_and_a_retry_names_its_time(
-    config: Config,
-) -> None:
-    """A delayed job's start says how long after it was due and after its enqueue (not the
-    first alone, as if it had started at once); a retry says when it is due, and the next
-    start how long after that it came."""
+async def test_a_delayed_job_says_when_it_is_due_and_starts_no_earlier(config: Config) -> None:
+    """A delayed job's card says it is held and until when (its record's due time), it can be
+    cancelled meanwhile, and its first attempt starts no earlier than that time."""
     async with web_client(config) as client, job_worker(config):
         headers = await authed(client, "/demo/jobs")
         sent = await client.post(
@@ -174,43 +172,26 @@ async def test_a_delayed_job_counts_from_when_it_was_due_and_a_retry_names_its_t
             headers=headers,
         )  # fmt: skip
         job_id = sent.json()["data"]["id"]
-        data = await wait_for_job(client, job_id, "done")
-        job = next(j for j in data["jobs"] if j["id"] == job_id)
-        enqueued, start, retry, again, _done = job["events"]
-
-        held = re.fullmatch(
-            r"to ada@example\.com, mode flaky, held 1500 ms: due at ([\d:.]+) \(no slot taken "
-            r"meanwhile\)", enqueued["detail"],
-        )  # fmt: skip
-        assert held, enqueued["detail"]
-        due_ms = clock_ms(held[1], enqueued["at"])
-        assert due_ms == job["created_at"] + 1500
-        first = re.fullmatch(
-            r"attempt 1 started on worker .+, (\d+) ms after it was due, (\d+) ms after enqueue",
-            start["detail"],
+        jobs = (await client.get("/api/demo/jobs")).json()["data"]["jobs"]
+        [held] = [j for j in jobs if j["id"] == job_id]
+        record = (await client.get(f"/api/demo/jobs/{job_id}")).json()["data"]
+        assert (held["state"], held["cancellable"], record["state"]) == ("delayed", True, "delayed")
+        due_at = record["due_at"]
+        assert due_at == record["enqueued_at"] + 1500
+        [line] = held["lines"]
+        assert line["detail"] == (
+            f"enqueued, held 1500 ms: due at {clock(due_at)} (no slot taken meanwhile)"
         )
-        assert first, start["detail"]
-        after_due, after_enqueue = int(first[1]), int(first[2])
-        assert after_enqueue - after_due == 1500  # both measured from one instant
-        assert start["at"] - due_ms == after_due and after_enqueue >= 1500
 
-        planned = re.fullmatch(
-            r"attempt 1 failed: .+; retry due at ([\d:.]+) \(backoff drew (\d+) ms\)",
-            retry["detail"],
-        )
-        assert planned, retry["detail"]
-        retry_due_ms, drawn = clock_ms(planned[1], retry["at"]), int(planned[2])
-        assert 0 <= drawn <= EmailJob.backoff["initial"]
-        # Planned when attempt 1 failed, which was before the retry line was written.
-        assert retry_due_ms - drawn <= retry["at"] < retry_due_ms - drawn + 1000
-        later = re.fullmatch(
-            r"attempt 2 started on worker .+, (\d+) ms after it was due", again["detail"]
-        )
-        assert later, again["detail"]
-        assert again["at"] - retry_due_ms == int(later[1])
+        await wait_for_job(client, job_id, "done")
+        record = (await client.get(f"/api/demo/jobs/{job_id}")).json()["data"]
+        [first] = record["history"]
+        assert (first["attempt"], first["state"]) == (1, "retrying")
+        assert first["started_at"] >= due_at  # it waited on the broker, not in a slot
+        assert record["started_at"] > first["started_at"] and record["attempts"] == 2
 
 
-async def test_the_timeline_pages_by_ten_with_a_link_to_older_jobs(config: Config) -> None:
+async def test_the_jobs_page_by_ten_with_a_link_to_older_jobs(config: Config) -> None:
     """/demo/jobs shows the newest 10 jobs and links to the older ones (no JavaScript needed);
     the JSON route still lists every kept job unless asked for a page."""
     async with web_client(config) as client:
@@ -274,9 +255,9 @@ async def test_slow_outlives_its_ack_wait_on_one_attempt_and_reports_each_step(
             headers=headers,
         )  # fmt: skip
         later = sent.json()["data"]["id"]
-        data = await wait_for_job(client, later, "done")
-        job = next(j for j in data["jobs"] if j["id"] == later)
-        assert "held 1000 ms" in job["events"][0]["detail"]  # it waited on the broker
+        await wait_for_job(client, later, "done")
+        record = (await client.get(f"/api/demo/jobs/{later}")).json()["data"]
+        assert record["started_at"] >= record["enqueued_at"] + 1000  # it waited on the broker
 
         seen: list[tuple[float, str]] = []  # the slow job's progress as the page polls it
         total_s = SLOW_ACK_WAITS * EmailJob.ack_wait_s
@@ -286,16 +267,15 @@ async def test_slow_outlives_its_ack_wait_on_one_attempt_and_reports_each_step(
             job = next(j for j in data["jobs"] if j["id"] == slow)
             if job["progress"] and (not seen or seen[-1] != tuple(job["progress"].values())):
                 seen.append((job["progress"]["fraction"], job["progress"]["note"]))
-            if job["status"] == "done":
+            if job["state"] == "done":
                 break
-            assert job["status"] == "running" and job["attempts"] == 1, job
+            assert job["state"] == "running" and job["attempts"] == 1, job
             assert asyncio.get_running_loop().time() < deadline, f"slow never finished: {job}"
             await asyncio.sleep(0.2)
         assert asyncio.get_running_loop().time() - started >= total_s
         assert job["attempts"] == 1  # never redelivered, though it outlived its ack wait
-        assert [e["kind"] for e in job["events"]] == ["enqueued", "start", "done"]
-        last = {"fraction": 1.0, "note": f"{SLOW_STEPS} of {SLOW_STEPS} steps done"}
-        assert job["progress"] == last
+        assert [line["kind"] for line in job["lines"]] == ["enqueued", "done"]
+        assert job["progress"] is None  # a bar only while the attempt runs
         fractions = [fraction for fraction, _ in seen]
         assert fractions == sorted(fractions) and len(fractions) >= SLOW_STEPS - 1, seen
         assert seen[0][1].endswith(f"of {SLOW_STEPS} steps done")
@@ -310,18 +290,27 @@ async def test_requeue_from_the_dlq_resets_attempts(config: Config) -> None:
             "/api/demo/jobs/dlq/requeue", json={"id": "nope"}, headers=headers
         )
         assert missing.status_code == 404
+        before_ms = int(datetime.now(UTC).timestamp() * 1000)
         requeued = await client.post(
             "/api/demo/jobs/dlq/requeue", json={"id": fail_id}, headers=headers
         )
         assert requeued.json()["data"] == {"requeued": 1}
-        data = await wait_for_job(client, fail_id, "dlq")
+        deadline = asyncio.get_running_loop().time() + 20
+        while True:  # its second run, back in the DLQ (the first run's record said dlq too)
+            record = (await client.get(f"/api/demo/jobs/{fail_id}")).json()["data"]
+            if record["state"] == "dlq" and record["finished_at"] > before_ms:
+                break
+            assert asyncio.get_running_loop().time() < deadline, record
+            await asyncio.sleep(0.1)
+        assert record["attempts"] == 3  # counted again from 1
+        assert [a["attempt"] for a in record["history"]] == [1, 2]
+        assert all(a["started_at"] > before_ms for a in record["history"])  # this run's
+        data = (await client.get("/api/demo/jobs")).json()["data"]
         job = next(j for j in data["jobs"] if j["id"] == fail_id)
-        assert job["attempts"] == 3  # counted again from 1
-        kinds = [e["kind"] for e in job["events"]]
-        assert kinds.count("start") == 6
-        # Requeued after the 3rd attempt and before the 4th began, never after it.
-        starts = [i for i, kind in enumerate(kinds) if kind == "start"]
-        assert starts[2] < kinds.index("requeued") < starts[3], kinds
+        assert [line["kind"] for line in job["lines"]] == [
+            "enqueued", "enqueued", "retry", "retry", "fail", "dlq",
+        ]  # fmt: skip
+        assert job["lines"][1]["detail"] == "requeued from the DLQ once: its latest run below"
         assert data["dlq"]["count"] == 1
 
 
@@ -482,7 +471,7 @@ async def test_dlq_cli_lists_requeues_and_purges(config: Config) -> None:
         assert "requeued 1 job(s)" in requeued.stdout
         assert await stream_messages(client) == 1  # back on the work stream, nobody consuming
         async with job_worker(config):
-            # The CLI knows nothing of the page's timeline: watch the DLQ itself refill.
+            # Watch the DLQ itself refill (the CLI's requeue is no page's).
             for _ in range(200):
                 if (await client.get("/api/demo/jobs")).json()["data"]["dlq"]["count"] == 1:
                     break
@@ -524,7 +513,7 @@ async def test_a_crash_job_kills_a_worker_on_every_attempt_then_lands_in_the_dlq
                         workers[index] = spawn()
                 data = (await client.get("/api/demo/jobs")).json()["data"]
                 job = next(j for j in data["jobs"] if j["id"] == job_id)
-                if job["status"] == "dlq":
+                if job["state"] == "dlq":
                     break
                 assert asyncio.get_running_loop().time() < deadline, (
                     f"crash job never reached the DLQ: {job}; deaths {deaths}; "
@@ -533,21 +522,22 @@ async def test_a_crash_job_kills_a_worker_on_every_attempt_then_lands_in_the_dlq
                 await asyncio.sleep(0.1)
             assert deaths == [1] * attempts, deaths  # one dead worker per attempt, no more
             assert job["attempts"] == attempts
-            kinds = [e["kind"] for e in job["events"]]
-            # Each dead worker is said when its attempt comes back, before the next one starts.
-            assert kinds == ["enqueued"] + ["start", "redelivered"] * attempts + ["fail", "dlq"], [
-                (e["kind"], e["at"], e["detail"]) for e in job["events"]
+            # Each attempt's worker died: the card says so of every one, the last included.
+            kinds = [line["kind"] for line in job["lines"]]
+            assert kinds == ["enqueued"] + ["lost"] * attempts + ["dlq"], job["lines"]
+            record = (await client.get(f"/api/demo/jobs/{job_id}")).json()["data"]
+            assert [(a["attempt"], a["state"]) for a in record["history"]] == [
+                (n, "lost") for n in range(1, attempts)
             ]
-            starts = [e["detail"] for e in job["events"] if e["kind"] == "start"]
-            workers_seen = [detail.split(" on worker ")[1].split(",")[0] for detail in starts]
-            assert len(set(workers_seen)) == attempts, starts  # each attempt on a fresh process
-            died = [e["detail"] for e in job["events"] if e["kind"] == "redelivered"]
-            assert died == [
-                f"no ack within 5 s: worker {worker} died, redelivered" for worker in workers_seen
-            ]
-            assert job["events"][-2]["detail"] == (
-                "attempt 3 of 3 died with its worker; no tries left, so this delivery is not run"
-            )
+            # A worker killed within the status writer's flush delay (20 ms) never sent its
+            # `running`: the attempt is kept as lost, with no worker named.
+            on = [f" on worker {short_instance(a['worker'])}" if a["worker"] else "" for a in
+                  record["history"]]  # fmt: skip
+            assert [line["detail"] for line in job["lines"][1:-1]] == [
+                f"attempt {n}{on[n - 1]} never reported back: its worker died"
+                for n in range(1, attempts)
+            ] + [f"attempt {attempts} never reported back: its worker died"]
+            assert record["error"]["type"] == "WorkerCrashed"
             [item] = [i for i in data["dlq"]["items"] if i["id"] == job_id]
             assert item["error"].startswith("WorkerCrashed: attempt 3 of 3 never reported back")
             assert item["attempts"] == attempts
@@ -562,3 +552,63 @@ async def test_a_crash_job_kills_a_worker_on_every_attempt_then_lands_in_the_dlq
             if worker.poll() is None:
                 worker.terminate()
                 worker.wait(30)
+
+
+async def test_the_list_shows_results_and_cancel_and_the_form_cancels_without_javascript(
+    config: Config,
+) -> None:
+    """Each listed job carries its status record's state and result, and a Cancel form while it
+    has not ended; the form cancels a delayed job with a flash notice (post, redirect, get)."""
+    async with web_client(config) as client, job_worker(config):
+        headers = await authed(client, "/demo/jobs")
+        ok_id = await enqueue(client, headers, "ok")
+        sent = await client.post(
+            "/api/demo/jobs", json={"to": "bob@example.com", "mode": "ok", "delay_ms": 60000},
+            headers=headers,
+        )  # fmt: skip
+        held = sent.json()["data"]["id"]
+        await wait_for_job(client, ok_id, "done")
+        jobs = {j["id"]: j for j in (await client.get("/api/demo/jobs")).json()["data"]["jobs"]}
+        assert (jobs[ok_id]["state"], jobs[ok_id]["cancellable"]) == ("done", False)
+        assert jobs[ok_id]["result"] == {"sent_to": "ada@example.com", "attempt": 1}
+        assert (jobs[held]["state"], jobs[held]["cancellable"], jobs[held]["result"]) == (
+            "delayed", True, None,
+        )  # fmt: skip
+
+        page = (await client.get("/demo/jobs")).text
+        forms = re.findall(r'<form method="post" action="/demo/jobs/(\w+)/cancel"', page)
+        assert forms == [held]  # the ended job has none
+        assert "Result <code>sent_to: ada@example.com, attempt: 1</code>" in page
+        token = csrf_from(page)
+        refused = await client.post(f"/demo/jobs/{held}/cancel")  # no CSRF token
+        assert refused.status_code == 403
+        done = await client.post(f"/demo/jobs/{held}/cancel", data={"csrf_token": token})
+        assert done.status_code == 303 and done.headers["location"] == "/demo/jobs"
+        page = (await client.get("/demo/jobs")).text
+        assert f"Job {held} cancelled: it will not run again." in page
+        assert re.search(rf'data-id="{held}" data-status="cancelled"', page)
+        again = await client.post(f"/demo/jobs/{ok_id}/cancel", data={"csrf_token": token})
+        assert again.status_code == 303
+        page = (await client.get("/demo/jobs")).text
+        assert f"Job {ok_id} was not cancelled: it had ended (done)." in page
+        job = (await client.get(f"/api/demo/jobs/{held}")).json()["data"]
+        assert (job["state"], job["attempts"]) == ("cancelled", 0)
+
+
+async def test_a_permanent_job_goes_to_the_dlq_after_one_attempt(config: Config) -> None:
+    async with web_client(config) as client, job_worker(config):
+        headers = await authed(client, "/demo/jobs")
+        job_id = await enqueue(client, headers, "permanent")
+        data = await wait_for_job(client, job_id, "dlq")
+        job = next(j for j in data["jobs"] if j["id"] == job_id)
+        assert (job["state"], job["attempts"], job["cancellable"]) == ("dlq", 1, False)
+        (item,) = data["dlq"]["items"]
+        assert (item["id"], item["attempts"]) == (job_id, 1)
+        message = "no mailbox ada@example.com: the domain says it does not exist"
+        assert item["error"] == f"Permanent: {message}"
+        status = (await client.get(f"/api/demo/jobs/{job_id}")).json()["data"]
+        assert (status["state"], status["attempts"]) == ("dlq", 1)
+        assert status["error"] == {"type": "Permanent", "message": message}
+        page = (await client.get("/demo/jobs")).text
+        assert "to ada@example.com, 1 attempt</span>" in page
+        assert '<option value="permanent"' in page

@@ -34,7 +34,7 @@ def _post(page, url: str, body: dict[str, object]) -> None:  # type: ignore[no-u
 
 @pytest.fixture(scope="module")
 def stocked(live_stack: LiveStack, browser) -> LiveStack:  # type: ignore[no-untyped-def]
-    """Pages with rows in them: a DLQ item, a job timeline, a signup and its listeners."""
+    """Pages with rows in them: a DLQ item, job cards, a signup and its listeners."""
     context = browser.new_context()
     page = context.new_page()
     log_in(page, live_stack.url)

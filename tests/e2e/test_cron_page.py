@@ -1,5 +1,6 @@
 """/demo/cron in the browser: "Run now" makes the count rise without a reload; a manual tick
-held past the next tick makes that tick skip on the overlap guard, in the audit; its times are
+held past the next tick makes that tick skip on the overlap guard, in the audit; Pause makes the
+next tick skip as "paused" and Resume gives the one after a winner again; its times are
 UTC, labelled, and agree with the console's; bad input is worded plainly; the page fits 390 px and
 its tick audit breaks no word and cuts no row."""
 
@@ -152,3 +153,40 @@ def test_bad_hold_is_worded_plainly_and_the_page_fits_390_px(page, live_stack: L
     expect(page.locator("#ticks tbody tr").first).to_be_visible()
     assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
     screenshot(page, "cron-390")
+
+
+def next_tick_key(page) -> str:  # type: ignore[no-untyped-def]
+    """The audit row key of the next planned tick at least 1.5 s away."""
+    for run in page.locator("#next-runs li time").all():
+        instant = str(run.get_attribute("datetime"))
+        if datetime.fromisoformat(instant).timestamp() - time.time() > 1.5:
+            return f"{instant}|schedule"
+    raise AssertionError("no planned tick far enough ahead")
+
+
+def test_pause_makes_the_next_tick_skip_as_paused_and_resume_ends_it(
+    page, live_stack: LiveStack
+) -> None:  # type: ignore[no-untyped-def]
+    log_in(page, live_stack.url)
+    page.goto(live_stack.url + "/demo/cron")
+    expect(page.locator("#pause-badge")).to_have_text("ticking")
+    try:
+        page.click("#pause-button")
+        expect(page.locator("#pause-badge")).to_have_text("paused")
+        expect(page.locator("#pause-state")).to_contain_text("Paused by demo since ")
+        expect(page.locator("#pause-button")).to_have_text("Resume")
+        change = page.locator("#ticks tbody tr", has=page.locator(".badge", has_text="pause"))
+        expect(change.first).to_contain_text("paused by demo")
+        skipped = page.locator(f'#ticks tbody tr[data-key="{next_tick_key(page)}"]')
+        expect(skipped).to_contain_text(": paused", timeout=40_000)
+        expect(skipped.locator("td").nth(1)).to_have_text("none")  # nobody ran it
+        screenshot(page, "cron-paused")
+    finally:
+        if page.locator("#pause-form").get_attribute("data-paused") == "true":
+            page.click("#pause-button")
+    expect(page.locator("#pause-badge")).to_have_text("ticking")
+    expect(page.locator("#pause-state")).to_contain_text("Ticking. Resumed by demo at ")
+    expect(page.locator("#pause-button")).to_have_text("Pause")
+    ticking = page.locator(f'#ticks tbody tr[data-key="{next_tick_key(page)}"]')
+    expect(ticking.locator("td").nth(1)).to_contain_text("scheduler", timeout=40_000)
+    expect(ticking).not_to_contain_text("paused")

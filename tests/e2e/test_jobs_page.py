@@ -1,9 +1,14 @@
-"""/demo/jobs in the browser: a flaky job shows its two attempts and "done"; a failing job
+"""/demo/jobs in the browser: a flaky job shows its two attempts, "done" and its result; a slow
+job cancelled mid-run ends "cancelled" and is never retried; a permanent job is dead-lettered
+after one attempt; a failing job
 lands in the DLQ and can be requeued, and its focused Requeue button stays focused across live
 refreshes; a slow job draws its progress; a 200-character recipient fits 390 px; bad input gets
 plain sentences at its fields, gone once corrected; a count of 20 enqueues 20 jobs."""
 
 from __future__ import annotations
+
+import re
+import time
 
 import pytest
 from axe_playwright_python.sync_playwright import Axe
@@ -32,14 +37,22 @@ def test_flaky_job_retries_then_done_and_fail_job_lands_in_dlq(page, live_stack:
     flaky = enqueue(page, "flaky")
     card = page.locator(f'article.job[data-id="{flaky}"]')
     expect(card).to_have_attribute("data-status", "done", timeout=20_000)
-    assert card.locator(".event-start").count() == 2
-    assert card.locator(".event-retry").count() == 1
-    assert "attempt 2 succeeded" in card.locator(".event-done").inner_text()
+    expect(card.locator(".event-retry")).to_have_count(1)
+    expect(card.locator(".event-retry")).to_contain_text("attempt 1 on worker ")
+    expect(card.locator(".event-retry")).to_contain_text("failed: SimulatedSendError")
+    expect(card.locator(".event-done")).to_contain_text("attempt 2 on worker ")
+    expect(card.locator(".job-result")).to_have_text(
+        "Result sent_to: flaky@example.com, attempt: 2"
+    )
 
     failing = enqueue(page, "fail")
     card = page.locator(f'article.job[data-id="{failing}"]')
     expect(card).to_have_attribute("data-status", "dlq", timeout=30_000)
-    assert card.locator(".event-start").count() == 3
+    expect(card.locator(".event-retry")).to_have_count(2)
+    expect(card.locator(".event-fail")).to_have_count(1)
+    expect(card.locator(".event-dlq")).to_have_text(
+        re.compile("moved to the dead-letter queue after 3 attempts$")
+    )
     dead = page.locator(f'#dlq-items li[data-id="{failing}"]')
     expect(dead).to_be_visible()
     assert "SimulatedSendError" in dead.inner_text()
@@ -47,7 +60,24 @@ def test_flaky_job_retries_then_done_and_fail_job_lands_in_dlq(page, live_stack:
 
     dead.get_by_role("button", name="Requeue").click()
     expect(card).to_have_attribute("data-status", "dlq", timeout=30_000)
-    expect(card.locator(".event-requeued")).to_have_count(1)
+    expect(card.locator(".event", has_text="requeued from the DLQ once")).to_have_count(1)
+
+
+def test_a_permanent_job_lands_in_the_dlq_after_one_attempt(page, live_stack: LiveStack) -> None:  # type: ignore[no-untyped-def]
+    log_in(page, live_stack.url)
+    page.goto(live_stack.url + "/demo/jobs")
+    page.select_option("#job-mode", "permanent")
+    expect(page.locator("#mode-help")).to_have_text(
+        "permanent: raises Permanent: one attempt, then the DLQ"
+    )
+    job = enqueue(page, "permanent")
+    card = page.locator(f'article.job[data-id="{job}"]')
+    expect(card).to_have_attribute("data-status", "dlq", timeout=20_000)
+    dead = page.locator(f'#dlq-items li[data-id="{job}"]')
+    expect(dead).to_contain_text("to permanent@example.com, 1 attempt")
+    expect(dead).to_contain_text("Permanent: no mailbox permanent@example.com")
+    status = page.request.get(f"{live_stack.url}/api/demo/jobs/{job}").json()["data"]
+    assert (status["state"], status["attempts"]) == ("dlq", 1)
 
 
 def test_empty_recipient_shows_the_field_error(page, live_stack: LiveStack) -> None:
@@ -89,9 +119,9 @@ def test_a_slow_job_draws_its_progress_on_one_attempt(page, live_stack: LiveStac
     expect(bar).to_be_visible(timeout=15_000)
     expect(card.locator(".job-progress")).to_contain_text("2 of 6 steps done", timeout=15_000)
     assert 0 < float(bar.get_attribute("value") or 0) < 1
-    start = card.locator(".event-start")
-    expect(start).to_have_count(1)
-    assert "attempt 1 started on worker " in start.inner_text()
+    running = card.locator(".event-running")
+    expect(running).to_have_count(1)
+    expect(running).to_contain_text("attempt 1 on worker ")
     screenshot(page, "jobs-progress")
     for scheme in ("light", "dark"):  # the bar and its note, as axe-core sees them
         page.emulate_media(color_scheme=scheme)
@@ -101,6 +131,35 @@ def test_a_slow_job_draws_its_progress_on_one_attempt(page, live_stack: LiveStac
             if v["impact"] in ("serious", "critical")
         ]
         assert not violations, (scheme, violations)
+
+
+def test_a_slow_job_cancelled_mid_run_ends_cancelled_and_is_never_retried(
+    page, live_stack: LiveStack
+) -> None:  # type: ignore[no-untyped-def]
+    log_in(page, live_stack.url)
+    page.goto(live_stack.url + "/demo/jobs")
+    slow = enqueue(page, "slow")
+    card = page.locator(f'article.job[data-id="{slow}"]')
+    expect(card).to_have_attribute("data-status", "running", timeout=15_000)
+    expect(card.locator(".job-progress")).to_contain_text("1 of 6 steps done", timeout=15_000)
+    card.get_by_role("button", name=f"Cancel job {slow}").click()
+    expect(page.locator("#jobs-notice")).to_have_text(
+        f"Job {slow} cancelled: it will not run again."
+    )
+    expect(card).to_have_attribute("data-status", "cancelled")
+    expect(card.get_by_role("button", name=f"Cancel job {slow}")).to_have_count(0)
+    expect(card.locator(".event-cancelled").last).to_have_text(
+        re.compile("cancelled during attempt 1: never retried$")
+    )
+    screenshot(page, "jobs-cancelled")
+    # Past its ack wait and the backoff's longest wait, it is still cancelled on one attempt.
+    url = f"{live_stack.url}/api/demo/jobs/{slow}"
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        job = page.request.get(url).json()["data"]
+        assert (job["state"], job["attempts"]) == ("cancelled", 1), job
+        page.wait_for_timeout(500)
+    assert card.get_attribute("data-status") == "cancelled"
 
 
 def test_a_long_recipient_does_not_widen_a_phone_screen(page, live_stack: LiveStack) -> None:
@@ -169,7 +228,7 @@ def test_a_count_of_20_enqueues_20_jobs(page, live_stack: LiveStack) -> None:
     page.fill("#job-count", "20")
     page.click("#enqueue")
     expect(page.locator("#enqueue-result")).to_contain_text("Enqueued 20 jobs")
-    # The timeline shows the newest ten, the other ten are a page older; the API lists all 20.
+    # The page shows the newest ten, the other ten are a page older; the API lists all 20.
     cards = page.locator("#jobs article.job", has=page.locator(".job-to", has_text=to))
     expect(cards).to_have_count(10)
     expect(page.locator("#jobs-older")).to_be_visible()
@@ -220,9 +279,7 @@ def test_the_mode_select_shows_each_option_whole_on_a_phone(page, live_stack: Li
     screenshot(page, "jobs-mode-390")
 
 
-def test_the_timeline_shows_the_newest_ten_and_links_to_older_ones(
-    page, live_stack: LiveStack
-) -> None:
+def test_the_page_shows_the_newest_ten_and_links_to_older_ones(page, live_stack: LiveStack) -> None:
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/jobs")
     ids = [enqueue(page, "ok") for _ in range(12)][::-1]  # newest first

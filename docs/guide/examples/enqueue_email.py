@@ -3,9 +3,10 @@
     .venv/bin/python docs/guide/examples/enqueue_email.py fail [ada@example.com]
 
 It loads mega_config.py, boots a Context with its services (Redis, the jobs bus) and calls
-`JobQueue.enqueue`: the job is stored on the broker before the call returns. It also writes the
-demo's timeline entry, so with `make run` running (its URLs come from var/dev.env) the job shows
-on /demo/jobs. The modes are EmailJob's: ok, flaky, fail, slow, crash (app/jobs/email.py).
+`JobQueue.enqueue`: the job is stored on the broker before the call returns. It also lists the
+job on the demo's page, so with `make run` running (its URLs come from var/dev.env) the job
+shows on /demo/jobs. The modes are EmailJob's: ok, flaky, fail, permanent, slow, crash
+(app/jobs/email.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))  # the sample's `app` package, as the mega command has it
 
 from app.jobs.email import EmailJob  # noqa: E402
-from app.services.job_timeline import record_enqueued  # noqa: E402
+from app.services.recent_jobs import remember  # noqa: E402
 from mega import JobQueue, boot, load_config, shutdown  # noqa: E402
 
 
@@ -28,7 +29,7 @@ async def main(mode: str, to: str) -> None:
     ctx = await boot(config, role="script", database=False)
     try:
         job_id = uuid.uuid4().hex[:12]
-        await record_enqueued(ctx.cache("main").native, job_id, to, mode)
+        await remember(ctx.cache("main").native, job_id, to, mode)
         await JobQueue(ctx, EmailJob.bus).enqueue(
             EmailJob, {"id": job_id, "to": to, "mode": mode}, id=job_id
         )
