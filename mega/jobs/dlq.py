@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from mega.drivers.base import Bus, DlqErrorInfo, DlqRecord, DriverUnavailable, Lane
 from mega.errors import DependencyUnavailable, JobError
+from mega.jobs.status import JobStatus, encode
 
 __all__ = ["DeadLetters", "DlqRecord", "make_record"]
 
@@ -105,7 +106,22 @@ class DeadLetters:
                 )
         for record in chosen:
             await self._call(lane, self.bus.requeue(lane, record))
+        if chosen and lane.kind == "job" and lane.keep_status_s > 0:
+            await self._call(lane, self._queued_again(lane, chosen))
         return len(chosen)
+
+    async def _queued_again(self, lane: Lane, records: Sequence[DlqRecord]) -> None:
+        """A requeued job's status record says `queued` again (its old run's `dlq` would
+        answer `cancel` and `result` for the new run)."""
+        now_ms = int(time.time() * 1000)
+        fresh = [
+            (
+                r["id"],
+                encode(JobStatus(id=r["id"], job=lane.name, state="queued", enqueued_at=now_ms)),
+            )
+            for r in records
+        ]
+        await self.bus.put_records(lane, "status", fresh, create=False)
 
     async def _call(self, lane: Lane, call: Awaitable[T]) -> T:
         try:

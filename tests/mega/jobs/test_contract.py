@@ -207,6 +207,8 @@ async def test_retries_plus_one_attempts_then_the_dlq_and_requeue(setup: Any, pr
     assert record["worker"] and record["first_enqueued_at"] and record["failed_at"]
     # Requeued, its attempts start again at 1 (and the 4th run overall succeeds).
     assert await queue.dlq.requeue(job, key) == 1
+    requeued = await queue.status(job, job_id)  # a new run: no longer the old one's dlq
+    assert requeued is not None and requeued.state in ("queued", "running", "done")
     await until(lambda: signals(seen, job_id)[-1] == ("done", 1), "requeued run")
     assert signals(seen, job_id)[-2:] == [("start", 1), ("done", 1)] and DONE[key] == 1
     assert await queue.dlq.count(job) == 0
