@@ -12,7 +12,10 @@ every driver and every host sees them without a channel of its own:
   the record `CANCELS_KEY`, so a queue nobody cancels in pays one small read per fetch (that
   record), and nothing per job.
 - **Pause** sets `PAUSE_KEY`. Each worker reads it every second (`WATCH_S`): a paused queue
-  starts nothing new and its running jobs finish; resume clears it.
+  starts nothing new and its running jobs finish; resume clears it. The record lives in the
+  status store, whose records expire `keep_status_s` after their last write, so a worker
+  writes it again (`kept_at`) once half of that has passed: a pause holds while any worker
+  runs, however long. With no worker at all for `keep_status_s`, it lapses.
 
 These keys hold a space, which no job id may, so they never meet a job's record.
 """
@@ -82,6 +85,12 @@ async def set_pause(bus: Bus, lane: Lane, *, paused: bool, by: str) -> Pause:
     return record
 
 
+async def keep_pause(bus: Bus, lane: Lane, fields: dict[str, Any]) -> None:
+    """Write a pause record again as it is, with `kept_at` now: its expiry starts over."""
+    kept = json.dumps({**fields, "kept_at": int(time.time() * 1000)}).encode()
+    await bus.put_records(lane, "status", [(PAUSE_KEY, kept)], create=False)
+
+
 async def read_pause(bus: Bus, lane: Lane) -> Pause:
     [raw] = await bus.get_records(lane, "status", [PAUSE_KEY])
     if raw is None:
@@ -110,8 +119,12 @@ class LaneControl:
         if not self.on:
             return
         pause, window = await self.bus.get_records(self.lane, "status", [PAUSE_KEY, CANCELS_KEY])
-        self.paused = pause is not None and bool(json.loads(pause).get("paused"))
+        fields: dict[str, Any] = {} if pause is None else json.loads(pause)
+        self.paused = bool(fields.get("paused"))
         self.cancels_until_ms = 0 if window is None else int(json.loads(window)["until"])
+        written_ms = fields.get("kept_at") or fields.get("at_ms") or 0
+        if self.paused and time.time() * 1000 - written_ms > self.lane.keep_status_s * 500:
+            await keep_pause(self.bus, self.lane, fields)  # past half its life: kept
 
     async def refresh_cancels(self) -> None:
         """Read the cancel window alone (what each fetch needs: the pause can wait a second)."""

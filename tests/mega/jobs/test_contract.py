@@ -508,6 +508,29 @@ async def test_a_paused_queue_starts_nothing_until_it_is_resumed(setup: Any, pre
         await worker.stop(5)
 
 
+async def test_a_pause_outlives_the_keep_of_the_status_records_while_a_worker_runs(
+    setup: Any, prefix: str
+) -> None:
+    ctx, _job, _queue, _seen = setup
+    # Records kept 4 s: the pause record would expire 4 s after its write, were it not kept.
+    short = type("Short", (Slow,), {"subject": f"{prefix}.short", "keep_status_s": 4})
+    queue = JobQueue(ctx, "jobs")
+    worker = JobWorker(ctx)
+    worker.register(short)
+    await worker.start()
+    try:
+        await queue.pause(short, by="test")
+        await asyncio.sleep(1.2)  # seen by the worker
+        await short.enqueue(ctx, {"id": f"{prefix}-held"})
+        await asyncio.sleep(7.0)  # past the keep, nearly twice
+        assert (await queue.paused(short)).paused
+        assert RUNS[f"{prefix}-held"] == 0
+        await queue.resume(short, by="test")
+        await until(lambda: DONE[f"{prefix}-held"] == 1, "run once resumed")
+    finally:
+        await worker.stop(5)
+
+
 async def test_stop_drains_running_jobs(setup: Any, prefix: str) -> None:
     _ctx, job, queue, _seen = setup
     await queue.enqueue(job, {"id": f"{prefix}-slow", "sleep_s": 0.5})
