@@ -205,7 +205,10 @@ async def test_retries_plus_one_attempts_then_the_dlq_and_requeue(setup: Any, pr
     assert record["payload"] == {"id": key, "fail_first": 3}
     assert record["error"] == {"type": "RuntimeError", "message": "planned failure 3"}
     assert record["worker"] and record["first_enqueued_at"] and record["failed_at"]
-    # Requeued, its attempts start again at 1 (and the 4th run overall succeeds).
+    # Requeued, its attempts start again at 1 (and the 4th run overall succeeds). Once its
+    # record says dlq (the worker sends it a moment after the dead letter), as for any
+    # requeue of a job someone saw dead-lettered.
+    await until(lambda: status_is(queue, job, job_id, "dlq"), "its record dlq")
     assert await queue.dlq.requeue(job, key) == 1
     requeued = await queue.status(job, job_id)  # a new run: no longer the old one's dlq
     assert requeued is not None and requeued.state in ("queued", "running", "done")
@@ -429,6 +432,11 @@ class Slow(Job):
 
 
 CANCELLED: Counter[str] = Counter()
+
+
+async def status_is(queue: JobQueue, job: type[Job], job_id: str, state: str) -> bool:
+    status = await queue.status(job, job_id)
+    return status is not None and status.state == state
 
 
 async def state_of(job: type[Job], ctx: Context, job_id: str, state: str) -> bool:
