@@ -1,7 +1,8 @@
 """The listeners' contract, written once and proven on every bus driver: fan-out to each group,
-exact attempt counts, DLQ records and a requeue that reaches one group only, dedup ids, name
-patterns, a new group replaying kept events, stats and the drain. `nats` runs on the session's
-nats-server, `redis` on its Redis, `memory` in this process (as the jobs' contract suite)."""
+exact attempt counts, DLQ records and a requeue that reaches one group only, time limits and
+`Permanent`, dedup ids, name patterns, a new group replaying kept events, stats and the drain.
+`nats` runs on the session's nats-server, `redis` on its Redis, `memory` in this process (as
+the jobs' contract suite)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from mega import Context, Event, EventBus, Listener, ListenerWorker, ReceivedEvent
+from mega import Context, Event, EventBus, Listener, ListenerWorker, Permanent, ReceivedEvent
 from mega.config import load_config
 from mega.runtime.boot import boot, shutdown
 from tests.factories import write_config
@@ -37,6 +38,18 @@ class Recorder(Listener):
         await asyncio.sleep(event.data.get("sleep_s", 0))
         if RUNS[key] <= event.data.get("fail_first", 0):
             raise RuntimeError(f"planned failure {RUNS[key]}")
+
+
+class Limited(Recorder):
+    """A Recorder with a time limit, whose `permanent` events fail past any retry."""
+
+    timeout_s = 0.3
+
+    async def run(self, event: ReceivedEvent, ctx: Context) -> None:
+        if event.data.get("permanent"):
+            RUNS[(self.group, event.id)] += 1
+            raise Permanent(f"no user {event.data['permanent']!r}: retrying will not make one")
+        await super().run(event, ctx)
 
 
 class Setup:
@@ -138,6 +151,22 @@ async def test_retries_plus_one_then_the_dlq_and_a_requeue_for_that_group(setup:
     assert RUNS[(setup.audit.group, event_id)] == 3
     assert await dlq.count(doomed) == 0
     assert await dlq.purge(setup.audit) == 1 and await dlq.count(setup.audit) == 0
+
+
+async def test_a_timeout_fails_an_attempt_and_permanent_skips_the_retries(setup: Setup) -> None:
+    attributes = {"event": setup.signed, "group": f"{setup.prefix}-limited", "bus": "jobs"}
+    limited = type("limited", (Limited,), attributes)
+    await setup.start(limited)
+    hung = await setup.bus.emit(setup.signed, {"sleep_s": 30})
+    gone = await setup.bus.emit(setup.signed, {"permanent": "ada"})
+    await until(lambda: ("dlq", 3) in setup.signals(limited, hung), "the hung one dead")
+    await until(lambda: ("dlq", 1) in setup.signals(limited, gone), "the permanent one dead")
+    records = {r["id"]: r for r in await setup.bus.dlq.list(limited)}
+    assert (records[hung]["error"]["type"], records[hung]["attempts"]) == ("JobTimeout", 3)
+    assert "longer than its timeout_s (0.3 s)" in records[hung]["error"]["message"]
+    assert (records[gone]["error"]["type"], records[gone]["attempts"]) == ("Permanent", 1)
+    assert (RUNS[(limited.group, hung)], RUNS[(limited.group, gone)]) == (3, 1)
+    assert [s for s, _ in setup.signals(limited, gone)] == ["start", "fail", "dlq"]
 
 
 async def test_an_id_is_a_dedup_key(setup: Setup) -> None:
