@@ -60,8 +60,11 @@ class DlqRecord(_DlqRecordBase, total=False):
     seq: int
 
 
-# The record stores of a job lane: each job's status record, and the values its runs returned.
-Table = Literal["status", "result"]
+# The record stores of a lane: each job's status record, the values its runs returned, and
+# the presence record of each consume loop on it (mega/jobs/presence.py).
+Table = Literal["status", "result", "workers"]
+# How long a "workers" record lives after its last write (a loop writes its own every 5 s).
+WORKERS_KEEP_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,8 @@ class Lane:
 
     def keep_s(self, table: Table) -> float:
         """How long a record of `table` lives after its last write (0: the table is off)."""
+        if table == "workers":
+            return WORKERS_KEEP_S
         return self.keep_status_s if table == "status" else self.keep_result_s
 
 
@@ -302,6 +307,13 @@ class Bus(Protocol):
     ) -> list[bytes | None]:
         """The live value of each key in the lane's `table`, in order, None for one never
         stored or expired; in one round trip where the engine can. Raises DriverUnavailable."""
+        ...
+
+    async def list_records(self, lane: Lane, table: Table) -> list[tuple[str, bytes]]:
+        """Every live (key, value) of the lane's `table`, in no order. Meant for the small
+        "workers" table alone (a record per consume loop): each driver lists a table in its
+        cheapest way, which for a table of every job id would still be a long read. Raises
+        DriverUnavailable."""
         ...
 
     # -- events -------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from mega.events.listener import DB_INBOX, Listener, ListenerSpec, validate_list
 from mega.jobs.consumer import Handler
 from mega.jobs.dlq import DeadLetters
 from mega.jobs.lanes import LaneEndpoint
+from mega.jobs.presence import WorkerSeen
 from mega.jobs.spec import threaded
 
 SIGNALS = ("emit", "start", "done", "retry", "fail", "dlq", "skip")
@@ -117,6 +118,12 @@ class EventBus(LaneEndpoint):
         """The group's backlog right now: pending, in flight, dead letters."""
         spec = await self.ensure(listener_cls)
         return await self.lane_stats(group_lane(spec), f"cannot read {spec.group}")
+
+    async def workers(self, listener_cls: type[Listener]) -> list[WorkerSeen]:
+        """The group's consume loops seen within the last 30 s, the last seen first (as
+        `JobQueue.workers`)."""
+        spec = await self.ensure(listener_cls)
+        return await self.lane_workers(group_lane(spec), f"cannot read {spec.group}'s workers")
 
     # -- emit ---------------------------------------------------------------------------------
 

@@ -19,6 +19,8 @@ the slots (`concurrency` runs at a time), the lease heartbeats, the decision for
   (by the message's key) so the redelivery writes it with the real error: nothing is lost.
 - A stop drains: no more fetches, running jobs get up to the timeout, the rest are cancelled
   and handed back.
+- Its presence record (presence.py) says every few seconds that it runs, how many deliveries
+  run now and how many it settled; at the stop it says stopped.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from mega.errors import JobTimeout, Permanent
 from mega.jobs.control import WATCH_S, LaneControl
 from mega.jobs.delivery import DeadLetter, Decision, LanePolicy, Outcome, Retry, decide
 from mega.jobs.dlq import make_record
+from mega.jobs.presence import PRESENCE_EVERY_S, Presence
 from mega.jobs.status import ErrorInfo, StatusWriter
 
 # The queue's logger: to an operator, the consume loop is part of the job queue.
@@ -58,6 +61,9 @@ CANCEL_READ_S = 0.5
 # so how long before its delivery a cancel must have returned to stop a job from starting at
 # all; one later is still honoured by the watch, which cancels the run within a second.
 WINDOW_FRESH_S = 0.05
+
+# How long a stopping loop waits to mark its presence record stopped.
+PRESENCE_STOP_S = 2.0
 
 # Runs one decoded delivery: (payload, delivery); what it returns is the run's result. Raising
 # fails the attempt.
@@ -104,8 +110,11 @@ class Consumer:
         dlq_retry_delay_s: float = DLQ_RETRY_DELAY_S,
         records: StatusWriter | None = None,
         control: LaneControl | None = None,
+        presence: Presence | None = None,
     ) -> None:
         self.receiver = receiver
+        self.presence = presence
+        self.settled = 0  # deliveries settled since the start (the presence record's `done`)
         self.records = records
         self.control = control
         self.resumed = asyncio.Event()  # cleared while the lane is paused
@@ -133,6 +142,7 @@ class Consumer:
 
     async def run(self) -> None:
         heartbeat = asyncio.create_task(self._heartbeat())
+        present = asyncio.create_task(self._present()) if self.presence is not None else None
         watch = None
         if self.control is not None:
             with contextlib.suppress(DriverUnavailable):  # the watch reads it again each second
@@ -145,6 +155,9 @@ class Consumer:
             heartbeat.cancel()
             if watch is not None:
                 watch.cancel()
+            if present is not None:
+                present.cancel()
+                await self._absent()
             for task in self.running:  # left only if run() itself was cancelled
                 task.cancel()
             if self.records is not None:
@@ -175,6 +188,8 @@ class Consumer:
 
     def _on_done(self, task: asyncio.Task[None]) -> None:
         self.running.pop(task, None)
+        if not task.cancelled():  # a cancelled one was handed back, not settled
+            self.settled += 1
         if not task.cancelled() and task.exception() is not None:
             logger.error("%s: job task crashed", self.spec.name, exc_info=task.exception())
         self.slot_free.set()
@@ -433,6 +448,25 @@ class Consumer:
                 if now - lease.extended_at >= interval_s:
                     lease.extended_at = now
                     await self.receiver.extend(lease.delivery)
+
+    async def _present(self) -> None:
+        """Write this loop's presence record now and every PRESENCE_EVERY_S."""
+        assert self.presence is not None
+        while True:
+            try:
+                await self.presence.write(running=len(self.running), done=self.settled)
+            except DriverUnavailable as exc:
+                logger.debug("%s: presence record not written (%s)", self.spec.name, exc)
+            await asyncio.sleep(PRESENCE_EVERY_S)
+
+    async def _absent(self) -> None:
+        """Mark the presence record stopped (bounded: a stop never waits on it for long)."""
+        assert self.presence is not None
+        try:
+            async with asyncio.timeout(PRESENCE_STOP_S):
+                await self.presence.write(running=0, done=self.settled, stopped=True)
+        except (DriverUnavailable, TimeoutError) as exc:
+            logger.debug("%s: presence record not marked stopped (%s)", self.spec.name, exc)
 
     async def _drain(self) -> None:
         deadline = time.monotonic() + self.drain_timeout_s

@@ -26,6 +26,7 @@ from mega.errors import DependencyUnavailable, JobError
 from mega.jobs.consumer import DLQ_RETRY_DELAY_S, Consumer
 from mega.jobs.control import LaneControl
 from mega.jobs.delivery import LanePolicy
+from mega.jobs.presence import Presence, WorkerSeen, read_workers
 from mega.jobs.status import StatusWriter
 from mega.signals import Observer, Signals
 
@@ -121,6 +122,14 @@ class LaneEndpoint:
         except DriverUnavailable as exc:
             raise self.unavailable(what, exc) from exc
 
+    async def lane_workers(self, lane: Lane, what: str) -> list[WorkerSeen]:
+        """The consume loops seen on the lane (presence.py), the last seen first;
+        DependencyUnavailable(`what`) when the bus does not answer."""
+        try:
+            return await read_workers(self.bus, lane)
+        except DriverUnavailable as exc:
+            raise self.unavailable(what, exc) from exc
+
     async def signal(self, name: str, **fields: Any) -> None:
         """Notify observers, skipping the work when nobody listens (the hot path)."""
         if self.signals.has_observers(name):
@@ -145,6 +154,7 @@ class LaneEndpoint:
             receiver, policy, run, self.signal,
             instance_id=self.instance_id, dlq_retry_delay_s=self.dlq_retry_delay_s,
             records=records, control=control,
+            presence=Presence(self.bus, lane, self.instance_id),
         )  # fmt: skip
         self._consumers[cls] = consumer
         try:

@@ -29,6 +29,7 @@ from mega.jobs import control
 from mega.jobs.control import Cancelled, LaneControl, Pause
 from mega.jobs.dlq import DeadLetters
 from mega.jobs.lanes import LaneEndpoint
+from mega.jobs.presence import WorkerSeen
 from mega.jobs.progress import RunContexts
 from mega.jobs.spec import (
     JobBase,
@@ -124,6 +125,13 @@ class JobQueue(LaneEndpoint):
         Raises DependencyUnavailable when the bus does not answer."""
         spec = await self.ensure(job_cls)
         return await self.lane_stats(job_lane(spec), f"cannot read {spec.name}'s queue")
+
+    async def workers(self, job_cls: type[JobBase]) -> list[WorkerSeen]:
+        """The consume loops of the job seen within the last 30 s (one per process), the last
+        seen first: its worker, since when it runs, its jobs running now and settled since its
+        start; a stopped one says when (`stopped_at`) until its record expires."""
+        spec = await self.ensure(job_cls)
+        return await self.lane_workers(job_lane(spec), f"cannot read {spec.name}'s workers")
 
     # -- enqueue ------------------------------------------------------------------------------
 

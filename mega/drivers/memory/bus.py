@@ -188,6 +188,10 @@ class MemoryBus:
             found.append(kept[0] if kept is not None and kept[1] > now else None)
         return found
 
+    async def list_records(self, lane: Lane, table: Table) -> list[tuple[str, bytes]]:
+        store, now = self.broker.table(lane, table), time.monotonic()
+        return [(key, value) for key, (value, expires) in store.items() if expires > now]
+
     # -- events -------------------------------------------------------------------------------
 
     async def ensure_events(self, *, max_age_s: float) -> None:

@@ -87,6 +87,7 @@ from mega.drivers.nats.receiver import NatsReceiver, requeue_headers
 from mega.drivers.nats.records import (
     NO_MESSAGE,
     ensure_buckets,
+    list_bucket,
     read_record,
     send_records,
     write_records,
@@ -429,6 +430,17 @@ class NatsBus:
         except DriverUnavailable as exc:
             raise DriverUnavailable(
                 f"{lane.name}: cannot read its {table} records in bucket {bucket}: {exc}"
+            ) from exc
+
+    async def list_records(self, lane: Lane, table: Table) -> list[tuple[str, bytes]]:
+        """The table's bucket is the lane's own (the "workers" one holds a key per consume
+        loop): its subjects from one stream info, then each one's last message."""
+        bucket = bucket_of(lane, table)
+        try:
+            return await list_bucket(self.js, bucket)
+        except DriverUnavailable as exc:
+            raise DriverUnavailable(
+                f"{lane.name}: cannot list its {table} records in bucket {bucket}: {exc}"
             ) from exc
 
     # -- events -------------------------------------------------------------------------------

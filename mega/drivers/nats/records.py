@@ -14,6 +14,7 @@ as nats-py's own `KeyValue.create` does.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import math
@@ -30,10 +31,12 @@ from mega.drivers.nats.acks import BULK_TIMEOUT_PER_MSG_S, BULK_TIMEOUT_S, AckMu
 from mega.drivers.nats.errors import NATS_ERRORS
 from mega.drivers.nats.names import (
     BUCKET_STREAM_PREFIX,
+    BUCKET_SUBJECT_PREFIX,
     HEADER_KV_OPERATION,
     HEADER_MARKER_REASON,
     NATS_EXPECTED_LAST_SUBJECT_SEQ,
     bucket_of,
+    job_id_of,
     record_subject,
 )
 from mega.errors import JobError
@@ -41,7 +44,7 @@ from mega.errors import JobError
 logger = logging.getLogger("mega.jobqueue")
 
 # A lane's record stores, each a bucket of its own (made when its keep is above 0).
-TABLES: tuple[Table, ...] = ("status", "result")
+TABLES: tuple[Table, ...] = ("status", "result", "workers")
 # JetStream's answer to a publish whose expected last subject sequence is not the subject's:
 # for a create (expected 0), the key has a message.
 KEY_EXISTS = 10071
@@ -157,6 +160,27 @@ async def read_record(js: JetStreamContext, bucket: str, job_id: str) -> bytes |
     if last is None or is_marker(last.headers):
         return None
     return last.data or b""
+
+
+async def list_bucket(js: JetStreamContext, bucket: str) -> list[tuple[str, bytes]]:
+    """Every record of a bucket: the subjects the stream holds (one stream info, filtered on
+    the bucket's subjects), then each one's last message, asked all at once. For a small
+    bucket (a lane's workers: one key per consume loop)."""
+    stream = BUCKET_STREAM_PREFIX + bucket
+    prefix = f"{BUCKET_SUBJECT_PREFIX}{bucket}."
+    try:
+        info = await js.stream_info(stream, subjects_filter=prefix + ">")
+    except NotFoundError as exc:
+        raise DriverUnavailable(f"no stream {stream}: {exc.description}") from exc
+    except NATS_ERRORS as exc:
+        raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+    subjects = list(info.state.subjects or {})
+    found = await asyncio.gather(*(_last_message(js, bucket, subject) for subject in subjects))
+    return [
+        (job_id_of(subject.removeprefix(prefix)), last.data or b"")
+        for subject, last in zip(subjects, found, strict=True)
+        if last is not None and not is_marker(last.headers)
+    ]
 
 
 def written(answer: dict[str, Any]) -> bool:

@@ -366,6 +366,13 @@ class PostgresBus:
             found = {key: bytes(value) for key, value in await cursor.fetchall()}
         return [found.get(key) for key in keys]
 
+    async def list_records(self, lane: Lane, table: Table) -> list[tuple[str, bytes]]:
+        """`WHERE lane AND tbl`: a range of the records' primary key."""
+        lane_id = lane_key(lane)
+        async with self._using(f"cannot list the {table} records of {lane_id}") as connection:
+            cursor = await connection.execute(sql.RECORDS_LIST, {"lane": lane_id, "tbl": table})
+            return [(key, bytes(value)) for key, value in await cursor.fetchall()]
+
     # -- events -------------------------------------------------------------------------------
 
     async def ensure_events(self, *, max_age_s: float) -> None:

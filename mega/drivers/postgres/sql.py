@@ -347,6 +347,11 @@ RECORDS_GET = f"""
 SELECT key, value FROM {RECORDS}
 WHERE lane = %(lane)s AND tbl = %(tbl)s AND key = ANY(%(keys)s) AND expires_at > now()
 """
+# Every live record of a table (the small "workers" one): a range of the primary key.
+RECORDS_LIST = f"""
+SELECT key, value FROM {RECORDS}
+WHERE lane = %(lane)s AND tbl = %(tbl)s AND expires_at > now()
+"""
 
 # -- pruning (from time to time, by receivers) ------------------------------------------------
 

@@ -351,7 +351,10 @@ class RedisBus:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for key, value in records:
                     pipe.set(keys.record(table, key), value, px=keep_ms, nx=create)
+                if table == "workers":  # listed: see `list_records`
+                    _index_records(pipe, keys, table, records, keep_ms)
                 answers: list[Any] = await pipe.execute()
+            answers = answers[: len(records)]
         except _OUTAGES as exc:
             raise DriverUnavailable(
                 f"cannot store the {table} records of {lane.name}: {exc}"
@@ -371,6 +374,32 @@ class RedisBus:
                 f"cannot read the {table} records of {lane.name}: {exc}"
             ) from exc
         return cast(list[bytes | None], values)  # bytes: the client decodes no responses
+
+    async def list_records(self, lane: Lane, table: Table) -> list[tuple[str, bytes]]:
+        """The keys of the table's index (a sorted set `<own>:<table>`, each key scored with
+        its expiry, written with the "workers" records), the expired ones dropped on this
+        read, then their values: two round trips. Only the "workers" table is indexed."""
+        keys = lane_keys(lane)
+        index = keys.record_index(table)
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.zremrangebyscore(index, "-inf", int(time.time() * 1000))
+                pipe.zrange(index, 0, -1)
+                _, names = await pipe.execute()
+            if not names:
+                return []
+            found = [as_text(name) for name in names]
+            values = cast(
+                list[bytes | None],  # bytes: the client decodes no responses
+                await self.redis.mget([keys.record(table, name) for name in found]),
+            )
+        except _OUTAGES as exc:
+            raise DriverUnavailable(
+                f"cannot list the {table} records of {lane.name}: {exc}"
+            ) from exc
+        return [
+            (name, value) for name, value in zip(found, values, strict=True) if value is not None
+        ]
 
     # -- events -------------------------------------------------------------------------------
 
@@ -430,6 +459,17 @@ class RedisBus:
         task = asyncio.create_task(publish())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _index_records(
+    pipe: Any, keys: LaneKeys, table: Table, records: Sequence[tuple[str, bytes]], keep_ms: int
+) -> None:
+    """Add the keys to the table's index, scored with their expiry (epoch ms); the index
+    itself lives as long as its latest record."""
+    expires_ms = int(time.time() * 1000) + keep_ms
+    index = keys.record_index(table)
+    pipe.zadd(index, {key: expires_ms for key, _ in records})
+    pipe.pexpire(index, keep_ms)
 
 
 def _added(info: dict[Any, Any]) -> int:

@@ -53,6 +53,10 @@ class LaneKeys:
         """The key of one record of the lane's `table`: `<own>:<table>:<job id>`."""
         return f"{self.own}:{table}:{key}"
 
+    def record_index(self, table: Table) -> str:
+        """The sorted set of a listed table's keys (`<own>:<table>`), scored by expiry ms."""
+        return f"{self.own}:{table}"
+
 
 def lane_keys(lane: Lane) -> LaneKeys:
     if lane.kind == "job":

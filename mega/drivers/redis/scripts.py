@@ -11,6 +11,9 @@ Keys of a job lane, under `mega:jobs:<subject>`:
     <key>:status:<id>, <key>:result:<id>
                       the lane's records: a string per job id, expiring the lane's keep after
                       its last write (SET PX, with NX for a create)
+    <key>:workers:<worker>, <key>:workers
+                      the consume loops' presence records, and their index (sorted set of
+                      the keys scored by expiry ms, for `list_records`)
 
 Keys of the events and of a listener group lane:
     mega:events                    the log: every event, trimmed to `max_age_s` (XADD MINID);

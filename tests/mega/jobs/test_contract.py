@@ -626,6 +626,35 @@ async def count_is(queue: JobQueue, job: type[Job], count: int) -> bool:
     return await queue.dlq.count(job) == count
 
 
+async def test_a_running_consume_loop_is_seen_and_says_when_it_stopped(
+    setup: Any, prefix: str
+) -> None:
+    ctx, _job, _queue, _seen = setup
+    watched = type("Watched", (Contract,), {"subject": f"{prefix}.watched"})
+    queue = JobQueue(ctx, "jobs")
+    assert await queue.workers(watched) == []
+    started_ms = int(time.time() * 1000)
+    worker = JobWorker(ctx, instance_id=f"{prefix}-w1")
+    worker.register(watched)
+    await worker.start()
+    try:
+
+        async def seen() -> bool:
+            return [w.worker for w in await queue.workers(watched)] == [f"{prefix}-w1"]
+
+        await until(seen, "the running loop seen")
+        [running] = await queue.workers(watched)
+        assert running.stopped_at is None and running.running == 0
+        assert started_ms <= running.started_at <= running.seen_at
+        await queue.enqueue(watched, {"id": f"{prefix}-w"})
+        await until(lambda: DONE[f"{prefix}-w"] == 1, "the job run")
+    finally:
+        await worker.stop(5)
+    [stopped] = await queue.workers(watched)  # its last write, at the stop
+    assert (stopped.worker, stopped.running, stopped.done) == (f"{prefix}-w1", 0, 1)
+    assert stopped.stopped_at is not None and stopped.stopped_at >= running.seen_at
+
+
 async def test_stop_drains_running_jobs(setup: Any, prefix: str) -> None:
     _ctx, job, queue, _seen = setup
     await queue.enqueue(job, {"id": f"{prefix}-slow", "sleep_s": 0.5})
