@@ -133,13 +133,14 @@ def sample_config(
 async def web_client(config: Config, *, pools: bool = False) -> AsyncIterator[httpx.AsyncClient]:
     """The config's web app booted on its servers, behind an in-process client.
     `pools` starts the config's CPU worker pools (child processes) as `mega start` does."""
-    from mega.runtime.hosts import load_web_app, start_worker_pools, stop_worker_pools
+    from mega.runtime.hosts import load_web_app, observe_web, start_worker_pools, stop_worker_pools
 
     ctx = await boot(config, role="web")
     ensure_user(ctx.db, DEMO_USER, DEMO_PASSWORD)
     if pools:
         await start_worker_pools(config, ctx)
     app = load_web_app(config)(config, ctx)
+    observe_web(config, ctx)
     transport = httpx.ASGITransport(app=app, client=("10.1.2.3", 5555))
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:

@@ -247,7 +247,10 @@ async def _host(
             await run_hooks(config, part.hook, runtime, ctx)
             runtimes.append(runtime)
         if config.metrics.enabled:
-            importlib.import_module("mega.runtime.metrics").observe_buses(ctx.buses)
+            metrics = importlib.import_module("mega.runtime.metrics")
+            metrics.observe_buses(ctx.buses)
+            if any(part.hook == "worker" for part in parts):  # the depth of what it consumes
+                metrics.observe_queues(ctx, config.jobs)
         start_metrics_server(config, metrics_port)
         for part, runtime in zip(parts, runtimes, strict=True):
             await runtime.start()
@@ -343,12 +346,22 @@ async def web_app(config: Config) -> AsyncIterator[Any]:
             stop_announcing = announce_commits(ctx)
         await start_worker_pools(config, ctx)
         app = load_web_app(config)(config, ctx)
+        observe_web(config, ctx)
         await run_hooks(config, "web", app, ctx)
         yield app
     finally:
         stop_announcing()
         await stop_worker_pools(ctx)
         await shutdown(ctx)
+
+
+def observe_web(config: Config, ctx: Context) -> None:
+    """What the web app's /metrics exports beyond its app's own observers: the depth of the
+    config's job queues."""
+    if config.metrics.enabled and config.jobs:
+        from mega.runtime.metrics import observe_queues
+
+        observe_queues(ctx, config.jobs)
 
 
 async def start_worker_pools(config: Config, ctx: Context) -> None:

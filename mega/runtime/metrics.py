@@ -7,12 +7,20 @@ never changes what a runtime does.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import asyncio
+import functools
+import math
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from mega.context import Context
+from mega.drivers.base import LaneStats
+from mega.jobs.spec import validate_job
 
 # Latency buckets (seconds) from 1 ms to 1 min: jobs and tasks span that whole range.
 BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -70,6 +78,108 @@ class BusDisconnects(Collector):
 
 BUS_DISCONNECTS = BusDisconnects()
 REGISTRY.register(BUS_DISCONNECTS)
+
+
+class QueueDepths(Collector):
+    """`mega_queue_depth{job}` (jobs waiting to run: the queue's `pending`, which counts the
+    delayed ones where the driver does, see `LaneStats`) and `mega_queue_oldest_seconds{job}`
+    (now minus when the oldest job not settled yet was enqueued; 0 when none), for autoscaling.
+
+    Read from `Bus.stats` of each watched job when scraped, at most once per REFRESH_S (a
+    scrape within it gets the last read). A scrape from a thread (the hosts' metrics server,
+    the web app's /metrics) waits up to READ_TIMEOUT_S for the read on the watching loop; a
+    job whose queue does not answer has no sample rather than a stale one."""
+
+    REFRESH_S = 1.0
+    READ_TIMEOUT_S = 2.0
+
+    def __init__(self) -> None:
+        self.readers: dict[str, Callable[[], Awaitable[LaneStats]]] = {}
+        self.stats: dict[str, LaneStats] = {}
+        self.read_at = -math.inf
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def watch(self, job: str, read: Callable[[], Awaitable[LaneStats]]) -> None:
+        """Export `job`'s queue, read by `read()` on the running loop (watching from another
+        loop forgets what the last one watched: a process serves one loop's queues)."""
+        loop = asyncio.get_running_loop()
+        if loop is not self.loop:
+            self.readers.clear()
+            self.stats.clear()
+            self.read_at = -math.inf
+            self.loop = loop
+        self.readers[job] = read
+
+    async def refresh(self) -> None:
+        """Read every watched queue, unless that was done within REFRESH_S."""
+        if time.monotonic() - self.read_at < self.REFRESH_S:
+            return
+        self.read_at = time.monotonic()
+        jobs = list(self.readers)
+        found = await asyncio.gather(*(self.readers[job]() for job in jobs), return_exceptions=True)
+        for job, stats in zip(jobs, found, strict=True):
+            if isinstance(stats, LaneStats):
+                self.stats[job] = stats
+            else:
+                self.stats.pop(job, None)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        self._read()
+        depth = GaugeMetricFamily(
+            "mega_queue_depth", "Jobs waiting to run in the job's queue", labels=["job"]
+        )
+        oldest = GaugeMetricFamily(
+            "mega_queue_oldest_seconds",
+            "Age of the oldest job of the queue not settled yet (waiting or running; 0: none)",
+            labels=["job"],
+        )
+        now_ms = time.time() * 1000
+        for job, stats in sorted(self.stats.items()):
+            depth.add_metric([job], stats.pending)
+            age_s = 0.0 if stats.oldest_ms is None else max(0.0, (now_ms - stats.oldest_ms) / 1000)
+            oldest.add_metric([job], age_s)
+        yield depth
+        yield oldest
+
+    def _read(self) -> None:
+        """Refresh on the watching loop: waited for from another thread; from the loop's own
+        thread (a synchronous scrape there cannot wait) started for the next scrape."""
+        loop = self.loop
+        if loop is None or loop.is_closed() or not loop.is_running():
+            self.stats.clear()  # what was read there says nothing now
+            return
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is loop:
+            task = loop.create_task(self.refresh())
+            _pending.add(task)
+            task.add_done_callback(_pending.discard)
+            return
+        future = asyncio.run_coroutine_threadsafe(self.refresh(), loop)
+        try:
+            future.result(self.READ_TIMEOUT_S)
+        except Exception:  # late or failed: this scrape shows the last read
+            future.cancel()
+
+
+_pending: set[asyncio.Task[None]] = set()  # refreshes started from the loop's own thread
+QUEUE_DEPTHS = QueueDepths()
+REGISTRY.register(QUEUE_DEPTHS)
+
+
+def observe_queues(ctx: Context, job_classes: Iterable[type[Any]]) -> None:
+    """Export the depth and oldest age of each job's queue (`QueueDepths`), read through a
+    JobQueue of the job's bus; call on the running loop. The web host and `mega worker` do it
+    for the jobs of the config (`jobs = [...]`)."""
+    from mega.jobs.queue import JobQueue
+
+    queues: dict[str, JobQueue] = {}
+    for job_cls in job_classes:
+        spec = validate_job(job_cls, ctx.buses)
+        queue = queues.get(spec.bus) or queues.setdefault(spec.bus, JobQueue(ctx, spec.bus))
+        QUEUE_DEPTHS.watch(spec.name, functools.partial(queue.stats, job_cls))
 
 
 class Observable(Protocol):

@@ -46,7 +46,8 @@ async def metrics(request: Request) -> Response:
             )  # fmt: skip
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    # On a thread: collectors that read a bus (the queue depths) wait there for the loop.
+    return Response(await asyncio.to_thread(generate_latest), media_type=CONTENT_TYPE_LATEST)
 
 
 async def readiness(ctx: Context) -> dict[str, str]:

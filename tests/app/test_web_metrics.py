@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 
 import httpx
+import pytest
 
+from mega import JobQueue
 from mega.config import load_config
-from tests.factories import SAMPLE_REGISTRATIONS, csrf_from, login, sample_config, web_client
+from tests.factories import (
+    SAMPLE_REGISTRATIONS,
+    csrf_from,
+    login,
+    sample_config,
+    web_client,
+    write_config,
+)
+from tests.mega.jobs.test_contract import DRIVERS, MEMORY_BUS, POSTGRES_BUS, REDIS_BUS
 
 METRICS_ON = SAMPLE_REGISTRATIONS + '\nmetrics = {"enabled": True}\n'
 
@@ -56,3 +67,45 @@ async def test_pool_tasks_and_manual_ticks_are_counted(
     assert delta("mega_schedule_events_total", schedule="CronCounterSchedule", event="run") == 1
     assert delta("mega_schedule_events_total", schedule="CronCounterSchedule", event="done") == 1
     assert sample(after, "mega_pool_queue_depth", worker="hash") == 0
+
+
+DEPTH_JOB = """
+from mega import Job
+
+
+class DepthJob(Job):
+    bus = "jobs"
+    subject = "{prefix}.depth"
+
+    async def run(self, payload, ctx):
+        return None
+
+
+jobs = [DepthJob]
+metrics = {{"enabled": True}}
+"""
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_the_depth_and_the_oldest_age_of_each_configured_queue(
+    request: pytest.FixtureRequest, tmp_path: Path, nats_url: str, redis_url: str, prefix: str,
+    driver: str,
+) -> None:  # fmt: skip
+    """Read from the bus when scraped: 5 jobs enqueued and no worker, 5 waiting."""
+    buses = POSTGRES_BUS % request.getfixturevalue("postgres_url") if driver == "postgres" else {
+        "nats": "", "redis": REDIS_BUS, "memory": MEMORY_BUS
+    }[driver]  # fmt: skip
+    body = buses + DEPTH_JOB.format(prefix=prefix)
+    config = load_config(write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body))
+    async with web_client(config) as client:
+        queue = JobQueue(client.app.state.ctx, "jobs")  # type: ignore[attr-defined]
+        [job] = config.jobs
+        assert queue.bus.driver == driver
+        empty = await scrape(client)
+        await queue.enqueue_many(job, [{"n": n} for n in range(5)])
+        await asyncio.sleep(1.1)  # past the last read's reuse, and the oldest a second old
+        text = await scrape(client)
+    assert sample(empty, "mega_queue_depth", job="DepthJob") == 0
+    assert "mega_queue_depth{" in empty  # a sample, 0, not a missing one
+    assert sample(text, "mega_queue_depth", job="DepthJob") == 5
+    assert sample(text, "mega_queue_oldest_seconds", job="DepthJob") >= 1.0
