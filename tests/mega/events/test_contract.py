@@ -7,6 +7,7 @@ the jobs' contract suite)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -193,3 +194,35 @@ async def test_stop_drains_running_listeners(setup: Setup) -> None:
     await until(lambda: RUNS[(setup.welcome.group, event_id)] == 1, "started")
     await worker.stop(5)
     assert setup.signals(setup.welcome, event_id) == [("start", 1), ("done", 1)]
+
+
+async def test_a_groups_stats_and_its_consume_loops_seen(setup: Setup) -> None:
+    """The oldest event a group has not settled, what its lane stored, and its loops. On
+    redis a group reads the whole log (it cannot filter), so its oldest is the log's: any
+    test's event, at least as old as these."""
+    welcome, bus = setup.welcome, setup.bus
+    before = await bus.stats(welcome)  # the group exists from here on: it gets what follows
+    assert await bus.workers(welcome) == []
+    first_ms = int(time.time() * 1000)
+    ids = [await bus.emit(setup.signed, {"n": n}) for n in range(3)]
+    waiting = await bus.stats(welcome)
+    assert waiting.pending >= 3 and waiting.oldest_ms is not None
+    assert waiting.oldest_ms <= int(time.time() * 1000)
+    if setup.driver != "redis":
+        assert waiting.oldest_ms >= first_ms
+
+    await setup.start(welcome)
+    await until(lambda: all(RUNS[(welcome.group, i)] == 1 for i in ids), "all 3 run")
+
+    async def seen() -> bool:
+        return [w.worker for w in await bus.workers(welcome)] == [setup.ctx.instance_id]
+
+    await until(seen, "its consume loop seen")
+
+    async def settled() -> bool:
+        now = await bus.stats(welcome)
+        return (now.in_flight, now.oldest_ms) == (0, None)
+
+    if setup.driver != "redis":  # there the shared log may get any test's events meanwhile
+        await until(settled, "nothing left unsettled")
+    assert (await bus.stats(welcome)).stored - before.stored >= 3
