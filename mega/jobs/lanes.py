@@ -144,7 +144,7 @@ class LaneEndpoint:
         consumer = Consumer(
             receiver, policy, run, self.signal,
             instance_id=self.instance_id, dlq_retry_delay_s=self.dlq_retry_delay_s,
-            records=records, control=control,
+            records=records, control=control, lane=lane, system=self.bus.driver,
         )  # fmt: skip
         self._consumers[cls] = consumer
         try:
