@@ -10,8 +10,8 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -194,8 +194,8 @@ def _fresh_postgres_database(admin_url: str, options: str = "") -> Iterator[str]
 
 @pytest.fixture
 def spans() -> Iterator[Any]:
-    """An OpenTelemetry SDK set up for this test, its spans kept in memory (`spans.get_finished_spans()`);
-    afterwards no SDK again, so that the other tests run untraced."""
+    """An OpenTelemetry SDK set up for this test, its spans kept in memory
+    (`spans.get_finished_spans()`); afterwards no SDK again: the other tests run untraced."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor

@@ -6,6 +6,7 @@ e-mail job that a worker runs. A listener's retried attempts link to the attempt
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -159,7 +160,7 @@ async def test_one_trace_from_the_request_to_the_job_its_event_caused(
     assert all(s.status.status_code == StatusCode.ERROR for s in crm)
     assert len({s.parent.span_id for s in crm}) == 1  # all three: children of its publish
     assert crm[0].links == ()
-    for before, after in zip(crm, crm[1:], strict=False):
+    for before, after in itertools.pairwise(crm):
         [link] = after.links
         assert link.context.span_id == before.context.span_id
         assert link.context.trace_id == before.context.trace_id
