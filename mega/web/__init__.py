@@ -15,7 +15,13 @@ JobQueue, a CPU pool and the app's own objects (mega/web/deps.py).
 envelope, /healthz, /readyz and /metrics; see the guide's http chapter.
 """
 
-from mega.web.admin import admin_router, scheduler_instances, short_instance, tick_rows
+from mega.web.admin import (
+    admin_router,
+    instance_rows,
+    scheduler_instances,
+    short_instance,
+    tick_rows,
+)
 from mega.web.app import create_web_app
 from mega.web.auth import CurrentUser, UserDep, ensure_user
 from mega.web.deps import CtxDep, context, job_queue, pool_dep, provide, provided, queue_dep
@@ -40,6 +46,7 @@ __all__ = [
     "field_errors",
     "flash",
     "form_number",
+    "instance_rows",
     "job_queue",
     "normalise_username",
     "ok",

@@ -8,7 +8,13 @@ schedulers, schedules, one job's life, the dead letters), as a router any app mo
 the Jinja macros are in mega/web/templates/admin/_tables.html.
 """
 
-from mega.web.admin.fleet import scheduler_instances, short_instance, tick_rows
+from mega.web.admin.fleet import instance_rows, scheduler_instances, short_instance, tick_rows
 from mega.web.admin.routes import admin_router
 
-__all__ = ["admin_router", "scheduler_instances", "short_instance", "tick_rows"]
+__all__ = [
+    "admin_router",
+    "instance_rows",
+    "scheduler_instances",
+    "short_instance",
+    "tick_rows",
+]
