@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, Self, TypedDict
 
 from mega.config import BusSpec
@@ -111,11 +111,21 @@ class Message:
 @dataclass(frozen=True)
 class LaneStats:
     """A lane at an instant. `pending`: stored, not yet delivered (delayed ones included where
-    the engine counts them); `in_flight`: delivered and not yet settled; `dlq`: dead letters."""
+    the engine counts them); `in_flight`: delivered and not yet settled; `dlq`: dead letters.
+
+    `oldest_ms`: when (epoch ms) the oldest message that is stored and not settled yet was
+    first enqueued (or emitted): waiting or running; a delayed job or a retry that is not due
+    yet is left out where the engine makes that cheap (each driver says what it counts); None
+    when there is none. `stored`: how many messages the lane ever stored, a counter that only
+    grows (each driver says what it counts), for rates. Read in the same call as the counts,
+    at the price of one or two more round trips at most, never a scan of the lane. Neither
+    takes part in equality: two reads of a lane compare by their counts."""
 
     pending: int
     in_flight: int
     dlq: int
+    oldest_ms: int | None = field(default=None, compare=False)
+    stored: int = field(default=0, compare=False)
 
 
 @dataclass(slots=True)

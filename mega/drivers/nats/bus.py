@@ -36,6 +36,7 @@ from nats.js.api import (
     ConsumerConfig,
     DeliverPolicy,
     PubAck,
+    RawStreamMsg,
     RetentionPolicy,
     StorageType,
     StreamConfig,
@@ -233,16 +234,51 @@ class NatsBus:
         return await self._publish([job_envelope(m) for m in messages])
 
     async def stats(self, lane: Lane) -> LaneStats:
+        """The consumer's counts, and two reads more, sent together (one round trip's wait):
+        `stored` is the lane's stream's last sequence (a job's: every job, delayed jobs and
+        retries counted again at each schedule and each copy; a group's: the events log, every
+        event and requeue); `oldest_ms` is the `Mega-Enqueued-At` (`Mega-Emitted-At`) of the
+        first message past the consumer's ack floor on the lane's subjects (a direct look-up
+        by subject, one per subject), so schedules not due yet are left out. A retry's copy is
+        a message stored anew, read where it stands in the stream."""
         try:
-            consumer = await self.js.consumer_info(stream_of(lane), durable_of(lane))
-            dlq = await self.js.stream_info(dlq_stream_of(lane))
+            consumer, dlq, stream = await asyncio.gather(
+                self.js.consumer_info(stream_of(lane), durable_of(lane)),
+                self.js.stream_info(dlq_stream_of(lane)),
+                self.js.stream_info(stream_of(lane)),
+            )
+            unsettled = (consumer.num_pending or 0) + (consumer.num_ack_pending or 0)
+            floor = consumer.ack_floor.stream_seq if consumer.ack_floor else 0
+            oldest = await self._oldest_ms(lane, (floor or 0) + 1) if unsettled else None
         except NATS_ERRORS as exc:  # NotFoundError included
             raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
         return LaneStats(
             pending=consumer.num_pending or 0,
             in_flight=consumer.num_ack_pending or 0,
             dlq=dlq.state.messages,
+            oldest_ms=oldest,
+            stored=stream.state.last_seq or 0,
         )
+
+    async def _oldest_ms(self, lane: Lane, start: int) -> int | None:
+        """When the first message at or past `start` on the lane's subjects was enqueued."""
+        subjects = [lane.subject] if lane.kind == "job" else filter_subjects_of(lane)
+
+        async def first(subject: str) -> RawStreamMsg | None:
+            try:
+                return await self.js.get_msg(stream_of(lane), seq=start, subject=subject, next=True)
+            except NotFoundError:
+                return None
+
+        found = [msg for msg in await asyncio.gather(*map(first, subjects)) if msg is not None]
+        if not found:
+            return None
+        msg = min(found, key=lambda msg: msg.seq or 0)
+        headers = msg.headers or {}
+        stamp = headers.get(HEADER_ENQUEUED_AT) or headers.get(HEADER_EMITTED_AT)
+        if stamp is not None and stamp.isdigit():
+            return int(stamp)
+        return int(msg.time.timestamp() * 1000) if msg.time is not None else None
 
     def receiver(self, lane: Lane, *, consumer: str) -> NatsReceiver:
         return NatsReceiver(self, lane, self.watch.hooks)

@@ -130,6 +130,9 @@ class RedisBus:
         return [answer != 0 for answer in answers]  # XADD answers an id, ENQUEUE 1 or 0
 
     async def stats(self, lane: Lane) -> LaneStats:
+        """`stored` is XINFO STREAM's entries-added (a job's stream: every job, a delayed one
+        or a retry counted again when it comes due; a group's: the events log, every event,
+        plus its own stream's requeues and retries)."""
         keys = lane_keys(lane)
         try:
             if lane.kind == "job":
@@ -139,28 +142,66 @@ class RedisBus:
             raise DriverUnavailable(f"cannot read {lane.name}: {exc}") from exc
 
     async def _job_stats(self, keys: LaneKeys) -> LaneStats:
+        """One pipeline. `oldest_ms`: the `enqueued_at` of the stream's first entry (settled
+        entries are deleted, so it is the oldest waiting or running; the delayed ones wait in
+        the sorted set, left out)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.xlen(keys.stream)
             pipe.xpending(keys.stream, keys.group)
             pipe.zcard(keys.scheduled)
             pipe.xlen(keys.dlq)
-            length, pending, scheduled, dead = await pipe.execute()
+            pipe.xinfo_stream(keys.stream)
+            pipe.xrange(keys.stream, count=1)
+            length, pending, scheduled, dead, info, first = await pipe.execute()
         in_flight = int(pending["pending"])
-        return LaneStats(pending=length - in_flight + scheduled, in_flight=in_flight, dlq=dead)
+        return LaneStats(
+            pending=length - in_flight + scheduled, in_flight=in_flight, dlq=dead,
+            oldest_ms=_enqueued_at(first[0]) if first else None, stored=_added(info),
+        )  # fmt: skip
 
     async def _group_stats(self, keys: LaneKeys) -> LaneStats:
-        """Pending counts every event the group has not read yet (its pattern's or not)."""
+        """Pending counts every event the group has not read yet (its pattern's or not). Two
+        pipelines: `oldest_ms` is the oldest of the log's first entry the group holds (by its
+        id's time: when Redis stored it), else its first unread one, and its own stream's
+        first entry."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.xinfo_groups(keys.stream)
             pipe.xlen(keys.own)
             pipe.xinfo_groups(keys.own)
             pipe.zcard(keys.scheduled)
             pipe.xlen(keys.dlq)
-            log_groups, own_length, own_groups, scheduled, dead = await pipe.execute()
+            pipe.xinfo_stream(keys.stream)
+            pipe.xinfo_stream(keys.own)
+            (
+                log_groups,
+                own_length,
+                own_groups,
+                scheduled,
+                dead,
+                log_info,
+                own_info,
+            ) = await pipe.execute()
         log, own = _group(log_groups, keys.group), _group(own_groups, keys.group)
         in_flight = int(log.get("pending") or 0) + int(own.get("pending") or 0)
         unread = int(log.get("lag") or 0) + own_length - int(own.get("pending") or 0)
-        return LaneStats(pending=unread + scheduled, in_flight=in_flight, dlq=dead)
+        oldest: list[int] = []
+        if in_flight or unread:
+            last = as_text(log.get("last-delivered-id") or "0-0")
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.xpending(keys.stream, keys.group)
+                pipe.xrange(keys.stream, min="(" + last, count=1)
+                pipe.xrange(keys.own, count=1)
+                held, next_unread, own_first = await pipe.execute()
+            if int(held["pending"]) and held.get("min"):
+                oldest.append(_entry_ms(held["min"]))
+            elif next_unread:
+                oldest.append(_enqueued_at(next_unread[0]))
+            if own_first:
+                oldest.append(_enqueued_at(own_first[0]))
+        return LaneStats(
+            pending=unread + scheduled, in_flight=in_flight, dlq=dead,
+            oldest_ms=min(oldest, default=None), stored=_added(log_info) + _added(own_info),
+        )  # fmt: skip
 
     def receiver(self, lane: Lane, *, consumer: str) -> RedisReceiver:
         """A receiver with a consumer name of its own in the group (`consumer` + a random
@@ -331,6 +372,24 @@ class RedisBus:
         task = asyncio.create_task(publish())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _added(info: dict[Any, Any]) -> int:
+    """Entries ever added to a stream (XINFO STREAM's entries-added, Redis 7+)."""
+    found = {as_text(key): value for key, value in info.items()}
+    return int(found.get("entries-added") or 0)
+
+
+def _entry_ms(entry_id: Any) -> int:
+    """When Redis stored an entry: its id's time part."""
+    return int(as_text(entry_id).split("-")[0])
+
+
+def _enqueued_at(entry: Any) -> int:
+    """An entry's `enqueued_at` field, else its id's time."""
+    entry_id, fields = entry
+    value = fields.get(b"enqueued_at", fields.get("enqueued_at"))
+    return int(value) if value is not None else _entry_ms(entry_id)
 
 
 def _group(groups: list[dict[Any, Any]], name: str) -> dict[str, Any]:

@@ -539,6 +539,40 @@ async def test_a_pause_outlives_the_keep_of_the_status_records_while_a_worker_ru
         await worker.stop(5)
 
 
+async def test_stats_say_when_the_oldest_waiting_job_came_and_count_what_was_stored(
+    setup: Any, prefix: str
+) -> None:
+    ctx, _job, _queue, _seen = setup
+    counted = type("Counted", (Contract,), {"subject": f"{prefix}.counted"})
+    queue = JobQueue(ctx, "jobs")
+    before = await queue.stats(counted)
+    assert (before.pending, before.in_flight, before.oldest_ms) == (0, 0, None)
+    ids = []
+    for n in range(3):  # no worker yet: they wait, each enqueued a few ms after the last
+        ids.append(await queue.enqueue(counted, {"id": f"{prefix}-c{n}"}))
+        await asyncio.sleep(0.005)
+    first = await queue.status(counted, ids[0])
+    assert first is not None and first.enqueued_at is not None
+    stats = await queue.stats(counted)
+    assert (stats.pending, stats.in_flight) == (3, 0)
+    assert stats.oldest_ms is not None and abs(stats.oldest_ms - first.enqueued_at) <= 1
+    assert stats.stored - before.stored == 3
+    worker = JobWorker(ctx)
+    worker.register(counted)
+    await worker.start()
+    try:
+        await until(lambda: all(DONE[f"{prefix}-c{n}"] == 1 for n in range(3)), "all 3 run")
+
+        async def settled() -> bool:
+            now = await queue.stats(counted)
+            return (now.pending, now.in_flight, now.oldest_ms) == (0, 0, None)
+
+        await until(settled, "nothing left unsettled")
+        assert (await queue.stats(counted)).stored - before.stored == 3
+    finally:
+        await worker.stop(5)
+
+
 async def test_stop_drains_running_jobs(setup: Any, prefix: str) -> None:
     _ctx, job, queue, _seen = setup
     await queue.enqueue(job, {"id": f"{prefix}-slow", "sleep_s": 0.5})
