@@ -115,10 +115,7 @@ class RateSampler:
     clock: Callable[[], float] = time.monotonic
 
     def rate(self, key: tuple[str, str, str], stats: LaneStats) -> float | None:
-        stored = getattr(stats, "stored", None)
-        if stored is None:
-            return None
-        left = max(0, stored - stats.pending - stats.in_flight)
+        left = max(0, stats.stored - stats.pending - stats.in_flight)
         now = self.clock()
         previous = self.samples.get(key)
         if previous is None:
@@ -184,9 +181,10 @@ class LaneView:
 
 
 def oldest_text(stats: LaneStats, now_ms: int | None = None) -> str:
-    """The age of the oldest waiting message; `oldest_ms` is when it was stored (epoch ms)."""
-    oldest = getattr(stats, "oldest_ms", None)
-    if oldest is None or not stats.pending:
+    """How long the oldest message not settled yet (waiting, or running) has been in the lane;
+    `oldest_ms` is when it was enqueued (epoch ms)."""
+    oldest = stats.oldest_ms
+    if oldest is None:
         return "—"
     now = now_ms if now_ms is not None else now_millis()
     return age((now - oldest) / 1000)

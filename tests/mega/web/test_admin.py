@@ -227,3 +227,22 @@ async def test_pause_resume_and_run_now_a_schedule(client: httpx.AsyncClient) ->
     assert manual[:3] == ["manual", "resume", "pause"]  # the audit, newest first
     missing = await form_post(client, "/admin/schedules/Nope/run")
     assert missing.status_code == 404
+
+
+def test_the_rate_is_what_left_the_lane_per_second_between_two_reads() -> None:
+    from mega.drivers.base import LaneStats
+    from mega.web.admin import fleet
+
+    now = [100.0]
+    sampler = fleet.RateSampler(clock=lambda: now[0])
+    key = ("job", "jobs", "Boom")
+    assert sampler.rate(key, LaneStats(5, 1, 0, stored=10)) is None  # no earlier read
+    now[0] += 0.5
+    assert sampler.rate(key, LaneStats(0, 0, 0, stored=10)) is None  # too soon to measure
+    now[0] += 1.5
+    assert sampler.rate(key, LaneStats(2, 0, 0, stored=30)) == 12.0  # (28 - 4) left in 2 s
+    assert fleet.rate_text(12.0) == "12/s" and fleet.rate_text(0.5) == "30/min"
+    assert fleet.rate_text(None) == "—" and fleet.rate_text(0) == "0/s"
+    stats = LaneStats(1, 0, 0, oldest_ms=1_000_000, stored=1)
+    assert fleet.oldest_text(stats, now_ms=1_000_000 + 185_000) == "3 min"
+    assert fleet.oldest_text(LaneStats(0, 0, 0)) == "—"
