@@ -251,8 +251,22 @@ class Bus(Protocol):
 
     # -- the dead letters of a lane -------------------------------------------------------------
 
-    async def dead_letters(self, lane: Lane, *, limit: int) -> list[DlqRecord]:
-        """Up to `limit` records, newest first, each with its `seq`."""
+    async def dead_letters(
+        self, lane: Lane, *, limit: int, before: int | None = None
+    ) -> list[DlqRecord]:
+        """Up to `limit` records, newest first, each with its `seq`; with `before`, only those
+        whose `seq` is below it (the next page: `before` = the last one's seq). A range read
+        of the engine's (never a scan from the newest), so page 1000 of 100,000 records costs
+        what page 1 does."""
+        ...
+
+    async def dead_letter(self, lane: Lane, job_id: str) -> DlqRecord | None:
+        """The newest record of this job id, with its `seq` (None: none), found through the
+        engine's index of records by id rather than a scan, where it has one."""
+        ...
+
+    async def delete_dead(self, lane: Lane, seq: int) -> bool:
+        """Delete one record by its `seq`; False when it was not there."""
         ...
 
     async def count_dead(self, lane: Lane) -> int: ...

@@ -114,6 +114,12 @@ RECORDS_DDL: tuple[str, ...] = (
     f"CREATE INDEX IF NOT EXISTS {RECORDS}_expires ON {RECORDS} (expires_at)",
 )
 
+# The dead letters by job id (`Bus.dead_letter`), made later than the table: by `ensure` alone
+# (no migration yet).
+DEAD_INDEX_DDL: tuple[str, ...] = (
+    f"CREATE INDEX IF NOT EXISTS {DEAD}_job ON {DEAD} (lane, (record->>'id'), seq)",
+)
+
 # How many messages each lane ever stored (`LaneStats.stored`): a sequence per lane, made by
 # `ensure` (`COUNTER_CREATE`), and a trigger that draws one number of it per row inserted into
 # the jobs table (a publish, a requeue, an event copied to a group). A sequence, not a counter
@@ -139,7 +145,7 @@ COUNTER_DDL: tuple[str, ...] = (
 )
 
 # Every table, where missing: what `PostgresBus.ensure` runs.
-SCHEMA = DDL + RECORDS_DDL + COUNTER_DDL
+SCHEMA = DDL + RECORDS_DDL + DEAD_INDEX_DDL + COUNTER_DDL
 
 # -- jobs -------------------------------------------------------------------------------------
 
@@ -247,9 +253,17 @@ COUNTER_CREATE = "CREATE SEQUENCE IF NOT EXISTS {name}"
 
 # -- dead letters -----------------------------------------------------------------------------
 
+# A page, newest first: a range read of the (lane, seq) index, from `before` (exclusive) down.
 DEAD_LIST = f"""
-SELECT seq, record FROM {DEAD} WHERE lane = %(lane)s ORDER BY seq DESC LIMIT %(limit)s
+SELECT seq, record FROM {DEAD} WHERE lane = %(lane)s AND seq < %(before)s
+ORDER BY seq DESC LIMIT %(limit)s
 """
+# The newest record of a job id: the (lane, id) index (DEAD_INDEX_DDL).
+DEAD_GET = f"""
+SELECT seq, record FROM {DEAD} WHERE lane = %(lane)s AND record->>'id' = %(job_id)s
+ORDER BY seq DESC LIMIT 1
+"""
+DEAD_DELETE = f"DELETE FROM {DEAD} WHERE lane = %(lane)s AND seq = %(seq)s"
 DEAD_COUNT = f"SELECT count(*) FROM {DEAD} WHERE lane = %(lane)s"
 # Requeue, step 1 (in the transaction of step 2): take the record out; no row, nothing to do.
 DEAD_TAKE = f"DELETE FROM {DEAD} WHERE lane = %(lane)s AND seq = %(seq)s RETURNING seq"

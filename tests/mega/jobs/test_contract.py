@@ -573,6 +573,59 @@ async def test_stats_say_when_the_oldest_waiting_job_came_and_count_what_was_sto
         await worker.stop(5)
 
 
+class Doomed(Job):
+    """Fails at once, for good: each job is one dead letter."""
+
+    bus = "jobs"
+    retries = 0
+    concurrency = 50
+
+    async def run(self, payload: dict[str, Any], ctx: Context) -> None:
+        raise Permanent(f"doomed {payload['n']}")
+
+
+async def test_dead_letters_page_newest_first_and_are_found_and_deleted_by_id(
+    setup: Any, prefix: str
+) -> None:
+    ctx, _job, _queue, _seen = setup
+    doomed = type("Doomed", (Doomed,), {"subject": f"{prefix}.doomed"})
+    worker = JobWorker(ctx)
+    worker.register(doomed)
+    await worker.start()
+    queue = worker.queue("jobs")
+    try:
+        ids = await queue.enqueue_many(doomed, [{"n": n} for n in range(250)])
+        await until(lambda: count_is(queue, doomed, 250), "250 dead letters", timeout_s=60)
+    finally:
+        await worker.stop(5)
+    pages: list[list[dict[str, Any]]] = []
+    before = None
+    while page := await queue.dlq.list(doomed, limit=100, before=before):
+        pages.append(page)
+        before = page[-1]["seq"]
+    assert [len(page) for page in pages] == [100, 100, 50]
+    seqs = [record["seq"] for page in pages for record in page]
+    assert seqs == sorted(seqs, reverse=True) and len(set(seqs)) == 250  # newest first, once
+    assert sorted(record["id"] for page in pages for record in page) == sorted(ids)
+    assert await queue.dlq.list(doomed, limit=100, before=seqs[-1]) == []
+
+    some = pages[1][7]
+    found = await queue.dlq.get(doomed, some["id"])
+    assert found is not None and (found["seq"], found["payload"]) == (some["seq"], some["payload"])
+    assert found["error"] == {"type": "Permanent", "message": f"doomed {some['payload']['n']}"}
+    assert await queue.dlq.get(doomed, "no-such-job") is None
+    assert await queue.dlq.delete(doomed, some["id"]) is True
+    assert await queue.dlq.get(doomed, some["id"]) is None
+    assert await queue.dlq.delete(doomed, some["id"]) is False
+    assert await queue.dlq.count(doomed) == 249
+    remaining = await queue.dlq.list(doomed, limit=300)
+    assert [r["seq"] for r in remaining] == [seq for seq in seqs if seq != some["seq"]]
+
+
+async def count_is(queue: JobQueue, job: type[Job], count: int) -> bool:
+    return await queue.dlq.count(job) == count
+
+
 async def test_stop_drains_running_jobs(setup: Any, prefix: str) -> None:
     _ctx, job, queue, _seen = setup
     await queue.enqueue(job, {"id": f"{prefix}-slow", "sleep_s": 0.5})
