@@ -24,7 +24,6 @@ What it shows comes from the app's registry: the config's `jobs`, `listeners` an
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -325,10 +324,8 @@ async def job_data(admin: Admin, request: Request, lane: Lane, status: Any) -> d
             result = {"error": fleet.error_text(exc)}
     dead = None
     if status.state == "dlq":
-        get = getattr(queue.dlq, "get", None)
-        if get is not None:
-            record = await get(lane.cls, status.id)
-            dead = None if record is None else fleet.dead_letter_view(record)
+        record = await queue.dlq.get(lane.cls, status.id)
+        dead = None if record is None else fleet.dead_letter_view(record)
     cause = getattr(status, "cause", None)
     return {
         "title": f"Job {status.id}",
@@ -348,13 +345,7 @@ async def job_data(admin: Admin, request: Request, lane: Lane, status: Any) -> d
 
 async def dlq_page(lane: Lane, before: int | None) -> tuple[list[Any], int | None]:
     """One page of dead letters, newest first, and the `before` of the next (older) page."""
-    tools = lane.dlq
-    if "before" in inspect.signature(tools.list).parameters:
-        records = await tools.list(lane.cls, limit=PAGE_SIZE + 1, before=before)  # type: ignore[call-arg]
-    else:  # a bus API without paging: read up to the page (fine for small queues only)
-        everything = await tools.list(lane.cls, limit=2**31 if before else PAGE_SIZE + 1)
-        records = [r for r in everything if before is None or r["seq"] < before]
-        records = records[: PAGE_SIZE + 1]
+    records = await lane.dlq.list(lane.cls, limit=PAGE_SIZE + 1, before=before)
     older = records[PAGE_SIZE - 1]["seq"] if len(records) > PAGE_SIZE else None
     return records[:PAGE_SIZE], older
 
@@ -372,7 +363,7 @@ def add_dlq_routes(router: APIRouter, admin: Admin, kind: str, path: str) -> Non
             records=[fleet.dead_letter_view(r) for r in records], before=before,
             older_url=admin.dlq_url(lane, before=older) if older else None,
             newest_url=admin.dlq_url(lane) if before else None,
-            can_delete=hasattr(lane.dlq, "delete"), dlq_url=admin.dlq_url(lane),
+            dlq_url=admin.dlq_url(lane),
         )  # fmt: skip
 
     @router.post(path + "/retry", name=f"admin_{kind}_dlq_retry")
@@ -392,10 +383,7 @@ def add_dlq_routes(router: APIRouter, admin: Admin, kind: str, path: str) -> Non
     @router.post(path + "/delete", name=f"admin_{kind}_dlq_delete")
     async def delete(request: Request, user: UserDep, name: str, id: IdForm) -> Response:
         lane = admin.lane(request, kind, name)
-        remove = getattr(lane.dlq, "delete", None)
-        if remove is None:
-            raise HTTPException(404, "this version of the bus API cannot delete one dead letter")
-        gone = await remove(lane.cls, id)
+        gone = await lane.dlq.delete(lane.cls, id)
         text = f"Dead letter {id} deleted." if gone else f"No dead letter {id}: already gone."
         return admin.done(request, admin.dlq_url(lane), text)
 

@@ -132,6 +132,8 @@ async def test_the_overview_a_job_page_and_the_search(
     assert "RuntimeError: boom 7" in words
     assert "attempts 1" in words
     assert 'href="/admin/dlq/Boom"' in dead.text
+    assert "Dead letter error RuntimeError : boom 7 failed" in words  # DeadLetters.get
+    assert "&#34;n&#34;: 7" in dead.text and 'name="id" value="' + bad_id in dead.text
 
     hit = await client.get(f"/admin/search?id={bad_id}")
     assert hit.status_code == 303 and hit.headers["location"] == f"/admin/jobs/{bad_id}?job=Boom"
@@ -192,14 +194,23 @@ async def test_the_dead_letters_page_by_50_retry_one_and_purge(
         await until(lambda: _state_is(queue, retried, "done"))
     assert (await queue.stats(Boom)).dlq == 119
 
+    deleted = await form_post(client, "/admin/dlq/Boom/delete", id=seen[0])
+    assert deleted.status_code == 303
+    after = await client.get("/admin/dlq/Boom")
+    assert f"Dead letter {seen[0]} deleted." in after.text
+    assert 'id="dlq-count">118<' in after.text and f'data-id="{seen[0]}"' not in after.text
+    again = await form_post(client, "/admin/dlq/Boom/delete", id=seen[0])
+    assert again.status_code == 303
+    assert f"No dead letter {seen[0]}: already gone." in (await client.get("/admin/dlq/Boom")).text
+
     confirm = await client.get("/admin/dlq/Boom/purge")
     assert confirm.status_code == 200
-    assert "This deletes all 119 dead letters of Boom, for good" in text_of(confirm.text)
-    assert (await queue.stats(Boom)).dlq == 119  # the confirm step deletes nothing
+    assert "This deletes all 118 dead letters of Boom, for good" in text_of(confirm.text)
+    assert (await queue.stats(Boom)).dlq == 118  # the confirm step deletes nothing
     purged = await form_post(client, "/admin/dlq/Boom/purge")
     assert purged.status_code == 303
     page = await client.get("/admin/dlq/Boom")
-    assert "Purged 119 dead letters of Boom." in page.text
+    assert "Purged 118 dead letters of Boom." in page.text
     assert "No dead letters: every failed job was retried or succeeded." in page.text
     assert (await queue.stats(Boom)).dlq == 0
 
