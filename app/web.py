@@ -11,7 +11,7 @@ from app.routes import api_console, api_cron, api_events, api_jobs, api_worker, 
 from app.services.signups import create_tables
 from app.workers.pool_log import PoolLog
 from mega import Config, Context, EventBus, Scheduler, observe_jobs, observe_scheduler
-from mega.web import create_web_app, job_queue, provide
+from mega.web import admin_router, create_web_app, job_queue, provide
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,6 +28,8 @@ def create_app(config: Config, ctx: Context) -> FastAPI:
             api_worker.router,
             api_events.router,
             learn.router,
+            # The operator's pages over the whole fleet, from the framework (mega.web.admin).
+            admin_router(prefix="/admin"),
         ],
         templates_dir=PROJECT_ROOT / "templates",
         static_dir=PROJECT_ROOT / "static",

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, Self, TypedDict
 
 from mega.config import BusSpec
@@ -113,11 +113,21 @@ class Message:
 @dataclass(frozen=True)
 class LaneStats:
     """A lane at an instant. `pending`: stored, not yet delivered (delayed ones included where
-    the engine counts them); `in_flight`: delivered and not yet settled; `dlq`: dead letters."""
+    the engine counts them); `in_flight`: delivered and not yet settled; `dlq`: dead letters.
+
+    `oldest_ms`: when (epoch ms) the oldest message that is stored and not settled yet was
+    first enqueued (or emitted): waiting or running; a delayed job or a retry that is not due
+    yet is left out where the engine makes that cheap (each driver says what it counts); None
+    when there is none. `stored`: how many messages the lane ever stored, a counter that only
+    grows (each driver says what it counts), for rates. Read in the same call as the counts,
+    at the price of one or two more round trips at most, never a scan of the lane. Neither
+    takes part in equality: two reads of a lane compare by their counts."""
 
     pending: int
     in_flight: int
     dlq: int
+    oldest_ms: int | None = field(default=None, compare=False)
+    stored: int = field(default=0, compare=False)
 
 
 @dataclass(slots=True)
@@ -246,8 +256,22 @@ class Bus(Protocol):
 
     # -- the dead letters of a lane -------------------------------------------------------------
 
-    async def dead_letters(self, lane: Lane, *, limit: int) -> list[DlqRecord]:
-        """Up to `limit` records, newest first, each with its `seq`."""
+    async def dead_letters(
+        self, lane: Lane, *, limit: int, before: int | None = None
+    ) -> list[DlqRecord]:
+        """Up to `limit` records, newest first, each with its `seq`; with `before`, only those
+        whose `seq` is below it (the next page: `before` = the last one's seq). A range read
+        of the engine's (never a scan from the newest), so page 1000 of 100,000 records costs
+        what page 1 does."""
+        ...
+
+    async def dead_letter(self, lane: Lane, job_id: str) -> DlqRecord | None:
+        """The newest record of this job id, with its `seq` (None: none), found through the
+        engine's index of records by id rather than a scan, where it has one."""
+        ...
+
+    async def delete_dead(self, lane: Lane, seq: int) -> bool:
+        """Delete one record by its `seq`; False when it was not there."""
         ...
 
     async def count_dead(self, lane: Lane) -> int: ...

@@ -11,6 +11,9 @@ An undecodable message has `payload: null` and its body in `raw_b64`.
 
     tools = queue.dlq                                         # the DLQ tools of the queue
     records = await tools.list(EmailJob, limit=20)          # newest first
+    older = await tools.list(EmailJob, limit=20, before=records[-1]["seq"])   # the next page
+    record = await tools.get(EmailJob, job_id)               # by id, through the engine's index
+    await tools.delete(EmailJob, job_id)
     await tools.requeue(EmailJob, records[0]["id"])          # back onto demo.email, attempts reset
     await tools.purge(EmailJob)
 """
@@ -73,42 +76,61 @@ class DeadLetters:
         lane = await self.locate(cls)
         return await self._call(lane, self.bus.count_dead(lane))
 
-    async def list(self, cls: type[Any], limit: int = 50) -> list[DlqRecord]:
-        """Up to `limit` records, newest first, each with its `seq`."""
+    async def list(
+        self, cls: type[Any], limit: int = 50, before: int | None = None
+    ) -> list[DlqRecord]:
+        """Up to `limit` records, newest first, each with its `seq`; `before`: only those whose
+        seq is below it, so the next page is `list(cls, limit, before=page[-1]["seq"])`. Each
+        page is a range read of the engine: as fast with 100,000 records as with 10."""
         lane = await self.locate(cls)
-        return await self._call(lane, self.bus.dead_letters(lane, limit=limit))
+        return await self._call(lane, self.bus.dead_letters(lane, limit=limit, before=before))
+
+    async def get(self, cls: type[Any], job_id: str) -> DlqRecord | None:
+        """The newest record of this job id (with its `seq`), None when there is none."""
+        lane = await self.locate(cls)
+        return await self._call(lane, self.bus.dead_letter(lane, job_id))
+
+    async def delete(self, cls: type[Any], job_id: str) -> bool:
+        """Delete the newest record of this job id; False when there was none."""
+        lane = await self.locate(cls)
+        record = await self._call(lane, self.bus.dead_letter(lane, job_id))
+        if record is None or "seq" not in record:
+            return False
+        return await self._call(lane, self.bus.delete_dead(lane, record["seq"]))
 
     async def requeue(self, cls: type[Any], job_id: str) -> int:
         """Store the record(s) with this job id on the lane again, attempts reset, and delete
-        them from the DLQ. Returns how many were requeued (0: no such id)."""
-        return await self._requeue(cls, job_id)
+        them from the DLQ, each found by its id (`Bus.dead_letter`, no scan). Returns how many
+        were requeued (0: no such id)."""
+        lane = await self.locate(cls)
+        chosen: list[DlqRecord] = []
+        while (record := await self._call(lane, self.bus.dead_letter(lane, job_id))) is not None:
+            if chosen and record.get("seq", 0) >= chosen[-1].get("seq", 0):
+                break  # a newer one (the requeued job failed again) or one not deleted
+            _requeueable(lane, record)
+            await self._call(lane, self.bus.requeue(lane, record))
+            chosen.append(record)
+        if chosen and lane.kind == "job" and lane.keep_status_s > 0:
+            await self._call(lane, self._queued_again(lane, chosen))
+        return len(chosen)
 
     async def requeue_all(self, cls: type[Any]) -> int:
         """Requeue every record; returns the count."""
-        return await self._requeue(cls, None)
-
-    async def purge(self, cls: type[Any]) -> int:
-        """Delete every record; returns how many there were."""
-        lane = await self.locate(cls)
-        return await self._call(lane, self.bus.purge(lane))
-
-    async def _requeue(self, cls: type[Any], job_id: str | None) -> int:
         lane = await self.locate(cls)
         records = await self._call(lane, self.bus.dead_letters(lane, limit=2**31))
-        chosen = [r for r in reversed(records) if job_id is None or r["id"] == job_id]
+        chosen = list(reversed(records))
         for record in chosen:
-            if "raw_b64" in record:
-                # Storing bytes that failed to decode would only dead-letter them again.
-                raise JobError(
-                    f"{lane.name}: DLQ record {record['id']} holds an undecodable body; "
-                    "fix or purge it instead of requeueing",
-                    code="job.not_requeueable",
-                )
+            _requeueable(lane, record)
         for record in chosen:
             await self._call(lane, self.bus.requeue(lane, record))
         if chosen and lane.kind == "job" and lane.keep_status_s > 0:
             await self._call(lane, self._queued_again(lane, chosen))
         return len(chosen)
+
+    async def purge(self, cls: type[Any]) -> int:
+        """Delete every record; returns how many there were."""
+        lane = await self.locate(cls)
+        return await self._call(lane, self.bus.purge(lane))
 
     async def _queued_again(self, lane: Lane, records: Sequence[DlqRecord]) -> None:
         """A requeued job's status record says `queued` again (its old run's `dlq` would
@@ -130,3 +152,14 @@ class DeadLetters:
             raise DependencyUnavailable(
                 self.bus.driver, f"{lane.name}: cannot reach its dead letters: {exc}"
             ) from exc
+
+
+def _requeueable(lane: Lane, record: DlqRecord) -> None:
+    """JobError for a record whose body could not be decoded: storing those bytes again would
+    only dead-letter them again."""
+    if "raw_b64" in record:
+        raise JobError(
+            f"{lane.name}: DLQ record {record['id']} holds an undecodable body; "
+            "fix or purge it instead of requeueing",
+            code="job.not_requeueable",
+        )

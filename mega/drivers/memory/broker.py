@@ -48,24 +48,43 @@ KeptEvent = tuple[str, str, bytes, int, dict[str, str] | None]
 @dataclass
 class MemoryLane:
     """One lane's queue (a job subject's, a listener group's): ready messages, scheduled ones
-    (`timers`), the ones delivered and not settled (`running`), dead letters."""
+    (`timers`), the ones delivered and not settled (`taken`), dead letters."""
 
     ready: deque[MemoryMessage] = field(default_factory=deque)
     scheduled: int = 0  # delayed jobs and retries waiting for their time
-    running: int = 0
+    taken: dict[int, MemoryMessage] = field(default_factory=dict)  # delivered, by key
+    stored: int = 0  # messages ever stored (a retry or a hand-back is the same message)
     dead: list[DlqRecord] = field(default_factory=list)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     seq: int = 0
     timers: dict[asyncio.TimerHandle, Callable[[], None]] = field(default_factory=dict)
 
+    @property
+    def running(self) -> int:
+        return len(self.taken)
+
     def stats(self) -> LaneStats:
+        """`oldest_ms`: the earliest enqueue of the ready and the running messages (a look at
+        each: memory is for tests); `stored`: every new message put, delayed ones included."""
+        unsettled = [*self.ready, *self.taken.values()]
+        oldest = min((m.enqueued_at_ms for m in unsettled), default=None)
         return LaneStats(
-            pending=len(self.ready) + self.scheduled, in_flight=self.running, dlq=len(self.dead)
-        )
+            pending=len(self.ready) + self.scheduled, in_flight=self.running, dlq=len(self.dead),
+            oldest_ms=oldest, stored=self.stored,
+        )  # fmt: skip
+
+    def take(self, message: MemoryMessage) -> None:
+        """A message delivered: running until `settle`."""
+        self.taken[message.key] = message
+
+    def settle(self, message: MemoryMessage) -> None:
+        self.taken.pop(message.key, None)
 
     def put(self, message: MemoryMessage, *, at_ms: int | None = None, first: bool = False) -> None:
         """Ready now (`first`: ahead of the others), or at `at_ms` (epoch ms) without holding
         anything while it waits."""
+        if message.deliveries == 0 and message.base == 0:
+            self.stored += 1  # new: never delivered, not a retry's
         delay_s = 0.0 if at_ms is None else (at_ms - time.time() * 1000) / 1000
         if delay_s <= 0:
             self._ready(message, first=first)

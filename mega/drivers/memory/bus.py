@@ -9,6 +9,7 @@ only this process can consume it. A new listener group replays the events the bu
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import time
@@ -25,6 +26,10 @@ logger = logging.getLogger("mega.drivers.memory")
 
 async def _not_watching() -> None:
     return None
+
+
+def _seq(record: DlqRecord) -> int:
+    return record.get("seq", 0)
 
 
 class MemoryBus:
@@ -101,8 +106,29 @@ class MemoryBus:
 
     # -- dead letters -------------------------------------------------------------------------
 
-    async def dead_letters(self, lane: Lane, *, limit: int) -> list[DlqRecord]:
-        return [record.copy() for record in reversed(self.broker.lane(lane).dead)][:limit]
+    async def dead_letters(
+        self, lane: Lane, *, limit: int, before: int | None = None
+    ) -> list[DlqRecord]:
+        """The records are kept in `seq` order: `before` is a bisection."""
+        dead = self.broker.lane(lane).dead
+        end = len(dead) if before is None else bisect.bisect_left(dead, before, key=_seq)
+        return [record.copy() for record in reversed(dead[max(0, end - limit) : end])]
+
+    async def dead_letter(self, lane: Lane, job_id: str) -> DlqRecord | None:
+        """Looked for from the newest (memory: no index)."""
+        for record in reversed(self.broker.lane(lane).dead):
+            if record["id"] == job_id:
+                found: DlqRecord = record.copy()
+                return found
+        return None
+
+    async def delete_dead(self, lane: Lane, seq: int) -> bool:
+        dead = self.broker.lane(lane).dead
+        index = bisect.bisect_left(dead, seq, key=_seq)
+        if index < len(dead) and _seq(dead[index]) == seq:
+            del dead[index]
+            return True
+        return False
 
     async def count_dead(self, lane: Lane) -> int:
         return len(self.broker.lane(lane).dead)

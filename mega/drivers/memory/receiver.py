@@ -38,7 +38,7 @@ class MemoryReceiver:
         while self.queue.ready and len(found) < limit:
             message = self.queue.ready.popleft()
             message.deliveries += 1
-            self.queue.running += 1
+            self.queue.take(message)
             self._unsettled[message.key] = message
             found.append(
                 Delivery(
@@ -97,7 +97,7 @@ class MemoryReceiver:
 
     async def close(self) -> None:
         for message in reversed(list(self._unsettled.values())):
-            self.queue.running -= 1
+            self.queue.settle(message)
             self.queue.put(message, first=True)
         self._unsettled.clear()
 
@@ -105,5 +105,5 @@ class MemoryReceiver:
         """The delivery's message, settled once (a second settling call does nothing)."""
         message = self._unsettled.pop(delivery.key, None)
         if message is not None:
-            self.queue.running -= 1
+            self.queue.settle(message)
         return message

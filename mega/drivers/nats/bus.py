@@ -21,7 +21,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, ClassVar, Self
 from urllib.parse import urlsplit
 
@@ -36,6 +36,7 @@ from nats.js.api import (
     ConsumerConfig,
     DeliverPolicy,
     PubAck,
+    RawStreamMsg,
     RetentionPolicy,
     StorageType,
     StreamConfig,
@@ -72,6 +73,7 @@ from mega.drivers.nats.names import (
     NATS_MSG_ID,
     REQUEUE_PREFIX,
     bucket_of,
+    dlq_record_subject,
     dlq_stream_of,
     dlq_subject_of,
     durable_of,
@@ -82,7 +84,13 @@ from mega.drivers.nats.names import (
     stream_of,
 )
 from mega.drivers.nats.receiver import NatsReceiver, requeue_headers
-from mega.drivers.nats.records import ensure_buckets, read_record, send_records, write_records
+from mega.drivers.nats.records import (
+    NO_MESSAGE,
+    ensure_buckets,
+    read_record,
+    send_records,
+    write_records,
+)
 from mega.errors import DependencyUnavailable, JobError
 
 logger = logging.getLogger("mega.jobqueue")
@@ -193,7 +201,7 @@ class NatsBus:
                 allow_msg_schedules=True if self.schedules_supported else None,
                 num_replicas=lane.replicas,
             ))  # fmt: skip
-        await ensure_stream(self.js, dlq_stream_config(lane))
+        await ensure_dlq_stream(self.js, dlq_stream_config(lane))
         await ensure_buckets(self.js, lane, apply_limits=apply_limits)
         wanted = ConsumerConfig(
             durable_name=durable_of(lane),
@@ -233,30 +241,130 @@ class NatsBus:
         return await self._publish([job_envelope(m) for m in messages])
 
     async def stats(self, lane: Lane) -> LaneStats:
+        """The consumer's counts, and two reads more, sent together (one round trip's wait):
+        `stored` is the lane's stream's last sequence (a job's: every job, delayed jobs and
+        retries counted again at each schedule and each copy; a group's: the events log, every
+        event and requeue); `oldest_ms` is the `Mega-Enqueued-At` (`Mega-Emitted-At`) of the
+        first message past the consumer's ack floor on the lane's subjects (a direct look-up
+        by subject, one per subject), so schedules not due yet are left out. A retry's copy is
+        a message stored anew, read where it stands in the stream."""
         try:
-            consumer = await self.js.consumer_info(stream_of(lane), durable_of(lane))
-            dlq = await self.js.stream_info(dlq_stream_of(lane))
+            consumer, dlq, stream = await asyncio.gather(
+                self.js.consumer_info(stream_of(lane), durable_of(lane)),
+                self.js.stream_info(dlq_stream_of(lane)),
+                self.js.stream_info(stream_of(lane)),
+            )
+            unsettled = (consumer.num_pending or 0) + (consumer.num_ack_pending or 0)
+            floor = consumer.ack_floor.stream_seq if consumer.ack_floor else 0
+            oldest = await self._oldest_ms(lane, (floor or 0) + 1) if unsettled else None
         except NATS_ERRORS as exc:  # NotFoundError included
             raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
         return LaneStats(
             pending=consumer.num_pending or 0,
             in_flight=consumer.num_ack_pending or 0,
             dlq=dlq.state.messages,
+            oldest_ms=oldest,
+            stored=stream.state.last_seq or 0,
         )
+
+    async def _oldest_ms(self, lane: Lane, start: int) -> int | None:
+        """When the first message at or past `start` on the lane's subjects was enqueued."""
+        subjects = [lane.subject] if lane.kind == "job" else filter_subjects_of(lane)
+
+        async def first(subject: str) -> RawStreamMsg | None:
+            try:
+                return await self.js.get_msg(stream_of(lane), seq=start, subject=subject, next=True)
+            except NotFoundError:
+                return None
+
+        found = [msg for msg in await asyncio.gather(*map(first, subjects)) if msg is not None]
+        if not found:
+            return None
+        msg = min(found, key=lambda msg: msg.seq or 0)
+        headers = msg.headers or {}
+        stamp = headers.get(HEADER_ENQUEUED_AT) or headers.get(HEADER_EMITTED_AT)
+        if stamp is not None and stamp.isdigit():
+            return int(stamp)
+        return int(msg.time.timestamp() * 1000) if msg.time is not None else None
 
     def receiver(self, lane: Lane, *, consumer: str) -> NatsReceiver:
         return NatsReceiver(self, lane, self.watch.hooks)
 
     # -- dead letters -------------------------------------------------------------------------
 
-    async def dead_letters(self, lane: Lane, *, limit: int) -> list[DlqRecord]:
-        """Newest first. Each record is read message by message: fine for thousands."""
+    async def dead_letters(
+        self, lane: Lane, *, limit: int, before: int | None = None
+    ) -> list[DlqRecord]:
+        """Newest first, from the stream's last sequence (or `before` - 1) down: a page is
+        `limit` gets by sequence sent at once, then more for the ones deleted (requeued)."""
+        stream = dlq_stream_of(lane)
+        try:
+            state = (await self.js.stream_info(stream)).state
+        except NATS_ERRORS as exc:
+            raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+        top = state.last_seq if before is None else min(state.last_seq, before - 1)
         records: list[DlqRecord] = []
-        async for record in self._scan(lane):
-            if len(records) >= limit:
-                break
-            records.append(record)
-        return records
+        while len(records) < limit and top >= max(state.first_seq, 1):
+            seqs = range(top, max(top - (limit - len(records)), state.first_seq - 1, 0), -1)
+            found = await asyncio.gather(*(self._record_at(stream, seq) for seq in seqs))
+            records.extend(record for record in found if record is not None)
+            top = seqs[-1] - 1
+        return records[:limit]
+
+    async def dead_letter(self, lane: Lane, job_id: str) -> DlqRecord | None:
+        """The last message on the id's subject (`dlq_record_subject`): one look-up. Records
+        stored before that subject existed are looked for on the bare subject, only when the
+        stream still holds some there."""
+        stream = dlq_stream_of(lane)
+        try:
+            raw = await self.js.get_last_msg(stream, dlq_record_subject(lane, job_id))
+            return _dlq_record(raw)
+        except NotFoundError:
+            pass
+        except NATS_ERRORS as exc:
+            raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+        return await self._legacy_dead_letter(lane, job_id)
+
+    async def _legacy_dead_letter(self, lane: Lane, job_id: str) -> DlqRecord | None:
+        stream, bare = dlq_stream_of(lane), dlq_subject_of(lane)
+        try:
+            info = await self.js.stream_info(stream, subjects_filter=bare)
+            if not (info.state.subjects or {}).get(bare):
+                return None
+            found: DlqRecord | None = None
+            seq = info.state.first_seq
+            while True:
+                try:
+                    raw = await self.js.get_msg(stream, seq=seq, subject=bare, next=True)
+                except NotFoundError:
+                    return found
+                record = _dlq_record(raw)
+                if record is not None and record["id"] == job_id:
+                    found = record  # the newest wins
+                seq = (raw.seq or seq) + 1
+        except NATS_ERRORS as exc:
+            raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+
+    async def delete_dead(self, lane: Lane, seq: int) -> bool:
+        try:
+            return bool(await self.js.delete_msg(dlq_stream_of(lane), seq))
+        except NotFoundError:
+            return False
+        except APIError as exc:
+            if exc.err_code == NO_MESSAGE:
+                return False
+            raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+        except NATS_ERRORS as exc:
+            raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+
+    async def _record_at(self, stream: str, seq: int) -> DlqRecord | None:
+        """The record at `seq`, None when deleted (requeued), expired or not one of ours."""
+        try:
+            return _dlq_record(await self.js.get_msg(stream, seq))
+        except NotFoundError:
+            return None
+        except NATS_ERRORS as exc:
+            raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
 
     async def count_dead(self, lane: Lane) -> int:
         try:
@@ -286,28 +394,6 @@ class NatsBus:
         except NATS_ERRORS as exc:
             raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
         return int(before)
-
-    async def _scan(self, lane: Lane) -> AsyncIterator[DlqRecord]:
-        stream = dlq_stream_of(lane)
-        try:
-            state = (await self.js.stream_info(stream)).state
-        except NATS_ERRORS as exc:
-            raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
-        if state.messages == 0:
-            return
-        for seq in range(state.last_seq, state.first_seq - 1, -1):
-            try:
-                raw = await self.js.get_msg(stream, seq)
-            except NotFoundError:
-                continue  # deleted (requeued) or expired in the meantime
-            if raw.data is None:
-                continue
-            try:
-                record: DlqRecord = json.loads(raw.data)
-            except ValueError:
-                continue  # not one of ours; leave it alone
-            record["seq"] = seq
-            yield record
 
     # -- records ------------------------------------------------------------------------------
 
@@ -518,6 +604,22 @@ async def ensure_consumer(
     return wanted.max_ack_pending
 
 
+async def ensure_dlq_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    """`ensure_stream`, and an existing dead-letter stream made before records were stored by
+    job id given that subject too (a subject added, no limit changed)."""
+    assert config.name is not None and config.subjects is not None
+    try:
+        have = (await js.stream_info(config.name)).config
+    except NotFoundError:
+        await ensure_stream(js, config)
+        return
+    missing = [subject for subject in config.subjects if subject not in (have.subjects or [])]
+    if missing:
+        logger.info("%s: storing dead letters by job id too (%s)", config.name, missing)
+        subjects = [*(have.subjects or []), *missing]
+        await js.update_stream(dataclasses.replace(have, subjects=subjects))
+
+
 def dlq_stream_config(lane: Lane) -> StreamConfig:
     """A dead-letter stream: limits retention, kept `dlq_max_age_s` (0: forever), optional byte
     cap, `replicas` copies in a cluster."""
@@ -525,7 +627,8 @@ def dlq_stream_config(lane: Lane) -> StreamConfig:
     return StreamConfig(
         num_replicas=lane.replicas,
         name=dlq_stream_of(lane),
-        subjects=[dlq_subject_of(lane)],
+        # Records on `<dlq subject>.<job id's key>`; the bare subject held those of before.
+        subjects=[dlq_subject_of(lane), dlq_subject_of(lane) + ".>"],
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,
         max_age=max_age_s or None,
@@ -647,6 +750,18 @@ def _server_of(client: NatsClient) -> str:
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _dlq_record(raw: RawStreamMsg) -> DlqRecord | None:
+    """A dead-letter message's record with its `seq`; None for a message not one of ours."""
+    if raw.data is None:
+        return None
+    try:
+        record: DlqRecord = json.loads(raw.data)
+    except ValueError:
+        return None
+    record["seq"] = int(raw.seq or 0)
+    return record
 
 
 def _name(subject: str) -> str:

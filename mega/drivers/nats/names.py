@@ -105,6 +105,12 @@ def dlq_subject_of(lane: Lane) -> str:
     return lane.subject + ".dlq" if lane.kind == "job" else GROUP_DLQ_PREFIX + lane.name
 
 
+def dlq_record_subject(lane: Lane, job_id: str) -> str:
+    """Where a record of `job_id` is stored: the dead letters' subject + its key, so the
+    newest record of an id is one look-up by subject."""
+    return f"{dlq_subject_of(lane)}.{record_key(job_id)}"
+
+
 def requeue_subject_of(lane: Lane) -> str:
     """Where a lane's retries and DLQ requeues come back."""
     return lane.subject if lane.kind == "job" else REQUEUE_PREFIX + lane.name

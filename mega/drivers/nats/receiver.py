@@ -40,7 +40,7 @@ from mega.drivers.nats.names import (
     HEADER_JOB_ID,
     HEADER_RUN_AT,
     NATS_MSG_ID,
-    dlq_subject_of,
+    dlq_record_subject,
     durable_of,
     requeue_subject_of,
     schedule_headers,
@@ -318,7 +318,9 @@ class NatsReceiver:
         headers = {NATS_MSG_ID: f"{record['id']}:dlq:{delivery.key}"}
         try:
             await self.bus.js.publish(
-                dlq_subject_of(self.lane), json.dumps(record).encode(), headers=headers
+                dlq_record_subject(self.lane, record["id"]),
+                json.dumps(record).encode(),
+                headers=headers,
             )
         except NATS_ERRORS as exc:
             raise DriverUnavailable(str(exc) or repr(exc)) from exc

@@ -182,6 +182,10 @@ class PostgresBus:
         is read from the Lane when pruning), so `apply_limits` changes nothing."""
         async with self._using(f"cannot set up {lane_key(lane)}") as connection:
             await self.ensure_schema(connection)
+            async with connection.transaction():  # racing creates of one sequence can fail
+                await connection.execute(f"SELECT pg_advisory_xact_lock({DDL_LOCK_KEY})")
+                counter = sql.COUNTER_CREATE.format(name=sql.counter_of(lane_key(lane)))
+                await connection.execute(counter)  # type: ignore[arg-type]  # a hex name
             if lane.kind == "group":
                 await connection.execute(sql.CURSOR_CREATE, {"lane": lane_key(lane)})
 
@@ -220,17 +224,27 @@ class PostgresBus:
         return kept
 
     async def stats(self, lane: Lane) -> LaneStats:
-        """For a group, `pending` also counts the matching events not yet copied to it."""
+        """For a group, `pending` also counts the matching events not yet copied to it, and
+        `oldest_ms` their first one's emit time. `oldest_ms` leaves out rows not due yet;
+        `stored` is the lane's sequence (see sql.COUNTER_DDL: every row ever inserted for the
+        lane, a publish, a requeue, an event copied to a group, rolled back or not)."""
         key = lane_key(lane)
         async with self._using(f"cannot read {key}") as connection:
-            cursor = await connection.execute(sql.STATS, {"lane": key})
-            pending, in_flight, dead = await _one(cursor)
+            cursor = await connection.execute(
+                sql.STATS, {"lane": key, "counter": sql.counter_of(key)}
+            )
+            pending, in_flight, dead, oldest, stored = await _one(cursor)
             if lane.kind == "group":
                 pattern = sql.pattern_regex(lane.subject)
                 cursor = await connection.execute(sql.UNCOPIED, {"lane": key, "pattern": pattern})
-                (uncopied,) = await _one(cursor)
+                uncopied, first_emitted = await _one(cursor)
                 pending += uncopied
-        return LaneStats(pending=int(pending), in_flight=int(in_flight), dlq=int(dead))
+                if first_emitted is not None:
+                    oldest = first_emitted if oldest is None else min(oldest, first_emitted)
+        return LaneStats(
+            pending=int(pending), in_flight=int(in_flight), dlq=int(dead),
+            oldest_ms=None if oldest is None else int(oldest), stored=int(stored),
+        )  # fmt: skip
 
     def receiver(self, lane: Lane, *, consumer: str) -> Receiver:
         receiver = PostgresReceiver(self, lane, consumer)
@@ -239,16 +253,40 @@ class PostgresBus:
 
     # -- dead letters -------------------------------------------------------------------------
 
-    async def dead_letters(self, lane: Lane, *, limit: int) -> list[DlqRecord]:
+    async def dead_letters(
+        self, lane: Lane, *, limit: int, before: int | None = None
+    ) -> list[DlqRecord]:
+        """`WHERE lane = %s AND seq < %s ORDER BY seq DESC LIMIT %s`: a range of the
+        (lane, seq) index, as fast on the last page as on the first."""
         key = lane_key(lane)
+        params = {"lane": key, "limit": limit, "before": 2**63 - 1 if before is None else before}
         async with self._using(f"cannot read the dead letters of {key}") as connection:
-            cursor = await connection.execute(sql.DEAD_LIST, {"lane": key, "limit": limit})
+            cursor = await connection.execute(sql.DEAD_LIST, params)
             rows = await cursor.fetchall()
         records: list[DlqRecord] = []
         for seq, record in rows:
             record["seq"] = int(seq)
             records.append(record)
         return records
+
+    async def dead_letter(self, lane: Lane, job_id: str) -> DlqRecord | None:
+        """Through the index on (lane, the record's id)."""
+        key = lane_key(lane)
+        async with self._using(f"cannot read the dead letters of {key}") as connection:
+            cursor = await connection.execute(sql.DEAD_GET, {"lane": key, "job_id": job_id})
+            row = await cursor.fetchone()
+        if row is None:
+            return None
+        seq, record = row
+        record["seq"] = int(seq)
+        found: DlqRecord = record
+        return found
+
+    async def delete_dead(self, lane: Lane, seq: int) -> bool:
+        key = lane_key(lane)
+        async with self._using(f"cannot delete a dead letter of {key}") as connection:
+            cursor = await connection.execute(sql.DEAD_DELETE, {"lane": key, "seq": seq})
+        return cursor.rowcount > 0
 
     async def count_dead(self, lane: Lane) -> int:
         key = lane_key(lane)

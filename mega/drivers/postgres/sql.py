@@ -19,6 +19,7 @@ boundary with `to_timestamp(ms / 1000.0)`; the caller-given stamps that are only
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 
@@ -120,9 +121,38 @@ TRACE_DDL: tuple[str, ...] = (
     f"ALTER TABLE {JOBS} ADD COLUMN IF NOT EXISTS trace text",
     f"ALTER TABLE {EVENTS} ADD COLUMN IF NOT EXISTS trace text",
 )
+# The dead letters by job id (`Bus.dead_letter`), made later than the table: by `ensure` alone
+# (no migration yet).
+DEAD_INDEX_DDL: tuple[str, ...] = (
+    f"CREATE INDEX IF NOT EXISTS {DEAD}_job ON {DEAD} (lane, (record->>'id'), seq)",
+)
+
+# How many messages each lane ever stored (`LaneStats.stored`): a sequence per lane, made by
+# `ensure` (`COUNTER_CREATE`), and a trigger that draws one number of it per row inserted into
+# the jobs table (a publish, a requeue, an event copied to a group). A sequence, not a counter
+# row: drawing from it takes no lock, so concurrent publishers never queue behind each other;
+# and a draw is not undone by a rollback, so a rolled-back publish counts too. A lane with no
+# sequence yet (not ensured since this counter came) counts nothing. Made by `ensure` alone
+# (no migration yet), so the DDL above stays what the migrations make.
+COUNTER_PREFIX = "mega_bus_stored_"  # + md5 of the lane key (a name fits in 63 bytes)
+COUNTER_FUNCTION = "mega_bus_count_stored"
+COUNTER_DDL: tuple[str, ...] = (
+    f"""CREATE OR REPLACE FUNCTION {COUNTER_FUNCTION}() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE counter regclass := to_regclass('{COUNTER_PREFIX}' || md5(NEW.lane));
+    BEGIN
+        IF counter IS NOT NULL THEN PERFORM nextval(counter); END IF;
+        RETURN NULL;
+    END $$""",
+    f"""DO $$ BEGIN
+        IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = '{COUNTER_FUNCTION}') THEN
+            CREATE TRIGGER {COUNTER_FUNCTION} AFTER INSERT ON {JOBS}
+            FOR EACH ROW EXECUTE FUNCTION {COUNTER_FUNCTION}();
+        END IF;
+    END $$""",
+)
 
 # Every table, where missing: what `PostgresBus.ensure` runs.
-SCHEMA = DDL + RECORDS_DDL + TRACE_DDL
+SCHEMA = DDL + RECORDS_DDL + TRACE_DDL + DEAD_INDEX_DDL + COUNTER_DDL
 
 # -- jobs -------------------------------------------------------------------------------------
 
@@ -215,19 +245,33 @@ WITH gone AS (DELETE FROM {JOBS} WHERE id = %(id)s)
 INSERT INTO {DEAD} (lane, record) VALUES (%(lane)s, %(record)s)
 """
 
-# The lane now: claimable or waiting vs leased, and its dead letters.
+# The lane now: claimable or waiting vs leased, and its dead letters; the first enqueue of
+# its rows that are due or leased (a delayed job or a retry not due yet left out), in the same
+# pass over the lane's rows; and its counter (`COUNTER_DDL`, 0 when it has none).
 STATS = f"""
 SELECT count(*) FILTER (WHERE leased_until IS NULL OR leased_until <= now()),
        count(*) FILTER (WHERE leased_until > now()),
-       (SELECT count(*) FROM {DEAD} WHERE lane = %(lane)s)
+       (SELECT count(*) FROM {DEAD} WHERE lane = %(lane)s),
+       min(enqueued_at_ms) FILTER (WHERE run_at <= now() OR leased_until IS NOT NULL),
+       (SELECT coalesce(pg_sequence_last_value(to_regclass(%(counter)s)), 0))
 FROM {JOBS} WHERE lane = %(lane)s
 """
+# A lane's counter, where missing (in `ensure`, under its DDL lock).
+COUNTER_CREATE = "CREATE SEQUENCE IF NOT EXISTS {name}"
 
 # -- dead letters -----------------------------------------------------------------------------
 
+# A page, newest first: a range read of the (lane, seq) index, from `before` (exclusive) down.
 DEAD_LIST = f"""
-SELECT seq, record FROM {DEAD} WHERE lane = %(lane)s ORDER BY seq DESC LIMIT %(limit)s
+SELECT seq, record FROM {DEAD} WHERE lane = %(lane)s AND seq < %(before)s
+ORDER BY seq DESC LIMIT %(limit)s
 """
+# The newest record of a job id: the (lane, id) index (DEAD_INDEX_DDL).
+DEAD_GET = f"""
+SELECT seq, record FROM {DEAD} WHERE lane = %(lane)s AND record->>'id' = %(job_id)s
+ORDER BY seq DESC LIMIT 1
+"""
+DEAD_DELETE = f"DELETE FROM {DEAD} WHERE lane = %(lane)s AND seq = %(seq)s"
 DEAD_COUNT = f"SELECT count(*) FROM {DEAD} WHERE lane = %(lane)s"
 # Requeue, step 1 (in the transaction of step 2): take the record out; no row, nothing to do.
 DEAD_TAKE = f"DELETE FROM {DEAD} WHERE lane = %(lane)s AND seq = %(seq)s RETURNING seq"
@@ -281,9 +325,10 @@ WITH batch AS (
 SELECT (SELECT count(*) FROM copied), (SELECT count(*) FROM batch)
 """
 
-# Events past a group's cursor that it will copy: counted as pending by `stats`.
+# Events past a group's cursor that it will copy: counted as pending by `stats`, with the
+# first one's emit time.
 UNCOPIED = f"""
-SELECT count(*) FROM {EVENTS}
+SELECT count(*), min(emitted_at_ms) FROM {EVENTS}
 WHERE seq > (SELECT last_seq FROM {CURSORS} WHERE lane = %(lane)s) AND name ~ %(pattern)s
 """
 
@@ -332,6 +377,11 @@ def pattern_regex(pattern: str) -> str:
         for token in pattern.split(".")
     ]
     return "^" + r"\.".join(parts) + "$"
+
+
+def counter_of(lane_key: str) -> str:
+    """The name of a lane's counter sequence (as the trigger finds it: md5 of the lane key)."""
+    return COUNTER_PREFIX + hashlib.md5(lane_key.encode(), usedforsecurity=False).hexdigest()
 
 
 def sqlalchemy_text(statement: str) -> str:

@@ -6,7 +6,8 @@ mega/drivers/redis/scripts.py). Redis cannot filter a stream for a group: each g
 every event and acknowledges the ones its pattern does not match without running them. An
 entry of the log is acknowledged by each group and never deleted (the others may not have read
 it); a lane's own entries are. `concurrency` caps the runs of a lane in each process, not across
-processes. Dead letters are capped by count (DLQ_MAXLEN), not by the lane's age and size.
+processes. Dead letters are capped by count (DLQ_MAXLEN), not by the lane's age and size; a
+page of them is one XREVRANGE with an exclusive end, and a hash indexes them by job id.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ from mega.drivers.base import (
     Message,
     Table,
 )
-from mega.drivers.redis.lanes import LaneKeys, as_text, lane_keys, parse_record
+from mega.drivers.redis.lanes import LaneKeys, as_text, entry_of, lane_keys, parse_record
 from mega.drivers.redis.receiver import RedisReceiver, ensure_groups
 from mega.drivers.redis.scripts import (
+    DROP,
     EMIT,
     ENQUEUE,
     EVENT_SUBJECT_PREFIX,
@@ -62,6 +64,7 @@ class RedisBus:
         self.redis = redis
         self._enqueue = redis.register_script(ENQUEUE)
         self._emit = redis.register_script(EMIT)
+        self._drop = redis.register_script(DROP)
         self._tasks: set[asyncio.Task[None]] = set()  # announce_commit's, kept until done
 
     @property
@@ -134,6 +137,9 @@ class RedisBus:
         return [answer != 0 for answer in answers]  # XADD answers an id, ENQUEUE 1 or 0
 
     async def stats(self, lane: Lane) -> LaneStats:
+        """`stored` is XINFO STREAM's entries-added (a job's stream: every job, a delayed one
+        or a retry counted again when it comes due; a group's: the events log, every event,
+        plus its own stream's requeues and retries)."""
         keys = lane_keys(lane)
         try:
             if lane.kind == "job":
@@ -143,28 +149,66 @@ class RedisBus:
             raise DriverUnavailable(f"cannot read {lane.name}: {exc}") from exc
 
     async def _job_stats(self, keys: LaneKeys) -> LaneStats:
+        """One pipeline. `oldest_ms`: the `enqueued_at` of the stream's first entry (settled
+        entries are deleted, so it is the oldest waiting or running; the delayed ones wait in
+        the sorted set, left out)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.xlen(keys.stream)
             pipe.xpending(keys.stream, keys.group)
             pipe.zcard(keys.scheduled)
             pipe.xlen(keys.dlq)
-            length, pending, scheduled, dead = await pipe.execute()
+            pipe.xinfo_stream(keys.stream)
+            pipe.xrange(keys.stream, count=1)
+            length, pending, scheduled, dead, info, first = await pipe.execute()
         in_flight = int(pending["pending"])
-        return LaneStats(pending=length - in_flight + scheduled, in_flight=in_flight, dlq=dead)
+        return LaneStats(
+            pending=length - in_flight + scheduled, in_flight=in_flight, dlq=dead,
+            oldest_ms=_enqueued_at(first[0]) if first else None, stored=_added(info),
+        )  # fmt: skip
 
     async def _group_stats(self, keys: LaneKeys) -> LaneStats:
-        """Pending counts every event the group has not read yet (its pattern's or not)."""
+        """Pending counts every event the group has not read yet (its pattern's or not). Two
+        pipelines: `oldest_ms` is the oldest of the log's first entry the group holds (by its
+        id's time: when Redis stored it), else its first unread one, and its own stream's
+        first entry."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.xinfo_groups(keys.stream)
             pipe.xlen(keys.own)
             pipe.xinfo_groups(keys.own)
             pipe.zcard(keys.scheduled)
             pipe.xlen(keys.dlq)
-            log_groups, own_length, own_groups, scheduled, dead = await pipe.execute()
+            pipe.xinfo_stream(keys.stream)
+            pipe.xinfo_stream(keys.own)
+            (
+                log_groups,
+                own_length,
+                own_groups,
+                scheduled,
+                dead,
+                log_info,
+                own_info,
+            ) = await pipe.execute()
         log, own = _group(log_groups, keys.group), _group(own_groups, keys.group)
         in_flight = int(log.get("pending") or 0) + int(own.get("pending") or 0)
         unread = int(log.get("lag") or 0) + own_length - int(own.get("pending") or 0)
-        return LaneStats(pending=unread + scheduled, in_flight=in_flight, dlq=dead)
+        oldest: list[int] = []
+        if in_flight or unread:
+            last = as_text(log.get("last-delivered-id") or "0-0")
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.xpending(keys.stream, keys.group)
+                pipe.xrange(keys.stream, min="(" + last, count=1)
+                pipe.xrange(keys.own, count=1)
+                held, next_unread, own_first = await pipe.execute()
+            if int(held["pending"]) and held.get("min"):
+                oldest.append(_entry_ms(held["min"]))
+            elif next_unread:
+                oldest.append(_enqueued_at(next_unread[0]))
+            if own_first:
+                oldest.append(_enqueued_at(own_first[0]))
+        return LaneStats(
+            pending=unread + scheduled, in_flight=in_flight, dlq=dead,
+            oldest_ms=min(oldest, default=None), stored=_added(log_info) + _added(own_info),
+        )  # fmt: skip
 
     def receiver(self, lane: Lane, *, consumer: str) -> RedisReceiver:
         """A receiver with a consumer name of its own in the group (`consumer` + a random
@@ -174,12 +218,64 @@ class RedisBus:
 
     # -- dead letters -------------------------------------------------------------------------
 
-    async def dead_letters(self, lane: Lane, *, limit: int) -> list[DlqRecord]:
+    async def dead_letters(
+        self, lane: Lane, *, limit: int, before: int | None = None
+    ) -> list[DlqRecord]:
+        """XREVRANGE from the newest, or from the entry of `before` exclusive (`(<id>`): a
+        range read of the stream, as fast on the last page as on the first."""
+        top = "+" if before is None else "(" + entry_of(before)
         try:
-            entries: Any = await self.redis.xrevrange(lane_keys(lane).dlq, count=limit)
+            entries: Any = await self.redis.xrevrange(
+                lane_keys(lane).dlq, max=top, min="-", count=limit
+            )
         except _OUTAGES as exc:
             raise DriverUnavailable(f"cannot read the dead letters of {lane.name}: {exc}") from exc
         return [parse_record(entry_id, fields) for entry_id, fields in entries]
+
+    async def dead_letter(self, lane: Lane, job_id: str) -> DlqRecord | None:
+        """The entry the index (`<dlq>:ids`, written with each record) names, then that one
+        entry. Dead letters stored before the index existed are indexed once, on the first
+        look-up that finds no index at all."""
+        keys = lane_keys(lane)
+        try:
+            entry_id = await self.redis.hget(keys.dlq_index, job_id)
+            if entry_id is None and await self._index_unindexed(keys):
+                entry_id = await self.redis.hget(keys.dlq_index, job_id)
+            if entry_id is None:
+                return None
+            entries: Any = await self.redis.xrange(keys.dlq, min=entry_id, max=entry_id)
+        except _OUTAGES as exc:
+            raise DriverUnavailable(f"cannot read the dead letters of {lane.name}: {exc}") from exc
+        return parse_record(*entries[0]) if entries else None
+
+    async def _index_unindexed(self, keys: LaneKeys) -> bool:
+        """Index every record when the stream has records and no index (records of before
+        the index); False when there was nothing to do."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.exists(keys.dlq_index)
+            pipe.xlen(keys.dlq)
+            indexed, length = await pipe.execute()
+        if indexed or not length:
+            return False
+        start = "-"
+        while entries := cast(Any, await self.redis.xrange(keys.dlq, min=start, count=1000)):
+            newest = {parse_record(e, f)["id"]: as_text(e) for e, f in entries}
+            await self.redis.hset(keys.dlq_index, mapping=newest)  # type: ignore[arg-type]
+            start = "(" + as_text(entries[-1][0])
+        return True
+
+    async def delete_dead(self, lane: Lane, seq: int) -> bool:
+        keys = lane_keys(lane)
+        entry_id = entry_of(seq)
+        try:
+            entries: Any = await self.redis.xrange(keys.dlq, min=entry_id, max=entry_id)
+            if not entries:
+                return False
+            job_id = parse_record(*entries[0])["id"]
+            deleted = await self._drop(keys=[keys.dlq, keys.dlq_index], args=[entry_id, job_id])
+        except _OUTAGES as exc:
+            raise DriverUnavailable(f"cannot delete a dead letter of {lane.name}: {exc}") from exc
+        return bool(deleted)
 
     async def count_dead(self, lane: Lane) -> int:
         try:
@@ -211,21 +307,24 @@ class RedisBus:
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.xadd(keys.own, fields)
                 if entry_id is not None:
-                    pipe.xdel(keys.dlq, entry_id)
+                    drop = [keys.dlq, keys.dlq_index]
+                    await self._drop(keys=drop, args=[as_text(entry_id), record["id"]], client=pipe)
                 await pipe.execute()
         except _OUTAGES as exc:
             raise DriverUnavailable(f"cannot requeue on {lane.name}: {exc}") from exc
 
     async def _find_record(self, keys: LaneKeys, record: DlqRecord) -> Any:
+        """The record's entry: the one its `seq` names, else the newest of its id (index)."""
         seq = record.get("seq")
-        entries: Any = (
-            await self.redis.xrevrange(keys.dlq, max=seq, min=seq)
-            if seq is not None
-            else await self.redis.xrevrange(keys.dlq)
-        )
-        for entry_id, raw in entries:
-            if parse_record(entry_id, raw)["id"] == record["id"]:
-                return entry_id
+        entry_id: Any = entry_of(seq) if seq is not None else None
+        if entry_id is None:
+            entry_id = await self.redis.hget(keys.dlq_index, record["id"])
+            if entry_id is None:
+                return None
+        entries: Any = await self.redis.xrange(keys.dlq, min=entry_id, max=entry_id)
+        for found, raw in entries:
+            if parse_record(found, raw)["id"] == record["id"]:
+                return found
         return None
 
     async def purge(self, lane: Lane) -> int:
@@ -233,7 +332,7 @@ class RedisBus:
         try:
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.xlen(key)
-                pipe.delete(key)
+                pipe.delete(key, lane_keys(lane).dlq_index)
                 count, _ = await pipe.execute()
         except _OUTAGES as exc:
             raise DriverUnavailable(f"cannot purge the dead letters of {lane.name}: {exc}") from exc
@@ -336,6 +435,24 @@ class RedisBus:
         task = asyncio.create_task(publish())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _added(info: dict[Any, Any]) -> int:
+    """Entries ever added to a stream (XINFO STREAM's entries-added, Redis 7+)."""
+    found = {as_text(key): value for key, value in info.items()}
+    return int(found.get("entries-added") or 0)
+
+
+def _entry_ms(entry_id: Any) -> int:
+    """When Redis stored an entry: its id's time part."""
+    return int(as_text(entry_id).split("-")[0])
+
+
+def _enqueued_at(entry: Any) -> int:
+    """An entry's `enqueued_at` field, else its id's time."""
+    entry_id, fields = entry
+    value = fields.get(b"enqueued_at", fields.get("enqueued_at"))
+    return int(value) if value is not None else _entry_ms(entry_id)
 
 
 def _group(groups: list[dict[Any, Any]], name: str) -> dict[str, Any]:

@@ -38,6 +38,11 @@ class LaneKeys:
     accepts: Callable[[str], bool] | None = None
 
     @property
+    def dlq_index(self) -> str:
+        """The hash of the lane's dead letters by job id: id -> entry id of its newest."""
+        return self.dlq + ":ids"
+
+    @property
     def streams(self) -> tuple[str, ...]:
         return (self.stream,) if self.own == self.stream else (self.stream, self.own)
 
@@ -74,10 +79,21 @@ def as_text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+# A dead letter's `seq` is its entry id `<ms>-<n>` as ms * SEQ_PER_MS + n: unique, in the
+# stream's order, and below 2**53 (exact in JSON and JavaScript) until the year 2255. The
+# dead-letter stream takes one XADD per script call, far fewer than SEQ_PER_MS in one ms.
+SEQ_PER_MS = 1000
+
+
 def parse_record(entry_id: Any, fields: dict[Any, Any]) -> DlqRecord:
-    """A dead letter as stored (one field `record`), with its `seq`: the entry id's time part
-    (what the first redis driver showed; two records of one millisecond share it)."""
+    """A dead letter as stored (one field `record`), with its `seq` (see SEQ_PER_MS)."""
     raw: Any = fields.get(b"record", fields.get("record"))
     record: DlqRecord = json.loads(raw)
-    record["seq"] = int(as_text(entry_id).split("-")[0])
+    ms, _, n = as_text(entry_id).partition("-")
+    record["seq"] = int(ms) * SEQ_PER_MS + int(n or 0)
     return record
+
+
+def entry_of(seq: int) -> str:
+    """The dead-letter entry id a `seq` stands for."""
+    return f"{seq // SEQ_PER_MS}-{seq % SEQ_PER_MS}"

@@ -286,10 +286,10 @@ class RedisReceiver:
         stored = {name: value for name, value in record.items() if name != "seq"}
         try:
             await self._bury(
-                keys=[entry.stream, keys.dlq],
+                keys=[entry.stream, keys.dlq, keys.dlq_index],
                 args=[
                     entry.entry_id, json.dumps(stored), DLQ_MAXLEN, keys.group,
-                    int(keys.deletes(entry.stream)),
+                    int(keys.deletes(entry.stream)), record["id"],
                 ],
             )  # fmt: skip
         except (RedisError, OSError) as exc:

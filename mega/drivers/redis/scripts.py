@@ -6,6 +6,7 @@ Keys of a job lane, under `mega:jobs:<subject>`:
     <key>:scheduled   sorted set of delayed jobs and retries (score: due epoch ms; member: the
                       entry's fields as a JSON list [name, value, name, value, ...])
     <key>:dlq         the dead-letter stream (one field `record`, capped at DLQ_MAXLEN)
+    <key>:dlq:ids     hash: job id -> entry id of its newest record (`Bus.dead_letter`)
     <key>:dedup:<id>  a caller-given id seen within DEDUP_WINDOW_S (SET NX with a TTL)
     <key>:status:<id>, <key>:result:<id>
                       the lane's records: a string per job id, expiring the lane's keep after
@@ -17,7 +18,8 @@ Keys of the events and of a listener group lane:
                                    made at the log's start, so a new group replays what is kept
     mega:events:dedup:<id>         an event id seen within DEDUP_WINDOW_S (SET NX with a TTL)
     mega:events:group:<group>      the group's own stream: its retries and requeued records
-    ...:scheduled, ...:dlq         the group's retries waiting for their time, its dead letters
+    ...:scheduled, ...:dlq, ...:dlq:ids   the group's retries waiting for their time, its
+                                   dead letters and their index by event id
     ...:status:<id>, ...:result:<id>   its records, as a job lane's
     channel mega:outbox:wake       a commit with outbox rows, announced to relays elsewhere
 
@@ -84,13 +86,32 @@ redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
 return 1
 """
 
-# KEYS: stream, dlq; ARGV: entry id, record JSON, dlq maxlen, group, delete (1|0).
-# Record, ack and delete at once.
+# KEYS: stream, dlq, dlq index; ARGV: entry id, record JSON, dlq maxlen, group, delete (1|0),
+# job id. Record (indexed by its job id), ack and delete at once. At the cap the oldest record
+# goes, one per new one, with its index entry (unless a newer record of its id has it).
 BURY = """
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'record', ARGV[2])
+while redis.call('XLEN', KEYS[2]) >= tonumber(ARGV[3]) do
+  local oldest = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)[1]
+  local ok, old = pcall(cjson.decode, oldest[2][2])
+  if ok and type(old) == 'table' and old['id'] and
+      redis.call('HGET', KEYS[3], old['id']) == oldest[1] then
+    redis.call('HDEL', KEYS[3], old['id'])
+  end
+  redis.call('XDEL', KEYS[2], oldest[1])
+end
+local id = redis.call('XADD', KEYS[2], '*', 'record', ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[6], id)
 redis.call('XACK', KEYS[1], ARGV[4], ARGV[1])
 if ARGV[5] == '1' then redis.call('XDEL', KEYS[1], ARGV[1]) end
 return 1
+"""
+
+# KEYS: dlq, dlq index; ARGV: entry id, job id. Delete one record, and its index entry when it
+# points at that record. Returns how many records were deleted.
+DROP = """
+local deleted = redis.call('XDEL', KEYS[1], ARGV[1])
+if redis.call('HGET', KEYS[2], ARGV[2]) == ARGV[1] then redis.call('HDEL', KEYS[2], ARGV[2]) end
+return deleted
 """
 
 # KEYS: log, dedup key; ARGV: id, subject, body, emitted at ms, oldest id kept (ms), dedup ttl s,

@@ -539,6 +539,93 @@ async def test_a_pause_outlives_the_keep_of_the_status_records_while_a_worker_ru
         await worker.stop(5)
 
 
+async def test_stats_say_when_the_oldest_waiting_job_came_and_count_what_was_stored(
+    setup: Any, prefix: str
+) -> None:
+    ctx, _job, _queue, _seen = setup
+    counted = type("Counted", (Contract,), {"subject": f"{prefix}.counted"})
+    queue = JobQueue(ctx, "jobs")
+    before = await queue.stats(counted)
+    assert (before.pending, before.in_flight, before.oldest_ms) == (0, 0, None)
+    ids = []
+    for n in range(3):  # no worker yet: they wait, each enqueued a few ms after the last
+        ids.append(await queue.enqueue(counted, {"id": f"{prefix}-c{n}"}))
+        await asyncio.sleep(0.005)
+    first = await queue.status(counted, ids[0])
+    assert first is not None and first.enqueued_at is not None
+    stats = await queue.stats(counted)
+    assert (stats.pending, stats.in_flight) == (3, 0)
+    assert stats.oldest_ms is not None and abs(stats.oldest_ms - first.enqueued_at) <= 1
+    assert stats.stored - before.stored == 3
+    worker = JobWorker(ctx)
+    worker.register(counted)
+    await worker.start()
+    try:
+        await until(lambda: all(DONE[f"{prefix}-c{n}"] == 1 for n in range(3)), "all 3 run")
+
+        async def settled() -> bool:
+            now = await queue.stats(counted)
+            return (now.pending, now.in_flight, now.oldest_ms) == (0, 0, None)
+
+        await until(settled, "nothing left unsettled")
+        assert (await queue.stats(counted)).stored - before.stored == 3
+    finally:
+        await worker.stop(5)
+
+
+class Doomed(Job):
+    """Fails at once, for good: each job is one dead letter."""
+
+    bus = "jobs"
+    retries = 0
+    concurrency = 50
+
+    async def run(self, payload: dict[str, Any], ctx: Context) -> None:
+        raise Permanent(f"doomed {payload['n']}")
+
+
+async def test_dead_letters_page_newest_first_and_are_found_and_deleted_by_id(
+    setup: Any, prefix: str
+) -> None:
+    ctx, _job, _queue, _seen = setup
+    doomed = type("Doomed", (Doomed,), {"subject": f"{prefix}.doomed"})
+    worker = JobWorker(ctx)
+    worker.register(doomed)
+    await worker.start()
+    queue = worker.queue("jobs")
+    try:
+        ids = await queue.enqueue_many(doomed, [{"n": n} for n in range(250)])
+        await until(lambda: count_is(queue, doomed, 250), "250 dead letters", timeout_s=60)
+    finally:
+        await worker.stop(5)
+    pages: list[list[dict[str, Any]]] = []
+    before = None
+    while page := await queue.dlq.list(doomed, limit=100, before=before):
+        pages.append(page)
+        before = page[-1]["seq"]
+    assert [len(page) for page in pages] == [100, 100, 50]
+    seqs = [record["seq"] for page in pages for record in page]
+    assert seqs == sorted(seqs, reverse=True) and len(set(seqs)) == 250  # newest first, once
+    assert sorted(record["id"] for page in pages for record in page) == sorted(ids)
+    assert await queue.dlq.list(doomed, limit=100, before=seqs[-1]) == []
+
+    some = pages[1][7]
+    found = await queue.dlq.get(doomed, some["id"])
+    assert found is not None and (found["seq"], found["payload"]) == (some["seq"], some["payload"])
+    assert found["error"] == {"type": "Permanent", "message": f"doomed {some['payload']['n']}"}
+    assert await queue.dlq.get(doomed, "no-such-job") is None
+    assert await queue.dlq.delete(doomed, some["id"]) is True
+    assert await queue.dlq.get(doomed, some["id"]) is None
+    assert await queue.dlq.delete(doomed, some["id"]) is False
+    assert await queue.dlq.count(doomed) == 249
+    remaining = await queue.dlq.list(doomed, limit=300)
+    assert [r["seq"] for r in remaining] == [seq for seq in seqs if seq != some["seq"]]
+
+
+async def count_is(queue: JobQueue, job: type[Job], count: int) -> bool:
+    return await queue.dlq.count(job) == count
+
+
 async def test_stop_drains_running_jobs(setup: Any, prefix: str) -> None:
     _ctx, job, queue, _seen = setup
     await queue.enqueue(job, {"id": f"{prefix}-slow", "sleep_s": 0.5})
