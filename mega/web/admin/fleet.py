@@ -344,3 +344,12 @@ def attempt_rows(status: Any) -> list[dict[str, Any]]:
             "error": f"{error.type}: {error.message}" if error else "",
         })  # fmt: skip
     return rows
+
+
+def cause_view(cause: Any, job_url: str) -> dict[str, Any]:
+    """What enqueued a job, as its page says it: the listener group's run of an event, or
+    another job's run (whose page `job_url` is)."""
+    if cause.kind == "event":
+        return {"sentence": f"Enqueued by listener group {cause.group} while it ran event "
+                            f"{cause.name}", "id": cause.id, "url": None}  # fmt: skip
+    return {"sentence": f"Enqueued by a run of job {cause.name}", "id": cause.id, "url": job_url}

@@ -326,7 +326,7 @@ async def job_data(admin: Admin, request: Request, lane: Lane, status: Any) -> d
     if status.state == "dlq":
         record = await queue.dlq.get(lane.cls, status.id)
         dead = None if record is None else fleet.dead_letter_view(record)
-    cause = getattr(status, "cause", None)
+    cause = status.cause
     return {
         "title": f"Job {status.id}",
         "lane": lane,
@@ -336,7 +336,7 @@ async def job_data(admin: Admin, request: Request, lane: Lane, status: Any) -> d
         "result": result,
         "dead": dead,
         "dlq_url": admin.dlq_url(lane),
-        "cause": fleet.pretty_json(cause) if cause is not None else None,
+        "cause": None if cause is None else fleet.cause_view(cause, admin.url(f"/jobs/{cause.id}")),
     }
 
 
