@@ -306,9 +306,15 @@ async def find_job(admin: Admin, request: Request, job_id: str) -> tuple[Lane, A
 def keeps(admin: Admin, request: Request) -> list[dict[str, Any]]:
     """How long each job queue keeps its status records, for the page that found nothing."""
     return [
-        {"name": lane.name, "keep_status_s": lane.endpoint.spec(lane.cls).keep_status_s}  # type: ignore[union-attr]
+        {"name": lane.name, "keep": _kept(lane.endpoint.spec(lane.cls).keep_status_s)}  # type: ignore[union-attr]
         for lane in admin.job_lanes(request)
     ]
+
+
+def _kept(keep_status_s: float) -> str:
+    if not keep_status_s:
+        return "none (keep_status_s = 0)"
+    return f"{fleet.age(keep_status_s)} ({keep_status_s:g} s)"
 
 
 async def job_data(admin: Admin, request: Request, lane: Lane, status: Any) -> dict[str, Any]:

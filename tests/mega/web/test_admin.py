@@ -142,7 +142,7 @@ async def test_the_overview_a_job_page_and_the_search(
     words = text_of(miss.text)
     assert "No job has the id no-such-job in any job queue's status records." in words
     assert "kept for its class's keep_status_s after its last change" in words
-    assert "Boom 86400 s" in words
+    assert "Boom 1 d (86400 s)" in words
     unknown = await client.get("/admin/jobs/no-such-job")
     assert unknown.status_code == 404 and "No job has the id" in unknown.text
 
