@@ -11,7 +11,7 @@ from app.routes import api_console, api_cron, api_events, api_jobs, api_worker, 
 from app.services.signups import create_tables
 from app.workers.pool_log import PoolLog
 from mega import Config, Context, EventBus, Scheduler, observe_jobs, observe_scheduler
-from mega.web import create_web_app, job_queue, provide
+from mega.web import admin_router, create_web_app, job_queue, provide
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,6 +28,8 @@ def create_app(config: Config, ctx: Context) -> FastAPI:
             api_worker.router,
             api_events.router,
             learn.router,
+            # The operator's pages over the whole fleet, from the framework (mega.web.admin).
+            admin_router(prefix="/admin"),
         ],
         templates_dir=PROJECT_ROOT / "templates",
         static_dir=PROJECT_ROOT / "static",
@@ -54,4 +56,17 @@ def create_app(config: Config, ctx: Context) -> FastAPI:
     provide(app, pool_log)
     if POOL in ctx.workers:
         ctx.workers[POOL].on("replaced", pool_log.record)
+    trace_requests(app)
     return app
+
+
+def trace_requests(app: FastAPI) -> None:
+    """A span per request, by FastAPI's own OpenTelemetry instrumentation when it is installed
+    (the dev extra has it): the parent of the jobs a request enqueues and of the events it
+    adds to the outbox. Without an SDK set up its spans cost nothing."""
+    try:
+        from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+    except ImportError:
+        return
+    # Health checks and metrics scrapes would be most of the traces, and tell nothing.
+    FastAPIInstrumentor.instrument_app(app, excluded_urls="/healthz,/readyz,/metrics,/static/.*")

@@ -74,6 +74,7 @@ SECRET_KEY = "bench-secret-key-" + "x" * 32  # the config needs one outside dev 
 CONSUME_TARGET = 0.9  # mega worker end-to-end jobs/s >= this x the bare fetch+ack loop
 STEADY_TARGET = 1.0  # and its steady rate >= this x the bare loop's (the next pull hidden)
 STATUS_TARGET = 0.85  # its steady rate with status records >= this x without them
+TRACED_TARGET = 0.8  # its steady rate with the OpenTelemetry SDK on >= this x without it
 ENQUEUE_TARGET = 0.95  # one-at-a-time enqueue >= this x bare awaited js.publish
 ENQUEUE_MANY_TARGET = 0.8  # enqueue_many >= this x bare pipelined publish_async
 FIRST_JOB_TARGET_S = 0.25  # worker spawn to first job
@@ -331,8 +332,9 @@ class Bench:
     # -- workers ---------------------------------------------------------------------------
 
     def spawn_worker(
-        self, label: str, subject: str, *, profile: bool = False, keep_status_s: float | None = None
-    ) -> Worker:
+        self, label: str, subject: str, *, profile: bool = False,
+        keep_status_s: float | None = None, traced: bool = False,
+    ) -> Worker:  # fmt: skip
         records = self.tmp / f"records-{label}"
         records.mkdir()
         log = self.tmp / f"worker-{label}.log"
@@ -349,6 +351,7 @@ class Bench:
                 if keep_status_s is not None
                 else {}
             ),
+            **({"BENCH_JOBS_TRACED": "1"} if traced else {}),
         )
         command = [sys.executable, "-m", "mega", "worker", "--config", str(self.config)]
         with open(log, "wb") as out:
@@ -523,6 +526,17 @@ class Bench:
         runs = worker.stop()
         return Drain.of([run.at for run in runs], worker.spawned_at)
 
+    async def bench_consume_traced(self) -> Drain:
+        """The same drain with the OpenTelemetry SDK on in the worker (a span per run, sent
+        to an exporter that drops them)."""
+        job = self.job("traced")
+        spec = await self.queue.ensure(job)
+        await self.queue.enqueue_many(job, range(self.o.jobs))
+        worker = self.spawn_worker("traced", spec.subject, traced=True)
+        await self.wait_drained(worker, stream_name(spec.subject), self.o.jobs)
+        runs = worker.stop()
+        return Drain.of([run.at for run in runs], worker.spawned_at)
+
     async def bench_consume(self) -> tuple[Drain, dict[str, Any]]:
         consume_job = self.job("consume")
         spec = self.queue.spec(consume_job)
@@ -630,6 +644,7 @@ async def _bench(options: Options) -> Result:
             bare = await bench.bench_bare_consume()
             mega, check = await bench.bench_consume()
             unrecorded = await bench.bench_consume_without_status()
+            traced = await bench.bench_consume_traced()
             check["interpreter_s"] = interpreter_spawn_s()
             memory = await bench.bench_memory_and_latency()
             bench.data["load_after"] = os.getloadavg()[0]
@@ -638,7 +653,7 @@ async def _bench(options: Options) -> Result:
         finally:
             bench.kill_children()
             server.stop()
-    return _report(options, bench, enqueue, bare, mega, check, memory, unrecorded)
+    return _report(options, bench, enqueue, bare, mega, check, memory, unrecorded, traced)
 
 
 def _report(
@@ -650,6 +665,7 @@ def _report(
     check: dict[str, Any],
     memory: dict[str, Any],
     unrecorded: Drain,
+    traced: Drain,
 ) -> Result:
     lat = memory["latencies_ms"]
     p50, p99, worst = percentile(lat, 50), percentile(lat, 99), max(lat) if lat else float("nan")
@@ -697,6 +713,14 @@ def _report(
             baseline_name="status off",
             target=f">= {STATUS_TARGET}x",
             passed=mega.steady >= STATUS_TARGET * unrecorded.steady,
+        ),
+        row(
+            "consume: traced (OpenTelemetry SDK, spans dropped) vs untraced, steady",
+            traced.steady,
+            baseline=mega.steady,
+            baseline_name="untraced",
+            target=f">= {TRACED_TARGET}x",
+            passed=traced.steady >= TRACED_TARGET * mega.steady,
         ),
         exactly,
         row(

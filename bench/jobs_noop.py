@@ -13,6 +13,9 @@ import, so one module serves every run:
     BENCH_JOBS_CAPACITY     runs recorded without allocating (default 50,000; more still work)
     BENCH_JOBS_PROFILE      when set, the whole process runs under cProfile and its stats are
                             dumped there at exit (read them with `python -m pstats`)
+    BENCH_JOBS_TRACED       when set, the OpenTelemetry SDK is set up with an exporter that
+                            drops every span (behind the batch processor a real setup uses):
+                            what tracing costs the worker, not what an exporter does
 
 A payload is an int (its id) or {"i": id, "t": epoch s before enqueue}. A run records the id,
 the start time (epoch s) and the payload's "t" (0.0 for an int) in three arrays allocated at
@@ -45,6 +48,7 @@ KEEP_STATUS_ENV = "BENCH_JOBS_KEEP_STATUS_S"
 RECORD_DIR_ENV = "BENCH_JOBS_DIR"
 CAPACITY_ENV = "BENCH_JOBS_CAPACITY"
 PROFILE_ENV = "BENCH_JOBS_PROFILE"
+TRACED_ENV = "BENCH_JOBS_TRACED"
 DEFAULT_SUBJECT = "bench.noop"
 DEFAULT_CONCURRENCY = 200
 DEFAULT_CAPACITY = 50_000
@@ -132,7 +136,23 @@ def _start_profile(path: str) -> None:
     atexit.register(dump)
 
 
+def _start_tracing() -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    trace.set_tracer_provider(provider)
+
+
 if RECORDING:
     atexit.register(RECORDS.write, Path(os.environ[RECORD_DIR_ENV]))
+if os.environ.get(TRACED_ENV):
+    _start_tracing()
 if os.environ.get(PROFILE_ENV):
     _start_profile(os.environ[PROFILE_ENV])

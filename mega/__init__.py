@@ -60,6 +60,7 @@ _EXPORTS = {
     "JobId": "mega.jobs.queue",
     "JobStatus": "mega.jobs.status",
     "AttemptRecord": "mega.jobs.status",
+    "Cause": "mega.jobs.status",
     "JobQueue": "mega.jobs.queue",
     # events
     "EventBus": "mega.events.bus",
@@ -145,6 +146,7 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.jobs.queue import JobId as JobId
     from mega.jobs.queue import JobQueue as JobQueue
     from mega.jobs.status import AttemptRecord as AttemptRecord
+    from mega.jobs.status import Cause as Cause
     from mega.jobs.status import JobStatus as JobStatus
     from mega.runtime.asgi import asgi_app as asgi_app
     from mega.runtime.boot import boot as boot

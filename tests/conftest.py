@@ -11,6 +11,7 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -189,3 +190,25 @@ def _fresh_postgres_database(admin_url: str, options: str = "") -> Iterator[str]
     finally:
         with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as admin:
             admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def spans() -> Iterator[Any]:
+    """An OpenTelemetry SDK set up for this test, its spans kept in memory
+    (`spans.get_finished_spans()`); afterwards no SDK again: the other tests run untraced."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    try:
+        yield exporter
+    finally:
+        provider.shutdown()
+        # The API lets a provider be set once per process; a test's must not outlive it.
+        trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+        trace._TRACER_PROVIDER_SET_ONCE._done = False  # type: ignore[attr-defined]

@@ -90,10 +90,12 @@ def write_config(
     body: str = "",
     web_app: str = FRAMEWORK_SITE,
     name: str = "mega_config.py",
+    bus: dict[str, Any] | None = None,
     **auth: Any,
 ) -> Path:
     """A config file for one test: its own servers, its own SQLite, `body` for the rest.
-    Without `redis_url`, the config declares no cache and no lock."""
+    Without `redis_url`, the config declares no cache and no lock. `bus`: the jobs bus's
+    service entry (default the NATS server at `nats_url`)."""
     landing = "/demo" if web_app == SAMPLE_APP else "/home"
     auth_options = {
         "login_max_failures": 5, "login_window_s": 900, "landing_path": landing, **auth
@@ -108,7 +110,7 @@ def write_config(
             f"""
             services = {{
                 **{caches!r},
-                "buses": {{"jobs": {{"driver": "nats", "url": {nats_url!r}}}}},
+                "buses": {{"jobs": {bus or {"driver": "nats", "url": nats_url}!r}}},
                 "database": {{"url": {f"sqlite:///{tmp_path / 'test.db'}"!r}}},
             }}
             web_app = {web_app!r}
@@ -121,12 +123,14 @@ def write_config(
 
 
 def sample_config(
-    tmp_path: Path, *, nats_url: str, redis_url: str, body: str = SAMPLE_REGISTRATIONS, **auth: Any
-) -> Path:
+    tmp_path: Path, *, nats_url: str, redis_url: str, body: str = SAMPLE_REGISTRATIONS,
+    bus: dict[str, Any] | None = None, **auth: Any,
+) -> Path:  # fmt: skip
     """A config file for one test of the sample application (tests/app, tests/e2e)."""
     return write_config(
-        tmp_path, nats_url=nats_url, redis_url=redis_url, body=body, web_app=SAMPLE_APP, **auth
-    )
+        tmp_path, nats_url=nats_url, redis_url=redis_url, body=body, web_app=SAMPLE_APP,
+        bus=bus, **auth,
+    )  # fmt: skip
 
 
 @asynccontextmanager

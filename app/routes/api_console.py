@@ -19,8 +19,15 @@ from app.routes.api_cron import SCHEDULE
 from app.routes.api_events import events_part
 from app.routes.api_jobs import jobs_part
 from app.services import console_series
-from app.services.instances import short_instance
-from mega.web import UserDep, api_responses, ok
+from mega.web import (
+    UserDep,
+    api_responses,
+    instance_rows,
+    ok,
+    scheduler_instances,
+    short_instance,
+    tick_rows,
+)
 
 router = APIRouter(prefix="/api/demo")
 logger = logging.getLogger("mega.demo")
@@ -31,32 +38,13 @@ RECENT_TICKS = 10
 SERIES_TICKS = 60
 
 
-def scheduler_instances(ticks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The scheduler instances in these ticks (newest first), each with its last scheduled
-    tick. Every live scheduler writes a record for every tick, won or skipped, so one missing
-    from both newest ticks is `ticking` False: stopped, or far behind. (Two, not one: a peer's
-    record of the newest tick may land a moment after the winner's.)"""
-    scheduled = [tick for tick in ticks if tick["source"] == "schedule"]
-    last_seen: dict[str, str] = {}
-    for tick in scheduled:
-        names = [tick["winner"]] if tick["winner"] else []
-        for name in names + [skipped["instance"] for skipped in tick["skipped"]]:
-            last_seen.setdefault(name, tick["instant"])
-    newest = {tick["instant"] for tick in scheduled[:2]}
-    return [
-        {"instance": name, "short": short_instance(name), "last_seen": at, "ticking": at in newest}
-        for name, at in last_seen.items()
-    ]
-
-
 async def schedules_part(request: Request) -> dict[str, Any]:
     ticks = await scheduler(request).recent_ticks(SCHEDULE, limit=RECENT_TICKS)
+    """The schedulers seen in the audit and its newest ticks, as the admin pages show them
+    (mega.web's helpers, and its table macros in templates/demo/console.html)."""
     return {
-        "instances": scheduler_instances(ticks),
-        "ticks": [
-            {**tick, "winner_short": short_instance(tick["winner"]) if tick["winner"] else None}
-            for tick in ticks[:5]
-        ],
+        "instances": instance_rows(scheduler_instances(ticks)),
+        "ticks": tick_rows(ticks[:5]),
     }
 
 

@@ -103,7 +103,8 @@ class Message:
     """One job or event to store. `subject` is a job's subject or an event's name. `body` is
     the JSON payload. `dedup`: `id` was given by the caller (or is an outbox row's), so a
     second message with it within the driver's dedup window is dropped. `run_at_ms`: hold it
-    until then (None: now)."""
+    until then (None: now). `trace`: the trace context headers (mega.tracing) that every
+    driver stores with the message and hands back on its deliveries."""
 
     id: str
     subject: str
@@ -111,6 +112,7 @@ class Message:
     enqueued_at_ms: int
     run_at_ms: int | None = None
     dedup: bool = True
+    trace: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -141,8 +143,9 @@ class Delivery:
     retries (the engine's delivery count plus the attempts made before a retry's copy).
     `key` is the same for every redelivery of this very message (a stream sequence, a row id),
     so the loop can remember what it could not report. `handle` is the engine's own message,
-    for the receiver alone. Made once per delivery on the hot path, so not frozen: nothing
-    changes it after the receiver made it."""
+    for the receiver alone. `trace`: the message's trace context headers; the consume loop
+    sets it before a `retry`, whose copy carries it. Made once per delivery on the hot path,
+    so not frozen."""
 
     id: str
     subject: str
@@ -152,6 +155,7 @@ class Delivery:
     run_at_ms: int | None
     key: Hashable
     handle: Any
+    trace: dict[str, str] | None = None
 
 
 class DriverUnavailable(Exception):
@@ -184,7 +188,8 @@ class Receiver(Protocol):
 
     async def retry(self, delivery: Delivery, *, due_ms: int, attempts: int) -> None:
         """Run it again at `due_ms` (epoch ms), its next delivery being attempt `attempts + 1`,
-        without holding a slot of the lane's concurrency while it waits."""
+        without holding a slot of the lane's concurrency while it waits; the next delivery
+        carries `delivery.trace` as it is now."""
         ...
 
     async def extend(self, delivery: Delivery) -> None:

@@ -20,8 +20,10 @@ or "db" (mega/events/db_inbox.py: `run` inside a transaction committed with the 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, ClassVar
 
+from mega import tracing
 from mega.context import Context
 from mega.drivers.base import Delivery, DriverUnavailable, Lane, LaneStats, Message
 from mega.errors import EventError, JobError
@@ -136,7 +138,12 @@ class EventBus(LaneEndpoint):
         DependencyUnavailable."""
         spec = validate_event(event_cls, self.ctx.buses)
         message = encode_event(spec, payload, event_id=id)
-        await self.publish(message)
+        if tracing.tracer() is None:
+            await self.publish(message)
+            return message.id
+        ids = [message.id]
+        with tracing.producing("publish", spec.name, system=self.bus.driver, ids=ids) as trace:
+            await self.publish(replace(message, trace=trace))
         return message.id
 
     async def publish(self, message: Message) -> bool:

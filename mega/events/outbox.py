@@ -25,6 +25,7 @@ from typing import Any
 from sqlalchemy import BigInteger, DateTime, Index, Integer, String, Text, event, func, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
+from mega import tracing
 from mega.database import Base
 from mega.drivers.base import Message
 from mega.events.event import Event, EventSpec, encode_event, validate_event
@@ -39,9 +40,10 @@ HEADER_EMITTED_AT = "Mega-Emitted-At"
 
 
 def row_message(event_id: str, subject: str, body: bytes, headers: dict[str, str]) -> Message:
-    """The event a stored row holds, as the relay publishes it."""
+    """The event a stored row holds, as the relay publishes it (`trace`: the context of the
+    `outbox.add` that wrote it, when it was traced)."""
     return Message(event_id, subject.removeprefix(SUBJECT_PREFIX), body,
-                   int(headers[HEADER_EMITTED_AT]))  # fmt: skip
+                   int(headers[HEADER_EMITTED_AT]), trace=tracing.carried(headers))  # fmt: skip
 
 
 # Relays of this process to wake after a commit that added rows (each a thread-safe callable).
@@ -100,15 +102,19 @@ class Outbox:
         spec = _spec(event_cls)
         now_ms = time.time_ns() // 10**6
         message = encode_event(spec, payload, event_id=id, emitted_at_ms=now_ms)
+        headers = {HEADER_ID: message.id, HEADER_EMITTED_AT: str(message.enqueued_at_ms)}
+        if tracing.tracer() is not None:
+            with tracing.producing(
+                "outbox.add", spec.name, system="outbox", ids=[message.id], kind="create"
+            ) as trace:
+                headers.update(trace or {})
         session.add(
             OutboxRow(
                 event_id=message.id,
                 bus=spec.bus,
                 subject=SUBJECT_PREFIX + message.subject,
                 body=message.body.decode(),
-                headers=json.dumps(
-                    {HEADER_ID: message.id, HEADER_EMITTED_AT: str(message.enqueued_at_ms)}
-                ),
+                headers=json.dumps(headers),
                 created_at=datetime.fromtimestamp(now_ms / 1000, UTC),
             )
         )

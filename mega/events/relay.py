@@ -25,11 +25,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import delete, select, update
 
+from mega import tracing
 from mega.drivers.base import Message
 from mega.events.bus import EventBus
 from mega.events.outbox import OutboxRow, on_commit, row_message
@@ -194,7 +196,16 @@ class OutboxRelay:
             message = row_message(row.event_id, row.subject, row.body, row.headers)
             by_bus.setdefault(row.bus, []).append(message)
         for alias, messages in by_bus.items():
-            await self.bus(alias).publish_many(messages)
+            bus = self.bus(alias)
+            if tracing.tracer() is None:
+                await bus.publish_many(messages)
+                continue
+            each = [(message.subject, message.id, message.trace) for message in messages]
+            with tracing.producing_each("publish", each, system=bus.bus.driver) as traces:
+                await bus.publish_many([
+                    replace(message, trace=trace)
+                    for message, trace in zip(messages, traces, strict=True)
+                ])  # fmt: skip
 
     async def _in_db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()

@@ -33,15 +33,16 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Receiver
+from mega import tracing
+from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane, Receiver
 from mega.errors import JobTimeout, Permanent
 from mega.jobs.control import WATCH_S, LaneControl
 from mega.jobs.delivery import DeadLetter, Decision, LanePolicy, Outcome, Retry, decide
 from mega.jobs.dlq import make_record
 from mega.jobs.presence import PRESENCE_EVERY_S, Presence
-from mega.jobs.status import ErrorInfo, StatusWriter
+from mega.jobs.status import RUNNING, ErrorInfo, Running, StatusWriter
 
 # The queue's logger: to an operator, the consume loop is part of the job queue.
 logger = logging.getLogger("mega.jobqueue")
@@ -97,7 +98,9 @@ class Consumer:
     `spec` says how it runs (its name in signals, concurrency, ack wait, retries, backoff),
     `handler` runs one delivery, `signal(name, **fields)` reports every step (fields name the
     lane `job`), `instance_id` names this process in DLQ records, `records` (a job lane's)
-    keeps each job's status record and `control` reads its pause and cancels."""
+    keeps each job's status record and `control` reads its pause and cancels. `lane` and
+    `system` (the bus's driver) name each run in traces and as the cause of the jobs it
+    enqueues."""
 
     def __init__(
         self,
@@ -110,9 +113,14 @@ class Consumer:
         dlq_retry_delay_s: float = DLQ_RETRY_DELAY_S,
         records: StatusWriter | None = None,
         control: LaneControl | None = None,
+        lane: Lane | None = None,
+        system: str = "",
         presence: Presence | None = None,
     ) -> None:
         self.receiver = receiver
+        self.system = system
+        self.group = lane.name if lane is not None and lane.kind == "group" else None
+        self.kind: Literal["event", "job"] = "job" if self.group is None else "event"
         self.presence = presence
         self.settled = 0  # deliveries settled since the start (the presence record's `done`)
         self.records = records
@@ -217,6 +225,19 @@ class Consumer:
             if self.stopping:
                 await self.receiver.release(delivery, delay_s=HAND_BACK_DELAY_S)
                 return
+        RUNNING.set(Running(self.kind, delivery.subject, delivery.id, self.group))
+        if tracing.tracer() is None:
+            await self._attempt(delivery, payload)
+            return
+        with tracing.processing(
+            delivery.subject, system=self.system, message_id=delivery.id, attempt=attempt,
+            headers=delivery.trace, group=self.group,
+        ):  # fmt: skip
+            await self._attempt(delivery, payload)
+
+    async def _attempt(self, delivery: Delivery, payload: Any) -> None:
+        """One run of a decoded delivery: the start, the handler, its outcome."""
+        spec, attempt = self.spec, delivery.attempt
         started = time.time()
         started_ms = int(started * 1000)
         due_ms = delivery.run_at_ms or delivery.enqueued_at_ms
@@ -274,8 +295,10 @@ class Consumer:
         }  # fmt: skip
         permanent = isinstance(exc, (Permanent, *spec.permanent))
         decision = decide(Outcome.PERMANENT if permanent else Outcome.FAILED, attempt, spec)
+        tracing.failed(exc)
         if isinstance(decision, Retry):
             due_ms = int(time.time() * 1000) + decision.delay_ms
+            delivery.trace = tracing.retried(delivery.trace)
             await self.receiver.retry(delivery, due_ms=due_ms, attempts=attempt)
             if self.records is not None:
                 failure = ErrorInfo(type=error_type, message=error)

@@ -153,7 +153,7 @@ class LaneEndpoint:
         consumer = Consumer(
             receiver, policy, run, self.signal,
             instance_id=self.instance_id, dlq_retry_delay_s=self.dlq_retry_delay_s,
-            records=records, control=control,
+            records=records, control=control, lane=lane, system=self.bus.driver,
             presence=Presence(self.bus, lane, self.instance_id),
         )  # fmt: skip
         self._consumers[cls] = consumer

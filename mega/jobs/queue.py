@@ -19,9 +19,11 @@ import functools
 import json
 import logging
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from mega import tracing
 from mega.context import Context
 from mega.drivers.base import Bus, Delivery, DriverUnavailable, Lane, LaneStats, Message
 from mega.errors import JobError, JobFailed
@@ -44,8 +46,7 @@ from mega.jobs.status import (
     RESULT_POLL_S,
     JobStatus,
     StatusWriter,
-    encode,
-    enqueued,
+    created,
     read_status,
 )
 
@@ -159,6 +160,14 @@ class JobQueue(LaneEndpoint):
         retry must not duplicate it."""
         spec = await self.ensure(job_cls)
         message = encode_job(spec, payload, job_id=id, due_ms=due_ms_of(spec, delay, run_at))
+        if tracing.tracer() is None:
+            return await self._enqueue(spec, message, session)
+        with tracing.producing(
+            "send", spec.subject, system=self.bus.driver, ids=[message.id]
+        ) as trace:
+            return await self._enqueue(spec, replace(message, trace=trace), session)
+
+    async def _enqueue(self, spec: JobSpec, message: Message, session: Session | None) -> JobId:
         lane = job_lane(spec)
         try:
             if session is not None:  # its record comes with its first run: not before a commit
@@ -180,6 +189,15 @@ class JobQueue(LaneEndpoint):
         Every payload is checked before the first is sent."""
         spec = await self.ensure(job_cls)
         messages = [encode_job(spec, payload) for payload in payloads]
+        if tracing.tracer() is None:
+            return await self._enqueue_many(spec, messages)
+        ids = [message.id for message in messages]
+        with tracing.producing("send", spec.subject, system=self.bus.driver, ids=ids) as trace:
+            return await self._enqueue_many(
+                spec, [replace(message, trace=trace) for message in messages]
+            )
+
+    async def _enqueue_many(self, spec: JobSpec, messages: list[Message]) -> list[str]:
         lane = job_lane(spec)
         try:
             await asyncio.gather(
@@ -202,7 +220,7 @@ class JobQueue(LaneEndpoint):
         themselves (logged): the enqueue stands or falls with its jobs."""
         if lane.keep_status_s <= 0:
             return
-        records = [(message.id, encode(enqueued(spec.name, message))) for message in messages]
+        records = created(spec.name, messages)
         try:
             await self.bus.put_records(lane, "status", records, create=True, confirm=False)
         except DriverUnavailable as exc:

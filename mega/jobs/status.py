@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 import time
+from contextvars import ContextVar
 from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
@@ -64,6 +65,32 @@ class AttemptRecord(BaseModel):
     error: ErrorInfo | None = None
 
 
+class Cause(BaseModel):
+    """What was running when a job was enqueued: a listener's run of an event (`kind`
+    "event", `name` the event's, `id` its id, `group` the listener group) or another job's
+    run (`kind` "job")."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["event", "job"]
+    name: str
+    id: str
+    group: str | None = None
+
+
+class Running(NamedTuple):
+    """The run a task is part of, as the consume loop sets it for each attempt (a tuple: it
+    is made for every job, and becomes a Cause only when the run enqueues one)."""
+
+    kind: Literal["event", "job"]
+    name: str
+    id: str
+    group: str | None
+
+
+RUNNING: ContextVar[Running | None] = ContextVar("mega_running", default=None)
+
+
 class JobStatus(BaseModel):
     """A job's status record.
 
@@ -74,7 +101,8 @@ class JobStatus(BaseModel):
     `started_at` (the latest attempt's), `finished_at`. `worker`: the instance id of the
     latest attempt's worker. `error`: the latest failure. `result_kept`: `result()` can answer
     with what `run` returned. `history`: the attempts before the latest, oldest first (read
-    with the record by `JobQueue.status`; each is stored under a key of its own)."""
+    with the record by `JobQueue.status`; each is stored under a key of its own). `cause`: the
+    run that enqueued it (an event's listener, another job), when one did."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -90,6 +118,7 @@ class JobStatus(BaseModel):
     error: ErrorInfo | None = None
     result_kept: bool = False
     history: tuple[AttemptRecord, ...] = ()
+    cause: Cause | None = None
 
     @property
     def final(self) -> bool:
@@ -99,6 +128,22 @@ class JobStatus(BaseModel):
 def attempt_key(job_id: str, attempt: int) -> str:
     """The key of a job's earlier attempt (a space, which no job id has, keeps it apart)."""
     return f"{job_id} attempt {attempt}"
+
+
+def cause_key(job_id: str) -> str:
+    """The key of what caused a job (written once, with its first record)."""
+    return f"{job_id} cause"
+
+
+def created(job: str, messages: list[Message]) -> list[tuple[str, bytes]]:
+    """The first records of new jobs: each one's status, and what caused them when they were
+    enqueued from a run (under `cause_key`: the workers' records replace the status)."""
+    records = [(message.id, encode(enqueued(job, message))) for message in messages]
+    running = RUNNING.get()
+    if running is not None:
+        raw = Cause(**running._asdict()).model_dump_json(exclude_defaults=True).encode()
+        records += [(cause_key(message.id), raw) for message in messages]
+    return records
 
 
 def as_attempt(status: JobStatus) -> AttemptRecord:
@@ -291,10 +336,12 @@ class StatusWriter:
 async def read_status(bus: Bus, lane: Lane, job_id: str) -> JobStatus | None:
     """A job's status record with its history (its earlier attempts, one read more for a job
     that ran more than once), or None. DriverUnavailable when the bus does not answer."""
-    [raw] = await bus.get_records(lane, "status", [job_id])
+    raw, cause = await bus.get_records(lane, "status", [job_id, cause_key(job_id)])
     if raw is None:
         return None
     status = decode(raw)
+    if cause is not None:
+        status = status.model_copy(update={"cause": Cause.model_validate_json(cause)})
     if status.attempts <= 1:
         return status
     first = max(1, status.attempts - MAX_HISTORY)

@@ -21,6 +21,7 @@ from mega.config import Config, default_config_path, load_config
 from mega.errors import ConfigError, DependencyUnavailable, MegaError
 from mega.runtime.logs import setup_logging
 from mega.runtime.scaffold import BUSES, DEFAULT_BUS, new_project
+from mega.runtime.telemetry import setup_tracing
 
 EXIT_CONFIG = 2
 EXIT_UNAVAILABLE = 3
@@ -242,6 +243,8 @@ def _schedules_parser(sub: Any) -> None:
         )
 
 
+# The commands that run a host: they trace what they do when OTEL_TRACES_EXPORTER asks.
+HOST_COMMANDS = ("start", "scheduler", "worker", "work")
 # The commands that serve or change the web side: they need the `web` extra installed.
 WEB_COMMANDS = ("start", "dev", "token")
 WEB_MODULES = ("fastapi", "uvicorn", "jinja2", "itsdangerous", "pwdlib")
@@ -263,6 +266,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.command == "check":
             sys.exit(_check(args.config))
         config = load_config(args.config, signs=args.command == "start")
+        if args.command in HOST_COMMANDS:
+            setup_tracing("web" if args.command == "start" else args.command)
         _run(_COMMANDS[args.command](config, args))
     except ConfigError as exc:
         _die(args.command, exc.message, EXIT_CONFIG)

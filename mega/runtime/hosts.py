@@ -241,7 +241,7 @@ async def _host(
             runtime = part.make(ctx, instance_id=ctx.instance_id)
             for declaration in part.declarations:
                 runtime.register(declaration)
-            _observe(runtime, part.signals, routine=part.routine)
+            _observe(runtime, part.signals, routine=part.routine, worker=ctx.instance_id)
             if config.metrics.enabled and part.metrics:  # prometheus_client only when on
                 getattr(importlib.import_module("mega.runtime.metrics"), part.metrics)(runtime)
             await run_hooks(config, part.hook, runtime, ctx)
@@ -406,11 +406,14 @@ def load_web_app(config: Config) -> Callable[[Config, Context], Any]:
     return factory  # type: ignore[no-any-return]
 
 
-def _observe(runtime: Any, names: tuple[str, ...], *, routine: tuple[str, ...] = ()) -> None:
+def _observe(
+    runtime: Any, names: tuple[str, ...], *, routine: tuple[str, ...] = (), worker: str = ""
+) -> None:
     """One log line per signal, `key=value` fields (job id, attempt, tick, instance): the host's
     live trace. Failures are WARNING, the rest INFO, but `routine` signals (a worker's `start`
     and `done`, thousands a second under load) are DEBUG, with one INFO line counting them
-    every SUMMARY_EVERY_S. Nothing is formatted for a level that is off."""
+    every SUMMARY_EVERY_S. Nothing is formatted for a level that is off. The JSON logs have
+    the fields as keys of their own (`fields` of the record), with `worker` (this host)."""
     trace = logging.getLogger("mega.signals")
     tally: dict[str, int] = dict.fromkeys(routine, 0)
     window_start = time.monotonic()
@@ -439,7 +442,8 @@ def _observe(runtime: Any, names: tuple[str, ...], *, routine: tuple[str, ...] =
             pairs = (
                 f"{k}={_field(v)}" for k, v in signal.items() if k != "signal" and v is not None
             )
-            trace.log(level, "%s %s", signal["signal"], " ".join(pairs))
+            fields = {"worker": worker, **signal}
+            trace.log(level, "%s %s", signal["signal"], " ".join(pairs), extra={"fields": fields})
 
     for name in names:
         runtime.on(name, log)

@@ -8,18 +8,34 @@ import logging
 import os
 import sys
 from datetime import UTC, datetime
+from typing import Any
+
+from mega import tracing
 
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object per line: `ts`, `level`, `logger`, `message`; a signal's fields as keys
+    of their own (`signal`, `job`, `id`, `attempt`, `worker`, `duration_ms`...: a record's
+    `fields`, none of which replaces those four); `trace_id` and `span_id` when it was logged
+    inside a span; `exc` with the traceback of an exception."""
+
     def format(self, record: logging.LogRecord) -> str:
-        entry = {
+        entry: dict[str, Any] = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
         }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            for key, value in fields.items():
+                if value is not None and value != "":
+                    entry.setdefault(key, value)
+        ids = tracing.ids()
+        if ids is not None:
+            entry["trace_id"], entry["span_id"] = ids
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)

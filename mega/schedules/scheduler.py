@@ -66,6 +66,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from mega import tracing
 from mega.context import Context, EarlyClaim, FencedLease, LockAdapter, Refusal
 from mega.errors import DependencyUnavailable, LockBackendError, MegaError, RegistrationError
 from mega.schedules import audit, cron
@@ -582,8 +583,12 @@ class Scheduler:
         error: BaseException | None = None
         release_error: Exception | None = None
         try:
-            await self.signals.emit("run", **fields, lateness_ms=record.lateness_ms)
-            await spec.schedule(tick, spec.key, spec.args).run(run_ctx)
+            with tracing.internal(
+                f"tick {spec.name}", **{"mega.schedule": spec.name, "mega.key": spec.key,
+                                        "mega.fence": tick.fence, "mega.source": record.source},
+            ):  # fmt: skip
+                await self.signals.emit("run", **fields, lateness_ms=record.lateness_ms)
+                await spec.schedule(tick, spec.key, spec.args).run(run_ctx)
         except (Exception, asyncio.CancelledError) as exc:
             error = exc
         finally:

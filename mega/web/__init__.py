@@ -9,10 +9,19 @@
 `CtxDep`, `queue_dep(bus)`, `pool_dep(name)` and `provided(cls)` give a route the context, a
 JobQueue, a CPU pool and the app's own objects (mega/web/deps.py).
 
+`admin_router(prefix="/admin")` is the operator's pages over the whole fleet (mega/web/admin).
+
 `create_web_app(config, ctx, routers=[...])` wires login, sessions, CSRF, security headers, the
 envelope, /healthz, /readyz and /metrics; see the guide's http chapter.
 """
 
+from mega.web.admin import (
+    admin_router,
+    instance_rows,
+    scheduler_instances,
+    short_instance,
+    tick_rows,
+)
 from mega.web.app import create_web_app
 from mega.web.auth import CurrentUser, UserDep, ensure_user
 from mega.web.deps import CtxDep, context, job_queue, pool_dep, provide, provided, queue_dep
@@ -28,6 +37,7 @@ __all__ = [
     "EmailAddress",
     "UserDep",
     "WholeNumber",
+    "admin_router",
     "api_responses",
     "context",
     "create_web_app",
@@ -36,6 +46,7 @@ __all__ = [
     "field_errors",
     "flash",
     "form_number",
+    "instance_rows",
     "job_queue",
     "normalise_username",
     "ok",
@@ -44,4 +55,7 @@ __all__ = [
     "provided",
     "queue_dep",
     "render",
+    "scheduler_instances",
+    "short_instance",
+    "tick_rows",
 ]

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mega import tracing
 from mega.errors import TaskFailed, WorkerError, WorkerOverloaded
 from mega.signals import Signals
 from mega.workers.child import (
@@ -225,6 +226,14 @@ class WorkerPool:
             raise self._overloaded()
         else:
             self._queue.append(task)
+        if tracing.tracer() is None:
+            return await self._result(task, future)
+        with tracing.internal(f"pool {self.name}.{task_name}", **{
+            "mega.pool": self.name, "mega.task": task_name,
+        }):  # fmt: skip
+            return await self._result(task, future)
+
+    async def _result(self, task: _Task, future: asyncio.Future[Any]) -> Any:
         try:
             return await future
         except asyncio.CancelledError:

@@ -163,17 +163,22 @@
     const s = data.schedules;
     if (panel("schedules", s)) {
       $("sched-instances").textContent = s.instances.length;
+      // The rows of the admin's macros (mega/web/templates/admin/_tables.html), in this page's classes.
       replaceRows($("sched-instance-list").tBodies[0], s.instances.map((i) =>
         el("tr", { "data-key": i.instance },
           el("td", { class: "mono small", title: i.instance }, i.short),
-          el("td", { class: "num mono" }, time(i.last_seen)),
+          el("td", { class: "num mono small" }, el("time", { datetime: i.utc }, i.time)),
           el("td", {}, el("span", { class: "badge " + (i.ticking ? "badge-ok" : "badge-warn") }, i.ticking ? "ticking" : "silent")))), null);
       $("sched-instance-list").hidden = s.instances.length === 0;
+      const sourceBadge = { manual: "badge-info", pause: "badge-warn", resume: "badge-ok" };
       replaceRows($("sched-ticks").tBodies[0], s.ticks.map((t) =>
         el("tr", { "data-key": `${t.source} ${t.instant}` },
-          el("td", { class: "mono" }, time(t.instant)),
-          el("td", { class: "mono small", title: t.winner }, t.winner_short || "none"),
-          el("td", { class: "num" }, t.skipped.length))), $("sched-empty"));
+          el("td", { class: "mono small" }, el("time", { datetime: t.utc }, t.time)),
+          el("td", {}, el("span", { class: "badge " + (sourceBadge[t.source] || "") }, t.source)),
+          el("td", { class: "mono small", title: t.winner || "" }, t.winner_short || "none"),
+          el("td", {}, ...(t.skipped.length
+            ? t.skipped.map((k) => el("div", {}, el("span", { class: "mono small", title: k.instance }, k.short), `: ${k.reason}`))
+            : [el("span", { class: "muted" }, "—")])))), $("sched-empty"));
     }
     const j = data.jobs;
     if (panel("jobs", j)) {

@@ -21,7 +21,8 @@
     const progress = job.state === "running" && job.progress ? job.progress : null;
     return el("article", { class: "job", "data-key": job.id, "data-id": job.id, "data-status": job.state },
       el("header", { class: "job-head" },
-        el("span", { class: "mono" }, job.id),
+        el("a", { class: "mono", href: "/admin/jobs/" + encodeURIComponent(job.id) + "?job=EmailJob",
+                  title: "Its whole life on the admin pages" }, job.id),
         el("span", { class: "badge" }, job.mode),
         el("span", { class: "badge status-" + job.state }, job.state),
         el("span", { class: "muted small job-to" }, job.to),

@@ -22,6 +22,9 @@ PAGES = (
     "/demo/guide/jobs",
     "/demo/source?path=app/jobs/email.py",
     "/docs",
+    "/admin/",
+    "/admin/dlq/EmailJob",
+    "/admin/search?id=no-such-job",
 )
 BLOCKING = {"serious", "critical"}
 

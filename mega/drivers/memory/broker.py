@@ -38,6 +38,11 @@ class MemoryMessage:
     deliveries: int = 0
     base: int = 0
     key: int = field(default_factory=lambda: next(_keys))  # the same for every redelivery
+    trace: dict[str, str] | None = None
+
+
+# An emitted event as groups to come replay it: name, id, body, emitted at ms, trace headers.
+KeptEvent = tuple[str, str, bytes, int, dict[str, str] | None]
 
 
 @dataclass
@@ -127,8 +132,10 @@ class MemoryBroker:
     def __init__(self) -> None:
         self.subjects: dict[str, MemoryLane] = {}
         self.dedup: dict[str, float] = {}  # id -> when it leaves the dedup window (monotonic)
-        # Emitted events (name, id, body, emitted at ms), oldest first, for groups to come.
-        self.events: deque[tuple[str, str, bytes, int]] = deque(maxlen=EVENTS_KEPT)
+        # Emitted events, oldest first, for groups to come.
+        self.events: deque[tuple[str, str, bytes, int, dict[str, str] | None]] = deque(
+            maxlen=EVENTS_KEPT
+        )
         # Listener groups: group -> (its pattern's test of an event name, its queue's name).
         self.groups: dict[str, tuple[Callable[[str], bool], str]] = {}
         # The lanes' record stores: (queue name, table) -> key -> (value, expires, monotonic s).

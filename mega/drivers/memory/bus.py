@@ -78,9 +78,9 @@ class MemoryBus:
             return
         matches = pattern_matcher(lane.subject)
         self.broker.groups[lane.name] = (matches, queue_name(lane))
-        for name, event_id, body, emitted in self.broker.events:
+        for name, event_id, body, emitted, trace in self.broker.events:
             if matches(name):
-                queue.put(MemoryMessage(event_id, name, body, emitted, emitted))
+                queue.put(MemoryMessage(event_id, name, body, emitted, emitted, trace=trace))
 
     async def publish(self, lane: Lane, messages: Sequence[Message]) -> list[bool]:
         queue = self.broker.lane(lane)
@@ -91,8 +91,9 @@ class MemoryBus:
                 continue
             run_at = max(message.enqueued_at_ms, message.run_at_ms or 0)
             stored = MemoryMessage(
-                message.id, message.subject, message.body, message.enqueued_at_ms, run_at
-            )
+                message.id, message.subject, message.body, message.enqueued_at_ms, run_at,
+                trace=message.trace,
+            )  # fmt: skip
             queue.put(stored, at_ms=message.run_at_ms)
             kept.append(True)
         return kept
@@ -203,14 +204,14 @@ class MemoryBus:
             if self.broker.seen(message.id):
                 kept.append(False)
                 continue
-            name, event_id, body, emitted = (
-                message.subject, message.id, message.body, message.enqueued_at_ms
+            name, event_id, body, emitted, trace = (
+                message.subject, message.id, message.body, message.enqueued_at_ms, message.trace
             )  # fmt: skip
-            self.broker.events.append((name, event_id, body, emitted))
+            self.broker.events.append((name, event_id, body, emitted, trace))
             for matches, queue in self.broker.groups.values():
                 if matches(name):
                     self.broker.subject(queue).put(
-                        MemoryMessage(event_id, name, body, emitted, emitted)
+                        MemoryMessage(event_id, name, body, emitted, emitted, trace=trace)
                     )
             kept.append(True)
         return kept

@@ -50,6 +50,7 @@ class MemoryReceiver:
                     run_at_ms=message.run_at_ms,
                     key=message.key,
                     handle=message,
+                    trace=message.trace,
                 )
             )
         return found
@@ -67,6 +68,7 @@ class MemoryReceiver:
         if message is None:
             return
         message.base, message.deliveries, message.run_at_ms = attempts, 0, due_ms
+        message.trace = delivery.trace
         self.queue.put(message, at_ms=due_ms)
 
     async def extend(self, delivery: Delivery) -> None:

@@ -466,7 +466,7 @@ class NatsBus:
         self._check_connected()
         envelopes = [
             (EVENT_PREFIX + m.subject, m.body,
-             {NATS_MSG_ID: m.id, HEADER_EMITTED_AT: str(m.enqueued_at_ms)})
+             {NATS_MSG_ID: m.id, HEADER_EMITTED_AT: str(m.enqueued_at_ms), **(m.trace or {})})
             for m in messages
         ]  # fmt: skip
         return await self._publish(envelopes, timeout_s=EVENTS_TIMEOUT_S)
@@ -546,6 +546,8 @@ def job_envelope(message: Message) -> tuple[str, bytes, dict[str, str]]:
     if message.dedup:
         headers[NATS_MSG_ID] = message.id
     headers[HEADER_JOB_ID] = message.id
+    if message.trace:
+        headers.update(message.trace)
     if message.run_at_ms is None:
         return message.subject, message.body, headers
     headers[HEADER_RUN_AT] = str(message.run_at_ms)

@@ -47,6 +47,7 @@ from mega.drivers.nats.names import (
     schedule_subject,
     stream_of,
 )
+from mega.tracing import carried
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NatsClient
@@ -267,7 +268,7 @@ class NatsReceiver:
         return Delivery(
             id=job_id or f"{self.stream}:{seq}", subject=subject, body=msg.data,
             attempt=attempt, enqueued_at_ms=enqueued, run_at_ms=_int(headers.get(HEADER_RUN_AT)),
-            key=seq, handle=msg,
+            key=seq, handle=msg, trace=carried(headers),
         )  # fmt: skip
 
     # -- settling -----------------------------------------------------------------------------
@@ -291,6 +292,8 @@ class NatsReceiver:
                                       delivery.enqueued_at_ms, due_ms)  # fmt: skip
             headers[HEADER_ATTEMPTS] = str(attempts)
             headers.update(schedule_headers(target, due_ms))
+            if delivery.trace:
+                headers.update(delivery.trace)
             try:
                 await self.bus.js.publish(schedule_subject(target), msg.data, headers=headers)
             except APIError as exc:  # the stream refuses schedules (made before 2.12)

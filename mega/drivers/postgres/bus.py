@@ -84,6 +84,7 @@ def publish_params(key: str, message: Message) -> dict[str, Any]:
         "enqueued_at_ms": message.enqueued_at_ms,
         "run_at_ms": message.run_at_ms,
         "dedup": message.dedup,
+        "trace": sql.trace_text(message.trace),
     }
 
 
@@ -394,6 +395,7 @@ class PostgresBus:
                 "name": message.subject,
                 "body": message.body,
                 "emitted_at_ms": message.enqueued_at_ms,
+                "trace": sql.trace_text(message.trace),
             }
             for message in messages
         ]

@@ -189,7 +189,10 @@ class PostgresReceiver:
                     return
 
     async def retry(self, delivery: Delivery, *, due_ms: int, attempts: int) -> None:
-        await self._settle(sql.RETRY, delivery, due_ms=due_ms, attempts=attempts)
+        await self._settle(
+            sql.RETRY, delivery, due_ms=due_ms, attempts=attempts,
+            trace=sql.trace_text(delivery.trace),
+        )  # fmt: skip
 
     async def extend(self, delivery: Delivery) -> None:
         await self._settle(sql.EXTEND, delivery, ack_wait_s=float(self._lane.ack_wait_s))
@@ -257,7 +260,7 @@ class PostgresReceiver:
 
 
 def _delivery(row: tuple[Any, ...]) -> Delivery:
-    row_id, job_id, subject, body, attempts, deliveries, enqueued_at_ms, run_at_ms = row
+    row_id, job_id, subject, body, attempts, deliveries, enqueued_at_ms, run_at_ms, trace = row
     return Delivery(
         id=job_id,
         subject=subject,
@@ -269,4 +272,5 @@ def _delivery(row: tuple[Any, ...]) -> Delivery:
         # The row, and its claim: settles that change the row apply only while this claim is
         # its latest (see sql.EXTEND).
         handle=(row_id, deliveries),
+        trace=sql.trace_of(trace),
     )

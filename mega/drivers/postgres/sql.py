@@ -20,6 +20,7 @@ boundary with `to_timestamp(ms / 1000.0)`; the caller-given stamps that are only
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 
 from mega.drivers.base import DEDUP_WINDOW_S
@@ -114,6 +115,12 @@ RECORDS_DDL: tuple[str, ...] = (
     f"CREATE INDEX IF NOT EXISTS {RECORDS}_expires ON {RECORDS} (expires_at)",
 )
 
+# The trace context headers a job row or an event carries (JSON text; NULL without tracing):
+# added later (migration 0007), as columns of the tables above.
+TRACE_DDL: tuple[str, ...] = (
+    f"ALTER TABLE {JOBS} ADD COLUMN IF NOT EXISTS trace text",
+    f"ALTER TABLE {EVENTS} ADD COLUMN IF NOT EXISTS trace text",
+)
 # The dead letters by job id (`Bus.dead_letter`), made later than the table: by `ensure` alone
 # (no migration yet).
 DEAD_INDEX_DDL: tuple[str, ...] = (
@@ -145,7 +152,7 @@ COUNTER_DDL: tuple[str, ...] = (
 )
 
 # Every table, where missing: what `PostgresBus.ensure` runs.
-SCHEMA = DDL + RECORDS_DDL + DEAD_INDEX_DDL + COUNTER_DDL
+SCHEMA = DDL + RECORDS_DDL + TRACE_DDL + DEAD_INDEX_DDL + COUNTER_DDL
 
 # -- jobs -------------------------------------------------------------------------------------
 
@@ -162,9 +169,9 @@ WITH fresh AS (
         WHERE {DEDUP}.expires_at <= now()
     RETURNING 1
 ), stored AS (
-    INSERT INTO {JOBS} (lane, job_id, subject, body, enqueued_at_ms, run_at)
+    INSERT INTO {JOBS} (lane, job_id, subject, body, enqueued_at_ms, run_at, trace)
     SELECT %(lane)s, %(job_id)s, %(subject)s, %(body)s, %(enqueued_at_ms)s,
-           coalesce(to_timestamp(CAST(%(run_at_ms)s AS bigint) / 1000.0), now())
+           coalesce(to_timestamp(CAST(%(run_at_ms)s AS bigint) / 1000.0), now()), %(trace)s
     WHERE NOT %(dedup)s OR EXISTS (SELECT 1 FROM fresh)
     RETURNING 1
 )
@@ -194,7 +201,8 @@ SET leased_until = now() + make_interval(secs => %(ack_wait_s)s),
     consumer = %(consumer)s
 FROM due WHERE job.id = due.id
 RETURNING job.id, job.job_id, job.subject, job.body, job.attempts, job.deliveries,
-          job.enqueued_at_ms, (extract(epoch FROM job.run_at) * 1000)::bigint AS run_at_ms
+          job.enqueued_at_ms, (extract(epoch FROM job.run_at) * 1000)::bigint AS run_at_ms,
+          job.trace
 """
 
 # Seconds until the lane's next not-yet-due row is due (NULL: none), to end a fetch's wait
@@ -219,7 +227,7 @@ WHERE id = %(id)s AND deliveries = %(deliveries)s
 RETRY = f"""
 UPDATE {JOBS}
 SET run_at = to_timestamp(%(due_ms)s / 1000.0), attempts = %(attempts)s, deliveries = 0,
-    leased_until = NULL, consumer = NULL
+    leased_until = NULL, consumer = NULL, trace = %(trace)s
 WHERE id = %(id)s AND deliveries = %(deliveries)s
 """
 
@@ -282,8 +290,8 @@ EMIT_LOCK = f"SELECT pg_advisory_xact_lock({EMIT_LOCK_KEY})"
 
 # Append one event unless its id is kept already; a row back: it was kept.
 EMIT = f"""
-INSERT INTO {EVENTS} (event_id, name, body, emitted_at_ms)
-VALUES (%(event_id)s, %(name)s, %(body)s, %(emitted_at_ms)s)
+INSERT INTO {EVENTS} (event_id, name, body, emitted_at_ms, trace)
+VALUES (%(event_id)s, %(name)s, %(body)s, %(emitted_at_ms)s, %(trace)s)
 ON CONFLICT (event_id) DO NOTHING
 RETURNING seq
 """
@@ -303,11 +311,11 @@ CURSOR_LOCK = f"SELECT last_seq FROM {CURSORS} WHERE lane = %(lane)s FOR UPDATE 
 # Returns how many were copied and how many read.
 COPY_EVENTS = f"""
 WITH batch AS (
-    SELECT seq, event_id, name, body, emitted_at_ms FROM {EVENTS}
+    SELECT seq, event_id, name, body, emitted_at_ms, trace FROM {EVENTS}
     WHERE seq > %(last_seq)s ORDER BY seq LIMIT %(limit)s
 ), copied AS (
-    INSERT INTO {JOBS} (lane, job_id, subject, body, enqueued_at_ms)
-    SELECT %(lane)s, event_id, name, body, emitted_at_ms FROM batch
+    INSERT INTO {JOBS} (lane, job_id, subject, body, enqueued_at_ms, trace)
+    SELECT %(lane)s, event_id, name, body, emitted_at_ms, trace FROM batch
     WHERE name ~ %(pattern)s ORDER BY seq
     RETURNING 1
 ), moved AS (
@@ -384,3 +392,19 @@ def counter_of(lane_key: str) -> str:
 def sqlalchemy_text(statement: str) -> str:
     """The statement with SQLAlchemy's `:name` parameters instead of psycopg's `%(name)s`."""
     return re.sub(r"%\((\w+)\)s", r":\1", statement)
+
+
+def trace_text(trace: dict[str, str] | None) -> str | None:
+    """A message's trace context headers as the `trace` column holds them (JSON, or NULL)."""
+    return json.dumps(trace) if trace else None
+
+
+def trace_of(text: str | None) -> dict[str, str] | None:
+    """The trace context headers of a `trace` column (None for NULL or anything else)."""
+    if not text:
+        return None
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None

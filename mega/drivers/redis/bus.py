@@ -113,17 +113,21 @@ class RedisBus:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for message in messages:
                     run_at = max(message.enqueued_at_ms, message.run_at_ms or 0)
+                    trace = json.dumps(message.trace) if message.trace else ""
                     if not message.dedup and run_at <= now_ms:
-                        pipe.xadd(keys.stream, {"id": message.id, "body": message.body,
-                                                "enqueued_at": message.enqueued_at_ms,
-                                                "run_at": run_at, "base": 0})  # fmt: skip
+                        fields: dict[Any, Any] = {"id": message.id, "body": message.body,
+                                  "enqueued_at": message.enqueued_at_ms, "run_at": run_at,
+                                  "base": 0}  # fmt: skip
+                        if trace:
+                            fields["trace"] = trace
+                        pipe.xadd(keys.stream, fields)
                         continue
                     dedup_key = f"{keys.stream}:dedup:{message.id}" if message.dedup else ""
                     await self._enqueue(
                         keys=[keys.stream, keys.scheduled, dedup_key],
                         args=[
                             message.id, message.body, message.enqueued_at_ms, run_at,
-                            run_at if run_at > now_ms else "", DEDUP_WINDOW_S,
+                            run_at if run_at > now_ms else "", DEDUP_WINDOW_S, trace,
                         ],
                         client=pipe,
                     )  # fmt: skip
@@ -418,6 +422,7 @@ class RedisBus:
                         args=[
                             message.id, EVENT_SUBJECT_PREFIX + message.subject, message.body,
                             message.enqueued_at_ms, oldest_kept, DEDUP_WINDOW_S,
+                            json.dumps(message.trace) if message.trace else "",
                         ],
                         client=pipe,
                     )  # fmt: skip

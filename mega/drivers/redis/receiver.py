@@ -221,6 +221,7 @@ class RedisReceiver:
                     run_at_ms=_ms(fields.get("run_at")),
                     key=(stream, as_text(entry_id)),
                     handle=Entry(stream, entry_id, fields, deliveries),
+                    trace=_trace(fields.get("trace")),
                 )
             )
         return found
@@ -237,6 +238,8 @@ class RedisReceiver:
         entry, keys = _entry(delivery), self.keys
         again = {name: as_text(value) for name, value in entry.fields.items()}
         again.update(run_at=str(due_ms), base=str(attempts))
+        if delivery.trace:
+            again["trace"] = json.dumps(delivery.trace)
         member = [item for pair in again.items() for item in pair]
         delete = int(keys.deletes(entry.stream))
         args: list[bytes | str | int] = [
@@ -366,3 +369,14 @@ def _entry(delivery: Delivery) -> Entry:
 
 def _ms(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def _trace(raw: Any) -> dict[str, str] | None:
+    """An entry's trace context headers (its `trace` field, JSON), or None."""
+    if not raw:
+        return None
+    try:
+        found = json.loads(raw)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None

@@ -51,13 +51,17 @@ HOUSEKEEPING_S = 0.1
 PROMOTE_BATCH = 1000
 
 # KEYS: stream, scheduled, dedup key (or ""); ARGV: id, body, enqueued_at, run_at, due (or ""),
-# dedup ttl s. Returns 0 when the id was a duplicate.
+# dedup ttl s, trace context JSON (or ""). Returns 0 when the id was a duplicate.
 ENQUEUE = """
 if KEYS[3] ~= '' then
   if not redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[6]) then return 0 end
 end
 local fields = {'id', ARGV[1], 'body', ARGV[2], 'enqueued_at', ARGV[3], 'run_at', ARGV[4],
                 'base', '0'}
+if ARGV[7] ~= '' then
+  table.insert(fields, 'trace')
+  table.insert(fields, ARGV[7])
+end
 if ARGV[5] ~= '' then
   redis.call('ZADD', KEYS[2], ARGV[5], cjson.encode(fields))
 else
@@ -113,11 +117,16 @@ if redis.call('HGET', KEYS[2], ARGV[2]) == ARGV[1] then redis.call('HDEL', KEYS[
 return deleted
 """
 
-# KEYS: log, dedup key; ARGV: id, subject, body, emitted at ms, oldest id kept (ms), dedup ttl s.
-# Returns 0 when the id was a duplicate.
+# KEYS: log, dedup key; ARGV: id, subject, body, emitted at ms, oldest id kept (ms), dedup ttl s,
+# trace context JSON (or ""). Returns 0 when the id was a duplicate.
 EMIT = """
 if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[6]) then return 0 end
-redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[5], '*', 'id', ARGV[1], 'subject', ARGV[2],
-           'body', ARGV[3], 'enqueued_at', ARGV[4], 'run_at', ARGV[4])
+local fields = {'id', ARGV[1], 'subject', ARGV[2], 'body', ARGV[3], 'enqueued_at', ARGV[4],
+                'run_at', ARGV[4]}
+if ARGV[7] ~= '' then
+  table.insert(fields, 'trace')
+  table.insert(fields, ARGV[7])
+end
+redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[5], '*', unpack(fields))
 return 1
 """

@@ -15,7 +15,18 @@ from typing import Any
 
 import pytest
 
-from mega import Context, Event, EventBus, Listener, ListenerWorker, Permanent, ReceivedEvent
+from mega import (
+    Cause,
+    Context,
+    Event,
+    EventBus,
+    Job,
+    JobQueue,
+    Listener,
+    ListenerWorker,
+    Permanent,
+    ReceivedEvent,
+)
 from mega.config import load_config
 from mega.runtime.boot import boot, shutdown
 from tests.factories import write_config
@@ -194,6 +205,34 @@ async def test_stop_drains_running_listeners(setup: Setup) -> None:
     await until(lambda: RUNS[(setup.welcome.group, event_id)] == 1, "started")
     await worker.stop(5)
     assert setup.signals(setup.welcome, event_id) == [("start", 1), ("done", 1)]
+
+
+class Enqueuer(Listener):
+    """Enqueues the Job class named by its `job` attribute, with the event's id as its id."""
+
+    job: Any = None
+
+    async def run(self, event: ReceivedEvent, ctx: Context) -> None:
+        await JobQueue(ctx, "jobs").enqueue(self.job, {}, id=f"j{event.id}")
+
+
+async def test_a_job_enqueued_by_a_listener_names_the_event_as_its_cause(setup: Setup) -> None:
+    job = type("Welcomed", (Job,), {"subject": f"{setup.prefix}.welcomed", "bus": "jobs",
+                                    "run": lambda self, payload, ctx: None})  # fmt: skip
+    enqueuer = type("enqueuer", (Enqueuer,), {
+        "event": setup.signed, "group": f"{setup.prefix}-enqueuer", "bus": "jobs", "job": job,
+    })  # fmt: skip
+    await setup.start(enqueuer)
+    queue = JobQueue(setup.ctx, "jobs")
+    event_id = await setup.bus.emit(setup.signed, {})
+    await until(lambda: setup.signals(enqueuer, event_id) == [("start", 1), ("done", 1)], "ran")
+    status = await queue.status(job, f"j{event_id}")
+    assert status is not None and status.state == "queued"
+    assert status.cause == Cause(kind="event", name=setup.signed.name, id=event_id,
+                                 group=enqueuer.group)  # fmt: skip
+    await queue.enqueue(job, {}, id="by-hand")
+    by_hand = await queue.status(job, "by-hand")
+    assert by_hand is not None and by_hand.cause is None  # enqueued outside any run
 
 
 async def test_a_groups_stats_and_its_consume_loops_seen(setup: Setup) -> None:

@@ -228,6 +228,58 @@ def test_json_logs_are_one_object_per_line_with_the_event_fields(
     assert entries[-1]["message"] == "scheduler stopped"
 
 
+def test_a_traced_host_prints_its_spans_and_its_json_logs_name_them(
+    tmp_path: Path, nats_url: str, redis_url: str, prefix: str
+) -> None:
+    """`OTEL_TRACES_EXPORTER=console`: each span is a JSON line on stdout, a tick the parent of
+    the job it enqueued; the JSON logs (stderr) carry each signal's fields as keys, with the
+    trace and span ids of the span they were logged in."""
+    import json
+
+    body = (
+        "from tests.mega.runtime.traced_app import Echo, EnqueueEverySecond\n"
+        "schedules = [EnqueueEverySecond]\njobs = [Echo]\n"
+    )
+    config = write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body)
+    env = {**os.environ, "OTEL_TRACES_EXPORTER": "console", "MEGA_LOG_LEVEL": "DEBUG"}
+    env.pop("OTEL_SERVICE_NAME", None)
+    host = subprocess.Popen(
+        [*MEGA, "work", "--with-scheduler", "--json-logs", "--config", str(config)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(4)  # a few ticks, each with its job
+        host.send_signal(signal.SIGTERM)
+        out, err = host.communicate(timeout=30)
+    finally:
+        if host.poll() is None:
+            host.kill()
+            host.communicate()
+    assert host.returncode == 0, err
+    spans = [json.loads(line) for line in out.splitlines()]  # every line of stdout: a span
+    assert {s["resource"]["attributes"]["service.name"] for s in spans} == {"mega-work"}
+    by_id = {s["context"]["span_id"]: s for s in spans}
+    runs = [s for s in spans if s["name"] == "process traced.echo"]
+    assert runs, [s["name"] for s in spans]
+    for run in runs:
+        send = by_id[run["parent_id"]]
+        tick = by_id[send["parent_id"]]
+        assert (send["name"], tick["name"]) == ("send traced.echo", "tick EnqueueEverySecond")
+        assert run["context"]["trace_id"] == tick["context"]["trace_id"]
+        assert tick["parent_id"] is None  # a scheduled tick starts its trace
+    logs = [json.loads(line) for line in err.splitlines()]  # every line of stderr: JSON
+    done = [e for e in logs if e.get("signal") == "done" and e.get("job") == "Echo"]
+    assert done, [e["message"] for e in logs]
+    for entry in done:
+        assert {"id", "attempt", "worker", "duration_ms", "trace_id", "span_id"} <= set(entry)
+        assert entry["attempt"] == 1 and isinstance(entry["duration_ms"], float)
+        assert entry["worker"].startswith("work@")
+        span = by_id["0x" + entry["span_id"]]  # the run's own span
+        assert span["name"] == "process traced.echo"
+        assert span["context"]["trace_id"] == "0x" + entry["trace_id"]
+        assert span["attributes"]["messaging.message.id"] == entry["id"]
+
+
 @pytest.mark.parametrize("command", ["start", "dev"])
 def test_port_in_use_is_one_clear_line(
     tmp_path: Path, nats_url: str, redis_url: str, command: str

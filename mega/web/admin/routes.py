@@ -1,0 +1,438 @@
+"""The admin router: the operator's view of the whole fleet, for any app that uses mega.
+
+    from mega.web import admin_router, create_web_app
+
+    app = create_web_app(config, ctx, routers=[admin_router(prefix="/admin")])
+
+Pages (all behind the login; an API token works too):
+
+    GET  {prefix}/                       every job queue and listener group, their workers, the
+                                         scheduler instances and the schedules
+    GET  {prefix}/jobs/{id}              one job's whole life, its result, its dead letter
+    GET  {prefix}/search?id=...          finds the id in every job queue's status records
+    GET  {prefix}/dlq/{job}              a job queue's dead letters, newest first, 50 a page
+    GET  {prefix}/listeners/{group}/dlq  a listener group's dead letters, the same way
+    POST {dlq page}/retry, /delete       one dead letter (form field `id`)
+    GET  {dlq page}/purge, POST          the purge, after a confirm step
+    POST {prefix}/schedules/{name}/pause, /resume, /run
+
+What it shows comes from the app's registry: the config's `jobs`, `listeners` and `schedules`
+(or the lists given to `admin_router`), read through the app's own JobQueue per bus
+(`mega.web.job_queue`) and the app's Scheduler when it `provide`d one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+from urllib.parse import quote, urlencode
+
+from fastapi import APIRouter, Form, HTTPException, Query, Request, Response
+from fastapi.responses import FileResponse, RedirectResponse
+
+from mega.errors import ConfigError, JobError, MegaError, RegistrationError
+from mega.events.bus import EventBus
+from mega.jobs.dlq import DeadLetters
+from mega.jobs.queue import JobQueue
+from mega.schedules.scheduler import Scheduler
+from mega.web.admin import fleet
+from mega.web.auth import UserDep
+from mega.web.deps import context, job_queue, provide, provided
+from mega.web.pages import flash, render
+
+PAGE_SIZE = 50
+MAX_ID_CHARS = 200
+STYLESHEET = fleet.__file__.rsplit("/", 1)[0] + "/admin.css"
+
+IdQuery = Annotated[str, Query(max_length=MAX_ID_CHARS)]
+BeforeQuery = Annotated[int | None, Query(ge=1)]
+IdForm = Annotated[str, Form(min_length=1, max_length=MAX_ID_CHARS)]
+
+
+@dataclass
+class Lane:
+    """A registered job or listener class, with the endpoint that reads its lane."""
+
+    kind: str  # "job" or "group"
+    name: str
+    cls: type[Any]
+    endpoint: JobQueue | EventBus
+
+    @property
+    def bus(self) -> str:
+        return self.endpoint.bus_alias
+
+    @property
+    def dlq(self) -> DeadLetters:
+        return self.endpoint.dlq
+
+
+@dataclass
+class AdminState:
+    """What the admin keeps per app: the rate samples and the event buses it made."""
+
+    rates: fleet.RateSampler = field(default_factory=fleet.RateSampler)
+    event_buses: dict[str, EventBus] = field(default_factory=dict)
+
+
+class Admin:
+    """The router's settings and the lookups its routes share."""
+
+    def __init__(
+        self,
+        prefix: str,
+        jobs: Sequence[type[Any]] | None,
+        listeners: Sequence[type[Any]] | None,
+        schedules: Sequence[type[Any]] | None,
+        title: str,
+    ) -> None:
+        self.prefix = prefix.rstrip("/")
+        self.jobs, self.listeners, self.schedules = jobs, listeners, schedules
+        self.title = title
+
+    # -- urls ------------------------------------------------------------------------------
+
+    def url(self, path: str = "/", **query: Any) -> str:
+        kept = {k: v for k, v in query.items() if v is not None}
+        return self.prefix + path + (f"?{urlencode(kept)}" if kept else "")
+
+    def job_url(self, job_id: str, job: str | None = None) -> str:
+        return self.url(f"/jobs/{quote(job_id, safe='')}", job=job)
+
+    def dlq_url(self, lane: Lane, **query: Any) -> str:
+        name = quote(lane.name, safe="")
+        path = f"/dlq/{name}" if lane.kind == "job" else f"/listeners/{name}/dlq"
+        return self.url(path, **query)
+
+    # -- the registry ------------------------------------------------------------------------
+
+    def state(self, request: Request) -> AdminState:
+        app_state = request.app.state
+        if not hasattr(app_state, "mega_admin"):
+            app_state.mega_admin = AdminState()
+        kept: AdminState = app_state.mega_admin
+        return kept
+
+    def job_lanes(self, request: Request) -> list[Lane]:
+        config = request.app.state.config
+        lanes = []
+        for cls in self.jobs if self.jobs is not None else config.jobs:
+            queue = job_queue(request.app, cls.bus)
+            lanes.append(Lane("job", queue.spec(cls).name, cls, queue))
+        return lanes
+
+    def group_lanes(self, request: Request) -> list[Lane]:
+        config = request.app.state.config
+        buses = self.state(request).event_buses
+        lanes = []
+        for cls in self.listeners if self.listeners is not None else config.listeners:
+            alias = cls.bus or getattr(cls.event, "bus", None)
+            if alias is None:
+                raise ConfigError(f"{cls.__name__}: a listener of a pattern needs `bus`")
+            if alias not in buses:
+                buses[alias] = EventBus(context(request), alias)
+            lanes.append(Lane("group", buses[alias].spec(cls).group, cls, buses[alias]))
+        return lanes
+
+    def lane(self, request: Request, kind: str, name: str) -> Lane:
+        lanes = self.job_lanes(request) if kind == "job" else self.group_lanes(request)
+        for lane in lanes:
+            if lane.name == name:
+                return lane
+        what = "job queue" if kind == "job" else "listener group"
+        raise HTTPException(404, f"no {what} named {name!r} is registered")
+
+    def scheduler(self, request: Request) -> Scheduler:
+        """The app's Scheduler when it provided one, else one made here (never started: the
+        web app only reads the audit, pauses, resumes and runs manual ticks)."""
+        try:
+            scheduler = provided(Scheduler)(request)
+        except ConfigError:
+            scheduler = Scheduler(context(request))
+            provide(request.app, scheduler)
+        config = request.app.state.config
+        for cls in self.schedules if self.schedules is not None else config.schedules:
+            if getattr(cls, "name", None) not in scheduler.names:
+                with contextlib.suppress(RegistrationError):  # registered under its name
+                    scheduler.register(cls)
+        return scheduler
+
+    def page(
+        self, request: Request, template: str, status_code: int = 200, **data: Any
+    ) -> Response:
+        return render(
+            request, f"admin/{template}", {"admin": self, **data}, status_code=status_code
+        )
+
+    def done(self, request: Request, target: str, message: str) -> Response:
+        return flash(request, RedirectResponse(target, status_code=303), message)
+
+
+def admin_router(
+    prefix: str = "/admin",
+    *,
+    jobs: Sequence[type[Any]] | None = None,
+    listeners: Sequence[type[Any]] | None = None,
+    schedules: Sequence[type[Any]] | None = None,
+    title: str = "Fleet",
+) -> APIRouter:
+    """The admin pages under `prefix`, for `create_web_app(..., routers=[...])`. `jobs`,
+    `listeners` and `schedules` default to the config's lists."""
+    admin = Admin(prefix, jobs, listeners, schedules, title)
+    router = APIRouter(prefix=admin.prefix, include_in_schema=False)
+
+    @router.get("/admin.css")
+    async def stylesheet() -> Response:
+        return FileResponse(STYLESHEET, media_type="text/css")
+
+    @router.get("/")
+    async def overview(request: Request, user: UserDep) -> Response:
+        return admin.page(request, "overview.html", **await overview_data(admin, request))
+
+    @router.get("/search")
+    async def search(request: Request, user: UserDep, id: IdQuery = "") -> Response:
+        job_id = id.strip()
+        if not job_id:
+            return admin.page(request, "search.html", status_code=200, job_id="", lanes=[])
+        found = await find_job(admin, request, job_id)
+        if found is not None:
+            return RedirectResponse(admin.job_url(job_id, found[0].name), status_code=303)
+        return admin.page(
+            request, "search.html", status_code=404, job_id=job_id, lanes=keeps(admin, request)
+        )
+
+    @router.get("/jobs/{job_id}")
+    async def job_page(
+        request: Request, user: UserDep, job_id: str, job: str | None = None
+    ) -> Response:
+        if job is not None:
+            lane = admin.lane(request, "job", job)
+            status = await lane.endpoint.status(lane.cls, job_id)  # type: ignore[union-attr]
+            found = (lane, status) if status is not None else None
+        else:
+            found = await find_job(admin, request, job_id)
+        if found is None:
+            return admin.page(
+                request, "search.html", status_code=404, job_id=job_id,
+                lanes=keeps(admin, request),
+            )  # fmt: skip
+        return admin.page(request, "job.html", **await job_data(admin, request, *found))
+
+    for kind, path in (("job", "/dlq/{name}"), ("group", "/listeners/{name}/dlq")):
+        add_dlq_routes(router, admin, kind, path)
+
+    for action in ("pause", "resume", "run"):
+        add_schedule_route(router, admin, action)
+    return router
+
+
+# -- the overview -----------------------------------------------------------------------------
+
+
+async def lane_view(admin: Admin, request: Request, lane: Lane) -> fleet.LaneView:
+    view = fleet.LaneView(lane.kind, lane.name, lane.bus, lane.cls, admin.dlq_url(lane))
+    try:
+        stats = await lane.endpoint.stats(lane.cls)
+        view.stats = stats
+        view.oldest = fleet.oldest_text(stats)
+        key = (lane.kind, lane.bus, lane.name)
+        view.rate = fleet.rate_text(admin.state(request).rates.rate(key, stats))
+        if isinstance(lane.endpoint, JobQueue) and lane.endpoint.spec(lane.cls).keep_status_s:
+            view.paused = (await lane.endpoint.paused(lane.cls)).paused
+        workers = getattr(lane.endpoint, "workers", None)
+        if workers is not None:
+            view.workers = fleet.worker_rows(await workers(lane.cls))
+    except MegaError as exc:
+        view.error = fleet.error_text(exc)
+    return view
+
+
+async def schedule_view(scheduler: Scheduler, name: str) -> dict[str, Any]:
+    settings = scheduler.describe(name)
+    view: dict[str, Any] = {"name": name, "settings": settings, "error": None}
+    view["next_utc"] = fleet.tick_rows(
+        [{"instant": at, "source": "", "winner": None, "skipped": []}
+         for at in settings["next_runs"][:1]]
+    )  # fmt: skip
+    try:
+        pause = await scheduler.paused(name)
+        ticks = await scheduler.recent_ticks(name, limit=fleet.RECENT_TICKS)
+    except MegaError as exc:
+        view.update(error=fleet.error_text(exc), paused=False, pause_text="", ticks=[],
+                    instances=[], lockless=False)  # fmt: skip
+        return view
+    view.update(
+        paused=pause.paused,
+        pause_text=fleet.pause_text(pause.paused, pause.at_ms, pause.by),
+        lockless=settings["lock"] is None,
+        ticks=fleet.tick_rows(ticks[: fleet.AUDIT_ROWS]),
+        instances=fleet.scheduler_instances(ticks),
+    )
+    return view
+
+
+async def overview_data(admin: Admin, request: Request) -> dict[str, Any]:
+    jobs = [await lane_view(admin, request, lane) for lane in admin.job_lanes(request)]
+    groups = [await lane_view(admin, request, lane) for lane in admin.group_lanes(request)]
+    scheduler = admin.scheduler(request)
+    schedules = [await schedule_view(scheduler, name) for name in scheduler.names]
+    instances = fleet.merge_instances(s["instances"] for s in schedules)
+    return {
+        "title": admin.title,
+        "jobs": jobs,
+        "groups": groups,
+        "schedules": schedules,
+        "instances": fleet.instance_rows(instances),
+    }
+
+
+# -- one job ------------------------------------------------------------------------------------
+
+
+async def find_job(admin: Admin, request: Request, job_id: str) -> tuple[Lane, Any] | None:
+    """The first job lane whose status store has a record of `job_id`, with the record."""
+    for lane in admin.job_lanes(request):
+        try:
+            status = await lane.endpoint.status(lane.cls, job_id)  # type: ignore[union-attr]
+        except MegaError:
+            continue  # an unreachable bus: the other lanes may still know it
+        if status is not None:
+            return lane, status
+    return None
+
+
+def keeps(admin: Admin, request: Request) -> list[dict[str, Any]]:
+    """How long each job queue keeps its status records, for the page that found nothing."""
+    return [
+        {"name": lane.name, "keep": _kept(lane.endpoint.spec(lane.cls).keep_status_s)}  # type: ignore[union-attr]
+        for lane in admin.job_lanes(request)
+    ]
+
+
+def _kept(keep_status_s: float) -> str:
+    if not keep_status_s:
+        return "none (keep_status_s = 0)"
+    return f"{fleet.age(keep_status_s)} ({keep_status_s:g} s)"
+
+
+async def job_data(admin: Admin, request: Request, lane: Lane, status: Any) -> dict[str, Any]:
+    queue = lane.endpoint
+    assert isinstance(queue, JobQueue)
+    result: dict[str, Any] | None = None
+    if status.state == "done" and status.result_kept:
+        try:
+            result = {
+                "json": fleet.pretty_json(await queue.result(lane.cls, status.id, timeout_s=2))
+            }
+        except (JobError, TimeoutError) as exc:
+            result = {"error": fleet.error_text(exc)}
+    dead = None
+    if status.state == "dlq":
+        record = await queue.dlq.get(lane.cls, status.id)
+        dead = None if record is None else fleet.dead_letter_view(record)
+    cause = status.cause
+    return {
+        "title": f"Job {status.id}",
+        "lane": lane,
+        "status": status,
+        "summary": fleet.status_view(status),
+        "attempts": fleet.attempt_rows(status),
+        "result": result,
+        "dead": dead,
+        "dlq_url": admin.dlq_url(lane),
+        "cause": None if cause is None else fleet.cause_view(cause, admin.url(f"/jobs/{cause.id}")),
+    }
+
+
+# -- dead letters -------------------------------------------------------------------------------
+
+
+async def dlq_page(lane: Lane, before: int | None) -> tuple[list[Any], int | None]:
+    """One page of dead letters, newest first, and the `before` of the next (older) page."""
+    records = await lane.dlq.list(lane.cls, limit=PAGE_SIZE + 1, before=before)
+    older = records[PAGE_SIZE - 1]["seq"] if len(records) > PAGE_SIZE else None
+    return records[:PAGE_SIZE], older
+
+
+def add_dlq_routes(router: APIRouter, admin: Admin, kind: str, path: str) -> None:
+    @router.get(path, name=f"admin_{kind}_dlq")
+    async def browse(
+        request: Request, user: UserDep, name: str, before: BeforeQuery = None
+    ) -> Response:
+        lane = admin.lane(request, kind, name)
+        records, older = await dlq_page(lane, before)
+        count = await lane.dlq.count(lane.cls)
+        return admin.page(
+            request, "dlq.html", title=f"Dead letters of {lane.name}", lane=lane, count=count,
+            records=[fleet.dead_letter_view(r) for r in records], before=before,
+            older_url=admin.dlq_url(lane, before=older) if older else None,
+            newest_url=admin.dlq_url(lane) if before else None,
+            dlq_url=admin.dlq_url(lane),
+        )  # fmt: skip
+
+    @router.post(path + "/retry", name=f"admin_{kind}_dlq_retry")
+    async def retry(request: Request, user: UserDep, name: str, id: IdForm) -> Response:
+        lane = admin.lane(request, kind, name)
+        try:
+            moved = await lane.dlq.requeue(lane.cls, id)
+        except JobError as exc:
+            return admin.done(request, admin.dlq_url(lane), exc.message)
+        text = (
+            f"Dead letter {id} requeued: it runs again, attempts counted from 1."
+            if moved
+            else f"No dead letter {id}: it was requeued, deleted or expired."
+        )
+        return admin.done(request, admin.dlq_url(lane), text)
+
+    @router.post(path + "/delete", name=f"admin_{kind}_dlq_delete")
+    async def delete(request: Request, user: UserDep, name: str, id: IdForm) -> Response:
+        lane = admin.lane(request, kind, name)
+        gone = await lane.dlq.delete(lane.cls, id)
+        text = f"Dead letter {id} deleted." if gone else f"No dead letter {id}: already gone."
+        return admin.done(request, admin.dlq_url(lane), text)
+
+    @router.get(path + "/purge", name=f"admin_{kind}_dlq_purge_confirm")
+    async def confirm_purge(request: Request, user: UserDep, name: str) -> Response:
+        lane = admin.lane(request, kind, name)
+        count = await lane.dlq.count(lane.cls)
+        return admin.page(
+            request, "purge.html", title=f"Purge the dead letters of {lane.name}", lane=lane,
+            count=count, dlq_url=admin.dlq_url(lane),
+        )  # fmt: skip
+
+    @router.post(path + "/purge", name=f"admin_{kind}_dlq_purge")
+    async def purge(request: Request, user: UserDep, name: str) -> Response:
+        lane = admin.lane(request, kind, name)
+        count = await lane.dlq.purge(lane.cls)
+        word = "dead letter" if count == 1 else "dead letters"
+        return admin.done(request, admin.dlq_url(lane), f"Purged {count} {word} of {lane.name}.")
+
+
+# -- schedules ---------------------------------------------------------------------------------
+
+
+def add_schedule_route(router: APIRouter, admin: Admin, action: str) -> None:
+    @router.post(f"/schedules/{{name}}/{action}", name=f"admin_schedule_{action}")
+    async def change(request: Request, user: UserDep, name: str) -> Response:
+        scheduler = admin.scheduler(request)
+        if name not in scheduler.names:
+            raise HTTPException(404, f"no schedule named {name!r} is registered")
+        target = admin.url("/") + "#schedules"
+        if action == "run":
+            result = await scheduler.run_now(name)
+            if not result.ran:
+                text = f"{name}: manual tick skipped: {result.reason}."
+            elif result.error:
+                text = f"{name}: manual tick ran and failed: {result.error}"
+            else:
+                text = f"{name}: manual tick ran."
+            return admin.done(request, target, text)
+        try:
+            change = scheduler.pause if action == "pause" else scheduler.resume
+            record = await change(name, by=user.username)
+        except ConfigError as exc:
+            return admin.done(request, target, f"{name}: {exc.message}")
+        state = fleet.pause_text(record.paused, record.at_ms, record.by)
+        return admin.done(request, target, f"{name}: {state}.")
