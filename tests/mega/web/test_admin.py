@@ -100,7 +100,7 @@ async def test_the_overview_a_job_page_and_the_search(
     empty = await client.get("/admin/")
     assert empty.status_code == 200
     words = text_of(empty.text)
-    assert "Boom bus jobs 0 0 0 — — —" in words  # no worker API yet: "—"
+    assert "Boom bus jobs 0 0 0 — — 0" in words  # no consume loop seen yet: 0 workers
     assert "Welcome bus jobs 0 0 0" in words
     assert "No scheduler has recorded a tick lately" in words
     assert 'data-schedule="Tidy"' in empty.text and "0 0 1 1 *" in empty.text
