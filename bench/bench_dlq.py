@@ -214,9 +214,6 @@ NOTES = {
     ("postgres", "count"): "postgres count: `SELECT count(*) ... WHERE lane = %s` reads every "
     "entry of the lane's (lane, seq) index (PostgreSQL keeps no O(1) row count), so it grows "
     "with N: reported, no target",
-    ("memory", "find"): "memory find by id: the driver keeps no index by job id and looks from "
-    "the newest record back (MemoryBus.dead_letter in mega/drivers/memory/bus.py), so finding "
-    "an old record scans the lane: a dict of job id -> newest record would make it O(1)",
 }
 
 

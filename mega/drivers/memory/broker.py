@@ -54,7 +54,8 @@ class MemoryLane:
     scheduled: int = 0  # delayed jobs and retries waiting for their time
     taken: dict[int, MemoryMessage] = field(default_factory=dict)  # delivered, by key
     stored: int = 0  # messages ever stored (a retry or a hand-back is the same message)
-    dead: list[DlqRecord] = field(default_factory=list)
+    dead: list[DlqRecord] = field(default_factory=list)  # in `seq` order
+    dead_ids: dict[str, int] = field(default_factory=dict)  # job id -> its newest record's seq
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     seq: int = 0
     timers: dict[asyncio.TimerHandle, Callable[[], None]] = field(default_factory=dict)
@@ -105,6 +106,13 @@ class MemoryLane:
         self.seq += 1
         record["seq"] = self.seq
         self.dead.append(record)
+        self.dead_ids[record["id"]] = self.seq
+
+    def drop_dead(self, index: int) -> None:
+        """Delete the dead letter at `index` of `dead` (and its entry in `dead_ids`)."""
+        record = self.dead.pop(index)
+        if self.dead_ids.get(record["id"]) == record.get("seq"):
+            del self.dead_ids[record["id"]]
 
     def fast_forward(self) -> None:
         """Make every waiting message due now (mega.testing's drain: no real sleeps)."""

@@ -115,18 +115,20 @@ class MemoryBus:
         return [record.copy() for record in reversed(dead[max(0, end - limit) : end])]
 
     async def dead_letter(self, lane: Lane, job_id: str) -> DlqRecord | None:
-        """Looked for from the newest (memory: no index)."""
-        for record in reversed(self.broker.lane(lane).dead):
-            if record["id"] == job_id:
-                found: DlqRecord = record.copy()
-                return found
-        return None
+        """Through the lane's index of the newest record per job id."""
+        queue = self.broker.lane(lane)
+        seq = queue.dead_ids.get(job_id)
+        if seq is None:
+            return None
+        index = bisect.bisect_left(queue.dead, seq, key=_seq)
+        found: DlqRecord = queue.dead[index].copy()
+        return found
 
     async def delete_dead(self, lane: Lane, seq: int) -> bool:
-        dead = self.broker.lane(lane).dead
-        index = bisect.bisect_left(dead, seq, key=_seq)
-        if index < len(dead) and _seq(dead[index]) == seq:
-            del dead[index]
+        queue = self.broker.lane(lane)
+        index = bisect.bisect_left(queue.dead, seq, key=_seq)
+        if index < len(queue.dead) and _seq(queue.dead[index]) == seq:
+            queue.drop_dead(index)
             return True
         return False
 
@@ -140,7 +142,7 @@ class MemoryBus:
         seq = record.get("seq")
         for index, kept in enumerate(queue.dead):
             if kept.get("seq") == seq if seq is not None else kept["id"] == record["id"]:
-                del queue.dead[index]
+                queue.drop_dead(index)
                 break
         now_ms = int(time.time() * 1000)
         subject = lane.subject if lane.kind == "job" else str(record["subject"])
@@ -155,9 +157,10 @@ class MemoryBus:
         )
 
     async def purge(self, lane: Lane) -> int:
-        dead = self.broker.lane(lane).dead
-        count = len(dead)
-        dead.clear()
+        queue = self.broker.lane(lane)
+        count = len(queue.dead)
+        queue.dead.clear()
+        queue.dead_ids.clear()
         return count
 
     # -- records ------------------------------------------------------------------------------

@@ -121,8 +121,7 @@ TRACE_DDL: tuple[str, ...] = (
     f"ALTER TABLE {JOBS} ADD COLUMN IF NOT EXISTS trace text",
     f"ALTER TABLE {EVENTS} ADD COLUMN IF NOT EXISTS trace text",
 )
-# The dead letters by job id (`Bus.dead_letter`), made later than the table: by `ensure` alone
-# (no migration yet).
+# The dead letters by job id (`Bus.dead_letter`), made later than the table (migration 0007).
 DEAD_INDEX_DDL: tuple[str, ...] = (
     f"CREATE INDEX IF NOT EXISTS {DEAD}_job ON {DEAD} (lane, (record->>'id'), seq)",
 )
@@ -132,8 +131,8 @@ DEAD_INDEX_DDL: tuple[str, ...] = (
 # the jobs table (a publish, a requeue, an event copied to a group). A sequence, not a counter
 # row: drawing from it takes no lock, so concurrent publishers never queue behind each other;
 # and a draw is not undone by a rollback, so a rolled-back publish counts too. A lane with no
-# sequence yet (not ensured since this counter came) counts nothing. Made by `ensure` alone
-# (no migration yet), so the DDL above stays what the migrations make.
+# sequence yet (not ensured since this counter came) counts nothing. The function and the
+# trigger came with migration 0007; the sequences are made by `ensure`.
 COUNTER_PREFIX = "mega_bus_stored_"  # + md5 of the lane key (a name fits in 63 bytes)
 COUNTER_FUNCTION = "mega_bus_count_stored"
 COUNTER_DDL: tuple[str, ...] = (

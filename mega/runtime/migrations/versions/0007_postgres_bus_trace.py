@@ -1,16 +1,26 @@
-"""The trace context a job row or an event of the `postgres` bus driver carries.
+"""The `postgres` bus driver's additions for tracing and the operator's console: the trace
+context a job row or an event carries, an index of the dead letters by job id, and the counter
+of what each lane ever stored (a trigger drawing from a sequence per lane).
 
 Revision ID: 0007
 Revises: 0006
 
 PostgreSQL only, like 0003 (a no-op on SQLite). The DDL is the driver's own
-(mega/drivers/postgres/sql.py), `IF NOT EXISTS`, the same the driver runs when it finds a
-database nobody migrated.
+(mega/drivers/postgres/sql.py), idempotent, the same the driver runs when it finds a database
+nobody migrated.
 """
 
 from alembic import op
 
-from mega.drivers.postgres.sql import EVENTS, JOBS, TRACE_DDL
+from mega.drivers.postgres.sql import (
+    COUNTER_DDL,
+    COUNTER_FUNCTION,
+    DEAD,
+    DEAD_INDEX_DDL,
+    EVENTS,
+    JOBS,
+    TRACE_DDL,
+)  # fmt: skip
 
 revision = "0007"
 down_revision = "0006"
@@ -21,12 +31,15 @@ depends_on = None
 def upgrade() -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
-    for statement in TRACE_DDL:
+    for statement in TRACE_DDL + DEAD_INDEX_DDL + COUNTER_DDL:
         op.execute(statement)
 
 
 def downgrade() -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
+    op.execute(f"DROP TRIGGER IF EXISTS {COUNTER_FUNCTION} ON {JOBS}")
+    op.execute(f"DROP FUNCTION IF EXISTS {COUNTER_FUNCTION}()")
+    op.execute(f"DROP INDEX IF EXISTS {DEAD}_job")
     for table in (JOBS, EVENTS):
         op.execute(f"ALTER TABLE {table} DROP COLUMN IF EXISTS trace")
