@@ -61,6 +61,7 @@ _EXPORTS = {
     "JobStatus": "mega.jobs.status",
     "AttemptRecord": "mega.jobs.status",
     "Cause": "mega.jobs.status",
+    "WorkerSeen": "mega.jobs.presence",
     "JobQueue": "mega.jobs.queue",
     # events
     "EventBus": "mega.events.bus",
@@ -142,6 +143,7 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.jobs.dlq import DlqRecord as DlqRecord
     from mega.jobs.job import Job as Job
     from mega.jobs.jobworker import JobWorker as JobWorker
+    from mega.jobs.presence import WorkerSeen as WorkerSeen
     from mega.jobs.progress import JobContext as JobContext
     from mega.jobs.queue import JobId as JobId
     from mega.jobs.queue import JobQueue as JobQueue

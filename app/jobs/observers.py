@@ -30,9 +30,9 @@ def attach_job_observers(worker: JobWorker, ctx: Context) -> None:
             # Enqueue-to-start latency is what users feel; later attempts wait on the backoff.
             latency = signal.get("latency_ms") if signal.get("attempt") == 1 else None
             if latency is not None:
-                await console_series.record_start(redis, worker.instance_id, latency)
+                await console_series.record_start(redis, latency)
         elif kind == "done":
-            await console_series.record_done(redis, worker.instance_id)
+            await console_series.record_done(redis)
         elif kind == "dlq":
             # The console's DLQ line steps up now, even while nobody has the console open.
             stats = await worker.queue(EmailJob.bus).stats(EmailJob)

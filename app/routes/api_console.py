@@ -39,9 +39,9 @@ SERIES_TICKS = 60
 
 
 async def schedules_part(request: Request) -> dict[str, Any]:
-    ticks = await scheduler(request).recent_ticks(SCHEDULE, limit=RECENT_TICKS)
     """The schedulers seen in the audit and its newest ticks, as the admin pages show them
     (mega.web's helpers, and its table macros in templates/demo/console.html)."""
+    ticks = await scheduler(request).recent_ticks(SCHEDULE, limit=RECENT_TICKS)
     return {
         "instances": instance_rows(scheduler_instances(ticks)),
         "ticks": tick_rows(ticks[:5]),
@@ -49,16 +49,20 @@ async def schedules_part(request: Request) -> dict[str, Any]:
 
 
 async def workers_part(request: Request) -> dict[str, Any]:
-    """Job workers that started or finished an EmailJob in the last 10 minutes."""
-    seen = await console_series.recent_workers(main_redis(request))
+    """The EmailJob workers running now: the framework's records of its consume loops (each
+    writes one every 5 s), as the admin pages list them; a stopped one is left out."""
+    seen = await queue(request).workers(EmailJob)
     return {
         "instances": [
             {
-                "instance": name,
-                "short": short_instance(name),
-                "last_seen": datetime.fromtimestamp(at_ms / 1000, UTC).isoformat(),
+                "instance": loop.worker,
+                "short": short_instance(loop.worker),
+                "last_seen": datetime.fromtimestamp(loop.seen_at / 1000, UTC).isoformat(),
+                "running": loop.running,
+                "done": loop.done,
             }
-            for name, at_ms in seen
+            for loop in seen
+            if loop.stopped_at is None
         ]
     }
 

@@ -9,8 +9,6 @@ the scheduler ticks), so every series comes from state in Redis that all process
     demo:console:dlq:<step>     the DLQ size, sampled by the web process when it reads the
                                 console and by the worker when it dead-letters an EmailJob
                                 (the last sample in a step wins)
-    demo:console:workers        sorted set: worker instance -> when it last started or finished
-                                an EmailJob (ms), for the console's list of workers
     <lock prefix>:audit         the scheduler's own tick audit: each tick's lateness (read as is)
 
 `<step>` is the Unix time in seconds divided by STEP_S. Every key expires one step after it
@@ -40,7 +38,6 @@ from typing import Any
 from redis.asyncio import Redis
 
 KEY_PREFIX = "demo:console"
-WORKERS_KEY = f"{KEY_PREFIX}:workers"
 # One point per STEP_S seconds over WINDOW_S: 60 points.
 STEP_S = 10
 WINDOW_S = 600
@@ -72,30 +69,24 @@ def dlq_key(step: int) -> str:
 # -- writers (the worker's hook, the web process) --------------------------------------------
 
 
-async def record_done(redis: Redis, worker: str, at_s: float | None = None) -> None:
-    """`worker` (its instance id) finished a job now: for each `done` signal."""
+async def record_done(redis: Redis, at_s: float | None = None) -> None:
+    """A job finished now: for each `done` signal."""
     at_s = time.time() if at_s is None else at_s
     key = done_key(step_of(at_s))
     async with redis.pipeline(transaction=False) as pipe:
         pipe.incr(key)
         pipe.expire(key, TTL_S)
-        pipe.zadd(WORKERS_KEY, {worker: round(at_s * 1000)})
-        pipe.expire(WORKERS_KEY, TTL_S)
         await pipe.execute()
 
 
-async def record_start(
-    redis: Redis, worker: str, latency_ms: float, at_s: float | None = None
-) -> None:
-    """`worker` started a first attempt `latency_ms` after its enqueue (or due time)."""
+async def record_start(redis: Redis, latency_ms: float, at_s: float | None = None) -> None:
+    """A first attempt started `latency_ms` after its enqueue (or due time)."""
     at_s = time.time() if at_s is None else at_s
     key = start_key(step_of(at_s))
     async with redis.pipeline(transaction=False) as pipe:
         pipe.rpush(key, latency_ms)
         pipe.ltrim(key, 0, MAX_STARTS - 1)
         pipe.expire(key, TTL_S)
-        pipe.zadd(WORKERS_KEY, {worker: round(at_s * 1000)})
-        pipe.expire(WORKERS_KEY, TTL_S)
         await pipe.execute()
 
 
@@ -105,17 +96,6 @@ async def record_dlq_size(redis: Redis, size: int, at_s: float | None = None) ->
 
 
 # -- the readers -------------------------------------------------------------------------------
-
-
-async def recent_workers(redis: Redis, now_s: float | None = None) -> list[tuple[str, int]]:
-    """Worker instances that started or finished a job in the window, with when they last did
-    (ms since the epoch), most recent first. Older entries are dropped here."""
-    since_ms = round(((time.time() if now_s is None else now_s) - WINDOW_S) * 1000)
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.zremrangebyscore(WORKERS_KEY, "-inf", f"({since_ms}")
-        pipe.zrevrange(WORKERS_KEY, 0, -1, withscores=True)
-        _, seen = await pipe.execute()
-    return [(str(worker), int(at_ms)) for worker, at_ms in seen]
 
 
 async def read_series(

@@ -192,6 +192,8 @@
       replaceRows($("worker-instances").tBodies[0], w.instances.map((i) =>
         el("tr", { "data-key": i.instance },
           el("td", { class: "mono small", title: i.instance }, i.short),
+          el("td", { class: "num" }, String(i.running)),
+          el("td", { class: "num" }, String(i.done)),
           el("td", { class: "num mono" }, time(i.last_seen)))), $("worker-empty"));
     }
     const e = data.events;

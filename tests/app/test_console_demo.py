@@ -11,7 +11,6 @@ from typing import Any
 
 import httpx
 import pytest
-from redis.asyncio import Redis
 
 from app.routes.api_console import scheduler_instances
 from app.schedules.cron_counter import CronCounterSchedule
@@ -236,20 +235,3 @@ async def test_tick_lateness_and_short_instances_from_a_real_scheduler(config: C
             assert f">{instance['short']}<" in page
 
         await run_scheduler(config, watch)
-
-
-async def test_workers_older_than_the_window_are_dropped(redis_factory: Callable[[], Any]) -> None:
-    redis = Redis.from_url(redis_factory().url, decode_responses=True)
-    try:
-        now_s = 1_700_000_000.0
-        await console_series.record_done(redis, "worker@h:1:aaaaaa", at_s=now_s - WINDOW_S - 1)
-        await console_series.record_start(redis, "worker@h:2:bbbbbb", 12.5, at_s=now_s - 5)
-        await console_series.record_done(redis, "worker@h:3:cccccc", at_s=now_s - 1)
-        seen = await console_series.recent_workers(redis, now_s=now_s)
-        assert seen == [
-            ("worker@h:3:cccccc", 1_699_999_999_000),
-            ("worker@h:2:bbbbbb", 1_699_999_995_000),
-        ]
-        assert await redis.zcard(console_series.WORKERS_KEY) == 2
-    finally:
-        await redis.aclose()
