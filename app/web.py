@@ -56,17 +56,4 @@ def create_app(config: Config, ctx: Context) -> FastAPI:
     provide(app, pool_log)
     if POOL in ctx.workers:
         ctx.workers[POOL].on("replaced", pool_log.record)
-    trace_requests(app)
     return app
-
-
-def trace_requests(app: FastAPI) -> None:
-    """A span per request, by FastAPI's own OpenTelemetry instrumentation when it is installed
-    (the dev extra has it): the parent of the jobs a request enqueues and of the events it
-    adds to the outbox. Without an SDK set up its spans cost nothing."""
-    try:
-        from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
-    except ImportError:
-        return
-    # Health checks and metrics scrapes would be most of the traces, and tell nothing.
-    FastAPIInstrumentor.instrument_app(app, excluded_urls="/healthz,/readyz,/metrics,/static/.*")

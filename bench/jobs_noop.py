@@ -15,7 +15,8 @@ import, so one module serves every run:
                             dumped there at exit (read them with `python -m pstats`)
     BENCH_JOBS_TRACED       when set, the OpenTelemetry SDK is set up with an exporter that
                             drops every span (behind the batch processor a real setup uses):
-                            what tracing costs the worker, not what an exporter does
+                            what tracing costs the worker, not what an exporter does. Its
+                            value is the share of traces sampled ("1": every one)
 
 A payload is an int (its id) or {"i": id, "t": epoch s before enqueue}. A run records the id,
 the start time (epoch s) and the payload's "t" (0.0 for an int) in three arrays allocated at
@@ -136,16 +137,17 @@ def _start_profile(path: str) -> None:
     atexit.register(dump)
 
 
-def _start_tracing() -> None:
+def _start_tracing(ratio: float) -> None:
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     class Dropped(SpanExporter):
         def export(self, spans: Any) -> SpanExportResult:
             return SpanExportResult.SUCCESS
 
-    provider = TracerProvider()
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(ratio)))
     provider.add_span_processor(BatchSpanProcessor(Dropped()))
     trace.set_tracer_provider(provider)
 
@@ -153,6 +155,6 @@ def _start_tracing() -> None:
 if RECORDING:
     atexit.register(RECORDS.write, Path(os.environ[RECORD_DIR_ENV]))
 if os.environ.get(TRACED_ENV):
-    _start_tracing()
+    _start_tracing(float(os.environ[TRACED_ENV]))
 if os.environ.get(PROFILE_ENV):
     _start_profile(os.environ[PROFILE_ENV])

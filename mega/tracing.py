@@ -41,6 +41,35 @@ SYSTEMS = {"nats": "nats", "redis": "redis", "postgres": "postgresql", "memory":
 _cache: tuple[object, Tracer | None] = (None, None)
 
 
+class _Api:
+    """The OpenTelemetry names this module uses, imported once an SDK is found (an import
+    statement in a function costs a look-up at every call: these run for every job)."""
+
+    def __init__(self) -> None:
+        from opentelemetry import context, propagate
+        from opentelemetry.trace import (
+            Link,
+            NonRecordingSpan,
+            SpanContext,
+            SpanKind,
+            Status,
+            StatusCode,
+            TraceFlags,
+            get_current_span,
+            set_span_in_context,
+        )  # fmt: skip
+
+        self.attach, self.detach = context.attach, context.detach
+        self.inject, self.extract = propagate.inject, propagate.extract
+        self.Link, self.NonRecordingSpan, self.SpanContext = Link, NonRecordingSpan, SpanContext
+        self.CONSUMER, self.PRODUCER = SpanKind.CONSUMER, SpanKind.PRODUCER
+        self.Status, self.ERROR, self.TraceFlags = Status, StatusCode.ERROR, TraceFlags
+        self.get_current_span, self.set_span_in_context = get_current_span, set_span_in_context
+
+
+_api: Any = None
+
+
 def tracer() -> Tracer | None:
     """The framework's tracer when an OpenTelemetry SDK is set up in this process, else None."""
     global _cache
@@ -53,16 +82,22 @@ def tracer() -> Tracer | None:
     found = None
     if not isinstance(provider, (api.ProxyTracerProvider, api.NoOpTracerProvider)):
         found = provider.get_tracer("mega")
+        _load_api()
     _cache = (provider, found)
     return found
 
 
+def _load_api() -> None:
+    global _api
+    if _api is None:
+        _api = _Api()
+
+
 def carrier() -> dict[str, str] | None:
     """The current span's context as message headers (None when there is no span)."""
-    from opentelemetry import propagate
-
+    _load_api()
     headers: dict[str, str] = {}
-    propagate.inject(headers)
+    _api.inject(headers)
     return headers or None
 
 
@@ -70,24 +105,16 @@ def _context(headers: Mapping[str, str] | None) -> Any:
     """The context a message's headers carry. A lone W3C `traceparent` (what mega writes with
     the default propagators) is read here, three times faster than the propagators' extract,
     which reads anything else."""
-    from opentelemetry import propagate
-
+    _load_api()
     if headers and len(headers) == 1 and "traceparent" in headers:
         parent = _parent(headers["traceparent"])
         if parent is not None:
             return parent
-    return propagate.extract(dict(headers) if headers else {})
+    return _api.extract(dict(headers) if headers else {})
 
 
 def _parent(traceparent: str) -> Any:
     """The context of a version-00 `traceparent` (None when it is not one)."""
-    from opentelemetry.trace import (
-        NonRecordingSpan,
-        SpanContext,
-        TraceFlags,
-        set_span_in_context,
-    )  # fmt: skip
-
     parts = traceparent.split("-")
     if len(parts) != 4 or parts[0] != "00" or len(parts[1]) != 32 or len(parts[2]) != 16:
         return None
@@ -97,8 +124,10 @@ def _parent(traceparent: str) -> Any:
         return None
     if not trace_id or not span_id:
         return None
-    context = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
-    return set_span_in_context(NonRecordingSpan(context))
+    context = _api.SpanContext(
+        trace_id, span_id, is_remote=True, trace_flags=_api.TraceFlags(flags)
+    )
+    return _api.set_span_in_context(_api.NonRecordingSpan(context))
 
 
 def _attributes(
@@ -126,8 +155,6 @@ def producing(
     if found is None:
         yield None
         return
-    from opentelemetry.trace import SpanKind
-
     attributes = _attributes(system, operation, kind, destination)
     if len(ids) == 1:
         attributes["messaging.message.id"] = ids[0]
@@ -135,7 +162,7 @@ def producing(
         attributes["messaging.batch.message_count"] = len(ids)
     context = _context(parent) if parent is not None else None
     with found.start_as_current_span(
-        f"{operation} {destination}", context=context, kind=SpanKind.PRODUCER,
+        f"{operation} {destination}", context=context, kind=_api.PRODUCER,
         attributes=attributes,
     ):  # fmt: skip
         yield carrier()
@@ -153,27 +180,23 @@ def producing_each(
     if found is None:
         yield [None] * len(messages)
         return
-    from opentelemetry import propagate
-    from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
-
     spans = []
     headers: list[dict[str, str] | None] = []
     for destination, message_id, parent in messages:
         span = found.start_span(
-            f"{operation} {destination}", context=_context(parent), kind=SpanKind.PRODUCER,
+            f"{operation} {destination}", context=_context(parent), kind=_api.PRODUCER,
             attributes=_attributes(system, operation, kind, destination,
                                    **{"messaging.message.id": message_id}),
         )  # fmt: skip
         carried_by: dict[str, str] = {}
-        propagate.inject(carried_by, context=set_span_in_context(span))
+        _api.inject(carried_by, context=_api.set_span_in_context(span))
         spans.append(span)
         headers.append(carried_by or None)
     try:
         yield headers
     except BaseException as exc:
         for span in spans:
-            span.record_exception(exc)
-            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:200]))
+            _failed(span, exc)
         raise
     finally:
         for span in spans:
@@ -197,8 +220,6 @@ class processing:  # lower case: used as a function, `with processing(...):`
         found = tracer()
         if found is None:
             return
-        from opentelemetry.trace import Link, SpanKind, get_current_span
-
         attributes: dict[str, Any] = {
             "messaging.system": SYSTEMS.get(system, system),
             "messaging.operation.type": "process",
@@ -211,28 +232,23 @@ class processing:  # lower case: used as a function, `with processing(...):`
             attributes["messaging.consumer.group.name"] = group
         links = None
         if headers and PREVIOUS in headers:
-            before = get_current_span(_context({"traceparent": headers[PREVIOUS]}))
-            links = [Link(before.get_span_context(), {"mega.attempt": attempt - 1})]
+            before = _api.get_current_span(_context({"traceparent": headers[PREVIOUS]}))
+            links = [_api.Link(before.get_span_context(), {"mega.attempt": attempt - 1})]
         self._span = found.start_span(
             f"process {destination}", context=_context(headers) if headers else None,
-            kind=SpanKind.CONSUMER, attributes=attributes, links=links,
+            kind=_api.CONSUMER, attributes=attributes, links=links,
         )  # fmt: skip
 
     def __enter__(self) -> Span | None:
         if self._span is not None:
-            from opentelemetry import context
-            from opentelemetry.trace import set_span_in_context
-
-            self._token = context.attach(set_span_in_context(self._span))
+            self._token = _api.attach(_api.set_span_in_context(self._span))
         return self._span  # type: ignore[no-any-return]
 
     def __exit__(self, kind: Any, exc: BaseException | None, traceback: Any) -> None:
         span = self._span
         if span is None:
             return
-        from opentelemetry import context
-
-        context.detach(self._token)
+        _api.detach(self._token)
         if exc is not None:
             _failed(span, exc)
         span.end()
@@ -265,16 +281,12 @@ def failed(exc: BaseException) -> None:
     """End the current span as an error, with `exc` recorded (nothing without an SDK)."""
     if tracer() is None:
         return
-    from opentelemetry.trace import get_current_span
-
-    _failed(get_current_span(), exc)
+    _failed(_api.get_current_span(), exc)
 
 
 def _failed(span: Any, exc: BaseException) -> None:
-    from opentelemetry.trace import Status, StatusCode
-
     span.record_exception(exc)
-    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:200]))
+    span.set_status(_api.Status(_api.ERROR, f"{type(exc).__name__}: {exc}"[:200]))
 
 
 def ids() -> tuple[str, str] | None:

@@ -11,6 +11,7 @@ restyles the login page by shipping its own `login.html`, and works without one.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from mega import tracing
 from mega.config import Config
 from mega.constants import ANON_CSRF_COOKIE, CSRF_HEADER
 from mega.context import Context
@@ -30,6 +32,8 @@ from mega.web.envelope import fail, install_error_handlers
 from mega.web.health import router as health_router
 from mega.web.login import router as login_router
 from mega.web.pages import render
+
+logger = logging.getLogger("mega.web")
 
 # The framework's fallback templates, after the application's own.
 FRAMEWORK_TEMPLATES = Path(__file__).with_name("templates")
@@ -137,7 +141,27 @@ def create_web_app(
     )  # fmt: skip
     app.add_api_route("/openapi.json", _openapi, include_in_schema=False)
     app.add_api_route("/docs", _api_docs, include_in_schema=False)
+    _trace_requests(app)
     return app
+
+
+def _trace_requests(app: FastAPI) -> None:
+    """A span per request, by FastAPI's own OpenTelemetry instrumentation, when an SDK is set up
+    in this process (the host sets it up from OTEL_TRACES_EXPORTER) and the instrumentation is
+    installed (`pip install opentelemetry-instrumentation-fastapi`): the parent of the jobs a
+    request enqueues and of the events it adds to the outbox. Without an SDK nothing of it is
+    imported. Health checks, metrics scrapes and static files would be most of the traces and
+    tell nothing: they are left out."""
+    if tracing.tracer() is None:
+        return
+    try:
+        from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+    except ImportError:
+        logger.info(
+            "traces: no span per request (pip install opentelemetry-instrumentation-fastapi)"
+        )
+        return
+    FastAPIInstrumentor.instrument_app(app, excluded_urls="/healthz,/readyz,/metrics,/static/.*")
 
 
 async def _openapi(request: Request, user: auth.UserDep) -> Response:
