@@ -207,9 +207,20 @@ async def job_worker(config: Config) -> AsyncIterator[Any]:
 @asynccontextmanager
 async def worker_host(config: Config) -> AsyncIterator[list[Any]]:
     """What `mega worker` runs (outbox relay, listener groups, job worker), in this process."""
+    ctx = await boot(config, role="worker", database=False)
+    try:
+        async with worker_parts_on(config, ctx) as runtimes:
+            yield runtimes
+    finally:
+        await shutdown(ctx)
+
+
+@asynccontextmanager
+async def worker_parts_on(config: Config, ctx: Any) -> AsyncIterator[list[Any]]:
+    """The parts of `mega worker` (relay, listener groups, job worker) started on `ctx`, and
+    stopped at the end of the block; `ctx` stays the caller's."""
     from mega.runtime.hosts import run_hooks, worker_parts
 
-    ctx = await boot(config, role="worker", database=False)
     runtimes: list[Any] = []
     try:
         for part in worker_parts(config):
@@ -223,4 +234,3 @@ async def worker_host(config: Config) -> AsyncIterator[list[Any]]:
     finally:
         for runtime in runtimes:
             await runtime.stop(5)
-        await shutdown(ctx)

@@ -19,6 +19,7 @@ tables) under names of its own; the framework only hands it the `Lane`.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -339,6 +340,18 @@ class Bus(Protocol):
     def announce_commit(self) -> None:
         """Tell relays elsewhere that outbox rows were committed (fire and forget)."""
         ...
+
+
+def trace_headers(stored: str | bytes | None) -> dict[str, str] | None:
+    """A message's trace context headers as an engine without headers keeps them (JSON text:
+    a Redis stream field, a PostgreSQL column), or None for none or anything else."""
+    if not stored:
+        return None
+    try:
+        found = json.loads(stored)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def pattern_matcher(pattern: str) -> Callable[[str], bool]:

@@ -17,7 +17,7 @@ import pytest
 
 from app.events.listeners import LISTENERS
 from mega.config import Config, load_config
-from tests.factories import DEMO_PASSWORD, DEMO_USER, authed, sample_config
+from tests.factories import DEMO_PASSWORD, DEMO_USER, authed, sample_config, worker_parts_on
 
 pytestmark = pytest.mark.postgres
 
@@ -46,27 +46,20 @@ async def one_process(config: Config) -> AsyncIterator[httpx.AsyncClient]:
     """The web app and what `mega worker` runs (relay, listener groups, job worker) on one
     context, behind an in-process client: the memory bus is one process's."""
     from mega.runtime.boot import boot, shutdown
-    from mega.runtime.hosts import load_web_app, run_hooks, worker_parts
+    from mega.runtime.hosts import load_web_app
     from mega.web import ensure_user
 
     ctx = await boot(config, role="web")
-    ensure_user(ctx.db, DEMO_USER, DEMO_PASSWORD)
-    app = load_web_app(config)(config, ctx)
-    runtimes: list[Any] = []
     try:
-        for part in worker_parts(config):
-            runtime = part.make(ctx, instance_id=ctx.instance_id)
-            for declaration in part.declarations:
-                runtime.register(declaration)
-            await run_hooks(config, part.hook, runtime, ctx)
-            await runtime.start()
-            runtimes.append(runtime)
+        ensure_user(ctx.db, DEMO_USER, DEMO_PASSWORD)
+        app = load_web_app(config)(config, ctx)
         transport = httpx.ASGITransport(app=app, client=("10.1.2.3", 5555))
-        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        async with (
+            worker_parts_on(config, ctx),
+            httpx.AsyncClient(transport=transport, base_url="http://testserver") as client,
+        ):
             yield client
     finally:
-        for runtime in runtimes:
-            await runtime.stop(5)
         await shutdown(ctx)
 
 

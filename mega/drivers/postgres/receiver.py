@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg.types.json import Jsonb
 
-from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane
+from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane, trace_headers
 from mega.drivers.postgres import sql
 from mega.drivers.postgres.common import Connection, lane_key, one_line, open_connection
 
@@ -272,5 +272,5 @@ def _delivery(row: tuple[Any, ...]) -> Delivery:
         # The row, and its claim: settles that change the row apply only while this claim is
         # its latest (see sql.EXTEND).
         handle=(row_id, deliveries),
-        trace=sql.trace_of(trace),
+        trace=trace_headers(trace),
     )

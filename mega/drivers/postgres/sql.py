@@ -396,14 +396,3 @@ def sqlalchemy_text(statement: str) -> str:
 def trace_text(trace: dict[str, str] | None) -> str | None:
     """A message's trace context headers as the `trace` column holds them (JSON, or NULL)."""
     return json.dumps(trace) if trace else None
-
-
-def trace_of(text: str | None) -> dict[str, str] | None:
-    """The trace context headers of a `trace` column (None for NULL or anything else)."""
-    if not text:
-        return None
-    try:
-        found = json.loads(text)
-    except ValueError:
-        return None
-    return found if isinstance(found, dict) else None

@@ -23,7 +23,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane
+from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane, trace_headers
 from mega.drivers.redis.lanes import Fields, LaneKeys, as_text, event_name, lane_keys
 from mega.drivers.redis.scripts import (
     BLOCK_MS,
@@ -221,7 +221,7 @@ class RedisReceiver:
                     run_at_ms=_ms(fields.get("run_at")),
                     key=(stream, as_text(entry_id)),
                     handle=Entry(stream, entry_id, fields, deliveries),
-                    trace=_trace(fields.get("trace")),
+                    trace=trace_headers(fields.get("trace")),
                 )
             )
         return found
@@ -369,14 +369,3 @@ def _entry(delivery: Delivery) -> Entry:
 
 def _ms(value: Any) -> int | None:
     return None if value is None else int(value)
-
-
-def _trace(raw: Any) -> dict[str, str] | None:
-    """An entry's trace context headers (its `trace` field, JSON), or None."""
-    if not raw:
-        return None
-    try:
-        found = json.loads(raw)
-    except ValueError:
-        return None
-    return found if isinstance(found, dict) else None
