@@ -42,6 +42,7 @@ from mega.jobs.control import WATCH_S, LaneControl
 from mega.jobs.delivery import DeadLetter, Decision, LanePolicy, Outcome, Retry, decide
 from mega.jobs.dlq import make_record
 from mega.jobs.presence import PRESENCE_EVERY_S, Presence
+from mega.jobs.ratelimit import RateLimiter, wait_or_stop
 from mega.jobs.status import RUNNING, ErrorInfo, Running, StatusWriter
 
 # The queue's logger: to an operator, the consume loop is part of the job queue.
@@ -116,12 +117,15 @@ class Consumer:
         lane: Lane | None = None,
         system: str = "",
         presence: Presence | None = None,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self.receiver = receiver
         self.system = system
         self.group = lane.name if lane is not None and lane.kind == "group" else None
         self.kind: Literal["event", "job"] = "job" if self.group is None else "event"
         self.presence = presence
+        self.limiter = limiter
+        self.stop_requested = asyncio.Event()  # ends a wait for the rate limit at once
         self.settled = 0  # deliveries settled since the start (the presence record's `done`)
         self.records = records
         self.control = control
@@ -143,6 +147,7 @@ class Consumer:
 
     def request_stop(self, timeout_s: float) -> None:
         self.stopping = True
+        self.stop_requested.set()
         self.drain_timeout_s = timeout_s
         self.receiver.wake()
         self.slot_free.set()
@@ -181,6 +186,13 @@ class Consumer:
                 self.slot_free.clear()
                 await self.slot_free.wait()
                 continue
+            grant = None
+            if self.limiter is not None:  # fetch no more than the rate limit lets start
+                grant = await self.limiter.take(free)
+                if not grant.members:
+                    await wait_or_stop(grant.wait_s, self.stop_requested)
+                    continue
+                free = len(grant.members)
             # The cancel window is read beside the fetch, not after it: no round trip added.
             window = self._read_window()
             deliveries = await self.receiver.fetch(free)
@@ -193,6 +205,11 @@ class Consumer:
                 task = asyncio.create_task(process)
                 self.running[task] = Lease(delivery, time.monotonic())
                 task.add_done_callback(self._on_done)
+            if grant is not None and self.limiter is not None:
+                # Stamped once the runs have begun (one turn of the loop), so that no start
+                # comes after its stamp; the grants the fetch did not fill are given back.
+                await asyncio.sleep(0)
+                await self.limiter.settle(grant, len(deliveries) - len(cancelled))
 
     def _on_done(self, task: asyncio.Task[None]) -> None:
         self.running.pop(task, None)

@@ -27,6 +27,7 @@ from enum import Enum
 from typing import Literal, Protocol
 
 from mega.jobs.backoff import BackoffPolicy, RandomSource, backoff_delay_ms
+from mega.jobs.ratelimit import RateLimit
 
 
 class Outcome(Enum):
@@ -86,6 +87,8 @@ class LanePolicy(RetryPolicy, Protocol):
     def timeout_s(self) -> float | None: ...  # a run's wall-clock limit
     @property
     def permanent(self) -> tuple[type[Exception], ...]: ...  # errors that skip the retries
+    @property
+    def rate_limit(self) -> RateLimit | None: ...  # starts per period, the whole group's
 
 
 def is_unreported(attempt: int, policy: RetryPolicy) -> bool:

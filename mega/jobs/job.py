@@ -55,7 +55,10 @@ class Job(JobBase):
     delivery is redelivered; running jobs renew it), `dlq_max_age_s` (>= 0 s, 0 keeps dead
     letters forever), `dlq_max_bytes` (None or a positive byte cap of the DLQ stream),
     `replicas` (1 to 5: copies of its streams in a NATS cluster; 3 survives the loss of one
-    node), `name` (defaults to the class name).
+    node), `timeout_s` (None or > 0 s: a run's limit), `permanent` (errors that skip the
+    retries), `rate_limit` (None or {"limit": n, "period_s": s}: starts across the whole group,
+    counted in a cache; see mega/jobs/ratelimit.py), `keep_status_s` and `keep_result_s`,
+    `name` (defaults to the class name).
     """
 
     @classmethod

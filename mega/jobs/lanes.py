@@ -27,8 +27,15 @@ from mega.jobs.consumer import DLQ_RETRY_DELAY_S, Consumer
 from mega.jobs.control import LaneControl
 from mega.jobs.delivery import LanePolicy
 from mega.jobs.presence import Presence, WorkerSeen, read_workers
+from mega.jobs.ratelimit import RateLimit, limiter
 from mega.jobs.status import StatusWriter
 from mega.signals import Observer, Signals
+
+
+def lane_key_of(lane: Lane) -> str:
+    """A lane's name for the keys of a shared store (its rate limit's log): its kind, name
+    and subject, so that two lanes that share a name on different subjects stay apart."""
+    return f"{lane.kind}:{lane.name}:{lane.subject}"
 
 
 class Endpoint(Protocol):
@@ -52,6 +59,8 @@ class Declared(Protocol):
     def name(self) -> str: ...
     @property
     def bus(self) -> str: ...
+    @property
+    def rate_limit(self) -> RateLimit | None: ...
 
 
 E = TypeVar("E", bound=Endpoint)
@@ -155,6 +164,7 @@ class LaneEndpoint:
             instance_id=self.instance_id, dlq_retry_delay_s=self.dlq_retry_delay_s,
             records=records, control=control, lane=lane, system=self.bus.driver,
             presence=Presence(self.bus, lane, self.instance_id),
+            limiter=limiter(self.ctx, policy.name, lane_key_of(lane), policy.rate_limit),
         )  # fmt: skip
         self._consumers[cls] = consumer
         try:
@@ -249,6 +259,7 @@ class LaneWorker(Generic[E, S]):
         loops run; raises DependencyUnavailable when a bus cannot be reached."""
         registered = list(zip(self._classes, self.specs, strict=True))
         for cls, spec in registered:
+            limiter(self.ctx, spec.name, "", spec.rate_limit)  # its cache exists, or say so now
             await self.endpoint(spec.bus).ensure(cls)
         for cls, spec in registered:
             task = asyncio.create_task(

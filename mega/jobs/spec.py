@@ -45,6 +45,7 @@ from mega.declaration import (
 from mega.drivers.base import Message
 from mega.errors import JobError
 from mega.jobs.backoff import BackoffPolicy
+from mega.jobs.ratelimit import RateLimit
 from mega.validation import is_number
 
 if TYPE_CHECKING:
@@ -81,8 +82,9 @@ class Consumed:
     run at once (`concurrency`), how often and how patiently a failure is tried again
     (`retries`, `backoff`), how long a delivery may go unsettled (`ack_wait_s`), how long its
     dead letters are kept (`dlq_max_age_s`), copies of its data in a cluster (`replicas`), how
-    long one run may take (`timeout_s`, None: no limit) and which errors skip the retries
-    (`permanent`, besides `mega.Permanent`)."""
+    long one run may take (`timeout_s`, None: no limit), which errors skip the retries
+    (`permanent`, besides `mega.Permanent`) and how many may start in a period across the
+    whole group (`rate_limit`, None: no limit; see mega/jobs/ratelimit.py)."""
 
     concurrency: ClassVar[int] = DEFAULT_CONCURRENCY
     retries: ClassVar[int] = DEFAULT_RETRIES
@@ -92,6 +94,7 @@ class Consumed:
     replicas: ClassVar[int] = 1
     timeout_s: ClassVar[float | None] = None
     permanent: ClassVar[tuple[type[Exception], ...]] = ()
+    rate_limit: ClassVar[dict[str, Any] | None] = None
 
 
 class JobBase(Consumed):
@@ -136,6 +139,7 @@ class ConsumedSpec:
     replicas: int = 1
     timeout_s: float | None = None
     permanent: tuple[type[Exception], ...] = ()
+    rate_limit: RateLimit | None = None
 
     @property
     def max_attempts(self) -> int:
@@ -177,6 +181,13 @@ TimeoutS = Annotated[
     Annotated[StrictFloat, Field(gt=0, allow_inf_nan=False)] | None,
     rule("must be None (no limit) or a positive number of seconds"),
 ]
+RateLimitField = Annotated[
+    RateLimit | None,
+    rule(
+        'must be None (no limit) or {"limit": starts >= 1, "period_s": seconds > 0} with '
+        'optionally "cache": the alias of a cache'
+    ),
+]
 
 
 class ConsumedDeclaration(Declaration):
@@ -191,6 +202,7 @@ class ConsumedDeclaration(Declaration):
     dlq_max_age_s: DlqMaxAge
     timeout_s: TimeoutS
     permanent: Any
+    rate_limit: RateLimitField
 
     run: Any
     # What a subclass says of its class's `run`: the base's own (never overridden), and the

@@ -75,8 +75,36 @@ def check_jobs(config: Config) -> list[Finding]:
     return [
         *findings,
         *_duplicates("jobs", [(c, c) for c, _ in specs], "class"),
+        *rate_limit_caches("jobs", specs, config),
         *unlisted_jobs(config),
     ]
+
+
+def rate_limit_caches(
+    entry: str, specs: Iterable[tuple[Any, Any]], config: Config
+) -> list[Finding]:
+    """An error for each `rate_limit` whose cache the config lacks (or, naming none, a config
+    without exactly one cache): the worker would refuse to start."""
+    found = []
+    for cls, spec in specs:
+        limit = spec.rate_limit
+        if limit is None:
+            continue
+        declared = ", ".join(sorted(config.caches)) or "none"
+        if limit.cache is None and len(config.caches) != 1:
+            message = (
+                f"rate_limit counts starts in a cache; the config declares {declared}: name "
+                'one with "cache" in rate_limit'
+            )
+        elif limit.cache is not None and limit.cache not in config.caches:
+            message = (
+                f"rate_limit names cache {limit.cache!r}, which services.caches lacks "
+                f"(declared: {declared})"
+            )
+        else:
+            continue
+        found.append(Finding("error", f"{entry}: {_name(cls)}", message))
+    return found
 
 
 def unlisted_jobs(config: Config) -> list[Finding]:
@@ -162,6 +190,7 @@ def check_events(config: Config) -> list[Finding]:
         *event_findings,
         *listener_findings,
         *_duplicates("listeners", [(c, s.group) for c, s in listeners], "group"),
+        *rate_limit_caches("listeners", listeners, config),
         *unheard_events(event_specs, listener_specs),
         *undeclared_events(listener_specs, event_specs),
     ]

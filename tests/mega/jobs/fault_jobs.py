@@ -152,3 +152,16 @@ class TimedJob(ClusterJob):
         record_line("start", payload["id"])
         await asyncio.sleep(0.1)
         record_line("done", payload["id"])
+
+
+class ThrottledJob(Job):
+    """At most 20 starts a second across every worker (the config's `main` cache keeps the
+    count); each start goes to the record files (FAULT_RECORDS)."""
+
+    subject = f"{PREFIX}.throttled"
+    bus = "jobs"
+    concurrency = 100
+    rate_limit = {"limit": 20, "period_s": 1.0}
+
+    async def run(self, payload: dict[str, Any], ctx: Context) -> None:
+        record_line("start", payload["id"])

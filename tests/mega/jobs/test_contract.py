@@ -675,3 +675,47 @@ async def test_a_memory_bus_says_so_at_start(
         assert "bus 'jobs' is in memory: its jobs and events live and die" in caplog.text
     finally:
         await shutdown(ctx)
+
+
+STARTED: dict[str, list[tuple[float, str]]] = {}  # subject -> (start time, worker), each run
+
+
+class Throttled(Job):
+    """Counts its starts and where they ran; `rate_limit` caps them for the whole group."""
+
+    bus = "jobs"
+    concurrency = 50
+    rate_limit = {"limit": 10, "period_s": 1.0}
+
+    async def run(self, payload: int, ctx: Context) -> None:
+        STARTED.setdefault(self.subject, []).append((time.time(), ctx.worker))  # type: ignore[attr-defined]
+        RUNS[f"{self.subject}:{payload}"] += 1
+
+
+async def test_a_rate_limit_caps_the_starts_of_the_whole_group(setup: Any, prefix: str) -> None:
+    """Three consume loops of one job (three workers' worth), a limit of 10 a second, 40 jobs:
+    no one-second window holds more than 10 starts, every job runs once, and the loops share
+    the work; what the limit holds back stays queued, its attempts untouched."""
+    ctx, _, queue, _ = setup
+    job = type("Throttled", (Throttled,), {"subject": f"{prefix}.throttled"})
+    ids = await queue.enqueue_many(job, range(40))
+    workers = [JobWorker(ctx, instance_id=f"{prefix}-w{n}") for n in range(3)]
+    for worker in workers:
+        worker.register(job)
+        await worker.start()
+    try:
+        await until(lambda: len(STARTED.get(job.subject, [])) >= 40, "all 40 started", 15)
+        await asyncio.sleep(0.3)
+        starts = STARTED[job.subject]
+        assert sorted(RUNS[f"{job.subject}:{n}"] for n in range(40)) == [1] * 40
+        assert len(starts) == 40
+        per_second = Counter(int(at) for at, _ in starts)
+        assert max(per_second.values()) <= 10, per_second
+        times = sorted(at for at, _ in starts)
+        assert times[-1] - times[0] >= 3.0  # 40 starts at 10 a second: at least 3 s apart
+        assert len({worker for _, worker in starts}) >= 2  # the group shares the limit
+        held = await queue.status(job, ids[-1])  # held back the longest: still one attempt
+        assert held is not None and (held.state, held.attempts) == ("done", 1)
+    finally:
+        for worker in workers:
+            await worker.stop(5)
