@@ -42,7 +42,7 @@ from mega.jobs.control import WATCH_S, LaneControl
 from mega.jobs.delivery import DeadLetter, Decision, LanePolicy, Outcome, Retry, decide
 from mega.jobs.dlq import make_record
 from mega.jobs.presence import PRESENCE_EVERY_S, Presence
-from mega.jobs.ratelimit import RateLimiter, wait_or_stop
+from mega.jobs.ratelimit import Grant, RateLimiter, wait_or_stop
 from mega.jobs.status import RUNNING, ErrorInfo, Running, StatusWriter
 
 # The queue's logger: to an operator, the consume loop is part of the job queue.
@@ -186,30 +186,58 @@ class Consumer:
                 self.slot_free.clear()
                 await self.slot_free.wait()
                 continue
-            grant = None
-            if self.limiter is not None:  # fetch no more than the rate limit lets start
-                grant = await self.limiter.take(free)
-                if not grant.members:
-                    await wait_or_stop(grant.wait_s, self.stop_requested)
-                    continue
-                free = len(grant.members)
+            if self.limiter is not None:  # no more than the rate limit could let start
+                free = min(free, self.limiter.limit.limit)
             # The cancel window is read beside the fetch, not after it: no round trip added.
             window = self._read_window()
             deliveries = await self.receiver.fetch(free)
             cancelled = await self._cancelled(deliveries, window)
+            if self.limiter is not None and deliveries:
+                await self._start_limited(deliveries, cancelled)
+                continue
             for delivery in deliveries:
-                if delivery.id in cancelled:
-                    process = self._skip(delivery)
-                else:
-                    process = self._process(delivery)
-                task = asyncio.create_task(process)
-                self.running[task] = Lease(delivery, time.monotonic())
-                task.add_done_callback(self._on_done)
-            if grant is not None and self.limiter is not None:
-                # Stamped once the runs have begun (one turn of the loop), so that no start
-                # comes after its stamp; the grants the fetch did not fill are given back.
-                await asyncio.sleep(0)
-                await self.limiter.settle(grant, len(deliveries) - len(cancelled))
+                self._start(delivery, cancelled)
+
+    def _start(self, delivery: Delivery, cancelled: set[str] | tuple[()]) -> None:
+        process = self._skip(delivery) if delivery.id in cancelled else self._process(delivery)
+        task = asyncio.create_task(process)
+        self.running[task] = Lease(delivery, time.monotonic())
+        task.add_done_callback(self._on_done)
+
+    async def _start_limited(
+        self, deliveries: list[Delivery], cancelled: set[str] | tuple[()]
+    ) -> None:
+        """Start what the rate limit grants of the fetched deliveries (a cancelled one needs
+        no grant: it is not run) and hold the rest back as delayed messages, their attempt
+        unchanged. Once the runs began, their grants are stamped with the time (see
+        mega/jobs/ratelimit.py); when some were held, the next fetch waits for the window."""
+        limiter = self.limiter
+        assert limiter is not None
+        runs = [delivery for delivery in deliveries if delivery.id not in cancelled]
+        grant = await limiter.take(len(runs)) if runs else Grant([], 0.0)
+        granted = len(grant.members)
+        for delivery in deliveries:
+            if delivery.id in cancelled:
+                self._start(delivery, cancelled)
+        for delivery in runs[:granted]:
+            self._start(delivery, cancelled)
+        if grant.members:
+            await asyncio.sleep(0)  # the runs begin before their grants are stamped
+            await limiter.settle(grant, granted)
+        held = runs[granted:]
+        if held:
+            await asyncio.gather(*(self._hold(d, n, grant.wait_s) for n, d in enumerate(held)))
+            await wait_or_stop(grant.wait_s, self.stop_requested)
+
+    async def _hold(self, delivery: Delivery, place: int, wait_s: float) -> None:
+        """Back to the queue as a delayed message: due once the window frees a start, the
+        `place`-th of the held ones a period later for each `limit` before it (so they come
+        back no faster than they may start), attempt unchanged (a retry of `attempt - 1`)."""
+        assert self.limiter is not None
+        limit = self.limiter.limit
+        due_s = wait_s + (place // limit.limit) * limit.period_s
+        due_ms = int((time.time() + due_s) * 1000)
+        await self.receiver.retry(delivery, due_ms=due_ms, attempts=delivery.attempt - 1)
 
     def _on_done(self, task: asyncio.Task[None]) -> None:
         self.running.pop(task, None)

@@ -18,6 +18,7 @@ import asyncio
 import functools
 import json
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -159,7 +160,9 @@ class JobQueue(LaneEndpoint):
         bus does not answer; then the job may still have been stored, so give an `id` when a
         retry must not duplicate it."""
         spec = await self.ensure(job_cls)
-        message = encode_job(spec, payload, job_id=id, due_ms=due_ms_of(spec, delay, run_at))
+        now_ms = int(time.time() * 1000)  # one reading: a delay adds to the enqueue time exactly
+        due_ms = due_ms_of(spec, delay, run_at, now_ms)
+        message = encode_job(spec, payload, job_id=id, due_ms=due_ms, now_ms=now_ms)
         if tracing.tracer() is None:
             return await self._enqueue(spec, message, session)
         with tracing.producing(

@@ -7,12 +7,13 @@
         # {"limit": 20, "period_s": 1, "cache": "main"} when the config has several caches
 
 Every worker of the job shares one log of the starts it granted: a sorted set in a cache
-(Redis), scored by Redis's own clock, trimmed to the last `period_s`. A consume loop asks for
-as many starts as it has free slots before it fetches, fetches only that many, gives back what
-the fetch did not fill, and stamps the ones it starts with the time they start. So in any
-window of `period_s` at most `limit` runs start, whichever workers run them, and a job held
-back by the limit is never fetched: it stays queued, using no attempt and no slot. A loop
-that is granted nothing waits until the oldest start of the window leaves it.
+(Redis), scored by Redis's own clock, trimmed to the last `period_s`. A consume loop fetches no
+more than `limit` deliveries, asks the log for a start for each, starts those it is granted,
+and stamps their grants with the time they began; the others go back to the queue as delayed
+messages, due when the window frees a start (a period later for each `limit` of them), their
+attempt unchanged: a job held back spends no attempt and holds no slot meanwhile. The loop then
+waits for the window before it fetches again. So in any window of `period_s` at most `limit`
+runs start, whichever workers run them.
 
 When the cache does not answer, the loop starts nothing and asks again a second later: a limit
 protects someone else's service, so it fails closed.
@@ -145,7 +146,8 @@ class RateLimiter:
         return Grant(granted, min(MAX_WAIT_S, max(0.0, int(wait_us) / 1_000_000)))
 
     async def settle(self, grant: Grant, started: int) -> None:
-        """The first `started` of the grant's starts were made now; give the others back."""
+        """The first `started` of the grant's starts were made now (their grants are stamped
+        with this time); give the others back."""
         if not grant.members:
             return
         try:

@@ -312,18 +312,21 @@ def json_body(name: str, payload: Any, code: str, error: type[JobError] = JobErr
 
 
 def encode_job(
-    spec: JobSpec, payload: Any, *, job_id: str | None = None, due_ms: int | None = None
-) -> Message:
+    spec: JobSpec, payload: Any, *, job_id: str | None = None, due_ms: int | None = None,
+    now_ms: int | None = None,
+) -> Message:  # fmt: skip
     """Build the message of one job (pure but for the clock and a random id).
 
     `job_id` (caller-given) is the dedup key; default a random uuid. `due_ms` (epoch ms) in
-    the future holds the job until then. The payload is checked against the job's `schema`
-    first, when it has one. Raises JobError `job.invalid_payload` / `job.invalid_id` before
-    anything is stored."""
+    the future holds the job until then; `now_ms`, the enqueue time, when the caller read the
+    clock for both (a delay then adds to it exactly). The payload is checked against the
+    job's `schema` first, when it has one. Raises JobError `job.invalid_payload` /
+    `job.invalid_id` before anything is stored."""
     if spec.schema is not None:
         payload = fit_schema(spec, payload).model_dump(mode="json")
     body = json_body(spec.name, payload, "job.invalid_payload")
-    now_ms = int(time.time() * 1000)
+    if now_ms is None:
+        now_ms = int(time.time() * 1000)
     dedup = job_id is not None
     if job_id is None:
         job_id = uuid.uuid4().hex
@@ -353,10 +356,12 @@ def fit_schema(spec: JobSpec, payload: Any) -> BaseModel:
 
 
 def due_ms_of(
-    spec: JobSpec, delay: float | timedelta | None, run_at: datetime | None
-) -> int | None:
-    """Epoch ms a job is due at from `delay` (s or timedelta, >= 0) or `run_at` (aware), or
-    None when neither is given. Raises JobError `job.invalid_delay`."""
+    spec: JobSpec, delay: float | timedelta | None, run_at: datetime | None,
+    now_ms: int | None = None,
+) -> int | None:  # fmt: skip
+    """Epoch ms a job is due at from `delay` (s or timedelta, >= 0, after `now_ms`, default
+    now) or `run_at` (aware), or None when neither is given. Raises JobError
+    `job.invalid_delay`."""
     if delay is not None and run_at is not None:
         raise JobError(f"{spec.name}: give delay or run_at, not both", code="job.invalid_delay")
     if run_at is not None:
@@ -370,7 +375,9 @@ def due_ms_of(
         raise JobError(
             f"{spec.name}: delay must be >= 0 seconds, got {delay!r}", code="job.invalid_delay"
         )
-    return int(time.time() * 1000 + seconds * 1000)
+    if now_ms is None:
+        now_ms = int(time.time() * 1000)
+    return now_ms + round(seconds * 1000)
 
 
 def _check_id(spec: JobSpec, job_id: object) -> None:

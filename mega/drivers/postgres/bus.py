@@ -168,6 +168,10 @@ class PostgresBus:
         """The tables, where missing (once per bus)."""
         if self._schema_ready:
             return
+        cursor = await connection.execute(sql.SCHEMA_READY)
+        if (await cursor.fetchone()) == (True,):
+            self._schema_ready = True
+            return
         async with connection.transaction():
             await connection.execute(f"SELECT pg_advisory_xact_lock({DDL_LOCK_KEY})")
             for statement in sql.SCHEMA:

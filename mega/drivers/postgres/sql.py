@@ -117,9 +117,17 @@ RECORDS_DDL: tuple[str, ...] = (
 
 # The trace context headers a job row or an event carries (JSON text; NULL without tracing):
 # added later (migration 0007), as columns of the tables above.
-TRACE_DDL: tuple[str, ...] = (
-    f"ALTER TABLE {JOBS} ADD COLUMN IF NOT EXISTS trace text",
-    f"ALTER TABLE {EVENTS} ADD COLUMN IF NOT EXISTS trace text",
+# Only where it is missing: ALTER TABLE takes an exclusive lock even when the column exists,
+# and an ensure that asked for it while a worker claimed rows deadlocked with that worker.
+TRACE_DDL: tuple[str, ...] = tuple(
+    f"""DO $$ BEGIN
+        IF NOT EXISTS (SELECT 1 FROM information_schema.columns
+                       WHERE table_schema = current_schema() AND table_name = '{table}'
+                         AND column_name = 'trace') THEN
+            ALTER TABLE {table} ADD COLUMN trace text;
+        END IF;
+    END $$"""
+    for table in (JOBS, EVENTS)
 )
 # The dead letters by job id (`Bus.dead_letter`), made later than the table (migration 0007).
 DEAD_INDEX_DDL: tuple[str, ...] = (
@@ -149,6 +157,16 @@ COUNTER_DDL: tuple[str, ...] = (
         END IF;
     END $$""",
 )
+
+# Whether the last of SCHEMA's steps are there: then `ensure` runs no DDL at all (DDL locks the
+# tables, and workers of a started fleet are claiming rows in them).
+SCHEMA_READY = f"""
+SELECT to_regclass('{RECORDS}') IS NOT NULL AND to_regclass('{DEAD}_job') IS NOT NULL
+   AND EXISTS (SELECT 1 FROM information_schema.columns
+               WHERE table_schema = current_schema() AND table_name = '{EVENTS}'
+                 AND column_name = 'trace')
+   AND EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = '{COUNTER_FUNCTION}')
+"""
 
 # Every table, where missing: what `PostgresBus.ensure` runs.
 SCHEMA = DDL + RECORDS_DDL + TRACE_DDL + DEAD_INDEX_DDL + COUNTER_DDL

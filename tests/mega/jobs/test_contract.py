@@ -704,7 +704,8 @@ async def test_a_rate_limit_caps_the_starts_of_the_whole_group(setup: Any, prefi
         worker.register(job)
         await worker.start()
     try:
-        await until(lambda: len(STARTED.get(job.subject, [])) >= 40, "all 40 started", 15)
+        started = STARTED.setdefault(job.subject, [])
+        await until(lambda: len(started) >= 40, f"all 40 started: {started}", 15)
         await asyncio.sleep(0.3)
         starts = STARTED[job.subject]
         assert sorted(RUNS[f"{job.subject}:{n}"] for n in range(40)) == [1] * 40
