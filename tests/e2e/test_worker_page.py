@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from playwright.sync_api import expect
 
 from tests.e2e.conftest import LiveStack, log_in, screenshot
@@ -266,6 +267,7 @@ def test_a_burst_shows_runs_refused_with_429(page, live_stack: LiveStack) -> Non
     expect(page.locator("#pool-queued")).to_have_text("0", timeout=60_000)
 
 
+@pytest.mark.timeout(300)  # up to three inline runs of several seconds each, on a busy machine
 def test_the_heartbeat_has_a_scale_a_run_max_and_grows_while_a_beat_is_pending(
     page, live_stack: LiveStack
 ) -> None:
@@ -277,13 +279,22 @@ def test_the_heartbeat_has_a_scale_a_run_max_and_grows_while_a_beat_is_pending(
     # The inline cap: a stall of over two seconds on any machine, so that a beat sent a second
     # into it (the beats go once a second) is still pending a second later.
     page.fill("#hash-rounds", "8000000")
-    page.click("#run-inline")
-    # While the loop hashes, a pending bar grows past a second, before its answer arrives.
-    page.wait_for_function(
-        "() => [...document.querySelectorAll('#heartbeat .beat.pending')]"
-        ".some(b => b.classList.contains('stalled'))",
-        timeout=30_000,
-    )
+    # While the loop hashes, a pending bar grows past a second, before its answer arrives. On a
+    # loaded machine the browser's own once-a-second beat can be late for the whole stall (one
+    # CI run in many saw no pending beat): then the run is made again, up to three times.
+    for _ in range(3):
+        page.click("#run-inline")
+        try:
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('#heartbeat .beat.pending')]"
+                ".some(b => b.classList.contains('stalled'))",
+                timeout=30_000,
+            )
+            break
+        except PlaywrightTimeoutError:
+            expect(page.locator("#result-digest")).to_have_text(DIGEST, timeout=60_000)
+    else:
+        pytest.fail("three inline runs and never a beat pending past a second")
     expect(page.locator("#beat-last")).to_have_text(re.compile(r"^waiting [\d,]+ ms$"))
     screenshot(page, "worker-stalled")  # the pending bar, mid-stall
     expect(page.locator("#result-digest")).to_have_text(DIGEST, timeout=60_000)
