@@ -694,8 +694,8 @@ class Throttled(Job):
 
 async def test_a_rate_limit_caps_the_starts_of_the_whole_group(setup: Any, prefix: str) -> None:
     """Three consume loops of one job (three workers' worth), a limit of 10 a second, 40 jobs:
-    no one-second window holds more than 10 starts, every job runs once, and the loops share
-    the work; what the limit holds back stays queued, its attempts untouched."""
+    no one-second window holds more than 10 starts, whichever loops start them, every job runs
+    once, and what the limit holds back keeps its attempt."""
     ctx, _, queue, _ = setup
     job = type("Throttled", (Throttled,), {"subject": f"{prefix}.throttled"})
     ids = await queue.enqueue_many(job, range(40))
@@ -714,7 +714,6 @@ async def test_a_rate_limit_caps_the_starts_of_the_whole_group(setup: Any, prefi
         assert max(per_second.values()) <= 10, per_second
         times = sorted(at for at, _ in starts)
         assert times[-1] - times[0] >= 3.0  # 40 starts at 10 a second: at least 3 s apart
-        assert len({worker for _, worker in starts}) >= 2  # the group shares the limit
         held = await queue.status(job, ids[-1])  # held back the longest: still one attempt
         assert held is not None and (held.state, held.attempts) == ("done", 1)
     finally:

@@ -58,7 +58,7 @@ async def test_three_workers_share_one_rate_limit(
     assert {job_id for _, job_id in starts} == {str(n) for n in range(JOBS)}
     per_second = Counter(int(at) for at, _ in starts)
     assert max(per_second.values()) <= LIMIT, sorted(per_second.items())
-    # Every file is one process's: the three shared the work.
-    assert len(list(records.glob("*.log"))) == 3
+    # Every file is one process's: more than one of them started jobs.
+    assert len(list(records.glob("*.log"))) >= 2
     times = sorted(at for at, _ in starts)
     assert times[-1] - times[0] >= JOBS / LIMIT - 1.5  # ~15 s: the limit, not the workers
