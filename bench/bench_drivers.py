@@ -59,12 +59,13 @@ async def driver_context(driver: str, url: str) -> Context:
     return Context(instance_id="bench", buses={"jobs": bus})
 
 
-async def _drain(ctx: Context, jobs: int) -> float:
-    """Enqueue `jobs` no-op jobs (untimed), then time one consume loop until all have run."""
+async def _drain(ctx: Context, jobs: int, job: type[Job] = Noop) -> float:
+    """Enqueue `jobs` no-op jobs (untimed), then time one consume loop until all have run.
+    `job` counts its runs in RAN, as Noop does."""
     RAN.clear()
     worker = JobWorker(ctx)
-    worker.register(Noop)
-    await worker.queue("jobs").enqueue_many(Noop, range(jobs))
+    worker.register(job)
+    await worker.queue("jobs").enqueue_many(job, range(jobs))
     started = time.perf_counter()
     await worker.start()
     while len(RAN) < jobs:

@@ -17,51 +17,25 @@ import argparse
 import asyncio
 import sys
 import tempfile
-import time
-from collections import Counter
 from pathlib import Path
 
 if __package__ in (None, ""):  # run by path (python bench/x.py): make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_drivers import driver_context
+from bench.bench_drivers import Noop, _drain, driver_context
 from bench.report import Result, print_table, result, row
-from mega import Context, Job, JobWorker
 from mega.context import CacheAdapter
 
 ROUNDS = 3
-RAN: Counter[int] = Counter()
 
 
-class Free(Job):
+class Free(Noop):
     subject = "bench.free"
-    bus = "jobs"
-    concurrency = 200
-    retries = 0
-
-    async def run(self, payload: int, ctx: Context) -> None:
-        RAN[payload] += 1
 
 
 class Limited(Free):
     subject = "bench.limited"
     rate_limit = {"limit": 1_000_000, "period_s": 1.0}
-
-
-async def _drain(ctx: Context, job: type[Job], jobs: int) -> float:
-    """Enqueue `jobs` no-op jobs (untimed), then time one consume loop until all have run."""
-    RAN.clear()
-    worker = JobWorker(ctx)
-    worker.register(job)
-    await worker.queue("jobs").enqueue_many(job, range(jobs))
-    started = time.perf_counter()
-    await worker.start()
-    while len(RAN) < jobs:
-        await asyncio.sleep(0.001)
-    elapsed = time.perf_counter() - started
-    await worker.stop(5)
-    assert set(RAN.values()) == {1} and sorted(RAN) == list(range(jobs)), "not exactly once"
-    return jobs / elapsed
 
 
 async def _bench(jobs: int) -> Result:
@@ -77,8 +51,8 @@ async def _bench(jobs: int) -> Result:
             for _ in range(ROUNDS):
                 ctx = await driver_context("memory", "")
                 ctx.caches["main"] = CacheAdapter("main", server.url, client)
-                free = max(free, await _drain(ctx, Free, jobs))
-                limited = max(limited, await _drain(ctx, Limited, jobs))
+                free = max(free, await _drain(ctx, jobs, Free))
+                limited = max(limited, await _drain(ctx, jobs, Limited))
         finally:
             await client.aclose()
             server.stop()
