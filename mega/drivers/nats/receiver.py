@@ -76,8 +76,13 @@ MIN_NAK_DELAY_S = 0.001
 # NATS_PING_INTERVAL_S, NATS_MAX_OUTSTANDING_PINGS unanswered), and an election takes a few
 # seconds more; this covers both.
 RESETTLE_WINDOW_S = 15.0
-# JetStream announces each election of a consumer's leader here (+ ".<stream>.<consumer>").
+# JetStream announces each election of a consumer's leader here (+ ".<stream>.<consumer>"), and
+# of a stream's leader here (+ ".<stream>").
 LEADER_ELECTED = "$JS.EVENT.ADVISORY.CONSUMER.LEADER_ELECTED"
+STREAM_LEADER_ELECTED = "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED"
+# After an election, the settles are sent once more this much later: a node waking from a
+# freeze can set off a second round of elections, and settles sent in between are lost too.
+RESETTLE_AGAIN_S = 2.0
 # ... and at most this many of them beyond the lane's concurrency: after a server goes silent
 # nothing new arrives, so a process settles at most what it held, its concurrency.
 RESETTLE_SPARE = 64
@@ -125,8 +130,12 @@ class NatsReceiver:
         self.last_warning = ""
         self.inbox = ""
         self.subscription: Any = None
-        self.elections: Any = None
-        self.leader_subject = f"{LEADER_ELECTED}.{self.stream}.{durable_of(lane)}"
+        self.elections: list[Any] = []
+        self.leader_subjects = (
+            f"{LEADER_ELECTED}.{self.stream}.{durable_of(lane)}",
+            f"{STREAM_LEADER_ELECTED}.{self.stream}",
+        )
+        self.resettle_later: asyncio.Task[None] | None = None
         self.reconnects = self.nc.stats["reconnects"]
         self.woken = False
         self.schedules = bus.schedules_supported
@@ -143,7 +152,10 @@ class NatsReceiver:
         if self.subscription is None:
             self.inbox = self.nc.new_inbox()
             self.subscription = await self.nc.subscribe(self.inbox, cb=self._on_message)
-            self.elections = await self.nc.subscribe(self.leader_subject, cb=self._on_leader)
+            self.elections = [
+                await self.nc.subscribe(subject, cb=self._on_leader)
+                for subject in self.leader_subjects
+            ]
         if self.arrived:  # the next pull leaves before this batch runs: its round trip is hidden
             await self._top_up(limit, time.monotonic())
         deadline = time.monotonic() + IDLE_WAIT_S
@@ -223,11 +235,19 @@ class NatsReceiver:
         self.ready.set()
 
     async def _on_leader(self, _msg: Msg) -> None:
-        """A new leader of the consumer: the pull requests the old one held are gone, and so
-        are the settles sent while there was none. Ask again now, and settle again."""
+        """A new leader of the consumer or its stream: the pull requests the old one held are
+        gone, and so are the settles sent while there was none. Ask again now, and settle again
+        now and once more RESETTLE_AGAIN_S later."""
         self.credits = 0
         self.ready.set()
-        await self.resettle("the consumer's new leader")
+        if self.resettle_later is not None:
+            self.resettle_later.cancel()
+        self.resettle_later = asyncio.create_task(self._resettle_again())
+        await self.resettle("a new leader")
+
+    async def _resettle_again(self) -> None:
+        await asyncio.sleep(RESETTLE_AGAIN_S)
+        await self.resettle("a new leader, once more")
 
     def _on_status(self, msg: Msg) -> None:
         headers = msg.headers or {}
@@ -347,9 +367,11 @@ class NatsReceiver:
         listening, and send the last acks. A message of a pull request still open that lands
         after this comes back after its ack wait."""
         self.on_reconnect.discard(self.resettle)
+        if self.resettle_later is not None:
+            self.resettle_later.cancel()
         while self.arrived:
             await _settle(self.arrived.popleft().nak())
-        for subscription in (self.subscription, self.elections):
+        for subscription in (self.subscription, *self.elections):
             if subscription is not None:
                 with contextlib.suppress(*NATS_ERRORS):
                     await subscription.unsubscribe()
