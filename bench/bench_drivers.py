@@ -59,13 +59,13 @@ async def driver_context(driver: str, url: str) -> Context:
     return Context(instance_id="bench", buses={"jobs": bus})
 
 
-async def _drain(ctx: Context, jobs: int, job: type[Job] = Noop) -> float:
-    """Enqueue `jobs` no-op jobs (untimed), then time one consume loop until all have run.
-    `job` counts its runs in RAN, as Noop does."""
+async def _drain(ctx: Context, jobs: int, job: type[Job] = Noop, key: str | None = None) -> float:
+    """Enqueue `jobs` no-op jobs (untimed; with `key`, all of that key), then time one consume
+    loop until all have run. `job` counts its runs in RAN, as Noop does."""
     RAN.clear()
     worker = JobWorker(ctx)
     worker.register(job)
-    await worker.queue("jobs").enqueue_many(job, range(jobs))
+    await worker.queue("jobs").enqueue_many(job, range(jobs), key=key)
     started = time.perf_counter()
     await worker.start()
     while len(RAN) < jobs:

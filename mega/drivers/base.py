@@ -54,10 +54,12 @@ class DlqRecord(_DlqRecordBase, total=False):
         {"id", "subject", "payload", "error": {"type", "message"}, "attempts",
          "first_enqueued_at", "failed_at", "worker"}
 
-    `raw_b64`: the body of a message that was not JSON (then `payload` is None). `seq`: where
-    the driver keeps it (a stream sequence, a row id), added when records are listed."""
+    `raw_b64`: the body of a message that was not JSON (then `payload` is None). `flow_key`:
+    the key the job was enqueued with, when it had one (a requeue keeps it). `seq`: where the
+    driver keeps it (a stream sequence, a row id), added when records are listed."""
 
     raw_b64: str
+    flow_key: str
     seq: int
 
 
@@ -105,7 +107,9 @@ class Message:
     the JSON payload. `dedup`: `id` was given by the caller (or is an outbox row's), so a
     second message with it within the driver's dedup window is dropped. `run_at_ms`: hold it
     until then (None: now). `trace`: the trace context headers (mega.tracing) that every
-    driver stores with the message and hands back on its deliveries."""
+    driver stores with the message and hands back on its deliveries. `flow_key`: the key the
+    job was enqueued with (a tenant, a customer), for its rate limit and its cap per key;
+    stored with the message and handed back on its deliveries likewise."""
 
     id: str
     subject: str
@@ -114,6 +118,7 @@ class Message:
     run_at_ms: int | None = None
     dedup: bool = True
     trace: dict[str, str] | None = None
+    flow_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -145,7 +150,8 @@ class Delivery:
     `key` is the same for every redelivery of this very message (a stream sequence, a row id),
     so the loop can remember what it could not report. `handle` is the engine's own message,
     for the receiver alone. `trace`: the message's trace context headers; the consume loop
-    sets it before a `retry`, whose copy carries it. Made once per delivery on the hot path,
+    sets it before a `retry`, whose copy carries it. `flow_key`: the message's (a retry's copy
+    keeps it). Made once per delivery on the hot path,
     so not frozen."""
 
     id: str
@@ -157,6 +163,7 @@ class Delivery:
     key: Hashable
     handle: Any
     trace: dict[str, str] | None = None
+    flow_key: str | None = None
 
 
 class DriverUnavailable(Exception):

@@ -30,6 +30,7 @@ from pydantic import StrictStr, ValidationInfo, field_validator
 
 from mega.declaration import PositiveInt, declared_alias, matching, rule, validate_subclass
 from mega.events.event import Event, ReceivedEvent
+from mega.jobs.ratelimit import RateLimit
 from mega.jobs.spec import Consumed, ConsumedDeclaration, ConsumedSpec
 
 if TYPE_CHECKING:
@@ -110,6 +111,13 @@ class ListenerDeclaration(ConsumedDeclaration):
     group: Annotated[StrictStr, matching(GROUP_RE), rule(GROUP_RULE)]
     inbox_ttl_s: PositiveInt
     inbox: str | None
+
+    @field_validator("rate_limit")
+    @classmethod
+    def _of_the_group(cls, limit: RateLimit | None) -> RateLimit | None:
+        if limit is not None and limit.per == "key":
+            raise ValueError('"per": "key" is for jobs: an event carries no key')
+        return limit
 
     @field_validator("bus", mode="before")
     @classmethod

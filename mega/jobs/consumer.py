@@ -31,7 +31,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -41,8 +41,9 @@ from mega.errors import JobTimeout, Permanent
 from mega.jobs.control import WATCH_S, LaneControl
 from mega.jobs.delivery import DeadLetter, Decision, LanePolicy, Outcome, Retry, decide
 from mega.jobs.dlq import make_record
+from mega.jobs.flow import Gate
 from mega.jobs.presence import PRESENCE_EVERY_S, Presence
-from mega.jobs.ratelimit import Grant, RateLimiter, wait_or_stop
+from mega.jobs.ratelimit import wait_or_stop
 from mega.jobs.status import RUNNING, ErrorInfo, Running, StatusWriter
 
 # The queue's logger: to an operator, the consume loop is part of the job queue.
@@ -117,14 +118,15 @@ class Consumer:
         lane: Lane | None = None,
         system: str = "",
         presence: Presence | None = None,
-        limiter: RateLimiter | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self.receiver = receiver
         self.system = system
         self.group = lane.name if lane is not None and lane.kind == "group" else None
         self.kind: Literal["event", "job"] = "job" if self.group is None else "event"
         self.presence = presence
-        self.limiter = limiter
+        self.gate = gate
+        self.fetch_cap = gate.fetch_cap if gate is not None else None
         self.stop_requested = asyncio.Event()  # ends a wait for the rate limit at once
         self.settled = 0  # deliveries settled since the start (the presence record's `done`)
         self.records = records
@@ -175,6 +177,8 @@ class Consumer:
                 task.cancel()
             if self.records is not None:
                 await self.records.close()
+            if self.gate is not None:
+                await self.gate.close()
             await self.receiver.close()
             self.closed.set()
 
@@ -186,58 +190,64 @@ class Consumer:
                 self.slot_free.clear()
                 await self.slot_free.wait()
                 continue
-            if self.limiter is not None:  # no more than the rate limit could let start
-                free = min(free, self.limiter.limit.limit)
+            if self.fetch_cap is not None:  # no more than the rate limit could let start
+                free = min(free, self.fetch_cap)
             # The cancel window is read beside the fetch, not after it: no round trip added.
             window = self._read_window()
             deliveries = await self.receiver.fetch(free)
             cancelled = await self._cancelled(deliveries, window)
-            if self.limiter is not None and deliveries:
-                await self._start_limited(deliveries, cancelled)
+            if self.gate is not None and deliveries:
+                await self._start_gated(deliveries, cancelled)
                 continue
             for delivery in deliveries:
                 self._start(delivery, cancelled)
 
     def _start(self, delivery: Delivery, cancelled: set[str] | tuple[()]) -> None:
         process = self._skip(delivery) if delivery.id in cancelled else self._process(delivery)
+        if self.gate is not None and delivery.id not in cancelled:
+            process = self._gated(process, delivery)
         task = asyncio.create_task(process)
         self.running[task] = Lease(delivery, time.monotonic())
         task.add_done_callback(self._on_done)
 
-    async def _start_limited(
+    async def _start_gated(
         self, deliveries: list[Delivery], cancelled: set[str] | tuple[()]
     ) -> None:
-        """Start what the rate limit grants of the fetched deliveries (a cancelled one needs
+        """Start what the lane's limits admit of the fetched deliveries (a cancelled one needs
         no grant: it is not run) and hold the rest back as delayed messages, their attempt
-        unchanged. Once the runs began, their grants are stamped with the time (see
-        mega/jobs/ratelimit.py); when some were held, the next fetch waits for the window."""
-        limiter = self.limiter
-        assert limiter is not None
+        unchanged (see mega/jobs/flow.py). Once the runs began, their rate grants are stamped
+        with the time; when the whole group's rate limit held some, the next fetch waits for
+        its window."""
+        gate = self.gate
+        assert gate is not None
         runs = [delivery for delivery in deliveries if delivery.id not in cancelled]
-        grant = await limiter.take(len(runs)) if runs else Grant([], 0.0)
-        granted = len(grant.members)
+        admission = await gate.admit(runs)
         for delivery in deliveries:
             if delivery.id in cancelled:
                 self._start(delivery, cancelled)
-        for delivery in runs[:granted]:
+        for delivery in admission.start:
             self._start(delivery, cancelled)
-        if grant.members:
+        if admission.start:
             await asyncio.sleep(0)  # the runs begin before their grants are stamped
-            await limiter.settle(grant, granted)
-        held = runs[granted:]
-        if held:
-            await asyncio.gather(*(self._hold(d, n, grant.wait_s) for n, d in enumerate(held)))
-            await wait_or_stop(grant.wait_s, self.stop_requested)
+        await gate.started(admission)
+        if admission.held:
+            await asyncio.gather(*(self._hold(d, due_s) for d, due_s in admission.held))
+        if admission.wait_s > 0:
+            await wait_or_stop(admission.wait_s, self.stop_requested)
 
-    async def _hold(self, delivery: Delivery, place: int, wait_s: float) -> None:
-        """Back to the queue as a delayed message: due once the window frees a start, the
-        `place`-th of the held ones a period later for each `limit` before it (so they come
-        back no faster than they may start), attempt unchanged (a retry of `attempt - 1`)."""
-        assert self.limiter is not None
-        limit = self.limiter.limit
-        due_s = wait_s + (place // limit.limit) * limit.period_s
+    async def _hold(self, delivery: Delivery, due_s: float) -> None:
+        """Back to the queue as a delayed message due in `due_s`, attempt unchanged (a retry of
+        `attempt - 1`)."""
         due_ms = int((time.time() + due_s) * 1000)
         await self.receiver.retry(delivery, due_ms=due_ms, attempts=delivery.attempt - 1)
+
+    async def _gated(self, process: Coroutine[Any, Any, None], delivery: Delivery) -> None:
+        """Run `process`, then give up the lease its key holds (key_concurrency)."""
+        assert self.gate is not None
+        try:
+            await process
+        finally:
+            self.gate.ended(delivery)
 
     def _on_done(self, task: asyncio.Task[None]) -> None:
         self.running.pop(task, None)
@@ -383,6 +393,7 @@ class Consumer:
         return make_record(
             delivery.subject, delivery.id, payload, error_type, error, attempts=attempts,
             first_enqueued_at=delivery.enqueued_at_ms, worker=self.instance_id, raw=raw,
+            flow_key=delivery.flow_key,
         )  # fmt: skip
 
     async def _dead_letter(
@@ -512,10 +523,14 @@ class Consumer:
         while True:
             await asyncio.sleep(interval_s)
             now = time.monotonic()
+            extended = []
             for lease in list(self.running.values()):
                 if now - lease.extended_at >= interval_s:
                     lease.extended_at = now
                     await self.receiver.extend(lease.delivery)
+                    extended.append(lease.delivery)
+            if self.gate is not None:
+                await self.gate.renew(extended)
 
     async def _present(self) -> None:
         """Write this loop's presence record now and every PRESENCE_EVERY_S."""

@@ -89,6 +89,10 @@ class LanePolicy(RetryPolicy, Protocol):
     def permanent(self) -> tuple[type[Exception], ...]: ...  # errors that skip the retries
     @property
     def rate_limit(self) -> RateLimit | None: ...  # starts per period, the whole group's
+    @property
+    def key_concurrency(self) -> int | None: ...  # runs of one key at once
+    @property
+    def flow_cache(self) -> str | None: ...  # the cache both count in
 
 
 def is_unreported(attempt: int, policy: RetryPolicy) -> bool:

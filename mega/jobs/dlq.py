@@ -45,6 +45,7 @@ def make_record(
     first_enqueued_at: int | None,
     worker: str,
     raw: bytes | None = None,
+    flow_key: str | None = None,
 ) -> DlqRecord:
     """Build a DLQ record; `raw` (a body that could not be decoded) is kept as base64."""
     record = DlqRecord(
@@ -59,6 +60,8 @@ def make_record(
     )
     if raw is not None:
         record["raw_b64"] = base64.b64encode(raw).decode("ascii")
+    if flow_key is not None:
+        record["flow_key"] = flow_key
     return record
 
 

@@ -57,7 +57,9 @@ class Job(JobBase):
     `replicas` (1 to 5: copies of its streams in a NATS cluster; 3 survives the loss of one
     node), `timeout_s` (None or > 0 s: a run's limit), `permanent` (errors that skip the
     retries), `rate_limit` (None or {"limit": n, "period_s": s}: starts across the whole group,
-    counted in a cache; see mega/jobs/ratelimit.py), `keep_status_s` and `keep_result_s`,
+    or with "per": "key" for each key; see mega/jobs/ratelimit.py), `key_concurrency` (None or
+    >= 1: runs of one key at once across the group; see mega/jobs/flow.py), `flow_cache` (the
+    cache both count in; None: the config's only cache), `keep_status_s` and `keep_result_s`,
     `name` (defaults to the class name).
     """
 
@@ -71,12 +73,13 @@ class Job(JobBase):
         delay_s: float | None = None,
         run_at: datetime | None = None,
         session: Session | None = None,
+        key: str | None = None,
     ) -> JobId:
         """Store one run of this job on its own bus: `JobQueue(ctx, cls.bus).enqueue(cls, ...)`
         with the queue kept on `ctx` (its setup is done once per process). `delay_s` holds it
         that many seconds; the rest is as JobQueue.enqueue says."""
         return await queue_of(ctx, cls.bus).enqueue(
-            cls, payload, id=id, delay=delay_s, run_at=run_at, session=session
+            cls, payload, id=id, delay=delay_s, run_at=run_at, session=session, key=key
         )
 
     @classmethod

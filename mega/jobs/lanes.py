@@ -26,8 +26,9 @@ from mega.errors import DependencyUnavailable, JobError
 from mega.jobs.consumer import DLQ_RETRY_DELAY_S, Consumer
 from mega.jobs.control import LaneControl
 from mega.jobs.delivery import LanePolicy
+from mega.jobs.flow import gate_of
 from mega.jobs.presence import Presence, WorkerSeen, read_workers
-from mega.jobs.ratelimit import RateLimit, limiter
+from mega.jobs.ratelimit import RateLimit
 from mega.jobs.status import StatusWriter
 from mega.signals import Observer, Signals
 
@@ -61,6 +62,12 @@ class Declared(Protocol):
     def bus(self) -> str: ...
     @property
     def rate_limit(self) -> RateLimit | None: ...
+    @property
+    def key_concurrency(self) -> int | None: ...
+    @property
+    def flow_cache(self) -> str | None: ...
+    @property
+    def ack_wait_s(self) -> float: ...
 
 
 E = TypeVar("E", bound=Endpoint)
@@ -164,7 +171,7 @@ class LaneEndpoint:
             instance_id=self.instance_id, dlq_retry_delay_s=self.dlq_retry_delay_s,
             records=records, control=control, lane=lane, system=self.bus.driver,
             presence=Presence(self.bus, lane, self.instance_id),
-            limiter=limiter(self.ctx, policy.name, lane_key_of(lane), policy.rate_limit),
+            gate=gate_of(self.ctx, policy, lane_key_of(lane)),
         )  # fmt: skip
         self._consumers[cls] = consumer
         try:
@@ -259,7 +266,7 @@ class LaneWorker(Generic[E, S]):
         loops run; raises DependencyUnavailable when a bus cannot be reached."""
         registered = list(zip(self._classes, self.specs, strict=True))
         for cls, spec in registered:
-            limiter(self.ctx, spec.name, "", spec.rate_limit)  # its cache exists, or say so now
+            gate_of(self.ctx, spec, "")  # its cache exists, or say so now
             await self.endpoint(spec.bus).ensure(cls)
         for cls, spec in registered:
             task = asyncio.create_task(

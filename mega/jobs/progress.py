@@ -31,8 +31,8 @@ Report = Callable[..., Awaitable[None]]
 class JobContext(Context):
     """The context of one run of a job: every service of the host's context (`cache`, `lock`,
     `bus`, `db`, `workers`, `extras`, shared, not copied), plus `job` (its name), `job_id`,
-    `attempt` (1-based, counted as the queue counts it), `worker` (the consuming process's
-    instance id) and `progress()`.
+    `attempt` (1-based, counted as the queue counts it), `key` (what it was enqueued with, or
+    None), `worker` (the consuming process's instance id) and `progress()`.
 
     Made by the queue for each delivery (see RunContexts); a job never makes one itself.
     """
@@ -40,6 +40,7 @@ class JobContext(Context):
     job: str
     job_id: str
     attempt: int
+    key: str | None
     worker: str
     _base: Context
     _report: Report
@@ -49,7 +50,7 @@ class JobContext(Context):
         cls, base: Context, *, job: str, job_id: str, attempt: int, worker: str, report: Report
     ) -> JobContext:
         """One run's context (RunContexts makes many of one job's, cheaper)."""
-        return RunContexts(base, job=job, worker=worker, report=report)(job_id, attempt)
+        return RunContexts(base, job=job, worker=worker, report=report)(job_id, attempt, None)
 
     # The host's context opens its database lazily, on first use of `db`: both read it there,
     # so it is opened once per process, not once per run, and every run sees it.
@@ -79,7 +80,8 @@ class RunContexts:
 
     A context is made for every delivery, so it is kept cheap (~0.2 us; dataclasses.replace,
     which runs __init__, takes ~1.3 us): what every run shares (the host's services, the job,
-    the worker, where reports go) is gathered once here, and a run adds its id and attempt.
+    the worker, where reports go) is gathered once here, and a run adds its id, attempt and
+    key.
     """
 
     def __init__(self, base: Context, *, job: str, worker: str, report: Report) -> None:
@@ -87,10 +89,11 @@ class RunContexts:
         shared.update(job=job, worker=worker, _base=base, _report=report)
         self._shared = shared
 
-    def __call__(self, job_id: str, attempt: int) -> JobContext:
+    def __call__(self, job_id: str, attempt: int, key: str | None) -> JobContext:
         run_ctx = object.__new__(JobContext)
         attributes = self._shared.copy()
         attributes["job_id"] = job_id
         attributes["attempt"] = attempt
+        attributes["key"] = key
         run_ctx.__dict__ = attributes
         return run_ctx

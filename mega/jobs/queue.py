@@ -146,6 +146,7 @@ class JobQueue(LaneEndpoint):
         delay: float | timedelta | None = None,
         run_at: datetime | None = None,
         session: Session | None = None,
+        key: str | None = None,
     ) -> JobId:
         """Store one job and return its id once the bus has it (NATS: after the PubAck).
 
@@ -156,13 +157,15 @@ class JobQueue(LaneEndpoint):
         `delay` (seconds or timedelta) or `run_at` (aware datetime): hold the job until then
         without using a worker slot. `session`: a SQLAlchemy session whose transaction the
         job joins, so it exists if and only if that transaction commits (postgres driver only;
-        JobError `job.session_unsupported` elsewhere). Raises DependencyUnavailable when the
-        bus does not answer; then the job may still have been stored, so give an `id` when a
-        retry must not duplicate it."""
+        JobError `job.session_unsupported` elsewhere). `key` (a tenant, a customer; 1-200
+        printable characters without spaces, else JobError `job.invalid_key`): what the job's
+        limits per key count it under (`rate_limit` with "per": "key", `key_concurrency`).
+        Raises DependencyUnavailable when the bus does not answer; then the job may still have
+        been stored, so give an `id` when a retry must not duplicate it."""
         spec = await self.ensure(job_cls)
         now_ms = int(time.time() * 1000)  # one reading: a delay adds to the enqueue time exactly
         due_ms = due_ms_of(spec, delay, run_at, now_ms)
-        message = encode_job(spec, payload, job_id=id, due_ms=due_ms, now_ms=now_ms)
+        message = encode_job(spec, payload, job_id=id, due_ms=due_ms, now_ms=now_ms, key=key)
         if tracing.tracer() is None:
             return await self._enqueue(spec, message, session)
         with tracing.producing(
@@ -187,11 +190,14 @@ class JobQueue(LaneEndpoint):
         )  # fmt: skip
         return JobId(message.id, duplicate=not stored)
 
-    async def enqueue_many(self, job_cls: type[JobBase], payloads: Iterable[Any]) -> list[str]:
+    async def enqueue_many(
+        self, job_cls: type[JobBase], payloads: Iterable[Any], *, key: str | None = None
+    ) -> list[str]:
         """Store many jobs in one go; returns the ids (in order) once every one is stored.
-        Every payload is checked before the first is sent."""
+        Every payload is checked before the first is sent. `key`: every job's, as in
+        `enqueue`."""
         spec = await self.ensure(job_cls)
-        messages = [encode_job(spec, payload) for payload in payloads]
+        messages = [encode_job(spec, payload, key=key) for payload in payloads]
         if tracing.tracer() is None:
             return await self._enqueue_many(spec, messages)
         ids = [message.id for message in messages]
@@ -346,7 +352,8 @@ class JobQueue(LaneEndpoint):
         async def run(payload: Any, delivery: Delivery) -> Any:
             if spec.schema is not None:
                 payload = fit_schema(spec, payload)
-            return await job_run(payload, contexts(delivery.id, delivery.attempt))
+            run_ctx = contexts(delivery.id, delivery.attempt, delivery.flow_key)
+            return await job_run(payload, run_ctx)
 
         lane = job_lane(spec)
         records = StatusWriter(self.bus, lane, worker=self.instance_id)

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import anyio.to_thread
 from anyio import CapacityLimiter
@@ -83,8 +83,9 @@ class Consumed:
     (`retries`, `backoff`), how long a delivery may go unsettled (`ack_wait_s`), how long its
     dead letters are kept (`dlq_max_age_s`), copies of its data in a cluster (`replicas`), how
     long one run may take (`timeout_s`, None: no limit), which errors skip the retries
-    (`permanent`, besides `mega.Permanent`) and how many may start in a period across the
-    whole group (`rate_limit`, None: no limit; see mega/jobs/ratelimit.py)."""
+    (`permanent`, besides `mega.Permanent`), how many may start in a period across the
+    whole group (`rate_limit`, None: no limit; see mega/jobs/ratelimit.py) and the cache
+    that counts them (`flow_cache`, None: the config's only cache)."""
 
     concurrency: ClassVar[int] = DEFAULT_CONCURRENCY
     retries: ClassVar[int] = DEFAULT_RETRIES
@@ -95,6 +96,7 @@ class Consumed:
     timeout_s: ClassVar[float | None] = None
     permanent: ClassVar[tuple[type[Exception], ...]] = ()
     rate_limit: ClassVar[dict[str, Any] | None] = None
+    flow_cache: ClassVar[str | None] = None
 
 
 class JobBase(Consumed):
@@ -109,6 +111,7 @@ class JobBase(Consumed):
     schema: ClassVar[type[BaseModel] | None] = None
     keep_status_s: ClassVar[float] = DEFAULT_KEEP_STATUS_S
     keep_result_s: ClassVar[float] = DEFAULT_KEEP_RESULT_S
+    key_concurrency: ClassVar[int | None] = None
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -140,6 +143,8 @@ class ConsumedSpec:
     timeout_s: float | None = None
     permanent: tuple[type[Exception], ...] = ()
     rate_limit: RateLimit | None = None
+    flow_cache: str | None = None
+    key_concurrency: int | None = None  # a Job's alone: events carry no key
 
     @property
     def max_attempts(self) -> int:
@@ -185,7 +190,7 @@ RateLimitField = Annotated[
     RateLimit | None,
     rule(
         'must be None (no limit) or {"limit": starts >= 1, "period_s": seconds > 0} with '
-        'optionally "cache": the alias of a cache'
+        'optionally "per": "key" (a limit for each key)'
     ),
 ]
 
@@ -203,6 +208,11 @@ class ConsumedDeclaration(Declaration):
     timeout_s: TimeoutS
     permanent: Any
     rate_limit: RateLimitField
+    # Its cache is looked up when a worker starts (and by `mega check`).
+    flow_cache: Annotated[
+        Annotated[StrictStr, Field(min_length=1)] | None,
+        rule("must be None (the config's only cache) or the alias of a cache"),
+    ]
 
     run: Any
     # What a subclass says of its class's `run`: the base's own (never overridden), and the
@@ -254,6 +264,10 @@ class JobDeclaration(ConsumedDeclaration):
     keep_result_s: Annotated[
         StrictFloat, Field(ge=0, allow_inf_nan=False), rule("must be >= 0 s (0: not kept)")
     ]
+    key_concurrency: Annotated[
+        Annotated[StrictInt, Field(ge=1)] | None,
+        rule("must be None (no cap) or an int >= 1: the runs of one key at once"),
+    ]
     # `schema` would shadow a BaseModel attribute: the field takes the attribute's name as alias.
     payload_schema: Annotated[
         type[BaseModel] | None, rule("must be a pydantic model class (a BaseModel) or None")
@@ -281,7 +295,8 @@ def validate_job(job_cls: type[JobBase], bus_aliases: Collection[str]) -> JobSpe
     return JobSpec(
         job_cls=job_cls, name=job.name, subject=job.subject, bus=job.bus,
         dlq_max_bytes=job.dlq_max_bytes, schema=job.payload_schema,
-        keep_status_s=job.keep_status_s, keep_result_s=job.keep_result_s, **job.consumed(),
+        keep_status_s=job.keep_status_s, keep_result_s=job.keep_result_s,
+        key_concurrency=job.key_concurrency, **job.consumed(),
     )  # fmt: skip
 
 
@@ -313,15 +328,16 @@ def json_body(name: str, payload: Any, code: str, error: type[JobError] = JobErr
 
 def encode_job(
     spec: JobSpec, payload: Any, *, job_id: str | None = None, due_ms: int | None = None,
-    now_ms: int | None = None,
+    now_ms: int | None = None, key: str | None = None,
 ) -> Message:  # fmt: skip
     """Build the message of one job (pure but for the clock and a random id).
 
     `job_id` (caller-given) is the dedup key; default a random uuid. `due_ms` (epoch ms) in
     the future holds the job until then; `now_ms`, the enqueue time, when the caller read the
-    clock for both (a delay then adds to it exactly). The payload is checked against the
-    job's `schema` first, when it has one. Raises JobError `job.invalid_payload` /
-    `job.invalid_id` before anything is stored."""
+    clock for both (a delay then adds to it exactly). `key`: the job's key for its limits per
+    key (mega/jobs/flow.py). The payload is checked against the job's `schema` first, when it
+    has one. Raises JobError `job.invalid_payload` / `job.invalid_id` / `job.invalid_key`
+    before anything is stored."""
     if spec.schema is not None:
         payload = fit_schema(spec, payload).model_dump(mode="json")
     body = json_body(spec.name, payload, "job.invalid_payload")
@@ -331,9 +347,11 @@ def encode_job(
     if job_id is None:
         job_id = uuid.uuid4().hex
     else:
-        _check_id(spec, job_id)
+        _check_token(spec, job_id, "id")
+    if key is not None:
+        _check_token(spec, key, "key")
     run_at_ms = due_ms if due_ms is not None and due_ms > now_ms else None
-    return Message(job_id, spec.subject, body, now_ms, run_at_ms, dedup=dedup)
+    return Message(job_id, spec.subject, body, now_ms, run_at_ms, dedup=dedup, flow_key=key)
 
 
 def fit_schema(spec: JobSpec, payload: Any) -> BaseModel:
@@ -380,16 +398,16 @@ def due_ms_of(
     return now_ms + round(seconds * 1000)
 
 
-def _check_id(spec: JobSpec, job_id: object) -> None:
+def _check_token(spec: JobSpec, value: object, what: Literal["id", "key"]) -> None:
     # It travels as a header value: no whitespace (a CR/LF would forge headers), bounded.
     if (
-        not isinstance(job_id, str)
-        or not 0 < len(job_id) <= MAX_ID_LENGTH
-        or not job_id.isprintable()
-        or any(c.isspace() for c in job_id)
+        not isinstance(value, str)
+        or not 0 < len(value) <= MAX_ID_LENGTH
+        or not value.isprintable()
+        or any(c.isspace() for c in value)
     ):
         raise JobError(
-            f"{spec.name}: id must be 1-{MAX_ID_LENGTH} printable characters without spaces, "
-            f"got {job_id!r}",
-            code="job.invalid_id",
+            f"{spec.name}: {what} must be 1-{MAX_ID_LENGTH} printable characters without "
+            f"spaces, got {value!r}",
+            code=f"job.invalid_{what}",
         )

@@ -75,30 +75,28 @@ def check_jobs(config: Config) -> list[Finding]:
     return [
         *findings,
         *_duplicates("jobs", [(c, c) for c, _ in specs], "class"),
-        *rate_limit_caches("jobs", specs, config),
+        *flow_caches("jobs", specs, config),
         *unlisted_jobs(config),
     ]
 
 
-def rate_limit_caches(
-    entry: str, specs: Iterable[tuple[Any, Any]], config: Config
-) -> list[Finding]:
-    """An error for each `rate_limit` whose cache the config lacks (or, naming none, a config
-    without exactly one cache): the worker would refuse to start."""
+def flow_caches(entry: str, specs: Iterable[tuple[Any, Any]], config: Config) -> list[Finding]:
+    """An error for each class with a `rate_limit` or a `key_concurrency` whose cache (its
+    `flow_cache`) the config lacks (or, naming none, a config without exactly one cache): the
+    worker would refuse to start."""
     found = []
     for cls, spec in specs:
-        limit = spec.rate_limit
-        if limit is None:
+        if spec.rate_limit is None and spec.key_concurrency is None:
             continue
-        declared = ", ".join(sorted(config.caches)) or "none"
-        if limit.cache is None and len(config.caches) != 1:
+        alias, declared = spec.flow_cache, ", ".join(sorted(config.caches)) or "none"
+        if alias is None and len(config.caches) != 1:
             message = (
-                f"rate_limit counts starts in a cache; the config declares {declared}: name "
-                'one with "cache" in rate_limit'
+                f"rate_limit and key_concurrency count in a cache; the config declares "
+                f'{declared}: name one with flow_cache = "<alias>"'
             )
-        elif limit.cache is not None and limit.cache not in config.caches:
+        elif alias is not None and alias not in config.caches:
             message = (
-                f"rate_limit names cache {limit.cache!r}, which services.caches lacks "
+                f"flow_cache names cache {alias!r}, which services.caches lacks "
                 f"(declared: {declared})"
             )
         else:
@@ -190,7 +188,7 @@ def check_events(config: Config) -> list[Finding]:
         *event_findings,
         *listener_findings,
         *_duplicates("listeners", [(c, s.group) for c, s in listeners], "group"),
-        *rate_limit_caches("listeners", listeners, config),
+        *flow_caches("listeners", listeners, config),
         *unheard_events(event_specs, listener_specs),
         *undeclared_events(listener_specs, event_specs),
     ]

@@ -39,6 +39,7 @@ class MemoryMessage:
     base: int = 0
     key: int = field(default_factory=lambda: next(_keys))  # the same for every redelivery
     trace: dict[str, str] | None = None
+    flow_key: str | None = None
 
 
 # An emitted event as groups to come replay it: name, id, body, emitted at ms, trace headers.

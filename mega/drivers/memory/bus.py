@@ -92,7 +92,7 @@ class MemoryBus:
             run_at = max(message.enqueued_at_ms, message.run_at_ms or 0)
             stored = MemoryMessage(
                 message.id, message.subject, message.body, message.enqueued_at_ms, run_at,
-                trace=message.trace,
+                trace=message.trace, flow_key=message.flow_key,
             )  # fmt: skip
             queue.put(stored, at_ms=message.run_at_ms)
             kept.append(True)
@@ -153,6 +153,7 @@ class MemoryBus:
                 json.dumps(record["payload"], separators=(",", ":")).encode(),
                 record.get("first_enqueued_at") or now_ms,
                 now_ms,
+                flow_key=record.get("flow_key"),
             )
         )
 

@@ -51,6 +51,7 @@ class MemoryReceiver:
                     key=message.key,
                     handle=message,
                     trace=message.trace,
+                    flow_key=message.flow_key,
                 )
             )
         return found

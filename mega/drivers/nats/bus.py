@@ -68,6 +68,7 @@ from mega.drivers.nats.names import (
     EVENTS_STREAM,
     HEADER_EMITTED_AT,
     HEADER_ENQUEUED_AT,
+    HEADER_FLOW_KEY,
     HEADER_JOB_ID,
     HEADER_RUN_AT,
     NATS_MSG_ID,
@@ -379,6 +380,8 @@ class NatsBus:
                                   record.get("first_enqueued_at"), _now_ms())  # fmt: skip
         # A requeue retried after a lost PubAck must not publish the job twice.
         headers[NATS_MSG_ID] = f"{record['id']}:requeue:{stream}:{seq}"
+        if "flow_key" in record:
+            headers[HEADER_FLOW_KEY] = record["flow_key"]
         body = json.dumps(record["payload"], separators=(",", ":")).encode()
         try:
             # A new message starts at num_delivered 1: that is the attempt reset.
@@ -546,6 +549,8 @@ def job_envelope(message: Message) -> tuple[str, bytes, dict[str, str]]:
     if message.dedup:
         headers[NATS_MSG_ID] = message.id
     headers[HEADER_JOB_ID] = message.id
+    if message.flow_key is not None:
+        headers[HEADER_FLOW_KEY] = message.flow_key
     if message.trace:
         headers.update(message.trace)
     if message.run_at_ms is None:

@@ -63,6 +63,8 @@ HEADER_JOB_ID = "Mega-Job-Id"
 HEADER_ENQUEUED_AT = "Mega-Enqueued-At"
 # Epoch ms from which it may run (delayed, retried or requeued); start latency counts from it.
 HEADER_RUN_AT = "Mega-Run-At"
+# The key a job was enqueued with (rate limits and caps per key).
+HEADER_FLOW_KEY = "Mega-Flow-Key"
 # On a retry's copy: the attempts made before it (the attempt is this plus the delivery count).
 HEADER_ATTEMPTS = "Mega-Attempts"
 # Events carry two headers only (four of them halved the relay's rate): the id as the dedup

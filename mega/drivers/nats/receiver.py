@@ -37,6 +37,7 @@ from mega.drivers.nats.names import (
     HEADER_ENQUEUED_AT,
     HEADER_EVENT_ID,
     HEADER_EVENT_NAME,
+    HEADER_FLOW_KEY,
     HEADER_JOB_ID,
     HEADER_RUN_AT,
     NATS_MSG_ID,
@@ -288,7 +289,7 @@ class NatsReceiver:
         return Delivery(
             id=job_id or f"{self.stream}:{seq}", subject=subject, body=msg.data,
             attempt=attempt, enqueued_at_ms=enqueued, run_at_ms=_int(headers.get(HEADER_RUN_AT)),
-            key=seq, handle=msg, trace=carried(headers),
+            key=seq, handle=msg, trace=carried(headers), flow_key=headers.get(HEADER_FLOW_KEY),
         )  # fmt: skip
 
     # -- settling -----------------------------------------------------------------------------
@@ -311,6 +312,8 @@ class NatsReceiver:
             headers = requeue_headers(self.lane, delivery.id, delivery.subject,
                                       delivery.enqueued_at_ms, due_ms)  # fmt: skip
             headers[HEADER_ATTEMPTS] = str(attempts)
+            if delivery.flow_key is not None:
+                headers[HEADER_FLOW_KEY] = delivery.flow_key
             headers.update(schedule_headers(target, due_ms))
             if delivery.trace:
                 headers.update(delivery.trace)

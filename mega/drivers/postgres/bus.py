@@ -85,6 +85,7 @@ def publish_params(key: str, message: Message) -> dict[str, Any]:
         "run_at_ms": message.run_at_ms,
         "dedup": message.dedup,
         "trace": sql.trace_text(message.trace),
+        "flow_key": message.flow_key,
     }
 
 
@@ -321,6 +322,7 @@ class PostgresBus:
                     "subject": record["subject"],
                     "body": job_body(record),
                     "enqueued_at_ms": record.get("first_enqueued_at") or int(time.time() * 1000),
+                    "flow_key": record.get("flow_key"),
                 },
             )
             await connection.execute(sql.NOTIFY, {"channel": sql.WAKE_CHANNEL, "payload": key})

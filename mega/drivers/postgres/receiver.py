@@ -260,7 +260,8 @@ class PostgresReceiver:
 
 
 def _delivery(row: tuple[Any, ...]) -> Delivery:
-    row_id, job_id, subject, body, attempts, deliveries, enqueued_at_ms, run_at_ms, trace = row
+    (row_id, job_id, subject, body, attempts, deliveries, enqueued_at_ms, run_at_ms, trace,
+     flow_key) = row  # fmt: skip
     return Delivery(
         id=job_id,
         subject=subject,
@@ -273,4 +274,5 @@ def _delivery(row: tuple[Any, ...]) -> Delivery:
         # its latest (see sql.EXTEND).
         handle=(row_id, deliveries),
         trace=trace_headers(trace),
+        flow_key=flow_key,
     )

@@ -115,19 +115,21 @@ RECORDS_DDL: tuple[str, ...] = (
     f"CREATE INDEX IF NOT EXISTS {RECORDS}_expires ON {RECORDS} (expires_at)",
 )
 
-# The trace context headers a job row or an event carries (JSON text; NULL without tracing):
-# added later (migration 0007), as columns of the tables above.
-# Only where it is missing: ALTER TABLE takes an exclusive lock even when the column exists,
-# and an ensure that asked for it while a worker claimed rows deadlocked with that worker.
-TRACE_DDL: tuple[str, ...] = tuple(
+# Columns added later (migration 0007) to the tables above: the trace context headers a job
+# row or an event carries (JSON text; NULL without tracing), and the key a job was enqueued
+# with (NULL: none).
+# Only where missing: ALTER TABLE takes an exclusive lock even when the column exists, and an
+# ensure that asked for one while a worker claimed rows deadlocked with that worker.
+ADDED_COLUMNS = ((JOBS, "trace"), (EVENTS, "trace"), (JOBS, "flow_key"))
+ADDED_COLUMNS_DDL: tuple[str, ...] = tuple(
     f"""DO $$ BEGIN
         IF NOT EXISTS (SELECT 1 FROM information_schema.columns
                        WHERE table_schema = current_schema() AND table_name = '{table}'
-                         AND column_name = 'trace') THEN
-            ALTER TABLE {table} ADD COLUMN trace text;
+                         AND column_name = '{column}') THEN
+            ALTER TABLE {table} ADD COLUMN {column} text;
         END IF;
     END $$"""
-    for table in (JOBS, EVENTS)
+    for table, column in ADDED_COLUMNS
 )
 # The dead letters by job id (`Bus.dead_letter`), made later than the table (migration 0007).
 DEAD_INDEX_DDL: tuple[str, ...] = (
@@ -163,13 +165,13 @@ COUNTER_DDL: tuple[str, ...] = (
 SCHEMA_READY = f"""
 SELECT to_regclass('{RECORDS}') IS NOT NULL AND to_regclass('{DEAD}_job') IS NOT NULL
    AND EXISTS (SELECT 1 FROM information_schema.columns
-               WHERE table_schema = current_schema() AND table_name = '{EVENTS}'
-                 AND column_name = 'trace')
+               WHERE table_schema = current_schema() AND table_name = '{JOBS}'
+                 AND column_name = 'flow_key')
    AND EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = '{COUNTER_FUNCTION}')
 """
 
 # Every table, where missing: what `PostgresBus.ensure` runs.
-SCHEMA = DDL + RECORDS_DDL + TRACE_DDL + DEAD_INDEX_DDL + COUNTER_DDL
+SCHEMA = DDL + RECORDS_DDL + ADDED_COLUMNS_DDL + DEAD_INDEX_DDL + COUNTER_DDL
 
 # -- jobs -------------------------------------------------------------------------------------
 
@@ -186,9 +188,10 @@ WITH fresh AS (
         WHERE {DEDUP}.expires_at <= now()
     RETURNING 1
 ), stored AS (
-    INSERT INTO {JOBS} (lane, job_id, subject, body, enqueued_at_ms, run_at, trace)
+    INSERT INTO {JOBS} (lane, job_id, subject, body, enqueued_at_ms, run_at, trace, flow_key)
     SELECT %(lane)s, %(job_id)s, %(subject)s, %(body)s, %(enqueued_at_ms)s,
-           coalesce(to_timestamp(CAST(%(run_at_ms)s AS bigint) / 1000.0), now()), %(trace)s
+           coalesce(to_timestamp(CAST(%(run_at_ms)s AS bigint) / 1000.0), now()), %(trace)s,
+           %(flow_key)s
     WHERE NOT %(dedup)s OR EXISTS (SELECT 1 FROM fresh)
     RETURNING 1
 )
@@ -219,7 +222,7 @@ SET leased_until = now() + make_interval(secs => %(ack_wait_s)s),
 FROM due WHERE job.id = due.id
 RETURNING job.id, job.job_id, job.subject, job.body, job.attempts, job.deliveries,
           job.enqueued_at_ms, (extract(epoch FROM job.run_at) * 1000)::bigint AS run_at_ms,
-          job.trace
+          job.trace, job.flow_key
 """
 
 # Seconds until the lane's next not-yet-due row is due (NULL: none), to end a fetch's wait
@@ -294,8 +297,8 @@ DEAD_COUNT = f"SELECT count(*) FROM {DEAD} WHERE lane = %(lane)s"
 DEAD_TAKE = f"DELETE FROM {DEAD} WHERE lane = %(lane)s AND seq = %(seq)s RETURNING seq"
 # Requeue, step 2: the record's job as a new row, attempts starting again at 0 (+1 delivery).
 REQUEUE = f"""
-INSERT INTO {JOBS} (lane, job_id, subject, body, enqueued_at_ms)
-VALUES (%(lane)s, %(job_id)s, %(subject)s, %(body)s, %(enqueued_at_ms)s)
+INSERT INTO {JOBS} (lane, job_id, subject, body, enqueued_at_ms, flow_key)
+VALUES (%(lane)s, %(job_id)s, %(subject)s, %(body)s, %(enqueued_at_ms)s, %(flow_key)s)
 """
 DEAD_PURGE = f"DELETE FROM {DEAD} WHERE lane = %(lane)s"
 

@@ -120,6 +120,8 @@ class RedisBus:
                                   "base": 0}  # fmt: skip
                         if trace:
                             fields["trace"] = trace
+                        if message.flow_key is not None:
+                            fields["flow_key"] = message.flow_key
                         pipe.xadd(keys.stream, fields)
                         continue
                     dedup_key = f"{keys.stream}:dedup:{message.id}" if message.dedup else ""
@@ -128,6 +130,7 @@ class RedisBus:
                         args=[
                             message.id, message.body, message.enqueued_at_ms, run_at,
                             run_at if run_at > now_ms else "", DEDUP_WINDOW_S, trace,
+                            *(() if message.flow_key is None else (message.flow_key,)),
                         ],
                         client=pipe,
                     )  # fmt: skip
@@ -302,6 +305,8 @@ class RedisBus:
             if lane.kind == "group"
             else subject,
         }
+        if "flow_key" in record:
+            fields["flow_key"] = record["flow_key"]
         try:
             entry_id = await self._find_record(keys, record)
             async with self.redis.pipeline(transaction=True) as pipe:

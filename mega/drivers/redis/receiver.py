@@ -222,6 +222,7 @@ class RedisReceiver:
                     key=(stream, as_text(entry_id)),
                     handle=Entry(stream, entry_id, fields, deliveries),
                     trace=trace_headers(fields.get("trace")),
+                    flow_key=_text_or_none(fields.get("flow_key")),
                 )
             )
         return found
@@ -369,3 +370,7 @@ def _entry(delivery: Delivery) -> Entry:
 
 def _ms(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def _text_or_none(value: Any) -> str | None:
+    return None if value is None else as_text(value)

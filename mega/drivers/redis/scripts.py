@@ -51,7 +51,8 @@ HOUSEKEEPING_S = 0.1
 PROMOTE_BATCH = 1000
 
 # KEYS: stream, scheduled, dedup key (or ""); ARGV: id, body, enqueued_at, run_at, due (or ""),
-# dedup ttl s, trace context JSON (or ""). Returns 0 when the id was a duplicate.
+# dedup ttl s, trace context JSON (or ""), then the flow key when there is one. Returns 0 when
+# the id was a duplicate.
 ENQUEUE = """
 if KEYS[3] ~= '' then
   if not redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[6]) then return 0 end
@@ -61,6 +62,10 @@ local fields = {'id', ARGV[1], 'body', ARGV[2], 'enqueued_at', ARGV[3], 'run_at'
 if ARGV[7] ~= '' then
   table.insert(fields, 'trace')
   table.insert(fields, ARGV[7])
+end
+if ARGV[8] then
+  table.insert(fields, 'flow_key')
+  table.insert(fields, ARGV[8])
 end
 if ARGV[5] ~= '' then
   redis.call('ZADD', KEYS[2], ARGV[5], cjson.encode(fields))

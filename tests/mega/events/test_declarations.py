@@ -61,6 +61,8 @@ def test_a_good_listener_and_what_it_derives() -> None:
         ({"inbox": "nope"}, "inbox"),
         ({"inbox_ttl_s": 0}, "inbox_ttl_s"),
         ({"run": 42}, "run"),
+        ({"rate_limit": {"limit": 5, "period_s": 1, "per": "key"}}, "rate_limit"),  # no keys
+        ({"flow_cache": ""}, "flow_cache"),
     ],
 )
 def test_a_bad_listener_names_the_field(attrs: dict[str, Any], field: str) -> None:

@@ -719,3 +719,147 @@ async def test_a_rate_limit_caps_the_starts_of_the_whole_group(setup: Any, prefi
     finally:
         for worker in workers:
             await worker.stop(5)
+
+
+KEYS_SEEN: dict[str, list[str | None]] = {}  # payload id -> ctx.key of each run
+
+
+class Keyed(Contract):
+    """Contract's job, recording the key each run was enqueued with."""
+
+    async def run(self, payload: dict[str, Any], ctx: Context) -> None:
+        KEYS_SEEN.setdefault(payload["id"], []).append(ctx.key)  # type: ignore[attr-defined]
+        await super().run(payload, ctx)
+
+
+async def test_a_key_travels_with_its_job_through_retries_a_delay_and_a_requeue(
+    setup: Any, prefix: str
+) -> None:
+    """The key given on enqueue reaches every run (a retry's copy keeps it), a delayed job's
+    and a dead letter's (its record names it, and a requeue keeps it); a job without one sees
+    None; a bad key is refused before anything is stored."""
+    ctx, _, queue, _ = setup
+    job = type("Keyed", (Keyed,), {"subject": f"{prefix}.keyed"})
+    worker = JobWorker(ctx)
+    worker.register(job)
+    await worker.start()
+    try:
+        failing, later, plain = f"{prefix}-fails", f"{prefix}-later", f"{prefix}-plain"
+        failing_id = await queue.enqueue(job, {"id": failing, "fail_first": 3}, key="tenant-a")
+        await queue.enqueue(job, {"id": later}, key="tenant-b", delay=0.3)
+        await queue.enqueue(job, {"id": plain})
+        with pytest.raises(JobError) as raised:
+            await queue.enqueue(job, {"id": f"{prefix}-bad"}, key="two words")
+        assert raised.value.code == "job.invalid_key"
+        await until(lambda: queue.dlq.count(job), "the failing job dead-lettered")
+        [record] = await queue.dlq.list(job)
+        assert (record["id"], record.get("flow_key")) == (failing_id, "tenant-a")
+        assert await queue.dlq.requeue(job, failing_id) == 1
+        await until(lambda: DONE[failing] == 1, "the requeued run done")
+        await until(lambda: DONE[later] == 1 and DONE[plain] == 1, "the others done")
+        assert KEYS_SEEN[failing] == ["tenant-a"] * 4  # three attempts, then the requeued run
+        assert KEYS_SEEN[later] == ["tenant-b"]
+        assert KEYS_SEEN[plain] == [None]
+        assert f"{prefix}-bad" not in KEYS_SEEN
+    finally:
+        await worker.stop(5)
+
+
+class PerKey(Throttled):
+    """Throttled, with its limit counted for each key: 5 starts a second per key."""
+
+    rate_limit = {"limit": 5, "period_s": 1.0, "per": "key"}
+
+
+async def test_a_rate_limit_per_key_caps_each_key_alone(setup: Any, prefix: str) -> None:
+    """Two consume loops, 5 starts a second per key: 15 jobs of key "big" take three windows,
+    while the 3 of key "small", enqueued after them, start in the first; each key's starts
+    never exceed 5 in any second, and a job held back keeps its attempt."""
+    ctx, _, queue, _ = setup
+    job = type("PerKey", (PerKey,), {"subject": f"{prefix}.perkey"})
+    big = await queue.enqueue_many(job, range(15), key="big")
+    small = await queue.enqueue_many(job, range(15, 18), key="small")
+    workers = [JobWorker(ctx, instance_id=f"{prefix}-w{n}") for n in range(2)]
+    for worker in workers:
+        worker.register(job)
+        await worker.start()
+    try:
+        started = STARTED.setdefault(job.subject, [])
+        await until(lambda: len(started) >= 18, f"all 18 started: {started}", 15)
+        await asyncio.sleep(0.3)
+        assert sorted(RUNS[f"{job.subject}:{n}"] for n in range(18)) == [1] * 18
+        for ids in (big, small):
+            statuses = [await queue.status(job, job_id) for job_id in ids]
+            assert [(s.state, s.attempts) for s in statuses if s] == [("done", 1)] * len(ids)
+        times = {key: sorted(s.started_at for s in [await queue.status(job, i) for i in ids] if s)
+                 for key, ids in (("big", big), ("small", small))}  # fmt: skip
+        first = min(times["big"][0], times["small"][0])
+        # Any six starts of one key span a second (ms of the status records; 50 ms of slack for
+        # the stamp taken after the run began).
+        assert all(
+            later - earlier >= 950
+            for earlier, later in zip(times["big"], times["big"][5:], strict=False)
+        )
+        assert times["big"][-1] - first >= 1900  # 15 starts at 5 a second: three windows
+        assert times["small"][-1] - first < 1000  # not behind big's backlog
+    finally:
+        for worker in workers:
+            await worker.stop(5)
+
+
+RUNNING_NOW: Counter[str] = Counter()  # key -> runs going on now
+MOST_AT_ONCE: Counter[str] = Counter()  # key -> the most runs at once
+ENDED: dict[str, list[float]] = {}  # key -> when each run ended
+
+
+class Capped(Job):
+    """Runs of 100 ms, at most 2 of one key at once across the group."""
+
+    bus = "jobs"
+    concurrency = 8
+    key_concurrency = 2
+
+    async def run(self, payload: int, ctx: Context) -> None:
+        key = f"{self.subject}:{ctx.key}"  # type: ignore[attr-defined]
+        RUNNING_NOW[key] += 1
+        MOST_AT_ONCE[key] = max(MOST_AT_ONCE[key], RUNNING_NOW[key])
+        await asyncio.sleep(0.1)
+        RUNNING_NOW[key] -= 1
+        ENDED.setdefault(key, []).append(time.monotonic())
+
+
+async def test_key_concurrency_caps_the_runs_of_one_key_across_the_group(
+    setup: Any, prefix: str, redis_url: str
+) -> None:
+    """Two consume loops of 8 slots each, key_concurrency 2: key "a"'s 12 jobs never run more
+    than 2 at once, and key "b"'s 4, enqueued after them, are not held behind them; every job
+    runs once, a held one keeps its attempt, and no lease is left in the cache."""
+    ctx, _, queue, _ = setup
+    job = type("Capped", (Capped,), {"subject": f"{prefix}.capped"})
+    a = await queue.enqueue_many(job, range(12), key="a")
+    b = await queue.enqueue_many(job, range(4), key="b")
+    workers = [JobWorker(ctx, instance_id=f"{prefix}-w{n}") for n in range(2)]
+    for worker in workers:
+        worker.register(job)
+        await worker.start()
+    try:
+        ended_a, ended_b = (ENDED.setdefault(f"{job.subject}:{key}", []) for key in "ab")
+        await until(lambda: len(ended_a) == 12 and len(ended_b) == 4, "all 16 ended", 20)
+        assert MOST_AT_ONCE[f"{job.subject}:a"] == 2
+        assert MOST_AT_ONCE[f"{job.subject}:b"] == 2
+        assert max(ended_b) < max(ended_a)  # b's four were not left behind a's twelve
+
+        async def all_done_at_once() -> bool:
+            statuses = [await queue.status(job, job_id) for job_id in [*a, *b]]
+            return [(s.state, s.attempts) for s in statuses if s] == [("done", 1)] * 16
+
+        await until(all_done_at_once, "each done in one attempt", 5)
+        redis, lane = ctx.cache("main").native, f"job:{job.name}:{job.subject}"
+
+        async def no_leases() -> bool:
+            return sum([await redis.zcard(f"mega:slots:{lane}:{key}") for key in "ab"]) == 0
+
+        await until(no_leases, "every lease dropped", 5)
+    finally:
+        for worker in workers:
+            await worker.stop(5)

@@ -1,6 +1,7 @@
-"""The `postgres` bus driver's additions for tracing and the operator's console: the trace
-context a job row or an event carries, an index of the dead letters by job id, and the counter
-of what each lane ever stored (a trigger drawing from a sequence per lane).
+"""The `postgres` bus driver's additions for tracing, flow control and the operator's console:
+the trace context a job row or an event carries, the key a job was enqueued with, an index of
+the dead letters by job id, and the counter of what each lane ever stored (a trigger drawing
+from a sequence per lane).
 
 Revision ID: 0007
 Revises: 0006
@@ -13,13 +14,13 @@ nobody migrated.
 from alembic import op
 
 from mega.drivers.postgres.sql import (
+    ADDED_COLUMNS,
+    ADDED_COLUMNS_DDL,
     COUNTER_DDL,
     COUNTER_FUNCTION,
     DEAD,
     DEAD_INDEX_DDL,
-    EVENTS,
     JOBS,
-    TRACE_DDL,
 )  # fmt: skip
 
 revision = "0007"
@@ -31,7 +32,7 @@ depends_on = None
 def upgrade() -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
-    for statement in TRACE_DDL + DEAD_INDEX_DDL + COUNTER_DDL:
+    for statement in ADDED_COLUMNS_DDL + DEAD_INDEX_DDL + COUNTER_DDL:
         op.execute(statement)
 
 
@@ -41,5 +42,5 @@ def downgrade() -> None:
     op.execute(f"DROP TRIGGER IF EXISTS {COUNTER_FUNCTION} ON {JOBS}")
     op.execute(f"DROP FUNCTION IF EXISTS {COUNTER_FUNCTION}()")
     op.execute(f"DROP INDEX IF EXISTS {DEAD}_job")
-    for table in (JOBS, EVENTS):
-        op.execute(f"ALTER TABLE {table} DROP COLUMN IF EXISTS trace")
+    for table, column in ADDED_COLUMNS:
+        op.execute(f"ALTER TABLE {table} DROP COLUMN IF EXISTS {column}")
