@@ -26,9 +26,8 @@ from mega.errors import DependencyUnavailable, JobError
 from mega.jobs.consumer import DLQ_RETRY_DELAY_S, Consumer
 from mega.jobs.control import LaneControl
 from mega.jobs.delivery import LanePolicy
-from mega.jobs.flow import gate_of
+from mega.jobs.flow import Limited, gate_of
 from mega.jobs.presence import Presence, WorkerSeen, read_workers
-from mega.jobs.ratelimit import RateLimit
 from mega.jobs.status import StatusWriter
 from mega.signals import Observer, Signals
 
@@ -53,21 +52,11 @@ class Endpoint(Protocol):
     async def stop(self, timeout_s: float = ...) -> None: ...
 
 
-class Declared(Protocol):
-    """What a lane worker needs of a JobSpec or a ListenerSpec."""
+class Declared(Limited, Protocol):
+    """What a lane worker needs of a JobSpec or a ListenerSpec: its bus, and its limits."""
 
     @property
-    def name(self) -> str: ...
-    @property
     def bus(self) -> str: ...
-    @property
-    def rate_limit(self) -> RateLimit | None: ...
-    @property
-    def key_concurrency(self) -> int | None: ...
-    @property
-    def flow_cache(self) -> str | None: ...
-    @property
-    def ack_wait_s(self) -> float: ...
 
 
 E = TypeVar("E", bound=Endpoint)

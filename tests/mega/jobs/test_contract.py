@@ -5,6 +5,7 @@ driver runs on the session's nats-server, `redis` on its Redis, `memory` in this
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import threading
 import time
@@ -680,6 +681,20 @@ async def test_a_memory_bus_says_so_at_start(
 STARTED: dict[str, list[tuple[float, str]]] = {}  # subject -> (start time, worker), each run
 
 
+@contextlib.asynccontextmanager
+async def consume_loops(ctx: Context, job: type[Job], prefix: str, n: int) -> AsyncIterator[None]:
+    """`n` consume loops of `job` (n workers' worth), each its own JobWorker, stopped after."""
+    workers = [JobWorker(ctx, instance_id=f"{prefix}-w{i}") for i in range(n)]
+    try:
+        for worker in workers:
+            worker.register(job)
+            await worker.start()
+        yield
+    finally:
+        for worker in workers:
+            await worker.stop(5)
+
+
 class Throttled(Job):
     """Counts its starts and where they ran; `rate_limit` caps them for the whole group."""
 
@@ -699,11 +714,7 @@ async def test_a_rate_limit_caps_the_starts_of_the_whole_group(setup: Any, prefi
     ctx, _, queue, _ = setup
     job = type("Throttled", (Throttled,), {"subject": f"{prefix}.throttled"})
     ids = await queue.enqueue_many(job, range(40))
-    workers = [JobWorker(ctx, instance_id=f"{prefix}-w{n}") for n in range(3)]
-    for worker in workers:
-        worker.register(job)
-        await worker.start()
-    try:
+    async with consume_loops(ctx, job, prefix, 3):
         started = STARTED.setdefault(job.subject, [])
         await until(lambda: len(started) >= 40, f"all 40 started: {started}", 15)
         await asyncio.sleep(0.3)
@@ -716,9 +727,6 @@ async def test_a_rate_limit_caps_the_starts_of_the_whole_group(setup: Any, prefi
         assert times[-1] - times[0] >= 3.0  # 40 starts at 10 a second: at least 3 s apart
         held = await queue.status(job, ids[-1])  # held back the longest: still one attempt
         assert held is not None and (held.state, held.attempts) == ("done", 1)
-    finally:
-        for worker in workers:
-            await worker.stop(5)
 
 
 KEYS_SEEN: dict[str, list[str | None]] = {}  # payload id -> ctx.key of each run
@@ -740,10 +748,7 @@ async def test_a_key_travels_with_its_job_through_retries_a_delay_and_a_requeue(
     None; a bad key is refused before anything is stored."""
     ctx, _, queue, _ = setup
     job = type("Keyed", (Keyed,), {"subject": f"{prefix}.keyed"})
-    worker = JobWorker(ctx)
-    worker.register(job)
-    await worker.start()
-    try:
+    async with consume_loops(ctx, job, prefix, 1):
         failing, later, plain = f"{prefix}-fails", f"{prefix}-later", f"{prefix}-plain"
         failing_id = await queue.enqueue(job, {"id": failing, "fail_first": 3}, key="tenant-a")
         await queue.enqueue(job, {"id": later}, key="tenant-b", delay=0.3)
@@ -761,8 +766,6 @@ async def test_a_key_travels_with_its_job_through_retries_a_delay_and_a_requeue(
         assert KEYS_SEEN[later] == ["tenant-b"]
         assert KEYS_SEEN[plain] == [None]
         assert f"{prefix}-bad" not in KEYS_SEEN
-    finally:
-        await worker.stop(5)
 
 
 class PerKey(Throttled):
@@ -779,11 +782,7 @@ async def test_a_rate_limit_per_key_caps_each_key_alone(setup: Any, prefix: str)
     job = type("PerKey", (PerKey,), {"subject": f"{prefix}.perkey"})
     big = await queue.enqueue_many(job, range(15), key="big")
     small = await queue.enqueue_many(job, range(15, 18), key="small")
-    workers = [JobWorker(ctx, instance_id=f"{prefix}-w{n}") for n in range(2)]
-    for worker in workers:
-        worker.register(job)
-        await worker.start()
-    try:
+    async with consume_loops(ctx, job, prefix, 2):
         started = STARTED.setdefault(job.subject, [])
         await until(lambda: len(started) >= 18, f"all 18 started: {started}", 15)
         await asyncio.sleep(0.3)
@@ -802,9 +801,6 @@ async def test_a_rate_limit_per_key_caps_each_key_alone(setup: Any, prefix: str)
         )
         assert times["big"][-1] - first >= 1900  # 15 starts at 5 a second: three windows
         assert times["small"][-1] - first < 1000  # not behind big's backlog
-    finally:
-        for worker in workers:
-            await worker.stop(5)
 
 
 RUNNING_NOW: Counter[str] = Counter()  # key -> runs going on now
@@ -838,11 +834,7 @@ async def test_key_concurrency_caps_the_runs_of_one_key_across_the_group(
     job = type("Capped", (Capped,), {"subject": f"{prefix}.capped"})
     a = await queue.enqueue_many(job, range(12), key="a")
     b = await queue.enqueue_many(job, range(4), key="b")
-    workers = [JobWorker(ctx, instance_id=f"{prefix}-w{n}") for n in range(2)]
-    for worker in workers:
-        worker.register(job)
-        await worker.start()
-    try:
+    async with consume_loops(ctx, job, prefix, 2):
         ended_a, ended_b = (ENDED.setdefault(f"{job.subject}:{key}", []) for key in "ab")
         await until(lambda: len(ended_a) == 12 and len(ended_b) == 4, "all 16 ended", 20)
         assert MOST_AT_ONCE[f"{job.subject}:a"] == 2
@@ -860,6 +852,3 @@ async def test_key_concurrency_caps_the_runs_of_one_key_across_the_group(
             return sum([await redis.zcard(f"mega:slots:{lane}:{key}") for key in "ab"]) == 0
 
         await until(no_leases, "every lease dropped", 5)
-    finally:
-        for worker in workers:
-            await worker.stop(5)
