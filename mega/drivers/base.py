@@ -81,7 +81,8 @@ class Lane:
     it (running ones are extended every third of it). The rest is how long and how much of the
     lane's dead letters are kept, and copies of its data in a cluster. `keep_status_s` and
     `keep_result_s` (0: none kept) are how long a record of the lane's record stores lives after
-    its last write (see `Bus.put_records`)."""
+    its last write (see `Bus.put_records`). `fair`: deliveries are handed out round-robin across
+    the messages' `flow_key`s (a driver whose `fair_lanes` is False is never given one)."""
 
     kind: Literal["job", "group"]
     name: str
@@ -93,6 +94,7 @@ class Lane:
     replicas: int = 1
     keep_status_s: float = 0
     keep_result_s: float = 0
+    fair: bool = False
 
     def keep_s(self, table: Table) -> float:
         """How long a record of `table` lives after its last write (0: the table is off)."""
@@ -223,6 +225,8 @@ class Bus(Protocol):
     (typed as such by each driver class), for the rare call the interface does not cover."""
 
     driver: ClassVar[str]
+    # Whether it can consume a fair lane (`Lane.fair`): take work round-robin across keys.
+    fair_lanes: ClassVar[bool] = False
     alias: str
     spec: BusSpec
 

@@ -66,7 +66,7 @@ def job_lane(spec: JobSpec) -> Lane:
         kind="job", name=spec.name, subject=spec.subject, concurrency=spec.concurrency,
         ack_wait_s=spec.ack_wait_s, dlq_max_age_s=spec.dlq_max_age_s,
         dlq_max_bytes=spec.dlq_max_bytes, replicas=spec.replicas,
-        keep_status_s=spec.keep_status_s, keep_result_s=spec.keep_result_s,
+        keep_status_s=spec.keep_status_s, keep_result_s=spec.keep_result_s, fair=spec.fair,
     )  # fmt: skip
 
 
@@ -115,10 +115,18 @@ class JobQueue(LaneEndpoint):
 
         Idempotent and safe to race with other processes. Existing limits are the operator's:
         they change only with `apply_limits`. Raises DependencyUnavailable when the bus does
-        not answer."""
+        not answer, JobError `job.fair_unsupported` for a `fair` job on a driver that takes
+        work in order only."""
         spec = self.spec(job_cls)
         if job_cls in self._ensured and not force:
             return spec
+        if spec.fair and not getattr(self.bus, "fair_lanes", False):
+            raise JobError(
+                f"{spec.name}: fair = True needs a driver that takes work round-robin across "
+                f"keys (memory, postgres); bus {self.bus.alias!r} is {self.bus.driver}, which "
+                "takes it in order only for now: drop fair, or put the job on such a bus",
+                code="job.fair_unsupported",
+            )
         await self.ensure_lane(job_cls, job_lane(spec), f"{spec.name}: cannot set up its queue")
         return spec
 

@@ -24,6 +24,7 @@ from pydantic import (
     BaseModel,
     Field,
     PlainValidator,
+    StrictBool,
     StrictFloat,
     StrictInt,
     StrictStr,
@@ -112,6 +113,7 @@ class JobBase(Consumed):
     keep_status_s: ClassVar[float] = DEFAULT_KEEP_STATUS_S
     keep_result_s: ClassVar[float] = DEFAULT_KEEP_RESULT_S
     key_concurrency: ClassVar[int | None] = None
+    fair: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -163,6 +165,7 @@ class JobSpec(ConsumedSpec):
     schema: type[BaseModel] | None = None
     keep_status_s: float = DEFAULT_KEEP_STATUS_S
     keep_result_s: float = DEFAULT_KEEP_RESULT_S
+    fair: bool = False
 
 
 # -- validation --------------------------------------------------------------------------------
@@ -268,6 +271,7 @@ class JobDeclaration(ConsumedDeclaration):
         Annotated[StrictInt, Field(ge=1)] | None,
         rule("must be None (no cap) or an int >= 1: the runs of one key at once"),
     ]
+    fair: Annotated[StrictBool, rule("must be True (round-robin across keys) or False")]
     # `schema` would shadow a BaseModel attribute: the field takes the attribute's name as alias.
     payload_schema: Annotated[
         type[BaseModel] | None, rule("must be a pydantic model class (a BaseModel) or None")
@@ -296,7 +300,7 @@ def validate_job(job_cls: type[JobBase], bus_aliases: Collection[str]) -> JobSpe
         job_cls=job_cls, name=job.name, subject=job.subject, bus=job.bus,
         dlq_max_bytes=job.dlq_max_bytes, schema=job.payload_schema,
         keep_status_s=job.keep_status_s, keep_result_s=job.keep_result_s,
-        key_concurrency=job.key_concurrency, **job.consumed(),
+        key_concurrency=job.key_concurrency, fair=job.fair, **job.consumed(),
     )  # fmt: skip
 
 

@@ -9,7 +9,7 @@ import asyncio
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from mega.drivers.base import DEDUP_WINDOW_S, DlqRecord, Lane, LaneStats
@@ -46,12 +46,60 @@ class MemoryMessage:
 KeptEvent = tuple[str, str, bytes, int, dict[str, str] | None]
 
 
+class FairReady:
+    """The ready messages of a fair lane: a queue per key, and the keys that have some in the
+    order they take turns. `popleft` takes the oldest message of the key whose turn it is and
+    sends that key to the back; a message handed back (`appendleft`) is its key's next, and that
+    key's turn is now. Messages without a key are one key of their own."""
+
+    def __init__(self) -> None:
+        self.queues: dict[str | None, deque[MemoryMessage]] = {}
+        self.turns: deque[str | None] = deque()  # the keys with messages, next turn first
+        self.count = 0
+
+    def append(self, message: MemoryMessage) -> None:
+        self._queue_of(message.flow_key).append(message)
+
+    def appendleft(self, message: MemoryMessage) -> None:
+        queue = self._queue_of(message.flow_key)
+        queue.appendleft(message)
+        self.turns.remove(message.flow_key)
+        self.turns.appendleft(message.flow_key)
+
+    def popleft(self) -> MemoryMessage:
+        key = self.turns.popleft()
+        queue = self.queues[key]
+        message = queue.popleft()
+        self.count -= 1
+        if queue:
+            self.turns.append(key)
+        else:
+            del self.queues[key]
+        return message
+
+    def _queue_of(self, key: str | None) -> deque[MemoryMessage]:
+        self.count += 1
+        queue = self.queues.get(key)
+        if queue is None:
+            queue = self.queues[key] = deque()
+            self.turns.append(key)
+        return queue
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[MemoryMessage]:
+        for queue in self.queues.values():
+            yield from queue
+
+
 @dataclass
 class MemoryLane:
-    """One lane's queue (a job subject's, a listener group's): ready messages, scheduled ones
-    (`timers`), the ones delivered and not settled (`taken`), dead letters."""
+    """One lane's queue (a job subject's, a listener group's): ready messages (round-robin
+    across keys on a fair lane: FairReady), scheduled ones (`timers`), the ones delivered and
+    not settled (`taken`), dead letters."""
 
-    ready: deque[MemoryMessage] = field(default_factory=deque)
+    ready: deque[MemoryMessage] | FairReady = field(default_factory=deque)
     scheduled: int = 0  # delayed jobs and retries waiting for their time
     taken: dict[int, MemoryMessage] = field(default_factory=dict)  # delivered, by key
     stored: int = 0  # messages ever stored (a retry or a hand-back is the same message)
@@ -168,7 +216,13 @@ class MemoryBroker:
 
     def lane(self, lane: Lane) -> MemoryLane:
         """The queue of a lane: a job's subject, a group's `group:<name>`."""
-        return self.subject(queue_name(lane))
+        found = self.subject(queue_name(lane))
+        if lane.fair and not isinstance(found.ready, FairReady):
+            fair = FairReady()
+            for message in found.ready:
+                fair.append(message)
+            found.ready = fair
+        return found
 
     def queues(self) -> list[MemoryLane]:
         """Every lane's queue."""

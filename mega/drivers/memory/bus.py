@@ -38,6 +38,7 @@ class MemoryBus:
     mega.testing's memory_context wants)."""
 
     driver: ClassVar[str] = "memory"
+    fair_lanes: ClassVar[bool] = True
 
     def __init__(self, alias: str, spec: BusSpec, broker: MemoryBroker | None = None) -> None:
         self.alias = alias

@@ -119,6 +119,7 @@ class NatsBus:
     its one JetStreamContext (its async-publish inbox is made once)."""
 
     driver: ClassVar[str] = "nats"
+    fair_lanes: ClassVar[bool] = False  # one queue per job, in order (for now)
 
     def __init__(
         self, alias: str, spec: BusSpec, client: NatsClient, watch: Reconnects | None = None

@@ -93,6 +93,7 @@ class PostgresBus:
     """The bus on PostgreSQL: see the module's docstring."""
 
     driver: ClassVar[str] = "postgres"
+    fair_lanes: ClassVar[bool] = True
 
     def __init__(self, alias: str, spec: BusSpec, connection: Connection, listen: Connection):
         self.alias = alias

@@ -111,7 +111,7 @@ class PostgresReceiver:
                 if self._lane.kind == "group":
                     await self._copy_events(connection)
                 cursor = await connection.execute(
-                    sql.CLAIM,
+                    sql.CLAIM_FAIR if self._lane.fair else sql.CLAIM,
                     {
                         "lane": self._key,
                         "limit": limit,

@@ -225,6 +225,36 @@ RETURNING job.id, job.job_id, job.subject, job.body, job.attempts, job.deliverie
           job.trace, job.flow_key
 """
 
+# The claim of a fair lane: the keys take turns. Each due row is ranked within its key (the
+# key's oldest first) and rows are taken by rank, then by age: the oldest row of every key with
+# some, then the second of each, and so on. Ranking reads every due row of the lane, so the
+# candidates are a few times `limit`, of which those still free are locked (SKIP LOCKED, as in
+# CLAIM) in the same order: a claimer racing another for the same heads takes the next ones.
+CLAIM_FAIR = f"""
+WITH ranked AS (
+    SELECT id, row_number() OVER (PARTITION BY flow_key ORDER BY run_at, id) AS turn
+    FROM {JOBS}
+    WHERE lane = %(lane)s AND run_at <= now()
+      AND (leased_until IS NULL OR leased_until <= now())
+), candidates AS (
+    SELECT id, turn FROM ranked ORDER BY turn, id LIMIT %(limit)s * 4
+), due AS (
+    SELECT job.id FROM {JOBS} AS job JOIN candidates USING (id)
+    WHERE job.leased_until IS NULL OR job.leased_until <= now()
+    ORDER BY candidates.turn, job.id
+    LIMIT %(limit)s
+    FOR UPDATE OF job SKIP LOCKED
+)
+UPDATE {JOBS} AS job
+SET leased_until = now() + make_interval(secs => %(ack_wait_s)s),
+    deliveries = job.deliveries + 1,
+    consumer = %(consumer)s
+FROM due WHERE job.id = due.id
+RETURNING job.id, job.job_id, job.subject, job.body, job.attempts, job.deliveries,
+          job.enqueued_at_ms, (extract(epoch FROM job.run_at) * 1000)::bigint AS run_at_ms,
+          job.trace, job.flow_key
+"""
+
 # Seconds until the lane's next not-yet-due row is due (NULL: none), to end a fetch's wait
 # then rather than at the next poll.
 NEXT_DUE = f"""

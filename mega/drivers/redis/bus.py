@@ -57,6 +57,7 @@ class RedisBus:
     (bytes in and out: `decode_responses=False`)."""
 
     driver: ClassVar[str] = "redis"
+    fair_lanes: ClassVar[bool] = False  # one queue per job, in order (for now)
 
     def __init__(self, alias: str, spec: BusSpec, redis: Redis) -> None:
         self.alias = alias

@@ -852,3 +852,46 @@ async def test_key_concurrency_caps_the_runs_of_one_key_across_the_group(
             return sum([await redis.zcard(f"mega:slots:{lane}:{key}") for key in "ab"]) == 0
 
         await until(no_leases, "every lease dropped", 5)
+
+
+STARTS: dict[str, list[str | None]] = {}  # subject -> the key of each start, in order
+
+
+class Shared(Job):
+    """Runs of 20 ms, two at once; records the key of each start."""
+
+    bus = "jobs"
+    concurrency = 2
+
+    async def run(self, payload: int, ctx: Context) -> None:
+        STARTS.setdefault(self.subject, []).append(ctx.key)  # type: ignore[attr-defined]
+        await asyncio.sleep(0.02)
+
+
+async def started_after(
+    ctx: Context, queue: JobQueue, job: type[Job], prefix: str, *, flood: int
+) -> int:
+    """How many of key "big"'s `flood` jobs, enqueued first, start before key "small"'s one."""
+    await queue.enqueue_many(job, range(flood), key="big")
+    await queue.enqueue(job, flood, key="small")
+    starts = STARTS.setdefault(job.subject, [])
+    async with consume_loops(ctx, job, prefix, 1):
+        await until(lambda: "small" in starts, "small's job started", 30)
+    return starts.index("small")
+
+
+async def test_a_fair_job_takes_turns_across_keys(setup: Any, prefix: str) -> None:
+    """Key "big" floods the queue, then key "small" adds one job. In order (fair off), small
+    starts after the whole flood; with fair = True, within the first turns (`concurrency` is
+    2). A driver that takes work in order only refuses a fair job with a sentence."""
+    ctx, _, queue, _ = setup
+    in_order = type("Shared", (Shared,), {"subject": f"{prefix}.inorder"})
+    assert await started_after(ctx, queue, in_order, prefix, flood=30) == 30
+    fair = type("Shared", (Shared,), {"subject": f"{prefix}.fair", "fair": True})
+    if not queue.bus.fair_lanes:
+        with pytest.raises(JobError) as raised:
+            await queue.enqueue(fair, 1, key="small")
+        assert raised.value.code == "job.fair_unsupported"
+        assert f"bus 'jobs' is {queue.bus.driver}" in str(raised.value)
+        return
+    assert await started_after(ctx, queue, fair, prefix, flood=300) <= 2
