@@ -43,6 +43,7 @@ from mega.drivers.redis.scripts import (
     ENQUEUE,
     EVENT_SUBJECT_PREFIX,
     EVENTS_LOG,
+    FAIR_PUSH,
     WAKE_CHANNEL,
 )
 from mega.errors import DependencyUnavailable
@@ -57,13 +58,14 @@ class RedisBus:
     (bytes in and out: `decode_responses=False`)."""
 
     driver: ClassVar[str] = "redis"
-    fair_lanes: ClassVar[bool] = False  # one queue per job, in order (for now)
+    fair_lanes: ClassVar[bool] = True
 
     def __init__(self, alias: str, spec: BusSpec, redis: Redis) -> None:
         self.alias = alias
         self.spec = spec
         self.redis = redis
         self._enqueue = redis.register_script(ENQUEUE)
+        self._fair_push = redis.register_script(FAIR_PUSH)
         self._emit = redis.register_script(EMIT)
         self._drop = redis.register_script(DROP)
         self._tasks: set[asyncio.Task[None]] = set()  # announce_commit's, kept until done
@@ -115,6 +117,9 @@ class RedisBus:
                 for message in messages:
                     run_at = max(message.enqueued_at_ms, message.run_at_ms or 0)
                     trace = json.dumps(message.trace) if message.trace else ""
+                    if lane.fair and run_at <= now_ms:
+                        await self._push_fair(pipe, lane, keys, message, run_at, trace)
+                        continue
                     if not message.dedup and run_at <= now_ms:
                         fields: dict[Any, Any] = {"id": message.id, "body": message.body,
                                   "enqueued_at": message.enqueued_at_ms, "run_at": run_at,
@@ -140,6 +145,26 @@ class RedisBus:
             raise DriverUnavailable(f"cannot enqueue on {lane.name}: {exc}") from exc
         return [answer != 0 for answer in answers]  # XADD answers an id, ENQUEUE 1 or 0
 
+    async def _push_fair(
+        self, pipe: Any, lane: Lane, keys: LaneKeys, message: Message, run_at: int, trace: str
+    ) -> None:
+        """A due job of a fair lane into its key's list (scripts.FAIR_PUSH); a delayed one
+        waits in the sorted set as any other and joins the stream when due."""
+        key = message.flow_key or ""
+        fields = ["id", message.id, "body", message.body.decode(), "enqueued_at",
+                  str(message.enqueued_at_ms), "run_at", str(run_at), "base", "0"]  # fmt: skip
+        if trace:
+            fields += ["trace", trace]
+        if message.flow_key is not None:
+            fields += ["flow_key", message.flow_key]
+        dedup_key = f"{keys.stream}:dedup:{message.id}" if message.dedup else ""
+        await self._fair_push(
+            keys=[keys.fair_prefix + key, keys.fair_turns, keys.fair_count, keys.stream,
+                  dedup_key],
+            args=[key, json.dumps(fields), DEDUP_WINDOW_S, keys.fair_prefix, keys.group],
+            client=pipe,
+        )  # fmt: skip
+
     async def stats(self, lane: Lane) -> LaneStats:
         """`stored` is XINFO STREAM's entries-added (a job's stream: every job, a delayed one
         or a retry counted again when it comes due; a group's: the events log, every event,
@@ -154,7 +179,8 @@ class RedisBus:
 
     async def _job_stats(self, keys: LaneKeys) -> LaneStats:
         """One pipeline. `oldest_ms`: the `enqueued_at` of the stream's first entry (settled
-        entries are deleted, so it is the oldest waiting or running; the delayed ones wait in
+        entries are deleted, so it is the oldest waiting or running; a fair lane's jobs that
+        wait for their key's turn are counted, not dated; the delayed ones wait in
         the sorted set, left out)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.xlen(keys.stream)
@@ -163,10 +189,11 @@ class RedisBus:
             pipe.xlen(keys.dlq)
             pipe.xinfo_stream(keys.stream)
             pipe.xrange(keys.stream, count=1)
-            length, pending, scheduled, dead, info, first = await pipe.execute()
+            pipe.get(keys.fair_count)
+            length, pending, scheduled, dead, info, first, fair = await pipe.execute()
         in_flight = int(pending["pending"])
         return LaneStats(
-            pending=length - in_flight + scheduled, in_flight=in_flight, dlq=dead,
+            pending=length - in_flight + scheduled + int(fair or 0), in_flight=in_flight, dlq=dead,
             oldest_ms=_enqueued_at(first[0]) if first else None, stored=_added(info),
         )  # fmt: skip
 

@@ -46,6 +46,21 @@ class LaneKeys:
     def streams(self) -> tuple[str, ...]:
         return (self.stream,) if self.own == self.stream else (self.stream, self.own)
 
+    @property
+    def fair_turns(self) -> str:
+        """A fair lane's keys with jobs waiting, in turn order (scripts.FAIR_PUSH)."""
+        return self.own + ":fair:turns"
+
+    @property
+    def fair_count(self) -> str:
+        """How many jobs of a fair lane wait in its lists."""
+        return self.own + ":fair:count"
+
+    @property
+    def fair_prefix(self) -> str:
+        """The prefix of a fair lane's list of one key's jobs (+ the key)."""
+        return self.own + ":fair:key:"
+
     def deletes(self, stream: str) -> bool:
         return not (self.shared and stream == self.stream)
 

@@ -29,6 +29,7 @@ from mega.drivers.redis.scripts import (
     BLOCK_MS,
     BURY,
     DLQ_MAXLEN,
+    FAIR_FEED,
     HOUSEKEEPING_S,
     PROMOTE,
     PROMOTE_BATCH,
@@ -77,6 +78,7 @@ class RedisReceiver:
         self._promote = redis.register_script(PROMOTE)
         self._retry = redis.register_script(RETRY)
         self._bury = redis.register_script(BURY)
+        self._feed = redis.register_script(FAIR_FEED) if lane.fair else None
         self._housekeeping_at = 0.0
         self._woken = asyncio.Event()
         self._warned = ""  # the last outage said by fetch (said once, until a read works)
@@ -104,13 +106,8 @@ class RedisReceiver:
                 found += await self._housekeeping(limit)
             deadline = now + MAX_FETCH_S
             while len(found) < limit:
-                answer: Any = await self.redis.xreadgroup(
-                    self.keys.group,
-                    self.consumer,
-                    {self.keys.stream: ">"},
-                    count=limit - len(found),
-                    block=None if found else BLOCK_MS,  # what housekeeping found goes now
-                )
+                # what housekeeping found goes now, without waiting for more
+                answer: Any = await self._read(limit - len(found), block=not found)
                 entries = list(_entries(answer))
                 found += self._deliver(self.keys.stream, entries)
                 if found or not entries or self._woken.is_set() or time.monotonic() > deadline:
@@ -128,6 +125,29 @@ class RedisReceiver:
             await self._hand_back(found)
             return []
         return found
+
+    async def _read(self, count: int, *, block: bool) -> Any:
+        """Up to `count` entries of the stream not yet delivered to the group, waiting up to
+        BLOCK_MS for one when `block`. A fair lane's next jobs are fed into the stream first,
+        in the same round trip (scripts.FAIR_FEED)."""
+        keys = self.keys
+        if self._feed is None:
+            return await self.redis.xreadgroup(
+                keys.group, self.consumer, {keys.stream: ">"}, count=count,
+                block=BLOCK_MS if block else None,
+            )  # fmt: skip
+        async with self.redis.pipeline(transaction=False) as pipe:
+            await self._feed(
+                keys=[keys.fair_turns, keys.stream, keys.fair_count],
+                args=[count, keys.fair_prefix, keys.group],
+                client=pipe,
+            )
+            pipe.xreadgroup(
+                keys.group, self.consumer, {keys.stream: ">"}, count=count,
+                block=BLOCK_MS if block else None,
+            )  # fmt: skip
+            _, answer = await pipe.execute()
+        return answer
 
     async def _hand_back(self, deliveries: list[Delivery]) -> None:
         """Stopping: what was just read goes back at once, for any worker to reclaim, its

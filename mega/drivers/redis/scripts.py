@@ -85,6 +85,62 @@ end
 return #due
 """
 
+# A fair lane (Lane.fair) keeps its jobs out of the stream until their key's turn: a list per
+# key (`<stream>:fair:key:<key>`, members as the sorted set's: fields as JSON), the keys that
+# have some in turn order (`<stream>:fair:turns`), and how many wait in all
+# (`<stream>:fair:count`). FEED tops the stream up to `window` entries not yet delivered (its
+# length less the group's pending ones), a job of each key in turn: a read feeds up to what it
+# is about to read, so the stream holds few jobs and they are in turns. A push feeds up to one,
+# so that a read blocked on the stream wakes for a fair job. Shared by FAIR_PUSH and FAIR_FEED.
+# KEYS: turns, stream, count; ARGV (from `at`): window, the lists' key prefix, group.
+_FEED = """
+local function feed(turns, stream, count, window, prefix, group)
+  local waiting = redis.call('XLEN', stream) - redis.call('XPENDING', stream, group)[1]
+  local moved = 0
+  while waiting + moved < window do
+    local key = redis.call('LPOP', turns)
+    if not key then break end
+    local list = prefix .. key
+    -- the only key with jobs takes all the room at once
+    local take = 1
+    if redis.call('LLEN', turns) == 0 then take = window - waiting - moved end
+    local members = redis.call('LPOP', list, take)
+    if members then
+      for _, member in ipairs(members) do
+        redis.call('XADD', stream, '*', unpack(cjson.decode(member)))
+      end
+      moved = moved + #members
+    end
+    if redis.call('LLEN', list) > 0 then redis.call('RPUSH', turns, key) end
+  end
+  if moved > 0 then redis.call('DECRBY', count, moved) end
+  return moved
+end
+"""
+
+# KEYS: the key's list, turns, count, stream, dedup key (or ""); ARGV: the key, member, dedup
+# ttl s, the lists' prefix, group. Returns 0 when the id was a duplicate.
+FAIR_PUSH = (
+    _FEED
+    + """
+if KEYS[5] ~= '' then
+  if not redis.call('SET', KEYS[5], '1', 'NX', 'EX', ARGV[3]) then return 0 end
+end
+if redis.call('RPUSH', KEYS[1], ARGV[2]) == 1 then redis.call('RPUSH', KEYS[2], ARGV[1]) end
+redis.call('INCR', KEYS[3])
+feed(KEYS[2], KEYS[4], KEYS[3], 1, ARGV[4], ARGV[5])
+return 1
+"""
+)
+
+# KEYS: turns, stream, count; ARGV: window, the lists' prefix, group. Returns how many moved.
+FAIR_FEED = (
+    _FEED
+    + """
+return feed(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]), ARGV[2], ARGV[3])
+"""
+)
+
 # KEYS: stream, scheduled; ARGV: entry id, due ms, fields as JSON, group, delete (1|0).
 # Ack (and delete, unless other groups read the stream too) + move to the zset.
 RETRY = """
