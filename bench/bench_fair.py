@@ -2,8 +2,7 @@
 
     .venv/bin/python -m bench.bench_fair [--flood 10000]
 
-On each driver that can consume a fair lane (memory; redis and postgres on private embedded
-servers):
+On each driver (memory; nats, redis and postgres on private embedded servers):
 
 1. The small key's wait. Key "big" enqueues a flood of no-op jobs, key "small" one job after
    them; then one consume loop (concurrency 200) starts, and the time from its start to the
@@ -90,20 +89,22 @@ async def measure(driver: str, url: str, flood: int) -> dict[str, float]:
 
 
 async def _bench(flood: int) -> Result:
-    from mega.runtime.embedded import EmbeddedPostgres, EmbeddedRedis
+    from mega.runtime.embedded import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis
 
     with tempfile.TemporaryDirectory(prefix="bench-fair-") as tmp:
+        nats = EmbeddedNats(Path(tmp) / "nats").start()
         redis = EmbeddedRedis(Path(tmp) / "redis").start()
         postgres = EmbeddedPostgres(Path(tmp) / "postgres", fast=True).start()
         try:
             found = {
                 "memory": await measure("memory", "", flood),
+                "nats": await measure("nats", nats.url, flood),
                 "redis": await measure("redis", redis.url, flood),
                 "postgres": await measure("postgres", postgres.url, flood),
             }
         finally:
-            redis.stop()
-            postgres.stop()
+            for server in (nats, redis, postgres):
+                server.stop()
     rows = []
     for driver, figures in found.items():
         rows += [
@@ -119,13 +120,16 @@ async def _bench(flood: int) -> Result:
         "fair",
         "Fair jobs: a small key's wait behind a flood, and the rate with one key",
         f"{flood:,} no-op jobs of key big, then one of key small; one consume loop, "
-        "concurrency 200; redis (valkey) and postgres (fast=True) on private embedded servers",
+        "concurrency 200; nats, redis (valkey) and postgres (fast=True) on private embedded "
+        "servers",
         rows,
         notes=[
             "in order, small's job starts after the whole flood; fair, at the first turns",
             "the postgres driver ranks every due row of a fair lane per key at each claim: the "
             "cost grows with the rows waiting; the redis driver moves each job from its key's "
-            "list into the stream at its turn (one Lua script per read)",
+            "list into the stream at its turn (one Lua script per read); the nats driver from "
+            "its key's subject onto the lane (batched direct gets, a pipelined publish, a "
+            "purge per key: a few round trips per feed)",
             f"rates: best of {ROUNDS} alternated rounds; every job checked to have run once",
         ],
         data=found,

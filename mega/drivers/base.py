@@ -225,7 +225,8 @@ class Bus(Protocol):
     (typed as such by each driver class), for the rare call the interface does not cover."""
 
     driver: ClassVar[str]
-    # Whether it can consume a fair lane (`Lane.fair`): take work round-robin across keys.
+    # Whether it can consume a fair lane (`Lane.fair`): take work round-robin across keys
+    # (every built-in driver can; a plugin's that cannot is refused a fair job).
     fair_lanes: ClassVar[bool] = False
     alias: str
     spec: BusSpec

@@ -123,8 +123,8 @@ class JobQueue(LaneEndpoint):
         if spec.fair and not getattr(self.bus, "fair_lanes", False):
             raise JobError(
                 f"{spec.name}: fair = True needs a driver that takes work round-robin across "
-                f"keys (memory, postgres); bus {self.bus.alias!r} is {self.bus.driver}, which "
-                "takes it in order only for now: drop fair, or put the job on such a bus",
+                f"keys (every built-in one does); bus {self.bus.alias!r} is {self.bus.driver}, "
+                "which takes it in order only: drop fair, or put the job on such a bus",
                 code="job.fair_unsupported",
             )
         await self.ensure_lane(job_cls, job_lane(spec), f"{spec.name}: cannot set up its queue")

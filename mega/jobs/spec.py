@@ -59,6 +59,7 @@ DLQ_SUFFIX = ".dlq"
 # Delayed jobs wait as broker-side schedules on `<subject>._delay.<token>` (see queue.py), so
 # this token is reserved: a job on `a._delay.b` would overlap the stream of job `a`.
 DELAY_TOKEN = "_delay"
+FAIR_TOKEN = "_fair"  # a fair job's keys' subjects on NATS: `<subject>._fair.<key>`
 # Copies of a job's data in a cluster (a NATS stream's replicas): JetStream allows at most five.
 MAX_REPLICAS = 5
 
@@ -284,6 +285,8 @@ class JobDeclaration(ConsumedDeclaration):
             raise ValueError(f"must not end in {DLQ_SUFFIX!r} (reserved for the dead letters)")
         if DELAY_TOKEN in subject.split("."):
             raise ValueError(f"the token {DELAY_TOKEN!r} is reserved for delayed jobs")
+        if FAIR_TOKEN in subject.split("."):
+            raise ValueError(f"the token {FAIR_TOKEN!r} is reserved for fair jobs")
         return subject
 
     @field_validator("bus", mode="before")

@@ -78,6 +78,10 @@ from mega.drivers.nats.names import (
     dlq_stream_of,
     dlq_subject_of,
     durable_of,
+    fair_stream_of,
+    fair_subject,
+    fair_subjects_of,
+    fair_wake_of,
     filter_subjects_of,
     requeue_subject_of,
     schedule_headers,
@@ -119,7 +123,7 @@ class NatsBus:
     its one JetStreamContext (its async-publish inbox is made once)."""
 
     driver: ClassVar[str] = "nats"
-    fair_lanes: ClassVar[bool] = False  # one queue per job, in order (for now)
+    fair_lanes: ClassVar[bool] = True
 
     def __init__(
         self, alias: str, spec: BusSpec, client: NatsClient, watch: Reconnects | None = None
@@ -204,6 +208,16 @@ class NatsBus:
                 allow_msg_schedules=True if self.schedules_supported else None,
                 num_replicas=lane.replicas,
             ))  # fmt: skip
+        if lane.fair:
+            await ensure_stream(self.js, StreamConfig(
+                name=fair_stream_of(lane),
+                subjects=[fair_subjects_of(lane)],
+                retention=RetentionPolicy.LIMITS,
+                storage=StorageType.FILE,
+                duplicate_window=DEDUP_WINDOW_S,
+                allow_direct=True,
+                num_replicas=lane.replicas,
+            ))  # fmt: skip
         await ensure_dlq_stream(self.js, dlq_stream_config(lane))
         await ensure_buckets(self.js, lane, apply_limits=apply_limits)
         wanted = ConsumerConfig(
@@ -241,7 +255,18 @@ class NatsBus:
                 code="job.delay_unsupported",
             )
         self._check_connected()
-        return await self._publish([job_envelope(m) for m in messages])
+        envelopes = [job_envelope(m) for m in messages]
+        if lane.fair:  # a due job waits for its key's turn (fair.py)
+            envelopes = [
+                (fair_subject(lane, m.flow_key), body, headers) if m.run_at_ms is None
+                else (subject, body, headers)
+                for m, (subject, body, headers) in zip(messages, envelopes, strict=True)
+            ]  # fmt: skip
+            stored = await self.publish_envelopes(envelopes)
+            with contextlib.suppress(*NATS_ERRORS):  # a receiver also feeds at its next fetch
+                await self.native.publish(fair_wake_of(lane), b"")
+            return stored
+        return await self.publish_envelopes(envelopes)
 
     async def stats(self, lane: Lane) -> LaneStats:
         """The consumer's counts, and two reads more, sent together (one round trip's wait):
@@ -252,10 +277,11 @@ class NatsBus:
         by subject, one per subject), so schedules not due yet are left out. A retry's copy is
         a message stored anew, read where it stands in the stream."""
         try:
-            consumer, dlq, stream = await asyncio.gather(
+            consumer, dlq, stream, fair = await asyncio.gather(
                 self.js.consumer_info(stream_of(lane), durable_of(lane)),
                 self.js.stream_info(dlq_stream_of(lane)),
                 self.js.stream_info(stream_of(lane)),
+                self._fair_waiting(lane),
             )
             unsettled = (consumer.num_pending or 0) + (consumer.num_ack_pending or 0)
             floor = consumer.ack_floor.stream_seq if consumer.ack_floor else 0
@@ -263,12 +289,18 @@ class NatsBus:
         except NATS_ERRORS as exc:  # NotFoundError included
             raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
         return LaneStats(
-            pending=consumer.num_pending or 0,
+            pending=(consumer.num_pending or 0) + fair,
             in_flight=consumer.num_ack_pending or 0,
             dlq=dlq.state.messages,
             oldest_ms=oldest,
             stored=stream.state.last_seq or 0,
         )
+
+    async def _fair_waiting(self, lane: Lane) -> int:
+        """How many of a fair lane's jobs wait for their key's turn (0: not a fair lane)."""
+        if not lane.fair:
+            return 0
+        return (await self.js.stream_info(fair_stream_of(lane))).state.messages
 
     async def _oldest_ms(self, lane: Lane, start: int) -> int | None:
         """When the first message at or past `start` on the lane's subjects was enqueued."""
@@ -473,7 +505,7 @@ class NatsBus:
              {NATS_MSG_ID: m.id, HEADER_EMITTED_AT: str(m.enqueued_at_ms), **(m.trace or {})})
             for m in messages
         ]  # fmt: skip
-        return await self._publish(envelopes, timeout_s=EVENTS_TIMEOUT_S)
+        return await self.publish_envelopes(envelopes, timeout_s=EVENTS_TIMEOUT_S)
 
     async def watch_commits(self, wake: Callable[[], None]) -> Callable[[], Awaitable[None]]:
         async def woken(msg: Msg) -> None:
@@ -506,7 +538,7 @@ class NatsBus:
         if not self.native.is_connected:
             raise DriverUnavailable(f"NATS bus {self.alias!r} is not connected")
 
-    async def _publish(
+    async def publish_envelopes(
         self, envelopes: list[tuple[str, bytes, dict[str, str]]], timeout_s: float | None = None
     ) -> list[bool]:
         """Publish and wait for every PubAck; True each one stored, False a duplicate id (also

@@ -4,6 +4,8 @@ Per job subject `<s>`:
     MEGA_JOBS_<s>       work queue (file storage) on `<s>` and `<s>._delay.*`; one durable pull
                         consumer `mega_workers` shared by every worker process
     MEGA_JOBS_<s>_DLQ   limits retention on `<s>.dlq` (kept `dlq_max_age_s`, optional byte cap)
+    MEGA_JOBS_<s>_FAIR  a fair job's jobs waiting for their key's turn, on `<s>._fair.<key>`
+                        (limits retention, direct gets; see fair.py)
     MEGA_JOBS_<s>_STATUS, MEGA_JOBS_<s>_RESULT
                         key-value buckets (streams KV_<bucket>) of the lane's records, one key
                         per job id (see `record_key`), each kept the lane's keep after its
@@ -34,6 +36,9 @@ DLQ_STREAM_SUFFIX = "_DLQ"
 # Delayed jobs and retries wait as broker-side schedules on `<target>._delay.<token>` (jobs
 # may not use this token in their subjects).
 DELAY_TOKEN = "_delay"
+# A fair job's jobs wait for their key's turn on `<s>._fair.<key token>` (fair.py).
+FAIR_TOKEN = "_fair"
+FAIR_STREAM_SUFFIX = "_FAIR"
 EVENTS_STREAM = "MEGA_EVENTS"
 EVENT_PREFIX = "events."
 # A group's retries and requeued events come back on `events_requeue.<group>`: that group only.
@@ -86,6 +91,27 @@ def stream_name(subject: str) -> str:
 
 def dlq_stream_name(subject: str) -> str:
     return stream_name(subject) + DLQ_STREAM_SUFFIX
+
+
+def fair_stream_of(lane: Lane) -> str:
+    """The stream of a fair job's jobs waiting for their key's turn."""
+    return stream_name(lane.subject) + FAIR_STREAM_SUFFIX
+
+
+def fair_subjects_of(lane: Lane) -> str:
+    """Every key's subject of a fair job (a wildcard)."""
+    return f"{lane.subject}.{FAIR_TOKEN}.*"
+
+
+def fair_subject(lane: Lane, key: str | None) -> str:
+    """Where a fair job of `key` waits: its key as one subject token (see `record_key`; no
+    key is the token `=`)."""
+    return f"{lane.subject}.{FAIR_TOKEN}.{record_key(key or '')}"
+
+
+def fair_wake_of(lane: Lane) -> str:
+    """A plain (not stored) subject on which a publisher of fair jobs wakes the receivers."""
+    return f"mega.fair_wake.{fair_stream_of(lane)}"
 
 
 def stream_of(lane: Lane) -> str:

@@ -30,6 +30,7 @@ from nats.js.errors import APIError
 
 from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane
 from mega.drivers.nats.errors import NATS_ERRORS
+from mega.drivers.nats.fair import Feeder
 from mega.drivers.nats.names import (
     EVENT_PREFIX,
     HEADER_ATTEMPTS,
@@ -43,6 +44,7 @@ from mega.drivers.nats.names import (
     NATS_MSG_ID,
     dlq_record_subject,
     durable_of,
+    fair_wake_of,
     requeue_subject_of,
     schedule_headers,
     schedule_subject,
@@ -108,6 +110,12 @@ class NatsLink(Protocol):
         """Whether the lane's consumer caps unacked messages at the lane's concurrency."""
         ...
 
+    async def publish_envelopes(
+        self, envelopes: list[tuple[str, bytes, dict[str, str]]], timeout_s: float | None = None
+    ) -> list[bool]:
+        """Publish (subject, body, headers) and wait for every PubAck."""
+        ...
+
 
 class NatsReceiver:
     """The pull requests and settling calls of one lane in this process (see the module)."""
@@ -146,6 +154,12 @@ class NatsReceiver:
         )
         self.on_reconnect = on_reconnect
         on_reconnect.add(self.resettle)
+        # A fair lane is fed from its keys' subjects (fair.py) by one task, beside the pulls:
+        # asked at each fetch, and when a publisher says fair jobs came (its wake subject).
+        self.feeder = Feeder(self.nc, bus.js, lane, bus.publish_envelopes) if lane.fair else None
+        self.feed_wanted = asyncio.Event()
+        self.feeding: asyncio.Task[None] | None = None
+        self.wakes: Any = None
 
     # -- fetching -----------------------------------------------------------------------------
 
@@ -157,6 +171,10 @@ class NatsReceiver:
                 await self.nc.subscribe(subject, cb=self._on_leader)
                 for subject in self.leader_subjects
             ]
+            if self.feeder is not None:
+                self.wakes = await self.nc.subscribe(fair_wake_of(self.lane), cb=self._on_fair)
+                self.feeding = asyncio.create_task(self._feed())
+        self.feed_wanted.set()
         if self.arrived:  # the next pull leaves before this batch runs: its round trip is hidden
             await self._top_up(limit, time.monotonic())
         deadline = time.monotonic() + IDLE_WAIT_S
@@ -216,6 +234,25 @@ class NatsReceiver:
                 return
             self.credits += free
             self.credits_expire_at = now + PULL_EXPIRES_S + PULL_GRACE_S
+
+    async def _feed(self) -> None:
+        """Feed the fair lane each time it is asked, up to `concurrency` jobs not yet handed
+        to a worker, the keys taking turns (fair.py): the pulls then find the next turns
+        there while this process runs the ones before."""
+        assert self.feeder is not None
+        while True:
+            await self.feed_wanted.wait()
+            self.feed_wanted.clear()
+            try:
+                await self.feeder.feed(self.lane.concurrency)
+            except DriverUnavailable as exc:
+                self._warn(f"{self.lane.name}: cannot feed its fair lane yet: {exc}")
+                await asyncio.sleep(OUTAGE_BACKOFF_S)
+                self.feed_wanted.set()
+
+    async def _on_fair(self, _msg: Msg) -> None:
+        """A publisher stored fair jobs: feed them now."""
+        self.feed_wanted.set()
 
     async def _ensure_again(self) -> None:
         self.needs_ensure = False
@@ -370,11 +407,12 @@ class NatsReceiver:
         listening, and send the last acks. A message of a pull request still open that lands
         after this comes back after its ack wait."""
         self.on_reconnect.discard(self.resettle)
-        if self.resettle_later is not None:
-            self.resettle_later.cancel()
+        for task in (self.resettle_later, self.feeding):
+            if task is not None:
+                task.cancel()
         while self.arrived:
             await _settle(self.arrived.popleft().nak())
-        for subscription in (self.subscription, *self.elections):
+        for subscription in (self.subscription, *self.elections, self.wakes):
             if subscription is not None:
                 with contextlib.suppress(*NATS_ERRORS):
                     await subscription.unsubscribe()

@@ -883,16 +883,23 @@ async def started_after(
 async def test_a_fair_job_takes_turns_across_keys(setup: Any, prefix: str) -> None:
     """Key "big" floods the queue, then key "small" adds one job. In order (fair off), small
     starts after the whole flood; with fair = True, among the first `concurrency` + 1 starts
-    (the first turns). A driver that takes work in order only refuses a fair job with a
-    sentence."""
+    (the first turns)."""
     ctx, _, queue, _ = setup
     in_order = type("Shared", (Shared,), {"subject": f"{prefix}.inorder"})
     assert await started_after(ctx, queue, in_order, prefix, flood=30) == 30
     fair = type("Shared", (Shared,), {"subject": f"{prefix}.fair", "fair": True})
-    if not queue.bus.fair_lanes:
-        with pytest.raises(JobError) as raised:
-            await queue.enqueue(fair, 1, key="small")
-        assert raised.value.code == "job.fair_unsupported"
-        assert f"bus 'jobs' is {queue.bus.driver}" in str(raised.value)
-        return
     assert await started_after(ctx, queue, fair, prefix, flood=300) <= Shared.concurrency
+
+
+async def test_a_driver_that_cannot_take_turns_refuses_a_fair_job(
+    setup: Any, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bus whose driver says it cannot consume a fair lane (a plugin's, say) refuses a fair
+    job at enqueue (and so at a worker's start) with a sentence, and stores nothing."""
+    _, _, queue, _ = setup
+    monkeypatch.setattr(queue.bus, "fair_lanes", False)
+    fair = type("Shared", (Shared,), {"subject": f"{prefix}.refused", "fair": True})
+    with pytest.raises(JobError) as raised:
+        await queue.enqueue(fair, 1, key="small")
+    assert raised.value.code == "job.fair_unsupported"
+    assert f"bus 'jobs' is {queue.bus.driver}" in str(raised.value)
