@@ -23,6 +23,7 @@ from app.events.signups import UserSignedUp
 from app.events.status import attach_event_status
 from app.jobs.email import EmailJob
 from app.jobs.observers import attach_job_observers
+from app.jobs.tenant import FairTenantJob, LimitedTenantJob, TenantJob
 from app.replicas import REPLICAS
 from app.schedules.cron_counter import CronCounterSchedule
 from app.workers.hash_worker import HashWorker
@@ -56,7 +57,7 @@ services = {
 }
 
 schedules = [CronCounterSchedule]
-jobs = [EmailJob]
+jobs = [EmailJob, TenantJob, FairTenantJob, LimitedTenantJob]
 workers = [HashWorker]
 # Events the app emits (the outbox's rows), and the listener groups `mega worker` runs.
 events = [UserSignedUp]

@@ -1,6 +1,7 @@
 """The EmailJob demo: enqueue (JSON and form, one job or `count` alike), the recent jobs (each
 read from its status record) and the DLQ, one job's status with its result, cancel, and DLQ
-requeue.
+requeue. And the noisy-neighbour demo: a flood of one tenant's jobs and a few of another's,
+in order or fair, with each tenant's waits (app/services/noisy.py).
 
 Bad input is a 422 with field errors and enqueues nothing. NATS down: 503 naming it.
 """
@@ -18,7 +19,8 @@ from app.deps import QueueDep, RedisDep
 from app.deps import main_redis as redis_of
 from app.deps import queue as queue_of
 from app.jobs.email import SLOW_ACK_WAITS, SLOW_STEPS, EmailJob
-from app.services import console_series, recent_jobs
+from app.jobs.tenant import LIMIT_PER_S
+from app.services import console_series, noisy, recent_jobs
 from app.services.jobs_page import job_view, jobs_state
 from mega import JobQueue, JobStatus
 from mega.web import (
@@ -208,6 +210,62 @@ async def post_job(
     return ok({"id": ids[0], **({"ids": ids} if len(ids) > 1 else {})}, status=201)
 
 
+class NoisyRequest(BaseModel):
+    fair: bool = Field(description="the tenants' jobs take turns (False: first in, first out)")
+    rate_limited: bool = Field(
+        False, description=f"the fair job, capped at {LIMIT_PER_S} starts a second"
+    )
+
+    @property
+    def mode(self) -> noisy.Mode:
+        return "limited" if self.rate_limited else "fair" if self.fair else "in_order"
+
+
+class NoisyRun(BaseModel):
+    run: str
+
+
+class TenantFigures(BaseModel):
+    enqueued: int
+    done: int
+    wait_p50_ms: int | None  # None until one of its jobs started
+    wait_p99_ms: int | None
+
+
+class NoisyFigures(BaseModel):
+    run: str
+    mode: str  # in_order, fair or limited
+    tenants: dict[str, TenantFigures]  # big and small
+    starts_per_s: list[int]  # jobs started in each second since the first start
+
+
+RunPath = Annotated[str, Path(pattern=r"^[0-9a-f]{12}$", description="a noisy run's id")]
+
+
+@router.post(
+    "/api/demo/jobs/noisy", status_code=201,
+    responses=api_responses(NoisyRun, status=201, errors=(401, 403, 422, 503)),
+)  # fmt: skip
+async def post_noisy(
+    body: NoisyRequest, user: UserDep, queue: QueueDep, redis: RedisDep
+) -> Response:
+    """Tenant big enqueues 500 jobs (60 when rate-limited), then tenant small 5; `{run}`
+    names them for GET."""
+    return ok({"run": await noisy.start(queue, redis, body.mode)}, status=201)
+
+
+@router.get(
+    "/api/demo/jobs/noisy/{run}",
+    responses=api_responses(NoisyFigures, errors=(401, 404, 422, 503)),
+)
+async def get_noisy(run: RunPath, user: UserDep, redis: RedisDep) -> Response:
+    """Each tenant's jobs done so far and their waits (enqueue to start), p50 and p99 in ms."""
+    found = await noisy.figures(redis, run)
+    if found is None:
+        raise ApiError(404, "not_found", f"no noisy-neighbour run {run!r} (kept an hour)")
+    return ok(found)
+
+
 @router.post(
     "/api/demo/jobs/dlq/requeue",
     responses=api_responses(Requeued, errors=(401, 403, 404, 422, 503)),
@@ -245,6 +303,7 @@ async def jobs_page_context(
         "slow_ack_waits": SLOW_ACK_WAITS,
         "max_delay_ms": MAX_DELAY_MS,
         "max_count": MAX_COUNT,
+        "noisy_limit": LIMIT_PER_S,
     }
 
 

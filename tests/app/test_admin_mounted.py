@@ -28,6 +28,9 @@ async def test_the_sample_mounts_the_admin_and_the_console_links_it(config: Conf
         lanes = re.findall(r'<tr data-lane="([^"]+)">', admin.text)
         assert lanes == [
             "EmailJob",
+            "TenantJob",
+            "FairTenantJob",
+            "LimitedTenantJob",
             "WelcomeEmailListener",
             "SignupStatsListener",
             "WelcomeCreditListener",

@@ -14,7 +14,7 @@ import pytest
 from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import LiveStack, log_in, screenshot
+from tests.e2e.conftest import SCREENSHOTS, LiveStack, log_in, screenshot
 from tests.e2e.fields import COUNT, DELAY, EMAIL, expect_field_error, expect_no_field_error
 
 pytestmark = pytest.mark.e2e
@@ -309,3 +309,45 @@ def test_the_page_shows_the_newest_ten_and_links_to_older_ones(page, live_stack:
     screenshot(page, "jobs-older")
     page.locator("#jobs-newest").click()
     expect(cards.first).to_have_attribute("data-id", ids[0])
+
+
+@pytest.mark.parametrize(("scheme", "width"), [("light", 1280), ("dark", 390)])
+def test_the_noisy_neighbour_panel_draws_each_tenants_wait(  # type: ignore[no-untyped-def]
+    browser, live_stack: LiveStack, scheme: str, width: int
+) -> None:
+    """Flood in order, then fair: the table shows both tenants, every job started, and small's
+    p99 wait fair is far below its wait in order; axe finds nothing serious, in light at 1280 px
+    and in dark at 390 px, where the page still fits."""
+    context = browser.new_context(viewport={"width": width, "height": 900}, color_scheme=scheme)
+    page = context.new_page()
+    log_in(page, live_stack.url)
+    page.goto(live_stack.url + "/demo/jobs")
+    expect(page.locator("#noisy-empty")).to_be_visible()
+    waits = {}
+    for mode in ("in_order", "fair"):
+        page.click(f'[data-noisy-mode="{mode}"]')
+        expect(page.locator("#noisy-status")).to_contain_text("enqueued")
+        run = page.locator("#noisy-status").inner_text().split()[1]
+        expect(page.locator("#noisy")).to_have_attribute("data-done", run, timeout=30_000)
+        rows = page.locator("#noisy-rows tr")
+        expect(rows).to_have_count(2)
+        expect(rows.nth(0).locator("td").nth(0)).to_have_text("500 of 500")
+        expect(rows.nth(1).locator("td").nth(0)).to_have_text("5 of 5")
+        waits[mode] = int(rows.nth(1).locator("td").nth(2).inner_text().split()[0].replace(",", ""))
+    assert waits["fair"] * 4 < waits["in_order"], waits
+    expect(page.locator("#noisy-empty")).to_be_hidden()
+    expect(page.locator("#noisy-starts")).to_contain_text("Starts in each second: ")
+    violations = [
+        f"{v['id']}: {v['help']}" for v in Axe().run(page).response["violations"]
+        if v["impact"] in ("serious", "critical")
+    ]  # fmt: skip
+    assert not violations, violations
+    page.locator("#noisy").scroll_into_view_if_needed()
+    screenshot(page, f"jobs-noisy-{scheme}-{width}")
+    page.locator("#noisy").screenshot(path=str(SCREENSHOTS / f"noisy-{scheme}-{width}.png"))
+    wide = page.evaluate(
+        "[...document.querySelectorAll('#noisy *')].filter(e => e.getBoundingClientRect().right"
+        f" > {width}).map(e => e.tagName + '#' + e.id + '.' + e.className)"
+    )
+    assert page.evaluate("document.documentElement.scrollWidth") <= width, wide
+    context.close()
