@@ -206,15 +206,8 @@ NOTIFY = "SELECT pg_notify(%(channel)s, %(payload)s)"
 # SKIP LOCKED lets concurrent claimers pass each other's rows instead of waiting for them;
 # a row locked meanwhile is re-checked against its new version (leased by then: skipped), so
 # a row is never handed to two workers at once. The lease is the server's now + ack wait.
-CLAIM = f"""
-WITH due AS (
-    SELECT id FROM {JOBS}
-    WHERE lane = %(lane)s AND run_at <= now()
-      AND (leased_until IS NULL OR leased_until <= now())
-    ORDER BY run_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
+# What a claim does to the rows it chose, and answers of each (CLAIM, CLAIM_FAIR).
+CLAIMED = f"""
 UPDATE {JOBS} AS job
 SET leased_until = now() + make_interval(secs => %(ack_wait_s)s),
     deliveries = job.deliveries + 1,
@@ -225,12 +218,27 @@ RETURNING job.id, job.job_id, job.subject, job.body, job.attempts, job.deliverie
           job.trace, job.flow_key
 """
 
+CLAIM = (
+    f"""
+WITH due AS (
+    SELECT id FROM {JOBS}
+    WHERE lane = %(lane)s AND run_at <= now()
+      AND (leased_until IS NULL OR leased_until <= now())
+    ORDER BY run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+"""
+    + CLAIMED
+)
+
 # The claim of a fair lane: the keys take turns. Each due row is ranked within its key (the
 # key's oldest first) and rows are taken by rank, then by age: the oldest row of every key with
 # some, then the second of each, and so on. Ranking reads every due row of the lane, so the
 # candidates are a few times `limit`, of which those still free are locked (SKIP LOCKED, as in
 # CLAIM) in the same order: a claimer racing another for the same heads takes the next ones.
-CLAIM_FAIR = f"""
+CLAIM_FAIR = (
+    f"""
 WITH ranked AS (
     SELECT id, row_number() OVER (PARTITION BY flow_key ORDER BY run_at, id) AS turn
     FROM {JOBS}
@@ -245,15 +253,9 @@ WITH ranked AS (
     LIMIT %(limit)s
     FOR UPDATE OF job SKIP LOCKED
 )
-UPDATE {JOBS} AS job
-SET leased_until = now() + make_interval(secs => %(ack_wait_s)s),
-    deliveries = job.deliveries + 1,
-    consumer = %(consumer)s
-FROM due WHERE job.id = due.id
-RETURNING job.id, job.job_id, job.subject, job.body, job.attempts, job.deliveries,
-          job.enqueued_at_ms, (extract(epoch FROM job.run_at) * 1000)::bigint AS run_at_ms,
-          job.trace, job.flow_key
 """
+    + CLAIMED
+)
 
 # Seconds until the lane's next not-yet-due row is due (NULL: none), to end a fetch's wait
 # then rather than at the next poll.
