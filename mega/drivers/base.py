@@ -63,6 +63,25 @@ class DlqRecord(_DlqRecordBase, total=False):
     seq: int
 
 
+# A prioritized lane's bands (`Message.priority`), highest first, and the turns they take while
+# each has jobs waiting: high 6 of every 10, normal 3, low 1, a weighted share that never
+# starves low. A turn whose band has none waiting goes to the highest band that has some.
+Priority = Literal["high", "normal", "low"]
+PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")
+PRIORITY_TURNS: tuple[Priority, ...] = (
+    "high", "normal", "high", "high", "low", "high", "normal", "high", "high", "normal",
+)  # fmt: skip
+
+
+def band_of_turn(turn: int, waiting: Callable[[Priority], bool]) -> Priority | None:
+    """The band whose job goes at `turn` (a counter that each job taken moves on): the band
+    PRIORITY_TURNS gives it when `waiting(band)`, else the highest band waiting; None: none is."""
+    band = PRIORITY_TURNS[turn % len(PRIORITY_TURNS)]
+    if waiting(band):
+        return band
+    return next((band for band in PRIORITIES if waiting(band)), None)
+
+
 # The record stores of a lane: each job's status record, the values its runs returned, and
 # the presence record of each consume loop on it (mega/jobs/presence.py).
 Table = Literal["status", "result", "workers"]
@@ -82,7 +101,10 @@ class Lane:
     lane's dead letters are kept, and copies of its data in a cluster. `keep_status_s` and
     `keep_result_s` (0: none kept) are how long a record of the lane's record stores lives after
     its last write (see `Bus.put_records`). `fair`: deliveries are handed out round-robin across
-    the messages' `flow_key`s (a driver whose `fair_lanes` is False is never given one)."""
+    the messages' `flow_key`s (a driver whose `fair_lanes` is False is never given one).
+    `prioritized`: deliveries take the turns of the messages' `priority` bands (PRIORITY_TURNS;
+    a driver whose `priority_lanes` is False is never given one). A lane is one or the other,
+    or neither: both keep jobs apart until their turn, by key or by band (`turn_key`)."""
 
     kind: Literal["job", "group"]
     name: str
@@ -95,6 +117,17 @@ class Lane:
     keep_status_s: float = 0
     keep_result_s: float = 0
     fair: bool = False
+    prioritized: bool = False
+
+    @property
+    def turns(self) -> bool:
+        """Whether its jobs wait apart until their turn (a fair or a prioritized lane)."""
+        return self.fair or self.prioritized
+
+    def turn_key(self, message: Message) -> str | None:
+        """What a job of a lane with `turns` waits under: its band on a prioritized lane, its
+        key on a fair one."""
+        return message.priority if self.prioritized else message.flow_key
 
     def keep_s(self, table: Table) -> float:
         """How long a record of `table` lives after its last write (0: the table is off)."""
@@ -111,7 +144,8 @@ class Message:
     until then (None: now). `trace`: the trace context headers (mega.tracing) that every
     driver stores with the message and hands back on its deliveries. `flow_key`: the key the
     job was enqueued with (a tenant, a customer), for its rate limit and its cap per key;
-    stored with the message and handed back on its deliveries likewise."""
+    stored with the message and handed back on its deliveries likewise. `priority`: its band
+    on a prioritized lane (`Lane.prioritized`; stored with the message, ignored elsewhere)."""
 
     id: str
     subject: str
@@ -121,6 +155,7 @@ class Message:
     dedup: bool = True
     trace: dict[str, str] | None = None
     flow_key: str | None = None
+    priority: Priority = "normal"
 
 
 @dataclass(frozen=True)
@@ -228,6 +263,8 @@ class Bus(Protocol):
     # Whether it can consume a fair lane (`Lane.fair`): take work round-robin across keys
     # (every built-in driver can; a plugin's that cannot is refused a fair job).
     fair_lanes: ClassVar[bool] = False
+    # Whether it can consume a prioritized lane (`Lane.prioritized`, PRIORITY_TURNS).
+    priority_lanes: ClassVar[bool] = False
     alias: str
     spec: BusSpec
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from mega.drivers.base import Priority
 from mega.jobs.control import Cancelled
 from mega.jobs.queue import JobId, JobQueue
 from mega.jobs.spec import JobBase
@@ -59,8 +60,9 @@ class Job(JobBase):
     retries), `rate_limit` (None or {"limit": n, "period_s": s}: starts across the whole group,
     or with "per": "key" for each key; see mega/jobs/ratelimit.py), `key_concurrency` (None or
     >= 1: runs of one key at once across the group; see mega/jobs/flow.py), `flow_cache` (the
-    cache both count in; None: the config's only cache), `keep_status_s` and `keep_result_s`,
-    `name` (defaults to the class name).
+    cache both count in; None: the config's only cache), `fair` (workers take the keys' jobs
+    in turn), `prioritized` (enqueue takes a `priority`; the bands take turns, high most),
+    `keep_status_s` and `keep_result_s`, `name` (defaults to the class name).
     """
 
     @classmethod
@@ -74,12 +76,20 @@ class Job(JobBase):
         run_at: datetime | None = None,
         session: Session | None = None,
         key: str | None = None,
+        priority: Priority | None = None,
     ) -> JobId:
         """Store one run of this job on its own bus: `JobQueue(ctx, cls.bus).enqueue(cls, ...)`
         with the queue kept on `ctx` (its setup is done once per process). `delay_s` holds it
         that many seconds; the rest is as JobQueue.enqueue says."""
         return await queue_of(ctx, cls.bus).enqueue(
-            cls, payload, id=id, delay=delay_s, run_at=run_at, session=session, key=key
+            cls,
+            payload,
+            id=id,
+            delay=delay_s,
+            run_at=run_at,
+            session=session,
+            key=key,
+            priority=priority,
         )
 
     @classmethod

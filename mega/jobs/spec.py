@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, cast
 
 import anyio.to_thread
 from anyio import CapacityLimiter
@@ -43,7 +43,7 @@ from mega.declaration import (
     rule,
     validate_subclass,
 )
-from mega.drivers.base import Message
+from mega.drivers.base import PRIORITIES, Message, Priority
 from mega.errors import JobError
 from mega.jobs.backoff import BackoffPolicy
 from mega.jobs.ratelimit import RateLimit
@@ -115,6 +115,7 @@ class JobBase(Consumed):
     keep_result_s: ClassVar[float] = DEFAULT_KEEP_RESULT_S
     key_concurrency: ClassVar[int | None] = None
     fair: ClassVar[bool] = False
+    prioritized: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -167,6 +168,7 @@ class JobSpec(ConsumedSpec):
     keep_status_s: float = DEFAULT_KEEP_STATUS_S
     keep_result_s: float = DEFAULT_KEEP_RESULT_S
     fair: bool = False
+    prioritized: bool = False
 
 
 # -- validation --------------------------------------------------------------------------------
@@ -273,6 +275,9 @@ class JobDeclaration(ConsumedDeclaration):
         rule("must be None (no cap) or an int >= 1: the runs of one key at once"),
     ]
     fair: Annotated[StrictBool, rule("must be True (round-robin across keys) or False")]
+    prioritized: Annotated[
+        StrictBool, rule("must be True (enqueue takes a priority: high, normal, low) or False")
+    ]
     # `schema` would shadow a BaseModel attribute: the field takes the attribute's name as alias.
     payload_schema: Annotated[
         type[BaseModel] | None, rule("must be a pydantic model class (a BaseModel) or None")
@@ -289,6 +294,16 @@ class JobDeclaration(ConsumedDeclaration):
             raise ValueError(f"the token {FAIR_TOKEN!r} is reserved for fair jobs")
         return subject
 
+    @field_validator("prioritized")
+    @classmethod
+    def _not_fair_too(cls, prioritized: bool, info: ValidationInfo) -> bool:
+        if prioritized and info.data.get("fair"):
+            raise ValueError(
+                "a job takes turns by key (fair) or by priority (prioritized), not both: "
+                "drop one, or make two jobs"
+            )
+        return prioritized
+
     @field_validator("bus", mode="before")
     @classmethod
     def _declared_bus(cls, bus: object, info: ValidationInfo) -> str:
@@ -303,7 +318,8 @@ def validate_job(job_cls: type[JobBase], bus_aliases: Collection[str]) -> JobSpe
         job_cls=job_cls, name=job.name, subject=job.subject, bus=job.bus,
         dlq_max_bytes=job.dlq_max_bytes, schema=job.payload_schema,
         keep_status_s=job.keep_status_s, keep_result_s=job.keep_result_s,
-        key_concurrency=job.key_concurrency, fair=job.fair, **job.consumed(),
+        key_concurrency=job.key_concurrency, fair=job.fair, prioritized=job.prioritized,
+        **job.consumed(),
     )  # fmt: skip
 
 
@@ -335,15 +351,16 @@ def json_body(name: str, payload: Any, code: str, error: type[JobError] = JobErr
 
 def encode_job(
     spec: JobSpec, payload: Any, *, job_id: str | None = None, due_ms: int | None = None,
-    now_ms: int | None = None, key: str | None = None,
+    now_ms: int | None = None, key: str | None = None, priority: str | None = None,
 ) -> Message:  # fmt: skip
     """Build the message of one job (pure but for the clock and a random id).
 
     `job_id` (caller-given) is the dedup key; default a random uuid. `due_ms` (epoch ms) in
     the future holds the job until then; `now_ms`, the enqueue time, when the caller read the
     clock for both (a delay then adds to it exactly). `key`: the job's key for its limits per
-    key (mega/jobs/flow.py). The payload is checked against the job's `schema` first, when it
-    has one. Raises JobError `job.invalid_payload` / `job.invalid_id` / `job.invalid_key`
+    key (mega/jobs/flow.py). `priority`: its band, on a `prioritized` job only (None: normal).
+    The payload is checked against the job's `schema` first, when it has one. Raises JobError
+    `job.invalid_payload` / `job.invalid_id` / `job.invalid_key` / `job.invalid_priority`
     before anything is stored."""
     if spec.schema is not None:
         payload = fit_schema(spec, payload).model_dump(mode="json")
@@ -358,7 +375,29 @@ def encode_job(
     if key is not None:
         _check_token(spec, key, "key")
     run_at_ms = due_ms if due_ms is not None and due_ms > now_ms else None
-    return Message(job_id, spec.subject, body, now_ms, run_at_ms, dedup=dedup, flow_key=key)
+    return Message(
+        job_id, spec.subject, body, now_ms, run_at_ms, dedup=dedup, flow_key=key,
+        priority=_band(spec, priority),
+    )  # fmt: skip
+
+
+def _band(spec: JobSpec, priority: str | None) -> Priority:
+    """The band of a job enqueued with `priority`; JobError `job.invalid_priority` for one
+    that is not a band, or given to a job that is not `prioritized`."""
+    if priority is None:
+        return "normal"
+    if priority not in PRIORITIES:
+        raise JobError(
+            f"{spec.name}: priority must be one of {', '.join(PRIORITIES)}, got {priority!r}",
+            code="job.invalid_priority",
+        )
+    if not spec.prioritized:
+        raise JobError(
+            f"{spec.name} takes no priority: set prioritized = True on it (its jobs then take "
+            "turns by band), or enqueue it without one",
+            code="job.invalid_priority",
+        )
+    return cast(Priority, priority)
 
 
 def fit_schema(spec: JobSpec, payload: Any) -> BaseModel:

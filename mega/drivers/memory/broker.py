@@ -12,7 +12,15 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from mega.drivers.base import DEDUP_WINDOW_S, DlqRecord, Lane, LaneStats
+from mega.drivers.base import (
+    DEDUP_WINDOW_S,
+    PRIORITIES,
+    DlqRecord,
+    Lane,
+    LaneStats,
+    Priority,
+    band_of_turn,
+)
 
 # Events a memory bus keeps for listener groups that start later (the oldest go first).
 EVENTS_KEPT = 100_000
@@ -40,6 +48,7 @@ class MemoryMessage:
     key: int = field(default_factory=lambda: next(_keys))  # the same for every redelivery
     trace: dict[str, str] | None = None
     flow_key: str | None = None
+    priority: Priority = "normal"
 
 
 # An emitted event as groups to come replay it: name, id, body, emitted at ms, trace headers.
@@ -93,13 +102,44 @@ class FairReady:
             yield from queue
 
 
+class PriorityReady:
+    """The ready messages of a prioritized lane: a queue per band, taken in the bands' turns
+    (PRIORITY_TURNS). A message handed back (`appendleft`) is its band's next, and the turn it
+    took is given back."""
+
+    def __init__(self) -> None:
+        self.queues: dict[Priority, deque[MemoryMessage]] = {band: deque() for band in PRIORITIES}
+        self.turn = 0
+
+    def append(self, message: MemoryMessage) -> None:
+        self.queues[message.priority].append(message)
+
+    def appendleft(self, message: MemoryMessage) -> None:
+        self.queues[message.priority].appendleft(message)
+        self.turn -= 1
+
+    def popleft(self) -> MemoryMessage:
+        band = band_of_turn(self.turn, lambda band: bool(self.queues[band]))
+        if band is None:
+            raise IndexError("pop from an empty PriorityReady")
+        self.turn += 1
+        return self.queues[band].popleft()
+
+    def __len__(self) -> int:
+        return sum(map(len, self.queues.values()))
+
+    def __iter__(self) -> Iterator[MemoryMessage]:
+        for queue in self.queues.values():
+            yield from queue
+
+
 @dataclass
 class MemoryLane:
     """One lane's queue (a job subject's, a listener group's): ready messages (round-robin
-    across keys on a fair lane: FairReady), scheduled ones (`timers`), the ones delivered and
-    not settled (`taken`), dead letters."""
+    across keys on a fair lane: FairReady; by band on a prioritized one: PriorityReady),
+    scheduled ones (`timers`), the ones delivered and not settled (`taken`), dead letters."""
 
-    ready: deque[MemoryMessage] | FairReady = field(default_factory=deque)
+    ready: deque[MemoryMessage] | FairReady | PriorityReady = field(default_factory=deque)
     scheduled: int = 0  # delayed jobs and retries waiting for their time
     taken: dict[int, MemoryMessage] = field(default_factory=dict)  # delivered, by key
     stored: int = 0  # messages ever stored (a retry or a hand-back is the same message)
@@ -217,11 +257,12 @@ class MemoryBroker:
     def lane(self, lane: Lane) -> MemoryLane:
         """The queue of a lane: a job's subject, a group's `group:<name>`."""
         found = self.subject(queue_name(lane))
-        if lane.fair and not isinstance(found.ready, FairReady):
-            fair = FairReady()
+        kind = FairReady if lane.fair else PriorityReady if lane.prioritized else None
+        if kind is not None and not isinstance(found.ready, kind):
+            ready = kind()
             for message in found.ready:
-                fair.append(message)
-            found.ready = fair
+                ready.append(message)
+            found.ready = ready
         return found
 
     def queues(self) -> list[MemoryLane]:

@@ -39,6 +39,7 @@ class MemoryBus:
 
     driver: ClassVar[str] = "memory"
     fair_lanes: ClassVar[bool] = True
+    priority_lanes: ClassVar[bool] = True
 
     def __init__(self, alias: str, spec: BusSpec, broker: MemoryBroker | None = None) -> None:
         self.alias = alias
@@ -93,7 +94,7 @@ class MemoryBus:
             run_at = max(message.enqueued_at_ms, message.run_at_ms or 0)
             stored = MemoryMessage(
                 message.id, message.subject, message.body, message.enqueued_at_ms, run_at,
-                trace=message.trace, flow_key=message.flow_key,
+                trace=message.trace, flow_key=message.flow_key, priority=message.priority,
             )  # fmt: skip
             queue.put(stored, at_ms=message.run_at_ms)
             kept.append(True)

@@ -124,6 +124,7 @@ class NatsBus:
 
     driver: ClassVar[str] = "nats"
     fair_lanes: ClassVar[bool] = True
+    priority_lanes: ClassVar[bool] = True
 
     def __init__(
         self, alias: str, spec: BusSpec, client: NatsClient, watch: Reconnects | None = None
@@ -208,7 +209,7 @@ class NatsBus:
                 allow_msg_schedules=True if self.schedules_supported else None,
                 num_replicas=lane.replicas,
             ))  # fmt: skip
-        if lane.fair:
+        if lane.turns:
             await ensure_stream(self.js, StreamConfig(
                 name=fair_stream_of(lane),
                 subjects=[fair_subjects_of(lane)],
@@ -256,9 +257,9 @@ class NatsBus:
             )
         self._check_connected()
         envelopes = [job_envelope(m) for m in messages]
-        if lane.fair:  # a due job waits for its key's turn (fair.py)
+        if lane.turns:  # a due job waits for its key's (its band's) turn (fair.py)
             envelopes = [
-                (fair_subject(lane, m.flow_key), body, headers) if m.run_at_ms is None
+                (fair_subject(lane, lane.turn_key(m)), body, headers) if m.run_at_ms is None
                 else (subject, body, headers)
                 for m, (subject, body, headers) in zip(messages, envelopes, strict=True)
             ]  # fmt: skip
@@ -297,8 +298,9 @@ class NatsBus:
         )
 
     async def _fair_waiting(self, lane: Lane) -> int:
-        """How many of a fair lane's jobs wait for their key's turn (0: not a fair lane)."""
-        if not lane.fair:
+        """How many of a fair (prioritized) lane's jobs wait for their key's (band's) turn
+        (0: neither)."""
+        if not lane.turns:
             return 0
         return (await self.js.stream_info(fair_stream_of(lane))).state.messages
 

@@ -1,4 +1,5 @@
 """A fair lane on NATS JetStream: each key's jobs wait on a subject of their own until its turn.
+A prioritized lane is fed the same way, a subject per band, the bands taking PRIORITY_TURNS.
 
 A fair job's due messages are stored in the lane's fair stream (`MEGA_JOBS_<s>_FAIR`, limits
 retention, direct gets allowed), on `<s>._fair.<key token>`, instead of on `<s>`. Before a
@@ -25,19 +26,20 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from nats.aio.msg import Msg
 
-from mega.drivers.base import DriverUnavailable, Lane
+from mega.drivers.base import PRIORITIES, DriverUnavailable, Lane, Priority, band_of_turn
 from mega.drivers.nats.errors import NATS_ERRORS
 from mega.drivers.nats.names import (
     HEADER_JOB_ID,
     NATS_MSG_ID,
     durable_of,
     fair_stream_of,
+    fair_subject,
     fair_subjects_of,
     stream_of,
 )
@@ -73,6 +75,11 @@ class Feeder:
         self.stream = fair_stream_of(lane)
         self.subjects = fair_subjects_of(lane)
         self.turns: deque[str] = deque()  # the keys' subjects, next turn first
+        # A prioritized lane's: each band's subject, and the turns taken (PRIORITY_TURNS).
+        self.bands: dict[Priority, str] | None = None
+        if lane.prioritized:
+            self.bands = {band: fair_subject(lane, band) for band in PRIORITIES}
+        self.turn = 0
 
     async def feed(self, room: int) -> int:
         """Move up to `room` jobs, less what the lane holds undelivered, onto the lane, the keys
@@ -86,9 +93,9 @@ class Feeder:
             waiting: dict[str, int] = fair.state.subjects or {}
             if room <= 0 or not waiting:
                 return 0
-            shares = self._deal(waiting, room)
-            taken = await self._get(shares)
-            order = _in_turns([taken[subject] for subject in shares])
+            dealt = self._deal_bands(waiting, room) if self.bands else self._deal(waiting, room)
+            taken = await self._get(dict(Counter(dealt)))
+            order = _in_turns(dealt, taken)
             await self.publish([_moved(self.lane, msg) for msg in order])
             await asyncio.gather(*(
                 self.js.purge_stream(self.stream, subject=subject, seq=_seq(msgs[-1]) + 1)
@@ -98,22 +105,39 @@ class Feeder:
             raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
         return len(order)
 
-    def _deal(self, waiting: dict[str, int], room: int) -> dict[str, int]:
-        """How many of each key's jobs move now: one each in turn, from the key whose turn it
-        is, until the room or the jobs run out. The next feed starts after the last served."""
+    def _deal(self, waiting: dict[str, int], room: int) -> list[str]:
+        """Whose jobs move now, in order (a key's subject per job): one each in turn, from the
+        key whose turn it is, until the room or the jobs run out. The next feed starts after
+        the last served."""
         known = set(self.turns)
         self.turns = deque(subject for subject in self.turns if subject in waiting)
         self.turns.extend(subject for subject in waiting if subject not in known)
-        shares: dict[str, int] = {}
+        dealt: list[str] = []
         left = dict(waiting)
         while room > 0 and any(left.values()):
             subject = self.turns[0]
             self.turns.rotate(-1)
             if left[subject] > 0:
-                shares[subject] = shares.get(subject, 0) + 1
+                dealt.append(subject)
                 left[subject] -= 1
                 room -= 1
-        return shares
+        return dealt
+
+    def _deal_bands(self, waiting: dict[str, int], room: int) -> list[str]:
+        """A prioritized lane's deal: a band's subject per job, in the bands' turns
+        (`band_of_turn`), from the turn after this feeder's last."""
+        assert self.bands is not None
+        left = {band: waiting.get(subject, 0) for band, subject in self.bands.items()}
+        dealt: list[str] = []
+        while room > 0:
+            band = band_of_turn(self.turn, lambda band: left[band] > 0)
+            if band is None:
+                break
+            dealt.append(self.bands[band])
+            left[band] -= 1
+            self.turn += 1
+            room -= 1
+        return dealt
 
     async def _get(self, shares: dict[str, int]) -> dict[str, list[Msg]]:
         """Each key's first `share` messages: one batched direct get per key, sent together."""
@@ -152,12 +176,11 @@ class Feeder:
         return {subject: sorted(msgs, key=_seq) for subject, msgs in found.items()}
 
 
-def _in_turns(per_key: list[list[Msg]]) -> list[Msg]:
-    """The keys' messages interleaved: the first of each key, then the second of each..."""
-    order: list[Msg] = []
-    for rank in range(max(map(len, per_key), default=0)):
-        order.extend(msgs[rank] for msgs in per_key if rank < len(msgs))
-    return order
+def _in_turns(dealt: list[str], taken: dict[str, list[Msg]]) -> list[Msg]:
+    """The messages in the order dealt, each subject's oldest first (a subject that gave fewer
+    than dealt, another worker having moved some, gives what it has)."""
+    left = {subject: iter(msgs) for subject, msgs in taken.items()}
+    return [msg for subject in dealt if (msg := next(left[subject], None)) is not None]
 
 
 def _seq(msg: Msg) -> int:

@@ -154,9 +154,10 @@ class NatsReceiver:
         )
         self.on_reconnect = on_reconnect
         on_reconnect.add(self.resettle)
-        # A fair lane is fed from its keys' subjects (fair.py) by one task, beside the pulls:
-        # asked at each fetch, and when a publisher says fair jobs came (its wake subject).
-        self.feeder = Feeder(self.nc, bus.js, lane, bus.publish_envelopes) if lane.fair else None
+        # A fair lane is fed from its keys' subjects (a prioritized one from its bands'; fair.py)
+        # by one task, beside the pulls: asked at each fetch, and when a publisher says fair
+        # jobs came (its wake subject).
+        self.feeder = Feeder(self.nc, bus.js, lane, bus.publish_envelopes) if lane.turns else None
         self.feed_wanted = asyncio.Event()
         self.feeding: asyncio.Task[None] | None = None
         self.wakes: Any = None

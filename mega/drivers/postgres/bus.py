@@ -75,9 +75,11 @@ def job_body(record: DlqRecord) -> bytes:
     return json.dumps(record["payload"], separators=(",", ":")).encode()
 
 
-def publish_params(key: str, message: Message) -> dict[str, Any]:
+def publish_params(lane: Lane, message: Message) -> dict[str, Any]:
+    """A job's row; its `priority` only on a prioritized lane (NULL elsewhere: the rows a
+    prioritized claim reads are then the only ones in its index, sql.BAND_INDEX_DDL)."""
     return {
-        "lane": key,
+        "lane": lane_key(lane),
         "job_id": message.id,
         "subject": message.subject,
         "body": message.body,
@@ -86,6 +88,7 @@ def publish_params(key: str, message: Message) -> dict[str, Any]:
         "dedup": message.dedup,
         "trace": sql.trace_text(message.trace),
         "flow_key": message.flow_key,
+        "priority": message.priority if lane.prioritized else None,
     }
 
 
@@ -94,6 +97,7 @@ class PostgresBus:
 
     driver: ClassVar[str] = "postgres"
     fair_lanes: ClassVar[bool] = True
+    priority_lanes: ClassVar[bool] = True
 
     def __init__(self, alias: str, spec: BusSpec, connection: Connection, listen: Connection):
         self.alias = alias
@@ -204,7 +208,7 @@ class PostgresBus:
             connection.transaction(),
             connection.cursor() as cursor,
         ):
-            params = [publish_params(key, message) for message in messages]
+            params = [publish_params(lane, message) for message in messages]
             kept = await _each_row(cursor, sql.PUBLISH, params)
             if any(kept):
                 await cursor.execute(sql.NOTIFY, {"channel": sql.WAKE_CHANNEL, "payload": key})
@@ -221,7 +225,7 @@ class PostgresBus:
         key = lane_key(lane)
         statement = text(sql.sqlalchemy_text(sql.PUBLISH))
         kept = [
-            bool(session.execute(statement, publish_params(key, message)).scalar_one())
+            bool(session.execute(statement, publish_params(lane, message)).scalar_one())
             for message in messages
         ]
         if any(kept):

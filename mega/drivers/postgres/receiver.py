@@ -17,7 +17,15 @@ from typing import Any, Protocol
 import psycopg
 from psycopg.types.json import Jsonb
 
-from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane, trace_headers
+from mega.drivers.base import (
+    PRIORITIES,
+    PRIORITY_TURNS,
+    Delivery,
+    DlqRecord,
+    DriverUnavailable,
+    Lane,
+    trace_headers,
+)
 from mega.drivers.postgres import sql
 from mega.drivers.postgres.common import Connection, lane_key, one_line, open_connection
 
@@ -65,6 +73,7 @@ class PostgresReceiver:
         self._flusher: asyncio.Task[None] | None = None
         self._pruned_at = 0.0
         self._warned = ""
+        self._turn = 0  # a prioritized lane's turns taken (sql.CLAIM_PRIORITY)
         self._payloads = [self._key] + ([sql.EVENTS_PAYLOAD] if lane.kind == "group" else [])
         bus.subscribe(self._payloads, self._signal)
 
@@ -110,16 +119,18 @@ class PostgresReceiver:
                     await self._prune(connection)
                 if self._lane.kind == "group":
                     await self._copy_events(connection)
-                cursor = await connection.execute(
-                    sql.CLAIM_FAIR if self._lane.fair else sql.CLAIM,
-                    {
-                        "lane": self._key,
-                        "limit": limit,
-                        "ack_wait_s": float(self._lane.ack_wait_s),
-                        "consumer": self._consumer,
-                    },
-                )
+                params = {
+                    "lane": self._key,
+                    "limit": limit,
+                    "ack_wait_s": float(self._lane.ack_wait_s),
+                    "consumer": self._consumer,
+                }
+                statement = sql.CLAIM_FAIR if self._lane.fair else sql.CLAIM
+                if self._lane.prioritized:
+                    statement, params["quotas"] = sql.CLAIM_PRIORITY, self._quotas(limit)
+                cursor = await connection.execute(statement, params)
                 rows = await cursor.fetchall()
+                self._turn += len(rows)
                 next_due_s: float | None = None
                 if not rows:
                     cursor = await connection.execute(sql.NEXT_DUE, {"lane": self._key})
@@ -131,6 +142,12 @@ class PostgresReceiver:
         self._warned = ""
         rows.sort(key=lambda row: (row[7], row[0]))  # RETURNING keeps no order: run_at, id
         return [_delivery(row) for row in rows], next_due_s
+
+    def _quotas(self, limit: int) -> list[int]:
+        """How many of the next `limit` turns each band has (PRIORITIES order), from the turn
+        after this receiver's last claim."""
+        turns = [PRIORITY_TURNS[(self._turn + n) % len(PRIORITY_TURNS)] for n in range(limit)]
+        return [turns.count(band) for band in PRIORITIES]
 
     async def _copy_events(self, connection: Connection) -> None:
         """Move the events past the group's cursor into its lane (the matching ones), in one

@@ -23,7 +23,7 @@ import hashlib
 import json
 import re
 
-from mega.drivers.base import DEDUP_WINDOW_S
+from mega.drivers.base import DEDUP_WINDOW_S, PRIORITIES
 
 JOBS = "mega_bus_jobs"
 DEAD = "mega_bus_dead"
@@ -117,10 +117,10 @@ RECORDS_DDL: tuple[str, ...] = (
 
 # Columns added later (migration 0007) to the tables above: the trace context headers a job
 # row or an event carries (JSON text; NULL without tracing), and the key a job was enqueued
-# with (NULL: none).
+# with (NULL: none) and its band on a prioritized lane (NULL: not such a lane).
 # Only where missing: ALTER TABLE takes an exclusive lock even when the column exists, and an
 # ensure that asked for one while a worker claimed rows deadlocked with that worker.
-ADDED_COLUMNS = ((JOBS, "trace"), (EVENTS, "trace"), (JOBS, "flow_key"))
+ADDED_COLUMNS = ((JOBS, "trace"), (EVENTS, "trace"), (JOBS, "flow_key"), (JOBS, "priority"))
 ADDED_COLUMNS_DDL: tuple[str, ...] = tuple(
     f"""DO $$ BEGIN
         IF NOT EXISTS (SELECT 1 FROM information_schema.columns
@@ -134,6 +134,11 @@ ADDED_COLUMNS_DDL: tuple[str, ...] = tuple(
 # The dead letters by job id (`Bus.dead_letter`), made later than the table (migration 0007).
 DEAD_INDEX_DDL: tuple[str, ...] = (
     f"CREATE INDEX IF NOT EXISTS {DEAD}_job ON {DEAD} (lane, (record->>'id'), seq)",
+)
+# A prioritized lane's rows by band (CLAIM_PRIORITY), made with its column (migration 0007).
+BAND_INDEX_DDL: tuple[str, ...] = (
+    f"""CREATE INDEX IF NOT EXISTS {JOBS}_band ON {JOBS} (lane, priority, run_at, id)
+        WHERE priority IS NOT NULL""",
 )
 
 # How many messages each lane ever stored (`LaneStats.stored`): a sequence per lane, made by
@@ -164,14 +169,12 @@ COUNTER_DDL: tuple[str, ...] = (
 # tables, and workers of a started fleet are claiming rows in them).
 SCHEMA_READY = f"""
 SELECT to_regclass('{RECORDS}') IS NOT NULL AND to_regclass('{DEAD}_job') IS NOT NULL
-   AND EXISTS (SELECT 1 FROM information_schema.columns
-               WHERE table_schema = current_schema() AND table_name = '{JOBS}'
-                 AND column_name = 'flow_key')
+   AND to_regclass('{JOBS}_band') IS NOT NULL
    AND EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = '{COUNTER_FUNCTION}')
 """
 
 # Every table, where missing: what `PostgresBus.ensure` runs.
-SCHEMA = DDL + RECORDS_DDL + ADDED_COLUMNS_DDL + DEAD_INDEX_DDL + COUNTER_DDL
+SCHEMA = DDL + RECORDS_DDL + ADDED_COLUMNS_DDL + DEAD_INDEX_DDL + BAND_INDEX_DDL + COUNTER_DDL
 
 # -- jobs -------------------------------------------------------------------------------------
 
@@ -188,10 +191,11 @@ WITH fresh AS (
         WHERE {DEDUP}.expires_at <= now()
     RETURNING 1
 ), stored AS (
-    INSERT INTO {JOBS} (lane, job_id, subject, body, enqueued_at_ms, run_at, trace, flow_key)
+    INSERT INTO {JOBS} (lane, job_id, subject, body, enqueued_at_ms, run_at, trace, flow_key,
+                        priority)
     SELECT %(lane)s, %(job_id)s, %(subject)s, %(body)s, %(enqueued_at_ms)s,
            coalesce(to_timestamp(CAST(%(run_at_ms)s AS bigint) / 1000.0), now()), %(trace)s,
-           %(flow_key)s
+           %(flow_key)s, %(priority)s
     WHERE NOT %(dedup)s OR EXISTS (SELECT 1 FROM fresh)
     RETURNING 1
 )
@@ -250,6 +254,37 @@ WITH ranked AS (
     SELECT job.id FROM {JOBS} AS job JOIN candidates USING (id)
     WHERE job.leased_until IS NULL OR job.leased_until <= now()
     ORDER BY candidates.turn, job.id
+    LIMIT %(limit)s
+    FOR UPDATE OF job SKIP LOCKED
+)
+"""
+    + CLAIMED
+)
+
+# The claim of a prioritized lane: the bands take turns. The receiver deals the claim's turns
+# (PRIORITY_TURNS, from where its last claim stopped) into a quota per band. Each band offers
+# its oldest due rows, up to `limit` (the band index), ranked; the rows within their band's
+# quota go first, then the others, highest band first: a turn whose band has no row goes to
+# the highest band that has one. Locked as in CLAIM_FAIR.
+_BAND = f"""
+    SELECT id, %(band)s AS band, row_number() OVER (ORDER BY run_at, id) AS rank FROM (
+        SELECT id, run_at FROM {JOBS}
+        WHERE lane = %(lane)s AND priority = '%(name)s' AND run_at <= now()
+          AND (leased_until IS NULL OR leased_until <= now())
+        ORDER BY run_at, id LIMIT %(limit)s
+    ) AS offered"""
+CLAIM_PRIORITY = (
+    "WITH candidates AS ("
+    + "\n    UNION ALL".join(
+        f"({_BAND.replace('%(band)s', str(band)).replace('%(name)s', name)}\n)"
+        for band, name in enumerate(PRIORITIES)
+    )
+    + f"""
+), due AS (
+    SELECT job.id FROM {JOBS} AS job JOIN candidates USING (id)
+    WHERE job.leased_until IS NULL OR job.leased_until <= now()
+    ORDER BY candidates.rank > (%(quotas)s::int[])[candidates.band + 1], candidates.band,
+             candidates.rank
     LIMIT %(limit)s
     FOR UPDATE OF job SKIP LOCKED
 )

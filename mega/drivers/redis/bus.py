@@ -35,7 +35,14 @@ from mega.drivers.base import (
     Message,
     Table,
 )
-from mega.drivers.redis.lanes import LaneKeys, as_text, entry_of, lane_keys, parse_record
+from mega.drivers.redis.lanes import (
+    LaneKeys,
+    as_text,
+    entry_of,
+    lane_keys,
+    parse_record,
+    turn_order,
+)
 from mega.drivers.redis.receiver import RedisReceiver, ensure_groups
 from mega.drivers.redis.scripts import (
     DROP,
@@ -59,6 +66,7 @@ class RedisBus:
 
     driver: ClassVar[str] = "redis"
     fair_lanes: ClassVar[bool] = True
+    priority_lanes: ClassVar[bool] = True
 
     def __init__(self, alias: str, spec: BusSpec, redis: Redis) -> None:
         self.alias = alias
@@ -117,7 +125,7 @@ class RedisBus:
                 for message in messages:
                     run_at = max(message.enqueued_at_ms, message.run_at_ms or 0)
                     trace = json.dumps(message.trace) if message.trace else ""
-                    if lane.fair and run_at <= now_ms:
+                    if lane.turns and run_at <= now_ms:
                         await self._push_fair(pipe, lane, keys, message, run_at, trace)
                         continue
                     if not message.dedup and run_at <= now_ms:
@@ -148,9 +156,10 @@ class RedisBus:
     async def _push_fair(
         self, pipe: Any, lane: Lane, keys: LaneKeys, message: Message, run_at: int, trace: str
     ) -> None:
-        """A due job of a fair lane into its key's list (scripts.FAIR_PUSH); a delayed one
-        waits in the sorted set as any other and joins the stream when due."""
-        key = message.flow_key or ""
+        """A due job of a fair lane into its key's list (of a prioritized lane: its band's;
+        scripts.FAIR_PUSH); a delayed one waits in the sorted set as any other and joins the
+        stream when due."""
+        key = lane.turn_key(message) or ""
         fields = ["id", message.id, "body", message.body.decode(), "enqueued_at",
                   str(message.enqueued_at_ms), "run_at", str(run_at), "base", "0"]  # fmt: skip
         if trace:
@@ -161,7 +170,8 @@ class RedisBus:
         await self._fair_push(
             keys=[keys.fair_prefix + key, keys.fair_turns, keys.fair_count, keys.stream,
                   dedup_key],
-            args=[key, json.dumps(fields), DEDUP_WINDOW_S, keys.fair_prefix, keys.group],
+            args=[key, json.dumps(fields), DEDUP_WINDOW_S, keys.fair_prefix, keys.group,
+                  turn_order(lane)],
             client=pipe,
         )  # fmt: skip
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mega.drivers.base import DlqRecord, Lane, Table, pattern_matcher
+from mega.drivers.base import PRIORITY_TURNS, DlqRecord, Lane, Table, pattern_matcher
 from mega.drivers.redis.scripts import (
     EVENT_SUBJECT_PREFIX,
     EVENTS_LOG,
@@ -48,17 +48,19 @@ class LaneKeys:
 
     @property
     def fair_turns(self) -> str:
-        """A fair lane's keys with jobs waiting, in turn order (scripts.FAIR_PUSH)."""
+        """A fair lane's keys with jobs waiting, in turn order (scripts.FAIR_PUSH); on a
+        prioritized lane, how many turns its bands took."""
         return self.own + ":fair:turns"
 
     @property
     def fair_count(self) -> str:
-        """How many jobs of a fair lane wait in its lists."""
+        """How many jobs of a fair (or prioritized) lane wait in its lists."""
         return self.own + ":fair:count"
 
     @property
     def fair_prefix(self) -> str:
-        """The prefix of a fair lane's list of one key's jobs (+ the key)."""
+        """The prefix of a fair lane's list of one key's jobs (+ the key; a prioritized lane's:
+        + the band)."""
         return self.own + ":fair:key:"
 
     def deletes(self, stream: str) -> bool:
@@ -116,3 +118,9 @@ def parse_record(entry_id: Any, fields: dict[Any, Any]) -> DlqRecord:
 def entry_of(seq: int) -> str:
     """The dead-letter entry id a `seq` stands for."""
     return f"{seq // SEQ_PER_MS}-{seq % SEQ_PER_MS}"
+
+
+def turn_order(lane: Lane) -> str:
+    """The bands' turns as the feed scripts read them on a prioritized lane (PRIORITY_TURNS as
+    initials); "" on any other lane."""
+    return "".join(band[0] for band in PRIORITY_TURNS) if lane.prioritized else ""

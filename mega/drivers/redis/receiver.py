@@ -24,7 +24,14 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane, trace_headers
-from mega.drivers.redis.lanes import Fields, LaneKeys, as_text, event_name, lane_keys
+from mega.drivers.redis.lanes import (
+    Fields,
+    LaneKeys,
+    as_text,
+    event_name,
+    lane_keys,
+    turn_order,
+)
 from mega.drivers.redis.scripts import (
     BLOCK_MS,
     BURY,
@@ -78,7 +85,7 @@ class RedisReceiver:
         self._promote = redis.register_script(PROMOTE)
         self._retry = redis.register_script(RETRY)
         self._bury = redis.register_script(BURY)
-        self._feed = redis.register_script(FAIR_FEED) if lane.fair else None
+        self._feed = redis.register_script(FAIR_FEED) if lane.turns else None
         self._housekeeping_at = 0.0
         self._woken = asyncio.Event()
         self._warned = ""  # the last outage said by fetch (said once, until a read works)
@@ -128,8 +135,8 @@ class RedisReceiver:
 
     async def _read(self, count: int, *, block: bool) -> Any:
         """Up to `count` entries of the stream not yet delivered to the group, waiting up to
-        BLOCK_MS for one when `block`. A fair lane's next jobs are fed into the stream first,
-        in the same round trip (scripts.FAIR_FEED)."""
+        BLOCK_MS for one when `block`. A fair (or prioritized) lane's next jobs are fed into
+        the stream first, in the same round trip (scripts.FAIR_FEED)."""
         keys = self.keys
         if self._feed is None:
             return await self.redis.xreadgroup(
@@ -139,7 +146,7 @@ class RedisReceiver:
         async with self.redis.pipeline(transaction=False) as pipe:
             await self._feed(
                 keys=[keys.fair_turns, keys.stream, keys.fair_count],
-                args=[count, keys.fair_prefix, keys.group],
+                args=[count, keys.fair_prefix, keys.group, turn_order(self.lane)],
                 client=pipe,
             )
             pipe.xreadgroup(

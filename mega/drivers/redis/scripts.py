@@ -92,12 +92,36 @@ return #due
 # length less the group's pending ones), a job of each key in turn: a read feeds up to what it
 # is about to read, so the stream holds few jobs and they are in turns. A push feeds up to one,
 # so that a read blocked on the stream wakes for a fair job. Shared by FAIR_PUSH and FAIR_FEED.
-# KEYS: turns, stream, count; ARGV (from `at`): window, the lists' key prefix, group.
+# A prioritized lane (Lane.prioritized) is the same with a list per band (`...:key:high`),
+# taken in the bands' turns (`order`: PRIORITY_TURNS as initials, "hnhh..."; "" on a fair
+# lane), its `turns` key holding the count of turns taken instead of a list of keys.
+# KEYS: turns, stream, count; ARGV (from `at`): window, the lists' key prefix, group, order.
 _FEED = """
-local function feed(turns, stream, count, window, prefix, group)
+local bands = {h = 'high', n = 'normal', l = 'low'}
+
+local function band_feed(turns, stream, window, prefix, order, moved)
+  local turn = tonumber(redis.call('GET', turns) or '0')
+  while moved < window do
+    local at = turn % #order + 1
+    local member = redis.call('LPOP', prefix .. bands[string.sub(order, at, at)])
+      or redis.call('LPOP', prefix .. 'high') or redis.call('LPOP', prefix .. 'normal')
+      or redis.call('LPOP', prefix .. 'low')
+    if not member then break end
+    redis.call('XADD', stream, '*', unpack(cjson.decode(member)))
+    turn = turn + 1
+    moved = moved + 1
+  end
+  redis.call('SET', turns, turn)
+  return moved
+end
+
+local function feed(turns, stream, count, window, prefix, group, order)
   local waiting = redis.call('XLEN', stream) - redis.call('XPENDING', stream, group)[1]
   local moved = 0
-  while waiting + moved < window do
+  if order ~= '' then
+    moved = band_feed(turns, stream, window - waiting, prefix, order, 0)
+  end
+  while order == '' and waiting + moved < window do
     local key = redis.call('LPOP', turns)
     if not key then break end
     local list = prefix .. key
@@ -119,25 +143,28 @@ end
 """
 
 # KEYS: the key's list, turns, count, stream, dedup key (or ""); ARGV: the key, member, dedup
-# ttl s, the lists' prefix, group. Returns 0 when the id was a duplicate.
+# ttl s, the lists' prefix, group, order. Returns 0 when the id was a duplicate.
 FAIR_PUSH = (
     _FEED
     + """
 if KEYS[5] ~= '' then
   if not redis.call('SET', KEYS[5], '1', 'NX', 'EX', ARGV[3]) then return 0 end
 end
-if redis.call('RPUSH', KEYS[1], ARGV[2]) == 1 then redis.call('RPUSH', KEYS[2], ARGV[1]) end
+if redis.call('RPUSH', KEYS[1], ARGV[2]) == 1 and ARGV[6] == '' then
+  redis.call('RPUSH', KEYS[2], ARGV[1])
+end
 redis.call('INCR', KEYS[3])
-feed(KEYS[2], KEYS[4], KEYS[3], 1, ARGV[4], ARGV[5])
+feed(KEYS[2], KEYS[4], KEYS[3], 1, ARGV[4], ARGV[5], ARGV[6])
 return 1
 """
 )
 
-# KEYS: turns, stream, count; ARGV: window, the lists' prefix, group. Returns how many moved.
+# KEYS: turns, stream, count; ARGV: window, the lists' prefix, group, order. Returns how many
+# moved.
 FAIR_FEED = (
     _FEED
     + """
-return feed(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]), ARGV[2], ARGV[3])
+return feed(KEYS[1], KEYS[2], KEYS[3], tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4])
 """
 )
 

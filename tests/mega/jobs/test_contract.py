@@ -891,15 +891,71 @@ async def test_a_fair_job_takes_turns_across_keys(setup: Any, prefix: str) -> No
     assert await started_after(ctx, queue, fair, prefix, flood=300) <= Shared.concurrency
 
 
-async def test_a_driver_that_cannot_take_turns_refuses_a_fair_job(
-    setup: Any, prefix: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A bus whose driver says it cannot consume a fair lane (a plugin's, say) refuses a fair
-    job at enqueue (and so at a worker's start) with a sentence, and stores nothing."""
+@pytest.mark.parametrize(
+    ("capability", "declared", "code"),
+    [("fair_lanes", "fair", "job.fair_unsupported"),
+     ("priority_lanes", "prioritized", "job.priority_unsupported")],
+)  # fmt: skip
+async def test_a_driver_that_cannot_take_turns_refuses_a_fair_or_prioritized_job(
+    setup: Any, prefix: str, monkeypatch: pytest.MonkeyPatch, capability: str, declared: str,
+    code: str,
+) -> None:  # fmt: skip
+    """A bus whose driver says it cannot consume a fair (or a prioritized) lane, a plugin's
+    say, refuses such a job at enqueue (and so at a worker's start) with a sentence, and
+    stores nothing."""
     _, _, queue, _ = setup
-    monkeypatch.setattr(queue.bus, "fair_lanes", False)
-    fair = type("Shared", (Shared,), {"subject": f"{prefix}.refused", "fair": True})
+    monkeypatch.setattr(queue.bus, capability, False)
+    refused = type("Shared", (Shared,), {"subject": f"{prefix}.refused", declared: True})
     with pytest.raises(JobError) as raised:
-        await queue.enqueue(fair, 1, key="small")
-    assert raised.value.code == "job.fair_unsupported"
+        await queue.enqueue(refused, 1)
+    assert raised.value.code == code
     assert f"bus 'jobs' is {queue.bus.driver}" in str(raised.value)
+
+
+class Ranked(Job):
+    """Runs of 5 ms, one at once; records the band (its payload) of each start."""
+
+    bus = "jobs"
+    concurrency = 1
+    prioritized = True
+
+    async def run(self, payload: str, ctx: Context) -> None:
+        STARTS.setdefault(self.subject, []).append(payload)
+        await asyncio.sleep(0.005)
+
+
+async def test_a_prioritized_job_takes_high_first_and_never_starves_low(
+    setup: Any, prefix: str
+) -> None:
+    """5 low jobs, then 20 normal, then a flood of 100 high, all waiting before the worker
+    starts. While every band has jobs, each 10 starts are 6 high, 3 normal and 1 low: high
+    goes first, and low still moves inside the flood instead of after it."""
+    ctx, _, queue, _ = setup
+    job = type("Ranked", (Ranked,), {"subject": f"{prefix}.ranked"})
+    for band, count in (("low", 5), ("normal", 20), ("high", 100)):
+        await queue.enqueue_many(job, [band] * count, priority=band)  # type: ignore[arg-type]
+    starts = STARTS.setdefault(job.subject, [])
+    async with consume_loops(ctx, job, prefix, 1):
+        await until(lambda: len(starts) == 125, "all 125 started", 60)
+    first = Counter(starts[:50])
+    assert 27 <= first["high"] <= 31 and 13 <= first["normal"] <= 17, starts
+    assert first["low"] >= 4, starts  # low moved while 70 high were still waiting
+    assert starts[:5].count("high") >= 2, starts
+
+
+async def test_a_priority_is_a_band_of_a_prioritized_job(setup: Any, prefix: str) -> None:
+    """A priority that is not a band, or given to a job that is not prioritized, is refused
+    with a sentence naming the fix, and nothing is stored."""
+    _, _, queue, _ = setup
+    ranked = type("Ranked", (Ranked,), {"subject": f"{prefix}.badband"})
+    plain = type("Shared", (Shared,), {"subject": f"{prefix}.unranked"})
+    with pytest.raises(JobError) as raised:
+        await queue.enqueue(ranked, "x", priority="urgent")  # type: ignore[arg-type]
+    assert raised.value.code == "job.invalid_priority"
+    assert "priority must be one of high, normal, low, got 'urgent'" in str(raised.value)
+    with pytest.raises(JobError) as raised:
+        await queue.enqueue(plain, 1, priority="high")
+    assert raised.value.code == "job.invalid_priority"
+    assert "set prioritized = True on it" in str(raised.value)
+    assert (await queue.stats(ranked)).pending == 0
+    assert (await queue.stats(plain)).pending == 0

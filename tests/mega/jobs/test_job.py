@@ -86,6 +86,9 @@ def test_defaults() -> None:
         ({"dlq_max_bytes": 1.5}, "dlq_max_bytes"),
         ({"replicas": 0}, "replicas"),
         ({"replicas": 6}, "replicas"),
+        ({"fair": "yes"}, "fair"),
+        ({"prioritized": 1}, "prioritized"),
+        ({"fair": True, "prioritized": True}, "prioritized"),
     ],
 )
 def test_invalid_attributes_name_the_field(attrs: dict[str, Any], field: str) -> None:
@@ -93,6 +96,16 @@ def test_invalid_attributes_name_the_field(attrs: dict[str, Any], field: str) ->
         validate_job(variant(**attrs), BUSES)
     assert str(caught.value).startswith("job 'Variant' is invalid: ")
     assert f" {field}: " in str(caught.value)
+
+
+def test_a_job_takes_turns_by_key_or_by_priority_not_both() -> None:
+    with pytest.raises(RegistrationError) as caught:
+        validate_job(variant(fair=True, prioritized=True), BUSES)
+    assert "prioritized: a job takes turns by key (fair) or by priority (prioritized)" in str(
+        caught.value
+    )
+    assert "not both: drop one, or make two jobs" in str(caught.value)
+    assert validate_job(variant(prioritized=True), BUSES).prioritized is True
 
 
 def test_every_problem_is_reported_at_once() -> None:

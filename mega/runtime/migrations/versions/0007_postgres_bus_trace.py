@@ -16,6 +16,7 @@ from alembic import op
 from mega.drivers.postgres.sql import (
     ADDED_COLUMNS,
     ADDED_COLUMNS_DDL,
+    BAND_INDEX_DDL,
     COUNTER_DDL,
     COUNTER_FUNCTION,
     DEAD,
@@ -32,7 +33,7 @@ depends_on = None
 def upgrade() -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
-    for statement in ADDED_COLUMNS_DDL + DEAD_INDEX_DDL + COUNTER_DDL:
+    for statement in ADDED_COLUMNS_DDL + DEAD_INDEX_DDL + BAND_INDEX_DDL + COUNTER_DDL:
         op.execute(statement)
 
 
@@ -42,5 +43,6 @@ def downgrade() -> None:
     op.execute(f"DROP TRIGGER IF EXISTS {COUNTER_FUNCTION} ON {JOBS}")
     op.execute(f"DROP FUNCTION IF EXISTS {COUNTER_FUNCTION}()")
     op.execute(f"DROP INDEX IF EXISTS {DEAD}_job")
+    op.execute(f"DROP INDEX IF EXISTS {JOBS}_band")
     for table, column in ADDED_COLUMNS:
         op.execute(f"ALTER TABLE {table} DROP COLUMN IF EXISTS {column}")
