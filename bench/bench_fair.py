@@ -7,6 +7,8 @@ On each driver (memory; nats, redis and postgres on private embedded servers):
 1. The small key's wait. Key "big" enqueues a flood of no-op jobs, key "small" one job after
    them; then one consume loop (concurrency 200) starts, and the time from its start to the
    start of small's job is taken: in order (fair off), and with `fair = True`.
+   And a job's wait with `priority="high"` behind a flood of `"low"` ones (`prioritized =
+   True`), against the same in order.
 2. The rate of a fair job with one key: the same flood, all of one key, drained with fair off
    and with fair on. Target: fair >= 0.8x fair off. Rounds alternate the two, the best of each
    kept (the machine's pace moves). Every job is checked to have run exactly once.
@@ -58,14 +60,24 @@ class FairWait(Fair):
     subject = "bench.fair.wait"
 
 
+class RankedWait(InOrder):
+    subject = "bench.ranked.wait"
+    prioritized = True
+
+
 async def small_wait_s(ctx: Context, job: type[InOrder], flood: int) -> float:
-    """Seconds from a consume loop's start to the start of small's job, behind big's flood."""
+    """Seconds from a consume loop's start to the start of small's job, behind big's flood
+    (on a prioritized job: small's is high, the flood low)."""
     SMALL_STARTED.clear()
     worker = JobWorker(ctx)
     worker.register(job)
     queue = worker.queue("jobs")
-    await queue.enqueue_many(job, range(flood), key="big")
-    await queue.enqueue(job, SMALL, key="small")
+    if job.prioritized:
+        await queue.enqueue_many(job, range(flood), priority="low")
+        await queue.enqueue(job, SMALL, priority="high")
+    else:
+        await queue.enqueue_many(job, range(flood), key="big")
+        await queue.enqueue(job, SMALL, key="small")
     started = time.perf_counter()
     await worker.start()
     while not SMALL_STARTED:
@@ -79,13 +91,17 @@ async def measure(driver: str, url: str, flood: int) -> dict[str, float]:
     try:
         fifo_wait = await small_wait_s(ctx, InOrderWait, flood)
         fair_wait = await small_wait_s(ctx, FairWait, flood)
+        high_wait = await small_wait_s(ctx, RankedWait, flood)
         off = on = 0.0
         for _ in range(ROUNDS):
             off = max(off, await _drain(ctx, flood, InOrder, key="one"))
             on = max(on, await _drain(ctx, flood, Fair, key="one"))
     finally:
         await ctx.buses["jobs"].close()
-    return {"fifo_wait_s": fifo_wait, "fair_wait_s": fair_wait, "off": off, "on": on}
+    return {
+        "fifo_wait_s": fifo_wait, "fair_wait_s": fair_wait, "high_wait_s": high_wait,
+        "off": off, "on": on,
+    }  # fmt: skip
 
 
 async def _bench(flood: int) -> Result:
@@ -111,6 +127,8 @@ async def _bench(flood: int) -> Result:
             row(f"{driver}: small's wait, in order", figures["fifo_wait_s"] * 1000, show=ms),
             row(f"{driver}: small's wait, fair", figures["fair_wait_s"] * 1000, show=ms,
                 baseline=figures["fifo_wait_s"] * 1000, baseline_name="in order"),
+            row(f"{driver}: a high job's wait behind low", figures["high_wait_s"] * 1000,
+                show=ms, baseline=figures["fifo_wait_s"] * 1000, baseline_name="in order"),
             row(f"{driver}: one key, fair off (jobs/s)", figures["off"]),
             row(f"{driver}: one key, fair on (jobs/s)", figures["on"], baseline=figures["off"],
                 baseline_name="fair off", target=f">= {RATE_TARGET}x",
@@ -118,13 +136,14 @@ async def _bench(flood: int) -> Result:
         ]  # fmt: skip
     res = result(
         "fair",
-        "Fair jobs: a small key's wait behind a flood, and the rate with one key",
+        "Fair jobs: a small key's wait behind a flood, and the rate with one key; priorities",
         f"{flood:,} no-op jobs of key big, then one of key small; one consume loop, "
         "concurrency 200; nats, redis (valkey) and postgres (fast=True) on private embedded "
         "servers",
         rows,
         notes=[
-            "in order, small's job starts after the whole flood; fair, at the first turns",
+            "in order, small's job starts after the whole flood; fair, at the first turns; a "
+            "high job behind a flood of low ones (prioritized), at the first of high's turns",
             "the postgres driver ranks every due row of a fair lane per key at each claim: the "
             "cost grows with the rows waiting; the redis driver moves each job from its key's "
             "list into the stream at its turn (one Lua script per read); the nats driver from "

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import anyio.to_thread
 from anyio import CapacityLimiter
@@ -397,7 +397,7 @@ def _band(spec: JobSpec, priority: str | None) -> Priority:
             "turns by band), or enqueue it without one",
             code="job.invalid_priority",
         )
-    return cast(Priority, priority)
+    return priority
 
 
 def fit_schema(spec: JobSpec, payload: Any) -> BaseModel:
