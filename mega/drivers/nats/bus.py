@@ -557,9 +557,10 @@ class NatsBus:
                 futures.append(await self.js.publish_async(subject, body, headers=headers))
             if timeout_s is None:
                 timeout_s = BULK_TIMEOUT_S + BULK_TIMEOUT_PER_MSG_S * len(envelopes)
-            acks = await asyncio.wait_for(
-                asyncio.gather(*futures, return_exceptions=True), timeout_s
-            )
+            # asyncio.timeout, not wait_for: a stop that cancels this task then takes the
+            # gather's CancelledError itself (wait_for left it unretrieved, and logged).
+            async with asyncio.timeout(timeout_s):
+                acks = await asyncio.gather(*futures, return_exceptions=True)
         except NATS_ERRORS as exc:
             for future in futures:
                 future.cancel()  # frees nats-py's in-flight slot of an ack that never came
