@@ -111,10 +111,9 @@ class DeadLetters:
             if chosen and record.get("seq", 0) >= chosen[-1].get("seq", 0):
                 break  # a newer one (the requeued job failed again) or one not deleted
             _requeueable(lane, record)
+            await self._queued_again(lane, [record])
             await self._call(lane, self.bus.requeue(lane, record))
             chosen.append(record)
-        if chosen and lane.kind == "job" and lane.keep_status_s > 0:
-            await self._call(lane, self._queued_again(lane, chosen))
         return len(chosen)
 
     async def requeue_all(self, cls: type[Any]) -> int:
@@ -124,10 +123,9 @@ class DeadLetters:
         chosen = list(reversed(records))
         for record in chosen:
             _requeueable(lane, record)
+        await self._queued_again(lane, chosen)
         for record in chosen:
             await self._call(lane, self.bus.requeue(lane, record))
-        if chosen and lane.kind == "job" and lane.keep_status_s > 0:
-            await self._call(lane, self._queued_again(lane, chosen))
         return len(chosen)
 
     async def purge(self, cls: type[Any]) -> int:
@@ -137,7 +135,11 @@ class DeadLetters:
 
     async def _queued_again(self, lane: Lane, records: Sequence[DlqRecord]) -> None:
         """A requeued job's status record says `queued` again (its old run's `dlq` would
-        answer `cancel` and `result` for the new run)."""
+        answer `cancel` and `result` for the new run). Written before the job is stored again:
+        a worker may run it and write `done` at once, which a `queued` written after would
+        hide for good."""
+        if not records or lane.kind != "job" or lane.keep_status_s <= 0:
+            return
         now_ms = int(time.time() * 1000)
         fresh = [
             (
@@ -146,7 +148,7 @@ class DeadLetters:
             )
             for r in records
         ]
-        await self.bus.put_records(lane, "status", fresh, create=False)
+        await self._call(lane, self.bus.put_records(lane, "status", fresh, create=False))
 
     async def _call(self, lane: Lane, call: Awaitable[T]) -> T:
         try:
