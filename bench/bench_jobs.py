@@ -74,6 +74,7 @@ SECRET_KEY = "bench-secret-key-" + "x" * 32  # the config needs one outside dev 
 CONSUME_TARGET = 0.9  # mega worker end-to-end jobs/s >= this x the bare fetch+ack loop
 STEADY_TARGET = 1.0  # and its steady rate >= this x the bare loop's (the next pull hidden)
 STATUS_TARGET = 0.85  # its steady rate with status records >= this x without them
+SPAN_TARGET = 1.2  # mega's span around a run <= this x the SDK's own span alone
 TRACED_TARGET = 0.8  # its steady rate with the OpenTelemetry SDK on >= this x without it
 SAMPLED = 0.1  # the share of traces a sampled run keeps (OTEL_TRACES_SAMPLER_ARG's example)
 TRACED_ROUNDS = 2  # untraced, traced and sampled drains alternated this many times
@@ -250,6 +251,15 @@ def interpreter_spawn_s(runs: int = 7) -> float:
         subprocess.run([sys.executable, "-c", "pass"], check=True)
         times.append(time.perf_counter() - started)
     return sorted(times)[runs // 2]
+
+
+def span_costs() -> dict[str, float]:
+    """What a traced run's span costs alone (bench.span_cost, in a process of its own: the
+    SDK it sets up must not trace this one's enqueues): the SDK's own and mega's, in us."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.span_cost"], cwd=ROOT, check=True, capture_output=True
+    )
+    return dict(json.loads(done.stdout))
 
 
 def _rate(count: int, seconds: float) -> float:
@@ -660,6 +670,7 @@ async def _bench(options: Options) -> Result:
             unrecorded = await bench.bench_consume_without_status()
             tracing = await bench.bench_tracing()
             check["interpreter_s"] = interpreter_spawn_s()
+            check["span_us"] = span_costs()
             memory = await bench.bench_memory_and_latency()
             bench.data["load_after"] = os.getloadavg()[0]
             with contextlib.suppress(Exception):
@@ -688,6 +699,10 @@ def _report(
     mb: Callable[[float], str] = lambda v: f"{v:,.1f} MB"  # noqa: E731
     seconds: Callable[[float], str] = lambda v: f"{v:.3f} s"  # noqa: E731
     lo, hi = int(o.jobs * STEADY_FROM), int(o.jobs * STEADY_TO)
+    us: Callable[[float], str] = lambda v: f"{v:.1f} us"  # noqa: E731
+    sdk_us = check["span_us"]["sdk_us"]
+    untraced_us = 1e6 / tracing["untraced"].steady
+    traced_us = 1e6 / tracing["traced"].steady - untraced_us
     exactly = Row(
         figure=f"consume: jobs run exactly once (of {o.jobs:,})",
         value=f"{check['distinct']:,} distinct, {check['duplicates']} dup, "
@@ -743,6 +758,23 @@ def _report(
             baseline_name="untraced",
             target=f">= {TRACED_TARGET}x",
             passed=tracing["sampled"].steady >= TRACED_TARGET * tracing["untraced"].steady,
+        ),
+        row("tracing: a run's span, the SDK's own (start, current, end) (us)", sdk_us, show=us),
+        row(
+            "tracing: a run's span, mega's (`tracing.processing`) (us)",
+            check["span_us"]["mega_us"],
+            show=us,
+            baseline=sdk_us,
+            baseline_name="the SDK's own",
+            target=f"<= {SPAN_TARGET}x",
+            passed=check["span_us"]["mega_us"] <= SPAN_TARGET * sdk_us,
+        ),
+        row(
+            "tracing: what every trace adds to a job in the worker (us)",
+            traced_us,
+            show=us,
+            baseline=sdk_us,
+            baseline_name="the SDK's span",
         ),
         exactly,
         row(
@@ -838,6 +870,12 @@ def _report(
         f"worker start-up: {check['config_imported_s']:.3f} s from spawn to its config importing "
         f"the job (interpreter, CLI, config), {mega.first_s - check['config_imported_s']:.3f} s "
         "from there to the first job (host imports, NATS connect, ensure, first pull)",
+        f"tracing: the target (>= {TRACED_TARGET}x) leaves tracing "
+        f"{untraced_us * (1 / TRACED_TARGET - 1):.1f} us of a no-op job's "
+        f"{untraced_us:.1f} us here; the SDK's own span (its TracerProvider, the batch "
+        f"processor, an exporter that drops) takes {sdk_us:.1f} us, so no worker that "
+        "records every trace of a no-op job reaches it on this machine; a job that does real "
+        "work pays the same microseconds, a smaller share of its time",
         "workers log to files at "
         + (f"MEGA_LOG_LEVEL={o.log_level}" if o.log_level else "the default level (INFO)"),
         "producer, broker, worker and the baselines share the machine's cores; 1-minute load "
