@@ -261,12 +261,16 @@ class MetricsConfig(_Model):
 
 
 class OutboxConfig(_Model):
-    """The relay each `mega worker` runs when the config declares `events`."""
+    """The relay each `mega worker` runs when the config declares `events` (or `relay` is
+    True: jobs enqueued with `outbox.enqueue` and no events)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
-    relay: StrictBool = Field(
-        default=True, description="Run the outbox relay in this config's worker hosts."
+    relay: StrictBool | None = Field(
+        default=None,
+        description="Run the outbox relay in this config's worker hosts: None (the default) "
+        "when the config declares events, True always (jobs enqueued through the outbox "
+        "without events), False never.",
     )
     batch: PositiveInt = Field(
         default=2000, description="Outbox rows per publish batch (SQLite writers wait for one)."

@@ -1,13 +1,19 @@
-"""The transactional outbox: an event written in the same transaction as the data it is about.
+"""The transactional outbox: an event or a job written in the same transaction as the data it
+is about.
 
     with db.sessions.begin() as session:          # or inside `await ctx.db.run(fn)`
         session.add(Signup(email=email))
         outbox.add(session, UserSignedUp, {"email": email})
-    # committed: the event exists and a relay will publish it; rolled back: it never existed
+        outbox.enqueue(session, SendReceipt, {"email": email})
+    # committed: the event and the job exist and a relay will publish them; rolled back: they
+    # never existed
 
 Publishing after the commit loses the event when the process dies in between; publishing before
 it announces something that may roll back. Here the event is a row of `mega_outbox` until a
-relay (`mega.events.relay`) publishes it with `Nats-Msg-Id` = the event id and marks it.
+relay (`mega.events.relay`) publishes it with `Nats-Msg-Id` = the event id and marks it. A job
+is a row likewise (subject `jobs.<job name>`), which the relay enqueues with the job id as its
+dedup id: a relay that dies after the enqueue and before the mark enqueues it again, and the
+bus drops the copy within its dedup window.
 
 A commit that added outbox rows wakes the relays of this process at once (`on_commit`); the
 others find the rows within their poll interval.
@@ -17,9 +23,10 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import BigInteger, DateTime, Index, Integer, String, Text, event, func, select
@@ -27,8 +34,9 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from mega import tracing
 from mega.database import Base
-from mega.drivers.base import Message
+from mega.drivers.base import Message, Priority
 from mega.events.event import Event, EventSpec, encode_event, validate_event
+from mega.jobs.spec import JobBase, JobSpec, due_ms_of, encode_job, validate_job
 
 # Set on a session by `add`, read after its commit to wake this process's relays.
 SESSION_FLAG = "mega_outbox_added"
@@ -37,6 +45,13 @@ SESSION_FLAG = "mega_outbox_added"
 SUBJECT_PREFIX = "events."
 HEADER_ID = "Nats-Msg-Id"
 HEADER_EMITTED_AT = "Mega-Emitted-At"
+# A job's row: subject `jobs.<job name>`, and its id, due time, key and band in the headers
+# (the row's own id is HEADER_ID, a fresh one: a job id may come again, as a dedup key).
+JOB_SUBJECT_PREFIX = "jobs."
+HEADER_JOB_ID = "Mega-Job-Id"
+HEADER_RUN_AT = "Mega-Run-At"
+HEADER_KEY = "Mega-Key"
+HEADER_PRIORITY = "Mega-Priority"
 
 
 def row_message(event_id: str, subject: str, body: bytes, headers: dict[str, str]) -> Message:
@@ -44,6 +59,24 @@ def row_message(event_id: str, subject: str, body: bytes, headers: dict[str, str
     `outbox.add` that wrote it, when it was traced)."""
     return Message(event_id, subject.removeprefix(SUBJECT_PREFIX), body,
                    int(headers[HEADER_EMITTED_AT]), trace=tracing.carried(headers))  # fmt: skip
+
+
+def job_of_row(subject: str) -> str | None:
+    """The job name a row's subject names (None: the row holds an event)."""
+    if subject.startswith(JOB_SUBJECT_PREFIX):
+        return subject.removeprefix(JOB_SUBJECT_PREFIX)
+    return None
+
+
+def row_job(job_subject: str, body: bytes, headers: dict[str, str]) -> Message:
+    """The job a stored row holds, as the relay enqueues it on `job_subject` (its job's), with
+    its id as the dedup id."""
+    run_at = headers.get(HEADER_RUN_AT)
+    return Message(
+        headers[HEADER_JOB_ID], job_subject, body, int(headers[HEADER_EMITTED_AT]),
+        int(run_at) if run_at else None, dedup=True, trace=tracing.carried(headers),
+        flow_key=headers.get(HEADER_KEY), priority=headers.get(HEADER_PRIORITY, "normal"),  # type: ignore[arg-type]
+    )  # fmt: skip
 
 
 # Relays of this process to wake after a commit that added rows (each a thread-safe callable).
@@ -108,18 +141,58 @@ class Outbox:
                 "outbox.add", spec.name, system="outbox", ids=[message.id], kind="create"
             ) as trace:
                 headers.update(trace or {})
+        self._insert(session, message.id, spec.bus, SUBJECT_PREFIX + message.subject,
+                     message.body, headers, now_ms)  # fmt: skip
+        return message.id
+
+    def enqueue(
+        self, session: Session, job_cls: type[JobBase], payload: Any, *, id: str | None = None,
+        delay: float | timedelta | None = None, run_at: datetime | None = None,
+        key: str | None = None, priority: Priority | None = None,
+    ) -> str:  # fmt: skip
+        """Insert the job's row in `session` (nothing is enqueued yet) and return its job id.
+
+        After the commit a relay (in `mega worker`) enqueues it on the job's bus, any driver,
+        with the job id as its dedup id; a rollback leaves nothing. The arguments are
+        `JobQueue.enqueue`'s, checked now: a bad payload, id, key or priority raises JobError
+        and the caller's transaction decides what to do with it. `delay` and `run_at` count
+        from now, not from the relay's enqueue. (On the postgres driver,
+        `enqueue(..., session=session)` writes the job itself in the transaction, no relay.)"""
+        spec = _job_spec(job_cls)
+        now_ms = time.time_ns() // 10**6
+        message = encode_job(
+            spec, payload, job_id=id, due_ms=due_ms_of(spec, delay, run_at, now_ms),
+            now_ms=now_ms, key=key, priority=priority,
+        )  # fmt: skip
+        row_id = uuid.uuid4().hex
+        headers = {HEADER_ID: row_id, HEADER_EMITTED_AT: str(now_ms), HEADER_JOB_ID: message.id}
+        if message.run_at_ms is not None:
+            headers[HEADER_RUN_AT] = str(message.run_at_ms)
+        if message.flow_key is not None:
+            headers[HEADER_KEY] = message.flow_key
+        if message.priority != "normal":
+            headers[HEADER_PRIORITY] = message.priority
+        if tracing.tracer() is not None:
+            with tracing.producing(
+                "outbox.enqueue", spec.name, system="outbox", ids=[message.id], kind="create"
+            ) as trace:
+                headers.update(trace or {})
+        self._insert(session, row_id, spec.bus, JOB_SUBJECT_PREFIX + spec.name, message.body,
+                     headers, now_ms)  # fmt: skip
+        return message.id
+
+    def _insert(
+        self, session: Session, row_id: str, bus: str, subject: str, body: bytes,
+        headers: dict[str, str], now_ms: int,
+    ) -> None:  # fmt: skip
         session.add(
             OutboxRow(
-                event_id=message.id,
-                bus=spec.bus,
-                subject=SUBJECT_PREFIX + message.subject,
-                body=message.body.decode(),
+                event_id=row_id, bus=bus, subject=subject, body=body.decode(),
                 headers=json.dumps(headers),
                 created_at=datetime.fromtimestamp(now_ms / 1000, UTC),
             )
-        )
+        )  # fmt: skip
         session.info[SESSION_FLAG] = True
-        return message.id
 
     def stats(self, session: Session) -> OutboxStats:
         """Counts and lag, for consoles and health pages."""
@@ -164,6 +237,17 @@ def _spec(event_cls: type[Event]) -> EventSpec:
     spec = _specs.get(event_cls)
     if spec is None:
         spec = _specs[event_cls] = validate_event(event_cls, {getattr(event_cls, "bus", "")})
+    return spec
+
+
+_job_specs: dict[type[JobBase], JobSpec] = {}
+
+
+def _job_spec(job_cls: type[JobBase]) -> JobSpec:
+    # Likewise (`jobs = [...]`); the relay finds the class by its name in its config's jobs.
+    spec = _job_specs.get(job_cls)
+    if spec is None:
+        spec = _job_specs[job_cls] = validate_job(job_cls, {getattr(job_cls, "bus", "")})
     return spec
 
 

@@ -4,6 +4,7 @@ One batch, in one database transaction:
 1. take up to `batch` pending rows in insertion order: `FOR UPDATE SKIP LOCKED` on PostgreSQL,
    so several relays split the rows; on SQLite a write lock first, so relays take turns;
 2. publish them all (pipelined) with `Nats-Msg-Id` = the event id, and wait for every PubAck;
+   a job's row (`outbox.enqueue`) is enqueued on its job's bus, the job id its dedup id;
 3. mark them published and commit.
 A relay that dies after 2 and before 3 leaves the rows pending: the next relay publishes them
 again and JetStream drops the duplicates within its window (2 minutes); a listener group's inbox
@@ -23,7 +24,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -34,7 +35,9 @@ from sqlalchemy import delete, select, update
 from mega import tracing
 from mega.drivers.base import Message
 from mega.events.bus import EventBus
-from mega.events.outbox import OutboxRow, on_commit, row_message
+from mega.events.outbox import OutboxRow, job_of_row, on_commit, row_job, row_message
+from mega.jobs.job import queue_of
+from mega.jobs.spec import JobBase, JobSpec, validate_job
 from mega.signals import Observer, Signals
 
 if TYPE_CHECKING:
@@ -70,7 +73,8 @@ class OutboxRelay:
     """Publish the outbox's pending rows; `run()` until `stop()`.
 
     `paused(ctx)`, when given, is awaited before each batch: while it returns True the relay
-    publishes nothing (the rows pile up). Signals: `published` (count, lag_ms), `error`.
+    publishes nothing (the rows pile up). `jobs`: the Job classes whose rows it enqueues (a
+    worker's `config.jobs`). Signals: `published` (count, lag_ms), `error`.
     """
 
     def __init__(
@@ -81,6 +85,7 @@ class OutboxRelay:
         poll_s: float = DEFAULT_POLL_S,
         retention_s: float = DEFAULT_RETENTION_S,
         paused: Callable[[Context], Awaitable[bool]] | None = None,
+        jobs: Iterable[type[JobBase]] = (),
     ) -> None:
         self.ctx = ctx
         self.batch = batch
@@ -99,6 +104,12 @@ class OutboxRelay:
         self._task: asyncio.Task[None] | None = None
         # One EventBus per bus alias, kept: each holds its JetStreamContext (its PubAck inbox).
         self._buses: dict[str, EventBus] = {}
+        # The jobs whose rows it enqueues (`outbox.enqueue`), by name.
+        self._jobs: dict[str, tuple[type[JobBase], JobSpec]] = {}
+        for job_cls in jobs:
+            spec = validate_job(job_cls, ctx.buses)
+            self._jobs[spec.name] = (job_cls, spec)
+        self._unknown: set[str] = set()  # the job names of rows it left, already warned of
 
     def on(self, name: str, observer: Observer) -> None:
         self.signals.on(name, observer)
@@ -151,7 +162,8 @@ class OutboxRelay:
                 await self._done.wait()
 
     async def relay_once(self) -> int:
-        """Publish one batch of pending rows; returns how many were published."""
+        """Publish one batch of pending rows; returns how many were published (a job row whose
+        job this relay's config does not declare stays pending, for a relay that does)."""
         for alias in self.ctx.buses:
             if not self.bus(alias).connected:
                 raise ConnectionError(f"bus {alias!r} is not connected; the outbox waits")
@@ -162,12 +174,14 @@ class OutboxRelay:
                 await self._in_db(_end, session, commit=True)
                 self.lag_ms = 0.0
                 return 0
-            await self._publish(rows)
+            rows = await self._publish(rows)
             await self._in_db(_mark_published, session, [row.seq for row in rows])
         except BaseException:
             with contextlib.suppress(Exception):
                 await self._in_db(_end, session, commit=False)
             raise
+        if not rows:
+            return 0
         now = datetime.now(UTC)
         self.lag_ms = max(0.0, (now - _aware(rows[0].created_at)).total_seconds() * 1000)
         self.published += len(rows)
@@ -190,11 +204,53 @@ class OutboxRelay:
             bus = self._buses[alias] = EventBus(self.ctx, alias)
         return bus
 
-    async def _publish(self, rows: list[_Row]) -> None:
+    async def _publish(self, rows: list[_Row]) -> list[_Row]:
+        """Publish the rows' events and enqueue their jobs; the rows done (all but the jobs
+        this relay does not know)."""
         by_bus: dict[str, list[Message]] = {}
+        by_job: dict[str, list[Message]] = {}
+        done = []
         for row in rows:
-            message = row_message(row.event_id, row.subject, row.body, row.headers)
-            by_bus.setdefault(row.bus, []).append(message)
+            name = job_of_row(row.subject)
+            if name is None:
+                message = row_message(row.event_id, row.subject, row.body, row.headers)
+                by_bus.setdefault(row.bus, []).append(message)
+            elif (known := self._job(name)) is not None:
+                message = row_job(known[1].subject, row.body, row.headers)
+                by_job.setdefault(name, []).append(message)
+            else:
+                continue
+            done.append(row)
+        await self._publish_events(by_bus)
+        for name, messages in by_job.items():
+            await self._enqueue(*self._jobs[name], messages)
+        return done
+
+    def _job(self, name: str) -> tuple[type[JobBase], JobSpec] | None:
+        known = self._jobs.get(name)
+        if known is None and name not in self._unknown:  # said once per job name
+            self._unknown.add(name)
+            logger.warning(
+                "outbox relay: a row enqueues job %r, which this worker's config does not "
+                "declare; it waits for a worker that does (add it to jobs = [...])", name,
+            )  # fmt: skip
+        return known
+
+    async def _enqueue(
+        self, job_cls: type[JobBase], spec: JobSpec, messages: list[Message]
+    ) -> None:
+        queue = queue_of(self.ctx, spec.bus)
+        if tracing.tracer() is None:
+            await queue.enqueue_messages(job_cls, messages)
+            return
+        each = [(spec.subject, message.id, message.trace) for message in messages]
+        with tracing.producing_each("send", each, system=queue.bus.driver) as traces:
+            await queue.enqueue_messages(job_cls, [
+                replace(message, trace=trace)
+                for message, trace in zip(messages, traces, strict=True)
+            ])  # fmt: skip
+
+    async def _publish_events(self, by_bus: dict[str, list[Message]]) -> None:
         for alias, messages in by_bus.items():
             bus = self.bus(alias)
             if tracing.tracer() is None:

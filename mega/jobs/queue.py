@@ -241,6 +241,11 @@ class JobQueue(LaneEndpoint):
                 spec, [replace(message, trace=trace) for message in messages]
             )
 
+    async def enqueue_messages(self, job_cls: type[JobBase], messages: list[Message]) -> None:
+        """Store jobs already encoded (`encode_job`), as `enqueue_many` does: the outbox relay
+        enqueues the jobs of its rows this way, each with its id as its dedup id."""
+        await self._enqueue_many(await self.ensure(job_cls), messages)
+
     async def _enqueue_many(self, spec: JobSpec, messages: list[Message]) -> list[str]:
         lane = job_lane(spec)
         try:

@@ -250,7 +250,7 @@ def check_relay(config: Config) -> list[Finding]:
                 "events added with outbox.add stay pending; list your Event classes in `events`",
             )
         ]
-    if config.events and not config.outbox.relay:
+    if config.events and config.outbox.relay is False:
         return [
             Finding(
                 "warning",

@@ -178,14 +178,14 @@ def worker_parts(config: Config, *, apply_limits: bool = False) -> list[Part]:
     from mega.jobs.jobworker import JobWorker
 
     parts = []
-    if config.events and config.outbox.relay:
+    if config.outbox.relay or (config.outbox.relay is None and config.events):
         from mega.events.relay import OutboxRelay
 
         def relay(ctx: Context, *, instance_id: str) -> OutboxRelay:
             options = config.outbox
             return OutboxRelay(
                 ctx, batch=options.batch, poll_s=options.poll_s,
-                retention_s=options.retention_s, paused=options.paused,
+                retention_s=options.retention_s, paused=options.paused, jobs=config.jobs,
             )  # fmt: skip
 
         parts.append(

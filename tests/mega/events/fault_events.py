@@ -6,14 +6,17 @@ own. What each run does is recorded in the config's `main` cache:
 
     <prefix>:runs:<group>    hash, event id -> n    the group's listener ran n times for it
     <prefix>:pids:<group>    set of the processes that ran the group's listener
+    <prefix>:jobs            hash, job id -> n      Shipped ran n times for it (enqueued through
+                                                    the outbox, `outbox.enqueue`)
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
-from mega import Context, Event, Listener, ReceivedEvent
+from mega import Context, Event, Job, JobContext, Listener, ReceivedEvent
 
 PREFIX = os.environ.get("FAULT_PREFIX", "faults")
 ACK_WAIT_S = 2.0
@@ -51,3 +54,15 @@ class GroupB(Recorder):
 
 class GroupC(Recorder):
     group = f"{PREFIX}-c"
+
+
+class Shipped(Job):
+    """A job enqueued through the outbox; records its runs by job id."""
+
+    subject = f"{PREFIX}.shipped"
+    bus = "jobs"
+    concurrency = 10
+
+    async def run(self, payload: Any, ctx: JobContext) -> None:
+        prefix = self.subject.split(".", 1)[0]
+        await ctx.cache("main").native.hincrby(f"{prefix}:jobs", ctx.job_id, 1)

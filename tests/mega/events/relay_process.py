@@ -25,8 +25,9 @@ def die(*args: Any, **kwargs: Any) -> None:
 
 
 async def main(config_path: str, when: str) -> None:
-    ctx = await boot(load_config(config_path), role="relay", database=False)
-    relay = OutboxRelay(ctx)
+    config = load_config(config_path)
+    ctx = await boot(config, role="relay", database=False)
+    relay = OutboxRelay(ctx, jobs=config.jobs)
     if when == "after_puback":
         relay_module._mark_published = die  # type: ignore[assignment]
     else:
