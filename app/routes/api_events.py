@@ -14,6 +14,7 @@ group starts it, and `running`, `retrying`, `done` or `dlq` as the group's worke
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -21,12 +22,13 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import RedirectResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from app.deps import database
+from app.deps import BUS, database
 from app.deps import event_bus as bus
 from app.deps import main_redis as redis
 from app.events import relay_switch, status
 from app.events.listeners import LISTENERS
 from app.events.signups import UserSignedUp
+from app.jobs.signup import ActivateAccountJob, activation_id
 from app.routes.api_jobs import ID_OR_ALL, Requeued
 from app.services.signups import SignupService
 from mega import Listener, outbox
@@ -37,6 +39,7 @@ from mega.web import (
     api_responses,
     field_errors,
     flash,
+    job_queue,
     ok,
     render,
 )
@@ -106,6 +109,7 @@ async def events_state(request: Request) -> dict[str, Any]:
     pending = await db.run(lambda session: outbox.pending_ids(session, ids))
     stats = await db.run(outbox.stats)
     heard = await status.statuses(redis(request), ids)
+    jobs = await activations(request, ids, pending)
     listeners, dead = [], []
     for group, listener in GROUPS.items():
         dlq = bus(request).dlq
@@ -143,6 +147,7 @@ async def events_state(request: Request) -> dict[str, Any]:
                     g: heard[signup.event_id].get(g) or unheard(signup.event_id in pending)
                     for g in GROUPS
                 },
+                "job": jobs[signup.event_id],
             }
             for signup in signups
         ],
@@ -150,6 +155,25 @@ async def events_state(request: Request) -> dict[str, Any]:
         "credits": {"rows": await SignupService(db).credit_rows()},
         "dlq": dead,
         "timezone": ZONE,
+    }
+
+
+async def activations(
+    request: Request, event_ids: list[str], pending: set[str]
+) -> dict[str, dict[str, str]]:
+    """Each signup's own job (ActivateAccountJob, written with `outbox.enqueue`): its id and
+    state, from its status record; "waiting" while its row waits for the relay, as the
+    event's."""
+    queue = job_queue(request.app, BUS)
+    ids = [activation_id(event_id) for event_id in event_ids]
+    found = await asyncio.gather(*(queue.status(ActivateAccountJob, job_id) for job_id in ids))
+    return {
+        event_id: {
+            "id": job_id,
+            "name": ActivateAccountJob.__name__,
+            "state": record.state if record else ("waiting" if event_id in pending else "queued"),
+        }
+        for event_id, job_id, record in zip(event_ids, ids, found, strict=True)
     }
 
 

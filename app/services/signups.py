@@ -1,9 +1,10 @@
 """The signup demo's data: the `demo_signups` table and SignupService.sign_up, and the welcome
 credits of `demo_credits`.
 
-A signup and its UserSignedUp event are written in one transaction: the row in `demo_signups`
-and the event's row in the framework's outbox. `mode="rollback"` raises after both inserts, so
-neither is committed and no listener ever hears of it.
+A signup, its UserSignedUp event and its ActivateAccountJob are written in one transaction: the
+row in `demo_signups`, and the event's and the job's rows in the framework's outbox.
+`mode="rollback"` raises after the inserts, so none is committed: no listener ever hears of it
+and no job runs.
 
 A credit row is written by WelcomeCreditListener (app/events/listeners.py) in the transaction of
 its delivery, which commits the event id with it (`inbox = "db"`): one row per signup event,
@@ -20,6 +21,7 @@ from sqlalchemy import DateTime, Integer, String, func, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from app.events.signups import UserSignedUp
+from app.jobs.signup import ActivateAccountJob, activation_id
 from mega import Database, outbox
 
 # The signups the page lists.
@@ -89,6 +91,12 @@ class SignupService:
             signup.event_id = outbox.add(
                 session, UserSignedUp, {"signup_id": signup.id, "email": email}
             )
+            # The signup's own job, in the same transaction: it exists exactly when the
+            # signup commits, and the relay enqueues it with the event.
+            outbox.enqueue(
+                session, ActivateAccountJob, {"signup_id": signup.id},
+                id=activation_id(signup.event_id),
+            )  # fmt: skip
             if mode == "rollback":
                 raise RolledBack(f"signup {signup.id} rolled back on purpose")
             return SignupResult(True, signup.id, signup.event_id)

@@ -22,7 +22,16 @@
         el("time", { class: "muted small mono", datetime: event.at }, clock(event.at))),
       el("ul", { class: "plain-list small" }, ...Object.entries(event.listeners).map(([group, status]) =>
         el("li", { "data-key": group, "data-group": group },
-          el("span", { class: "badge status-" + status }, statusText(status)), " ", el("span", { class: "mono" }, group)))));
+          el("span", { class: "badge status-" + status }, statusText(status)), " ", el("span", { class: "mono" }, group))),
+        ownJob(event.job)));
+  }
+
+  // The signup's own job, written in its transaction with outbox.enqueue; its page in the admin.
+  function ownJob(job) {
+    return el("li", { "data-key": "job", "data-job": job.id },
+      el("span", { class: "badge status-" + job.state }, statusText(job.state)), " ",
+      el("a", { class: "mono", href: "/admin/jobs/" + job.id + "?job=" + job.name }, job.name), " ",
+      el("span", { class: "muted" }, "its own job"));
   }
 
   function dlqItem(item) {

@@ -31,6 +31,7 @@ async def test_the_sample_mounts_the_admin_and_the_console_links_it(config: Conf
             "TenantJob",
             "FairTenantJob",
             "LimitedTenantJob",
+            "ActivateAccountJob",
             "WelcomeEmailListener",
             "SignupStatsListener",
             "WelcomeCreditListener",

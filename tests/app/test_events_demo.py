@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from app.events.listeners import STATS_KEY
+from app.jobs.signup import ACTIVATED_KEY
 from mega.config import Config
 from tests.factories import authed, csrf_from, login, web_client, worker_host
 
@@ -56,6 +57,12 @@ def statuses(data: dict[str, Any], event_id: str) -> dict[str, str]:
     return {**event["listeners"], "event": event["status"]}
 
 
+def job_of(data: dict[str, Any], event_id: str) -> dict[str, str]:
+    """The signup's own job (ActivateAccountJob, enqueued through the outbox) as the page has it."""
+    job: dict[str, str] = next(e for e in data["events"] if e["id"] == event_id)["job"]
+    return job
+
+
 async def test_anonymous_is_refused(config: Config) -> None:
     async with web_client(config) as client:
         assert (await client.get("/api/demo/events")).status_code == 401
@@ -74,19 +81,28 @@ async def test_a_committed_signup_reaches_every_group_once_a_rolled_back_one_non
         assert rolled_back == {"committed": False, "signup_id": None, "event_id": None}
         event_id = committed["event_id"]
         data = await until(
-            client, lambda d: set(statuses(d, event_id).values()) == {"done", "published"}
+            client,
+            lambda d: (
+                set(statuses(d, event_id).values()) == {"done", "published"}
+                and job_of(d, event_id)["state"] == "done"
+            ),
         )
         assert [e["email"] for e in data["events"]] == ["ada@example.com"]  # bob: never
+        # The signup's own job ran once, for ada's signup only (bob's rolled back with it).
+        assert job_of(data, event_id) == {
+            "id": "a" + event_id[:11], "name": "ActivateAccountJob", "state": "done"
+        }  # fmt: skip
         # One zone on the page, UTC, and said so.
         assert data["timezone"] == "UTC"
         at = datetime.fromisoformat(data["events"][0]["at"])
         assert at.utcoffset() == timedelta(0)
         assert abs(datetime.now(UTC) - at) < timedelta(minutes=1)
-        assert data["outbox"] == {"pending": 0, "published": 1, "lag_ms": 0.0, "paused": False}
+        assert data["outbox"] == {"pending": 0, "published": 2, "lag_ms": 0.0, "paused": False}
         counts = {g["group"]: (g["done"], g["failed"], g["dlq"]) for g in data["listeners"]}
         assert counts == dict.fromkeys(GROUPS, (1, 0, 0))
         redis = client.app.state.ctx.cache("main").native  # type: ignore[attr-defined]
         assert await redis.hgetall(STATS_KEY) == {"example.com": "1"}
+        assert list(await redis.hgetall(ACTIVATED_KEY)) == ["1"]  # signup 1 activated, alone
         assert data["credits"] == {"rows": 1}  # WelcomeCreditListener's row, in the database
         # The welcome email is a job: it ran, listed on the jobs page.
         jobs = (await client.get("/api/demo/jobs")).json()["data"]["jobs"]
@@ -150,7 +166,8 @@ async def test_a_paused_relay_lets_rows_pile_up_then_they_drain(config: Config) 
         ids = [(await sign_up(client, headers, f"u{n}@example.com"))["event_id"] for n in range(3)]
         await asyncio.sleep(0.5)  # several relay polls
         data = await state(client)
-        assert data["outbox"]["pending"] == 3 and data["outbox"]["paused"] is True
+        # Each signup wrote two rows: its event and its own job (outbox.enqueue).
+        assert data["outbox"]["pending"] == 6 and data["outbox"]["paused"] is True
         # The lag is the oldest waiting row's age: it grows while the relay is paused.
         lag = data["outbox"]["lag_ms"]
         assert lag >= 400
@@ -162,15 +179,17 @@ async def test_a_paused_relay_lets_rows_pile_up_then_they_drain(config: Config) 
             assert {g: s for g, s in statuses(data, i).items() if g != "event"} == dict.fromkeys(
                 GROUPS, "waiting"
             )
+        assert {job_of(data, i)["state"] for i in ids} == {"waiting"}  # not enqueued either
         await client.post("/api/demo/events/relay", json={"paused": False}, headers=headers)
         data = await until(
             client,
             lambda d: (
                 d["outbox"]["pending"] == 0
                 and all(set(statuses(d, i).values()) == {"done", "published"} for i in ids)
+                and all(job_of(d, i)["state"] == "done" for i in ids)
             ),
         )
-        assert data["outbox"]["published"] == 3
+        assert data["outbox"]["published"] == 6
 
 
 @pytest.mark.parametrize(

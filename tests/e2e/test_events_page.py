@@ -5,6 +5,8 @@ listener names break no word there."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from playwright.sync_api import expect
 
@@ -41,6 +43,10 @@ def test_signup_event_flows_to_every_listener_and_the_relay_pauses(
         expect(card.locator(f'li[data-group="{group}"] .badge')).to_have_text(
             "done", timeout=20_000
         )
+    # The signup's own job (outbox.enqueue), linked to its page in the admin.
+    own = card.locator('li[data-key="job"]')
+    expect(own.locator(".badge")).to_have_text("done", timeout=20_000)
+    expect(own.locator("a")).to_have_attribute("href", re.compile(r"^/admin/jobs/a\w{11}\?job="))
 
     shown = page.locator("#events article.job").count()  # other tests share the stack
     assert "Rolled back" in sign_up(page, "nobody@example.com", "rollback")
@@ -52,16 +58,18 @@ def test_signup_event_flows_to_every_listener_and_the_relay_pauses(
     expect(page.locator("#relay-state")).to_have_text("relay paused")
     sign_up(page, "piled.up@example.com")
     sign_up(page, "also.piled@example.com")
-    expect(page.locator("#outbox-pending")).to_have_text("2", timeout=10_000)
+    # Two rows each: the signup's event and its own job.
+    expect(page.locator("#outbox-pending")).to_have_text("4", timeout=10_000)
     piled = page.locator("#events article.job").first
     expect(piled).to_have_attribute("data-status", "pending")
-    # Nothing is published yet: every group waits for the relay, none has it queued.
-    expect(piled.locator("li .badge")).to_have_text(["waiting for the relay"] * len(GROUPS))
+    # Nothing is published yet: every group waits for the relay, none has it queued; nor is
+    # the job enqueued.
+    expect(piled.locator("li .badge")).to_have_text(["waiting for the relay"] * (len(GROUPS) + 1))
     screenshot(page, "events-paused")
     page.click("#relay-toggle")  # resume: the rows drain
     expect(page.locator("#outbox-pending")).to_have_text("0", timeout=20_000)
     expect(page.locator('#events article.job[data-status="pending"]')).to_have_count(0)
-    expect(piled.locator("li .badge")).to_have_text(["done"] * len(GROUPS), timeout=20_000)
+    expect(piled.locator("li .badge")).to_have_text(["done"] * (len(GROUPS) + 1), timeout=20_000)
 
     assert "Committed" in sign_up(page, "fail.crm@example.com")
     dead = page.locator("#dlq-items li").first
