@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import BigInteger, DateTime, Index, Integer, String, Text, event, func, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
@@ -35,8 +35,8 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 from mega import tracing
 from mega.database import Base
 from mega.drivers.base import Message, Priority
-from mega.events.event import Event, EventSpec, encode_event, validate_event
-from mega.jobs.spec import JobBase, JobSpec, due_ms_of, encode_job, validate_job
+from mega.events.event import Event, encode_event, validate_event
+from mega.jobs.spec import JobBase, due_ms_of, encode_job, validate_job
 
 # Set on a session by `add`, read after its commit to wake this process's relays.
 SESSION_FLAG = "mega_outbox_added"
@@ -132,7 +132,7 @@ class Outbox:
 
         The payload is validated now (the Event's schema, JSON): a bad one raises EventError
         `event.invalid_payload` and the caller's transaction decides what to do with it."""
-        spec = _spec(event_cls)
+        spec = _spec_of(event_cls, validate_event)
         now_ms = time.time_ns() // 10**6
         message = encode_event(spec, payload, event_id=id, emitted_at_ms=now_ms)
         headers = {HEADER_ID: message.id, HEADER_EMITTED_AT: str(message.enqueued_at_ms)}
@@ -158,7 +158,7 @@ class Outbox:
         and the caller's transaction decides what to do with it. `delay` and `run_at` count
         from now, not from the relay's enqueue. (On the postgres driver,
         `enqueue(..., session=session)` writes the job itself in the transaction, no relay.)"""
-        spec = _job_spec(job_cls)
+        spec = _spec_of(job_cls, validate_job)
         now_ms = time.time_ns() // 10**6
         message = encode_job(
             spec, payload, job_id=id, due_ms=due_ms_of(spec, delay, run_at, now_ms),
@@ -229,25 +229,16 @@ def on_commit(waker: Callable[[], None]) -> Callable[[], None]:
     return lambda: _wakers.discard(waker)
 
 
-_specs: dict[type[Event], EventSpec] = {}
+_specs: dict[type[Any], Any] = {}
+S = TypeVar("S")
 
 
-def _spec(event_cls: type[Event]) -> EventSpec:
-    # The bus alias is checked against the config at boot (`events = [...]`); here any will do.
-    spec = _specs.get(event_cls)
+def _spec_of(cls: type[Any], validate: Callable[[Any, set[str]], S]) -> S:
+    """The validated spec of an Event or Job class, made once. Its bus alias is checked
+    against the config at boot (`events = [...]`, `jobs = [...]`); here any will do."""
+    spec: S | None = _specs.get(cls)
     if spec is None:
-        spec = _specs[event_cls] = validate_event(event_cls, {getattr(event_cls, "bus", "")})
-    return spec
-
-
-_job_specs: dict[type[JobBase], JobSpec] = {}
-
-
-def _job_spec(job_cls: type[JobBase]) -> JobSpec:
-    # Likewise (`jobs = [...]`); the relay finds the class by its name in its config's jobs.
-    spec = _job_specs.get(job_cls)
-    if spec is None:
-        spec = _job_specs[job_cls] = validate_job(job_cls, {getattr(job_cls, "bus", "")})
+        spec = _specs[cls] = validate(cls, {getattr(cls, "bus", "")})
     return spec
 
 

@@ -129,20 +129,18 @@ class JobQueue(LaneEndpoint):
         spec = self.spec(job_cls)
         if job_cls in self._ensured and not force:
             return spec
-        if spec.fair and not getattr(self.bus, "fair_lanes", False):
-            raise JobError(
-                f"{spec.name}: fair = True needs a driver that takes work round-robin across "
-                f"keys (every built-in one does); bus {self.bus.alias!r} is {self.bus.driver}, "
-                "which takes it in order only: drop fair, or put the job on such a bus",
-                code="job.fair_unsupported",
-            )
-        if spec.prioritized and not getattr(self.bus, "priority_lanes", False):
-            raise JobError(
-                f"{spec.name}: prioritized = True needs a driver that takes work by priority "
-                f"(every built-in one does); bus {self.bus.alias!r} is {self.bus.driver}, "
-                "which takes it in order only: drop prioritized, or put the job on such a bus",
-                code="job.priority_unsupported",
-            )
+        for declared, needs, takes, code in (
+            ("fair", "fair_lanes", "round-robin across keys", "job.fair_unsupported"),
+            ("prioritized", "priority_lanes", "by priority", "job.priority_unsupported"),
+        ):
+            if getattr(spec, declared) and not getattr(self.bus, needs, False):
+                raise JobError(
+                    f"{spec.name}: {declared} = True needs a driver that takes work {takes} "
+                    f"(every built-in one does); bus {self.bus.alias!r} is {self.bus.driver}, "
+                    f"which takes it in order only: drop {declared}, or put the job on such a "
+                    "bus",
+                    code=code,
+                )
         await self.ensure_lane(job_cls, job_lane(spec), f"{spec.name}: cannot set up its queue")
         return spec
 
