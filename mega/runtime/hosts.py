@@ -172,13 +172,19 @@ async def run_work(
     )
 
 
+def relays(config: Config) -> bool:
+    """Whether this config's worker hosts run the outbox relay: when it declares events, or
+    `outbox.relay` is True (jobs enqueued through the outbox, no events); never when False."""
+    return bool(config.outbox.relay or (config.outbox.relay is None and config.events))
+
+
 def worker_parts(config: Config, *, apply_limits: bool = False) -> list[Part]:
     """What `mega worker` runs, in stop order: relay, listeners, jobs."""
     apply_limits = apply_limits or config.apply_limits
     from mega.jobs.jobworker import JobWorker
 
     parts = []
-    if config.outbox.relay or (config.outbox.relay is None and config.events):
+    if relays(config):
         from mega.events.relay import OutboxRelay
 
         def relay(ctx: Context, *, instance_id: str) -> OutboxRelay:
@@ -340,7 +346,7 @@ async def web_app(config: Config) -> AsyncIterator[Any]:
 
             for username, password in config.auth.users.items():
                 await asyncio.to_thread(ensure_user, ctx.db, username, password)
-        if config.events:  # relays in the workers hear of each commit that adds an event
+        if config.events or config.jobs:  # relays hear of each commit that adds outbox rows
             from mega.events.relay import announce_commits
 
             stop_announcing = announce_commits(ctx)

@@ -183,3 +183,23 @@ def test_enforce_raises_every_error_and_passes_each_warning_on(tmp_path: Path) -
         enforce(config_of(tmp_path, DECLARATIONS + "Tidy.cron = 'x'\nEmail.bus = 'nope'\n"), print)
     assert raised.value.message.startswith("2 problems in mega_config.py:\n  error: schedules")
     assert "\n  error: jobs: Email: " in raised.value.message
+
+
+@pytest.mark.parametrize(
+    ("events", "relay", "runs"),
+    [(True, None, True), (False, None, False), (False, True, True), (True, False, False)],
+)
+def test_the_worker_relays_the_outbox_for_events_or_when_told(
+    tmp_path: Path, events: bool, relay: bool | None, runs: bool
+) -> None:
+    """The relay runs in `mega worker` when the config declares events, or `outbox.relay` is
+    True (jobs enqueued through the outbox, no events); never when it is False."""
+    from mega.runtime.hosts import relays, worker_parts
+
+    body = DECLARATIONS + ("" if events else "events = []\nlisteners = []\n")
+    if relay is not None:
+        body += f'outbox = {{"relay": {relay}}}\n'
+    config = config_of(tmp_path, body)
+    assert bool(config.events) is events
+    assert relays(config) is runs
+    assert ("relay" in [part.hook for part in worker_parts(config)]) is runs
