@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -240,28 +241,13 @@ class OutboxRelay:
         self, job_cls: type[JobBase], spec: JobSpec, messages: list[Message]
     ) -> None:
         queue = queue_of(self.ctx, spec.bus)
-        if tracing.tracer() is None:
-            await queue.enqueue_messages(job_cls, messages)
-            return
-        each = [(spec.subject, message.id, message.trace) for message in messages]
-        with tracing.producing_each("send", each, system=queue.bus.driver) as traces:
-            await queue.enqueue_messages(job_cls, [
-                replace(message, trace=trace)
-                for message, trace in zip(messages, traces, strict=True)
-            ])  # fmt: skip
+        store = functools.partial(queue.enqueue_messages, job_cls)
+        await _traced("send", queue.bus.driver, messages, store)
 
     async def _publish_events(self, by_bus: dict[str, list[Message]]) -> None:
         for alias, messages in by_bus.items():
             bus = self.bus(alias)
-            if tracing.tracer() is None:
-                await bus.publish_many(messages)
-                continue
-            each = [(message.subject, message.id, message.trace) for message in messages]
-            with tracing.producing_each("publish", each, system=bus.bus.driver) as traces:
-                await bus.publish_many([
-                    replace(message, trace=trace)
-                    for message, trace in zip(messages, traces, strict=True)
-                ])  # fmt: skip
+            await _traced("publish", bus.bus.driver, messages, bus.publish_many)
 
     async def _in_db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -276,6 +262,22 @@ class OutboxRelay:
         if message != self._last_warning:  # an outage repeats itself: say it once
             logger.warning("%s", message)
             self._last_warning = message
+
+
+async def _traced(
+    operation: str, system: str, messages: list[Message],
+    store: Callable[[list[Message]], Awaitable[Any]],
+) -> None:  # fmt: skip
+    """Store `messages`, each in a producer span `<operation> <subject>` that continues the
+    context its row holds (`store` alone without an SDK)."""
+    if tracing.tracer() is None:
+        await store(messages)
+        return
+    each = [(message.subject, message.id, message.trace) for message in messages]
+    with tracing.producing_each(operation, each, system=system) as traces:
+        await store([
+            replace(message, trace=trace) for message, trace in zip(messages, traces, strict=True)
+        ])  # fmt: skip
 
 
 def announce_commits(ctx: Context) -> Callable[[], None]:
