@@ -63,6 +63,12 @@ _EXPORTS = {
     "Cause": "mega.jobs.status",
     "WorkerSeen": "mega.jobs.presence",
     "JobQueue": "mega.jobs.queue",
+    "chain": "mega.jobs.workflow",
+    "group": "mega.jobs.workflow",
+    "Outcome": "mega.jobs.steps",
+    "WorkflowId": "mega.jobs.steps",
+    "WorkflowStatus": "mega.jobs.steps",
+    "WorkflowStep": "mega.jobs.steps",
     # events
     "EventBus": "mega.events.bus",
     "emit": "mega.events.bus",
@@ -150,6 +156,12 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.jobs.status import AttemptRecord as AttemptRecord
     from mega.jobs.status import Cause as Cause
     from mega.jobs.status import JobStatus as JobStatus
+    from mega.jobs.steps import Outcome as Outcome
+    from mega.jobs.steps import WorkflowId as WorkflowId
+    from mega.jobs.steps import WorkflowStatus as WorkflowStatus
+    from mega.jobs.steps import WorkflowStep as WorkflowStep
+    from mega.jobs.workflow import chain as chain
+    from mega.jobs.workflow import group as group
     from mega.runtime.asgi import asgi_app as asgi_app
     from mega.runtime.boot import boot as boot
     from mega.runtime.boot import shutdown as shutdown

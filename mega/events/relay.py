@@ -37,7 +37,7 @@ from mega import tracing
 from mega.drivers.base import Message
 from mega.events.bus import EventBus
 from mega.events.outbox import OutboxRow, job_of_row, on_commit, row_job, row_message
-from mega.jobs.job import queue_of
+from mega.jobs.queue import queue_of
 from mega.jobs.spec import JobBase, JobSpec, validate_job
 from mega.signals import Observer, Signals
 

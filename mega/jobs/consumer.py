@@ -33,7 +33,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from mega import tracing
 from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane, Receiver
@@ -45,6 +45,7 @@ from mega.jobs.flow import Gate
 from mega.jobs.presence import PRESENCE_EVERY_S, Presence
 from mega.jobs.ratelimit import wait_or_stop
 from mega.jobs.status import RUNNING, ErrorInfo, Running, StatusWriter
+from mega.jobs.steps import STEP_PREFIX
 
 # The queue's logger: to an operator, the consume loop is part of the job queue.
 logger = logging.getLogger("mega.jobqueue")
@@ -67,6 +68,17 @@ WINDOW_FRESH_S = 0.05
 
 # How long a stopping loop waits to mark its presence record stopped.
 PRESENCE_STOP_S = 2.0
+
+
+class StepEnds(Protocol):
+    """Where a job lane reports the end of a workflow step (mega/jobs/workflow.py's
+    Workflows), before its delivery is settled."""
+
+    async def ended(
+        self, job_id: str, state: Literal["done", "dlq", "cancelled"], *, result: Any = None,
+        error: ErrorInfo | None = None, attempts: int = 1,
+    ) -> None: ...  # fmt: skip
+
 
 # Runs one decoded delivery: (payload, delivery); what it returns is the run's result. Raising
 # fails the attempt.
@@ -102,7 +114,8 @@ class Consumer:
     lane `job`), `instance_id` names this process in DLQ records, `records` (a job lane's)
     keeps each job's status record and `control` reads its pause and cancels. `lane` and
     `system` (the bus's driver) name each run in traces and as the cause of the jobs it
-    enqueues."""
+    enqueues. `steps` hears the end of each job that is a workflow's step (its id says so).
+    """
 
     def __init__(
         self,
@@ -119,8 +132,10 @@ class Consumer:
         system: str = "",
         presence: Presence | None = None,
         gate: Gate | None = None,
+        steps: StepEnds | None = None,
     ) -> None:
         self.receiver = receiver
+        self.steps = steps
         self.system = system
         self.group = lane.name if lane is not None and lane.kind == "group" else None
         self.kind: Literal["event", "job"] = "job" if self.group is None else "event"
@@ -315,6 +330,8 @@ class Consumer:
         except Exception as exc:
             await self._failed(delivery, payload, started, exc)
             return
+        if not await self._step_ended(delivery, "done", result=result):
+            return
         await self.receiver.ack(delivery)
         if self.records is not None:
             self.records.done(delivery, started_ms, result)
@@ -322,6 +339,24 @@ class Consumer:
             "done", job=spec.name, id=delivery.id, attempt=attempt,
             duration_ms=round((time.time() - started) * 1000, 3),
         )  # fmt: skip
+
+    async def _step_ended(
+        self, delivery: Delivery, state: Literal["done", "cancelled"], result: Any = None
+    ) -> bool:
+        """Report a workflow step's end before its delivery is settled; False when the bus
+        did not take the report: the delivery is handed back to run (and report) again."""
+        if self.steps is None or not delivery.id.startswith(STEP_PREFIX):
+            return True
+        try:
+            await self.steps.ended(delivery.id, state, result=result, attempts=delivery.attempt)
+        except DriverUnavailable as exc:
+            logger.warning(
+                "%s: %s ended %s, and its workflow could not be told (%s): it runs again in "
+                "%g s", self.spec.name, delivery.id, state, exc, self.dlq_retry_delay_s,
+            )  # fmt: skip
+            await self.receiver.release(delivery, delay_s=self.dlq_retry_delay_s)
+            return False
+        return True
 
     async def _run(self, payload: Any, delivery: Delivery) -> Any:
         """The handler, within the lane's `timeout_s` when it has one (JobTimeout past it)."""
@@ -406,6 +441,10 @@ class Consumer:
         assert isinstance(decision, DeadLetter), decision  # the others are settled inline
         failure = ErrorInfo(type=record["error"]["type"], message=record["error"]["message"])
         try:
+            if self.steps is not None and delivery.id.startswith(STEP_PREFIX):
+                await self.steps.ended(
+                    delivery.id, "dlq", error=failure, attempts=record["attempts"]
+                )  # fmt: skip
             await self.receiver.dead_letter(delivery, record, terminate=decision.terminate)
         except DriverUnavailable as exc:
             if self.records is not None:
@@ -492,6 +531,8 @@ class Consumer:
 
     async def _skip(self, delivery: Delivery, started_ms: int | None = None) -> None:
         """Settle a cancelled job's delivery without running it (again)."""
+        if not await self._step_ended(delivery, "cancelled"):
+            return
         await self.receiver.ack(delivery)
         if self.records is not None:
             self.records.ended(delivery, started_ms, "cancelled", None)

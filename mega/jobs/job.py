@@ -35,9 +35,10 @@ from typing import TYPE_CHECKING, Any
 
 from mega.drivers.base import Priority
 from mega.jobs.control import Cancelled
-from mega.jobs.queue import JobId, JobQueue
+from mega.jobs.queue import JobId, queue_of
 from mega.jobs.spec import JobBase
 from mega.jobs.status import JobStatus
+from mega.jobs.steps import UNSET, Step
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -93,6 +94,13 @@ class Job(JobBase):
         )
 
     @classmethod
+    def step(cls, payload: Any = UNSET) -> Step:
+        """This job as a step of a workflow (`chain`, `group`; see mega/jobs/workflow.py).
+        Without a payload, a chain's step receives the previous step's result, and a group's
+        callback its outcomes alone."""
+        return Step(cls, payload)
+
+    @classmethod
     async def status(cls, ctx: Context, job_id: str) -> JobStatus | None:
         """The status record of one job of this class: `JobQueue.status` on its own bus."""
         return await queue_of(ctx, cls.bus).status(cls, job_id)
@@ -106,13 +114,3 @@ class Job(JobBase):
     async def cancel(cls, ctx: Context, job_id: str) -> Cancelled:
         """Cancel one job of this class: `JobQueue.cancel` on its own bus."""
         return await queue_of(ctx, cls.bus).cancel(cls, job_id)
-
-
-def queue_of(ctx: Context, bus: str) -> JobQueue:
-    """The JobQueue of `bus` that `Job.enqueue` uses, made once per context."""
-    key = (JobQueue, bus)
-    queue = ctx.memo.get(key)
-    if queue is None:
-        queue = ctx.memo[key] = JobQueue(ctx, bus)
-    assert isinstance(queue, JobQueue)
-    return queue

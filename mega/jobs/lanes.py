@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from mega.context import Context
 from mega.drivers.base import Bus, Delivery, DriverUnavailable, Lane, LaneStats
 from mega.errors import DependencyUnavailable, JobError
-from mega.jobs.consumer import DLQ_RETRY_DELAY_S, Consumer
+from mega.jobs.consumer import DLQ_RETRY_DELAY_S, Consumer, StepEnds
 from mega.jobs.control import LaneControl
 from mega.jobs.delivery import LanePolicy
 from mega.jobs.flow import Limited, gate_of
@@ -148,6 +148,7 @@ class LaneEndpoint:
         run: Callable[[Any, Delivery], Awaitable[Any]],
         records: StatusWriter | None = None,
         control: LaneControl | None = None,
+        steps: StepEnds | None = None,
     ) -> None:
         """Run the consume loop of `cls` (a Job, a Listener) on `lane` until `stop()`."""
         if self._stopped:
@@ -160,7 +161,7 @@ class LaneEndpoint:
             instance_id=self.instance_id, dlq_retry_delay_s=self.dlq_retry_delay_s,
             records=records, control=control, lane=lane, system=self.bus.driver,
             presence=Presence(self.bus, lane, self.instance_id),
-            gate=gate_of(self.ctx, policy, lane_key_of(lane)),
+            gate=gate_of(self.ctx, policy, lane_key_of(lane)), steps=steps,
         )  # fmt: skip
         self._consumers[cls] = consumer
         try:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, overload
 
 from mega import tracing
 from mega.context import Context
@@ -58,6 +58,7 @@ from mega.jobs.status import (
     created,
     read_status,
 )
+from mega.jobs.steps import Workflows, WorkflowStatus
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -109,6 +110,11 @@ class JobQueue(LaneEndpoint):
 
     def lane(self, job_cls: type[JobBase]) -> Lane:
         return job_lane(self.spec(job_cls))
+
+    @functools.cached_property
+    def workflows(self) -> Workflows:
+        """The workflows of this queue's bus (mega/jobs/steps.py)."""
+        return Workflows(self)
 
     @property
     def dlq(self) -> DeadLetters:
@@ -277,10 +283,24 @@ class JobQueue(LaneEndpoint):
 
     # -- status and results -------------------------------------------------------------------
 
-    async def status(self, job_cls: type[JobBase], job_id: str) -> JobStatus | None:
+    @overload
+    async def status(self, job_cls: type[JobBase], job_id: str) -> JobStatus | None: ...
+    @overload
+    async def status(self, job_cls: str, job_id: None = None) -> WorkflowStatus | None: ...
+
+    async def status(
+        self, job_cls: type[JobBase] | str, job_id: str | None = None
+    ) -> JobStatus | WorkflowStatus | None:
         """The job's status record, or None when there is none (an unknown id, or one whose
-        record is older than the job's `keep_status_s`). DependencyUnavailable when the bus
-        does not answer."""
+        record is older than the job's `keep_status_s`). `status(workflow_id)`: a workflow's
+        (mega/jobs/steps.py), or None for an unknown or expired id. DependencyUnavailable
+        when the bus does not answer."""
+        if isinstance(job_cls, str):
+            try:
+                return await self.workflows.status(job_cls)
+            except DriverUnavailable as exc:
+                raise self.unavailable(f"cannot read workflow {job_cls}", exc) from exc
+        assert job_id is not None, "status(Job, job_id) or status(workflow_id)"
         spec = await self.ensure(job_cls)
         try:
             return await read_status(self.bus, job_lane(spec), job_id)
@@ -395,7 +415,19 @@ class JobQueue(LaneEndpoint):
 
         lane = job_lane(spec)
         records = StatusWriter(self.bus, lane, worker=self.instance_id)
-        await self.run_lane(job_cls, lane, spec, run, records, LaneControl(self.bus, lane))
+        await self.run_lane(
+            job_cls, lane, spec, run, records, LaneControl(self.bus, lane), steps=self.workflows
+        )
+
+
+def queue_of(ctx: Context, bus: str) -> JobQueue:
+    """The JobQueue of `bus` that `Job.enqueue` (and a workflow) uses, made once per context."""
+    key = (JobQueue, bus)
+    queue = ctx.memo.get(key)
+    if queue is None:
+        queue = ctx.memo[key] = JobQueue(ctx, bus)
+    assert isinstance(queue, JobQueue)
+    return queue
 
 
 def publish_in(bus: Bus, session: Session, lane: Lane, messages: list[Message]) -> list[bool]:
