@@ -143,7 +143,8 @@ async def test_a_group_callback_runs_once_with_every_outcome_in_order(
     ctx, queue, (add, collect, _) = setup
     members = [add.step({"n": n, "sleep_s": 0.05 * (n % 3)}) for n in range(6)]
     members[3] = add.step({"n": 3, "fail": "corrupt image"})
-    workflow_id = await group(members).then(collect.step({"album": 7})).enqueue(ctx, id=f"{prefix}-album")
+    fan = group(members).then(collect.step({"album": 7}))
+    workflow_id = await fan.enqueue(ctx, id=f"{prefix}-album")
     assert workflow_id == f"{prefix}-album" and not workflow_id.duplicate
     status = await ended(queue, workflow_id)
     then = step_id(workflow_id, "then")
@@ -222,7 +223,7 @@ async def test_bad_workflows_are_refused_and_store_nothing(setup: Any, prefix: s
             lambda: chain(add.step({"n": 1})).enqueue(ctx, id="x" * 200),
         ],
         "job.invalid_payload": [
-            lambda: chain(add.step({"n": 1}), sized.step({"px": "big"})).enqueue(ctx, id=f"{prefix}-p1"),
+            lambda: chain(add.step({"n": 1}), sized.step({"px": "x"})).enqueue(ctx, id=f"{prefix}-p1"),
             lambda: group([sized.step({"px": 1}), sized.step({})]).enqueue(ctx, id=f"{prefix}-p2"),
         ],
     }
