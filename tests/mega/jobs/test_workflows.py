@@ -223,7 +223,7 @@ async def test_bad_workflows_are_refused_and_store_nothing(setup: Any, prefix: s
             lambda: chain(add.step({"n": 1})).enqueue(ctx, id="x" * 200),
         ],
         "job.invalid_payload": [
-            lambda: chain(add.step({"n": 1}), sized.step({"px": "x"})).enqueue(ctx, id=f"{prefix}-p1"),
+            lambda: chain(add.step({"n": 1}), sized.step({})).enqueue(ctx, id=f"{prefix}-p1"),
             lambda: group([sized.step({"px": 1}), sized.step({})]).enqueue(ctx, id=f"{prefix}-p2"),
         ],
     }
