@@ -58,7 +58,7 @@ from mega.jobs.status import (
     created,
     read_status,
 )
-from mega.jobs.steps import Workflows, WorkflowStatus
+from mega.jobs.steps import Workflows, WorkflowStatus, remember
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -106,7 +106,12 @@ class JobQueue(LaneEndpoint):
 
     def spec(self, job_cls: type[JobBase]) -> JobSpec:
         """The validated spec of a Job class on this queue's bus (cached)."""
-        return self.declared(job_cls, lambda cls: validate_job(cls, self.ctx.buses))
+        return self.declared(job_cls, self._validated)
+
+    def _validated(self, job_cls: type[JobBase]) -> JobSpec:
+        spec = validate_job(job_cls, self.ctx.buses)
+        remember(spec)  # a workflow's step of it is found by its subject in this process
+        return spec
 
     def lane(self, job_cls: type[JobBase]) -> Lane:
         return job_lane(self.spec(job_cls))

@@ -67,8 +67,8 @@ WORKFLOWS = Lane(
 Ended = Literal["done", "dlq", "cancelled"]
 WorkflowState = Literal["running", "done", "failed"]
 UNSET: Any = object()
-# Job classes this process made steps of, by subject: how a step's class is found again when
-# it cannot be imported by its path (a class made in a function, as tests do).
+# Job classes this process declared, by subject: how a step's class is found first (a class
+# made in a function cannot be imported by its path).
 _CLASSES: dict[str, type[JobBase]] = {}
 
 
@@ -239,9 +239,16 @@ def _path(job: type[JobBase]) -> str:
     return f"{job.__module__}:{job.__qualname__}"
 
 
+def remember(spec: JobSpec) -> None:
+    """A job class this process declared (a JobQueue validated it): a workflow's step of it is
+    found by its subject (`job_class`)."""
+    _CLASSES[spec.subject] = spec.job_cls
+
+
 def job_class(step: StepDef) -> type[JobBase]:
-    """The class of a stored step: one this process made a step of, or imported by its path
-    (and on the same subject). JobError `workflow.unknown_job` when neither finds it."""
+    """The class of a stored step: one this process declared (its JobQueue validated it, as
+    `mega worker` does every job of its config), or imported by its path (and on the same
+    subject). JobError `workflow.unknown_job` when neither finds it."""
     found = _CLASSES.get(step.subject)
     if found is not None:
         return found
@@ -344,8 +351,6 @@ class Workflows:
         for n, s in enumerate(steps[1:] if kind == "chain" else (), start=1):
             if s.given:  # checked now, as the first step's was
                 encode_job(specs[s.job], s.payload, job_id=step_id(workflow_id, n))
-        for s in every:
-            _CLASSES[specs[s.job].subject] = s.job
         definition = Definition(
             workflow_id, kind, tuple(self._step_def(specs[s.job], s, kind) for s in steps),
             None if then is None else self._step_def(specs[then.job], then, "chain"), now_ms,

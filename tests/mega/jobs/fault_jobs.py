@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import random
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -165,3 +166,35 @@ class ThrottledJob(Job):
 
     async def run(self, payload: dict[str, Any], ctx: Context) -> None:
         record_line("start", payload["id"])
+
+
+class Member(Job):
+    """A member of the workflow fault test's group: 0.2-0.4 s, then twice its `n`."""
+
+    subject = f"{PREFIX}.member"
+    bus = "jobs"
+    concurrency = 8
+    retries = 8
+    backoff = FAST_BACKOFF
+    ack_wait_s = ACK_WAIT_S
+
+    async def run(self, payload: dict[str, Any], ctx: Context) -> int:
+        await asyncio.sleep(0.2 + 0.2 * random.random())
+        return int(payload["n"]) * 2
+
+
+class FanIn(Job):
+    """The group's callback: each run is a line `callback <outcomes>:<done>:<sum of results>`
+    in the record files (FAULT_RECORDS)."""
+
+    subject = f"{PREFIX}.fanin"
+    bus = "jobs"
+    retries = 3
+    backoff = FAST_BACKOFF
+    ack_wait_s = ACK_WAIT_S
+
+    async def run(self, payload: dict[str, Any], ctx: Context) -> None:
+        outcomes = payload["outcomes"]
+        done = [o for o in outcomes if o["state"] == "done"]
+        total = sum(o["result"] for o in done)
+        record_line("callback", f"{len(outcomes)}:{len(done)}:{total}")
