@@ -29,10 +29,7 @@ MEMBERS = 200
 KILL_EVERY_S = 1.0
 WORKERS = 3
 TIMEOUT_S = 90.0
-JOBS = (
-    "from tests.mega.jobs.fault_jobs import FanIn, Member\n"
-    "jobs = [Member, FanIn]\n"
-)
+JOBS = "from tests.mega.jobs.fault_jobs import FanIn, Member\njobs = [Member, FanIn]\n"
 
 
 @pytest.fixture(params=["nats", "redis", "postgres"])
