@@ -19,6 +19,7 @@ from typing import Any
 
 from mega.drivers.base import LaneStats
 from mega.errors import MegaError
+from mega.jobs.steps import parse_step
 
 logger = logging.getLogger("mega.web.admin")
 
@@ -28,6 +29,8 @@ RECENT_TICKS = 10
 AUDIT_ROWS = 5
 # The rate of a lane is measured between two reads at least this far apart.
 RATE_MIN_GAP_S = 1.0
+# A workflow step's result is shown up to this many characters (its job's page has it whole).
+STEP_RESULT_CHARS = 120
 
 
 # -- names and times ---------------------------------------------------------------------------
@@ -353,3 +356,45 @@ def cause_view(cause: Any, job_url: str) -> dict[str, Any]:
         return {"sentence": f"Enqueued by listener group {cause.group} while it ran event "
                             f"{cause.name}", "id": cause.id, "url": None}  # fmt: skip
     return {"sentence": f"Enqueued by a run of job {cause.name}", "id": cause.id, "url": job_url}
+
+
+def workflow_view(status: Any) -> list[tuple[str, str]]:
+    """A workflow's summary, as label and text."""
+    ended = sum(step.state in ("done", "dlq", "cancelled") for step in status.steps)
+    rows = [
+        ("kind", "chain: one step after the other" if status.kind == "chain"
+         else "group: members at once" + (", then a callback" if status.then else "")),
+        ("steps ended", f"{ended} of {len(status.steps)}"),
+        ("created", utc_time(status.created_at)),
+    ]  # fmt: skip
+    if status.finished_at:
+        rows.append(("finished", utc_time(status.finished_at)))
+    return rows
+
+
+def step_row(step: Any, url: str) -> dict[str, Any]:
+    """One step of a workflow: its place, its job's page, its state, what it returned."""
+    place = step.id.rsplit("~", 1)[1]
+    if step.error is not None:
+        outcome = f"{step.error.type}: {step.error.message}"
+    elif step.state == "done" and step.result is not None:
+        outcome = json.dumps(step.result, separators=(", ", ": "))
+        if len(outcome) > STEP_RESULT_CHARS:
+            outcome = outcome[: STEP_RESULT_CHARS - 1] + "…"
+    else:
+        outcome = ""
+    return {
+        "place": "callback" if place == "then" else str(int(place) + 1),
+        "id": step.id, "job": step.job, "state": step.state, "attempts": step.attempts,
+        "outcome": outcome, "url": None if step.state == "waiting" else url,
+    }  # fmt: skip
+
+
+def workflow_link(job_id: str, url_of: Callable[[str], str]) -> dict[str, str] | None:
+    """The workflow a job is a step of (its id says so), for the job's page."""
+    parsed = parse_step(job_id)
+    if parsed is None:
+        return None
+    workflow_id, place = parsed
+    where = "the callback" if place == "then" else f"step {int(place) + 1}"
+    return {"id": workflow_id, "where": where, "url": url_of(workflow_id)}

@@ -101,6 +101,9 @@ class Admin:
     def job_url(self, job_id: str, job: str | None = None) -> str:
         return self.url(f"/jobs/{quote(job_id, safe='')}", job=job)
 
+    def workflow_url(self, workflow_id: str) -> str:
+        return self.url(f"/workflows/{quote(workflow_id, safe='')}")
+
     def dlq_url(self, lane: Lane, **query: Any) -> str:
         name = quote(lane.name, safe="")
         path = f"/dlq/{name}" if lane.kind == "job" else f"/listeners/{name}/dlq"
@@ -199,6 +202,8 @@ def admin_router(
         found = await find_job(admin, request, job_id)
         if found is not None:
             return RedirectResponse(admin.job_url(job_id, found[0].name), status_code=303)
+        if await find_workflow(admin, request, job_id) is not None:
+            return RedirectResponse(admin.workflow_url(job_id), status_code=303)
         return admin.page(
             request, "search.html", status_code=404, job_id=job_id, lanes=keeps(admin, request)
         )
@@ -219,6 +224,16 @@ def admin_router(
                 lanes=keeps(admin, request),
             )  # fmt: skip
         return admin.page(request, "job.html", **await job_data(admin, request, *found))
+
+    @router.get("/workflows/{workflow_id}")
+    async def workflow_page(request: Request, user: UserDep, workflow_id: str) -> Response:
+        status = await find_workflow(admin, request, workflow_id)
+        if status is None:
+            return admin.page(
+                request, "search.html", status_code=404, job_id=workflow_id,
+                lanes=keeps(admin, request),
+            )  # fmt: skip
+        return admin.page(request, "workflow.html", **workflow_data(admin, status))
 
     for kind, path in (("job", "/dlq/{name}"), ("group", "/listeners/{name}/dlq")):
         add_dlq_routes(router, admin, kind, path)
@@ -303,6 +318,31 @@ async def find_job(admin: Admin, request: Request, job_id: str) -> tuple[Lane, A
     return None
 
 
+async def find_workflow(admin: Admin, request: Request, workflow_id: str) -> Any:
+    """The workflow of this id on the first bus of the job lanes that has it, or None."""
+    queues = {lane.bus: lane.endpoint for lane in admin.job_lanes(request)}
+    for queue in queues.values():
+        assert isinstance(queue, JobQueue)
+        try:
+            status = await queue.status(workflow_id)
+        except MegaError:
+            continue  # an unreachable bus: another may still know it
+        if status is not None:
+            return status
+    return None
+
+
+def workflow_data(admin: Admin, status: Any) -> dict[str, Any]:
+    steps = [*status.steps, *([status.then] if status.then is not None else [])]
+    return {
+        "title": f"Workflow {status.id}",
+        "status": status,
+        "summary": fleet.workflow_view(status),
+        "steps": [fleet.step_row(step, admin.job_url(step.id, step.job)) for step in steps],
+        "has_then": status.then is not None,
+    }
+
+
 def keeps(admin: Admin, request: Request) -> list[dict[str, Any]]:
     """How long each job queue keeps its status records, for the page that found nothing."""
     return [
@@ -343,6 +383,7 @@ async def job_data(admin: Admin, request: Request, lane: Lane, status: Any) -> d
         "dead": dead,
         "dlq_url": admin.dlq_url(lane),
         "cause": None if cause is None else fleet.cause_view(cause, admin.url(f"/jobs/{cause.id}")),
+        "workflow": fleet.workflow_link(status.id, admin.workflow_url),
     }
 
 

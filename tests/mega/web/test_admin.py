@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from mega import group
 from mega.config import Config, load_config
 from mega.web import job_queue
 from mega.web.tokens import create_token
@@ -257,3 +258,38 @@ def test_the_rate_is_what_left_the_lane_per_second_between_two_reads() -> None:
     stats = LaneStats(1, 0, 0, oldest_ms=1_000_000, stored=1)
     assert fleet.oldest_text(stats, now_ms=1_000_000 + 185_000) == "3 min"
     assert fleet.oldest_text(LaneStats(0, 0, 0)) == "—"
+
+
+async def test_a_workflow_page_shows_each_step_and_links_its_jobs(
+    client: httpx.AsyncClient, config: Config
+) -> None:
+    await login(client)
+    ctx = client.app.state.ctx  # type: ignore[attr-defined]
+    fan = group([Boom.step({"to": "ada@example.com"}), Boom.step({"fail": True, "n": 2})])
+    workflow_id = await fan.then(Boom.step()).enqueue(ctx, id="weekly-digest")
+    queue = job_queue(client.app, "jobs")  # type: ignore[attr-defined]
+
+    async def ended() -> bool:
+        status = await queue.status(workflow_id)
+        return status is not None and status.final
+
+    async with job_worker(config):
+        await until(ended)
+    page = await client.get("/admin/workflows/weekly-digest")
+    assert page.status_code == 200
+    assert 'id="workflow-state">done<' in page.text
+    words = text_of(page.text)
+    assert "kind group: members at once, then a callback" in words
+    assert "steps ended 2 of 2" in words
+    assert '1 Boom done 1 {"sent": "ada@example.com"}' in words.replace("&#34;", '"')
+    assert "2 Boom dlq 1 RuntimeError: boom 2" in words
+    assert 'callback Boom done 1 {"sent": "nobody"}' in words.replace("&#34;", '"')
+    member = "wf~weekly-digest~1"
+    assert f'href="/admin/jobs/{member}?job=Boom"' in page.text
+    step_page = await client.get(f"/admin/jobs/{member}?job=Boom")
+    assert "It is step 2 of workflow weekly-digest ." in text_of(step_page.text)
+    assert 'href="/admin/workflows/weekly-digest"' in step_page.text
+    hit = await client.get("/admin/search?id=weekly-digest")
+    assert hit.status_code == 303 and hit.headers["location"] == "/admin/workflows/weekly-digest"
+    missing = await client.get("/admin/workflows/no-such-workflow")
+    assert missing.status_code == 404 and "No job has the id" in missing.text
