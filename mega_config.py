@@ -23,6 +23,7 @@ from app.events.signups import UserSignedUp
 from app.events.status import attach_event_status
 from app.jobs.email import EmailJob
 from app.jobs.observers import attach_job_observers
+from app.jobs.pipeline import PublishJob, ResizeJob
 from app.jobs.signup import ActivateAccountJob
 from app.jobs.tenant import FairTenantJob, LimitedTenantJob, TenantJob
 from app.replicas import REPLICAS
@@ -58,7 +59,9 @@ services = {
 }
 
 schedules = [CronCounterSchedule]
-jobs = [EmailJob, TenantJob, FairTenantJob, LimitedTenantJob, ActivateAccountJob]
+jobs = [
+    EmailJob, TenantJob, FairTenantJob, LimitedTenantJob, ActivateAccountJob, ResizeJob, PublishJob,
+]
 workers = [HashWorker]
 # Events the app emits (the outbox's rows), and the listener groups `mega worker` runs.
 events = [UserSignedUp]

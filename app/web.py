@@ -7,7 +7,16 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from app.deps import BUS, POOL
-from app.routes import api_console, api_cron, api_events, api_jobs, api_worker, learn, pages
+from app.routes import (
+    api_console,
+    api_cron,
+    api_events,
+    api_jobs,
+    api_worker,
+    api_workflows,
+    learn,
+    pages,
+)
 from app.services.signups import create_tables
 from app.workers.pool_log import PoolLog
 from mega import Config, Context, EventBus, Scheduler, observe_jobs, observe_scheduler
@@ -25,6 +34,7 @@ def create_app(config: Config, ctx: Context) -> FastAPI:
             api_console.router,
             api_cron.router,
             api_jobs.router,
+            api_workflows.router,
             api_worker.router,
             api_events.router,
             learn.router,

@@ -72,7 +72,7 @@ def run() -> Result:
         hosts = {
             "web": (["start", "--port", str(port)], "web listening"),
             "scheduler": (["scheduler"], "running 1 schedule"),
-            "worker": (["worker"], "consuming 5 job"),
+            "worker": (["worker"], "consuming 7 job"),
         }
         processes: dict[str, subprocess.Popen[bytes]] = {}
         try:

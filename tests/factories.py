@@ -32,12 +32,15 @@ from app.events.signups import UserSignedUp
 from app.events.status import attach_event_status
 from app.jobs.email import EmailJob
 from app.jobs.observers import attach_job_observers
+from app.jobs.pipeline import PublishJob, ResizeJob
 from app.jobs.signup import ActivateAccountJob
 from app.jobs.tenant import FairTenantJob, LimitedTenantJob, TenantJob
 from app.schedules.cron_counter import CronCounterSchedule
 from app.workers.hash_worker import HashWorker
 schedules = [CronCounterSchedule]
-jobs = [EmailJob, TenantJob, FairTenantJob, LimitedTenantJob, ActivateAccountJob]
+jobs = [
+    EmailJob, TenantJob, FairTenantJob, LimitedTenantJob, ActivateAccountJob, ResizeJob, PublishJob
+]
 workers = [HashWorker]
 events = [UserSignedUp]
 listeners = LISTENERS

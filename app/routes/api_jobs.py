@@ -22,6 +22,7 @@ from app.jobs.email import SLOW_ACK_WAITS, SLOW_STEPS, EmailJob
 from app.jobs.tenant import LIMIT_PER_S
 from app.services import console_series, noisy, recent_jobs
 from app.services.jobs_page import job_view, jobs_state
+from app.services.pipeline import MAX_MEMBERS
 from mega import JobQueue, JobStatus
 from mega.web import (
     ApiError,
@@ -304,6 +305,7 @@ async def jobs_page_context(
         "max_delay_ms": MAX_DELAY_MS,
         "max_count": MAX_COUNT,
         "noisy_limit": LIMIT_PER_S,
+        "pipeline_max": MAX_MEMBERS,
     }
 
 

@@ -32,6 +32,8 @@ async def test_the_sample_mounts_the_admin_and_the_console_links_it(config: Conf
             "FairTenantJob",
             "LimitedTenantJob",
             "ActivateAccountJob",
+            "ResizeJob",
+            "PublishJob",
             "WelcomeEmailListener",
             "SignupStatsListener",
             "WelcomeCreditListener",

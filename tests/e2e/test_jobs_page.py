@@ -351,3 +351,51 @@ def test_the_noisy_neighbour_panel_draws_each_tenants_wait(  # type: ignore[no-u
     )
     assert page.evaluate("document.documentElement.scrollWidth") <= width, wide
     context.close()
+
+
+@pytest.mark.parametrize(("scheme", "width"), [("light", 1280), ("dark", 390)])
+def test_the_pipeline_panel_draws_a_group_and_its_callback_run_once(  # type: ignore[no-untyped-def]
+    browser, live_stack: LiveStack, scheme: str, width: int
+) -> None:
+    """Run the pipeline with the middle size failing: five member boxes end four done and one
+    dlq, the callback ran once, and the table lists the five outcomes it received with the
+    failure's error. A size out of range gets its sentence at the field. Axe finds nothing
+    serious, in light at 1280 px and in dark at 390 px, where the panel still fits."""
+    context = browser.new_context(viewport={"width": width, "height": 900}, color_scheme=scheme)
+    page = context.new_page()
+    log_in(page, live_stack.url)
+    page.goto(live_stack.url + "/demo/jobs")
+    expect(page.locator("#pipeline-empty")).to_be_visible()
+    page.fill("#pipeline-members", "9")
+    page.click("#pipeline-run")
+    expect(page.locator("#error-members")).to_contain_text("8")
+    page.fill("#pipeline-members", "5")
+    page.check("#pipeline-fail")
+    page.click("#pipeline-run")
+    expect(page.locator("#pipeline-status")).to_contain_text("enqueued")
+    run = page.locator("#pipeline-status").inner_text().split()[1]
+    expect(page.locator("#pipeline")).to_have_attribute("data-done", run, timeout=30_000)
+    steps = page.locator("#pipeline-steps li")
+    expect(steps).to_have_count(5)
+    states = [steps.nth(n).get_attribute("data-state") for n in range(5)]
+    assert states == ["done", "done", "dlq", "done", "done"], states
+    expect(page.locator("#pipeline-runs")).to_have_text("ran once")
+    rows = page.locator("#pipeline-received tr")
+    expect(rows).to_have_count(5)
+    expect(rows.nth(2)).to_contain_text("Permanent: cannot resize")
+    expect(rows.nth(0)).to_contain_text(f"/photos/{run}/64.webp")
+    expect(page.locator("#pipeline-status")).to_have_text(f"Workflow {run} is done.")
+    violations = [
+        f"{v['id']}: {v['help']}" for v in Axe().run(page).response["violations"]
+        if v["impact"] in ("serious", "critical")
+    ]  # fmt: skip
+    assert not violations, violations
+    page.locator("#pipeline").scroll_into_view_if_needed()
+    screenshot(page, f"jobs-pipeline-{scheme}-{width}")
+    page.locator("#pipeline").screenshot(path=str(SCREENSHOTS / f"pipeline-{scheme}-{width}.png"))
+    wide = page.evaluate(
+        "[...document.querySelectorAll('#pipeline *')].filter(e => e.getBoundingClientRect()"
+        f".right > {width}).map(e => e.tagName + '#' + e.id + '.' + e.className)"
+    )
+    assert page.evaluate("document.documentElement.scrollWidth") <= width, wide
+    context.close()

@@ -104,7 +104,7 @@ def test_check_of_a_good_config_exits_0_with_a_summary(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout == "mega check: 0 schedules, 0 jobs, 0 workers, 0 events, 0 listeners ok\n"
     sample = run_mega("check", "--config", str(ROOT / "mega_config.py"))
-    assert sample.returncode == 0 and sample.stdout.startswith("mega check: 1 schedule, 5 jobs")
+    assert sample.returncode == 0 and sample.stdout.startswith("mega check: 1 schedule, 7 jobs")
 
 
 def test_a_config_that_does_not_load_is_one_error_for_check(tmp_path: Path) -> None:
