@@ -60,7 +60,13 @@ services = {
 
 schedules = [CronCounterSchedule]
 jobs = [
-    EmailJob, TenantJob, FairTenantJob, LimitedTenantJob, ActivateAccountJob, ResizeJob, PublishJob,
+    EmailJob,
+    TenantJob,
+    FairTenantJob,
+    LimitedTenantJob,
+    ActivateAccountJob,
+    ResizeJob,
+    PublishJob,
 ]
 workers = [HashWorker]
 # Events the app emits (the outbox's rows), and the listener groups `mega worker` runs.

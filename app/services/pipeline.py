@@ -37,14 +37,20 @@ async def read(queue: JobQueue, redis: Any, photo: str) -> dict[str, Any] | None
         return None
     runs, received = await redis.mget(runs_key(photo), received_key(photo))
     assert status.then is not None
+    members = [
+        {
+            "size": SIZES[n],
+            "state": step.state,
+            "attempts": step.attempts,
+            "result": step.result,
+            "error": None if step.error is None else step.error.message,
+        }
+        for n, step in enumerate(status.steps)
+    ]
     return {
         "id": photo,
         "state": status.state,
-        "members": [
-            {"size": SIZES[n], "state": step.state, "attempts": step.attempts,
-             "result": step.result, "error": None if step.error is None else step.error.message}
-            for n, step in enumerate(status.steps)
-        ],  # fmt: skip
+        "members": members,
         "callback": {"state": status.then.state, "result": status.then.result},
         "callback_runs": int(runs or 0),
         "results": None if received is None else json.loads(received),
