@@ -167,7 +167,8 @@ def _jobs_parser(sub: Any) -> None:
     inspect = action(
         "inspect",
         "A job's status record (state, attempts, times, worker, last error), found by its id "
-        "in every job of the config, or in --job.",
+        "in every job of the config, or in --job; or, given a workflow's id, its state and "
+        "each step's.",
     )
     cancel = action(
         "cancel",

@@ -1,7 +1,8 @@
 """`mega jobs ...` and `mega schedules ...`: control of a running fleet from a terminal.
 
 mega jobs stats [--job NAME] [--json]      per job: pending, in flight, dead letters, paused
-mega jobs inspect ID [--job NAME] [--json] a job's status record (every job searched by default)
+mega jobs inspect ID [--job NAME] [--json] a job's status record (every job searched by default),
+                                           or a workflow's steps
 mega jobs cancel ID [--job NAME]           it never runs, or its running task is cancelled
 mega jobs retry ID [--job NAME]            its dead letter back onto the queue
 mega jobs pause JOB [--by WHO]             no worker starts one (within a second); resume undoes
@@ -33,6 +34,7 @@ from mega.jobs.control import Pause
 from mega.jobs.queue import JobQueue
 from mega.jobs.spec import JobBase
 from mega.jobs.status import JobStatus
+from mega.jobs.steps import WorkflowStatus
 from mega.runtime.boot import boot, shutdown
 from mega.runtime.dlq_cli import select_jobs
 from mega.schedules.dynamic import ScheduleEntry
@@ -91,7 +93,16 @@ async def jobs_command(
         for queue, job_cls in pairs:
             await _stats(queue, job_cls, as_json)
     elif action == "inspect":
-        for *_, status in await _find(pairs, target):
+        try:
+            statuses = await _find(pairs, target)
+        except MegaError:
+            workflow = await _find_workflow(list(queues.values()), target)
+            if workflow is None:
+                raise
+            data = workflow.model_dump(mode="json")
+            print(json.dumps(data, separators=(",", ":")) if as_json else _workflow_text(data))
+            return
+        for *_, status in statuses:
             data = status.model_dump(mode="json")
             print(json.dumps(data, separators=(",", ":")) if as_json else _status_text(data))
     elif action == "cancel":
@@ -153,6 +164,28 @@ async def _find(
             f"the job's keep_status_s{hint}"
         )
     return found
+
+
+async def _find_workflow(queues: list[JobQueue], workflow_id: str) -> WorkflowStatus | None:
+    """The workflow of this id on the first of the buses that has it."""
+    for queue in queues:
+        status = await queue.status(workflow_id)
+        if status is not None:
+            return status
+    return None
+
+
+def _workflow_text(data: dict[str, Any]) -> str:
+    """`workflow 7f3a: done (group of 5)`, then a line per step and the callback."""
+    lines = [f"workflow {data['id']}: {data['state']} ({data['kind']} of {len(data['steps'])})"]
+    steps = [(str(n + 1), step) for n, step in enumerate(data["steps"])]
+    if data.get("then"):
+        steps.append(("then", data["then"]))
+    for place, step in steps:
+        error = step.get("error")
+        detail = f" {error['type']}: {error['message']}" if error else ""
+        lines.append(f"  {place} {step['job']} {step['id']}: {step['state']}{detail}")
+    return "\n".join(lines)
 
 
 async def _retry(pairs: list[tuple[JobQueue, type[JobBase]]], job_id: str) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
+from mega import chain
 from mega.config import Config, load_config
 from mega.jobs.queue import JobQueue
 from mega.runtime.boot import boot, shutdown
@@ -178,6 +179,29 @@ async def test_inspect_and_cancel_a_waiting_job_then_a_finished_one(
         "mega jobs: error: no job with id 'no-such-id' in MailJob: unknown, or its status "
         "record is older than the job's keep_status_s"
     ]
+
+
+async def test_inspect_a_workflow_by_its_id(
+    config: Config, queue: JobQueue, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (job,) = config.jobs
+    flow = chain(job.step({"n": 1}), job.step({"fail": True}), job.step({"n": 3}))
+    await flow.enqueue(queue.ctx, id="flow-1")
+    async with job_worker(config):
+        deadline = time.monotonic() + 15
+        while not (status := await queue.status("flow-1")) or not status.final:
+            assert time.monotonic() < deadline, status
+            await asyncio.sleep(0.05)
+    await run_jobs_command(config, "inspect", target="flow-1", job=None, by=None)
+    assert capsys.readouterr().out.splitlines() == [
+        "workflow flow-1: failed (chain of 3)",
+        "  1 MailJob wf~flow-1~0: done",
+        "  2 MailJob wf~flow-1~1: dlq RuntimeError: mailbox full",
+        "  3 MailJob wf~flow-1~2: waiting",
+    ]
+    await run_jobs_command(config, "inspect", target="flow-1", job=None, by=None, as_json=True)
+    record = json.loads(capsys.readouterr().out)
+    assert (record["kind"], record["state"], len(record["steps"])) == ("chain", "failed", 3)
 
 
 async def test_retry_requeues_that_dead_letter_once(
