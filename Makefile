@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PORT   ?= 8000
 BUS    ?= nats
 
-.PHONY: run test lint format bench soak screenshots install clean
+.PHONY: run test lint format bench bench-scale soak screenshots install clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mega-py needs Python 3.11+")'
@@ -44,6 +44,9 @@ format: install
 
 bench: install $(PEERS)/.installed  ## every benchmark in one go; results go to bench/RESULTS.md
 	$(BIN)/python -m bench.run_all
+
+bench-scale: install  ## the scale curves (bench/scale): tables and SVG charts in bench/RESULTS.md
+	$(BIN)/python -m bench.scale
 
 soak: install  ## the whole demo under mixed load, a worker SIGKILLed every 30 s (SOAK_S=600 by default)
 	$(BIN)/python -m tests.soak

@@ -160,6 +160,13 @@ def section(outcome: Outcome) -> list[str]:
     return lines
 
 
+def kept_scale_curves() -> str:
+    """The scale curves' part of RESULTS.md (`make bench-scale` writes it), kept as it is."""
+    current = RESULTS.read_text() if RESULTS.exists() else ""
+    begin = current.find("<!-- scale curves:")
+    return "\n" + current[begin:] if begin >= 0 else ""
+
+
 def main() -> int:
     started = datetime.now(UTC)
     clock = time.monotonic()
@@ -171,7 +178,9 @@ def main() -> int:
             outcomes.append(Outcome(name, 0.0, error=import_error))
         else:
             outcomes.append(run_one(name, run))
-    RESULTS.write_text(render(outcomes, info, started, time.monotonic() - clock))
+    RESULTS.write_text(
+        render(outcomes, info, started, time.monotonic() - clock) + kept_scale_curves()
+    )
     print(f"\nwrote {RESULTS}")
     for outcome in outcomes:
         verdict = "ERROR" if outcome.error else "pass" if outcome.passed else "FAIL"

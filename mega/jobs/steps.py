@@ -14,6 +14,8 @@ find them; the callback's id is the workflow's, so the bus's dedup window (2 min
 the second copy, and a `sent` record, written once the callback is stored and read before
 each enqueue, keeps out any later one. A chain's next step is enqueued the same way, from the
 outcome stored (not from a rerun's), so every step runs on what its predecessor recorded.
+One later report does replace an outcome: a `done` over a `dlq`, from a step an operator
+requeued from the DLQ that then succeeded, so a chain stopped there goes on.
 
 A workflow's records are kept WORKFLOW_KEEP_S after their last write: a workflow must end
 within it. All its steps live on one bus.
@@ -432,15 +434,22 @@ class Workflows:
     async def _store_outcome(
         self, workflow_id: str, place: int | str, record: bytes
     ) -> dict[str, Any]:
-        """Store a step's outcome unless one is stored; returns the one stored."""
+        """Store a step's outcome unless one is stored; returns the one stored. A `done` does
+        replace a `dlq`: the step was requeued from the DLQ and succeeded (a stopped chain then
+        goes on; a group whose callback was sent keeps it as sent)."""
         key = outcome_key(workflow_id, place)
-        [created] = await self.bus.put_records(WORKFLOWS, "status", [(key, record)], create=True)
-        if not created:
-            [stored] = await self.bus.get_records(WORKFLOWS, "status", [key])
-            if stored is not None:
-                record = stored
         found: dict[str, Any] = json.loads(record)
-        return found
+        [created] = await self.bus.put_records(WORKFLOWS, "status", [(key, record)], create=True)
+        if created:
+            return found
+        [stored] = await self.bus.get_records(WORKFLOWS, "status", [key])
+        if stored is None:
+            return found
+        kept: dict[str, Any] = json.loads(stored)
+        if kept["state"] == "dlq" and found["state"] == "done":
+            await self.bus.put_records(WORKFLOWS, "status", [(key, record)], create=False)
+            return found
+        return kept
 
     async def _all_ended(self, definition: Definition) -> list[dict[str, Any]] | None:
         """Every member's outcome, as its callback receives it, or None while one is missing

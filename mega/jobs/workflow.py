@@ -10,7 +10,8 @@
 The rules:
 - A chain runs its steps one after the other. A step given no payload receives the previous
   step's result as its payload; one given a payload gets that one. A step that ends in the
-  DLQ (or is cancelled) stops the chain: the steps after it never run.
+  DLQ (or is cancelled) stops the chain: the steps after it never run, unless that step is
+  requeued from the DLQ and then succeeds: the chain goes on from there.
 - A group runs its members at once. Its callback (`then`) runs once, after every member is
   done or dead-lettered (or cancelled), whatever their outcomes: its payload is
   `{"outcomes": [Outcome, ...]}` in member order (each with its `result` or `error`), beside

@@ -24,6 +24,7 @@ from tests.mega.jobs.test_contract import DRIVERS, bus_body, until
 
 RUNS: Counter[str] = Counter()  # job id -> runs
 PAYLOADS: dict[str, list[Any]] = {}  # job id -> the payloads its runs received
+BROKEN: set[str] = set()  # an Add whose payload's "broken" is in here ends in the DLQ
 
 
 class Add(Job):
@@ -39,6 +40,8 @@ class Add(Job):
         await asyncio.sleep(payload.get("sleep_s", 0))
         if "fail" in payload:
             raise Permanent(payload["fail"])
+        if payload.get("broken") in BROKEN:
+            raise Permanent("broken for now")
         return {"n": payload["n"] + 1}
 
 
@@ -135,6 +138,25 @@ async def test_a_chain_stops_at_a_step_that_ends_in_the_dlq(setup: Any) -> None:
     await asyncio.sleep(0.3)  # the last step is never enqueued
     assert RUNS[step_id(workflow_id, 2)] == 0
     assert await queue.status(add, step_id(workflow_id, 2)) is None
+
+
+async def test_a_requeued_step_that_succeeds_resumes_its_chain(setup: Any, prefix: str) -> None:
+    ctx, queue, (add, _, _) = setup
+    BROKEN.add(prefix)
+    flow = chain(add.step({"n": 1}), add.step({"n": 5, "broken": prefix}), add.step())
+    workflow_id = await flow.enqueue(ctx)
+    assert (await ended(queue, workflow_id)).state == "failed"
+    BROKEN.discard(prefix)
+    assert await queue.dlq.requeue(add, step_id(workflow_id, 1)) == 1
+
+    async def done() -> bool:
+        status = await queue.status(workflow_id)
+        return status is not None and status.state == "done"
+
+    await until(done, "the chain went on")
+    status = await queue.status(workflow_id)
+    assert [s.result for s in status.steps] == [{"n": 2}, {"n": 6}, {"n": 7}]
+    assert [RUNS[step_id(workflow_id, n)] for n in range(3)] == [1, 2, 1]
 
 
 async def test_a_group_callback_runs_once_with_every_outcome_in_order(

@@ -1,0 +1,134 @@
+"""Run the scale curves and write their part of bench/RESULTS.md (see bench/scale/__init__.py).
+
+.venv/bin/python -m bench.scale [NAME ...]    # every curve, or the ones named
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import os
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.report import markdown_table, print_table
+from bench.run_all import RESULTS, machine
+from bench.svg import write_chart
+
+SCALE_DIR = Path(__file__).resolve().parent
+BEGIN = "<!-- scale curves: written by `make bench-scale` -->"
+END = "<!-- end of the scale curves -->"
+
+
+@contextmanager
+def servers(tmp: Path) -> Iterator[dict[str, str]]:
+    """nats-server, a Redis-compatible server and PostgreSQL, each on a private port."""
+    from mega.runtime.embedded import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis
+
+    started: list[Any] = []
+    try:
+        urls = {}
+        for name, server in (
+            ("nats", EmbeddedNats(data_dir=tmp / "nats")),
+            ("redis", EmbeddedRedis(data_dir=tmp / "redis")),
+            ("postgres", EmbeddedPostgres(tmp / "postgres", fast=True)),
+        ):
+            server.start()
+            started.append(server)
+            urls[name] = server.url
+        yield urls
+    finally:
+        for server in started:
+            server.stop()
+
+
+def curves(names: list[str]) -> list[str]:
+    found = sorted(p.stem.removeprefix("curve_") for p in SCALE_DIR.glob("curve_*.py"))
+    unknown = set(names) - set(found)
+    if unknown:
+        raise SystemExit(f"bench.scale: no curve {sorted(unknown)}; there are {found}")
+    return names or found
+
+
+def memory_text() -> str:
+    pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    return f"{pages * size / 2**30:.1f} GiB"
+
+
+def section(results: list[dict[str, Any]], info: dict[str, str], started: datetime,
+            total_s: float) -> str:  # fmt: skip
+    lines = [
+        BEGIN,
+        "# Scale curves",
+        "",
+        "Written by `python -m bench.scale` (`make bench-scale`); each point measured in one run.",
+        "",
+        f"{started:%Y-%m-%d %H:%M} UTC, {info['nproc']} cores ({info['CPU']}), "
+        f"{memory_text()} of memory, {info['OS']}, {info['Python']}, nats-server "
+        f"{info['nats-server']}; {total_s / 60:.0f} minutes in all.",
+    ]
+    for res in results:
+        lines += ["", f"## {res['title']} (`bench/scale/curve_{res['name']}.py`)", ""]
+        if "error" in res:
+            lines.append(f"ERROR: `{res['error']}` (full trace on stderr)")
+            continue
+        lines += [res["setup"], ""]
+        lines += [f"![{chart['title']}](scale/{chart['name']}.svg)" for chart in res["charts"]]
+        lines += ["", markdown_table(res)]  # type: ignore[arg-type]
+        lines += ["", *(f"- {note}" for note in res["notes"])] if res["notes"] else []
+    lines.append(END)
+    return "\n".join(lines) + "\n"
+
+
+def write_section(text: str) -> None:
+    """Replace the scale part of RESULTS.md (or add it at the end)."""
+    current = RESULTS.read_text() if RESULTS.exists() else ""
+    if BEGIN in current and END in current:
+        head, rest = current.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1].lstrip("\n")
+        RESULTS.write_text(head + text + tail)
+    else:
+        RESULTS.write_text(current.rstrip("\n") + "\n\n" + text)
+
+
+def run_curve(name: str, urls: dict[str, str]) -> dict[str, Any]:
+    print(f"\n=== curve {name} ===", flush=True)
+    started = time.monotonic()
+    try:
+        module = importlib.import_module(f"bench.scale.curve_{name}")
+        res: dict[str, Any] = dict(asyncio.run(module.run(urls)))
+    except Exception:
+        error = traceback.format_exc()
+        print(error, file=sys.stderr, flush=True)
+        return {"name": name, "title": name, "error": error.strip().splitlines()[-1],
+                "passed": False}  # fmt: skip
+    for chart in res["charts"]:
+        write_chart(SCALE_DIR / f"{chart['name']}.svg", **{k: v for k, v in chart.items()
+                                                           if k != "name"})  # fmt: skip
+    print_table(res)  # type: ignore[arg-type]
+    print(f"({time.monotonic() - started:.0f} s)")
+    return res
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="curves to run (default: every one)")
+    names = curves(parser.parse_args().names)
+    started, clock = datetime.now(UTC), time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp, servers(Path(tmp)) as urls:
+        results = [run_curve(name, urls) for name in names]
+    write_section(section(results, machine(), started, time.monotonic() - clock))
+    print(f"\nwrote the scale curves into {RESULTS}")
+    return 0 if all(res.get("passed") for res in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""A worker's job rate and memory against the backlog it drains: 20,000, 200,000 and
+1,000,000 no-op jobs waiting, on the nats, redis and postgres drivers. Targets: the rate at
+1,000,000 at least 0.8x the rate at 20,000; the worker's RSS flat (at most 1.25x).
+
+The backlog is enqueued first (`enqueue_many`, untimed), then one `mega worker` process runs
+the no-op job (bench/jobs_noop.py, concurrency 200, status records on) for WARMUP_S, and the
+rate is how far the backlog fell over the next WINDOW_S (the lane's pending count, read from the
+bus); its RSS (VmRSS) is read at the end. The worker is stopped before the backlog grows to the
+next point, so each point is a fresh process draining the backlog as it stands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.report import Result, Row, result, row
+from bench.scale.site import write_config
+from mega import JobQueue, boot, load_config, shutdown
+
+BACKLOGS = (20_000, 200_000, 1_000_000)
+DRIVERS = ("nats", "redis", "postgres")
+RATE_TARGET = 0.8
+RSS_TARGET = 1.25
+WARMUP_S = 3.0
+WINDOW_S = 8.0
+BATCH = 10_000
+READY_S = 60.0
+BODY = "from bench.jobs_noop import NoopJob\njobs = [NoopJob]\n"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def _point(config: Path, queue: JobQueue, job: Any, log: Path) -> tuple[float, float]:
+    """One worker on the backlog as it stands: (jobs/s over the window, RSS in MB)."""
+    env = {**os.environ, "BENCH_JOBS_SUBJECT": job.subject}
+    with open(log, "wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "mega", "worker", "--config", str(config)],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + READY_S
+        while " consuming " not in log.read_text(errors="replace"):
+            assert worker.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(WARMUP_S)
+        before, started = (await queue.stats(job)).pending, time.perf_counter()
+        await asyncio.sleep(WINDOW_S)
+        after, ended = (await queue.stats(job)).pending, time.perf_counter()
+        rss = _rss_mb(worker.pid)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(60)
+    assert after < before, f"the backlog did not fall ({before} -> {after}): {log}"
+    return (before - after) / (ended - started), rss
+
+
+async def _driver(driver: str, urls: dict[str, str], folder: Path) -> dict[str, Any]:
+    from bench.jobs_noop import job_class
+
+    job = job_class(f"bench.scale.{driver}")
+    path = write_config(folder, driver, urls, BODY)
+    ctx = await boot(load_config(path), role="bench", database=False)
+    rates: list[tuple[int, float]] = []
+    rss: list[tuple[int, float]] = []
+    try:
+        queue = JobQueue(ctx, "jobs")
+        await queue.ensure(job)
+        for backlog in BACKLOGS:
+            waiting = (await queue.stats(job)).pending
+            started = time.perf_counter()
+            while waiting < backlog:
+                count = min(BATCH, backlog - waiting)
+                await queue.enqueue_many(job, range(waiting, waiting + count))
+                waiting += count
+            filled_s = time.perf_counter() - started
+            rate, mb = await _point(path, queue, job, folder / f"worker-{driver}-{backlog}.log")
+            rates.append((backlog, rate))
+            rss.append((backlog, mb))
+            print(f"  {driver} at {backlog:,} waiting (filled in {filled_s:.0f} s): "
+                  f"{rate:,.0f} jobs/s, RSS {mb:.0f} MB", flush=True)  # fmt: skip
+    finally:
+        await shutdown(ctx)
+    return {"rate": rates, "rss": rss}
+
+
+async def run(urls: dict[str, str]) -> Result:
+    found = {}
+    with tempfile.TemporaryDirectory(prefix="scale-backlog-") as tmp:
+        for driver in DRIVERS:
+            found[driver] = await _driver(driver, urls, Path(tmp))
+    rows: list[Row] = []
+    for driver in DRIVERS:
+        rate, rss = dict(found[driver]["rate"]), dict(found[driver]["rss"])
+        small, large = BACKLOGS[0], BACKLOGS[-1]
+        rows.append(row(
+            f"{driver}: jobs/s with {large:,} waiting", rate[large], baseline=rate[small],
+            baseline_name=f"with {small:,}", target=f">= {RATE_TARGET:g}x",
+            passed=rate[large] >= RATE_TARGET * rate[small],
+        ))  # fmt: skip
+        rows.append(row(
+            f"{driver}: worker RSS with {large:,} waiting (MB)", rss[large],
+            baseline=rss[small], baseline_name=f"with {small:,}",
+            target=f"<= {RSS_TARGET:g}x", passed=rss[large] <= RSS_TARGET * rss[small],
+        ))  # fmt: skip
+    charts = [
+        {"name": "backlog_rate", "title": "Job rate against the backlog",
+         "x_label": "jobs waiting", "y_label": "no-op jobs/s, one worker",
+         "series": {d: found[d]["rate"] for d in DRIVERS}},
+        {"name": "backlog_rss", "title": "Worker RSS against the backlog",
+         "x_label": "jobs waiting", "y_label": "MB (VmRSS)",
+         "series": {d: found[d]["rss"] for d in DRIVERS}},
+    ]  # fmt: skip
+    res = result(
+        "backlog",
+        "Jobs: one worker's rate and memory against the backlog",
+        f"{', '.join(f'{b:,}' for b in BACKLOGS)} no-op jobs waiting; one `mega worker` "
+        f"(concurrency 200, status records on), {WINDOW_S:g} s measured after {WARMUP_S:g} s.",
+        rows,
+    )
+    return {**res, "charts": charts, "data": found}  # type: ignore[typeddict-unknown-key]

@@ -1,0 +1,101 @@
+"""Event fan-out against the number of listener groups: 1, 10 and 50 groups hearing one
+event, in one `ListenerWorker` process, on the nats, redis and postgres drivers. Each group
+receives every event once; the figure is each group's rate (events it ran per second, from
+the first emit to its last run). Target: each group's rate with 50 groups at least 0.5x its
+rate with 1 (more groups share the same two cores, so a group's rate falls; it must not fall
+off a cliff).
+
+EVENTS events are emitted once the groups exist (they hear only events after their start),
+each listener run a no-op that counts it; every group must count every event exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+from bench.bench_drivers import driver_context
+from bench.report import Result, Row, result, row
+from mega import Context, Event, EventBus, Listener, ListenerWorker, ReceivedEvent
+
+GROUPS = (1, 10, 50)
+DRIVERS = ("nats", "redis", "postgres")
+EVENTS = 2_000
+RATE_TARGET = 0.5
+TIMEOUT_S = 300.0
+SEEN: dict[str, Counter[str]] = {}  # group -> event id -> runs
+LAST: dict[str, float] = {}  # group -> when it ran its last event (perf_counter)
+
+
+class Ping(Event):
+    name = "bench.scale.ping"
+    bus = "jobs"
+
+
+class Hear(Listener):
+    event = Ping
+    concurrency = 100
+
+    async def run(self, event: ReceivedEvent, ctx: Context) -> None:
+        SEEN[self.group][event.id] += 1
+        LAST[self.group] = time.perf_counter()
+
+
+async def _rate(driver: str, url: str, groups: int) -> float:
+    """The slowest group's events per second with `groups` groups."""
+    ctx = await driver_context(driver, url)
+    run = f"{driver}{groups}x{time.monotonic_ns() % 10**8}"
+    names = [f"g{run}n{n}" for n in range(groups)]
+    SEEN.update({name: Counter() for name in names})
+    worker = ListenerWorker(ctx)
+    for name in names:
+        worker.register(type(f"Hear{name}", (Hear,), {"group": name}))
+    try:
+        await worker.start()
+        bus = EventBus(ctx, "jobs")
+        started = time.perf_counter()
+        await asyncio.gather(*(bus.emit(Ping, {"n": n}) for n in range(EVENTS)))
+        deadline = time.monotonic() + TIMEOUT_S
+        while any(len(SEEN[name]) < EVENTS for name in names):
+            assert time.monotonic() < deadline, {n: len(SEEN[n]) for n in names}
+            await asyncio.sleep(0.05)
+        assert all(set(SEEN[name].values()) == {1} for name in names), "an event ran twice"
+        return min(EVENTS / (LAST[name] - started) for name in names)
+    finally:
+        await worker.stop(10)
+        await ctx.bus("jobs").close()
+
+
+async def run(urls: dict[str, str]) -> Result:
+    found: dict[str, list[tuple[int, float]]] = {}
+    for driver in DRIVERS:
+        found[driver] = []
+        for groups in GROUPS:
+            found[driver].append((groups, await _rate(driver, urls[driver], groups)))
+            print(f"  {driver}, {groups} groups: {found[driver][-1][1]:,.0f} events/s each",
+                  flush=True)  # fmt: skip
+    rows: list[Row] = []
+    for driver in DRIVERS:
+        rate = dict(found[driver])
+        few, many = GROUPS[0], GROUPS[-1]
+        rows.append(row(
+            f"{driver}: each group's events/s with {many} groups", rate[many],
+            baseline=rate[few], baseline_name=f"with {few}", target=f">= {RATE_TARGET:g}x",
+            passed=rate[many] >= RATE_TARGET * rate[few],
+        ))  # fmt: skip
+    chart = {
+        "name": "groups", "title": "Each listener group's rate against the number of groups",
+        "x_label": "listener groups", "y_label": "events/s, the slowest group",
+        "series": found, "log_x": False,
+    }  # fmt: skip
+    data: dict[str, Any] = found
+    res = result(
+        "groups",
+        "Events: fan-out against the number of listener groups",
+        f"{', '.join(map(str, GROUPS))} groups of one no-op listener in one ListenerWorker, "
+        f"{EVENTS:,} events emitted at once; the slowest group's rate.",
+        rows,
+    )
+    return {**res, "charts": [chart], "data": data}  # type: ignore[typeddict-unknown-key]
