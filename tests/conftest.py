@@ -21,8 +21,14 @@ from tests.netns import NamespacesUnavailable, NetnsCluster, Network
 
 # Tests that share something beyond the session's servers run on one xdist worker each group
 # (`make test` runs two): the browser tests share their live stacks, the compose tests the
-# Docker daemon.
-XDIST_GROUPS = {"/e2e/": "browser", "/ops/test_compose": "compose"}
+# Docker daemon, and the tests that restart worker processes in a loop the cores (two of them
+# at once starve each other's workers of the CPU their boots take).
+XDIST_GROUPS = {
+    "/e2e/": "browser",
+    "/ops/test_compose": "compose",
+    "/events/test_inbox_faults": "restart_loops",
+    "/jobs/test_workflow_faults": "restart_loops",
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
