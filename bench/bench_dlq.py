@@ -183,7 +183,7 @@ def _summary(figures: dict[str, Any]) -> str:
 
 
 @contextmanager
-def _servers(tmp: Path) -> Iterator[dict[str, str]]:
+def embedded_servers(tmp: Path) -> Iterator[dict[str, str]]:
     """The embedded servers, each on a private port under `tmp`, stopped after."""
     from mega.runtime.embedded import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis
 
@@ -248,7 +248,10 @@ def _rows(driver: str, figures: dict[str, Any], dead: int) -> tuple[list[Row], l
 async def _bench(dead: int, repeats: int) -> Result:
     assert dead >= 2 * SMALL, f"--dead must be at least {2 * SMALL}"
     figures: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="bench-dlq-") as tmp, _servers(Path(tmp)) as urls:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-dlq-") as tmp,
+        embedded_servers(Path(tmp)) as urls,
+    ):
         for driver in DRIVERS:
             figures[driver] = await _driver(driver, urls.get(driver, ""), dead, repeats)
     rows, notes = [], []

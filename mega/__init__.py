@@ -57,7 +57,7 @@ _EXPORTS = {
     "Job": "mega.jobs.job",
     "JobContext": "mega.jobs.progress",
     "JobWorker": "mega.jobs.jobworker",
-    "JobId": "mega.jobs.queue",
+    "JobId": "mega.jobs.spec",
     "JobStatus": "mega.jobs.status",
     "AttemptRecord": "mega.jobs.status",
     "Cause": "mega.jobs.status",
@@ -151,8 +151,8 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.jobs.jobworker import JobWorker as JobWorker
     from mega.jobs.presence import WorkerSeen as WorkerSeen
     from mega.jobs.progress import JobContext as JobContext
-    from mega.jobs.queue import JobId as JobId
     from mega.jobs.queue import JobQueue as JobQueue
+    from mega.jobs.spec import JobId as JobId
     from mega.jobs.status import AttemptRecord as AttemptRecord
     from mega.jobs.status import Cause as Cause
     from mega.jobs.status import JobStatus as JobStatus

@@ -13,12 +13,11 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.bench_dlq import embedded_servers
 from bench.report import markdown_table, print_table
 from bench.run_all import RESULTS, machine
 from bench.svg import write_chart
@@ -26,28 +25,6 @@ from bench.svg import write_chart
 SCALE_DIR = Path(__file__).resolve().parent
 BEGIN = "<!-- scale curves: written by `make bench-scale` -->"
 END = "<!-- end of the scale curves -->"
-
-
-@contextmanager
-def servers(tmp: Path) -> Iterator[dict[str, str]]:
-    """nats-server, a Redis-compatible server and PostgreSQL, each on a private port."""
-    from mega.runtime.embedded import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis
-
-    started: list[Any] = []
-    try:
-        urls = {}
-        for name, server in (
-            ("nats", EmbeddedNats(data_dir=tmp / "nats")),
-            ("redis", EmbeddedRedis(data_dir=tmp / "redis")),
-            ("postgres", EmbeddedPostgres(tmp / "postgres", fast=True)),
-        ):
-            server.start()
-            started.append(server)
-            urls[name] = server.url
-        yield urls
-    finally:
-        for server in started:
-            server.stop()
 
 
 def curves(names: list[str]) -> list[str]:
@@ -123,7 +100,10 @@ def main() -> int:
     parser.add_argument("names", nargs="*", help="curves to run (default: every one)")
     names = curves(parser.parse_args().names)
     started, clock = datetime.now(UTC), time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp, servers(Path(tmp)) as urls:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp,
+        embedded_servers(Path(tmp)) as urls,
+    ):
         results = [run_curve(name, urls) for name in names]
     write_section(section(results, machine(), started, time.monotonic() - clock))
     print(f"\nwrote the scale curves into {RESULTS}")

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.report import Result, Row, result, row
+from bench.report import Result, Row
+from bench.scale import curve, last_against_first
 from bench.scale.site import write_config
 from mega import JobQueue, boot, load_config, shutdown
 
@@ -105,17 +106,13 @@ async def run(urls: dict[str, str]) -> Result:
             found[driver] = await _driver(driver, urls, Path(tmp))
     rows: list[Row] = []
     for driver in DRIVERS:
-        rate, rss = dict(found[driver]["rate"]), dict(found[driver]["rss"])
-        small, large = BACKLOGS[0], BACKLOGS[-1]
-        rows.append(row(
-            f"{driver}: jobs/s with {large:,} waiting", rate[large], baseline=rate[small],
-            baseline_name=f"with {small:,}", target=f">= {RATE_TARGET:g}x",
-            passed=rate[large] >= RATE_TARGET * rate[small],
+        large = BACKLOGS[-1]
+        rows.append(last_against_first(
+            f"{driver}: jobs/s with {large:,} waiting", found[driver]["rate"], RATE_TARGET
         ))  # fmt: skip
-        rows.append(row(
-            f"{driver}: worker RSS with {large:,} waiting (MB)", rss[large],
-            baseline=rss[small], baseline_name=f"with {small:,}",
-            target=f"<= {RSS_TARGET:g}x", passed=rss[large] <= RSS_TARGET * rss[small],
+        rows.append(last_against_first(
+            f"{driver}: worker RSS with {large:,} waiting (MB)", found[driver]["rss"],
+            RSS_TARGET, most=True,
         ))  # fmt: skip
     charts = [
         {"name": "backlog_rate", "title": "Job rate against the backlog",
@@ -125,11 +122,12 @@ async def run(urls: dict[str, str]) -> Result:
          "x_label": "jobs waiting", "y_label": "MB (VmRSS)",
          "series": {d: found[d]["rss"] for d in DRIVERS}},
     ]  # fmt: skip
-    res = result(
+    return curve(
         "backlog",
         "Jobs: one worker's rate and memory against the backlog",
         f"{', '.join(f'{b:,}' for b in BACKLOGS)} no-op jobs waiting; one `mega worker` "
         f"(concurrency 200, status records on), {WINDOW_S:g} s measured after {WARMUP_S:g} s.",
         rows,
+        charts,
+        found,
     )
-    return {**res, "charts": charts, "data": found}  # type: ignore[typeddict-unknown-key]

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_dlq import Doomed, _fill
-from bench.report import Result, Row, result, row
+from bench.report import Result, Row, row
+from bench.scale import curve
 from bench.scale.site import console
 from mega.jobs.queue import JobQueue
 from mega.runtime.dlq_cli import _list
@@ -92,12 +93,11 @@ async def run(urls: dict[str, str]) -> Result:
          "series": {driver: found[driver][what] for driver in DRIVERS}, "target": TARGET_MS}
         for what, label in (("cli", "mega dlq list"), ("page", "The console's DLQ page"))
     ]  # fmt: skip
-    res = result(
+    return curve(
         "dlq",
         "Dead letters: the CLI and the page against the DLQ's size",
         f"{', '.join(f'{s:,}' for s in SIZES)} dead letters of one job on each driver; median of "
         f"{REPEATS} calls. `mega dlq list`: its count and first {CLI_LIMIT} records (the "
         "process start left out); the page: GET /admin/dlq/<job>, its count and first 50.",
-        rows,
-    )
-    return {**res, "charts": charts, "data": found}  # type: ignore[typeddict-unknown-key]
+        rows, charts, found,
+    )  # fmt: skip

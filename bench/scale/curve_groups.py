@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from typing import Any
 
 from bench.bench_drivers import driver_context
-from bench.report import Result, Row, result, row
+from bench.report import Result
+from bench.scale import curve, last_against_first
 from mega import Context, Event, EventBus, Listener, ListenerWorker, ReceivedEvent
 
 GROUPS = (1, 10, 50)
@@ -76,26 +76,23 @@ async def run(urls: dict[str, str]) -> Result:
             found[driver].append((groups, await _rate(driver, urls[driver], groups)))
             print(f"  {driver}, {groups} groups: {found[driver][-1][1]:,.0f} events/s each",
                   flush=True)  # fmt: skip
-    rows: list[Row] = []
-    for driver in DRIVERS:
-        rate = dict(found[driver])
-        few, many = GROUPS[0], GROUPS[-1]
-        rows.append(row(
-            f"{driver}: each group's events/s with {many} groups", rate[many],
-            baseline=rate[few], baseline_name=f"with {few}", target=f">= {RATE_TARGET:g}x",
-            passed=rate[many] >= RATE_TARGET * rate[few],
-        ))  # fmt: skip
+    rows = [
+        last_against_first(
+            f"{driver}: each group's events/s with {GROUPS[-1]} groups",
+            found[driver],
+            RATE_TARGET,
+        )
+        for driver in DRIVERS
+    ]
     chart = {
         "name": "groups", "title": "Each listener group's rate against the number of groups",
         "x_label": "listener groups", "y_label": "events/s, the slowest group",
         "series": found, "log_x": False,
     }  # fmt: skip
-    data: dict[str, Any] = found
-    res = result(
+    return curve(
         "groups",
         "Events: fan-out against the number of listener groups",
         f"{', '.join(map(str, GROUPS))} groups of one no-op listener in one ListenerWorker, "
         f"{EVENTS:,} events emitted at once; the slowest group's rate.",
-        rows,
-    )
-    return {**res, "charts": [chart], "data": data}  # type: ignore[typeddict-unknown-key]
+        rows, [chart], found,
+    )  # fmt: skip

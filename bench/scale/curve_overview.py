@@ -13,7 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.report import Result, Row, result, row
+from bench.report import Result, Row, row
+from bench.scale import curve
 from bench.scale.site import console
 
 QUEUES = (1, 10, 50)
@@ -75,11 +76,10 @@ async def run(urls: dict[str, str]) -> Result:
         "x_label": "job queues", "y_label": "ms (median)", "series": found,
         "target": TARGET_MS, "log_x": False,
     }  # fmt: skip
-    res = result(
+    return curve(
         "overview",
         "The operator console's overview against the number of job queues",
         f"{', '.join(map(str, QUEUES))} job queues on each driver, no worker running; GET "
         f"/admin/, median of {REPEATS} calls.",
-        rows,
-    )
-    return {**res, "charts": [chart], "data": found}  # type: ignore[typeddict-unknown-key]
+        rows, [chart], found,
+    )  # fmt: skip

@@ -13,10 +13,10 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from bench.bench_outbox import BATCH, _commit
-from bench.report import Result, Row, result, row
+from bench.report import Result
+from bench.scale import curve, last_against_first
 from mega import Context, OutboxRelay
 from mega.config import BusSpec
 from mega.drivers.nats import NatsBus
@@ -60,26 +60,21 @@ async def run(urls: dict[str, str]) -> Result:
             found[name] = await _rates(urls["nats"], db_url)
             print(f"  {name}: " + ", ".join(f"{r:,.0f} rows/s with {p:,}" for p, r in found[name]),
                   flush=True)  # fmt: skip
-    rows: list[Row] = []
-    for name, points in found.items():
-        rate = dict(points)
-        small, large = PENDING[0], PENDING[-1]
-        rows.append(row(
-            f"{name}: rows relayed per second with {large:,} waiting", rate[large],
-            baseline=rate[small], baseline_name=f"with {small:,}",
-            target=f">= {RATE_TARGET:g}x", passed=rate[large] >= RATE_TARGET * rate[small],
-        ))  # fmt: skip
+    rows = [
+        last_against_first(
+            f"{name}: rows relayed per second with {PENDING[-1]:,} waiting", points, RATE_TARGET
+        )
+        for name, points in found.items()
+    ]
     chart = {
         "name": "relay", "title": "Outbox relay rate against the rows waiting",
         "x_label": "committed rows waiting", "y_label": "rows relayed per second",
         "series": found,
     }  # fmt: skip
-    data: dict[str, Any] = found
-    res = result(
+    return curve(
         "relay",
         "The outbox relay against the rows waiting for it",
         f"{', '.join(f'{p:,}' for p in PENDING)} committed rows on SQLite and on PostgreSQL; one "
         f"relay (batches of {BATCH}) to NATS, its rate over the first {MEASURED:,}.",
-        rows,
-    )
-    return {**res, "charts": [chart], "data": data}  # type: ignore[typeddict-unknown-key]
+        rows, [chart], found,
+    )  # fmt: skip

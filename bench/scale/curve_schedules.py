@@ -17,7 +17,8 @@ from typing import Any
 from redis.asyncio import Redis
 
 from bench.bench_schedule_lateness import LOCK_TTL_MS, _probe
-from bench.report import Result, Row, percentile, result, row
+from bench.report import Result, Row, percentile, row
+from bench.scale import curve
 from mega.context import CacheAdapter, Context
 from mega.schedules.locks import RedLock
 from mega.schedules.scheduler import Scheduler
@@ -85,12 +86,11 @@ async def run(urls: dict[str, str]) -> Result:
         "x_label": "schedules, each every second", "y_label": "ms, p99 of run starts",
         "series": {"with the lock": p99}, "target": TARGET_P99_MS,
     }  # fmt: skip
-    res = result(
+    return curve(
         "schedules",
         "Schedules: lateness against how many one scheduler runs",
         f"{', '.join(f'{c:,}' for c in COUNTS)} schedules `* * * * * *`, each with the cluster "
         f"lock (its own key), in one Scheduler on the embedded Redis; {TICKS} s measured after "
         f"{WARMUP_S:g} s of warm-up.",
-        rows,
-    )
-    return {**res, "charts": [chart], "data": data}  # type: ignore[typeddict-unknown-key]
+        rows, [chart], data,
+    )  # fmt: skip

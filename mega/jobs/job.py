@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from mega.drivers.base import Priority
 from mega.jobs.control import Cancelled
-from mega.jobs.queue import JobId, queue_of
-from mega.jobs.spec import JobBase
+from mega.jobs.queue import queue_of
+from mega.jobs.spec import JobBase, JobId
 from mega.jobs.status import JobStatus
 from mega.jobs.steps import UNSET, Step
 

@@ -44,6 +44,7 @@ from mega.jobs.presence import WorkerSeen
 from mega.jobs.progress import RunContexts
 from mega.jobs.spec import (
     JobBase,
+    JobId,
     JobSpec,
     due_ms_of,
     encode_job,
@@ -78,21 +79,6 @@ def job_lane(spec: JobSpec) -> Lane:
         keep_status_s=spec.keep_status_s, keep_result_s=spec.keep_result_s, fair=spec.fair,
         prioritized=spec.prioritized,
     )  # fmt: skip
-
-
-class JobId(str):
-    """What `enqueue` answers: the job's id, a plain `str`, that also says whether this call
-    stored the job. `duplicate` is True when the bus already had a job with this id (within
-    its dedup window, or still being stored by an earlier call), so nothing new was stored and
-    the job runs once."""
-
-    __slots__ = ("duplicate",)
-    duplicate: bool
-
-    def __new__(cls, job_id: str, *, duplicate: bool = False) -> JobId:
-        answer = super().__new__(cls, job_id)
-        answer.duplicate = duplicate
-        return answer
 
 
 class JobQueue(LaneEndpoint):

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
 import anyio.to_thread
 from anyio import CapacityLimiter
@@ -169,6 +169,21 @@ class JobSpec(ConsumedSpec):
     keep_result_s: float = DEFAULT_KEEP_RESULT_S
     fair: bool = False
     prioritized: bool = False
+
+
+class JobId(str):
+    """What `enqueue` answers: the job's id, a plain `str`, that also says whether this call
+    stored the job. `duplicate` is True when the bus already had a job with this id (within
+    its dedup window, or still being stored by an earlier call), so nothing new was stored and
+    the job runs once."""
+
+    __slots__ = ("duplicate",)
+    duplicate: bool
+
+    def __new__(cls, job_id: str, *, duplicate: bool = False) -> Self:
+        answer = super().__new__(cls, job_id)
+        answer.duplicate = duplicate
+        return answer
 
 
 # -- validation --------------------------------------------------------------------------------
@@ -444,14 +459,19 @@ def due_ms_of(
     return now_ms + round(seconds * 1000)
 
 
+def is_token(value: object, max_length: int = MAX_ID_LENGTH) -> bool:
+    """Whether `value` may be an id or a key: it travels as a header value, so no whitespace
+    (a CR/LF would forge headers), and bounded: 1 to `max_length` printable characters."""
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= max_length
+        and value.isprintable()
+        and not any(c.isspace() for c in value)
+    )
+
+
 def _check_token(spec: JobSpec, value: object, what: Literal["id", "key"]) -> None:
-    # It travels as a header value: no whitespace (a CR/LF would forge headers), bounded.
-    if (
-        not isinstance(value, str)
-        or not 0 < len(value) <= MAX_ID_LENGTH
-        or not value.isprintable()
-        or any(c.isspace() for c in value)
-    ):
+    if not is_token(value):
         raise JobError(
             f"{spec.name}: {what} must be 1-{MAX_ID_LENGTH} printable characters without "
             f"spaces, got {value!r}",

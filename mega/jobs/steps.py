@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict
 
 from mega.drivers.base import DriverUnavailable, Lane
 from mega.errors import JobError
-from mega.jobs.spec import MAX_ID_LENGTH, JobBase, JobSpec, encode_job
+from mega.jobs.spec import MAX_ID_LENGTH, JobBase, JobId, JobSpec, encode_job, is_token
 from mega.jobs.status import ErrorInfo, decode
 
 if TYPE_CHECKING:
@@ -124,17 +124,11 @@ class WorkflowStatus(BaseModel):
         return self.state != "running"
 
 
-class WorkflowId(str):
+class WorkflowId(JobId):
     """What a workflow's `enqueue` answers: its id, a plain `str`; `duplicate` is True when a
     workflow with this id was there already (nothing new was stored)."""
 
-    __slots__ = ("duplicate",)
-    duplicate: bool
-
-    def __new__(cls, workflow_id: str, *, duplicate: bool = False) -> WorkflowId:
-        answer = super().__new__(cls, workflow_id)
-        answer.duplicate = duplicate
-        return answer
+    __slots__ = ()
 
 
 @dataclass(frozen=True)
@@ -324,12 +318,7 @@ class Workflows:
         then the first step (a chain's) or every member (a group's)."""
         if workflow_id is None:
             workflow_id = uuid.uuid4().hex
-        elif (
-            not isinstance(workflow_id, str)
-            or not 0 < len(workflow_id) <= MAX_WORKFLOW_ID_LENGTH
-            or not workflow_id.isprintable()
-            or any(c.isspace() for c in workflow_id)
-        ):
+        elif not is_token(workflow_id, MAX_WORKFLOW_ID_LENGTH):
             raise JobError(
                 f"a workflow id must be 1-{MAX_WORKFLOW_ID_LENGTH} printable characters "
                 f"without spaces, got {workflow_id!r}",

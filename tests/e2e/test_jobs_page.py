@@ -31,6 +31,24 @@ def enqueue(page, mode: str, to: str | None = None) -> str:  # type: ignore[no-u
     return page.locator("#enqueue-result").inner_text().split()[1].rstrip(".")
 
 
+def check_panel(page, panel: str, scheme: str, width: int) -> None:  # type: ignore[no-untyped-def]
+    """Axe finds nothing serious on the page; the panel's screenshots (the page at it, and the
+    panel alone) are taken; nothing of it reaches past `width`."""
+    violations = [
+        f"{v['id']}: {v['help']}" for v in Axe().run(page).response["violations"]
+        if v["impact"] in ("serious", "critical")
+    ]  # fmt: skip
+    assert not violations, violations
+    page.locator(f"#{panel}").scroll_into_view_if_needed()
+    screenshot(page, f"jobs-{panel}-{scheme}-{width}")
+    page.locator(f"#{panel}").screenshot(path=str(SCREENSHOTS / f"{panel}-{scheme}-{width}.png"))
+    wide = page.evaluate(
+        f"[...document.querySelectorAll('#{panel} *')].filter(e => e.getBoundingClientRect()"
+        f".right > {width}).map(e => e.tagName + '#' + e.id + '.' + e.className)"
+    )
+    assert page.evaluate("document.documentElement.scrollWidth") <= width, wide
+
+
 def test_flaky_job_retries_then_done_and_fail_job_lands_in_dlq(page, live_stack: LiveStack) -> None:
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/jobs")
@@ -337,19 +355,7 @@ def test_the_noisy_neighbour_panel_draws_each_tenants_wait(  # type: ignore[no-u
     assert waits["fair"] * 4 < waits["in_order"], waits
     expect(page.locator("#noisy-empty")).to_be_hidden()
     expect(page.locator("#noisy-starts")).to_contain_text("Starts in each second: ")
-    violations = [
-        f"{v['id']}: {v['help']}" for v in Axe().run(page).response["violations"]
-        if v["impact"] in ("serious", "critical")
-    ]  # fmt: skip
-    assert not violations, violations
-    page.locator("#noisy").scroll_into_view_if_needed()
-    screenshot(page, f"jobs-noisy-{scheme}-{width}")
-    page.locator("#noisy").screenshot(path=str(SCREENSHOTS / f"noisy-{scheme}-{width}.png"))
-    wide = page.evaluate(
-        "[...document.querySelectorAll('#noisy *')].filter(e => e.getBoundingClientRect().right"
-        f" > {width}).map(e => e.tagName + '#' + e.id + '.' + e.className)"
-    )
-    assert page.evaluate("document.documentElement.scrollWidth") <= width, wide
+    check_panel(page, "noisy", scheme, width)
     context.close()
 
 
@@ -385,17 +391,5 @@ def test_the_pipeline_panel_draws_a_group_and_its_callback_run_once(  # type: ig
     expect(rows.nth(2)).to_contain_text("Permanent: cannot resize")
     expect(rows.nth(0)).to_contain_text(f"/photos/{run}/64.webp")
     expect(page.locator("#pipeline-status")).to_have_text(f"Workflow {run} is done.")
-    violations = [
-        f"{v['id']}: {v['help']}" for v in Axe().run(page).response["violations"]
-        if v["impact"] in ("serious", "critical")
-    ]  # fmt: skip
-    assert not violations, violations
-    page.locator("#pipeline").scroll_into_view_if_needed()
-    screenshot(page, f"jobs-pipeline-{scheme}-{width}")
-    page.locator("#pipeline").screenshot(path=str(SCREENSHOTS / f"pipeline-{scheme}-{width}.png"))
-    wide = page.evaluate(
-        "[...document.querySelectorAll('#pipeline *')].filter(e => e.getBoundingClientRect()"
-        f".right > {width}).map(e => e.tagName + '#' + e.id + '.' + e.className)"
-    )
-    assert page.evaluate("document.documentElement.scrollWidth") <= width, wide
+    check_panel(page, "pipeline", scheme, width)
     context.close()

@@ -204,9 +204,7 @@ def admin_router(
             return RedirectResponse(admin.job_url(job_id, found[0].name), status_code=303)
         if await find_workflow(admin, request, job_id) is not None:
             return RedirectResponse(admin.workflow_url(job_id), status_code=303)
-        return admin.page(
-            request, "search.html", status_code=404, job_id=job_id, lanes=keeps(admin, request)
-        )
+        return not_found(admin, request, job_id)
 
     @router.get("/jobs/{job_id}")
     async def job_page(
@@ -219,20 +217,14 @@ def admin_router(
         else:
             found = await find_job(admin, request, job_id)
         if found is None:
-            return admin.page(
-                request, "search.html", status_code=404, job_id=job_id,
-                lanes=keeps(admin, request),
-            )  # fmt: skip
+            return not_found(admin, request, job_id)
         return admin.page(request, "job.html", **await job_data(admin, request, *found))
 
     @router.get("/workflows/{workflow_id}")
     async def workflow_page(request: Request, user: UserDep, workflow_id: str) -> Response:
         status = await find_workflow(admin, request, workflow_id)
         if status is None:
-            return admin.page(
-                request, "search.html", status_code=404, job_id=workflow_id,
-                lanes=keeps(admin, request),
-            )  # fmt: skip
+            return not_found(admin, request, workflow_id)
         return admin.page(request, "workflow.html", **workflow_data(admin, status))
 
     for kind, path in (("job", "/dlq/{name}"), ("group", "/listeners/{name}/dlq")):
@@ -341,6 +333,14 @@ def workflow_data(admin: Admin, status: Any) -> dict[str, Any]:
         "steps": [fleet.step_row(step, admin.job_url(step.id, step.job)) for step in steps],
         "has_then": status.then is not None,
     }
+
+
+def not_found(admin: Admin, request: Request, job_id: str) -> Response:
+    """The search page that says no job (nor workflow) has this id, and how long each job
+    queue keeps its records."""
+    return admin.page(
+        request, "search.html", status_code=404, job_id=job_id, lanes=keeps(admin, request)
+    )
 
 
 def keeps(admin: Admin, request: Request) -> list[dict[str, Any]]:
