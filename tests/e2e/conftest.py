@@ -28,6 +28,7 @@ CHROMIUM = os.environ.get("MEGA_CHROMIUM") or shutil.which("chromium") or "/usr/
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
 GUIDE = ROOT / "docs" / "guide"
 GUIDE_IMAGES = GUIDE / "img"
+SCREENSHOT_MAX_HEIGHT_PX = 8_000
 GUIDE_MAX_HEIGHT_PX = 1600
 
 
@@ -160,8 +161,12 @@ def screenshot(page, name: str) -> None:  # type: ignore[no-untyped-def]
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     # Animations stopped (a live page always has one running) and a minute, not 30 s: on two
     # busy cores a full-page capture has waited out the default for a stable frame.
+    # A page taller than SCREENSHOT_MAX_HEIGHT_PX (a long guide chapter) is taken as the reader
+    # first sees it: for a full-page capture Chromium grows its window to the whole height,
+    # which for tens of thousands of pixels takes longer than the timeout.
+    tall = page.evaluate("document.documentElement.scrollHeight") > SCREENSHOT_MAX_HEIGHT_PX
     page.screenshot(
-        path=str(SCREENSHOTS / f"{name}.png"), full_page=True, animations="disabled",
+        path=str(SCREENSHOTS / f"{name}.png"), full_page=not tall, animations="disabled",
         timeout=60_000,
     )  # fmt: skip
     if os.environ.get("MEGA_GUIDE_SCREENSHOTS") == "1" and name in guide_images():

@@ -169,7 +169,7 @@ class ThrottledJob(Job):
 
 
 class Member(Job):
-    """A member of the workflow fault test's group: 0.4-0.8 s, then twice its `n`. Its
+    """A member of the workflow fault test's group: 0.2-0.4 s, then twice its `n`. Its
     concurrency is the fleet's on NATS and each process's elsewhere: the test sets it so that
     every driver runs as many at once (FAULT_MEMBER_CONCURRENCY)."""
 
@@ -181,7 +181,7 @@ class Member(Job):
     ack_wait_s = ACK_WAIT_S
 
     async def run(self, payload: dict[str, Any], ctx: Context) -> int:
-        await asyncio.sleep(0.4 + 0.4 * random.random())
+        await asyncio.sleep(0.2 + 0.2 * random.random())
         return int(payload["n"]) * 2
 
 
