@@ -27,9 +27,9 @@ from mega import Job
 
 def _queue(n):
     class Queue(Job):
-        subject = f"scale.queue{n}"
+        subject = f"scale.queue{{n}}"
         bus = "jobs"
-        name = f"Queue{n:02d}"
+        name = f"Queue{{n:02d}}"
 
         async def run(self, payload, ctx): ...
 

@@ -23,6 +23,7 @@ What it shows comes from the app's registry: the config's `jobs`, `listeners` an
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -281,8 +282,11 @@ async def schedule_view(scheduler: Scheduler, name: str) -> dict[str, Any]:
 
 
 async def overview_data(admin: Admin, request: Request) -> dict[str, Any]:
-    jobs = [await lane_view(admin, request, lane) for lane in admin.job_lanes(request)]
-    groups = [await lane_view(admin, request, lane) for lane in admin.group_lanes(request)]
+    # Each lane's reads at once: the page answers in about the time of one lane's, not the sum.
+    lanes = [*admin.job_lanes(request), *admin.group_lanes(request)]
+    views = await asyncio.gather(*(lane_view(admin, request, lane) for lane in lanes))
+    jobs = [view for view in views if view.kind == "job"]
+    groups = [view for view in views if view.kind == "group"]
     scheduler = admin.scheduler(request)
     schedules = [await schedule_view(scheduler, name) for name in scheduler.names]
     instances = fleet.merge_instances(s["instances"] for s in schedules)
