@@ -46,23 +46,44 @@ def section(results: list[dict[str, Any]], info: dict[str, str], started: dateti
         BEGIN,
         "# Scale curves",
         "",
-        "Written by `python -m bench.scale` (`make bench-scale`); each point measured in one run.",
+        "Written by `python -m bench.scale` (`make bench-scale`); each curve's points measured "
+        "in one run (a curve run on its own, `python -m bench.scale NAME`, replaces its part).",
         "",
         f"{started:%Y-%m-%d %H:%M} UTC, {info['nproc']} cores ({info['CPU']}), "
         f"{memory_text()} of memory, {info['OS']}, {info['Python']}, nats-server "
         f"{info['nats-server']}; {total_s / 60:.0f} minutes in all.",
     ]
-    for res in results:
-        lines += ["", f"## {res['title']} (`bench/scale/curve_{res['name']}.py`)", ""]
-        if "error" in res:
-            lines.append(f"ERROR: `{res['error']}` (full trace on stderr)")
-            continue
+    ran = {res["name"]: curve_text(res) for res in results}
+    for name in curves([]):  # every curve, in order: a curve not run this time keeps its text
+        text = ran.get(name) or kept_curve(name)
+        if text:
+            lines += ["", text]
+    lines.append(END)
+    return "\n".join(lines) + "\n"
+
+
+def curve_text(res: dict[str, Any]) -> str:
+    """One curve's part, between markers that a later run of other curves keeps."""
+    lines = [f"<!-- curve {res['name']} -->"]
+    lines += [f"## {res['title']} (`bench/scale/curve_{res['name']}.py`)", ""]
+    if "error" in res:
+        lines.append(f"ERROR: `{res['error']}` (full trace on stderr)")
+    else:
         lines += [res["setup"], ""]
         lines += [f"![{chart['title']}](scale/{chart['name']}.svg)" for chart in res["charts"]]
         lines += ["", markdown_table(res)]  # type: ignore[arg-type]
         lines += ["", *(f"- {note}" for note in res["notes"])] if res["notes"] else []
-    lines.append(END)
-    return "\n".join(lines) + "\n"
+    lines.append(f"<!-- end of curve {res['name']} -->")
+    return "\n".join(lines)
+
+
+def kept_curve(name: str) -> str:
+    """A curve's part as RESULTS.md has it from an earlier run ("" when it has none)."""
+    current = RESULTS.read_text() if RESULTS.exists() else ""
+    begin, end = f"<!-- curve {name} -->", f"<!-- end of curve {name} -->"
+    if begin not in current or end not in current:
+        return ""
+    return begin + current.split(begin, 1)[1].split(end, 1)[0] + end
 
 
 def write_section(text: str) -> None:
