@@ -330,7 +330,7 @@ class Consumer:
         except Exception as exc:
             await self._failed(delivery, payload, started, exc)
             return
-        if not await self._step_ended(delivery, "done", result=result):
+        if self._is_step(delivery) and not await self._step_ended(delivery, "done", result):
             return
         await self.receiver.ack(delivery)
         if self.records is not None:
@@ -340,13 +340,16 @@ class Consumer:
             duration_ms=round((time.time() - started) * 1000, 3),
         )  # fmt: skip
 
+    def _is_step(self, delivery: Delivery) -> bool:
+        """Whether the delivery is a workflow's step (checked inline: no coroutine per job)."""
+        return self.steps is not None and delivery.id.startswith(STEP_PREFIX)
+
     async def _step_ended(
         self, delivery: Delivery, state: Literal["done", "cancelled"], result: Any = None
     ) -> bool:
         """Report a workflow step's end before its delivery is settled; False when the bus
         did not take the report: the delivery is handed back to run (and report) again."""
-        if self.steps is None or not delivery.id.startswith(STEP_PREFIX):
-            return True
+        assert self.steps is not None
         try:
             await self.steps.ended(delivery.id, state, result=result, attempts=delivery.attempt)
         except DriverUnavailable as exc:
@@ -441,7 +444,8 @@ class Consumer:
         assert isinstance(decision, DeadLetter), decision  # the others are settled inline
         failure = ErrorInfo(type=record["error"]["type"], message=record["error"]["message"])
         try:
-            if self.steps is not None and delivery.id.startswith(STEP_PREFIX):
+            if self._is_step(delivery):
+                assert self.steps is not None
                 await self.steps.ended(
                     delivery.id, "dlq", error=failure, attempts=record["attempts"]
                 )  # fmt: skip
@@ -531,7 +535,7 @@ class Consumer:
 
     async def _skip(self, delivery: Delivery, started_ms: int | None = None) -> None:
         """Settle a cancelled job's delivery without running it (again)."""
-        if not await self._step_ended(delivery, "cancelled"):
+        if self._is_step(delivery) and not await self._step_ended(delivery, "cancelled"):
             return
         await self.receiver.ack(delivery)
         if self.records is not None:
