@@ -7,8 +7,9 @@ zone and arguments, added, changed and removed while the fleet runs (no redeploy
 
 An entry is kept in the Redis of the class's lock, in the hash ``<prefix>:entries`` (field: the
 key; value: JSON ``{"cron", "timezone", "args", "at_ms", "by"}``). Every write also sets
-``<prefix>:entries:changed`` to a new random token, and every running scheduler reads that one
-key each `ENTRIES_POLL_S` (bounded by `ENTRIES_READ_TIMEOUT_S`): a new token makes it read the
+``<prefix>:entries:changed`` to a new random token, and every running scheduler reads that
+key each `ENTRIES_POLL_S` (bounded by `ENTRIES_READ_TIMEOUT_S`; the keys of every class on one
+lock in one round trip): a new token makes it read the
 hash and start, restart or stop its tick loops, so the fleet follows a change within about a
 second. A random token rather than a counter: a counter lost with a Redis restarted empty would
 count the same numbers again, and a scheduler could take a new change for one it has seen.
@@ -256,29 +257,38 @@ def _change_record(
 
 
 async def watch_entries(
-    native: Redis, plan: LockPlan, apply: Callable[[dict[str, ScheduleEntry]], None]
+    native: Redis,
+    alias: str,
+    plans: Callable[[], Mapping[str, LockPlan]],
+    apply: Callable[[str, dict[str, ScheduleEntry]], None],
 ) -> None:
-    """Forever: read the change token each `ENTRIES_POLL_S`, and on a new one (and at first)
-    call `apply` with every entry. An unreadable Redis keeps the loops as they are (their
-    claims meet the same Redis and skip), logged once until it reads again."""
-    seen: bytes | str | None = None
-    first = True
+    """Forever, each `ENTRIES_POLL_S`: read the change tokens of every class on the lock `alias`
+    (`plans()`: by class name, read again each time) in one round trip, and for a class with a
+    new token (and at first) call `apply(name, entries)`. An unreadable Redis keeps the loops as
+    they are (their claims meet the same Redis and skip), logged once until it reads again."""
+    seen: dict[str, bytes | str | None] = {}
     failing = False
     while True:
+        watched = dict(plans())
         try:
-            async with asyncio.timeout(ENTRIES_READ_TIMEOUT_S):
-                token = await native.get(changed_key(plan))
-            if first or token != seen:
-                apply(await read_entries(native, plan))
-                seen, first = token, False
+            if watched:
+                async with asyncio.timeout(ENTRIES_READ_TIMEOUT_S):
+                    pipe = native.pipeline(transaction=False)
+                    for plan in watched.values():
+                        pipe.get(changed_key(plan))
+                    tokens = await pipe.execute()
+                for (name, plan), token in zip(watched.items(), tokens, strict=True):
+                    if name not in seen or seen[name] != token:
+                        apply(name, await read_entries(native, plan))
+                        seen[name] = token
             if failing:
-                logger.info("entries of %r read again", plan.key_prefix)
+                logger.info("entries on lock %r read again", alias)
                 failing = False
         except (RedisError, OSError, TimeoutError) as exc:
             if not failing:
                 logger.warning(
-                    "entries of %r unreadable on lock %r (%r): their loops keep ticking as they "
-                    "were", plan.key_prefix, plan.alias, exc,
+                    "entries on lock %r unreadable (%r): their loops keep ticking as they were",
+                    alias, exc,
                 )  # fmt: skip
                 failing = True
         await asyncio.sleep(ENTRIES_POLL_S)

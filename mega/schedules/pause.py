@@ -4,10 +4,11 @@
     await scheduler.resume("NightlyReport", by="ada@ops-laptop")
 
 The record is ``<prefix>:paused``, JSON ``{"paused", "at_ms", "by"}`` (no TTL). Every
-scheduler instance reads it (one GET, bounded by `PAUSE_READ_TIMEOUT_S`) before it claims a
-planned tick, and skips a paused schedule's tick with the reason "paused", so the whole fleet
-sees a change at its next tick. A pause or a resume is written together with its audit record
-(the change, who asked and when), in one transaction.
+scheduler instance reads it (bounded by `PAUSE_READ_TIMEOUT_S`; the records of every schedule
+due at the same instant in one round trip) before it claims a planned tick, and skips a paused
+schedule's tick with the reason "paused", so the whole fleet sees a change at its next tick.
+A pause or a resume is written together with its audit record (the change, who asked and
+when), in one transaction.
 
 Only a schedule with a lock can be paused: without one there is no shared Redis to keep the
 record in, and each instance runs every tick on its own.
@@ -67,6 +68,21 @@ async def read_pause(native: Redis, plan: LockPlan) -> SchedulePause:
     TimeoutError past `PAUSE_READ_TIMEOUT_S`."""
     async with asyncio.timeout(PAUSE_READ_TIMEOUT_S):
         raw = await native.get(pause_key(plan))
+    return _pause(raw)
+
+
+async def read_pauses(native: Redis, plans: list[LockPlan]) -> list[SchedulePause]:
+    """The records of several schedules on one Redis in one round trip (a pipeline of GETs,
+    which a cluster client splits by node), in the order of `plans`. Raises as `read_pause`."""
+    async with asyncio.timeout(PAUSE_READ_TIMEOUT_S):
+        pipe = native.pipeline(transaction=False)
+        for plan in plans:
+            pipe.get(pause_key(plan))
+        raws = await pipe.execute()
+    return [_pause(raw) for raw in raws]
+
+
+def _pause(raw: str | bytes | None) -> SchedulePause:
     if raw is None:
         return SchedulePause(False)
     fields: dict[str, Any] = json.loads(raw)

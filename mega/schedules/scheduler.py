@@ -32,6 +32,12 @@ Redis keys, with ``<prefix>`` = ``lock["key"]`` or ``mega:schedule:<ClassName>``
     <prefix>:entries:changed  a new random token at each add, change or remove, read each second
     <prefix>:entry:<key>:tick:<epoch>, <prefix>:entry:<key>:running   an entry's claims and guard
 
+One clock: every cron ticking here (each class's own, each dynamic entry's) is a line in one
+`Timetable`, and one loop sleeps until the first instant, fires every line due then and puts
+each back at its next instant. The locked ticks due at once read their pause records in one
+round trip per lock, and the audit records written meanwhile go to Redis in one round trip:
+so a scheduler of 1,000 schedules keeps one timer and a few connections busy, not 1,000.
+
 Time: the next instant is computed from the planned one, so a slow run never drifts the
 schedule; instants missed while the process was down (or stalled past `LATE_LIMIT_S`) are not
 replayed. A lock backend error is a `skip` signal carrying the error, never a crash: the loop
@@ -43,8 +49,8 @@ holds for the class's dynamic entries too.
 
 Dynamic entries: `add(name, key=..., cron=..., args=...)` runs the class under that key on a
 cron of its own, besides its own cron, until `remove(name, key=...)`. A started scheduler reads
-each lock-holding class's change token every second and keeps one tick loop per entry, so the
-fleet follows a change within about a second; an entry's ticks are claimed under its own keys.
+the change tokens of the lock-holding classes every second (one round trip per lock) and keeps
+one line per entry in its timetable, so the fleet follows a change within about a second; an entry's ticks are claimed under its own keys.
 
 Each run gets its own Schedule instance with `self.tick` (a `Tick`), and a shallow copy of the
 context whose `extras["tick"]` is the same Tick, for code that only receives `ctx`.
@@ -53,6 +59,7 @@ context whose `extras["tick"]` is the same Tick, for code that only receives `ct
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import json
@@ -62,7 +69,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
@@ -82,7 +89,14 @@ from mega.schedules.dynamic import (
     watch_entries,
     write_entry,
 )
-from mega.schedules.pause import PAUSED_REASON, SchedulePause, lock_of, read_pause, write_pause
+from mega.schedules.pause import (
+    PAUSED_REASON,
+    SchedulePause,
+    lock_of,
+    read_pause,
+    read_pauses,
+    write_pause,
+)
 from mega.schedules.schedule import (
     LockPlan,
     Schedule,
@@ -91,9 +105,11 @@ from mega.schedules.schedule import (
     TickSource,
     validate_schedule,
 )
+from mega.schedules.timetable import Line, Timetable
 from mega.signals import Observer, Signals
 
 logger = logging.getLogger("mega.scheduler")
+_T = TypeVar("_T")
 
 SIGNALS = ("run", "skip", "done", "fail", "clock")
 # An instant reached more than this late (event loop stalled, host suspended) counts as missed
@@ -166,12 +182,16 @@ class Scheduler:
         self.audit_size = audit_size
         self.signals = Signals(SIGNALS)
         self._specs: dict[str, ScheduleSpec] = {}
-        self._loops: dict[str, asyncio.Task[None]] = {}  # the class's own cron, by name
-        self._watchers: dict[str, asyncio.Task[None]] = {}  # the entries' watch, by name
-        # The dynamic entries ticking here, by name then key, each with its loop.
-        self._entry_loops: dict[str, dict[str, tuple[ScheduleEntry, asyncio.Task[None]]]] = {}
-        self._runs: set[asyncio.Task[TickResult]] = set()
+        self._table = Timetable()  # every cron ticking here, by next instant
+        self._clock: asyncio.Task[None] | None = None  # the one loop that fires what is due
+        self._wake = asyncio.Event()  # set when a line is added: the clock sleeps again
+        self._lines: dict[str, Line] = {}  # the class's own cron, by name
+        # The dynamic entries ticking here, by name then key, each with its line.
+        self._entry_lines: dict[str, dict[str, tuple[ScheduleEntry, Line]]] = {}
+        self._watchers: dict[str, asyncio.Task[None]] = {}  # the entries' watch, by lock alias
+        self._runs: set[asyncio.Task[Any]] = set()
         self._background: set[asyncio.Task[None]] = set()
+        self._audit_queue: dict[str, list[tuple[LockPlan, TickRecord]]] = {}  # by lock alias
         self._active: dict[str, int] = {}  # runs in progress here, per schedule name
         self._local_audit: dict[str, deque[dict[str, Any]]] = {}
         self._audit_failing = False
@@ -206,20 +226,24 @@ class Scheduler:
         return self
 
     async def start(self) -> None:
-        """Start one ticking task per registered schedule (idempotent)."""
+        """Start ticking every registered schedule (idempotent): one clock loop for them all,
+        and one reader of the dynamic entries per lock."""
         self._started = True
         for spec in self._specs.values():
             self._start_loop(spec)
+        if self._clock is None:
+            self._clock = self._spawn("clock", self._run_clock)
 
     async def stop(self, timeout_s: float | None = None) -> None:
         """No new ticks; wait up to `timeout_s` (default `stop_timeout_s`) for running runs,
         then cancel what is left (their guards are still released)."""
         self._started = False
-        loops = [*self._loops.values(), *self._watchers.values()]
-        loops += [task for entries in self._entry_loops.values() for _, task in entries.values()]
-        self._loops.clear()
+        loops = [*self._watchers.values(), *([self._clock] if self._clock else [])]
+        self._clock = None
+        self._table = Timetable()
+        self._lines.clear()
         self._watchers.clear()
-        self._entry_loops.clear()
+        self._entry_lines.clear()
         for loop in loops:
             loop.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
@@ -390,14 +414,24 @@ class Scheduler:
     # -- the loop -----------------------------------------------------------------------------
 
     def _start_loop(self, spec: ScheduleSpec) -> None:
-        if spec.cron is not None and spec.name not in self._loops:
-            body = functools.partial(self._tick_forever, spec, spec.cron)
-            self._loops[spec.name] = self._spawn(spec.name, body)
-        if spec.lock is not None and spec.name not in self._watchers:
-            native = self.ctx.lock(spec.lock.alias).native
-            apply = functools.partial(self._apply_entries, spec)
-            watch = functools.partial(watch_entries, native, spec.lock, apply)
-            self._watchers[spec.name] = self._spawn(f"{spec.name} entries", watch)
+        if spec.cron is not None and spec.name not in self._lines:
+            self._lines[spec.name] = self._table.add(spec, spec.cron)
+            self._wake.set()
+        if spec.lock is not None and spec.lock.alias not in self._watchers:
+            alias = spec.lock.alias
+            watch = functools.partial(
+                watch_entries, self.ctx.lock(alias).native, alias,
+                functools.partial(self._entry_plans, alias), self._apply_entries,
+            )  # fmt: skip
+            self._watchers[alias] = self._spawn(f"entries on lock {alias}", watch)
+
+    def _entry_plans(self, alias: str) -> dict[str, LockPlan]:
+        """The classes whose entries the reader of lock `alias` follows, by name."""
+        return {
+            spec.name: spec.lock
+            for spec in self._specs.values()
+            if spec.lock is not None and spec.lock.alias == alias
+        }
 
     def _spawn(self, label: str, body: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
         return asyncio.create_task(self._forever(label, body), name=f"mega.schedule:{label}")
@@ -407,48 +441,83 @@ class Scheduler:
             try:
                 await body()
             except Exception:
-                # A bug here must not silently end the schedule: log, pause, start over from now.
-                logger.exception("schedule %r: loop error; restarting", label)
+                # A bug here must not silently end the ticking: log, pause, start over from now.
+                logger.exception("scheduler %s: loop error; restarting", label)
                 await asyncio.sleep(LOOP_RETRY_S)
 
-    def _apply_entries(self, spec: ScheduleSpec, stored: dict[str, ScheduleEntry]) -> None:
-        """Start, restart and stop the entries' loops here to match `stored`."""
-        loops = self._entry_loops.setdefault(spec.name, {})
-        stop, start = changes({key: entry for key, (entry, _) in loops.items()}, stored)
+    def _apply_entries(self, name: str, stored: dict[str, ScheduleEntry]) -> None:
+        """Start, restart and stop the entries' lines here to match `stored`."""
+        spec = self._specs[name]
+        lines = self._entry_lines.setdefault(name, {})
+        stop, start = changes({key: entry for key, (entry, _) in lines.items()}, stored)
         for key in stop:
-            loops.pop(key)[1].cancel()  # only the loop: a run already going finishes
+            self._table.remove(lines.pop(key)[1])  # only the line: a run already going finishes
             if key not in stored:
-                logger.info("schedule %r key %r: removed, no more ticks here", spec.name, key)
+                logger.info("schedule %r key %r: removed, no more ticks here", name, key)
         for entry in start:
             ticked = entry_spec(spec, entry)
-            body = functools.partial(self._tick_forever, ticked, entry.cron)
-            loops[entry.key] = (entry, self._spawn(f"{spec.name} {entry.key}", body))
+            lines[entry.key] = (entry, self._table.add(ticked, entry.cron))
+            self._wake.set()
             logger.info(
-                "schedule %r key %r: ticking on %r in %s", spec.name, entry.key, ticked.cron,
+                "schedule %r key %r: ticking on %r in %s", name, entry.key, ticked.cron,
                 ticked.timezone or f"host local time ({ticked.zone})",
             )  # fmt: skip
 
-    async def _tick_forever(self, spec: ScheduleSpec, expr: str) -> None:
-        """Tick `spec` on `expr` (its cron, given apart since a class's own may be None)."""
-        planned = _utc(cron.next(expr, tz=spec.zone))
+    async def _run_clock(self) -> None:
+        """Sleep until the first planned instant (or a new line), then fire all that is due."""
         while True:
-            await _sleep_until(planned)
-            late_s = time.time() - planned.timestamp()
-            if late_s > LATE_LIMIT_S:
-                # Visible like any other skip (signal + audit), so a stalled host shows up.
-                reason = f"missed: this instance woke {late_s:.1f} s late; not replayed"
-                missed = TickRecord(
-                    planned.isoformat(), "schedule", self.instance_id, round(late_s * 1000, 1),
-                    key=spec.key,
-                )  # fmt: skip
-                await self._skip(spec, missed, reason)
-                planned = _utc(cron.next(expr, tz=spec.zone))
+            self._wake.clear()
+            first = self._table.next_at()
+            wait_s = MAX_SLEEP_S if first is None else min(first - time.time(), MAX_SLEEP_S)
+            if wait_s > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait_s)
                 continue
-            self._track(self._tick(spec, planned, "schedule"))
-            # From the planned instant, not from now: a late wake-up never drifts the schedule.
-            planned = _utc(cron.next(expr, after=planned, tz=spec.zone))
+            self._fire(self._table.take_due(time.time()))
 
-    def _track(self, tick: Coroutine[Any, Any, TickResult]) -> asyncio.Task[TickResult]:
+    def _fire(self, lines: list[Line]) -> None:
+        """Start the tick of each line due, and put each back at its next instant. The locked
+        ones go in one batch per lock: their pause records are read in one round trip."""
+        now = time.time()
+        batches: dict[str, list[tuple[ScheduleSpec, datetime]]] = {}
+        for line in lines:
+            spec, planned, late_s = line.spec, line.planned, now - line.at
+            try:
+                if late_s > LATE_LIMIT_S:
+                    self._track(self._missed(spec, planned, late_s))
+                elif spec.lock is None:
+                    self._track(self._tick(spec, planned, "schedule"))
+                else:
+                    batches.setdefault(spec.lock.alias, []).append((spec, planned))
+            finally:
+                # From the planned instant, not from now: a late wake-up never drifts the
+                # schedule; a missed one goes on from now (missed instants are not replayed).
+                if late_s > LATE_LIMIT_S:
+                    self._table.skip_to_now(line)
+                else:
+                    self._table.advance(line)
+        for alias, due in batches.items():
+            self._track(self._tick_batch(alias, due))
+
+    async def _missed(self, spec: ScheduleSpec, planned: datetime, late_s: float) -> TickResult:
+        """Visible like any other skip (signal + audit), so a stalled host shows up."""
+        reason = f"missed: this instance woke {late_s:.1f} s late; not replayed"
+        missed = TickRecord(
+            planned.isoformat(), "schedule", self.instance_id, round(late_s * 1000, 1),
+            key=spec.key,
+        )  # fmt: skip
+        return await self._skip(spec, missed, reason)
+
+    async def _tick_batch(self, alias: str, due: list[tuple[ScheduleSpec, datetime]]) -> None:
+        """The ticks due at once on the lock `alias`: their pauses in one read, then each."""
+        plans = [spec.lock for spec, _ in due if spec.lock is not None]
+        paused = await self._read_pauses(alias, plans)
+        if not self._started:
+            return  # stopped while reading: no new run
+        for (spec, planned), is_paused in zip(due, paused, strict=True):
+            self._track(self._tick(spec, planned, "schedule", paused=is_paused))
+
+    def _track(self, tick: Coroutine[Any, Any, _T]) -> asyncio.Task[_T]:
         task = asyncio.create_task(tick)
         self._runs.add(task)
         task.add_done_callback(self._runs.discard)
@@ -462,7 +531,10 @@ class Scheduler:
         planned: datetime,
         source: TickSource,
         extras: dict[str, Any] | None = None,
+        paused: bool | None = None,
     ) -> TickResult:
+        """One tick of `spec`; a planned one ("schedule") is skipped when the schedule is
+        paused (`paused`, when the caller read it; else read here)."""
         record = TickRecord(
             instant=planned.isoformat(),
             source=source,
@@ -476,8 +548,11 @@ class Scheduler:
                 return await self._skip(spec, record, "overlap: still running here")
             tick = Tick(planned, None, source, self.instance_id)
             return await self._execute(spec, tick, record, extras=extras)
-        if source == "schedule" and await self._is_paused(plan):
-            return await self._skip(spec, record, PAUSED_REASON)
+        if source == "schedule":
+            if paused is None:
+                paused = (await self._read_pauses(plan.alias, [plan]))[0]
+            if paused:
+                return await self._skip(spec, record, PAUSED_REASON)
         adapter = self.ctx.lock(plan.alias)
         try:
             lease = await self._acquire(spec, adapter, planned, source)
@@ -528,24 +603,24 @@ class Scheduler:
                 return lease
             await asyncio.sleep(lease.wait_ms / 1000)
 
-    async def _is_paused(self, plan: LockPlan) -> bool:
-        """The pause record, read before each claim. Unreadable (Redis down or slow, a record
-        that is not JSON): not paused, logged once per lock until it reads again; a Redis that
-        is down then fails the claim, which skips the tick for that reason."""
+    async def _read_pauses(self, alias: str, plans: list[LockPlan]) -> list[bool]:
+        """Whether each of `plans` (all on the lock `alias`) is paused, in one read. Unreadable
+        (Redis down or slow, a record that is not JSON): not paused, logged once per lock until
+        it reads again; a Redis that is down then fails the claims, which skip their ticks."""
         try:
-            pause = await read_pause(self.ctx.lock(plan.alias).native, plan)
+            pauses = await read_pauses(self.ctx.lock(alias).native, plans)
         except (RedisError, OSError, TimeoutError, ValueError) as exc:
-            if plan.alias not in self._pause_unread:
-                self._pause_unread.add(plan.alias)
+            if alias not in self._pause_unread:
+                self._pause_unread.add(alias)
                 logger.warning(
-                    "pause record of %r unreadable on lock %r (%r): ticking as if not paused",
-                    plan.key_prefix, plan.alias, exc,
+                    "pause records on lock %r unreadable (%r): ticking as if not paused",
+                    alias, exc,
                 )  # fmt: skip
-            return False
-        if plan.alias in self._pause_unread:
-            self._pause_unread.discard(plan.alias)
-            logger.info("pause records of lock %r read again", plan.alias)
-        return pause.paused
+            return [False] * len(plans)
+        if alias in self._pause_unread:
+            self._pause_unread.discard(alias)
+            logger.info("pause records of lock %r read again", alias)
+        return [pause.paused for pause in pauses]
 
     async def _note_clock(self, name: str, alias: str, offset_ms: float | None) -> None:
         """Send the clock offset a claim measured; log it once per lock when it is too large."""
@@ -624,18 +699,25 @@ class Scheduler:
     # -- audit --------------------------------------------------------------------------------
 
     def _record(self, spec: ScheduleSpec, record: TickRecord) -> None:
-        """Keep the record here, and push it to Redis in the background (never delays a run)."""
+        """Keep the record here, and push it to Redis in the background (never delays a run):
+        the records of a lock waiting meanwhile go together, in one round trip."""
         self._local_audit[spec.name].appendleft(dataclasses.asdict(record))
         if spec.lock is not None:
-            task = asyncio.create_task(self._push_audit(spec.lock, record))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            waiting = self._audit_queue.setdefault(spec.lock.alias, [])
+            waiting.append((spec.lock, record))
+            if len(waiting) == 1:  # else a push is on its way, and takes this one too
+                task = asyncio.create_task(self._push_audit(spec.lock.alias))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
 
-    async def _push_audit(self, plan: LockPlan, record: TickRecord) -> None:
+    async def _push_audit(self, alias: str) -> None:
+        await asyncio.sleep(0)  # the records of the ticks started in this turn come too
+        records = self._audit_queue.pop(alias, [])
         try:
             async with asyncio.timeout(AUDIT_TIMEOUT_S):
-                pipe = self.ctx.lock(plan.alias).native.pipeline(transaction=False)
-                audit.append(pipe, plan, record, self.audit_size)
+                pipe = self.ctx.lock(alias).native.pipeline(transaction=False)
+                for plan, record in records:
+                    audit.append(pipe, plan, record, self.audit_size)
                 await pipe.execute()
         except (RedisError, OSError, TimeoutError) as exc:
             if not self._audit_failing:
@@ -702,18 +784,7 @@ async def _keep_guard(plan: LockPlan, key: str, adapter: LockAdapter, token: str
             logger.warning("overlap guard %r not renewed (%s); retrying", key, exc)
 
 
-async def _sleep_until(instant: datetime) -> None:
-    """Sleep until the wall clock reaches `instant`; asyncio wakes within about a millisecond."""
-    target = instant.timestamp()
-    while (remaining := target - time.time()) > 0:
-        await asyncio.sleep(min(remaining, MAX_SLEEP_S))
-
-
 def _error_text(error: BaseException) -> str:
     if isinstance(error, asyncio.CancelledError):
         return "cancelled: the scheduler stopped before the run finished"
     return f"{type(error).__name__}: {error}"
-
-
-def _utc(instant: datetime) -> datetime:
-    return instant.astimezone(UTC)

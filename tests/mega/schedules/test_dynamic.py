@@ -388,8 +388,8 @@ async def test_redis_down_keeps_the_loops_and_a_redis_back_empty_stops_them(
         finally:
             await scheduler.stop()
     assert len([r for r in runs[ran:] if r[0] == "acme"]) <= 1  # one claimed as it was removed
-    watch_logs = [r.message for r in caplog.records if r.message.startswith("entries of")]
+    watch_logs = [r.message for r in caplog.records if r.message.startswith("entries on")]
     assert len(watch_logs) == 2, watch_logs  # once while down, once when read again
-    assert watch_logs[0].endswith("unreadable on lock 'main' (network:ConnectionError): their "
-                                  "loops keep ticking as they were")  # fmt: skip
-    assert watch_logs[1] == f"entries of {prefix!r} read again"
+    assert watch_logs[0] == ("entries on lock 'main' unreadable (network:ConnectionError): their "
+                             "loops keep ticking as they were")  # fmt: skip
+    assert watch_logs[1] == "entries on lock 'main' read again"
