@@ -49,9 +49,16 @@ class TickRecord:
     fence: int | None = None
     key: str | None = None  # the dynamic entry's key; None for the class's own cron
 
+    def as_dict(self) -> dict[str, Any]:
+        """The record as stored (its fields are all plain values: no deep copy needed)."""
+        return {name: getattr(self, name) for name in RECORD_FIELDS}
+
     def event_fields(self, schedule: str, **extra: Any) -> dict[str, Any]:
         fields = {"instant": self.instant, "source": self.source, "instance": self.instance}
         return {"schedule": schedule, "key": self.key, **fields, **extra}
+
+
+RECORD_FIELDS = tuple(field.name for field in dataclasses.fields(TickRecord))
 
 
 def audit_key(plan: LockPlan) -> str:
@@ -61,7 +68,7 @@ def audit_key(plan: LockPlan) -> str:
 def append(pipe: Pipeline, plan: LockPlan, record: TickRecord, size: int) -> None:
     """Queue on `pipe` the push of `record` and the trim to the newest `size` records."""
     key = audit_key(plan)
-    pipe.lpush(key, json.dumps(dataclasses.asdict(record)))
+    pipe.lpush(key, json.dumps(record.as_dict()))
     pipe.ltrim(key, 0, size - 1)
 
 

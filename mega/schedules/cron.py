@@ -90,6 +90,20 @@ def next_runs(
     problem = int_problem(n, minimum=0)
     if problem:
         raise ValueError(f"n {problem}")
+    runs: list[datetime] = []
+    for instant in instants(expr, after, tz):
+        if len(runs) == n:
+            break
+        runs.append(instant)
+    return runs
+
+
+def instants(
+    expr: str, after: datetime | None = None, tz: str | tzinfo | None = None
+) -> Iterator[datetime]:
+    """Every instant strictly after `after` (default: now), ascending, in `tz`: `next_runs`
+    without an end, for a caller that keeps taking the next one (a scheduler's timetable), so
+    the expression is read once and not at each instant."""
     parsed = _parse(expr)
     zone = resolve_zone(tz)
     if after is None:
@@ -98,12 +112,7 @@ def next_runs(
         start = after.replace(tzinfo=zone).astimezone(UTC)
     else:
         start = after.astimezone(UTC)
-    runs: list[datetime] = []
-    for instant in _instants(parsed, zone, start):
-        if len(runs) == n:
-            break
-        runs.append(instant.astimezone(zone))
-    return runs
+    return (instant.astimezone(zone) for instant in _instants(parsed, zone, start))
 
 
 def resolve_zone(tz: str | tzinfo | None) -> tzinfo:

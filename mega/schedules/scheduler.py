@@ -50,7 +50,8 @@ holds for the class's dynamic entries too.
 Dynamic entries: `add(name, key=..., cron=..., args=...)` runs the class under that key on a
 cron of its own, besides its own cron, until `remove(name, key=...)`. A started scheduler reads
 the change tokens of the lock-holding classes every second (one round trip per lock) and keeps
-one line per entry in its timetable, so the fleet follows a change within about a second; an entry's ticks are claimed under its own keys.
+one line per entry in its timetable, so the fleet follows a change within about a second; an
+entry's ticks are claimed under its own keys.
 
 Each run gets its own Schedule instance with `self.tick` (a `Tick`), and a shallow copy of the
 context whose `extras["tick"]` is the same Tick, for code that only receives `ctx`.
@@ -701,7 +702,7 @@ class Scheduler:
     def _record(self, spec: ScheduleSpec, record: TickRecord) -> None:
         """Keep the record here, and push it to Redis in the background (never delays a run):
         the records of a lock waiting meanwhile go together, in one round trip."""
-        self._local_audit[spec.name].appendleft(dataclasses.asdict(record))
+        self._local_audit[spec.name].appendleft(record.as_dict())
         if spec.lock is not None:
             waiting = self._audit_queue.setdefault(spec.lock.alias, [])
             waiting.append((spec.lock, record))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -32,6 +33,8 @@ class Line:
     spec: ScheduleSpec = field(compare=False)
     expr: str = field(compare=False)  # the cron (a class's own may be None, so given apart)
     planned: datetime = field(compare=False)
+    # The instants after `planned`, read from the cron once (not parsed again at each one).
+    upcoming: Iterator[datetime] = field(compare=False, repr=False)
     removed: bool = field(default=False, compare=False)
 
 
@@ -47,8 +50,9 @@ class Timetable:
 
     def add(self, spec: ScheduleSpec, expr: str, after: datetime | None = None) -> Line:
         """A line for `expr` in `spec`'s zone, at its first instant after `after` (now)."""
-        planned = _utc(cron.next(expr, after=after, tz=spec.zone))
-        line = Line(planned.timestamp(), next(self._order), spec, expr, planned)
+        upcoming = cron.instants(expr, after=after, tz=spec.zone)
+        planned = _first(upcoming, expr)
+        line = Line(planned.timestamp(), next(self._order), spec, expr, planned, upcoming)
         heapq.heappush(self._heap, line)
         return line
 
@@ -72,17 +76,17 @@ class Timetable:
 
     def advance(self, line: Line) -> None:
         """Back in, at the instant after its planned one: a late tick never drifts the cron."""
-        self._push_after(line, line.planned)
+        if not line.removed:
+            self._push(line, _first(line.upcoming, line.expr))
 
     def skip_to_now(self, line: Line) -> None:
         """Back in, at the first instant after now: missed instants are not replayed."""
-        self._push_after(line, None)
+        if not line.removed:
+            line.upcoming = cron.instants(line.expr, tz=line.spec.zone)
+            self._push(line, _first(line.upcoming, line.expr))
 
-    def _push_after(self, line: Line, after: datetime | None) -> None:
-        if line.removed:
-            return
-        line.planned = _utc(cron.next(line.expr, after=after, tz=line.spec.zone))
-        line.at = line.planned.timestamp()
+    def _push(self, line: Line, planned: datetime) -> None:
+        line.planned, line.at = planned, planned.timestamp()
         heapq.heappush(self._heap, line)
 
     def _drop_removed(self) -> None:
@@ -90,5 +94,10 @@ class Timetable:
             heapq.heappop(self._heap)
 
 
-def _utc(instant: datetime) -> datetime:
+def _first(upcoming: Iterator[datetime], expr: str) -> datetime:
+    """The next instant, in UTC; CronError when the expression has no more (checked at
+    registration, so only a cron that stops within the century ends here)."""
+    instant = next(upcoming, None)
+    if instant is None:
+        raise cron.CronError(f"cron expression {expr!r} has no run after now")
     return instant.astimezone(UTC)
