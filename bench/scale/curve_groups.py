@@ -105,10 +105,10 @@ async def run(urls: dict[str, str]) -> Result:
         rows, [chart], found,
         notes=[
             "Every group runs every event: 50 groups are 50 times the work of one, on the same "
-            "two cores. Once one process is busy, each group's share falls as 1/N while all "
-            "groups together keep the same rate (the runs/s rows): a group's rate at 50 "
-            "at 0.5x its rate alone would need the process to run 25 times as many listener "
-            "runs a second as it does for one group. More groups need more worker processes "
+            "two cores. All groups together run more listener runs a second than one group "
+            "alone (the runs/s rows), but each group's share of them falls as 1/N: a group's "
+            "rate at 50 at 0.5x its rate alone would need the process to run 25 times as many "
+            "a second as it does for one group. More groups need more worker processes "
             "(each group's consumers are shared across them).",
         ],
     )  # fmt: skip
