@@ -241,8 +241,8 @@ def problems_of(command: list[str], known: dict[str, set[str]]) -> list[str]:
         found.append(f"unknown program {program!r} (add it to KNOWN_PROGRAMS or run the block)")
     for flag, value in pairwise(args):
         if flag == "-m" and name == "python":
-            module = ROOT / (value.replace(".", "/") + ".py")
-            if not module.exists():
+            module = ROOT / value.replace(".", "/")
+            if not (module.with_suffix(".py").exists() or (module / "__main__.py").exists()):
                 found.append(f"no module {value}")
     for arg in args:
         looks_like_a_file = "/" in arg and not re.match(r"^\w+://|^\$|^-", arg)
