@@ -18,6 +18,7 @@ LEFT, RIGHT, TOP, BOTTOM = 64, 150, 40, 48  # the plot's margins (the legend sit
 # One colour per series, distinct in light and dark viewers and for the common colour blindness.
 COLOURS = ("#2563eb", "#d97706", "#059669", "#db2777", "#7c3aed", "#475569")
 TICKS = 5
+LEGEND_CHARS = 16  # characters a legend line holds beside the plot (12 px text, 108 px)
 
 
 def nice_max(value: float) -> float:
@@ -34,6 +35,17 @@ def label(value: float) -> str:
     if value >= 1_000 and value % 1_000 == 0:
         return f"{value / 1_000:g}k"
     return f"{value:g}"
+
+
+def legend_lines(name: str) -> list[str]:
+    """A series' name in lines that fit the legend's column (whole words; a long word alone)."""
+    lines: list[str] = []
+    for word in name.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= LEGEND_CHARS:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines or [""]
 
 
 def tag(name: str, text: str | None = None, **attrs: object) -> str:
@@ -99,15 +111,17 @@ def write_chart(
                          stroke_dasharray="6 4"))  # fmt: skip
         parts.append(tag("text", f"target {label(target)}", x=LEFT + plot_w - 4, y=y - 5,
                          text_anchor="end", fill="#dc2626"))  # fmt: skip
+    ly = TOP + 10
     for n, (name, points) in enumerate(series.items()):
         colour = COLOURS[n % len(COLOURS)]
         shown = [(x, y) for x, y in sorted(points) if math.isfinite(y)]
         line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in shown)
         parts.append(tag("polyline", points=line, fill="none", stroke=colour, stroke_width=2))
         parts += [tag("circle", cx=px(x), cy=py(y), r=3.5, fill=colour) for x, y in shown]
-        ly = TOP + 10 + n * 20
         parts.append(tag("line", x1=WIDTH - RIGHT + 16, x2=WIDTH - RIGHT + 36, y1=ly, y2=ly,
                          stroke=colour, stroke_width=2))  # fmt: skip
-        parts.append(tag("text", name, x=WIDTH - RIGHT + 42, y=ly + 4, fill=ink))
+        for row, words in enumerate(legend_lines(name)):
+            parts.append(tag("text", words, x=WIDTH - RIGHT + 42, y=ly + 4 + row * 15, fill=ink))
+        ly += 20 + 15 * (len(legend_lines(name)) - 1)
     parts.append("</svg>")
     path.write_text("\n".join(parts) + "\n")
