@@ -144,9 +144,10 @@ async def _bench(flood: int) -> Result:
         notes=[
             "in order, small's job starts after the whole flood; fair, at the first turns; a "
             "high job behind a flood of low ones (prioritized), at the first of high's turns",
-            "the postgres driver ranks every due row of a fair lane per key at each claim: the "
-            "cost grows with the rows waiting; the redis driver moves each job from its key's "
-            "list into the stream at its turn (one Lua script per read); the nats driver from "
+            "the postgres driver walks a fair lane's keys in an index and takes each key's "
+            "oldest rows at each claim (never every row waiting); the redis driver moves each "
+            "job from its key's list into the stream at its turn (one Lua script per read); "
+            "the nats driver from "
             "its key's subject onto the lane (batched direct gets, a pipelined publish, a "
             "purge per key: a few round trips per feed)",
             f"rates: best of {ROUNDS} alternated rounds; every job checked to have run once",

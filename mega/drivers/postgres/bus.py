@@ -75,6 +75,12 @@ def job_body(record: DlqRecord) -> bytes:
     return json.dumps(record["payload"], separators=(",", ":")).encode()
 
 
+def stored_key(lane: Lane, flow_key: str | None) -> str | None:
+    """The key a job's row carries: on a fair lane, FAIR_NO_KEY for a job without one, so that
+    it takes its turns in the key index like any key (`_delivery` hands it back as None)."""
+    return flow_key or sql.FAIR_NO_KEY if lane.fair else flow_key
+
+
 def publish_params(lane: Lane, message: Message) -> dict[str, Any]:
     """A job's row; its `priority` only on a prioritized lane (NULL elsewhere: the rows a
     prioritized claim reads are then the only ones in its index, sql.BAND_INDEX_DDL)."""
@@ -87,7 +93,7 @@ def publish_params(lane: Lane, message: Message) -> dict[str, Any]:
         "run_at_ms": message.run_at_ms,
         "dedup": message.dedup,
         "trace": sql.trace_text(message.trace),
-        "flow_key": message.flow_key,
+        "flow_key": stored_key(lane, message.flow_key),
         "priority": message.priority if lane.prioritized else None,
     }
 
@@ -327,7 +333,7 @@ class PostgresBus:
                     "subject": record["subject"],
                     "body": job_body(record),
                     "enqueued_at_ms": record.get("first_enqueued_at") or int(time.time() * 1000),
-                    "flow_key": record.get("flow_key"),
+                    "flow_key": stored_key(lane, record.get("flow_key")),
                 },
             )
             await connection.execute(sql.NOTIFY, {"channel": sql.WAKE_CHANNEL, "payload": key})

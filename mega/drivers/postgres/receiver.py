@@ -74,6 +74,7 @@ class PostgresReceiver:
         self._pruned_at = 0.0
         self._warned = ""
         self._turn = 0  # a prioritized lane's turns taken (sql.CLAIM_PRIORITY)
+        self._after = sql.FAIR_NO_KEY  # a fair lane's key of the last turn taken (CLAIM_FAIR)
         self._payloads = [self._key] + ([sql.EVENTS_PAYLOAD] if lane.kind == "group" else [])
         bus.subscribe(self._payloads, self._signal)
 
@@ -125,12 +126,16 @@ class PostgresReceiver:
                     "ack_wait_s": float(self._lane.ack_wait_s),
                     "consumer": self._consumer,
                 }
-                statement = sql.CLAIM_FAIR if self._lane.fair else sql.CLAIM
+                statement = sql.CLAIM
+                if self._lane.fair:
+                    statement, params["after"] = sql.CLAIM_FAIR, self._after
                 if self._lane.prioritized:
                     statement, params["quotas"] = sql.CLAIM_PRIORITY, self._quotas(limit)
                 cursor = await connection.execute(statement, params)
                 rows = await cursor.fetchall()
                 self._turn += len(rows)
+                if self._lane.fair and rows:
+                    self._after = max((row[9] for row in rows), key=self._round_from_after)
                 next_due_s: float | None = None
                 if not rows:
                     cursor = await connection.execute(sql.NEXT_DUE, {"lane": self._key})
@@ -142,6 +147,12 @@ class PostgresReceiver:
         self._warned = ""
         rows.sort(key=lambda row: (row[7], row[0]))  # RETURNING keeps no order: run_at, id
         return [_delivery(row) for row in rows], next_due_s
+
+    def _round_from_after(self, key: str) -> tuple[bool, str]:
+        """Where a fair lane's key stands in the walk of the next claim: the keys after the
+        last turn's, then round from the least (sql.CLAIM_FAIR). The last of a claim's keys in
+        that order is the next claim's `after`."""
+        return key <= self._after, key
 
     def _quotas(self, limit: int) -> list[int]:
         """How many of the next `limit` turns each band has (PRIORITIES order), from the turn
@@ -291,5 +302,5 @@ def _delivery(row: tuple[Any, ...]) -> Delivery:
         # its latest (see sql.EXTEND).
         handle=(row_id, deliveries),
         trace=trace_headers(trace),
-        flow_key=flow_key,
+        flow_key=flow_key or None,  # a fair lane's FAIR_NO_KEY is no key
     )

@@ -141,6 +141,17 @@ BAND_INDEX_DDL: tuple[str, ...] = (
         WHERE priority IS NOT NULL""",
 )
 
+# The keyed rows by key (CLAIM_FAIR walks a fair lane's keys in it, then takes each key's
+# oldest), made by migration 0008. Partial: only a job enqueued with a key pays for it (and
+# every job of a fair lane, where a job without a key is stored under FAIR_NO_KEY).
+KEY_INDEX_DDL: tuple[str, ...] = (
+    f"""CREATE INDEX IF NOT EXISTS {JOBS}_key ON {JOBS} (lane, flow_key, run_at, id)
+        WHERE flow_key IS NOT NULL""",
+)
+# What a fair lane stores as the key of a job enqueued without one: it takes its turns like a
+# key. Never a key of a caller's (those are 1-200 printable characters).
+FAIR_NO_KEY = ""
+
 # How many messages each lane ever stored (`LaneStats.stored`): a sequence per lane, made by
 # `ensure` (`COUNTER_CREATE`), and a trigger that draws one number of it per row inserted into
 # the jobs table (a publish, a requeue, an event copied to a group). A sequence, not a counter
@@ -174,7 +185,15 @@ SELECT to_regclass('{RECORDS}') IS NOT NULL AND to_regclass('{DEAD}_job') IS NOT
 """
 
 # Every table, where missing: what `PostgresBus.ensure` runs.
-SCHEMA = DDL + RECORDS_DDL + ADDED_COLUMNS_DDL + DEAD_INDEX_DDL + BAND_INDEX_DDL + COUNTER_DDL
+SCHEMA = (
+    DDL
+    + RECORDS_DDL
+    + ADDED_COLUMNS_DDL
+    + DEAD_INDEX_DDL
+    + BAND_INDEX_DDL
+    + COUNTER_DDL
+    + KEY_INDEX_DDL
+)
 
 # -- jobs -------------------------------------------------------------------------------------
 
@@ -216,7 +235,7 @@ UPDATE {JOBS} AS job
 SET leased_until = now() + make_interval(secs => %(ack_wait_s)s),
     deliveries = job.deliveries + 1,
     consumer = %(consumer)s
-FROM due WHERE job.id = due.id
+WHERE job.id = ANY(ARRAY(SELECT id FROM due))
 RETURNING job.id, job.job_id, job.subject, job.body, job.attempts, job.deliveries,
           job.enqueued_at_ms, (extract(epoch FROM job.run_at) * 1000)::bigint AS run_at_ms,
           job.trace, job.flow_key
@@ -236,24 +255,57 @@ WITH due AS (
     + CLAIMED
 )
 
-# The claim of a fair lane: the keys take turns. Each due row is ranked within its key (the
-# key's oldest first) and rows are taken by rank, then by age: the oldest row of every key with
-# some, then the second of each, and so on. Ranking reads every due row of the lane, so the
-# candidates are a few times `limit`, of which those still free are locked (SKIP LOCKED, as in
-# CLAIM) in the same order: a claimer racing another for the same heads takes the next ones.
+# The claim of a fair lane: the keys take turns. The claim walks the lane's keys in the key
+# index (KEY_INDEX_DDL), one index probe per key, from the key after the receiver's last turn
+# (`after`) round to it, at most `limit` keys; each key offers its oldest due rows (a share of
+# `limit`: the claim is right when a key has fewer and the next claim goes on), ranked; rows are
+# taken by rank, then in the walk's order: the oldest row of every key walked, then the second
+# of each, and so on. So a claim reads the keys and their heads, never every row waiting: a key
+# with a million rows costs what a key with a few does. Those still free are locked (SKIP LOCKED,
+# as in CLAIM) in that order: a claimer racing another for the same heads takes the next ones.
 CLAIM_FAIR = (
     f"""
-WITH ranked AS (
-    SELECT id, row_number() OVER (PARTITION BY flow_key ORDER BY run_at, id) AS turn
-    FROM {JOBS}
-    WHERE lane = %(lane)s AND run_at <= now()
-      AND (leased_until IS NULL OR leased_until <= now())
+WITH RECURSIVE after_last AS (
+    (SELECT flow_key, 1 AS place FROM {JOBS}
+     WHERE lane = %(lane)s AND flow_key > %(after)s ORDER BY flow_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT job.flow_key FROM {JOBS} AS job
+            WHERE job.lane = %(lane)s AND job.flow_key > walk.flow_key
+            ORDER BY job.flow_key LIMIT 1),
+           walk.place + 1
+    FROM after_last AS walk WHERE walk.flow_key IS NOT NULL AND walk.place < %(limit)s
+), round_to_last AS (
+    (SELECT flow_key, 1 AS place FROM {JOBS}
+     WHERE lane = %(lane)s AND flow_key >= '' AND flow_key <= %(after)s
+     ORDER BY flow_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT job.flow_key FROM {JOBS} AS job
+            WHERE job.lane = %(lane)s AND job.flow_key > walk.flow_key
+              AND job.flow_key <= %(after)s
+            ORDER BY job.flow_key LIMIT 1),
+           walk.place + 1
+    FROM round_to_last AS walk WHERE walk.flow_key IS NOT NULL AND walk.place < %(limit)s
+), walked AS (
+    SELECT flow_key, place FROM after_last WHERE flow_key IS NOT NULL
+    UNION ALL
+    SELECT flow_key, %(limit)s + place FROM round_to_last WHERE flow_key IS NOT NULL
+), keys AS (
+    SELECT flow_key, place FROM walked ORDER BY place LIMIT %(limit)s
 ), candidates AS (
-    SELECT id, turn FROM ranked ORDER BY turn, id LIMIT %(limit)s * 4
+    SELECT offered.id, offered.turn, keys.place FROM keys CROSS JOIN LATERAL (
+        SELECT id, row_number() OVER (ORDER BY run_at, id) AS turn FROM (
+            SELECT id, run_at FROM {JOBS}
+            WHERE lane = %(lane)s AND flow_key = keys.flow_key AND run_at <= now()
+              AND (leased_until IS NULL OR leased_until <= now())
+            ORDER BY run_at, id
+            LIMIT (SELECT %(limit)s / count(*) + 1 FROM keys)
+        ) AS oldest
+    ) AS offered
 ), due AS (
     SELECT job.id FROM {JOBS} AS job JOIN candidates USING (id)
-    WHERE job.leased_until IS NULL OR job.leased_until <= now()
-    ORDER BY candidates.turn, job.id
+    WHERE job.id = ANY(ARRAY(SELECT id FROM candidates))
+      AND (job.leased_until IS NULL OR job.leased_until <= now())
+    ORDER BY candidates.turn, candidates.place
     LIMIT %(limit)s
     FOR UPDATE OF job SKIP LOCKED
 )

@@ -26,6 +26,7 @@ from mega.drivers.base import (
 )
 from mega.drivers.postgres import PostgresBus, sql
 from mega.drivers.postgres import receiver as receiver_module
+from mega.drivers.postgres.common import lane_key
 from mega.errors import DependencyUnavailable
 from mega.runtime.embedded import free_port
 from mega.runtime.migrate import upgrade
@@ -520,3 +521,52 @@ async def test_migrations_make_the_tables_the_bus_uses(postgres_url: str) -> Non
         assert (await bus.get_records(lane, "status", ["a"]))[0] == b"done"
     finally:
         await bus.close()
+
+
+async def test_a_fair_claim_deals_the_keys_in_turns_round_from_the_last(bus: PostgresBus) -> None:
+    """Five keys with three jobs each, claims of two: each claim goes on from the key after the
+    last one served, round the keys, then the second jobs of each; a job without a key takes
+    its turns like a key and comes back with none."""
+    lane = job_lane("fair.turns", fair=True)
+    await bus.ensure(lane, apply_limits=False)
+    keys = ["a", "b", "c", "d", None]
+    await bus.publish(lane, [message(f"{key}{n}", subject=lane.subject, flow_key=key)
+                             for n in range(3) for key in keys])  # fmt: skip
+    receiver = bus.receiver(lane, consumer="test")
+    served: list[str | None] = []
+    while len(served) < 15:
+        claimed = await fetch_until(receiver, min(2, 15 - len(served)))
+        assert claimed
+        served += [delivery.flow_key for delivery in claimed]
+        for delivery in claimed:
+            await receiver.ack(delivery)
+    # The first claim starts at the least key after no key (stored as FAIR_NO_KEY, the least).
+    assert served == ["a", "b", "c", "d", None] * 3
+    await receiver.close()
+
+
+async def test_a_fair_claim_reads_the_heads_of_the_keys_not_every_row(
+    bus: PostgresBus, postgres_url: str
+) -> None:
+    """20,000 jobs of one key and one of another: the claim's plan reads a few rows per key
+    (its key walk and each key's head), not the 20,001 waiting."""
+    lane = job_lane("fair.heads", fair=True)
+    await bus.ensure(lane, apply_limits=False)
+    await bus.publish(lane, [message(f"big{n}", subject=lane.subject, flow_key="big")
+                             for n in range(20_000)])  # fmt: skip
+    await bus.publish(lane, [message("small", subject=lane.subject, flow_key="small")])
+    params = {"lane": lane_key(lane), "limit": 10, "ack_wait_s": 30.0, "consumer": "plan",
+              "after": sql.FAIR_NO_KEY}  # fmt: skip
+    async with await psycopg.AsyncConnection.connect(postgres_url) as connection:
+        await connection.execute(f"ANALYZE {sql.JOBS}")
+        cursor = await connection.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + sql.CLAIM_FAIR, params
+        )
+        plan = (await cursor.fetchone())[0][0]["Plan"]  # type: ignore[index]
+        await connection.rollback()  # the claim's lease is not kept
+
+    def rows_read(node: dict[str, Any]) -> int:
+        own = node["Actual Rows"] * node["Actual Loops"] if "Scan" in node["Node Type"] else 0
+        return own + sum(rows_read(child) for child in node.get("Plans", []))
+
+    assert rows_read(plan) < 200

@@ -47,14 +47,14 @@ def check_upgraded_keeps_rows(db: Database) -> None:
     assert current(db) is None  # no version recorded: made by create_all
     before, after = upgrade(db)
     assert (before, after) == (None, head())
-    assert current(db) == head() == "0007"
+    assert current(db) == head() == "0008"
     assert inspect(db.engine).has_table("mega_outbox")
     assert inspect(db.engine).has_table("mega_inbox")
     assert inspect(db.engine).has_table("mega_api_tokens")
     with db.sessions() as session:
         assert session.scalars(select(User.username)).all() == ["ada"]
         assert session.scalars(select(UserSession.id_hash)).all() == ["h" * 64]
-    assert upgrade(db) == ("0007", "0007")  # idempotent
+    assert upgrade(db) == ("0008", "0008")  # idempotent
 
 
 def test_the_fast_check_knows_alembics_head() -> None:
@@ -64,7 +64,7 @@ def test_the_fast_check_knows_alembics_head() -> None:
 def test_an_empty_sqlite_database_gets_every_table(tmp_path: Path) -> None:
     db = Database(f"sqlite:///{tmp_path / 'new.db'}")
     assert not is_current(db)
-    assert upgrade(db) == (None, "0007")
+    assert upgrade(db) == (None, "0008")
     assert is_current(db)
     names = set(inspect(db.engine).get_table_names())
     assert {
@@ -108,7 +108,7 @@ def test_mega_db_upgrade_and_current_from_the_command_line(tmp_path: Path) -> No
         assert result.returncode == 0, result.stderr
         return result.stdout.strip()
 
-    assert mega_db("current").endswith("at nothing (empty); newest 0007")
-    assert mega_db("upgrade").endswith("upgraded from empty to 0007")
-    assert mega_db("upgrade").endswith("already at 0007")
-    assert mega_db("current").endswith("at 0007; newest 0007")
+    assert mega_db("current").endswith("at nothing (empty); newest 0008")
+    assert mega_db("upgrade").endswith("upgraded from empty to 0008")
+    assert mega_db("upgrade").endswith("already at 0008")
+    assert mega_db("current").endswith("at 0008; newest 0008")
