@@ -334,6 +334,9 @@ class PostgresBus:
                     "body": job_body(record),
                     "enqueued_at_ms": record.get("first_enqueued_at") or int(time.time() * 1000),
                     "flow_key": stored_key(lane, record.get("flow_key")),
+                    # A prioritized lane's claim reads its rows by band: a dead letter keeps
+                    # no band, and comes back in the normal one.
+                    "priority": "normal" if lane.prioritized else None,
                 },
             )
             await connection.execute(sql.NOTIFY, {"channel": sql.WAKE_CHANNEL, "payload": key})

@@ -416,8 +416,9 @@ DEAD_COUNT = f"SELECT count(*) FROM {DEAD} WHERE lane = %(lane)s"
 DEAD_TAKE = f"DELETE FROM {DEAD} WHERE lane = %(lane)s AND seq = %(seq)s RETURNING seq"
 # Requeue, step 2: the record's job as a new row, attempts starting again at 0 (+1 delivery).
 REQUEUE = f"""
-INSERT INTO {JOBS} (lane, job_id, subject, body, enqueued_at_ms, flow_key)
-VALUES (%(lane)s, %(job_id)s, %(subject)s, %(body)s, %(enqueued_at_ms)s, %(flow_key)s)
+INSERT INTO {JOBS} (lane, job_id, subject, body, enqueued_at_ms, flow_key, priority)
+VALUES (%(lane)s, %(job_id)s, %(subject)s, %(body)s, %(enqueued_at_ms)s, %(flow_key)s,
+        %(priority)s)
 """
 DEAD_PURGE = f"DELETE FROM {DEAD} WHERE lane = %(lane)s"
 

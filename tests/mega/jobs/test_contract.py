@@ -1,6 +1,7 @@
 """The job queue's contract, written once and proven on every bus driver: exact attempt counts,
 DLQ records, requeue, dedup ids, delay, enqueue_many, bad payloads and the drain. The `nats`
-driver runs on the session's nats-server, `redis` on its Redis, `memory` in this process."""
+driver runs on the session's nats-server, `redis` on its Redis, `redis-cluster` is the redis
+driver on the session's Redis Cluster (its cache and lock too), `memory` in this process."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ services = {
 }
 """
 DRIVERS = ["nats", "redis", "memory", "postgres"]
+# The contract suites prove the redis driver on a Redis Cluster too.
+CONTRACT_DRIVERS = [*DRIVERS, "redis-cluster"]
 REDIS_BUS = """
 services = {
     "caches": services["caches"], "locks": services["locks"],
@@ -128,18 +131,32 @@ class Tracked(Job):
         return payload.get("returns")
 
 
+def driver_of(param: str) -> str:
+    """The bus driver a param runs (`redis-cluster`: the redis driver)."""
+    return param.removesuffix("-cluster")
+
+
 def bus_body(request: pytest.FixtureRequest) -> str:
     """The config lines that put the `jobs` bus on the driver `request.param` names."""
     if request.param == "postgres":
         return POSTGRES_BUS % request.getfixturevalue("postgres_url")
-    return {"nats": "", "redis": REDIS_BUS, "memory": MEMORY_BUS}[request.param]
+    return {"nats": "", "redis": REDIS_BUS, "memory": MEMORY_BUS}[driver_of(request.param)]
 
 
-@pytest.fixture(params=DRIVERS)
+def config_redis_url(request: pytest.FixtureRequest, redis_url: str) -> str:
+    """The URL of the config's cache (and lock): the session's Redis Cluster's for the
+    `redis-cluster` param, else its Redis."""
+    if request.param == "redis-cluster":
+        return str(request.getfixturevalue("redis_cluster_url"))
+    return redis_url
+
+
+@pytest.fixture(params=CONTRACT_DRIVERS)
 async def setup(
     request: pytest.FixtureRequest, tmp_path: Path, nats_url: str, redis_url: str, prefix: str
 ) -> AsyncIterator[tuple[Context, type[Job], JobQueue, list[dict[str, Any]]]]:
     body = bus_body(request)
+    redis_url = config_redis_url(request, redis_url)
     config = load_config(write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body))
     ctx = await boot(config, role="test", database=False)
     job = type("Contract", (Contract,), {"subject": f"{prefix}.contract"})
@@ -150,7 +167,7 @@ async def setup(
         worker.on(name, seen.append)
     await worker.start()
     queue = worker.queue("jobs")
-    assert queue.bus.driver == request.param
+    assert queue.bus.driver == driver_of(request.param)
     yield ctx, job, queue, seen
     await worker.stop(5)
     await shutdown(ctx)
@@ -983,3 +1000,34 @@ async def test_a_priority_is_a_band_of_a_prioritized_job(setup: Any, prefix: str
     assert "set prioritized = True on it" in str(raised.value)
     assert (await queue.stats(ranked)).pending == 0
     assert (await queue.stats(plain)).pending == 0
+
+
+class FailsOnce(Job):
+    """Fails its first run (no retries: a dead letter at once), runs through after."""
+
+    bus = "jobs"
+    retries = 0
+
+    async def run(self, payload: str, ctx: Context) -> None:
+        RUNS[payload] += 1
+        if RUNS[payload] == 1:
+            raise RuntimeError("first run")
+        DONE[payload] += 1
+
+
+@pytest.mark.parametrize("declared", ["fair", "prioritized"])
+async def test_a_dead_letter_of_a_fair_or_prioritized_job_runs_again_when_requeued(
+    setup: Any, prefix: str, declared: str
+) -> None:
+    """A dead letter requeued joins the queue of a job that takes turns like any other's."""
+    ctx, _, queue, _ = setup
+    job = type("FailsOnce", (FailsOnce,), {"subject": f"{prefix}.{declared}", declared: True})
+    key = f"{prefix}-{declared}"
+    enqueue_as = {"key": "tenant"} if declared == "fair" else {"priority": "high"}
+    await queue.enqueue(job, key, id=key, **enqueue_as)  # type: ignore[arg-type]
+    async with consume_loops(ctx, job, prefix, 1):
+        await until(lambda: RUNS[key] == 1, "the first run")
+        await until(lambda: queue.dlq.count(job), "its dead letter")
+        assert await queue.dlq.requeue(job, key) == 1
+        await until(lambda: DONE[key] == 1, "the requeued run")
+    assert RUNS[key] == 2 and await queue.dlq.count(job) == 0
