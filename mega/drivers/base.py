@@ -169,13 +169,16 @@ class LaneStats:
     when there is none. `stored`: how many messages the lane ever stored, a counter that only
     grows (each driver says what it counts), for rates. Read in the same call as the counts,
     at the price of one or two more round trips at most, never a scan of the lane. Neither
-    takes part in equality: two reads of a lane compare by their counts."""
+    takes part in equality: two reads of a lane compare by their counts. `approximate`: the
+    counts are an estimate (an engine where counting a deep lane exactly means reading all of
+    it, such as postgres, estimates past a depth it says)."""
 
     pending: int
     in_flight: int
     dlq: int
     oldest_ms: int | None = field(default=None, compare=False)
     stored: int = field(default=0, compare=False)
+    approximate: bool = field(default=False, compare=False)
 
 
 @dataclass(slots=True)

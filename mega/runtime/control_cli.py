@@ -135,11 +135,12 @@ async def _stats(queue: JobQueue, job_cls: type[JobBase], as_json: bool) -> None
         if pause.paused:
             paused.update(paused_by=pause.by, paused_at_ms=pause.at_ms)
         line = {"job": job_cls.name, "pending": stats.pending, "in_flight": stats.in_flight,
-                "dlq": stats.dlq, **paused}  # fmt: skip
+                "dlq": stats.dlq, "approximate": stats.approximate, **paused}  # fmt: skip
         print(json.dumps(line, separators=(",", ":")))
         return
+    about = "about " if stats.approximate else ""  # a deep queue's estimate (LaneStats)
     print(
-        f"{job_cls.name}: {stats.pending} pending, {stats.in_flight} in flight, {stats.dlq} "
+        f"{job_cls.name}: {about}{stats.pending} pending, {stats.in_flight} in flight, {stats.dlq} "
         f"dead letter(s), {_pause_text(pause.paused, pause.at_ms, pause.by)}"
     )
 

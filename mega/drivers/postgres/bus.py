@@ -243,13 +243,24 @@ class PostgresBus:
         """For a group, `pending` also counts the matching events not yet copied to it, and
         `oldest_ms` their first one's emit time. `oldest_ms` leaves out rows not due yet;
         `stored` is the lane's sequence (see sql.COUNTER_DDL: every row ever inserted for the
-        lane, a publish, a requeue, an event copied to a group, rolled back or not)."""
+        lane, a publish, a requeue, an event copied to a group, rolled back or not). A lane of
+        more than sql.STATS_EXACT_ROWS rows is counted by estimate (`approximate`): its
+        `pending` from the planner's statistics, its `in_flight` and `oldest_ms` from the head
+        of its claim index, so that reading it never scans the lane."""
         key = lane_key(lane)
+        params = {"lane": key, "counter": sql.counter_of(key), "cap": sql.STATS_EXACT_ROWS + 1}
         async with self._using(f"cannot read {key}") as connection:
-            cursor = await connection.execute(
-                sql.STATS, {"lane": key, "counter": sql.counter_of(key)}
-            )
-            pending, in_flight, dead, oldest, stored = await _one(cursor)
+            (rows,) = await _one(await connection.execute(sql.LANE_ROWS, params))
+            approximate = rows > sql.STATS_EXACT_ROWS
+            if approximate:  # counted by estimate (sql.STATS_EXACT_ROWS)
+                cursor = await connection.execute(sql.STATS_HEAD, params)
+                in_flight, dead, oldest, stored = await _one(cursor)
+                cursor = await connection.execute(sql.ROWS_ESTIMATE, params)
+                (plan,) = await _one(cursor)
+                pending = max(rows, int(plan[0]["Plan"]["Plan Rows"])) - in_flight
+            else:
+                cursor = await connection.execute(sql.STATS, params)
+                pending, in_flight, dead, oldest, stored = await _one(cursor)
             if lane.kind == "group":
                 pattern = sql.pattern_regex(lane.subject)
                 cursor = await connection.execute(sql.UNCOPIED, {"lane": key, "pattern": pattern})
@@ -260,6 +271,7 @@ class PostgresBus:
         return LaneStats(
             pending=int(pending), in_flight=int(in_flight), dlq=int(dead),
             oldest_ms=None if oldest is None else int(oldest), stored=int(stored),
+            approximate=approximate,
         )  # fmt: skip
 
     def receiver(self, lane: Lane, *, consumer: str) -> Receiver:

@@ -570,3 +570,29 @@ async def test_a_fair_claim_reads_the_heads_of_the_keys_not_every_row(
         return own + sum(rows_read(child) for child in node.get("Plans", []))
 
     assert rows_read(plan) < 200
+
+
+async def test_a_deep_lane_is_counted_by_estimate_and_a_shallow_one_exactly(
+    bus: PostgresBus, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past STATS_EXACT_ROWS rows a lane's stats are an estimate that reads only the claim
+    index's head (its leased rows counted there) and the planner's statistics; at or below it,
+    every row is counted."""
+    monkeypatch.setattr(sql, "STATS_EXACT_ROWS", 50)
+    lane = job_lane("deep.lane")
+    await bus.ensure(lane, apply_limits=False)
+    await bus.publish(lane, [message(f"j{n}", subject=lane.subject) for n in range(50)])
+    assert await bus.stats(lane) == LaneStats(pending=50, in_flight=0, dlq=0)
+    assert not (await bus.stats(lane)).approximate
+    await bus.publish(lane, [message(f"k{n}", subject=lane.subject) for n in range(150)])
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as connection:
+        await connection.execute(f"ANALYZE {sql.JOBS}")  # what autovacuum does as rows come
+    receiver = bus.receiver(lane, consumer="test")
+    assert len(await fetch_until(receiver, 7)) == 7
+    stats = await bus.stats(lane)
+    assert stats.approximate and (stats.in_flight, stats.dlq) == (7, 0)
+    # The planner's estimate: exact here where ANALYZE read every row of the table, within a
+    # sample's error where the session's other tests left more rows than it samples.
+    assert 100 <= stats.pending <= 300, stats
+    assert stats.oldest_ms is not None and stats.stored == 200
+    await receiver.close()

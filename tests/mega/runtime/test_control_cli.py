@@ -135,8 +135,8 @@ async def test_stats_count_each_job_and_show_its_pause(
     await run_jobs_command(config, "stats", target=None, job="MailJob", by=None, as_json=True)
     line = json.loads(capsys.readouterr().out)
     assert line.pop("paused_at_ms") == pytest.approx(time.time() * 1000, abs=10_000)
-    assert line == {"job": "MailJob", "pending": 2, "in_flight": 0, "dlq": 0, "paused": True,
-                    "paused_by": "ada"}  # fmt: skip
+    assert line == {"job": "MailJob", "pending": 2, "in_flight": 0, "dlq": 0,
+                    "approximate": False, "paused": True, "paused_by": "ada"}  # fmt: skip
     await run_jobs_command(config, "resume", target="MailJob", job=None, by=None)
     assert capsys.readouterr().out == f"MailJob: resumed by {default_by()}\n"
     assert (await queue.paused(job)).paused is False
