@@ -24,6 +24,7 @@ _EXPORTS = {
     "Bus": "mega.drivers.base",
     "LaneStats": "mega.drivers.base",
     "CacheAdapter": "mega.context",
+    "RedisClient": "mega.drivers.redis.client",
     "Context": "mega.context",
     "Database": "mega.database",
     "EarlyClaim": "mega.context",
@@ -123,6 +124,7 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.database import Database as Database
     from mega.drivers.base import Bus as Bus
     from mega.drivers.base import LaneStats as LaneStats
+    from mega.drivers.redis.client import RedisClient as RedisClient
     from mega.errors import ConfigError as ConfigError
     from mega.errors import DependencyUnavailable as DependencyUnavailable
     from mega.errors import EventError as EventError

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -65,6 +65,53 @@ def _url_with(*schemes: str) -> AfterValidator:
     return AfterValidator(lambda url: _check_url(url, *schemes))
 
 
+# A Redis Cluster, named by some of its nodes (one is enough; more in case that one is down):
+# `redis+cluster://[user:password@]host:port[,host:port...]`, `rediss+cluster://` over TLS.
+REDIS_CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+
+
+@dataclass(frozen=True)
+class RedisClusterUrl:
+    """A `redis+cluster://` URL read: the nodes to ask for the cluster's map, the credentials
+    (None: none), and whether to speak TLS."""
+
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None
+    password: str | None
+    tls: bool
+
+
+def read_redis_cluster_url(url: str) -> RedisClusterUrl:
+    """The parts of a `redis+cluster://` URL; ValueError saying what is wrong with it."""
+    parts = urlsplit(url)
+    expected = "expected redis+cluster://host:port[,host:port...], rediss+cluster:// over TLS"
+    if parts.scheme not in REDIS_CLUSTER_SCHEMES:
+        raise ValueError(f"bad URL {url!r} ({expected})")
+    if parts.path not in ("", "/", "/0") or parts.query or parts.fragment:
+        raise ValueError(
+            f"bad URL {url!r}: a Redis Cluster has one database and takes no options ({expected})"
+        )
+    nodes = []
+    for node in parts.netloc.rpartition("@")[2].split(","):
+        host, _, port = node.strip().rpartition(":")
+        if not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"bad URL {url!r}: {node.strip()!r} is not host:port ({expected})")
+        nodes.append((host.strip("[]"), int(port)))
+    return RedisClusterUrl(
+        tuple(nodes),
+        unquote(parts.username) if parts.username else None,
+        unquote(parts.password) if parts.password is not None else None,
+        tls=parts.scheme == "rediss+cluster",
+    )
+
+
+def _check_redis_url(url: str) -> str:
+    if urlsplit(url).scheme in REDIS_CLUSTER_SCHEMES:
+        read_redis_cluster_url(url)
+        return url
+    return _check_url(url, "redis", "rediss", "unix")
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -81,8 +128,9 @@ class Shown:
 
 class CacheSpec(_Model):
     driver: Literal["redis"] = Field(description="The cache's engine; only Redis for now.")
-    url: Annotated[str, _url_with("redis", "rediss", "unix"), Shown(env="REDIS_<ALIAS>_URL")] = (
-        Field(description="Where the Redis server is: redis://, rediss:// (TLS) or unix://.")
+    url: Annotated[str, AfterValidator(_check_redis_url), Shown(env="REDIS_<ALIAS>_URL")] = Field(
+        description="Where the Redis server is: redis://, rediss:// (TLS) or unix://; a Redis "
+        "Cluster: redis+cluster://host:port[,host:port...] (rediss+cluster:// over TLS)."
     )
 
 
@@ -122,9 +170,9 @@ class BusSpec(_Model):
     url: Annotated[str | list[str], Shown(env="NATS_<ALIAS>_URL")] = Field(
         default="",
         description="Where the engine is. nats: nats:// or tls://, several for a cluster (a "
-        "list, or joined by commas, as NATS_URL can carry them); redis: one redis:// or "
-        "rediss://; postgres: one postgresql://, empty for the application's database; "
-        "memory: none.",
+        "list, or joined by commas, as NATS_URL can carry them); redis: one redis://, "
+        "rediss:// or, for a Redis Cluster, redis+cluster://host:port[,host:port...]; "
+        "postgres: one postgresql://, empty for the application's database; memory: none.",
     )
     replicas: Annotated[int, Field(ge=1, le=5)] = Field(
         default=1,
@@ -147,15 +195,17 @@ class BusSpec(_Model):
     @field_validator("url")
     @classmethod
     def driver_url(cls, url: str | list[str], info: ValidationInfo) -> str:
-        urls = [part.strip() for part in url.split(",")] if isinstance(url, str) else url
         driver = info.data.get("driver")
+        urls = [part.strip() for part in url.split(",")] if isinstance(url, str) else url
+        if driver == "redis" and urlsplit(urls[0]).scheme in REDIS_CLUSTER_SCHEMES:
+            return _check_redis_url(",".join(urls))  # one URL: its commas list the nodes
         if driver == "nats":
             for one in urls:
                 _check_url(one, "nats", "tls")
         elif len(urls) > 1:
             raise ValueError(f"one URL for a {driver} bus, got {len(urls)}")
         elif driver == "redis":
-            _check_url(urls[0], "redis", "rediss", "unix")
+            _check_redis_url(urls[0])
         elif driver == "postgres" and urls[0]:
             _check_url(urls[0], "postgresql", "postgres")
         return ",".join(urls)

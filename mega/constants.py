@@ -25,6 +25,10 @@ CONNECT_TIMEOUT_S = 3.0
 READY_CHECK_TIMEOUT_S = 1.0
 # Connections one Redis client keeps at most; more concurrent calls wait for a free one.
 REDIS_MAX_CONNECTIONS = 64
+# Connections a Redis Cluster client opens at most to each node. redis-py's cluster client has no
+# pool to wait on: a call beyond them fails (300 XADDs gathered at once failed at 64), so this
+# is a ceiling for bursts, kept well above them, not a queue.
+REDIS_CLUSTER_MAX_CONNECTIONS = 1000
 # NATS clients reconnect forever (an outage is not a crash) at this pace.
 NATS_RECONNECT_WAIT_S = 0.5
 # A NATS client pings its server this often and gives the connection up when this many pings

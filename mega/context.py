@@ -21,9 +21,8 @@ from mega.drivers.base import Bus
 from mega.errors import ConfigError
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
-
     from mega.database import Database
+    from mega.drivers.redis.client import RedisClient
 
 B = TypeVar("B", bound=Bus)
 
@@ -56,7 +55,7 @@ class LockAdapter(Protocol):
     """What `ctx.lock(alias)` gives: one-attempt locks with tokens (opaque strings)."""
 
     @property
-    def native(self) -> Redis:
+    def native(self) -> RedisClient:
         """The first server's client, for side records such as the scheduler's audit."""
         ...
 
@@ -147,11 +146,12 @@ class TaskPool(Protocol):
 
 @dataclass
 class CacheAdapter:
-    """A Redis (or compatible) server. `native` is the redis.asyncio client."""
+    """A Redis (or compatible) server, or a Redis Cluster. `native` is the redis.asyncio client
+    (`redis.asyncio.cluster.RedisCluster` for a `redis+cluster://` URL)."""
 
     alias: str
     url: str
-    native: Redis
+    native: RedisClient
 
 
 @dataclass

@@ -4,9 +4,12 @@ Paused, signups keep committing and their events pile up in the outbox; resumed,
 
 from __future__ import annotations
 
-from redis.asyncio import Redis
+from typing import TYPE_CHECKING
 
 from mega import Context
+
+if TYPE_CHECKING:
+    from mega import RedisClient
 
 PAUSED_KEY = "demo:outbox:paused"
 
@@ -15,12 +18,12 @@ async def relay_paused(ctx: Context) -> bool:
     return bool(await ctx.cache("main").native.get(PAUSED_KEY) == "1")
 
 
-async def set_paused(redis: Redis, paused: bool) -> None:
+async def set_paused(redis: RedisClient, paused: bool) -> None:
     if paused:
         await redis.set(PAUSED_KEY, "1")
     else:
         await redis.delete(PAUSED_KEY)
 
 
-async def is_paused(redis: Redis) -> bool:
+async def is_paused(redis: RedisClient) -> bool:
     return bool(await redis.get(PAUSED_KEY) == "1")

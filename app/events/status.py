@@ -10,11 +10,12 @@ after a day, so a long-running demo never grows Redis without limit.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
-
-from redis.asyncio import Redis
+from typing import TYPE_CHECKING, Any
 
 from mega import Context, ListenerWorker
+
+if TYPE_CHECKING:
+    from mega import RedisClient
 
 TTL_S = 24 * 3600
 STATUS = {"start": "running", "retry": "retrying", "done": "done", "skip": "done", "dlq": "dlq"}
@@ -46,7 +47,7 @@ def attach_event_status(listeners: ListenerWorker, ctx: Context) -> None:
         listeners.on(name, on_signal)
 
 
-async def statuses(redis: Redis, event_ids: Iterable[str]) -> dict[str, dict[str, str]]:
+async def statuses(redis: RedisClient, event_ids: Iterable[str]) -> dict[str, dict[str, str]]:
     """Each event's status per listener group (groups not heard from yet are absent)."""
     ids = list(event_ids)
     async with redis.pipeline(transaction=False) as pipe:
@@ -56,6 +57,6 @@ async def statuses(redis: Redis, event_ids: Iterable[str]) -> dict[str, dict[str
     return dict(zip(ids, found, strict=True))
 
 
-async def group_counts(redis: Redis, group: str) -> dict[str, int]:
+async def group_counts(redis: RedisClient, group: str) -> dict[str, int]:
     counts = await redis.hgetall(group_key(group))
     return {name: int(counts.get(name, 0)) for name in ("done", "failed", "dlq")}

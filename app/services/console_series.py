@@ -33,9 +33,11 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from redis.asyncio import Redis
+if TYPE_CHECKING:
+    from mega import RedisClient
+
 
 KEY_PREFIX = "demo:console"
 # One point per STEP_S seconds over WINDOW_S: 60 points.
@@ -69,7 +71,7 @@ def dlq_key(step: int) -> str:
 # -- writers (the worker's hook, the web process) --------------------------------------------
 
 
-async def record_done(redis: Redis, at_s: float | None = None) -> None:
+async def record_done(redis: RedisClient, at_s: float | None = None) -> None:
     """A job finished now: for each `done` signal."""
     at_s = time.time() if at_s is None else at_s
     key = done_key(step_of(at_s))
@@ -79,7 +81,7 @@ async def record_done(redis: Redis, at_s: float | None = None) -> None:
         await pipe.execute()
 
 
-async def record_start(redis: Redis, latency_ms: float, at_s: float | None = None) -> None:
+async def record_start(redis: RedisClient, latency_ms: float, at_s: float | None = None) -> None:
     """A first attempt started `latency_ms` after its enqueue (or due time)."""
     at_s = time.time() if at_s is None else at_s
     key = start_key(step_of(at_s))
@@ -90,7 +92,7 @@ async def record_start(redis: Redis, latency_ms: float, at_s: float | None = Non
         await pipe.execute()
 
 
-async def record_dlq_size(redis: Redis, size: int, at_s: float | None = None) -> None:
+async def record_dlq_size(redis: RedisClient, size: int, at_s: float | None = None) -> None:
     """The DLQ holds `size` records now (the web process samples it)."""
     await redis.set(dlq_key(step_of(time.time() if at_s is None else at_s)), size, ex=TTL_S)
 
@@ -99,7 +101,7 @@ async def record_dlq_size(redis: Redis, size: int, at_s: float | None = None) ->
 
 
 async def read_series(
-    redis: Redis, ticks: Iterable[dict[str, Any]], now_s: float | None = None
+    redis: RedisClient, ticks: Iterable[dict[str, Any]], now_s: float | None = None
 ) -> dict[str, Any]:
     """Every series over the window ending now, oldest point first. `ticks` are the schedule's
     recent ticks as `Scheduler.recent_ticks` gives them (ISO instants, lateness in ms)."""
@@ -174,7 +176,7 @@ def build_series(
     }
 
 
-async def start_latency_p50_ms(redis: Redis, now_s: float | None = None) -> float | None:
+async def start_latency_p50_ms(redis: RedisClient, now_s: float | None = None) -> float | None:
     """The median enqueue-to-start latency (ms) of the first attempts started in the window,
     or None when none started."""
     last = step_of(time.time() if now_s is None else now_s)

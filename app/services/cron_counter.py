@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from redis.asyncio import Redis
+if TYPE_CHECKING:
+    from mega import RedisClient
+
 
 COUNT_KEY = "demo:cron:count"
 HISTORY_KEY = "demo:cron:history"
@@ -43,7 +45,7 @@ return 1
 """
 
 
-async def record_run(redis: Redis, *, at: datetime, source: str, fence: int | None) -> bool:
+async def record_run(redis: RedisClient, *, at: datetime, source: str, fence: int | None) -> bool:
     """Count one run; False when a newer fenced run already wrote (this one is stale)."""
     entry = json.dumps({"at": at.isoformat(), "source": source, "fence": fence})
     applied = await redis.eval(  # type: ignore[misc]
@@ -59,7 +61,7 @@ async def record_run(redis: Redis, *, at: datetime, source: str, fence: int | No
     return bool(applied)
 
 
-async def read_state(redis: Redis) -> dict[str, Any]:
+async def read_state(redis: RedisClient) -> dict[str, Any]:
     async with redis.pipeline(transaction=False) as pipe:
         pipe.get(COUNT_KEY)
         pipe.lrange(HISTORY_KEY, 0, HISTORY_SIZE - 1)

@@ -7,15 +7,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import asdict
-from typing import Any
-
-from redis.asyncio import Redis
+from typing import TYPE_CHECKING, Any
 
 from app.jobs.email import EmailJob
 from app.services import recent_jobs
 from app.services.job_card import Line, card_lines
 from app.services.recent_jobs import Entry
 from mega import DependencyUnavailable, JobError, JobQueue, JobStatus
+
+if TYPE_CHECKING:
+    from mega import RedisClient
 
 # How many dead letters the page lists (the count covers all of them).
 DLQ_LISTED = 20
@@ -81,7 +82,11 @@ def as_json(line: Line) -> dict[str, Any]:
 
 
 async def jobs_state(
-    queue: JobQueue, redis: Redis, *, limit: int = recent_jobs.MAX_JOBS, before: str | None = None
+    queue: JobQueue,
+    redis: RedisClient,
+    *,
+    limit: int = recent_jobs.MAX_JOBS,
+    before: str | None = None,
 ) -> dict[str, Any]:
     """`jobs` newest first (`limit` of them, older than job `before` if given), `older` (the
     `before` of the next page, or None), and the DLQ."""

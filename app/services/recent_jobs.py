@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from redis.asyncio import Redis
+if TYPE_CHECKING:
+    from mega import RedisClient
+
 
 INDEX_KEY = "demo:jobs:index"
 # Jobs the page keeps, and how many it shows at a time (older ones are a link away).
@@ -59,7 +61,7 @@ class RecentPage:
     older: str | None
 
 
-async def remember(redis: Redis, job_id: str, to: str, mode: str) -> None:
+async def remember(redis: RedisClient, job_id: str, to: str, mode: str) -> None:
     """List a job the page (or a listener) is about to enqueue."""
     async with redis.pipeline(transaction=True) as pipe:
         pipe.hset(job_key(job_id), mapping={"to": to, "mode": mode, "requeues": 0})
@@ -69,7 +71,7 @@ async def remember(redis: Redis, job_id: str, to: str, mode: str) -> None:
         await pipe.execute()
 
 
-async def forget(redis: Redis, job_id: str) -> None:
+async def forget(redis: RedisClient, job_id: str) -> None:
     """Undo `remember` (the enqueue itself failed)."""
     async with redis.pipeline(transaction=True) as pipe:
         pipe.delete(job_key(job_id))
@@ -77,7 +79,7 @@ async def forget(redis: Redis, job_id: str) -> None:
         await pipe.execute()
 
 
-async def note_requeue(redis: Redis, job_id: str) -> None:
+async def note_requeue(redis: RedisClient, job_id: str) -> None:
     """The DLQ gave the job back: its status record starts again at attempt 1."""
     if await redis.exists(job_key(job_id)):
         async with redis.pipeline(transaction=True) as pipe:
@@ -87,7 +89,7 @@ async def note_requeue(redis: Redis, job_id: str) -> None:
 
 
 async def record_progress(
-    redis: Redis, job_id: str, attempt: int, fraction: float, note: str | None
+    redis: RedisClient, job_id: str, attempt: int, fraction: float, note: str | None
 ) -> None:
     """Keep a running attempt's latest report (the page draws it as a bar) for a listed job."""
     if await redis.exists(job_key(job_id)):
@@ -95,7 +97,9 @@ async def record_progress(
         await redis.hset(job_key(job_id), "progress", json.dumps(report))
 
 
-async def recent(redis: Redis, limit: int = MAX_JOBS, *, before: str | None = None) -> RecentPage:
+async def recent(
+    redis: RedisClient, limit: int = MAX_JOBS, *, before: str | None = None
+) -> RecentPage:
     """Up to `limit` entries newest first, those older than job `before` when it is given (a
     cursor, not an offset: jobs enqueued meanwhile do not shift the page; an id no longer kept
     gives an empty page)."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
+    from mega.drivers.redis.client import RedisClient
 
 KEY_PREFIX = "mega:inbox:"
 
@@ -45,7 +45,7 @@ return 1
 class Inbox:
     """Completed event ids of one listener group, in Redis."""
 
-    def __init__(self, redis: Redis, group: str, ttl_s: int) -> None:
+    def __init__(self, redis: RedisClient, group: str, ttl_s: int) -> None:
         self.redis = redis
         self.prefix = f"{KEY_PREFIX}{group}:"
         self.ttl_s = ttl_s

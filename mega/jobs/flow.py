@@ -108,7 +108,9 @@ def gate_of(ctx: Context, spec: Limited, lane_key: str) -> Gate | None:
         return None
     redis = flow_cache(ctx, spec.name, spec.flow_cache)
     return Gate(
-        RateLimiter(redis, f"mega:rate:{lane_key}", rate) if rate is not None else None,
+        # The log and its counter (`:n`, which TAKE derives) in one hash slot: a Redis
+        # Cluster runs a script only on keys of one slot.
+        RateLimiter(redis, f"mega:rate:{{{lane_key}}}", rate) if rate is not None else None,
         KeySlots(redis, f"mega:slots:{lane_key}", cap, spec.ack_wait_s) if cap else None,
     )
 

@@ -19,9 +19,8 @@ from mega.drivers import find_driver
 from mega.errors import DependencyUnavailable, MegaError
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
-
     from mega.database import Database
+    from mega.drivers.redis.client import RedisClient
 
 logger = logging.getLogger("mega.boot")
 
@@ -61,10 +60,11 @@ async def shutdown(ctx: Context) -> None:
         ctx.database.dispose()
 
 
-async def connect_redis(alias: str, url: str, *, decode_responses: bool = True) -> Redis:
-    """A cache's client: the redis driver's connection (str replies by default)."""
+async def connect_redis(alias: str, url: str, *, decode_responses: bool = True) -> RedisClient:
+    """A cache's client: the redis driver's connection (str replies by default), to one server
+    or a Redis Cluster (`redis+cluster://`)."""
     # ~0.1 s to import: only for configs that declare caches
-    from mega.drivers.redis.bus import connect_redis as connect
+    from mega.drivers.redis.client import connect_redis as connect
 
     return await connect(alias, url, decode_responses=decode_responses)
 

@@ -18,11 +18,12 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
-
-from redis.asyncio.client import Pipeline
+from typing import TYPE_CHECKING, Any, Literal
 
 from mega.schedules.schedule import LockPlan, TickSource
+
+if TYPE_CHECKING:
+    from mega.drivers.redis.client import RedisPipeline
 
 # Bound on one audit read or write, so a blackholed Redis cannot pile up tasks.
 AUDIT_TIMEOUT_S = 1.0
@@ -65,7 +66,7 @@ def audit_key(plan: LockPlan) -> str:
     return f"{plan.key_prefix}:audit"
 
 
-def append(pipe: Pipeline, plan: LockPlan, record: TickRecord, size: int) -> None:
+def append(pipe: RedisPipeline, plan: LockPlan, record: TickRecord, size: int) -> None:
     """Queue on `pipe` the push of `record` and the trim to the newest `size` records."""
     key = audit_key(plan)
     pipe.lpush(key, json.dumps(record.as_dict()))

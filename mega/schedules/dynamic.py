@@ -34,10 +34,9 @@ import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, ConfigDict, StrictStr, ValidationError
-from redis.asyncio import Redis
 from redis.exceptions import RedisError, WatchError
 
 from mega.declaration import Declaration, describe, matching, rule
@@ -45,6 +44,9 @@ from mega.errors import ConfigError
 from mega.schedules import audit, cron
 from mega.schedules.audit import AuditSource, TickRecord
 from mega.schedules.schedule import LOCK_EXAMPLE, CronExpr, LockPlan, ScheduleSpec, ZoneName
+
+if TYPE_CHECKING:
+    from mega.drivers.redis.client import RedisClient
 
 logger = logging.getLogger("mega.scheduler")
 
@@ -194,7 +196,7 @@ def _stored(key: str, raw: str | bytes) -> ScheduleEntry:
         return ScheduleEntry(key, "?", None, {})
 
 
-async def read_entries(native: Redis, plan: LockPlan) -> dict[str, ScheduleEntry]:
+async def read_entries(native: RedisClient, plan: LockPlan) -> dict[str, ScheduleEntry]:
     """Every entry now, by key. A record that does not read as one (written by hand) is left
     out with a warning. Raises what the client raises, TimeoutError past `ENTRIES_TIMEOUT_S`."""
     async with asyncio.timeout(ENTRIES_TIMEOUT_S):
@@ -210,7 +212,7 @@ async def read_entries(native: Redis, plan: LockPlan) -> dict[str, ScheduleEntry
 
 
 async def write_entry(
-    native: Redis, plan: LockPlan, key: str, entry: ScheduleEntry | None, *, by: str,
+    native: RedisClient, plan: LockPlan, key: str, entry: ScheduleEntry | None, *, by: str,
     instance: str, audit_size: int,
 ) -> ScheduleEntry | None:  # fmt: skip
     """Set the entry `key` (or delete it: `entry` None), a new change token and the audit record,
@@ -218,7 +220,12 @@ async def write_entry(
     absent key."""
     for _ in range(WRITE_ATTEMPTS):
         try:
-            async with asyncio.timeout(ENTRIES_TIMEOUT_S), native.pipeline() as pipe:
+            # Said, not the default: a Redis Cluster's pipeline is no transaction unless asked,
+            # and its WATCH needs one (over keys of one slot: the prefix's hash tag).
+            async with (
+                asyncio.timeout(ENTRIES_TIMEOUT_S),
+                native.pipeline(transaction=True) as pipe,
+            ):
                 await pipe.watch(entries_key(plan))
                 raw = await pipe.hget(entries_key(plan), key)
                 before = None if raw is None else _stored(key, raw)
@@ -257,7 +264,7 @@ def _change_record(
 
 
 async def watch_entries(
-    native: Redis,
+    native: RedisClient,
     alias: str,
     plans: Callable[[], Mapping[str, LockPlan]],
     apply: Callable[[str, dict[str, ScheduleEntry]], None],

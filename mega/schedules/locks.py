@@ -29,11 +29,11 @@ import secrets
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from mega.context import EarlyClaim, FencedLease, Refusal
 from mega.errors import ConfigError, LockBackendError
@@ -45,6 +45,9 @@ from mega.schedules.lock_scripts import (
     RELEASE_SCRIPT,
 )
 from mega.validation import int_problem
+
+if TYPE_CHECKING:
+    from mega.drivers.redis.client import RedisClient
 
 # The claim's tolerance: a claim is refused as early only when the lock server's clock is more
 # than this before its instant. Clocks kept by NTP agree within a few ms: a scheduler on time is
@@ -72,7 +75,7 @@ class RedLock:
     is N // 2 + 1; fencing numbers are drawn as documented in `incr()`.
     """
 
-    def __init__(self, alias: str, clients: list[Redis]) -> None:
+    def __init__(self, alias: str, clients: list[RedisClient]) -> None:
         if not clients:
             raise ConfigError(f"services.locks.{alias}: a lock needs at least one Redis server")
         self.alias = alias
@@ -87,7 +90,7 @@ class RedLock:
         self.clock_offset_ms: float | None = None  # see `LockAdapter.clock_offset_ms`
 
     @property
-    def native(self) -> Redis:
+    def native(self) -> RedisClient:
         return self.clients[0]
 
     async def acquire(self, key: str, ttl_ms: int) -> str | None:
@@ -299,7 +302,7 @@ class RedLock:
             try:
                 async with asyncio.timeout(timeout_s):
                     return await op(i)
-            except (RedisError, OSError, TimeoutError) as exc:
+            except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
                 return exc
 
         if len(self.clients) == 1:
@@ -350,8 +353,11 @@ def quorum_claim(
     return "claimed"
 
 
-def server_name(client: Redis) -> str:
-    """`host:port/db` (or the socket path) of a client, for messages and audits."""
+def server_name(client: RedisClient) -> str:
+    """`host:port/db` (or the socket path) of a client, for messages and audits; a Redis
+    Cluster's: `cluster:` and the nodes it was given."""
+    if isinstance(client, RedisCluster):
+        return "cluster:" + ",".join(f"{node.host}:{node.port}" for node in client.startup_nodes)
     kwargs = client.connection_pool.connection_kwargs
     if "path" in kwargs:
         return f"unix:{kwargs['path']}"

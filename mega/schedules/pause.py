@@ -21,14 +21,15 @@ import json
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
-
-from redis.asyncio import Redis
+from typing import TYPE_CHECKING, Any
 
 from mega.errors import ConfigError
 from mega.schedules import audit
 from mega.schedules.audit import TickRecord
 from mega.schedules.schedule import LOCK_EXAMPLE, LockPlan, ScheduleSpec
+
+if TYPE_CHECKING:
+    from mega.drivers.redis.client import RedisClient
 
 # The read happens on each tick's path, before the claim: a Redis that does not answer delays
 # the tick by at most this (and the claim that follows then fails on its own and skips).
@@ -63,7 +64,7 @@ def lock_of(spec: ScheduleSpec) -> LockPlan:
     return spec.lock
 
 
-async def read_pause(native: Redis, plan: LockPlan) -> SchedulePause:
+async def read_pause(native: RedisClient, plan: LockPlan) -> SchedulePause:
     """The record now (not paused when there is none). Raises what the client raises, and
     TimeoutError past `PAUSE_READ_TIMEOUT_S`."""
     async with asyncio.timeout(PAUSE_READ_TIMEOUT_S):
@@ -71,7 +72,7 @@ async def read_pause(native: Redis, plan: LockPlan) -> SchedulePause:
     return _pause(raw)
 
 
-async def read_pauses(native: Redis, plans: list[LockPlan]) -> list[SchedulePause]:
+async def read_pauses(native: RedisClient, plans: list[LockPlan]) -> list[SchedulePause]:
     """The records of several schedules on one Redis in one round trip (a pipeline of GETs,
     which a cluster client splits by node), in the order of `plans`. Raises as `read_pause`."""
     async with asyncio.timeout(PAUSE_READ_TIMEOUT_S):
@@ -90,7 +91,7 @@ def _pause(raw: str | bytes | None) -> SchedulePause:
 
 
 async def write_pause(
-    native: Redis, plan: LockPlan, *, paused: bool, by: str, instance: str, audit_size: int
+    native: RedisClient, plan: LockPlan, *, paused: bool, by: str, instance: str, audit_size: int
 ) -> SchedulePause:
     """Set the record, and push the change to the audit (written by `instance`), at once."""
     now = time.time()

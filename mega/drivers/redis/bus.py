@@ -21,11 +21,8 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar, Self, cast
 
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.exceptions import RedisError
-
 from mega.config import BusSpec
-from mega.constants import CONNECT_TIMEOUT_S, HOW_TO_GET_SERVICES, REDIS_MAX_CONNECTIONS
+from mega.constants import CONNECT_TIMEOUT_S
 from mega.drivers.base import (
     DEDUP_WINDOW_S,
     DlqRecord,
@@ -35,6 +32,7 @@ from mega.drivers.base import (
     Message,
     Table,
 )
+from mega.drivers.redis.client import OUTAGES, RedisClient, connect_redis, queue_script
 from mega.drivers.redis.lanes import (
     LaneKeys,
     as_text,
@@ -53,22 +51,20 @@ from mega.drivers.redis.scripts import (
     FAIR_PUSH,
     WAKE_CHANNEL,
 )
-from mega.errors import DependencyUnavailable
 
 logger = logging.getLogger("mega.drivers.redis")
 
-_OUTAGES = (RedisError, OSError)
-
 
 class RedisBus:
-    """`Bus` on Redis (see mega.drivers.base). `native` is the `redis.asyncio.Redis` client
-    (bytes in and out: `decode_responses=False`)."""
+    """`Bus` on Redis (see mega.drivers.base). `native` is the `redis.asyncio.Redis` client, or
+    for a `redis+cluster://` URL the `redis.asyncio.cluster.RedisCluster` one (bytes in and
+    out: `decode_responses=False`)."""
 
     driver: ClassVar[str] = "redis"
     fair_lanes: ClassVar[bool] = True
     priority_lanes: ClassVar[bool] = True
 
-    def __init__(self, alias: str, spec: BusSpec, redis: Redis) -> None:
+    def __init__(self, alias: str, spec: BusSpec, redis: RedisClient) -> None:
         self.alias = alias
         self.spec = spec
         self.redis = redis
@@ -79,7 +75,7 @@ class RedisBus:
         self._tasks: set[asyncio.Task[None]] = set()  # announce_commit's, kept until done
 
     @property
-    def native(self) -> Redis:
+    def native(self) -> RedisClient:
         return self.redis
 
     @property
@@ -100,7 +96,7 @@ class RedisBus:
     async def ping(self) -> None:
         try:
             await asyncio.wait_for(self.redis.ping(), CONNECT_TIMEOUT_S)
-        except (*_OUTAGES, TimeoutError) as exc:
+        except (*OUTAGES, TimeoutError) as exc:
             raise DriverUnavailable(f"Redis {self.alias!r}: {_reason(exc)}") from exc
 
     # -- lanes --------------------------------------------------------------------------------
@@ -110,7 +106,7 @@ class RedisBus:
         limits per stream (dead letters are capped by DLQ_MAXLEN whatever the lane says)."""
         try:
             await ensure_groups(self.redis, lane_keys(lane))
-        except _OUTAGES as exc:
+        except OUTAGES as exc:
             raise DriverUnavailable(f"{lane.name}: cannot set up its streams: {exc}") from exc
 
     async def publish(self, lane: Lane, messages: Sequence[Message]) -> list[bool]:
@@ -138,18 +134,17 @@ class RedisBus:
                             fields["flow_key"] = message.flow_key
                         pipe.xadd(keys.stream, fields)
                         continue
-                    dedup_key = f"{keys.stream}:dedup:{message.id}" if message.dedup else ""
-                    await self._enqueue(
-                        keys=[keys.stream, keys.scheduled, dedup_key],
-                        args=[
+                    dedup = [keys.dedup(message.id)] if message.dedup else []
+                    await queue_script(
+                        pipe, self._enqueue, [keys.stream, keys.scheduled, *dedup],
+                        [
                             message.id, message.body, message.enqueued_at_ms, run_at,
                             run_at if run_at > now_ms else "", DEDUP_WINDOW_S, trace,
                             *(() if message.flow_key is None else (message.flow_key,)),
                         ],
-                        client=pipe,
                     )  # fmt: skip
                 answers: list[Any] = await pipe.execute()
-        except _OUTAGES as exc:
+        except OUTAGES as exc:
             raise DriverUnavailable(f"cannot enqueue on {lane.name}: {exc}") from exc
         return [answer != 0 for answer in answers]  # XADD answers an id, ENQUEUE 1 or 0
 
@@ -166,13 +161,12 @@ class RedisBus:
             fields += ["trace", trace]
         if message.flow_key is not None:
             fields += ["flow_key", message.flow_key]
-        dedup_key = f"{keys.stream}:dedup:{message.id}" if message.dedup else ""
-        await self._fair_push(
-            keys=[keys.fair_prefix + key, keys.fair_turns, keys.fair_count, keys.stream,
-                  dedup_key],
-            args=[key, json.dumps(fields), DEDUP_WINDOW_S, keys.fair_prefix, keys.group,
-                  turn_order(lane)],
-            client=pipe,
+        dedup = [keys.dedup(message.id)] if message.dedup else []
+        await queue_script(
+            pipe, self._fair_push,
+            [keys.fair_prefix + key, keys.fair_turns, keys.fair_count, keys.stream, *dedup],
+            [key, json.dumps(fields), DEDUP_WINDOW_S, keys.fair_prefix, keys.group,
+             turn_order(lane)],
         )  # fmt: skip
 
     async def stats(self, lane: Lane) -> LaneStats:
@@ -184,7 +178,7 @@ class RedisBus:
             if lane.kind == "job":
                 return await self._job_stats(keys)
             return await self._group_stats(keys)
-        except _OUTAGES as exc:
+        except OUTAGES as exc:
             raise DriverUnavailable(f"cannot read {lane.name}: {exc}") from exc
 
     async def _job_stats(self, keys: LaneKeys) -> LaneStats:
@@ -269,7 +263,7 @@ class RedisBus:
             entries: Any = await self.redis.xrevrange(
                 lane_keys(lane).dlq, max=top, min="-", count=limit
             )
-        except _OUTAGES as exc:
+        except OUTAGES as exc:
             raise DriverUnavailable(f"cannot read the dead letters of {lane.name}: {exc}") from exc
         return [parse_record(entry_id, fields) for entry_id, fields in entries]
 
@@ -285,7 +279,7 @@ class RedisBus:
             if entry_id is None:
                 return None
             entries: Any = await self.redis.xrange(keys.dlq, min=entry_id, max=entry_id)
-        except _OUTAGES as exc:
+        except OUTAGES as exc:
             raise DriverUnavailable(f"cannot read the dead letters of {lane.name}: {exc}") from exc
         return parse_record(*entries[0]) if entries else None
 
@@ -314,14 +308,14 @@ class RedisBus:
                 return False
             job_id = parse_record(*entries[0])["id"]
             deleted = await self._drop(keys=[keys.dlq, keys.dlq_index], args=[entry_id, job_id])
-        except _OUTAGES as exc:
+        except OUTAGES as exc:
             raise DriverUnavailable(f"cannot delete a dead letter of {lane.name}: {exc}") from exc
         return bool(deleted)
 
     async def count_dead(self, lane: Lane) -> int:
         try:
             return int(await self.redis.xlen(lane_keys(lane).dlq))
-        except _OUTAGES as exc:
+        except OUTAGES as exc:
             raise DriverUnavailable(f"cannot read the dead letters of {lane.name}: {exc}") from exc
 
     async def requeue(self, lane: Lane, record: DlqRecord) -> None:
@@ -351,9 +345,9 @@ class RedisBus:
                 pipe.xadd(keys.own, fields)
                 if entry_id is not None:
                     drop = [keys.dlq, keys.dlq_index]
-                    await self._drop(keys=drop, args=[as_text(entry_id), record["id"]], client=pipe)
+                    await queue_script(pipe, self._drop, drop, [as_text(entry_id), record["id"]])
                 await pipe.execute()
-        except _OUTAGES as exc:
+        except OUTAGES as exc:
             raise DriverUnavailable(f"cannot requeue on {lane.name}: {exc}") from exc
 
     async def _find_record(self, keys: LaneKeys, record: DlqRecord) -> Any:
@@ -377,7 +371,7 @@ class RedisBus:
                 pipe.xlen(key)
                 pipe.delete(key, lane_keys(lane).dlq_index)
                 count, _ = await pipe.execute()
-        except _OUTAGES as exc:
+        except OUTAGES as exc:
             raise DriverUnavailable(f"cannot purge the dead letters of {lane.name}: {exc}") from exc
         return int(count)
 
@@ -402,7 +396,7 @@ class RedisBus:
                     _index_records(pipe, keys, table, records, keep_ms)
                 answers: list[Any] = await pipe.execute()
             answers = answers[: len(records)]
-        except _OUTAGES as exc:
+        except OUTAGES as exc:
             raise DriverUnavailable(
                 f"cannot store the {table} records of {lane.name}: {exc}"
             ) from exc
@@ -416,7 +410,7 @@ class RedisBus:
         names = lane_keys(lane)
         try:
             values = await self.redis.mget([names.record(table, key) for key in keys])
-        except _OUTAGES as exc:
+        except OUTAGES as exc:
             raise DriverUnavailable(
                 f"cannot read the {table} records of {lane.name}: {exc}"
             ) from exc
@@ -440,7 +434,7 @@ class RedisBus:
                 list[bytes | None],  # bytes: the client decodes no responses
                 await self.redis.mget([keys.record(table, name) for name in found]),
             )
-        except _OUTAGES as exc:
+        except OUTAGES as exc:
             raise DriverUnavailable(
                 f"cannot list the {table} records of {lane.name}: {exc}"
             ) from exc
@@ -460,17 +454,16 @@ class RedisBus:
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for message in messages:
-                    await self._emit(
-                        keys=[EVENTS_LOG, f"{EVENTS_LOG}:dedup:{message.id}"],
-                        args=[
+                    await queue_script(
+                        pipe, self._emit, [EVENTS_LOG, f"{EVENTS_LOG}:dedup:{message.id}"],
+                        [
                             message.id, EVENT_SUBJECT_PREFIX + message.subject, message.body,
                             message.enqueued_at_ms, oldest_kept, DEDUP_WINDOW_S,
                             json.dumps(message.trace) if message.trace else "",
                         ],
-                        client=pipe,
                     )  # fmt: skip
                 answers: list[Any] = await pipe.execute()
-        except _OUTAGES as exc:
+        except OUTAGES as exc:
             raise DriverUnavailable(f"cannot emit on {self.alias!r}: {exc}") from exc
         return [answer == 1 for answer in answers]
 
@@ -485,23 +478,23 @@ class RedisBus:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
                     if message is not None:
                         wake()
-                except _OUTAGES:  # away: the relay polls meanwhile
+                except OUTAGES:  # away: the relay polls meanwhile
                     await asyncio.sleep(1)
 
         task = asyncio.create_task(watch(), name="mega-outbox-watch")
 
         async def stop() -> None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, *_OUTAGES):
+            with contextlib.suppress(asyncio.CancelledError, *OUTAGES):
                 await task
-            with contextlib.suppress(*_OUTAGES):
+            with contextlib.suppress(*OUTAGES):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]
 
         return stop
 
     def announce_commit(self) -> None:
         async def publish() -> None:
-            with contextlib.suppress(*_OUTAGES):
+            with contextlib.suppress(*OUTAGES):
                 await self.redis.publish(WAKE_CHANNEL, b"")
 
         task = asyncio.create_task(publish())
@@ -549,29 +542,3 @@ def _group(groups: list[dict[Any, Any]], name: str) -> dict[str, Any]:
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-async def connect_redis(alias: str, url: str, *, decode_responses: bool) -> Redis:
-    """A client on a pool of at most REDIS_MAX_CONNECTIONS, checked with a PING (bounded);
-    DependencyUnavailable names the URL when it does not answer. Also the caches' client."""
-    # A burst beyond the pool (300 enqueues gathered at once) waits for a free connection,
-    # instead of failing with "Too many connections".
-    pool = BlockingConnectionPool.from_url(
-        url,
-        max_connections=REDIS_MAX_CONNECTIONS,
-        timeout=CONNECT_TIMEOUT_S,
-        socket_connect_timeout=CONNECT_TIMEOUT_S,
-        socket_timeout=CONNECT_TIMEOUT_S,
-        health_check_interval=15,
-        decode_responses=decode_responses,
-    )
-    client: Redis = Redis.from_pool(pool)  # aclose() closes the pool too
-    try:
-        await asyncio.wait_for(client.ping(), CONNECT_TIMEOUT_S)
-    except Exception as exc:
-        await client.aclose()
-        raise DependencyUnavailable(
-            "redis",
-            f"cannot reach Redis {alias!r} at {url} ({_reason(exc)}); {HOW_TO_GET_SERVICES}",
-        ) from exc
-    return client

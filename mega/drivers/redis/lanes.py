@@ -63,6 +63,10 @@ class LaneKeys:
         + the band)."""
         return self.own + ":fair:key:"
 
+    def dedup(self, message_id: str) -> str:
+        """The key that marks a caller-given id as seen, for DEDUP_WINDOW_S."""
+        return f"{self.stream}:dedup:{message_id}"
+
     def deletes(self, stream: str) -> bool:
         return not (self.shared and stream == self.stream)
 
@@ -76,8 +80,10 @@ class LaneKeys:
 
 
 def lane_keys(lane: Lane) -> LaneKeys:
+    """A job lane's keys under its own hash tag; a listener group's, under the events side's
+    (the log and every group's keys are read together by the scripts)."""
     if lane.kind == "job":
-        key = JOB_KEY_PREFIX + lane.subject
+        key = JOB_KEY_PREFIX + "{" + lane.subject + "}"
         return LaneKeys(JOB_GROUP, key, key, key + ":scheduled", key + ":dlq")
     own = f"{EVENTS_LOG}:group:{lane.name}"
     return LaneKeys(

@@ -20,10 +20,10 @@ from collections.abc import Awaitable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
 from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane, trace_headers
+from mega.drivers.redis.client import OUTAGES, RedisClient, queue_script
 from mega.drivers.redis.lanes import (
     Fields,
     LaneKeys,
@@ -61,7 +61,7 @@ class Entry:
     deliveries: int  # the group's delivery count of the entry
 
 
-async def ensure_groups(redis: Redis, keys: LaneKeys) -> None:
+async def ensure_groups(redis: RedisClient, keys: LaneKeys) -> None:
     """The lane's consumer group on its streams, where missing (a new group starts at the
     oldest entry kept: a new listener group replays the events log)."""
     for stream in keys.streams:
@@ -76,7 +76,7 @@ class RedisReceiver:
     """`Receiver` of one lane on Redis (see mega.drivers.base). Settling calls swallow Redis
     errors: the entry stays pending and is reclaimed after the ack wait (at-least-once)."""
 
-    def __init__(self, redis: Redis, lane: Lane, consumer: str) -> None:
+    def __init__(self, redis: RedisClient, lane: Lane, consumer: str) -> None:
         self.redis = redis
         self.lane = lane
         self.keys = lane_keys(lane)
@@ -120,12 +120,12 @@ class RedisReceiver:
                 if found or not entries or self._woken.is_set() or time.monotonic() > deadline:
                     break  # else: only entries of other patterns (acked), so read on
             self._warned = ""
-        except (RedisError, OSError) as exc:
+        except OUTAGES as exc:
             if str(exc) != self._warned:
                 logger.warning("%s: Redis unavailable (%s); retrying", self.lane.name, exc)
                 self._warned = str(exc)
             if not found:
-                with contextlib.suppress(RedisError, OSError):
+                with contextlib.suppress(*OUTAGES):
                     await ensure_groups(self.redis, self.keys)  # a Redis restarted empty
                 await self._pause(OUTAGE_PAUSE_S)
         if self._take_wake() and found:
@@ -144,10 +144,11 @@ class RedisReceiver:
                 block=BLOCK_MS if block else None,
             )  # fmt: skip
         async with self.redis.pipeline(transaction=False) as pipe:
-            await self._feed(
-                keys=[keys.fair_turns, keys.stream, keys.fair_count],
-                args=[count, keys.fair_prefix, keys.group, turn_order(self.lane)],
-                client=pipe,
+            await queue_script(
+                pipe,
+                self._feed,
+                [keys.fair_turns, keys.stream, keys.fair_count],
+                [count, keys.fair_prefix, keys.group, turn_order(self.lane)],
             )
             pipe.xreadgroup(
                 keys.group, self.consumer, {keys.stream: ">"}, count=count,
@@ -320,7 +321,7 @@ class RedisReceiver:
                     int(keys.deletes(entry.stream)), record["id"],
                 ],
             )  # fmt: skip
-        except (RedisError, OSError) as exc:
+        except OUTAGES as exc:
             raise DriverUnavailable(f"{self.lane.name}: dead letter not stored: {exc}") from exc
 
     async def close(self) -> None:
@@ -337,7 +338,7 @@ class RedisReceiver:
     async def _settle(self, what: str, call: Awaitable[Any]) -> None:
         try:
             await call
-        except (RedisError, OSError) as exc:  # the entry is reclaimed after its ack wait
+        except OUTAGES as exc:  # the entry is reclaimed after its ack wait
             level = logging.DEBUG if self._settle_warned else logging.WARNING
             self._settle_warned = True
             logger.log(level, "%s: %s not sent (%s); the entry comes back after its ack wait",
@@ -362,7 +363,7 @@ class RedisReceiver:
     async def _flush_quietly(self) -> None:
         try:
             await self._flush()
-        except (RedisError, OSError) as exc:  # unacked: reclaimed and run again later
+        except OUTAGES as exc:  # unacked: reclaimed and run again later
             logger.warning(
                 "%s: acks not sent (%s); those entries may run again", self.lane.name, exc
             )

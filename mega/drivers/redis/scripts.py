@@ -1,13 +1,20 @@
-"""The redis driver's key names and Lua scripts: the same as mega.jobs.redis_queue and
-mega.events.redis_bus wrote before the drivers existed, so data those wrote is read as is.
+"""The redis driver's key names and Lua scripts.
 
-Keys of a job lane, under `mega:jobs:<subject>`:
+Every key of one job lane carries the lane's hash tag (`{<subject>}`), and every key of the
+events side the tag `{events}`: on a Redis Cluster the tag alone picks a key's slot, so each
+script and transaction finds all its keys on one master (a script's keys must share a slot),
+while the lanes of different Job classes spread over the masters. On one server the braces are
+only part of the names. (Before the tags, the keys were the same without the braces, e.g.
+`mega:jobs:<subject>` and `mega:events`: data written then is not read under the new names.)
+
+Keys of a job lane, under `mega:jobs:{<subject>}`:
     <key>             the stream; one consumer group `mega_workers` shared by every worker
     <key>:scheduled   sorted set of delayed jobs and retries (score: due epoch ms; member: the
                       entry's fields as a JSON list [name, value, name, value, ...])
     <key>:dlq         the dead-letter stream (one field `record`, capped at DLQ_MAXLEN)
     <key>:dlq:ids     hash: job id -> entry id of its newest record (`Bus.dead_letter`)
     <key>:dedup:<id>  a caller-given id seen within DEDUP_WINDOW_S (SET NX with a TTL)
+    <key>:fair:...    a fair or prioritized lane's waiting jobs (see FAIR_PUSH below)
     <key>:status:<id>, <key>:result:<id>
                       the lane's records: a string per job id, expiring the lane's keep after
                       its last write (SET PX, with NX for a create)
@@ -15,12 +22,12 @@ Keys of a job lane, under `mega:jobs:<subject>`:
                       the consume loops' presence records, and their index (sorted set of
                       the keys scored by expiry ms, for `list_records`)
 
-Keys of the events and of a listener group lane:
-    mega:events                    the log: every event, trimmed to `max_age_s` (XADD MINID);
+Keys of the events and of a listener group lane, all under the tag `{events}`:
+    mega:{events}                  the log: every event, trimmed to `max_age_s` (XADD MINID);
                                    one consumer group `mega_group_<group>` per listener group,
                                    made at the log's start, so a new group replays what is kept
-    mega:events:dedup:<id>         an event id seen within DEDUP_WINDOW_S (SET NX with a TTL)
-    mega:events:group:<group>      the group's own stream: its retries and requeued records
+    mega:{events}:dedup:<id>       an event id seen within DEDUP_WINDOW_S (SET NX with a TTL)
+    mega:{events}:group:<group>    the group's own stream: its retries and requeued records
     ...:scheduled, ...:dlq, ...:dlq:ids   the group's retries waiting for their time, its
                                    dead letters and their index by event id
     ...:status:<id>, ...:result:<id>   its records, as a job lane's
@@ -33,9 +40,9 @@ log), and on the events side `subject` (`events.<event name>`, as NATS subjects 
 
 from __future__ import annotations
 
-JOB_KEY_PREFIX = "mega:jobs:"
+JOB_KEY_PREFIX = "mega:jobs:"  # + `{<subject>}`: a job lane's stream, the prefix of its keys
 JOB_GROUP = "mega_workers"  # the consumer group of a job's stream, shared by every worker
-EVENTS_LOG = "mega:events"
+EVENTS_LOG = "mega:{events}"  # the log, and the prefix of every key of the events side
 GROUP_PREFIX = "mega_group_"  # + group: a listener group's consumer group on the log
 WAKE_CHANNEL = "mega:outbox:wake"
 # The `subject` field of an event entry is `events.<name>` (what the first redis driver wrote,
@@ -50,11 +57,11 @@ HOUSEKEEPING_S = 0.1
 # Due retries moved into the stream by one PROMOTE call at most.
 PROMOTE_BATCH = 1000
 
-# KEYS: stream, scheduled, dedup key (or ""); ARGV: id, body, enqueued_at, run_at, due (or ""),
-# dedup ttl s, trace context JSON (or ""), then the flow key when there is one. Returns 0 when
-# the id was a duplicate.
+# KEYS: stream, scheduled, then the dedup key when the id is to be deduplicated; ARGV: id, body,
+# enqueued_at, run_at, due (or ""), dedup ttl s, trace context JSON (or ""), then the flow key
+# when there is one. Returns 0 when the id was a duplicate.
 ENQUEUE = """
-if KEYS[3] ~= '' then
+if KEYS[3] then
   if not redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[6]) then return 0 end
 end
 local fields = {'id', ARGV[1], 'body', ARGV[2], 'enqueued_at', ARGV[3], 'run_at', ARGV[4],
@@ -142,12 +149,13 @@ local function feed(turns, stream, count, window, prefix, group, order)
 end
 """
 
-# KEYS: the key's list, turns, count, stream, dedup key (or ""); ARGV: the key, member, dedup
-# ttl s, the lists' prefix, group, order. Returns 0 when the id was a duplicate.
+# KEYS: the key's list, turns, count, stream, then the dedup key when the id is to be
+# deduplicated; ARGV: the key, member, dedup ttl s, the lists' prefix, group, order. Returns 0
+# when the id was a duplicate.
 FAIR_PUSH = (
     _FEED
     + """
-if KEYS[5] ~= '' then
+if KEYS[5] then
   if not redis.call('SET', KEYS[5], '1', 'NX', 'EX', ARGV[3]) then return 0 end
 end
 if redis.call('RPUSH', KEYS[1], ARGV[2]) == 1 and ARGV[6] == '' then

@@ -14,7 +14,7 @@ from mega.config import BusSpec
 from mega.drivers import find_driver
 from mega.drivers.base import Bus, Lane
 
-DRIVERS = ["nats", "redis", "memory", "postgres"]
+DRIVERS = ["nats", "redis", "memory", "postgres", "redis-cluster"]
 
 
 def job_lane(prefix: str, name: str = "records", *, keep_s: float = 60) -> Lane:
@@ -31,9 +31,10 @@ async def bus(request: pytest.FixtureRequest) -> AsyncIterator[Bus]:
         "redis": lambda: request.getfixturevalue("redis_url"),
         "memory": lambda: "",
         "postgres": lambda: request.getfixturevalue("postgres_url"),
+        "redis-cluster": lambda: request.getfixturevalue("redis_cluster_url"),
     }[request.param]()
-    driver = find_driver(request.param)
-    connected = await driver.connect("jobs", BusSpec(driver=request.param, url=url))
+    driver = request.param.removesuffix("-cluster")
+    connected = await find_driver(driver).connect("jobs", BusSpec(driver=driver, url=url))
     try:
         yield connected
     finally:

@@ -14,6 +14,8 @@ from redis.asyncio import Redis
 from mega.config import BusSpec
 from mega.drivers.base import Delivery, DriverUnavailable, Lane, LaneStats
 from mega.drivers.redis import RedisBus, RedisReceiver
+from mega.drivers.redis.lanes import lane_keys
+from mega.drivers.redis.scripts import EVENTS_LOG
 from mega.errors import DependencyUnavailable
 from tests.mega.drivers.lanes import group_lane, message, record
 
@@ -78,7 +80,7 @@ async def test_publish_fetch_ack(bus: RedisBus, prefix: str) -> None:
     await receiver.ack(delivery)
     assert await stats_become(bus, lane, LaneStats(0, 0, 0)) == LaneStats(0, 0, 0)
     await receiver.close()
-    assert await bus.native.xlen(f"mega:jobs:{lane.subject}") == 0  # acked and deleted
+    assert await bus.native.xlen(lane_keys(lane).stream) == 0  # acked and deleted
 
 
 async def test_many_acks_leave_in_batches(bus: RedisBus, prefix: str) -> None:
@@ -153,7 +155,7 @@ async def test_a_dead_letter_not_stored_raises_and_leaves_the_delivery(
     await bus.publish(lane, [message("a", lane.subject)])
     receiver = bus.receiver(lane, consumer="w1")
     [delivery] = await collect(receiver, 1)
-    dlq = f"mega:jobs:{lane.subject}:dlq"
+    dlq = lane_keys(lane).dlq
     await bus.native.set(dlq, "not a stream")  # XADD to it fails: WRONGTYPE
     with pytest.raises(DriverUnavailable):
         await receiver.dead_letter(delivery, record(delivery, 1), terminate=False)
@@ -317,7 +319,7 @@ async def test_a_group_retries_and_dead_letters_on_its_own_stream(
     await receiver.close()
     assert (await bus.stats(lane)).dlq == 0
     # The log's entry is acknowledged, never deleted: other groups may not have read it.
-    assert await bus.native.xlen("mega:events") >= 1
+    assert await bus.native.xlen(EVENTS_LOG) >= 1
 
 
 async def test_a_group_ensured_later_replays_the_kept_events(bus: RedisBus, prefix: str) -> None:

@@ -1,8 +1,8 @@
 """The listeners' contract, written once and proven on every bus driver: fan-out to each group,
 exact attempt counts, DLQ records and a requeue that reaches one group only, time limits and
 `Permanent`, dedup ids, name patterns, a new group replaying kept events, stats and the drain.
-`nats` runs on the session's nats-server, `redis` on its Redis, `memory` in this process (as
-the jobs' contract suite)."""
+`nats` runs on the session's nats-server, `redis` on its Redis (and on its Redis Cluster),
+`memory` in this process (as the jobs' contract suite)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,13 @@ from mega import (
 from mega.config import load_config
 from mega.runtime.boot import boot, shutdown
 from tests.factories import write_config
-from tests.mega.jobs.test_contract import DRIVERS, bus_body, until
+from tests.mega.jobs.test_contract import (
+    CONTRACT_DRIVERS,
+    bus_body,
+    config_redis_url,
+    driver_of,
+    until,
+)
 
 RUNS: Counter[tuple[str, str]] = Counter()  # (group, event id) -> runs started
 ATTEMPTS: dict[tuple[str, str], list[int]] = {}
@@ -97,15 +103,16 @@ class Setup:
         ]
 
 
-@pytest.fixture(params=DRIVERS)
+@pytest.fixture(params=CONTRACT_DRIVERS)
 async def setup(
     request: pytest.FixtureRequest, tmp_path: Path, nats_url: str, redis_url: str, prefix: str
 ) -> AsyncIterator[Setup]:
     body = bus_body(request)
+    redis_url = config_redis_url(request, redis_url)
     config = load_config(write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body))
     ctx = await boot(config, role="test", database=False)
-    found = Setup(ctx, prefix, request.param)
-    assert found.bus.bus.driver == request.param
+    found = Setup(ctx, prefix, driver_of(request.param))
+    assert found.bus.bus.driver == found.driver
     yield found
     for worker in found.workers:
         await worker.stop(5)

@@ -87,7 +87,7 @@ async def waiting(queue: Any, subject: str) -> set[str]:
             f"SELECT job_id FROM {JOBS_TABLE} WHERE lane = %s", (f"job:{subject}",)
         )
         return {job_id for (job_id,) in await cursor.fetchall()}
-    entries = await queue.bus.native.xrange(KEY_PREFIX + subject)
+    entries = await queue.bus.native.xrange(KEY_PREFIX + "{" + subject + "}")
     return {fields[b"id"].decode() for _, fields in entries}
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mega.config import load_config
+from mega.config import RedisClusterUrl, load_config, read_redis_cluster_url
 from mega.errors import ConfigError
 
 GOOD = """
@@ -153,6 +153,44 @@ def test_bad_bus_urls_and_replicas_name_the_key(tmp_path: Path, bus: str, expect
     with pytest.raises(ConfigError) as info:
         load_config(write(tmp_path, text))
     assert "services.buses.jobs" in str(info.value) and expected in str(info.value)
+
+
+def test_a_redis_cluster_url_is_read_for_a_cache_and_a_bus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("REDIS_MAIN_URL", raising=False)
+    monkeypatch.delenv("NATS_JOBS_URL", raising=False)
+    url = "redis+cluster://ops:s%40cret@10.0.0.1:7000, [::1]:7001"
+    text = GOOD.replace('"redis://127.0.0.1:6379/0"', repr(url)).replace(
+        '"nats", "url": "nats://127.0.0.1:4222"', f'"redis", "url": {url!r}'
+    )
+    config = load_config(write(tmp_path, text))
+    assert config.caches["main"] == url
+    assert config.buses["jobs"].url == "redis+cluster://ops:s%40cret@10.0.0.1:7000,[::1]:7001"
+    assert read_redis_cluster_url(url) == RedisClusterUrl(
+        (("10.0.0.1", 7000), ("::1", 7001)), "ops", "s@cret", tls=False
+    )
+    assert read_redis_cluster_url("rediss+cluster://h:1/").tls is True
+
+
+@pytest.mark.parametrize(
+    "url,expected",
+    [
+        ("redis+cluster://10.0.0.1", "'10.0.0.1' is not host:port"),
+        ("redis+cluster://a:7000,,b:7001", "'' is not host:port"),
+        ("redis+cluster://a:7000/1", "a Redis Cluster has one database and takes no options"),
+        ("redis+cluster://a:7000?ssl=true", "takes no options"),
+        ("redis+cluster://a:70000", "'a:70000' is not host:port"),
+    ],
+)
+def test_a_malformed_redis_cluster_url_says_what_is_wrong(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str, expected: str
+) -> None:
+    monkeypatch.delenv("REDIS_MAIN_URL", raising=False)
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, GOOD.replace('"redis://127.0.0.1:6379/0"', repr(url))))
+    assert "services.caches.main.url" in str(info.value) and expected in str(info.value)
+    assert "redis+cluster://host:port[,host:port...]" in str(info.value)
 
 
 def test_hosts_that_sign_nothing_need_no_secret_key(
