@@ -43,7 +43,7 @@ from mega.schedules import cron
 if TYPE_CHECKING:
     from mega.context import Context
 
-# Lock key prefix when `lock["key"]` is absent; the class name is appended.
+# Lock key prefix when `lock["key"]` is absent; the class name is appended, as a hash tag.
 DEFAULT_KEY_PREFIX = "mega:schedule:"
 
 TickSource = Literal["schedule", "manual"]
@@ -225,6 +225,20 @@ class ScheduleDeclaration(Declaration):
         return run
 
 
+def key_prefix(key: str | None, class_name: str) -> str:
+    """The prefix of a schedule's Redis keys: the `key` given, else `mega:schedule:{<Class>}`,
+    whose hash tag (the part in braces, which alone picks a Redis Cluster's slot) keeps the
+    keys a tick claims in one script in one slot."""
+    return key if key is not None else DEFAULT_KEY_PREFIX + "{" + class_name + "}"
+
+
+def has_hash_tag(key: str) -> bool:
+    """Whether a Redis Cluster hashes `key` by a tag: the text between its first `{` and the
+    first `}` after it, when not empty."""
+    opened = key.find("{")
+    return opened >= 0 and key.find("}", opened + 1) > opened + 1
+
+
 def validate_schedule(cls: object, lock_aliases: Collection[str]) -> ScheduleSpec:
     """Check every setting of a Schedule class at once; RegistrationError lists each bad field."""
     if not (isinstance(cls, type) and issubclass(cls, Schedule)):
@@ -241,6 +255,6 @@ def validate_schedule(cls: object, lock_aliases: Collection[str]) -> ScheduleSpe
     lock = schedule.lock
     plan = None
     if lock is not None:
-        plan = LockPlan(lock.lock, lock.ttl, lock.key or DEFAULT_KEY_PREFIX + cls.__name__)
+        plan = LockPlan(lock.lock, lock.ttl, key_prefix(lock.key, cls.__name__))
     zone = cron.resolve_zone(schedule.timezone)
     return ScheduleSpec(cls, schedule.name, schedule.cron, schedule.timezone, zone, plan)

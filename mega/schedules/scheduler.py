@@ -22,7 +22,8 @@ before its instant, and a slow one arrives after it and claims in time. The offs
 clocks comes with every claim: sent as a `clock` signal (the metrics' gauge), and logged once
 per lock when it exceeds `CLOCK_OFFSET_WARN_MS`.
 
-Redis keys, with ``<prefix>`` = ``lock["key"]`` or ``mega:schedule:<ClassName>``:
+Redis keys, with ``<prefix>`` = ``lock["key"]`` or ``mega:schedule:{<ClassName>}`` (on a Redis
+Cluster the prefix needs a hash tag, ``{...}``, so that one script finds a tick's keys in one slot):
     <prefix>:tick:<epoch>   claim of one planned instant (left to expire)
     <prefix>:running        overlap guard (renewed while the run lives, then released)
     <prefix>:fence          fencing counter (no TTL)
@@ -72,6 +73,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from mega import tracing
@@ -104,6 +106,7 @@ from mega.schedules.schedule import (
     ScheduleSpec,
     Tick,
     TickSource,
+    has_hash_tag,
     validate_schedule,
 )
 from mega.schedules.timetable import Line, Timetable
@@ -211,6 +214,14 @@ class Scheduler:
     def register(self, schedule: type[Schedule]) -> Scheduler:
         """Validate every setting now (RegistrationError names each bad field); chainable."""
         spec = validate_schedule(schedule, self.ctx.locks.keys())
+        lock = spec.lock
+        clustered = lock is not None and isinstance(self.ctx.lock(lock.alias).native, RedisCluster)
+        if lock is not None and clustered and not has_hash_tag(lock.key_prefix):
+            raise RegistrationError(
+                f"schedule {spec.name!r}: lock key {lock.key_prefix!r} has no hash tag, and lock "
+                f"{lock.alias!r} is on a Redis Cluster, where a tick's claim, guard and fence "
+                f"must share a slot: tag the key, e.g. '{{{lock.key_prefix}}}'"
+            )
         if spec.name in self._specs:
             raise RegistrationError(f"a schedule named {spec.name!r} is already registered")
         if spec.timezone is None:

@@ -22,7 +22,7 @@ from mega import Scheduler
 from mega.schedules.schedule import LockSettings
 from tests.factories import DEMO_USER, csrf_from, login, sample_config_for, web_client
 
-PREFIX = "mega:schedule:CronCounterSchedule"
+PREFIX = "mega:schedule:{CronCounterSchedule}"
 # The schedule's own keys under PREFIX: its overlap guard, its audit, its pause record.
 KEYS = ("running", "audit", "paused")
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "schedules.md"
@@ -98,7 +98,7 @@ async def test_manual_run_skips_while_a_run_holds_the_guard(
 ) -> None:
     async with web_client(sample_config_for(tmp_path, nats_url, redis_url)) as client:
         await login(client)
-        await fresh_redis.set("mega:schedule:CronCounterSchedule:running", "someone", px=5000)
+        await fresh_redis.set(f"{PREFIX}:running", "someone", px=5000)
         token = csrf_from((await client.get("/demo/cron")).text)
         skipped = await client.post("/api/demo/cron/run", json={}, headers={"X-CSRF-Token": token})
         data = skipped.json()["data"]

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,6 +14,7 @@ import pytest
 from redis.asyncio import Redis
 
 from mega.context import Context
+from mega.drivers.redis.client import RedisClient
 from mega.errors import ConfigError, RegistrationError
 from mega.runtime.embedded import EmbeddedServer
 from mega.schedules.dynamic import ScheduleEntry, changes, validate_entry
@@ -105,9 +106,10 @@ def test_every_bad_field_is_named_at_once() -> None:
 
 
 async def test_add_change_remove_and_list_with_the_audit(
-    redis_url: str, clients: Callable[[str], Redis], prefix: str
+    lock_clients: Callable[[], Awaitable[RedisClient]], prefix: str
 ) -> None:
-    ops = Scheduler(context("ops", clients(redis_url))).register(tenant_schedule(prefix, []))
+    tenant = tenant_schedule(f"{{{prefix}}}", [])  # tagged for a Redis Cluster
+    ops = Scheduler(context("ops", await lock_clients())).register(tenant)
     assert await ops.entries("TenantReport") == []
 
     added = await ops.add(

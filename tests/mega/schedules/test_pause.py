@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
+from mega.drivers.redis.client import RedisClient
 from mega.errors import ConfigError
 from mega.schedules.pause import SchedulePause
 from mega.schedules.scheduler import Scheduler
@@ -19,14 +20,14 @@ from tests.mega.schedules.test_scheduler import Run, context, fire_at, schedule,
 
 
 async def test_a_paused_schedule_is_skipped_on_every_instance_until_resumed(
-    redis_url: str, clients: Callable[[str], Redis], prefix: str
+    lock_clients: Callable[[], Awaitable[RedisClient]], prefix: str
 ) -> None:
     runs: list[Run] = []
-    probe = schedule(prefix, runs)  # every second
-    a = Scheduler(context("a", clients(redis_url))).register(probe)
-    b = Scheduler(context("b", clients(redis_url))).register(probe)
+    probe = schedule(f"{{{prefix}}}", runs)  # every second; tagged for a Redis Cluster
+    a = Scheduler(context("a", await lock_clients())).register(probe)
+    b = Scheduler(context("b", await lock_clients())).register(probe)
     # What the CLI and the web app do: a Scheduler of their own, never started.
-    ops = Scheduler(context("ops", clients(redis_url))).register(probe)
+    ops = Scheduler(context("ops", await lock_clients())).register(probe)
     skips: list[dict[str, Any]] = []
     a.on("skip", skips.append)
     b.on("skip", skips.append)
