@@ -29,6 +29,10 @@ REDIS_MAX_CONNECTIONS = 64
 # pool to wait on: a call beyond them fails (300 XADDs gathered at once failed at 64), so this
 # is a ceiling for bursts, kept well above them, not a queue.
 REDIS_CLUSTER_MAX_CONNECTIONS = 1000
+# How long a durable job's enqueue waits for a replica to confirm it has the job (Redis WAIT):
+# a replica in sync answers in about a round trip, so a second means it is lagging or gone.
+# Kept under the clients' socket timeout (CONNECT_TIMEOUT_S), which would cut the WAIT short.
+REDIS_DURABLE_WAIT_S = 1.0
 # NATS clients reconnect forever (an outage is not a crash) at this pace.
 NATS_RECONNECT_WAIT_S = 0.5
 # A NATS client pings its server this often and gives the connection up when this many pings

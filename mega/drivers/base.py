@@ -104,7 +104,11 @@ class Lane:
     the messages' `flow_key`s (a driver whose `fair_lanes` is False is never given one).
     `prioritized`: deliveries take the turns of the messages' `priority` bands (PRIORITY_TURNS;
     a driver whose `priority_lanes` is False is never given one). A lane is one or the other,
-    or neither: both keep jobs apart until their turn, by key or by band (`turn_key`)."""
+    or neither: both keep jobs apart until their turn, by key or by band (`turn_key`).
+    `durable`: `publish` returns only once the jobs would survive the loss of the server that
+    took them. Where an acknowledged write is already replicated or on disk (a JetStream
+    stream's quorum, a PostgreSQL commit) it changes nothing; on Redis, whose replication is
+    asynchronous, it adds a WAIT for one replica (mega/drivers/redis/bus.py)."""
 
     kind: Literal["job", "group"]
     name: str
@@ -118,6 +122,7 @@ class Lane:
     keep_result_s: float = 0
     fair: bool = False
     prioritized: bool = False
+    durable: bool = False
 
     @property
     def turns(self) -> bool:

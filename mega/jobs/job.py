@@ -63,6 +63,7 @@ class Job(JobBase):
     >= 1: runs of one key at once across the group; see mega/jobs/flow.py), `flow_cache` (the
     cache both count in; None: the config's only cache), `fair` (workers take the keys' jobs
     in turn), `prioritized` (enqueue takes a `priority`; the bands take turns, high most),
+    `durable` (on Redis, enqueue returns once a replica has the job too: see `Lane.durable`),
     `keep_status_s` and `keep_result_s`, `name` (defaults to the class name).
     """
 

@@ -77,7 +77,7 @@ def job_lane(spec: JobSpec) -> Lane:
         ack_wait_s=spec.ack_wait_s, dlq_max_age_s=spec.dlq_max_age_s,
         dlq_max_bytes=spec.dlq_max_bytes, replicas=spec.replicas,
         keep_status_s=spec.keep_status_s, keep_result_s=spec.keep_result_s, fair=spec.fair,
-        prioritized=spec.prioritized,
+        prioritized=spec.prioritized, durable=spec.durable,
     )  # fmt: skip
 
 

@@ -116,6 +116,7 @@ class JobBase(Consumed):
     key_concurrency: ClassVar[int | None] = None
     fair: ClassVar[bool] = False
     prioritized: ClassVar[bool] = False
+    durable: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -169,6 +170,7 @@ class JobSpec(ConsumedSpec):
     keep_result_s: float = DEFAULT_KEEP_RESULT_S
     fair: bool = False
     prioritized: bool = False
+    durable: bool = False
 
 
 class JobId(str):
@@ -293,6 +295,9 @@ class JobDeclaration(ConsumedDeclaration):
     prioritized: Annotated[
         StrictBool, rule("must be True (enqueue takes a priority: high, normal, low) or False")
     ]
+    durable: Annotated[
+        StrictBool, rule("must be True (enqueue waits for a replica's copy) or False")
+    ]
     # `schema` would shadow a BaseModel attribute: the field takes the attribute's name as alias.
     payload_schema: Annotated[
         type[BaseModel] | None, rule("must be a pydantic model class (a BaseModel) or None")
@@ -334,6 +339,7 @@ def validate_job(job_cls: type[JobBase], bus_aliases: Collection[str]) -> JobSpe
         dlq_max_bytes=job.dlq_max_bytes, schema=job.payload_schema,
         keep_status_s=job.keep_status_s, keep_result_s=job.keep_result_s,
         key_concurrency=job.key_concurrency, fair=job.fair, prioritized=job.prioritized,
+        durable=job.durable,
         **job.consumed(),
     )  # fmt: skip
 

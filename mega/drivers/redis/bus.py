@@ -21,8 +21,10 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar, Self, cast
 
+from redis.asyncio.cluster import RedisCluster
+
 from mega.config import BusSpec
-from mega.constants import CONNECT_TIMEOUT_S
+from mega.constants import CONNECT_TIMEOUT_S, REDIS_DURABLE_WAIT_S
 from mega.drivers.base import (
     DEDUP_WINDOW_S,
     DlqRecord,
@@ -32,7 +34,13 @@ from mega.drivers.base import (
     Message,
     Table,
 )
-from mega.drivers.redis.client import OUTAGES, RedisClient, connect_redis, queue_script
+from mega.drivers.redis.client import (
+    OUTAGES,
+    NodePipeline,
+    RedisClient,
+    connect_redis,
+    queue_script,
+)
 from mega.drivers.redis.lanes import (
     LaneKeys,
     as_text,
@@ -109,44 +117,78 @@ class RedisBus:
         except OUTAGES as exc:
             raise DriverUnavailable(f"{lane.name}: cannot set up its streams: {exc}") from exc
 
+    # -- durable lanes: WAIT ------------------------------------------------------------------
+    # Redis acknowledges a write before its replicas have it: a primary that dies in between
+    # takes it along, and the replica promoted in its place never had it. WAIT n t blocks until
+    # n replicas have every write made on the connection it is sent on (or t ms passed) and
+    # answers how many do, so a durable lane's WAIT goes last on the pipeline of its writes,
+    # one connection: on a Cluster, one to the master of the lane's slot (NodePipeline; every
+    # key of a lane shares its hash tag). A write of the scheduler's promotion of a delayed job
+    # is not waited for: the job it moves is on the replica already, in the sorted set.
+
     async def publish(self, lane: Lane, messages: Sequence[Message]) -> list[bool]:
         """Delayed or deduplicated jobs through the ENQUEUE script, the others as plain XADDs
-        (what a burst of enqueue_many was), all in one pipeline."""
+        (what a burst of enqueue_many was), all in one pipeline; a durable lane's ends with a
+        WAIT (see below)."""
         if lane.kind != "job":
             raise ValueError(f"publish() stores jobs; {lane.name} is a listener group")
         keys = lane_keys(lane)
-        now_ms = int(time.time() * 1000)
+        pinned = lane.durable and isinstance(self.redis, RedisCluster)
+        answers: list[Any]
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for message in messages:
-                    run_at = max(message.enqueued_at_ms, message.run_at_ms or 0)
-                    trace = json.dumps(message.trace) if message.trace else ""
-                    if lane.turns and run_at <= now_ms:
-                        await self._push_fair(pipe, lane, keys, message, run_at, trace)
-                        continue
-                    if not message.dedup and run_at <= now_ms:
-                        fields: dict[Any, Any] = {"id": message.id, "body": message.body,
-                                  "enqueued_at": message.enqueued_at_ms, "run_at": run_at,
-                                  "base": 0}  # fmt: skip
-                        if trace:
-                            fields["trace"] = trace
-                        if message.flow_key is not None:
-                            fields["flow_key"] = message.flow_key
-                        pipe.xadd(keys.stream, fields)
-                        continue
-                    dedup = [keys.dedup(message.id)] if message.dedup else []
-                    await queue_script(
-                        pipe, self._enqueue, [keys.stream, keys.scheduled, *dedup],
-                        [
-                            message.id, message.body, message.enqueued_at_ms, run_at,
-                            run_at if run_at > now_ms else "", DEDUP_WINDOW_S, trace,
-                            *(() if message.flow_key is None else (message.flow_key,)),
-                        ],
-                    )  # fmt: skip
-                answers: list[Any] = await pipe.execute()
+            if isinstance(self.redis, RedisCluster) and lane.durable:
+                master = self.redis.get_node_from_key(keys.stream)
+                if master is None:
+                    raise DriverUnavailable(
+                        f"cannot enqueue on {lane.name}: its slot has no master"
+                    )
+                node_pipe = NodePipeline(master)
+                await self._queue_jobs(node_pipe, lane, keys, messages)
+                answers = await node_pipe.execute()
+            else:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    await self._queue_jobs(pipe, lane, keys, messages)
+                    answers = await pipe.execute()
         except OUTAGES as exc:
+            if pinned:  # a keyed call lets the client follow the slot to its new master
+                with contextlib.suppress(*OUTAGES):
+                    await self.redis.exists(keys.stream)
             raise DriverUnavailable(f"cannot enqueue on {lane.name}: {exc}") from exc
+        if lane.durable:
+            _confirm(lane, answers.pop())
         return [answer != 0 for answer in answers]  # XADD answers an id, ENQUEUE 1 or 0
+
+    async def _queue_jobs(
+        self, pipe: Any, lane: Lane, keys: LaneKeys, messages: Sequence[Message]
+    ) -> None:
+        now_ms = int(time.time() * 1000)
+        for message in messages:
+            run_at = max(message.enqueued_at_ms, message.run_at_ms or 0)
+            trace = json.dumps(message.trace) if message.trace else ""
+            if lane.turns and run_at <= now_ms:
+                await self._push_fair(pipe, lane, keys, message, run_at, trace)
+                continue
+            if not message.dedup and run_at <= now_ms:
+                fields: list[Any] = ["id", message.id, "body", message.body,
+                                     "enqueued_at", message.enqueued_at_ms, "run_at", run_at,
+                                     "base", 0]  # fmt: skip
+                if trace:
+                    fields += ["trace", trace]
+                if message.flow_key is not None:
+                    fields += ["flow_key", message.flow_key]
+                pipe.execute_command("XADD", keys.stream, "*", *fields)
+                continue
+            dedup = [keys.dedup(message.id)] if message.dedup else []
+            await queue_script(
+                pipe, self._enqueue, [keys.stream, keys.scheduled, *dedup],
+                [
+                    message.id, message.body, message.enqueued_at_ms, run_at,
+                    run_at if run_at > now_ms else "", DEDUP_WINDOW_S, trace,
+                    *(() if message.flow_key is None else (message.flow_key,)),
+                ],
+            )  # fmt: skip
+        if lane.durable:
+            pipe.execute_command("WAIT", 1, round(REDIS_DURABLE_WAIT_S * 1000))
 
     async def _push_fair(
         self, pipe: Any, lane: Lane, keys: LaneKeys, message: Message, run_at: int, trace: str
@@ -500,6 +542,18 @@ class RedisBus:
         task = asyncio.create_task(publish())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _confirm(lane: Lane, replicas: Any) -> None:
+    """Raise unless WAIT says a replica has the lane's new jobs: they are on the primary, but
+    a failover now would lose them, and the caller was not told they were stored."""
+    if int(replicas) < 1:
+        raise DriverUnavailable(
+            f"{lane.name} is durable: its jobs were written to the Redis primary but no replica "
+            f"confirmed them within {REDIS_DURABLE_WAIT_S:g} s, so they may be lost if the "
+            "primary fails now. Is a replica attached and in sync (INFO replication)? Enqueue "
+            "again with the same id to be sure: it is stored once"
+        )
 
 
 def _index_records(

@@ -17,7 +17,7 @@ from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.client import Pipeline
-from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, PipelineCommand, RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisClusterException, RedisError
 
@@ -86,16 +86,41 @@ async def connect_redis(alias: str, url: str, *, decode_responses: bool) -> Redi
     return client
 
 
+class NodePipeline:
+    """Commands for one node of a Cluster, sent in order on one of its connections: what a
+    WAIT must follow, since it counts the replicas that have every write of its own connection.
+    A ClusterPipeline picks each command's node itself and, after a connection error, sends
+    the commands again on new connections, where a keyless WAIT would confirm writes it never
+    followed. Only raw commands (`execute_command`); the first error is raised."""
+
+    def __init__(self, node: ClusterNode) -> None:
+        self.node = node
+        self.commands: list[PipelineCommand] = []
+
+    def execute_command(self, *args: Any) -> None:
+        self.commands.append(PipelineCommand(len(self.commands), *args))
+
+    async def execute(self) -> list[Any]:
+        await self.node.execute_pipeline(self.commands)
+        for command in self.commands:
+            if isinstance(command.result, Exception):
+                raise command.result
+        return [command.result for command in self.commands]
+
+
 async def queue_script(
-    pipe: RedisPipeline, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]
+    pipe: RedisPipeline | NodePipeline,
+    script: AsyncScript,
+    keys: Sequence[Any],
+    args: Sequence[Any],
 ) -> None:
     """Queue a run of `script` on `pipe`. One server: EVALSHA, the pipeline loading the script
     first where the server lacks it. A Cluster's pipeline refuses EVALSHA (it cannot load the
     script on the keys' master first): EVAL with the script's text, which the master caches."""
-    if isinstance(pipe, ClusterPipeline):
-        pipe.eval(script.script, len(keys), *keys, *args)  # type: ignore[arg-type]  # a str
-    else:
+    if isinstance(pipe, Pipeline):
         await script(keys=keys, args=args, client=pipe)
+    else:
+        pipe.execute_command("EVAL", script.script, len(keys), *keys, *args)
 
 
 def _reason(exc: BaseException) -> str:

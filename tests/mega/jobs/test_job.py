@@ -11,6 +11,7 @@ import pytest
 
 from mega.errors import JobError, RegistrationError
 from mega.jobs.job import Job
+from mega.jobs.queue import job_lane
 from mega.jobs.spec import JobSpec, due_ms_of, encode_job, validate_job
 
 BUSES = {"jobs"}
@@ -89,6 +90,7 @@ def test_defaults() -> None:
         ({"fair": "yes"}, "fair"),
         ({"prioritized": 1}, "prioritized"),
         ({"fair": True, "prioritized": True}, "prioritized"),
+        ({"durable": 1}, "durable"),
     ],
 )
 def test_invalid_attributes_name_the_field(attrs: dict[str, Any], field: str) -> None:
@@ -106,6 +108,11 @@ def test_a_job_takes_turns_by_key_or_by_priority_not_both() -> None:
     )
     assert "not both: drop one, or make two jobs" in str(caught.value)
     assert validate_job(variant(prioritized=True), BUSES).prioritized is True
+
+
+def test_durable_is_carried_to_the_drivers_lane() -> None:
+    assert job_lane(validate_job(variant(), BUSES)).durable is False
+    assert job_lane(validate_job(variant(durable=True, fair=True), BUSES)).durable is True
 
 
 def test_every_problem_is_reported_at_once() -> None:
