@@ -278,10 +278,13 @@ class EmbeddedRedisCluster:
         for node in self.nodes:
             node.stop()
 
-    def kill_master(self) -> EmbeddedRedis:
-        """SIGKILL one running master (as a crash would) and return it; its replica takes its
-        slots over after the node timeout. `node.start()` brings it back, as a replica."""
+    def kill_master(self, port: int | None = None) -> EmbeddedRedis:
+        """SIGKILL a running master (as a crash would): the one on `port` (the node a client
+        names for a key's slot), else any; return it. Its replica takes its slots over after
+        the node timeout. `node.start()` brings it back, as a replica."""
         for node in self.nodes:
+            if port is not None and node.port != port:
+                continue
             if node.running and _ask(node, "INFO", "replication").get("role") == "master":
                 node.kill()
                 return node

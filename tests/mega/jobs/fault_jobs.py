@@ -140,6 +140,24 @@ class ClusterJob(Job):
         await record_effect(ctx, payload["id"])
 
 
+class FailoverJob(Job):
+    """Jobs of 10 ms, 20 in flight per worker, for the test that kills the Redis Cluster master
+    of their slot: each run appends `done <job id>` to its process's record file (FAULT_RECORDS),
+    which no failover touches. A 1 s ack wait: the jobs in flight on the dead master come back
+    soon after the promotion."""
+
+    subject = f"{PREFIX}.failover"
+    bus = "jobs"
+    concurrency = 20
+    retries = 5
+    backoff = FAST_BACKOFF
+    ack_wait_s = ACK_WAIT_S
+
+    async def run(self, payload: dict[str, Any], ctx: Context) -> None:
+        await asyncio.sleep(0.01)
+        record_line("done", payload["id"])
+
+
 class TimedJob(ClusterJob):
     """ClusterJob's queue (three replicas, 20 in flight) with jobs of 100 ms: 5,000 of them
     keep two workers busy for 25 s, through a 10 s network fault. The ack wait is the default,
