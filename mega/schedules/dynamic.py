@@ -43,6 +43,7 @@ from mega.declaration import Declaration, describe, matching, rule
 from mega.errors import ConfigError
 from mega.schedules import audit, cron
 from mega.schedules.audit import AuditSource, TickRecord
+from mega.schedules.locks import REDIS_OUTAGES
 from mega.schedules.schedule import LOCK_EXAMPLE, CronExpr, LockPlan, ScheduleSpec, ZoneName
 
 if TYPE_CHECKING:
@@ -291,7 +292,7 @@ async def watch_entries(
             if failing:
                 logger.info("entries on lock %r read again", alias)
                 failing = False
-        except (RedisError, OSError, TimeoutError) as exc:
+        except REDIS_OUTAGES as exc:
             if not failing:
                 logger.warning(
                     "entries on lock %r unreadable (%r): their loops keep ticking as they were",

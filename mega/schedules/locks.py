@@ -46,6 +46,10 @@ from mega.schedules.lock_scripts import (
 )
 from mega.validation import int_problem
 
+# What a Redis call raises when the server is away: a Cluster's client raises some that are no
+# RedisError (SlotNotCoveredError while a slot has no master, during a failover).
+REDIS_OUTAGES = (RedisError, RedisClusterException, OSError, TimeoutError)
+
 if TYPE_CHECKING:
     from mega.drivers.redis.client import RedisClient
 
@@ -302,7 +306,7 @@ class RedLock:
             try:
                 async with asyncio.timeout(timeout_s):
                     return await op(i)
-            except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
+            except REDIS_OUTAGES as exc:
                 return exc
 
         if len(self.clients) == 1:

@@ -74,7 +74,6 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
 
 from mega import tracing
 from mega.context import Context, EarlyClaim, FencedLease, LockAdapter, Refusal
@@ -92,6 +91,7 @@ from mega.schedules.dynamic import (
     watch_entries,
     write_entry,
 )
+from mega.schedules.locks import REDIS_OUTAGES
 from mega.schedules.pause import (
     PAUSED_REASON,
     SchedulePause,
@@ -300,7 +300,7 @@ class Scheduler:
             return SchedulePause(False)
         try:
             return await read_pause(self.ctx.lock(spec.lock.alias).native, spec.lock)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except REDIS_OUTAGES as exc:
             raise _unreachable(spec.lock, f"cannot read whether {name} is paused", exc) from exc
 
     async def _set_pause(self, name: str, *, paused: bool, by: str) -> SchedulePause:
@@ -312,7 +312,7 @@ class Scheduler:
                 native, plan, paused=paused, by=by, instance=self.instance_id,
                 audit_size=self.audit_size,
             )  # fmt: skip
-        except (RedisError, OSError, TimeoutError) as exc:
+        except REDIS_OUTAGES as exc:
             what = "pause" if paused else "resume"
             raise _unreachable(plan, f"cannot {what} {name}", exc) from exc
         logger.info("schedule %r %s by %s", name, "paused" if paused else "resumed", by or "?")
@@ -359,7 +359,7 @@ class Scheduler:
             return []
         try:
             stored = await read_entries(self.ctx.lock(spec.lock.alias).native, spec.lock)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except REDIS_OUTAGES as exc:
             raise _unreachable(spec.lock, f"cannot read the entries of {name}", exc) from exc
         return list(stored.values())
 
@@ -373,7 +373,7 @@ class Scheduler:
                 native, plan, key, entry, by=by, instance=self.instance_id,
                 audit_size=self.audit_size,
             )  # fmt: skip
-        except (RedisError, OSError, TimeoutError) as exc:
+        except REDIS_OUTAGES as exc:
             raise _unreachable(plan, f"cannot {what} {spec.name} {key}", exc) from exc
 
     async def recent_ticks(self, name: str, limit: int = 20) -> list[dict[str, Any]]:
@@ -391,7 +391,7 @@ class Scheduler:
                     native = self.ctx.lock(spec.lock.alias).native
                     raw = await native.lrange(audit.audit_key(spec.lock), 0, -1)
                 records = [json.loads(item) for item in raw]
-            except (RedisError, OSError, TimeoutError, ValueError) as exc:
+            except (*REDIS_OUTAGES, ValueError) as exc:
                 logger.debug("audit of %r unreadable (%s); showing local records", name, exc)
         return audit.merge(records)[:limit]
 
@@ -621,7 +621,7 @@ class Scheduler:
         it reads again; a Redis that is down then fails the claims, which skip their ticks."""
         try:
             pauses = await read_pauses(self.ctx.lock(alias).native, plans)
-        except (RedisError, OSError, TimeoutError, ValueError) as exc:
+        except (*REDIS_OUTAGES, ValueError) as exc:
             if alias not in self._pause_unread:
                 self._pause_unread.add(alias)
                 logger.warning(
@@ -731,7 +731,7 @@ class Scheduler:
                 for plan, record in records:
                     audit.append(pipe, plan, record, self.audit_size)
                 await pipe.execute()
-        except (RedisError, OSError, TimeoutError) as exc:
+        except REDIS_OUTAGES as exc:
             if not self._audit_failing:
                 logger.warning("tick audit not written to Redis (%s); kept locally", exc)
             self._audit_failing = True
