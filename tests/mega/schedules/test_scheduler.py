@@ -19,6 +19,7 @@ from mega.context import Context
 from mega.drivers.redis.client import RedisClient
 from mega.errors import LockBackendError, RegistrationError
 from mega.runtime.embedded import EmbeddedServer
+from mega.schedules import locks
 from mega.schedules.locks import CLAIM_TOLERANCE_MS, RedLock
 from mega.schedules.schedule import LockSettings, Schedule, Tick, has_hash_tag
 from mega.schedules.scheduler import EARLY_WAIT_LIMIT_S, Scheduler, TickResult
@@ -349,7 +350,9 @@ async def test_lockless_schedule_runs_on_every_instance(
 
 
 async def test_fifty_schedules_on_one_clock_all_run_at_each_instant(
-    lock_clients: Callable[[], Awaitable[RedisClient]], prefix: str
+    lock_clients: Callable[[], Awaitable[RedisClient]],
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """One clock for every schedule, and the pause records of the schedules due at once read in
     one round trip: 50 locked schedules due at the same instants (every other second), on the
@@ -357,7 +360,11 @@ async def test_fifty_schedules_on_one_clock_all_run_at_each_instant(
     skipped. (Few and every other second: on the suite's busy machine 200 claims at once timed
     out on the lock's round trip, and 200 a second met their own guards. A scheduler's ceiling,
     about 1,400 locked ticks a second on 2 cores, is the schedules curve's business.) On a
-    Redis Cluster too, where those reads and the audit's writes span the masters."""
+    Redis Cluster too, where those reads and the audit's writes span the masters. The claims'
+    bound is 5 s here, not 1 s: while the whole suite runs on 2 cores a round trip can stall
+    past a second (three CI runs saw a claim or two of 50 time out), and this test is about the
+    clock, not that bound (the outage tests hold it)."""
+    monkeypatch.setattr(locks, "OP_TIMEOUT_S", 5.0)
     client = await lock_clients()
     runs: list[Run] = []
     scheduler = Scheduler(context("a", client))
