@@ -31,7 +31,8 @@ STARTUP_TIMEOUT_S = 10.0
 POSTGRES_STARTUP_TIMEOUT_S = 30.0
 # A Redis Cluster: `valkey-cli --cluster create` and the nodes agreeing on every slot take a few
 # seconds; a node unreachable this long is failed over to its replica.
-CLUSTER_STARTUP_TIMEOUT_S = 30.0
+CLUSTER_STARTUP_TIMEOUT_S = 45.0
+CLUSTER_START_ATTEMPTS = 2
 CLUSTER_NODE_TIMEOUT_MS = 5000
 # PostgreSQL refuses to run as root: under root, initdb and postgres run as this system user.
 POSTGRES_SYSTEM_USER = "mega-postgres"
@@ -243,6 +244,20 @@ class EmbeddedRedisCluster:
         return "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
 
     def start(self) -> EmbeddedRedisCluster:
+        """Start and join the nodes; once more on fresh ports and folders if they did not
+        settle (a port picked free can be taken by another process before its node binds it,
+        and a loaded machine can be slow to sync a replica)."""
+        for attempt in range(CLUSTER_START_ATTEMPTS):
+            try:
+                return self._start_once()
+            except RuntimeError:
+                if attempt + 1 == CLUSTER_START_ATTEMPTS:
+                    raise
+                for node in self.nodes:
+                    shutil.rmtree(node.data_dir, ignore_errors=True)
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> EmbeddedRedisCluster:
         count = self.masters * (1 + self.replicas)
         self.nodes = [
             EmbeddedRedis(data_dir=self.data_dir / f"node-{i}", cluster_port=free_port())
