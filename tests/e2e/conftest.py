@@ -65,7 +65,8 @@ def live_stack(
     and secrets from the environment: the app exactly as an operator runs it. It has servers of
     its own, so its ticking scheduler never touches another test's keys. Every page test runs
     twice: jobs and events on NATS, then on Redis (`MEGA_BUS=redis`, what `make run BUS=redis`
-    sets)."""
+    sets), but for a module that narrows `live_stack` to one bus (the worker page's CPU pool
+    touches none)."""
     tmp = tmp_path_factory.mktemp(f"live-{request.param}")
     nats_server = EmbeddedNats(data_dir=tmp / "nats").start()
     redis_server = EmbeddedRedis(data_dir=tmp / "redis").start()

@@ -1,4 +1,7 @@
-"""/demo/worker in the browser: the heartbeat keeps beating while the pool hashes."""
+"""/demo/worker in the browser: the heartbeat keeps beating while the pool hashes.
+
+The page's CPU pool lives in the web process and touches no bus, so these tests run on the
+NATS stack only (the other pages run on NATS and on Redis)."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from tests.e2e.fields import (
     expect_no_field_error,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("live_stack", ["nats"], indirect=True)]
 DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
