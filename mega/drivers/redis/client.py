@@ -7,6 +7,10 @@ by some of its nodes: a `redis.asyncio.cluster.RedisCluster`, which asks them fo
 the slots and sends each command to the master serving its keys' slot. A script or a
 transaction must find all its keys in one slot: the keys mega writes together share a hash tag
 (the `{...}` part of their names, which alone picks the slot); see mega/drivers/redis/scripts.py.
+`redis+sentinel://host:port[,host:port...]/service[/db]` names a primary with replicas under
+Redis Sentinel: a `redis.asyncio.Redis` whose connections ask the sentinels where the primary
+of `service` is; after a failover, a connection to the old primary fails (or is told it is a
+read-only replica now) and the next one goes to the new primary.
 """
 
 from __future__ import annotations
@@ -18,10 +22,16 @@ from typing import Any
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, PipelineCommand, RedisCluster
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisClusterException, RedisError
 
-from mega.config import REDIS_CLUSTER_SCHEMES, read_redis_cluster_url
+from mega.config import (
+    REDIS_CLUSTER_SCHEMES,
+    REDIS_SENTINEL_SCHEMES,
+    read_redis_cluster_url,
+    read_redis_sentinel_url,
+)
 from mega.constants import (
     CONNECT_TIMEOUT_S,
     HOW_TO_GET_SERVICES,
@@ -44,12 +54,19 @@ def is_cluster_url(url: str) -> bool:
     return url.partition("://")[0] in REDIS_CLUSTER_SCHEMES
 
 
+class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
+    """Sentinel's pool (each new connection asks where the primary is) that waits for a free
+    connection past its size, as the one-server pool does, instead of failing."""
+
+
 async def connect_redis(alias: str, url: str, *, decode_responses: bool) -> RedisClient:
     """A client for `url`, checked with a PING (bounded); DependencyUnavailable names the URL
-    when it does not answer. One server: on a pool of at most REDIS_MAX_CONNECTIONS. A Cluster:
-    at most REDIS_CLUSTER_MAX_CONNECTIONS to each node."""
+    when it does not answer. One server, or the primary under Sentinel: on a pool of at most
+    REDIS_MAX_CONNECTIONS. A Cluster: at most REDIS_CLUSTER_MAX_CONNECTIONS to each node."""
     client: RedisClient
-    if is_cluster_url(url):
+    if url.partition("://")[0] in REDIS_SENTINEL_SCHEMES:
+        client = _sentinel_primary(url, decode_responses=decode_responses)
+    elif is_cluster_url(url):
         parts = read_redis_cluster_url(url)
         client = RedisCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in parts.nodes],
@@ -83,6 +100,38 @@ async def connect_redis(alias: str, url: str, *, decode_responses: bool) -> Redi
             "redis",
             f"cannot reach Redis {alias!r} at {url} ({_reason(exc)}); {HOW_TO_GET_SERVICES}",
         ) from exc
+    return client
+
+
+class SentinelPrimary(Redis):
+    """The primary's client under Sentinel; closing it closes its connections to the
+    sentinels too."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        pool = self.connection_pool
+        if isinstance(pool, SentinelConnectionPool):
+            await pool.sentinel_manager.aclose()
+
+
+def _sentinel_primary(url: str, *, decode_responses: bool) -> Redis:
+    parts = read_redis_sentinel_url(url)
+    timeouts = {"socket_connect_timeout": CONNECT_TIMEOUT_S, "socket_timeout": CONNECT_TIMEOUT_S}
+    sentinels = Sentinel(list(parts.sentinels), sentinel_kwargs=timeouts)  # type: ignore[no-untyped-call]
+    client: Redis = sentinels.master_for(
+        parts.service,
+        redis_class=SentinelPrimary,
+        connection_pool_class=BlockingSentinelPool,
+        db=parts.db,
+        username=parts.username,
+        password=parts.password,
+        ssl=parts.tls,
+        max_connections=REDIS_MAX_CONNECTIONS,
+        timeout=CONNECT_TIMEOUT_S,  # the wait for a free connection
+        health_check_interval=15,
+        decode_responses=decode_responses,
+        **timeouts,
+    )
     return client
 
 

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from mega.config import RedisClusterUrl, load_config, read_redis_cluster_url
+from mega.config import (
+    RedisClusterUrl,
+    RedisSentinelUrl,
+    load_config,
+    read_redis_cluster_url,
+    read_redis_sentinel_url,
+)
 from mega.errors import ConfigError
 
 GOOD = """
@@ -191,6 +197,50 @@ def test_a_malformed_redis_cluster_url_says_what_is_wrong(
         load_config(write(tmp_path, GOOD.replace('"redis://127.0.0.1:6379/0"', repr(url))))
     assert "services.caches.main.url" in str(info.value) and expected in str(info.value)
     assert "redis+cluster://host:port[,host:port...]" in str(info.value)
+
+
+def test_a_redis_sentinel_url_is_read_for_a_cache_and_a_bus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("REDIS_MAIN_URL", raising=False)
+    monkeypatch.delenv("NATS_JOBS_URL", raising=False)
+    url = "redis+sentinel://:s%40cret@10.0.0.1:26379, 10.0.0.2:26379/mega/2"
+    text = GOOD.replace('"redis://127.0.0.1:6379/0"', repr(url)).replace(
+        '"nats", "url": "nats://127.0.0.1:4222"', f'"redis", "url": {url!r}'
+    )
+    config = load_config(write(tmp_path, text))
+    assert config.caches["main"] == url
+    assert config.buses["jobs"].url == url.replace(", ", ",")
+    assert read_redis_sentinel_url(url) == RedisSentinelUrl(
+        sentinels=(("10.0.0.1", 26379), ("10.0.0.2", 26379)),
+        service="mega",
+        db=2,
+        username=None,
+        password="s@cret",
+        tls=False,
+    )
+    assert read_redis_sentinel_url("rediss+sentinel://h:1/primary").tls is True
+    assert read_redis_sentinel_url("redis+sentinel://h:1/primary").db == 0
+
+
+@pytest.mark.parametrize(
+    "url,expected",
+    [
+        ("redis+sentinel://10.0.0.1:26379", "the path names the primary"),
+        ("redis+sentinel://10.0.0.1:26379/", "the path names the primary"),
+        ("redis+sentinel://10.0.0.1:26379/mega/x", "then optionally its database number"),
+        ("redis+sentinel://a:1/mega?ssl=true", "takes no options"),
+        ("redis+sentinel://a,b:1/mega", "'a' is not host:port"),
+    ],
+)
+def test_a_malformed_redis_sentinel_url_says_what_is_wrong(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str, expected: str
+) -> None:
+    monkeypatch.delenv("REDIS_MAIN_URL", raising=False)
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, GOOD.replace('"redis://127.0.0.1:6379/0"', repr(url))))
+    assert "services.caches.main.url" in str(info.value) and expected in str(info.value)
+    assert "redis+sentinel://host:port[,host:port...]/service[/db]" in str(info.value)
 
 
 def test_hosts_that_sign_nothing_need_no_secret_key(
