@@ -20,6 +20,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -287,14 +288,7 @@ class EmbeddedRedisCluster:
             if created.returncode != 0:
                 output = (created.stdout + created.stderr).decode(errors="replace").strip()
                 raise RuntimeError(f"valkey-cli --cluster create failed: {output[-2000:]}")
-            deadline = time.monotonic() + CLUSTER_STARTUP_TIMEOUT_S
-            while not self._settled():
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"the Redis Cluster did not settle within {CLUSTER_STARTUP_TIMEOUT_S:.0f} "
-                        f"s; see the logs under {self.data_dir}"
-                    )
-                time.sleep(0.05)
+            wait_settled(self._settled, "the Redis Cluster", self.data_dir)
         except BaseException:
             self.stop()
             raise
@@ -388,14 +382,7 @@ class EmbeddedRedisSentinel:
         try:
             for server in [*self.servers, *self.sentinels]:
                 server.start()
-            deadline = time.monotonic() + CLUSTER_STARTUP_TIMEOUT_S
-            while not self._settled():
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"the sentinels did not settle within {CLUSTER_STARTUP_TIMEOUT_S:.0f} s; "
-                        f"see the logs under {self.data_dir}"
-                    )
-                time.sleep(0.05)
+            wait_settled(self._settled, "the sentinels", self.data_dir)
         except BaseException:
             self.stop()
             raise
@@ -435,6 +422,18 @@ class EmbeddedRedisSentinel:
             (state.get("num-slaves"), state.get("num-other-sentinels")) == ("1", "2")
             for state in map(_sentinel_master, self.sentinels)
         )
+
+
+def wait_settled(settled: Callable[[], bool], what: str, data_dir: Path) -> None:
+    """Poll `settled` until it is true; RuntimeError past CLUSTER_STARTUP_TIMEOUT_S."""
+    deadline = time.monotonic() + CLUSTER_STARTUP_TIMEOUT_S
+    while not settled():
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"{what} did not settle within {CLUSTER_STARTUP_TIMEOUT_S:.0f} s; "
+                f"see the logs under {data_dir}"
+            )
+        time.sleep(0.05)
 
 
 def _sentinel_master(sentinel: EmbeddedSentinel) -> dict[str, str]:

@@ -161,6 +161,10 @@ def test_bad_bus_urls_and_replicas_name_the_key(tmp_path: Path, bus: str, expect
     assert "services.buses.jobs" in str(info.value) and expected in str(info.value)
 
 
+CLUSTER_FORM = "redis+cluster://host:port[,host:port...]"
+SENTINEL_FORM = "redis+sentinel://host:port[,host:port...]/service[/db]"
+
+
 def test_a_redis_cluster_url_is_read_for_a_cache_and_a_bus(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -177,26 +181,6 @@ def test_a_redis_cluster_url_is_read_for_a_cache_and_a_bus(
         (("10.0.0.1", 7000), ("::1", 7001)), "ops", "s@cret", tls=False
     )
     assert read_redis_cluster_url("rediss+cluster://h:1/").tls is True
-
-
-@pytest.mark.parametrize(
-    "url,expected",
-    [
-        ("redis+cluster://10.0.0.1", "'10.0.0.1' is not host:port"),
-        ("redis+cluster://a:7000,,b:7001", "'' is not host:port"),
-        ("redis+cluster://a:7000/1", "a Redis Cluster has one database and takes no options"),
-        ("redis+cluster://a:7000?ssl=true", "takes no options"),
-        ("redis+cluster://a:70000", "'a:70000' is not host:port"),
-    ],
-)
-def test_a_malformed_redis_cluster_url_says_what_is_wrong(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str, expected: str
-) -> None:
-    monkeypatch.delenv("REDIS_MAIN_URL", raising=False)
-    with pytest.raises(ConfigError) as info:
-        load_config(write(tmp_path, GOOD.replace('"redis://127.0.0.1:6379/0"', repr(url))))
-    assert "services.caches.main.url" in str(info.value) and expected in str(info.value)
-    assert "redis+cluster://host:port[,host:port...]" in str(info.value)
 
 
 def test_a_redis_sentinel_url_is_read_for_a_cache_and_a_bus(
@@ -224,23 +208,30 @@ def test_a_redis_sentinel_url_is_read_for_a_cache_and_a_bus(
 
 
 @pytest.mark.parametrize(
-    "url,expected",
+    "url,expected,form",
     [
-        ("redis+sentinel://10.0.0.1:26379", "the path names the primary"),
-        ("redis+sentinel://10.0.0.1:26379/", "the path names the primary"),
-        ("redis+sentinel://10.0.0.1:26379/mega/x", "then optionally its database number"),
-        ("redis+sentinel://a:1/mega?ssl=true", "takes no options"),
-        ("redis+sentinel://a,b:1/mega", "'a' is not host:port"),
+        ("redis+cluster://10.0.0.1", "'10.0.0.1' is not host:port", CLUSTER_FORM),
+        ("redis+cluster://a:7000,,b:7001", "'' is not host:port", CLUSTER_FORM),
+        ("redis+cluster://a:7000/1", "a Redis Cluster has one database and takes no options",
+         CLUSTER_FORM),
+        ("redis+cluster://a:7000?ssl=true", "takes no options", CLUSTER_FORM),
+        ("redis+cluster://a:70000", "'a:70000' is not host:port", CLUSTER_FORM),
+        ("redis+sentinel://10.0.0.1:26379", "the path names the primary", SENTINEL_FORM),
+        ("redis+sentinel://10.0.0.1:26379/", "the path names the primary", SENTINEL_FORM),
+        ("redis+sentinel://10.0.0.1:26379/mega/x", "then optionally its database number",
+         SENTINEL_FORM),
+        ("redis+sentinel://a:1/mega?ssl=true", "takes no options", SENTINEL_FORM),
+        ("redis+sentinel://a,b:1/mega", "'a' is not host:port", SENTINEL_FORM),
     ],
-)
-def test_a_malformed_redis_sentinel_url_says_what_is_wrong(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str, expected: str
+)  # fmt: skip
+def test_a_malformed_redis_cluster_or_sentinel_url_says_what_is_wrong(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str, expected: str, form: str
 ) -> None:
     monkeypatch.delenv("REDIS_MAIN_URL", raising=False)
     with pytest.raises(ConfigError) as info:
         load_config(write(tmp_path, GOOD.replace('"redis://127.0.0.1:6379/0"', repr(url))))
     assert "services.caches.main.url" in str(info.value) and expected in str(info.value)
-    assert "redis+sentinel://host:port[,host:port...]/service[/db]" in str(info.value)
+    assert form in str(info.value)
 
 
 def test_hosts_that_sign_nothing_need_no_secret_key(
