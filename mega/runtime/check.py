@@ -16,14 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
-from mega.config import Config
+from mega.config import REDIS_CLUSTER_SCHEMES, Config
 from mega.drivers.base import pattern_matcher
 from mega.errors import ConfigError, MegaError, RegistrationError
 from mega.events.event import EventSpec, validate_event
 from mega.events.listener import ListenerSpec, validate_listener
 from mega.jobs.spec import JobBase, validate_job
-from mega.schedules.schedule import ScheduleSpec, validate_schedule
+from mega.schedules.schedule import ScheduleSpec, require_lock_tag, validate_schedule
 from mega.workers.worker import Worker, WorkerSettings
 
 Level = Literal["error", "warning"]
@@ -60,9 +61,11 @@ def check_schedules(config: Config) -> list[Finding]:
 
     def validate(cls: Any) -> ScheduleSpec:
         try:
-            return validate_schedule(cls, config.locks.keys())
+            spec = validate_schedule(cls, config.locks.keys())
         except RegistrationError as exc:
             raise RegistrationError(exc.message + _lock_hint(cls, config)) from None
+        require_lock_tag(spec, spec.lock is not None and _on_cluster(config, spec.lock.alias))
+        return spec
 
     specs, findings = _validated(config.schedules, "schedules", validate)
     return findings + _duplicates("schedules", [(c, s.name) for c, s in specs], "name")
@@ -320,6 +323,12 @@ def _duplicates(entry: str, keyed: list[tuple[Any, object]], what: str) -> list[
 
 def _hears(listener: ListenerSpec, event: EventSpec) -> bool:
     return listener.bus == event.bus and pattern_matcher(listener.pattern)(event.name)
+
+
+def _on_cluster(config: Config, lock: str) -> bool:
+    """Whether a cache of the lock `lock` is a Redis Cluster, by its URL."""
+    caches = config.locks.get(lock, [])
+    return any(urlsplit(config.caches[alias]).scheme in REDIS_CLUSTER_SCHEMES for alias in caches)
 
 
 def _lock_hint(cls: Any, config: Config) -> str:

@@ -239,6 +239,18 @@ def has_hash_tag(key: str) -> bool:
     return opened >= 0 and key.find("}", opened + 1) > opened + 1
 
 
+def require_lock_tag(spec: ScheduleSpec, clustered: bool) -> None:
+    """RegistrationError when the schedule's lock is on a Redis Cluster (`clustered`) and its
+    key has no hash tag: a tick's claim, guard and fence must share a slot."""
+    lock = spec.lock
+    if lock is not None and clustered and not has_hash_tag(lock.key_prefix):
+        raise RegistrationError(
+            f"schedule {spec.name!r}: lock key {lock.key_prefix!r} has no hash tag, and lock "
+            f"{lock.alias!r} is on a Redis Cluster, where a tick's claim, guard and fence "
+            f"must share a slot: tag the key, e.g. '{{{lock.key_prefix}}}'"
+        )
+
+
 def validate_schedule(cls: object, lock_aliases: Collection[str]) -> ScheduleSpec:
     """Check every setting of a Schedule class at once; RegistrationError lists each bad field."""
     if not (isinstance(cls, type) and issubclass(cls, Schedule)):

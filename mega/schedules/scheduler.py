@@ -106,7 +106,7 @@ from mega.schedules.schedule import (
     ScheduleSpec,
     Tick,
     TickSource,
-    has_hash_tag,
+    require_lock_tag,
     validate_schedule,
 )
 from mega.schedules.timetable import Line, Timetable
@@ -216,12 +216,7 @@ class Scheduler:
         spec = validate_schedule(schedule, self.ctx.locks.keys())
         lock = spec.lock
         clustered = lock is not None and isinstance(self.ctx.lock(lock.alias).native, RedisCluster)
-        if lock is not None and clustered and not has_hash_tag(lock.key_prefix):
-            raise RegistrationError(
-                f"schedule {spec.name!r}: lock key {lock.key_prefix!r} has no hash tag, and lock "
-                f"{lock.alias!r} is on a Redis Cluster, where a tick's claim, guard and fence "
-                f"must share a slot: tag the key, e.g. '{{{lock.key_prefix}}}'"
-            )
+        require_lock_tag(spec, clustered)
         if spec.name in self._specs:
             raise RegistrationError(f"a schedule named {spec.name!r} is already registered")
         if spec.timezone is None:

@@ -60,6 +60,20 @@ def test_a_schedule_on_an_undeclared_lock_is_an_error_with_its_fix(tmp_path: Pat
     assert "is a cache" not in on_nothing.message
 
 
+def test_an_untagged_lock_key_on_a_redis_cluster_is_an_error_with_its_fix(tmp_path: Path) -> None:
+    cache = "{'driver': 'redis', 'url': 'redis+cluster://127.0.0.1:1'}"
+    on_cluster = f"services['caches'] = {{'main': {cache}}}\n"
+    untagged = "Tidy.lock = {'lock': 'main', 'ttl': 20_000, 'key': 'mine:tidy'}\n"
+    [finding] = check_config(config_of(tmp_path, DECLARATIONS + on_cluster + untagged))
+    assert finding.subject == "schedules: Tidy"
+    assert "lock key 'mine:tidy' has no hash tag" in finding.message
+    assert "tag the key, e.g. '{mine:tidy}'" in finding.message
+    tagged = untagged.replace("mine:tidy", "{mine:tidy}")
+    assert check_config(config_of(tmp_path, DECLARATIONS + on_cluster + tagged)) == []
+    assert check_config(config_of(tmp_path, DECLARATIONS + on_cluster)) == []  # the default key
+    assert check_config(config_of(tmp_path, DECLARATIONS + untagged)) == []  # one Redis
+
+
 def test_every_bad_field_of_a_job_is_on_its_line(tmp_path: Path) -> None:
     body = DECLARATIONS + "Email.bus = 'nope'\nEmail.retries = True\n"
     [finding] = check_config(config_of(tmp_path, body))
