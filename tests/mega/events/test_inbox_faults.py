@@ -29,8 +29,10 @@ from tests.mega.events.test_events_faults import start_worker, stop, until
 EVENTS = 3000
 KILL_EVERY_S = 1.5
 WORKERS = 2
-# Past this the test fails rather than kill on: the run takes ~20-40 s on two busy cores.
+# The kills stop past this, and the workers then left finish (the run takes ~20-40 s on two
+# busy cores); at least MIN_KILLS happen before.
 KILLING_FOR_AT_MOST_S = 150.0
+MIN_KILLS = 5
 BODY = (
     "from tests.mega.events.fault_inbox import DbLedger, Happened, RedisTally\n"
     "events = [Happened]\nlisteners = [DbLedger, RedisTally]\n"
@@ -66,7 +68,7 @@ async def runs(redis: Redis, prefix: str, group: type[Listener]) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)  # past its own deadline, which says what is missing
+@pytest.mark.timeout(330)  # past its own deadlines, which say what is missing
 @pytest.mark.parametrize(
     "database", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 )
@@ -89,10 +91,14 @@ async def test_each_effect_happens_once_with_a_worker_killed_every_1_5_s(
     try:
         deadline = time.monotonic() + KILLING_FOR_AT_MOST_S
         done = 0
-        while (
-            len(await db_effects(ctx)) < EVENTS or len(await redis_effects(redis, prefix)) < EVENTS
-        ):
-            assert time.monotonic() < deadline, f"effects still missing after {kills} kills"
+
+        async def all_done() -> bool:
+            return (
+                len(await db_effects(ctx)) >= EVENTS
+                and len(await redis_effects(redis, prefix)) >= EVENTS
+            )
+
+        while not await all_done() and time.monotonic() < deadline:
             await asyncio.sleep(KILL_EVERY_S)
             if (now := len(await db_effects(ctx))) == done:
                 continue  # nothing done since the last kill (a loaded machine): let them start
@@ -102,6 +108,10 @@ async def test_each_effect_happens_once_with_a_worker_killed_every_1_5_s(
             oldest.wait()
             kills += 1
             workers.append(start_worker(config.path, prefix, next(logs)))
+        assert kills >= MIN_KILLS, f"only {kills} kills: the fault was hardly exercised"
+        # A loaded machine may still have effects missing when the killing stops: the workers
+        # left running finish them (what is asserted is once each, not how fast).
+        await until(all_done, "every effect, the killing over", 90)
 
         bus = EventBus(ctx, "jobs")
 

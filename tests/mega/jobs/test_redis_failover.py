@@ -211,10 +211,13 @@ async def test_a_primary_killed_under_5000_jobs(
             f"\nredis {topology} failover, durable={durable}: {len(acked)} acknowledged, "
             f"{len(refused)} refused ({len(refused & ran.done.keys())} of them ran), "
             f"{len(lost)} acknowledged and lost, {twice} ran twice; enqueues failed for "
-            f"{back_at - killed_at:.1f} s"
+            f"{max(back_at - killed_at, 0.0):.1f} s"
         )
         assert len(acked) + len(refused) == JOBS
-        assert back_at > killed_at > 0  # the failover happened, and enqueues came back
+        assert killed is not None and killed_at > 0  # the primary was killed
+        # Enqueues refused during the failover came back (a cluster client may also ride it out
+        # with none refused: its retries follow the slot to the promoted replica).
+        assert back_at > killed_at or not refused
         assert ran.done.keys() <= acked | refused  # nothing ran that was not enqueued
         if durable:
             assert not lost, f"acknowledged durable jobs never ran: {sorted(lost)[:20]}"
