@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import random
 import shutil
 import signal
 import socket
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from mega.errors import ConfigError
+from mega.errors import ConfigError, MegaError
 
 STARTUP_TIMEOUT_S = 10.0
 # initdb and a first start take a few seconds more than the other servers on a busy machine.
@@ -42,14 +43,30 @@ SENTINEL_DOWN_AFTER_MS = 1000
 SENTINEL_FAILOVER_TIMEOUT_MS = 10000
 # PostgreSQL refuses to run as root: under root, initdb and postgres run as this system user.
 POSTGRES_SYSTEM_USER = "mega-postgres"
+# The ports free_port chooses among: below the range Linux (32768-60999), macOS and Windows
+# (49152-65535) give outgoing connections, so no client socket takes one before its server binds.
+LISTEN_PORTS = range(20000, 32768)
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that nothing holds right now, one of LISTEN_PORTS.
+
+    Not the kernel's pick (a bind to port 0): that comes from the range the kernel also gives
+    outgoing connections, and any client socket (a test's Redis connection, a browser's) could
+    take it between this choice and the server's own bind, which then fails on a busy machine."""
+    for _ in range(200):
+        port = random.choice(LISTEN_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise MegaError(  # pragma: no cover - 200 ports in use in a row
+        f"no free port on 127.0.0.1 between {LISTEN_PORTS.start} and {LISTEN_PORTS.stop - 1}; "
+        "stop the servers left running (mega dev's, a test run's) and try again",
+        code="embedded.no_free_port",
+    )
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
