@@ -7,9 +7,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +26,30 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
+@dataclass
+class Host:
+    """A `mega` host process and the log its output goes to."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
 @contextmanager
-def host(command: str, config: Path, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mega", command, "--config", str(config)],
-        cwd=ROOT, env={**os.environ, **env},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+def host(command: str, config: Path, env: dict[str, str]) -> Iterator[Host]:
+    """`mega <command>` running, its output in a log beside the config; stopped by SIGTERM, after
+    which it must exit 0 (the log is quoted when it does not)."""
+    log = config.with_name(f"{command}.log")
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "mega", command, "--config", str(config)],
+            cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
     try:
-        yield process
+        yield Host(process, log)
     finally:
         process.send_signal(signal.SIGTERM)
-        assert process.wait(30) == 0
+        code = process.wait(30)
+        assert code == 0, f"{command} exited {code}:\n{log.read_text()}"
 
 
 def _get(url: str) -> str:
@@ -43,14 +57,16 @@ def _get(url: str) -> str:
         return str(response.read().decode())
 
 
-async def scrape(port: int, timeout_s: float = 20) -> str:
-    """The host's /metrics text, once its metrics server answers."""
-    for _ in range(int(timeout_s / 0.1)):
+async def scrape(port: int, running: Host, timeout_s: float = 60) -> str:
+    """The host's /metrics text, once its metrics server answers; its log if it exits first."""
+    deadline = time.monotonic() + timeout_s
+    while running.process.poll() is None and time.monotonic() < deadline:
         try:
             return await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics")
         except OSError:
             await asyncio.sleep(0.1)
-    raise TimeoutError(f"no metrics on port {port}")
+    code, log = running.process.poll(), running.log.read_text()
+    raise AssertionError(f"no metrics on port {port} (exit code {code}):\n{log}")
 
 
 async def test_worker_host_counts_jobs_and_web_counts_enqueues(
@@ -65,14 +81,14 @@ async def test_worker_host_counts_jobs_and_web_counts_enqueues(
     async with web_client(load_config(path)) as client:
         await login(client)
         headers = {"X-CSRF-Token": csrf_from((await client.get("/demo/jobs")).text)}
-        with host("worker", path, {}):
-            await scrape(port)  # the host is up and consuming
+        with host("worker", path, {}) as worker:
+            await scrape(port, worker)  # the host is up and consuming
             for mode in ("ok", "ok", "flaky", "fail"):
                 await client.post(
                     "/api/demo/jobs", json={"to": "a@b.c", "mode": mode}, headers=headers
                 )
             for _ in range(200):
-                text = await scrape(port)
+                text = await scrape(port, worker)
                 if sample(text, "mega_job_events_total", job="EmailJob", event="dlq") == 1:
                     break
                 await asyncio.sleep(0.1)
@@ -97,10 +113,10 @@ async def test_scheduler_host_counts_ticks(
         f'metrics = {{"enabled": True, "scheduler_port": {port}}}\n'
     )
     path = sample_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body)
-    with host("scheduler", path, {"CLUSTER_PREFIX": prefix}):
-        await scrape(port)
+    with host("scheduler", path, {"CLUSTER_PREFIX": prefix}) as scheduler:
+        await scrape(port, scheduler)
         await asyncio.sleep(2.5)
-        text = await scrape(port)
+        text = await scrape(port, scheduler)
     runs = sample(text, "mega_schedule_events_total", schedule="EverySecond", event="run")
     done = sample(text, "mega_schedule_events_total", schedule="EverySecond", event="done")
     assert (runs >= 2 and done == runs) or done == runs - 1  # a tick may be mid-run at the scrape

@@ -20,7 +20,7 @@ import redis
 
 from mega.runtime.embedded import free_port
 from mega.schedules.locks import CLAIM_TOLERANCE_MS
-from tests.app.test_host_metrics import scrape
+from tests.app.test_host_metrics import Host, scrape
 from tests.app.test_web_metrics import sample
 from tests.factories import write_config
 from tests.processes import clock_offset_env
@@ -156,13 +156,14 @@ async def test_a_scheduler_whose_clock_is_ahead_logs_the_offset_once_and_exports
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     log = tmp_path / "scheduler.log"
     process = start_scheduler(config, prefix, log, clock_offset_env(+1.5))
+    running = Host(process, log)
     try:
-        await scrape(port)
+        await scrape(port, running)
         deadline = time.monotonic() + 30
         while len(runs_by_instant(client, prefix)) < 4:
             assert time.monotonic() < deadline, f"fewer than 4 ticks in 30 s\n{log.read_text()}"
             await asyncio.sleep(0.2)
-        text = await scrape(port)
+        text = await scrape(port, running)
     finally:
         stop_schedulers([process])
     early = early_runs(client, prefix)

@@ -103,11 +103,13 @@ def live_stack(
     finally:
         for process in processes.values():
             process.terminate()
-        for process in processes.values():
+        for name, process in processes.items():
             try:
                 process.wait(30)
             except subprocess.TimeoutExpired:
+                print(f"{name} did not stop within 30 s of SIGTERM: killed")
                 process.kill()
+                process.wait(10)  # reaped: a Popen dropped while running warns at collection
         nats_server.stop()
         redis_server.stop()
 

@@ -66,6 +66,12 @@ async def test_create_stores_only_keys_without_a_record(bus: Bus, prefix: str) -
     assert created == [False, True]
     assert (await bus.get_records(lane, "status", ["taken"]))[0] == b"first"
     assert (await bus.get_records(lane, "status", ["fresh"]))[0] == b"new"
+    # In order within one call: of two creates of a key, the first wins.
+    twice = await bus.put_records(
+        lane, "status", [("twice", b"one"), ("other", b"o"), ("twice", b"two")], create=True
+    )
+    assert twice == [True, True, False]
+    assert await bus.get_records(lane, "status", ["twice", "other"]) == [b"one", b"o"]
 
 
 async def test_tables_and_lanes_are_apart(bus: Bus, prefix: str) -> None:

@@ -344,11 +344,14 @@ async def test_a_claim_before_its_instant_on_the_servers_clock_is_early_and_take
 ) -> None:
     assert lock.clock_offset_ms is None  # nothing measured yet
     now_ms = await server_ms(lock.native)
+    began = time.monotonic()
     early = await fenced(lock, prefix, claim="1", at_ms=now_ms + 2_000)
+    claim_ms = (time.monotonic() - began) * 1000
     assert isinstance(early, EarlyClaim) and 1_900 < early.wait_ms <= 2_000
     assert await lock.native.exists(f"{prefix}:tick:1", f"{prefix}:running", f"{prefix}:fence") == 0
-    # This process and the server share the machine's clock: the measured offset is about 0.
-    assert lock.clock_offset_ms is not None and abs(lock.clock_offset_ms) < 50
+    # This process and the server share the machine's clock: the measured offset is 0 give or
+    # take half the claim's round trip and the server's whole milliseconds.
+    assert lock.clock_offset_ms is not None and abs(lock.clock_offset_ms) <= claim_ms / 2 + 1
 
     # Within the tolerance of the instant: taken (the server's clock only moves towards it).
     now_ms = await server_ms(lock.native)
@@ -374,7 +377,11 @@ async def test_a_quorum_claim_before_its_instant_is_early_on_the_servers_clocks(
     passed_ms = (time.monotonic() - began) * 1000
     assert isinstance(early, EarlyClaim) and 2_000 - passed_ms - 5 <= early.wait_ms <= 2_000
     assert [await client.exists("p:tick:1", "p:running") for client in lock.clients] == [0, 0, 0]
-    assert lock.clock_offset_ms is not None and abs(lock.clock_offset_ms) < 50
+    # One machine's clock: the offset is 0 give or take half a claim's round trip (the middle
+    # of it is taken as the server's instant) and the server's whole milliseconds. A busy
+    # machine's round trip is long (a CI run read -96 ms): bounded by what passed here.
+    assert lock.clock_offset_ms is not None
+    assert abs(lock.clock_offset_ms) <= passed_ms / 2 + 1
 
     servers[2].stop()  # a minority down: the majority's clocks still decide
     lease = await fenced(lock, "p", claim="1", at_ms=now_ms)
