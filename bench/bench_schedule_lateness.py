@@ -50,8 +50,14 @@ def _lateness_ms(instant: datetime) -> float:
     return (time.time() - instant.timestamp()) * 1000
 
 
-def _probe(name: str, lock: LockSettings | None, samples: list[float]) -> type[Schedule]:
-    """A schedule whose run only records its own lateness."""
+def _probe(
+    name: str,
+    lock: LockSettings | None,
+    samples: list[float],
+    instants: list[float] | None = None,
+) -> type[Schedule]:
+    """A schedule whose run only records its own lateness (and, given `instants`, its planned
+    instant in epoch seconds, at the same index)."""
 
     class Probe(Schedule):
         cron = EVERY_SECOND
@@ -59,6 +65,8 @@ def _probe(name: str, lock: LockSettings | None, samples: list[float]) -> type[S
 
         async def run(self, ctx: Context) -> None:
             samples.append(_lateness_ms(self.tick.instant))
+            if instants is not None:
+                instants.append(self.tick.instant.timestamp())
 
     Probe.name = name
     Probe.lock = lock

@@ -1,6 +1,7 @@
 """Run every benchmark in bench/ in one go and rewrite bench/RESULTS.md.
 
     .venv/bin/python -m bench.run_all        # what `make bench` runs
+    .venv/bin/python -m bench.run_all bench.bench_hosts_memory   # these only (see refresh)
 
 A benchmark is any module `bench/bench_*.py` with a `run()` function (sync, or async and then
 run with asyncio.run); it is called with its defaults, one after the other so they never
@@ -8,6 +9,10 @@ compete for the cores. A benchmark that raises is reported as an error and the o
 run. RESULTS.md gets the machine, the date, the command and one section per benchmark with its
 table (figure, value, baseline, ratio, target, result). Exit status 1 when a target is missed
 or a benchmark failed.
+
+Named benchmarks run alone, and only their sections and summary rows of RESULTS.md are
+replaced, each saying when it was refreshed: how to refresh a figure that does not depend on
+the machine's speed (memory, counts) without rerunning, on a busier machine, every rate.
 """
 
 from __future__ import annotations
@@ -53,10 +58,15 @@ class Outcome:
         return self.result is not None and self.result.get("passed", True) is not False
 
 
-def discover() -> Iterator[tuple[str, Callable[[], Any] | None, str | None]]:
-    """(module, its run function or None, the import error or None), in file name order."""
+def discover(
+    only: list[str] | None = None,
+) -> Iterator[tuple[str, Callable[[], Any] | None, str | None]]:
+    """(module, its run function or None, the import error or None), in file name order;
+    `only`: those modules."""
     for path in sorted(BENCH_DIR.glob("bench_*.py")):
         name = f"bench.{path.stem}"
+        if only is not None and name not in only:
+            continue
         try:
             module = importlib.import_module(name)
         except Exception:
@@ -133,9 +143,7 @@ def render(outcomes: list[Outcome], info: dict[str, str], started: datetime, tot
         "| benchmark | result | time |",
         "| --- | --- | --- |",
     ]
-    for outcome in outcomes:
-        verdict = "ERROR" if outcome.error else "pass" if outcome.passed else "FAIL"
-        lines.append(f"| `{outcome.module}` | {verdict} | {outcome.seconds:.0f} s |")
+    lines += [verdict_row(outcome) for outcome in outcomes]
     for outcome in outcomes:
         lines += ["", *section(outcome)]
     return "\n".join(lines) + "\n"
@@ -167,24 +175,64 @@ def kept_scale_curves() -> str:
     return "\n" + current[begin:] if begin >= 0 else ""
 
 
+def verdict(outcome: Outcome) -> str:
+    return "ERROR" if outcome.error else "pass" if outcome.passed else "FAIL"
+
+
+def verdict_row(outcome: Outcome) -> str:
+    return f"| `{outcome.module}` | {verdict(outcome)} | {outcome.seconds:.0f} s |"
+
+
+def refresh(current: str, outcomes: list[Outcome], started: datetime) -> str:
+    """RESULTS.md with these benchmarks' summary rows and sections replaced (each section then
+    says when it was refreshed, and by which command); the rest as it was."""
+    lines = current.rstrip("\n").split("\n")
+    for outcome in outcomes:
+        row_start = f"| `{outcome.module}` |"
+        lines = [verdict_row(outcome) if line.startswith(row_start) else line for line in lines]
+        marker = f"(`bench/{outcome.module.removeprefix('bench.')}.py`)"
+        fresh = section(outcome)
+        fresh[2:2] = [
+            f"Refreshed alone on {started:%Y-%m-%d %H:%M} UTC "
+            f"(`{COMMAND} {outcome.module}`); the other sections are from the run above.",
+            "",
+        ]
+        begin = next((n for n, line in enumerate(lines)
+                      if line.startswith("## ") and marker in line), None)  # fmt: skip
+        if begin is None:
+            raise SystemExit(f"{RESULTS.name} has no section for {outcome.module}: run them all")
+        end = next((n for n in range(begin + 1, len(lines))
+                    if lines[n].startswith(("## ", "<!-- scale curves:"))), len(lines))  # fmt: skip
+        blank = [""] if end < len(lines) else []
+        lines[begin:end] = fresh + blank
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     started = datetime.now(UTC)
     clock = time.monotonic()
     info = machine()
+    only = sys.argv[1:] or None
     outcomes = []
-    for name, run, import_error in discover():
+    for name, run, import_error in discover(only):
         if run is None:
             print(f"\n=== {name} ===\n{import_error}", file=sys.stderr, flush=True)
             outcomes.append(Outcome(name, 0.0, error=import_error))
         else:
             outcomes.append(run_one(name, run))
-    RESULTS.write_text(
-        render(outcomes, info, started, time.monotonic() - clock) + kept_scale_curves()
-    )
+    if only is not None:
+        unknown = sorted(set(only) - {outcome.module for outcome in outcomes})
+        if unknown:
+            print(f"no benchmark {', '.join(unknown)} (a module bench.bench_*)", file=sys.stderr)
+            return 2
+        RESULTS.write_text(refresh(RESULTS.read_text(), outcomes, started))
+    else:
+        RESULTS.write_text(
+            render(outcomes, info, started, time.monotonic() - clock) + kept_scale_curves()
+        )
     print(f"\nwrote {RESULTS}")
     for outcome in outcomes:
-        verdict = "ERROR" if outcome.error else "pass" if outcome.passed else "FAIL"
-        print(f"  {verdict:<5} {outcome.module} ({outcome.seconds:.0f} s)")
+        print(f"  {verdict(outcome):<5} {outcome.module} ({outcome.seconds:.0f} s)")
     return 0 if all(outcome.passed for outcome in outcomes) else 1
 
 

@@ -28,18 +28,22 @@ class Signals:
 
     def __init__(self, names: Iterable[str]) -> None:
         self.names: frozenset[str] = frozenset(names)
-        self._observers: dict[str, list[Observer]] = {name: [] for name in self.names}
+        # A tuple per name, replaced (not changed) by on and off: a dispatch under way keeps
+        # the observers it started with, and none copies them (thousands of jobs a second).
+        self._observers: dict[str, tuple[Observer, ...]] = {name: () for name in self.names}
 
     def on(self, name: str, observer: Observer) -> Callable[[], None]:
         """Subscribe; returns a function that unsubscribes."""
         self._check(name)
-        self._observers[name].append(observer)
+        self._observers[name] += (observer,)
         return lambda: self.off(name, observer)
 
     def off(self, name: str, observer: Observer) -> None:
         self._check(name)
-        if observer in self._observers[name]:
-            self._observers[name].remove(observer)
+        observers = list(self._observers[name])
+        if observer in observers:
+            observers.remove(observer)
+            self._observers[name] = tuple(observers)
 
     async def emit(self, name: str, **fields: Any) -> None:
         self._check(name)
@@ -49,10 +53,10 @@ class Signals:
         """Notify the observers of a signal another runtime built (`{"signal": name, ...}`),
         as it is: how a host relays its parts' signals without building them again."""
         name = signal["signal"]
-        for observer in list(self._observers[name]):
+        for observer in self._observers[name]:
             try:
                 result = observer(signal)
-                if inspect.isawaitable(result):
+                if result is not None and inspect.isawaitable(result):
                     await result
             except asyncio.CancelledError:
                 raise

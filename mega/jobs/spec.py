@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
-import anyio.to_thread
-from anyio import CapacityLimiter
 from pydantic import (
     BaseModel,
     Field,
@@ -350,7 +348,9 @@ def threaded(run: Callable[..., Any], concurrency: int) -> Callable[..., Awaitab
     lease heartbeats it sends while the run lasts, keep going. Call it in the running loop."""
     if inspect.iscoroutinefunction(run):
         return run
-    limiter = CapacityLimiter(concurrency)
+    import anyio.to_thread  # here: a host whose runs are all async never loads anyio
+
+    limiter = anyio.CapacityLimiter(concurrency)
 
     async def on_a_thread(*args: Any) -> Any:
         # A thread cannot be interrupted: a cancelled run (a stop's drain time up) lets it go.
