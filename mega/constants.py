@@ -63,3 +63,6 @@ DRIVERS_ENTRY_POINT_GROUP = "mega.drivers"
 
 # Fix-it hint appended to every "cannot reach" message.
 HOW_TO_GET_SERVICES = "run `mega dev` (embedded servers) or `docker compose up`"
+
+# How long a bus's close waits for its own tasks (a wake-up watch, the last announcements).
+CLOSE_TASKS_S = 2.0

@@ -46,6 +46,7 @@ from mega.jobs.presence import PRESENCE_EVERY_S, Presence
 from mega.jobs.ratelimit import wait_or_stop
 from mega.jobs.status import RUNNING, ErrorInfo, Running, StatusWriter
 from mega.jobs.steps import STEP_PREFIX
+from mega.tasks import TimeLimit, cancel_and_wait
 
 # The queue's logger: to an operator, the consume loop is part of the job queue.
 logger = logging.getLogger("mega.jobqueue")
@@ -68,6 +69,9 @@ WINDOW_FRESH_S = 0.05
 
 # How long a stopping loop waits to mark its presence record stopped.
 PRESENCE_STOP_S = 2.0
+# How long a stopping loop waits for its helper tasks (heartbeat, watch, presence), and for runs
+# cancelled at the end of the drain, to end once cancelled.
+LOOPS_STOP_S = 2.0
 
 
 class StepEnds(Protocol):
@@ -182,11 +186,8 @@ class Consumer:
             await self._fetch_loop()
             await self._drain()
         finally:
-            heartbeat.cancel()
-            if watch is not None:
-                watch.cancel()
+            await cancel_and_wait([heartbeat, watch, present], LOOPS_STOP_S)
             if present is not None:
-                present.cancel()
                 await self._absent()
             for task in self.running:  # left only if run() itself was cancelled
                 task.cancel()
@@ -366,7 +367,7 @@ class Consumer:
         timeout_s = self.spec.timeout_s
         if timeout_s is None:
             return await self.handler(payload, delivery)
-        limit = asyncio.timeout(timeout_s)
+        limit = TimeLimit(timeout_s)
         try:
             async with limit:
                 return await self.handler(payload, delivery)
@@ -510,7 +511,8 @@ class Consumer:
             return await control.cancelled([delivery.id for delivery in deliveries])
 
         try:
-            return await asyncio.wait_for(read(), min(CANCEL_READ_S, self.spec.ack_wait_s / 4))
+            async with asyncio.timeout(min(CANCEL_READ_S, self.spec.ack_wait_s / 4)):
+                return await read()
         except (DriverUnavailable, TimeoutError) as exc:
             # Started unread: the watch still cancels a cancelled one within a second.
             why = str(exc) or "no answer in time"
@@ -600,11 +602,8 @@ class Consumer:
         deadline = time.monotonic() + self.drain_timeout_s
         while self.running and (remaining := deadline - time.monotonic()) > 0:
             await asyncio.wait(list(self.running), timeout=remaining)
-        leftovers = list(self.running)
-        for task in leftovers:
-            task.cancel()
-        if leftovers:
-            await asyncio.wait(leftovers)
+        if await cancel_and_wait(list(self.running), LOOPS_STOP_S):
+            logger.warning("%s: a run went on after its cancel; left to the exit", self.spec.name)
 
 
 def _retrieved(task: asyncio.Task[None]) -> None:

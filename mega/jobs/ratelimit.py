@@ -26,7 +26,6 @@ protects someone else's service, so it fails closed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -35,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 from mega.context import Context
 from mega.errors import ConfigError
+from mega.tasks import wait_event
 
 logger = logging.getLogger("mega.jobqueue")
 
@@ -172,5 +172,4 @@ class RateLimiter:
 
 async def wait_or_stop(wait_s: float, stopping: asyncio.Event) -> None:
     """Sleep `wait_s`, or less when `stopping` is set meanwhile."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stopping.wait(), wait_s)
+    await wait_event(stopping, wait_s)

@@ -11,18 +11,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from mega.config import Config
+from mega.constants import CLOSE_TASKS_S
 from mega.context import CacheAdapter, Context, new_instance_id
 from mega.drivers import find_driver
 from mega.errors import DependencyUnavailable, MegaError
+from mega.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from mega.database import Database
     from mega.drivers.redis.client import RedisClient
 
 logger = logging.getLogger("mega.boot")
+# How long a stopping host waits for its connections to close.
+CLOSE_TIMEOUT_S = 5.0
 
 
 async def boot(config: Config, *, role: str, database: bool = True) -> Context:
@@ -49,15 +54,32 @@ async def boot(config: Config, *, role: str, database: bool = True) -> Context:
 
 
 async def shutdown(ctx: Context) -> None:
-    """Close every connection the context holds. Never raises."""
-    for bus in ctx.buses.values():
-        with contextlib.suppress(Exception):
-            await bus.close()
-    for cache in ctx.caches.values():
-        with contextlib.suppress(Exception):
-            await cache.native.aclose()
+    """Close every connection the context holds, all at once, within CLOSE_TIMEOUT_S: a server
+    that stopped answering (a NATS client flushes on close, up to 10 s per flush) must not keep
+    a stopping host past its grace period. Never raises."""
+    closes = [
+        *(_closing(f"bus {alias!r}", bus.close()) for alias, bus in ctx.buses.items()),
+        *(_closing(f"cache {alias!r}", c.native.aclose()) for alias, c in ctx.caches.items()),
+    ]
+    if closes:
+        _, late = await asyncio.wait(closes, timeout=CLOSE_TIMEOUT_S)
+        if late:
+            names = ", ".join(sorted(task.get_name() for task in late))
+            logger.warning(
+                "%s not closed within %.0f s (its server does not answer?); left to the exit",
+                names, CLOSE_TIMEOUT_S,
+            )  # fmt: skip
+            await cancel_and_wait(late, CLOSE_TASKS_S)
     if ctx.database is not None:
         ctx.database.dispose()
+
+
+def _closing(name: str, close: Awaitable[object]) -> asyncio.Task[None]:
+    async def quietly() -> None:
+        with contextlib.suppress(Exception):
+            await close
+
+    return asyncio.create_task(quietly(), name=name)
 
 
 async def connect_redis(alias: str, url: str, *, decode_responses: bool = True) -> RedisClient:

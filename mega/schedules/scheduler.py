@@ -61,7 +61,6 @@ context whose `extras["tick"]` is the same Tick, for code that only receives `ct
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import json
@@ -111,6 +110,7 @@ from mega.schedules.schedule import (
 )
 from mega.schedules.timetable import Line, Timetable
 from mega.signals import Observer, Signals
+from mega.tasks import cancel_and_wait, wait_event
 
 logger = logging.getLogger("mega.scheduler")
 _T = TypeVar("_T")
@@ -251,18 +251,14 @@ class Scheduler:
         self._lines.clear()
         self._watchers.clear()
         self._entry_lines.clear()
-        for loop in loops:
-            loop.cancel()
-        await asyncio.gather(*loops, return_exceptions=True)
+        await cancel_and_wait(loops)
         runs = set(self._runs)
         if runs:
             limit = self.stop_timeout_s if timeout_s is None else timeout_s
             _, late = await asyncio.wait(runs, timeout=limit)
             if late:
                 logger.warning("stop: cancelling %d run(s) still going after %ss", len(late), limit)
-                for run in late:
-                    run.cancel()
-                await asyncio.wait(late, timeout=CANCEL_GRACE_S)
+                await cancel_and_wait(late, CANCEL_GRACE_S)
         if self._background:
             await asyncio.wait(set(self._background), timeout=CANCEL_GRACE_S)
 
@@ -271,9 +267,14 @@ class Scheduler:
         claim: a manual tick is its own instant). `ran` is False with the reason on a skip.
         `extras` are added to this run's `ctx.extras` (what the caller of a manual tick asks
         of it, say how long to take). A paused schedule runs too: the pause stops the planned
-        ticks, and a manual tick is someone asking for this one."""
+        ticks, and a manual tick is someone asking for this one. It returns once its audit
+        record is on Redis too (within AUDIT_TIMEOUT_S): `recent_ticks` then shows it on every
+        instance, as the caller who just ran it expects."""
         spec = self._spec(name)
-        return await self._track(self._tick(spec, datetime.now(UTC), "manual", extras or {}))
+        result = await self._track(self._tick(spec, datetime.now(UTC), "manual", extras or {}))
+        if self._background:  # the audit pushes (`_record`), this tick's among them
+            await asyncio.wait(set(self._background), timeout=AUDIT_TIMEOUT_S)
+        return result
 
     async def pause(self, name: str, *, by: str = "") -> SchedulePause:
         """Pause `name` on every instance: from the next tick on, each scheduler skips its
@@ -477,8 +478,7 @@ class Scheduler:
             first = self._table.next_at()
             wait_s = MAX_SLEEP_S if first is None else min(first - time.time(), MAX_SLEEP_S)
             if wait_s > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), wait_s)
+                await wait_event(self._wake, wait_s)
                 continue
             self._fire(self._table.take_due(time.time()))
 
@@ -675,9 +675,7 @@ class Scheduler:
             error = exc
         finally:
             self._active[spec.name] -= 1
-            if keeper is not None:
-                keeper.cancel()
-                await asyncio.gather(keeper, return_exceptions=True)
+            await cancel_and_wait([keeper])
             if guard is not None and spec.lock is not None:
                 release_error = await _release_guard(spec.lock, _guard_key(spec), *guard)
         duration_ms = round((time.monotonic() - started) * 1000, 1)

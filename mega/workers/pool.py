@@ -29,6 +29,7 @@ from typing import Any
 from mega import tracing
 from mega.errors import TaskFailed, WorkerError, WorkerOverloaded
 from mega.signals import Signals
+from mega.tasks import wait_event
 from mega.workers.child import (
     PICKLE_PROTOCOL,
     STATUS_BAD_ARGS,
@@ -281,8 +282,7 @@ class WorkerPool:
             task = self._queue.popleft()
             _settle(task, error=self._stopped_error(f"{task.name} was still queued"))
         self._check_drained()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._drained.wait(), timeout_s)
+        await wait_event(self._drained, timeout_s)
         interrupted = 0
         for slot in self._slots:
             if slot.timer is not None:

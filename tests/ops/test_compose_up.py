@@ -181,6 +181,13 @@ class Stack:
         logs = run(["docker", "logs", container])
         return f":{suffix} " in logs.stdout + logs.stderr
 
+    def last_lines(self, container: str, n: int = 40) -> str:
+        """A container's last `n` log lines, timestamped, under its name and exit state."""
+        logs = run(["docker", "logs", "--timestamps", "--tail", str(n), container])
+        state = self.inspect(container)
+        head = f"--- {container[:12]}: exit {state['ExitCode']}, finished {state['FinishedAt']}"
+        return f"{head}\n{logs.stdout}{logs.stderr}"
+
     def logs(self, service: str) -> str:
         return self.compose("logs", "--no-color", "--tail", "200", service)
 
@@ -384,7 +391,10 @@ def every_mega_container_stops_with_exit_0(stack: Stack) -> None:
     containers = {s: stack.containers(s) for s in stack.layout.mega}
     stack.compose("stop", timeout_s=180)
     codes = {s: [stack.inspect(c)["ExitCode"] for c in ids] for s, ids in containers.items()}
-    assert codes == {s: [0] * n for s, n in stack.layout.mega.items()}, codes
+    failed = [c for ids in containers.values() for c in ids if stack.inspect(c)["ExitCode"]]
+    assert codes == {s: [0] * n for s, n in stack.layout.mega.items()}, f"{codes}\n" + "\n".join(
+        stack.last_lines(c) for c in failed
+    )
 
 
 def test_docker_compose_up_as_a_user(stack: Stack) -> None:

@@ -61,7 +61,11 @@ class AckMux:
                 await self.nc.publish(
                     subject, body, reply=f"{self._inbox}.{token}", headers=headers
                 )
-            return await asyncio.wait_for(asyncio.gather(*futures), timeout_s)
+            # asyncio.timeout, not wait_for: a stop that cancels this task then takes the
+            # gather's CancelledError itself (wait_for left it unretrieved, and logged).
+            async with asyncio.timeout(timeout_s):
+                answers: list[Any] = await asyncio.gather(*futures)
+            return answers
         except NATS_ERRORS as exc:
             raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
         finally:

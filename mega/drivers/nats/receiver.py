@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from nats.aio.msg import Msg
 from nats.js.errors import APIError
 
+from mega.constants import CLOSE_TASKS_S
 from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane
 from mega.drivers.nats.errors import NATS_ERRORS
 from mega.drivers.nats.fair import Feeder
@@ -50,6 +51,7 @@ from mega.drivers.nats.names import (
     schedule_subject,
     stream_of,
 )
+from mega.tasks import cancel_and_wait
 from mega.tracing import carried
 
 if TYPE_CHECKING:
@@ -408,9 +410,7 @@ class NatsReceiver:
         listening, and send the last acks. A message of a pull request still open that lands
         after this comes back after its ack wait."""
         self.on_reconnect.discard(self.resettle)
-        for task in (self.resettle_later, self.feeding):
-            if task is not None:
-                task.cancel()
+        await cancel_and_wait([self.resettle_later, self.feeding], CLOSE_TASKS_S)
         while self.arrived:
             await _settle(self.arrived.popleft().nak())
         for subscription in (self.subscription, *self.elections, self.wakes):

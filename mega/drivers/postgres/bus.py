@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 import psycopg
 
 from mega.config import BusSpec
+from mega.constants import CLOSE_TASKS_S
 from mega.drivers.base import (
     DlqRecord,
     DriverUnavailable,
@@ -54,6 +55,7 @@ from mega.drivers.postgres import sql
 from mega.drivers.postgres.common import Connection, lane_key, one_line, open_connection, redact
 from mega.drivers.postgres.receiver import PostgresReceiver
 from mega.errors import ConfigError, DependencyUnavailable
+from mega.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -150,10 +152,9 @@ class PostgresBus:
 
     async def close(self) -> None:
         self._closed = True
-        self._listener.cancel()
-        for task in [self._listener, *self._tasks]:
-            with contextlib.suppress(BaseException):
-                await task
+        await cancel_and_wait([self._listener], CLOSE_TASKS_S)
+        if self._tasks:  # the last announcements leave
+            await asyncio.wait(self._tasks, timeout=CLOSE_TASKS_S)
         for receiver in list(self._receivers):
             with contextlib.suppress(Exception):
                 await receiver.close()
@@ -365,26 +366,33 @@ class PostgresBus:
         self, lane: Lane, table: Table, records: Sequence[tuple[str, bytes]], *, create: bool,
         confirm: bool = True,
     ) -> list[bool]:  # fmt: skip
-        """One statement per record, pipelined in one transaction: in order, so a later
-        record of a key sees an earlier one. Expiry on the database's clock. A table kept 0 s
-        is never written (nothing will be read)."""
+        """One statement for the batch, on the database's clock; a table kept 0 s is never
+        written (nothing will be read). As if written one by one, in order: an overwrite of a
+        key twice leaves its last record, a create of a key twice stores its first."""
         keep_s = float(lane.keep_s(table))
         if not records or keep_s <= 0:
             return [True] * len(records)
         key = lane_key(lane)
-        params = [
-            {"lane": key, "tbl": table, "key": record_key, "value": value, "keep_s": keep_s}
-            for record_key, value in records
+        # Each key once (a row changes at most once per statement): the record that would last.
+        kept = dict(reversed(records)) if create else dict(records)
+        params = {
+            "lane": key, "tbl": table, "keep_s": keep_s,
+            "keys": list(kept), "values": list(kept.values()),
+        }  # fmt: skip
+        async with self._using(f"cannot store the {table} records of {key}") as connection:
+            cursor = await connection.execute(
+                sql.RECORDS_CREATE if create else sql.RECORDS_PUT, params
+            )
+            if not create:
+                return [True] * len(records)
+            stored = {row[0] for row in await cursor.fetchall()}
+        first: dict[str, int] = {}  # each key's first record, the one a create stores
+        for n, (record_key, _) in enumerate(records):
+            first.setdefault(record_key, n)
+        return [
+            record_key in stored and first[record_key] == n
+            for n, (record_key, _) in enumerate(records)
         ]
-        async with (
-            self._using(f"cannot store the {table} records of {key}") as connection,
-            connection.transaction(),
-            connection.cursor() as cursor,
-        ):
-            if create:
-                return await _each_row(cursor, sql.RECORD_CREATE, params)
-            await cursor.executemany(sql.RECORD_PUT, params)  # type: ignore[arg-type]
-        return [True] * len(records)
 
     async def get_records(
         self, lane: Lane, table: Table, keys: Sequence[str]

@@ -28,6 +28,7 @@ from mega.drivers.base import (
 )
 from mega.drivers.postgres import sql
 from mega.drivers.postgres.common import Connection, lane_key, one_line, open_connection
+from mega.tasks import wait_event
 
 logger = logging.getLogger("mega.drivers.postgres")
 
@@ -106,8 +107,7 @@ class PostgresReceiver:
         self._signal.set()
 
     async def _wait(self, timeout_s: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._signal.wait(), timeout_s)
+        await wait_event(self._signal, timeout_s)
 
     async def _claim(self, limit: int) -> tuple[list[Delivery], float | None] | None:
         """The deliveries claimed, and when none, the seconds until the next delayed row is

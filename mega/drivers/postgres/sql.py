@@ -494,23 +494,27 @@ WHERE seq > (SELECT last_seq FROM {CURSORS} WHERE lane = %(lane)s) AND name ~ %(
 
 # -- records ----------------------------------------------------------------------------------
 
-# Write one record, kept `keep_s` from now. Overwrite: whatever the key had.
-RECORD_PUT = f"""
-INSERT INTO {RECORDS} (lane, tbl, key, value, expires_at)
-VALUES (%(lane)s, %(tbl)s, %(key)s, %(value)s, now() + make_interval(secs => %(keep_s)s))
+# Write a batch of records (distinct keys: one row may change once per statement), each kept
+# `keep_s` from now: one statement however many, the rows locked in key order. Overwrite:
+# whatever each key had. The arrays go in binary (%b): psycopg escapes each element of a text
+# array with a regular expression, a tenth of a worker's time on PostgreSQL.
+RECORDS_PUT = f"""
+INSERT INTO {RECORDS} AS old (lane, tbl, key, value, expires_at)
+SELECT %(lane)s, %(tbl)s, r.key, r.value, now() + make_interval(secs => %(keep_s)s)
+FROM unnest(%(keys)b::text[], %(values)b::bytea[]) AS r(key, value)
+ORDER BY r.key
 ON CONFLICT (lane, tbl, key) DO UPDATE
     SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at
 """
-# Create: only over no row or an expired one; a row back, it was stored. A racing create of
-# the same key waits for the first one's commit, then sees its row live and stores nothing.
-RECORD_CREATE = f"""
-INSERT INTO {RECORDS} (lane, tbl, key, value, expires_at)
-VALUES (%(lane)s, %(tbl)s, %(key)s, %(value)s, now() + make_interval(secs => %(keep_s)s))
-ON CONFLICT (lane, tbl, key) DO UPDATE
-    SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at
-    WHERE {RECORDS}.expires_at <= now()
-RETURNING 1
+# Create: the same, each only over no row or an expired one; the keys stored come back. A
+# racing create of a key waits for the first one's commit, then sees its row live and stores
+# nothing.
+RECORDS_CREATE = (
+    RECORDS_PUT
+    + """    WHERE old.expires_at <= now()
+RETURNING key
 """
+)
 RECORDS_GET = f"""
 SELECT key, value FROM {RECORDS}
 WHERE lane = %(lane)s AND tbl = %(tbl)s AND key = ANY(%(keys)s) AND expires_at > now()

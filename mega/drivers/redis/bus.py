@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Self, cast
 from redis.asyncio.cluster import RedisCluster
 
 from mega.config import BusSpec
-from mega.constants import CONNECT_TIMEOUT_S, REDIS_DURABLE_WAIT_S
+from mega.constants import CLOSE_TASKS_S, CONNECT_TIMEOUT_S, REDIS_DURABLE_WAIT_S
 from mega.drivers.base import (
     DEDUP_WINDOW_S,
     DlqRecord,
@@ -57,8 +57,10 @@ from mega.drivers.redis.scripts import (
     EVENT_SUBJECT_PREFIX,
     EVENTS_LOG,
     FAIR_PUSH,
+    REQUEUE,
     WAKE_CHANNEL,
 )
+from mega.tasks import cancel_and_wait
 
 logger = logging.getLogger("mega.drivers.redis")
 
@@ -80,6 +82,7 @@ class RedisBus:
         self._fair_push = redis.register_script(FAIR_PUSH)
         self._emit = redis.register_script(EMIT)
         self._drop = redis.register_script(DROP)
+        self._requeue = redis.register_script(REQUEUE)
         self._tasks: set[asyncio.Task[None]] = set()  # announce_commit's, kept until done
 
     @property
@@ -96,8 +99,7 @@ class RedisBus:
         return cls(alias, spec, await connect_redis(alias, url, decode_responses=False))
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
+        await cancel_and_wait(self._tasks, CLOSE_TASKS_S)
         with contextlib.suppress(Exception):
             await self.redis.aclose()
 
@@ -128,35 +130,47 @@ class RedisBus:
 
     async def publish(self, lane: Lane, messages: Sequence[Message]) -> list[bool]:
         """Delayed or deduplicated jobs through the ENQUEUE script, the others as plain XADDs
-        (what a burst of enqueue_many was), all in one pipeline; a durable lane's ends with a
-        WAIT (see below)."""
+        (what a burst of enqueue_many was), all in one pipeline (`_write`)."""
         if lane.kind != "job":
             raise ValueError(f"publish() stores jobs; {lane.name} is a listener group")
         keys = lane_keys(lane)
+
+        async def queue(pipe: Any) -> None:
+            await self._queue_jobs(pipe, lane, keys, messages)
+
+        answers = await self._write(lane, keys, queue, f"cannot enqueue on {lane.name}")
+        return [answer != 0 for answer in answers]  # XADD answers an id, ENQUEUE 1 or 0
+
+    async def _write(
+        self, lane: Lane, keys: LaneKeys, queue: Callable[[Any], Awaitable[None]], failed: str
+    ) -> list[Any]:
+        """Send the writes `queue` puts on a pipeline, in one round trip; their answers. A
+        durable lane's end with a WAIT (see above), checked here: on a Cluster, all on one
+        connection to the master of the lane's slot."""
         pinned = lane.durable and isinstance(self.redis, RedisCluster)
         answers: list[Any]
         try:
-            if isinstance(self.redis, RedisCluster) and lane.durable:
-                master = self.redis.get_node_from_key(keys.stream)
+            if pinned:
+                master = cast(RedisCluster, self.redis).get_node_from_key(keys.stream)
                 if master is None:
-                    raise DriverUnavailable(
-                        f"cannot enqueue on {lane.name}: its slot has no master"
-                    )
+                    raise DriverUnavailable(f"{failed}: its slot has no master")
                 node_pipe = NodePipeline(master)
-                await self._queue_jobs(node_pipe, lane, keys, messages)
+                await queue(node_pipe)
+                _wait(lane, node_pipe)
                 answers = await node_pipe.execute()
             else:
                 async with self.redis.pipeline(transaction=False) as pipe:
-                    await self._queue_jobs(pipe, lane, keys, messages)
+                    await queue(pipe)
+                    _wait(lane, pipe)
                     answers = await pipe.execute()
         except OUTAGES as exc:
             if pinned:  # a keyed call lets the client follow the slot to its new master
                 with contextlib.suppress(*OUTAGES):
                     await self.redis.exists(keys.stream)
-            raise DriverUnavailable(f"cannot enqueue on {lane.name}: {exc}") from exc
+            raise DriverUnavailable(f"{failed}: {exc}") from exc
         if lane.durable:
             _confirm(lane, answers.pop())
-        return [answer != 0 for answer in answers]  # XADD answers an id, ENQUEUE 1 or 0
+        return answers
 
     async def _queue_jobs(
         self, pipe: Any, lane: Lane, keys: LaneKeys, messages: Sequence[Message]
@@ -187,8 +201,6 @@ class RedisBus:
                     *(() if message.flow_key is None else (message.flow_key,)),
                 ],
             )  # fmt: skip
-        if lane.durable:
-            pipe.execute_command("WAIT", 1, round(REDIS_DURABLE_WAIT_S * 1000))
 
     async def _push_fair(
         self, pipe: Any, lane: Lane, keys: LaneKeys, message: Message, run_at: int, trace: str
@@ -364,7 +376,8 @@ class RedisBus:
         """A new entry on the lane's own stream with `base` 0 (the attempt reset), and the
         record deleted. A record's `seq` is only the millisecond of its entry, so the entry is
         the one of that millisecond (or, without `seq`, the newest) with the record's job id.
-        A record no longer there (requeued meanwhile) is requeued all the same."""
+        A record no longer there (requeued meanwhile) is requeued all the same. On a durable
+        lane it returns once a replica has the new entry, as `publish` does."""
         keys = lane_keys(lane)
         now = int(time.time() * 1000)
         subject = str(record.get("subject") or lane.subject)
@@ -383,14 +396,20 @@ class RedisBus:
             fields["flow_key"] = record["flow_key"]
         try:
             entry_id = await self._find_record(keys, record)
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.xadd(keys.own, fields)
-                if entry_id is not None:
-                    drop = [keys.dlq, keys.dlq_index]
-                    await queue_script(pipe, self._drop, drop, [as_text(entry_id), record["id"]])
-                await pipe.execute()
         except OUTAGES as exc:
             raise DriverUnavailable(f"cannot requeue on {lane.name}: {exc}") from exc
+        entry = [part for pair in fields.items() for part in pair]
+
+        async def queue(pipe: Any) -> None:
+            if entry_id is None:
+                pipe.execute_command("XADD", keys.own, "*", *entry)
+            else:  # the new entry and the record's deletion in one step
+                await queue_script(
+                    pipe, self._requeue, [keys.dlq, keys.dlq_index, keys.own],
+                    [as_text(entry_id), record["id"], *entry],
+                )  # fmt: skip
+
+        await self._write(lane, keys, queue, f"cannot requeue on {lane.name}")
 
     async def _find_record(self, keys: LaneKeys, record: DlqRecord) -> Any:
         """The record's entry: the one its `seq` names, else the newest of its id (index)."""
@@ -526,9 +545,7 @@ class RedisBus:
         task = asyncio.create_task(watch(), name="mega-outbox-watch")
 
         async def stop() -> None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, *OUTAGES):
-                await task
+            await cancel_and_wait([task], CLOSE_TASKS_S)
             with contextlib.suppress(*OUTAGES):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]
 
@@ -542,6 +559,12 @@ class RedisBus:
         task = asyncio.create_task(publish())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _wait(lane: Lane, pipe: Any) -> None:
+    """A durable lane's writes end with a WAIT for one replica (see RedisBus._write)."""
+    if lane.durable:
+        pipe.execute_command("WAIT", 1, round(REDIS_DURABLE_WAIT_S * 1000))
 
 
 def _confirm(lane: Lane, replicas: Any) -> None:

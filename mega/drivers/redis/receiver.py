@@ -42,6 +42,7 @@ from mega.drivers.redis.scripts import (
     PROMOTE_BATCH,
     RETRY,
 )
+from mega.tasks import wait_event
 
 logger = logging.getLogger("mega.drivers.redis")
 
@@ -187,8 +188,7 @@ class RedisReceiver:
         return woken
 
     async def _pause(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._woken.wait(), seconds)
+        await wait_event(self._woken, seconds)
 
     async def _housekeeping(self, limit: int) -> list[Delivery]:
         """Promote due retries, claim entries whose worker died, read the lane's own stream

@@ -213,6 +213,10 @@ if redis.call('HGET', KEYS[2], ARGV[2]) == ARGV[1] then redis.call('HDEL', KEYS[
 return deleted
 """
 
+# KEYS: dlq, dlq index, the lane's own stream; ARGV: entry id, job id, then the fields of the
+# job's new entry: a dead letter requeued, its new entry and DROP in one step.
+REQUEUE = "redis.call('XADD', KEYS[3], '*', unpack(ARGV, 3))\n" + DROP
+
 # KEYS: log, dedup key; ARGV: id, subject, body, emitted at ms, oldest id kept (ms), dedup ttl s,
 # trace context JSON (or ""). Returns 0 when the id was a duplicate.
 EMIT = """

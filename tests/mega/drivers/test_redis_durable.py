@@ -18,6 +18,8 @@ from mega import Context, Job, JobQueue
 from mega.config import load_config
 from mega.drivers.redis.scripts import JOB_KEY_PREFIX
 from mega.errors import DependencyUnavailable
+from mega.jobs.dlq import make_record
+from mega.jobs.queue import job_lane
 from mega.runtime.boot import boot, shutdown
 from tests.factories import write_config
 from tests.mega.jobs.test_contract import REDIS_BUS
@@ -66,17 +68,59 @@ async def test_a_durable_enqueue_returns_once_the_replica_has_the_job(
         assert await replica.zcard(f"{JOB_KEY_PREFIX}{{{prefix}.durable}}:scheduled") == 1
 
 
+async def test_a_durable_requeue_returns_once_the_replica_has_the_job_again(
+    cluster_ctx: Context, prefix: str
+) -> None:
+    job = type("Durable", (Durable,), {"subject": f"{prefix}.requeued"})
+    queue = JobQueue(cluster_ctx, "jobs")
+    job_id = await queue.enqueue(job, {"n": 7})
+    await dead_letter_one(cluster_ctx, queue, job, job_id)
+    stream = f"{JOB_KEY_PREFIX}{{{prefix}.requeued}}"
+    client = cluster_ctx.bus("jobs").native
+    assert isinstance(client, RedisCluster)
+    info = await client.info("replication", target_nodes=client.get_node_from_key(stream))
+    async with Redis(host=info["slave0"]["ip"], port=info["slave0"]["port"]) as replica:
+        await replica.execute_command("READONLY")
+        before = await replica.xlen(stream)
+        assert await queue.dlq.requeue(job, job_id) == 1
+        # The new entry and the record's deletion, in one script, are on the replica.
+        assert await replica.xlen(stream + ":dlq") == 0
+        [(_, fields)] = await replica.xrevrange(stream, count=1)
+        assert (fields[b"id"], fields[b"base"]) == (job_id.encode(), b"0")
+        assert await replica.xlen(stream) == before + 1
+
+
+async def dead_letter_one(ctx: Context, queue: JobQueue, job: type[Job], job_id: str) -> None:
+    """Fetch the lane's one job and dead-letter it, as a worker does after its last attempt."""
+    receiver = ctx.bus("jobs").receiver(job_lane(queue.spec(job)), consumer="test")
+    try:
+        [delivery] = await receiver.fetch(1)
+        record = make_record(
+            delivery.subject, job_id, {"n": 7}, "Boom", "dead on purpose",
+            attempts=delivery.attempt, first_enqueued_at=delivery.enqueued_at_ms, worker="test",
+        )  # fmt: skip
+        await receiver.dead_letter(delivery, record, terminate=False)
+    finally:
+        await receiver.close()
+
+
 async def test_a_durable_enqueue_without_a_replica_says_the_job_may_be_lost(
     tmp_path: Path, nats_url: str, redis_url: str, prefix: str
 ) -> None:
     ctx = await booted(tmp_path, nats_url, redis_url)
     try:
         job = type("Durable", (Durable,), {"subject": f"{prefix}.durable"})
+        queue = JobQueue(ctx, "jobs")
+        job_id = f"{prefix}-unconfirmed"
         with pytest.raises(DependencyUnavailable) as caught:
-            await JobQueue(ctx, "jobs").enqueue(job, {"n": 0})
+            await queue.enqueue(job, {"n": 7}, id=job_id)
         assert "written to the Redis primary but no replica confirmed them within 1 s" in str(
             caught.value
         )
         assert "Enqueue again with the same id to be sure" in str(caught.value)
+        # Written all the same; dead-lettered, its requeue waits for a replica too.
+        await dead_letter_one(ctx, queue, job, job_id)
+        with pytest.raises(DependencyUnavailable, match="no replica confirmed them"):
+            await queue.dlq.requeue(job, job_id)
     finally:
         await shutdown(ctx)
