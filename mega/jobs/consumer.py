@@ -393,10 +393,13 @@ class Consumer:
         if isinstance(decision, Retry):
             due_ms = int(time.time() * 1000) + decision.delay_ms
             delivery.trace = tracing.retried(delivery.trace)
-            await self.receiver.retry(delivery, due_ms=due_ms, attempts=attempt)
             if self.records is not None:
                 failure = ErrorInfo(type=error_type, message=error)
                 self.records.retrying(delivery, int(started * 1000), failure, due_ms)
+                # Stored before the job is handed back: the next attempt's records, perhaps
+                # another worker's, come after it (a late `retrying` would hide a `done`).
+                await self.records.sent()
+            await self.receiver.retry(delivery, due_ms=due_ms, attempts=attempt)
             await self.signal(
                 "retry", **fields, delay_ms=decision.delay_ms, run_at=due_ms,
                 error_type=error_type, error=error,

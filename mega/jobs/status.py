@@ -14,12 +14,14 @@ none exists, so it never overwrites a run that raced ahead of it; each later rec
 made from what the writer knows (the delivery, the attempt, the outcome), and overwrites. A
 consume loop's writes go out in batches, in order, and the ones a later write of the same job
 supersedes before they leave are never sent: a no-op job that starts and ends within one batch
-costs one write.
+costs one write. A retry's `retrying` is stored before the job is handed back (`sent`), so the
+next attempt's records, perhaps another worker's, always come after it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -40,6 +42,8 @@ RESULT_POLL_S = 0.05
 # A worker's records wait this long before they are sent, so that the reports of a short job
 # (running, then done) are one write.
 FLUSH_DELAY_S = 0.02
+# The longest a retry waits for its `retrying` record to be stored (StatusWriter.sent).
+SENT_TIMEOUT_S = 5.0
 # Compact JSON, as pydantic writes it.
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 # The most earlier attempts `read_status` reads into a record's history (the latest ones).
@@ -203,6 +207,7 @@ class StatusWriter:
         self._earlier: dict[str, int] = {}  # job id -> an earlier attempt to read and keep
         self._attempts: list[tuple[str, bytes]] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._batch_sent: asyncio.Future[None] | None = None  # of the reports queued now
 
     # -- what the consume loop reports ---------------------------------------------------------
 
@@ -285,11 +290,25 @@ class StatusWriter:
 
     # -- sending -------------------------------------------------------------------------------
 
+    async def sent(self, timeout_s: float = SENT_TIMEOUT_S) -> None:
+        """Wait until the reports queued so far are stored (or their write failed, which is
+        logged), up to `timeout_s`. A retry waits for its `retrying` record before it hands the
+        job back: else another worker could run the next attempt and store its end first, and
+        the late `retrying` would then replace it."""
+        if self._flusher is None or self._flusher.done():
+            return
+        if self._batch_sent is None:
+            self._batch_sent = asyncio.get_running_loop().create_future()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(self._batch_sent)
+
     async def _flush(self) -> None:
         await asyncio.sleep(FLUSH_DELAY_S)
         while self._statuses or self._results:
             results, self._results = self._results, {}
             statuses, self._statuses = self._statuses, {}
+            batch_sent, self._batch_sent = self._batch_sent, None
             try:
                 if self._earlier:
                     await self._read_earlier()
@@ -310,6 +329,9 @@ class StatusWriter:
                     "%s: %d job status record(s) not written, the bus did not answer: %s",
                     self.lane.name, len(statuses), exc,
                 )  # fmt: skip
+            finally:
+                if batch_sent is not None:
+                    batch_sent.set_result(None)
 
     async def _read_earlier(self) -> None:
         """Keep the attempts before each retried job's latest: the one the store's record

@@ -455,6 +455,44 @@ async def test_a_status_record_follows_each_job_and_result_answers(setup: Any, p
         await worker.stop(5)
 
 
+async def test_a_retry_hands_its_job_back_once_its_record_says_retrying(
+    setup: Any, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next attempt may run on another worker at once (a backoff of 0): were its records
+    stored before this one's `retrying`, that late write would replace them (a `done` job read
+    `retrying` for good). So the record is stored before the job is handed back."""
+    ctx, _job, queue, _seen = setup
+    tracked = type("Tracked", (Tracked,), {"subject": f"{prefix}.handback"})
+    bus = ctx.bus("jobs")
+    make_receiver = bus.receiver
+    states_at_retry: list[str | None] = []
+
+    def receiver(lane: Any, *, consumer: str) -> Any:
+        made = make_receiver(lane, consumer=consumer)
+        retry = made.retry
+
+        async def read_then_retry(delivery: Any, **kwargs: Any) -> None:
+            status = await queue.status(tracked, delivery.id)
+            states_at_retry.append(None if status is None else status.state)
+            await retry(delivery, **kwargs)
+
+        monkeypatch.setattr(made, "retry", read_then_retry)
+        return made
+
+    monkeypatch.setattr(bus, "receiver", receiver)
+    worker = JobWorker(ctx)
+    worker.register(tracked)
+    await worker.start()
+    try:
+        flaky = await tracked.enqueue(
+            ctx, {"id": f"{prefix}-handback", "fail_first": 1, "returns": 2}
+        )
+        assert await tracked.result(ctx, flaky, timeout_s=15) == 2
+    finally:
+        await worker.stop(5)
+    assert states_at_retry == ["retrying"]
+
+
 class Slow(Job):
     """Sleeps `sleep_s`; counts its starts (RUNS), its ends (DONE) and its cancels."""
 
