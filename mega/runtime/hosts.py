@@ -195,9 +195,14 @@ def worker_parts(config: Config, *, apply_limits: bool = False) -> list[Part]:
                 retention_s=options.retention_s, paused=options.paused, jobs=config.jobs,
             )  # fmt: skip
 
+        # Its `error` is routine: the relay warns of an outage once (and again only when the
+        # error changes), while it retries every second; the count comes every summary.
         parts.append(
-            Part("relay", relay, [], ("error",), "relaying the outbox", metrics="observe_relay")
-        )
+            Part(
+                "relay", relay, [], ("error",), "relaying the outbox", routine=("error",),
+                metrics="observe_relay",
+            )
+        )  # fmt: skip
     if config.listeners:
         from mega.events.worker import ListenerWorker
 

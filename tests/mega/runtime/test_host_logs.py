@@ -1,15 +1,27 @@
 """The hosts' signal log lines: one line per signal whatever the user text in it (no forged
-lines, no hidden characters), plain values left as they are."""
+lines, no hidden characters), plain values left as they are; an outage said once."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mega.runtime.hosts import _observe
 from mega.signals import Signals
+from tests.factories import write_config
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class Runtime:
@@ -34,3 +46,49 @@ async def test_user_text_cannot_forge_or_hide_a_log_line(caplog: pytest.LogCaptu
     )
     assert 'to="a\\u202eb"' in lines[0]  # the bidi override shows as an escape
     assert lines[1].endswith("done job=EmailJob id=j2 attempt=1")  # plain values unchanged
+
+
+async def test_an_outbox_relay_without_its_table_says_so_once_with_the_fix(
+    tmp_path: Path, nats_url: str, prefix: str
+) -> None:
+    """The relay retries every second; the host's log says the cause once, not every second
+    (each retry's `error` signal is a DEBUG line, counted in the summary)."""
+    path = write_config(tmp_path, nats_url=nats_url, redis_url=None, body=RELAY_BODY)
+    log = tmp_path / "worker.log"
+    env = {**os.environ, "FAULT_PREFIX": prefix, "MEGA_LOG_LEVEL": "DEBUG"}
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "mega", "worker", "--json-logs", "--config", str(path)],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len([r for r in records(log) if r.get("signal") == "error"]) < 3:
+            assert worker.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"fewer than 3 relay retries\n{log.read_text()}"
+            await asyncio.sleep(0.1)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(60) == 0, log.read_text()
+    said = [r for r in records(log) if "no such table" in r["message"]]
+    retries = [r for r in said if r.get("signal") == "error"]
+    assert len(retries) >= 3 and {r["level"] for r in retries} == {"debug"}
+    [warning] = [r for r in said if r.get("signal") != "error"]
+    assert warning["level"] == "warning"
+    assert "run `mega db upgrade`, or start the web app" in warning["message"]
+
+
+RELAY_BODY = """
+from tests.mega.events.fault_events import GroupA, Happened
+events = [Happened]
+listeners = [GroupA]
+"""
+
+
+def records(log: Path) -> list[dict[str, Any]]:
+    """The log's JSON records (a line still being written is left for the next read)."""
+    found = []
+    for line in log.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            found.append(json.loads(line))
+    return found
