@@ -40,6 +40,7 @@ from mega.events.outbox import OutboxRow, job_of_row, on_commit, row_job, row_me
 from mega.jobs.queue import queue_of
 from mega.jobs.spec import JobBase, JobSpec, validate_job
 from mega.signals import Observer, Signals
+from mega.tasks import wait_event
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -158,9 +159,7 @@ class OutboxRelay:
         """Finish the batch in hand (bounded), then return."""
         self._stopping = True
         self._wakeup.set()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                await self._done.wait()
+        await wait_event(self._done, timeout_s)
 
     async def relay_once(self) -> int:
         """Publish one batch of pending rows; returns how many were published (a job row whose
@@ -254,9 +253,7 @@ class OutboxRelay:
         return await loop.run_in_executor(self._db_thread, lambda: fn(*args, **kwargs))
 
     async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await self._wakeup.wait()
+        await wait_event(self._wakeup, seconds)
 
     def _warn(self, message: str) -> None:
         if message != self._last_warning:  # an outage repeats itself: say it once

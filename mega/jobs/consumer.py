@@ -43,10 +43,9 @@ from mega.jobs.delivery import DeadLetter, Decision, LanePolicy, Outcome, Retry,
 from mega.jobs.dlq import make_record
 from mega.jobs.flow import Gate
 from mega.jobs.presence import PRESENCE_EVERY_S, Presence
-from mega.jobs.ratelimit import wait_or_stop
 from mega.jobs.status import RUNNING, ErrorInfo, Running, StatusWriter
 from mega.jobs.steps import STEP_PREFIX
-from mega.tasks import TimeLimit, cancel_and_wait
+from mega.tasks import TimeLimit, cancel_and_wait, wait_event
 
 # The queue's logger: to an operator, the consume loop is part of the job queue.
 logger = logging.getLogger("mega.jobqueue")
@@ -249,7 +248,7 @@ class Consumer:
         if admission.held:
             await asyncio.gather(*(self._hold(d, due_s) for d, due_s in admission.held))
         if admission.wait_s > 0:
-            await wait_or_stop(admission.wait_s, self.stop_requested)
+            await wait_event(self.stop_requested, admission.wait_s)
 
     async def _hold(self, delivery: Delivery, due_s: float) -> None:
         """Back to the queue as a delayed message due in `due_s`, attempt unchanged (a retry of

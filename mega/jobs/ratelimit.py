@@ -25,7 +25,6 @@ protects someone else's service, so it fails closed.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -34,7 +33,6 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 from mega.context import Context
 from mega.errors import ConfigError
-from mega.tasks import wait_event
 
 logger = logging.getLogger("mega.jobqueue")
 
@@ -168,8 +166,3 @@ class RateLimiter:
             await self._settle(keys=[self.log_of(flow_key)], args=[started, *grant.members])
         except Exception as exc:  # the grants expire with the window: nothing is lost
             logger.warning("%s: its rate limit was not settled (%s)", self.key, exc)
-
-
-async def wait_or_stop(wait_s: float, stopping: asyncio.Event) -> None:
-    """Sleep `wait_s`, or less when `stopping` is set meanwhile."""
-    await wait_event(stopping, wait_s)

@@ -51,7 +51,7 @@ from mega.drivers.nats.names import (
     schedule_subject,
     stream_of,
 )
-from mega.tasks import cancel_and_wait
+from mega.tasks import cancel_and_wait, wait_event
 from mega.tracing import carried
 
 if TYPE_CHECKING:
@@ -193,9 +193,7 @@ class NatsReceiver:
                 wait_s = min(wait_s, self.pause_until - now)
             if wait_s <= 0:
                 return []
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait_s):
-                    await self.ready.wait()
+            await wait_event(self.ready, wait_s)
             if time.monotonic() >= deadline and not self.arrived:
                 return []
         taken = [self.arrived.popleft() for _ in range(min(limit, len(self.arrived)))]
