@@ -340,6 +340,14 @@ class Consumer:
             duration_ms=round((time.time() - started) * 1000, 3),
         )  # fmt: skip
 
+    async def _hand_back(self, delivery: Delivery, delay_s: float) -> None:
+        """Give the delivery back to run again after `delay_s`, once the records of this run
+        are stored: the next run's, perhaps another worker's, then come after them (a late
+        record of this run would replace theirs)."""
+        if self.records is not None:
+            await self.records.sent()
+        await self.receiver.release(delivery, delay_s=delay_s)
+
     def _is_step(self, delivery: Delivery) -> bool:
         """Whether the delivery is a workflow's step (checked inline: no coroutine per job)."""
         return self.steps is not None and delivery.id.startswith(STEP_PREFIX)
@@ -357,7 +365,7 @@ class Consumer:
                 "%s: %s ended %s, and its workflow could not be told (%s): it runs again in "
                 "%g s", self.spec.name, delivery.id, state, exc, self.dlq_retry_delay_s,
             )  # fmt: skip
-            await self.receiver.release(delivery, delay_s=self.dlq_retry_delay_s)
+            await self._hand_back(delivery, self.dlq_retry_delay_s)
             return False
         return True
 
@@ -461,7 +469,7 @@ class Consumer:
             self.unreported[delivery.key] = record
             while len(self.unreported) > UNREPORTED_MEMO_SIZE:
                 self.unreported.popitem(last=False)
-            await self.receiver.release(delivery, delay_s=self.dlq_retry_delay_s)
+            await self._hand_back(delivery, self.dlq_retry_delay_s)
             cause = exc.__cause__ or exc
             await self.signal(
                 "fail", job=self.spec.name, id=record["id"], attempt=record["attempts"],

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from mega import Context, Job, JobQueue, JobWorker
 from mega.config import load_config
+from mega.drivers.base import DriverUnavailable
 from mega.errors import JobError, JobFailed, Permanent
 from mega.jobs.control import Cancelled
 from mega.runtime.boot import boot, shutdown
@@ -491,6 +492,53 @@ async def test_a_retry_hands_its_job_back_once_its_record_says_retrying(
     finally:
         await worker.stop(5)
     assert states_at_retry == ["retrying"]
+
+
+async def test_a_job_whose_dead_letter_was_not_stored_is_handed_back_once_its_record_says_failed(
+    setup: Any, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for a job handed back because its DLQ record could not be stored: its
+    `failed` record is stored first, and the next delivery stores the dead letter and `dlq`."""
+    ctx, _job, queue, _seen = setup
+    doomed = type("Doomed", (Tracked,), {"subject": f"{prefix}.doomed", "retries": 0})
+    bus = ctx.bus("jobs")
+    make_receiver = bus.receiver
+    states_at_release: list[str | None] = []
+
+    def receiver(lane: Any, *, consumer: str) -> Any:
+        made = make_receiver(lane, consumer=consumer)
+        dead_letter, release = made.dead_letter, made.release
+        refused: list[str] = []
+
+        async def refuse_once(delivery: Any, *args: Any, **kwargs: Any) -> None:
+            if not refused:
+                refused.append(delivery.id)
+                raise DriverUnavailable("the DLQ store is away (planned)")
+            await dead_letter(delivery, *args, **kwargs)
+
+        async def read_then_release(delivery: Any, **kwargs: Any) -> None:
+            status = await queue.status(doomed, delivery.id)
+            states_at_release.append(None if status is None else status.state)
+            await release(delivery, **kwargs)
+
+        monkeypatch.setattr(made, "dead_letter", refuse_once)
+        monkeypatch.setattr(made, "release", read_then_release)
+        return made
+
+    monkeypatch.setattr(bus, "receiver", receiver)
+    worker = JobWorker(ctx)
+    worker.register(doomed)
+    worker.queue("jobs").dlq_retry_delay_s = 0.1
+    await worker.start()
+    try:
+        job_id = await doomed.enqueue(ctx, {"id": f"{prefix}-doomed", "fail_first": 1})
+        await until(lambda: status_is(queue, doomed, job_id, "dlq"), "the dead letter stored", 20)
+    finally:
+        await worker.stop(5)
+    assert states_at_release == ["failed"]
+    assert RUNS[f"{prefix}-doomed"] == 1  # handed back to be dead-lettered, never run again
+    [record] = await queue.dlq.list(doomed)
+    assert (record["id"], record["attempts"]) == (job_id, 1)
 
 
 class Slow(Job):
