@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict
 from mega.drivers.base import DriverUnavailable, Lane
 from mega.errors import JobError
 from mega.jobs.spec import MAX_ID_LENGTH, JobBase, JobId, JobSpec, encode_job, is_token
-from mega.jobs.status import ErrorInfo, decode
+from mega.jobs.status import FINAL, ErrorInfo, decode
 
 if TYPE_CHECKING:
     from mega.drivers.base import Bus, Message
@@ -516,7 +516,10 @@ class Workflows:
     async def _steps(
         self, definition: Definition, places: Sequence[int | str], raws: list[bytes | None]
     ) -> list[WorkflowStep]:
-        """Each step: its outcome, else its job's status record, else `waiting`."""
+        """Each step: its outcome, else its job's status record, else `waiting`. A step stores
+        its outcome before its job's record says it ended: one whose record says so while its
+        outcome was missing ended between the two reads, and its outcome is read again (else
+        it would read `done` without its result)."""
         steps: list[WorkflowStep | None] = []
         unended: dict[str, list[tuple[int, str]]] = {}  # subject -> (index, job id)
         for n, (place, raw) in enumerate(zip(places, raws, strict=True)):
@@ -527,17 +530,20 @@ class Workflows:
                 steps.append(None)
                 unended.setdefault(target.subject, []).append((n, job_id))
                 continue
-            record = json.loads(raw)
-            steps.append(WorkflowStep(
-                id=job_id, job=target.job, state=record["state"], attempts=record["attempts"],
-                result=record.get("result"), error=record.get("error"), finished_at=record["at"],
-            ))  # fmt: skip
+            steps.append(_outcome_step(job_id, target, raw))
         for subject, pending in unended.items():
             target = next(s for s in (*definition.steps, definition.then)
                           if s is not None and s.subject == subject)  # fmt: skip
             statuses = await self._job_statuses(target, [job_id for _, job_id in pending])
+            ended = [n for (n, _), status in zip(pending, statuses, strict=True)
+                     if status is not None and status[0] in FINAL]  # fmt: skip
+            outcomes = await self.bus.get_records(
+                WORKFLOWS, "status", [outcome_key(definition.id, places[n]) for n in ended]
+            ) if ended else []  # fmt: skip
+            late = dict(zip(ended, outcomes, strict=True))
             for (n, job_id), status in zip(pending, statuses, strict=True):
-                steps[n] = WorkflowStep(
+                raw = late.get(n)
+                steps[n] = _outcome_step(job_id, target, raw) if raw is not None else WorkflowStep(
                     id=job_id, job=target.job, state="waiting" if status is None else status[0],
                     attempts=0 if status is None else status[1],
                 )  # fmt: skip
@@ -560,6 +566,14 @@ class Workflows:
             status = None if raw is None else decode(raw)
             answers.append(None if status is None else (status.state, status.attempts))
         return answers
+
+
+def _outcome_step(job_id: str, target: StepDef, raw: bytes) -> WorkflowStep:
+    record = json.loads(raw)
+    return WorkflowStep(
+        id=job_id, job=target.job, state=record["state"], attempts=record["attempts"],
+        result=record.get("result"), error=record.get("error"), finished_at=record["at"],
+    )  # fmt: skip
 
 
 def _state(

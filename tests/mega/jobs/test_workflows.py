@@ -211,6 +211,27 @@ async def test_ends_reported_twice_and_at_once_send_the_callback_once(setup: Any
     assert b'"result":99' not in raw[0]
 
 
+async def test_a_step_that_ends_while_its_workflow_is_read_reads_with_its_result(
+    setup: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A workflow's status reads its steps' outcomes, then the job records of those without
+    one. A step that ends between the two reads (its outcome stored, then its job's `done`)
+    reads as its outcome says, with its result, never `done` without it."""
+    ctx, queue, (_, _, sized) = setup
+    workflow_id = await group([sized.step({"px": 8}), sized.step({"px": 9})]).enqueue(ctx)
+    first, second = step_id(workflow_id, 0), step_id(workflow_id, 1)
+    workflows = queue.workflows
+
+    async def first_ends_meanwhile(target: Any, job_ids: list[str]) -> list[Any]:
+        assert job_ids == [first, second]  # neither had an outcome at the first read
+        await workflows.ended(first, "done", result={"px": 16})
+        return [("done", 1), ("queued", 0)]
+
+    monkeypatch.setattr(workflows, "_job_statuses", first_ends_meanwhile)
+    status = await queue.status(workflow_id)
+    assert [(s.state, s.result) for s in status.steps] == [("done", {"px": 16}), ("queued", None)]
+
+
 async def test_a_group_without_a_callback_ends_with_its_members(setup: Any) -> None:
     ctx, queue, (add, _, _) = setup
     workflow_id = await group([add.step({"n": n}) for n in range(3)]).enqueue(ctx)
