@@ -209,15 +209,27 @@ def test_json_logs_are_one_object_per_line_with_the_event_fields(
 
     body = "from tests.app.cluster_schedules import EverySecond\nschedules = [EverySecond]\n"
     config = write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body)
-    scheduler = subprocess.Popen(
-        [*MEGA, "scheduler", "--json-logs", "--config", str(config)],
-        cwd=ROOT, env={**os.environ, "CLUSTER_PREFIX": prefix},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    time.sleep(3)
-    scheduler.send_signal(signal.SIGTERM)
-    output, _ = scheduler.communicate(timeout=30)
-    assert scheduler.returncode == 0
+    log = tmp_path / "scheduler.log"
+    with open(log, "wb") as out:
+        scheduler = subprocess.Popen(
+            [*MEGA, "scheduler", "--json-logs", "--config", str(config)],
+            cwd=ROOT, env={**os.environ, "CLUSTER_PREFIX": prefix},
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while "run schedule=EverySecond" not in log.read_text():  # its first tick ran
+            assert scheduler.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        scheduler.send_signal(signal.SIGTERM)
+        scheduler.wait(timeout=30)
+    finally:
+        if scheduler.poll() is None:
+            scheduler.kill()
+            scheduler.wait()
+    output = log.read_text()
+    assert scheduler.returncode == 0, output
     entries = [json.loads(line) for line in output.splitlines()]  # every line is JSON
     assert {"ts", "level", "logger", "message"} <= set(entries[0])
     runs = [e["message"] for e in entries if e["logger"] == "mega.signals"]
