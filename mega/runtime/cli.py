@@ -25,6 +25,9 @@ from mega.runtime.telemetry import setup_tracing
 
 EXIT_CONFIG = 2
 EXIT_UNAVAILABLE = 3
+# The reader of the output left (`mega jobs list | head -1`): what a tool killed by SIGPIPE
+# ends with (128 + 13).
+EXIT_READER_LEFT = 141
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -252,6 +255,13 @@ WEB_MODULES = ("fastapi", "uvicorn", "jinja2", "itsdangerous", "pwdlib")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        _command(argv)
+    finally:
+        _flush_stdout()
+
+
+def _command(argv: Sequence[str] | None) -> None:
     args = build_parser().parse_args(argv)
     if args.command == "new":  # no config to read and nothing to log: it only writes files
         sys.exit(_new(args.name, args.bus))
@@ -278,6 +288,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         _die(args.command, exc.message, 1)
     except KeyboardInterrupt:
         pass
+    except BrokenPipeError:
+        _reader_left()
     except Exception as exc:  # a bug, not a user error: one line here, the trace on demand
         if os.environ.get("MEGA_DEBUG"):
             raise
@@ -286,6 +298,22 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"internal error: {type(exc).__name__}: {exc} (MEGA_DEBUG=1 shows the trace)",
             1,
         )
+
+
+def _flush_stdout() -> None:
+    """Write out what is buffered now, where a reader that left can still be told apart."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _reader_left()
+
+
+def _reader_left() -> NoReturn:
+    """End quietly, as a tool killed by SIGPIPE does: the reader of the output is gone (`mega
+    jobs inspect ID | grep -q running`), which is no error of ours to report. What is still
+    buffered goes nowhere, so Python does not complain of it at exit."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(EXIT_READER_LEFT)
 
 
 def _need_web(command: str) -> None:

@@ -107,6 +107,22 @@ def test_check_of_a_good_config_exits_0_with_a_summary(tmp_path: Path) -> None:
     assert sample.returncode == 0 and sample.stdout.startswith("mega check: 1 schedule, 7 jobs")
 
 
+def test_a_reader_that_left_ends_a_command_quietly_with_141(tmp_path: Path) -> None:
+    """`mega jobs inspect ID | grep -q running`: grep leaves at its first match. The command
+    then ends as a tool killed by SIGPIPE does (141), saying nothing: no internal error."""
+    config = write_config(tmp_path, nats_url=CLOSED_NATS, redis_url=None)
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line is written
+    try:
+        result = subprocess.run(
+            [*MEGA, "check", "--config", str(config)],
+            cwd=ROOT, stdout=write, stderr=subprocess.PIPE, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert (result.returncode, result.stderr) == (141, "")
+
+
 def test_a_config_that_does_not_load_is_one_error_for_check(tmp_path: Path) -> None:
     config = tmp_path / "cfg.py"
     config.write_text('services = {"caches": {"main": {"driver": "memcached", "url": "x"}}}\n')
