@@ -2,9 +2,9 @@
 3,000 events committed to the outbox reach two groups (tests/mega/events/fault_inbox.py), one
 with `inbox = "db"` whose effect is a database row and one whose effect is a Redis count made
 with `event.inbox.apply`. Two workers run; every 1.5 s the older one is killed and a fresh one
-started. Each event id's effect must exist exactly once in both groups, on SQLite and on
-PostgreSQL: a kill before the commit (or the script) leaves nothing, after it the redelivery
-finds the mark."""
+started, once the one started last listens (one always does). Each event id's effect must
+exist exactly once in both groups, on SQLite and on PostgreSQL: a kill before the commit (or
+the script) leaves nothing, after it the redelivery finds the mark."""
 
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ WORKERS = 2
 # busy cores); at least MIN_KILLS happen before.
 KILLING_FOR_AT_MOST_S = 150.0
 MIN_KILLS = 5
+# What a worker logs once its groups listen.
+LISTENING = " listening with 2 group(s)"
 BODY = (
     "from tests.mega.events.fault_inbox import DbLedger, Happened, RedisTally\n"
     "events = [Happened]\nlisteners = [DbLedger, RedisTally]\n"
@@ -86,7 +88,8 @@ async def test_each_effect_happens_once_with_a_worker_killed_every_1_5_s(
     EFFECTS.metadata.create_all(ctx.db.engine)
     ids = await ctx.db.run(lambda s: [outbox.add(s, event, {"n": n}) for n in range(EVENTS)])
     logs = iter(tmp_path / f"worker{n}.log" for n in range(10_000))
-    workers = [start_worker(config.path, prefix, next(logs)) for _ in range(WORKERS)]
+    started = [next(logs) for _ in range(WORKERS)]
+    workers = [start_worker(config.path, prefix, log) for log in started]
     kills = 0
     try:
         deadline = time.monotonic() + KILLING_FOR_AT_MOST_S
@@ -102,12 +105,16 @@ async def test_each_effect_happens_once_with_a_worker_killed_every_1_5_s(
             await asyncio.sleep(KILL_EVERY_S)
             if (now := len(await db_effects(ctx))) == done:
                 continue  # nothing done since the last kill (a loaded machine): let them start
+            if LISTENING not in started[-1].read_text(errors="replace"):
+                continue  # never the last one listening: the one started last is not up yet
             done = now
             oldest = workers.pop(0)
+            started.pop(0)
             oldest.kill()  # SIGKILL: no drain, no ack, no rollback but the database's own
             oldest.wait()
             kills += 1
-            workers.append(start_worker(config.path, prefix, next(logs)))
+            started.append(next(logs))
+            workers.append(start_worker(config.path, prefix, started[-1]))
         assert kills >= MIN_KILLS, f"only {kills} kills: the fault was hardly exercised"
         # A loaded machine may still have effects missing when the killing stops: the workers
         # left running finish them (what is asserted is once each, not how fast).
