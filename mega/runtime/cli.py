@@ -25,7 +25,7 @@ from mega.runtime.telemetry import setup_tracing
 
 EXIT_CONFIG = 2
 EXIT_UNAVAILABLE = 3
-# The reader of the output left (`mega jobs list | head -1`): what a tool killed by SIGPIPE
+# The reader of the output left (`mega jobs stats | head -1`): what a tool killed by SIGPIPE
 # ends with (128 + 13).
 EXIT_READER_LEFT = 141
 
