@@ -39,23 +39,12 @@ XDIST_GROUPS = {
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest work first, so that no worker runs it alone at the end while the other
-    idles: the browser tests (one group, a quarter of the suite's time), the other groups,
-    then the tests marked slow; everything else after, in its own order."""
+    """Browser tests last: they are the slowest and need everything else to work first."""
+    items.sort(key=lambda item: "/e2e/" in str(item.path))
     for item in items:
         for part, group in XDIST_GROUPS.items():
             if part in str(item.path):
                 item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=_start_order)
-
-
-def _start_order(item: pytest.Item) -> int:
-    path = str(item.path)
-    if "/e2e/" in path:
-        return 0
-    if any(part in path for part in XDIST_GROUPS):
-        return 1
-    return 2 if item.get_closest_marker("slow") else 3
 
 
 @pytest.fixture(scope="session")
