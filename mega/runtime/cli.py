@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import importlib.util
 import os
+import select
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
@@ -288,9 +289,9 @@ def _command(argv: Sequence[str] | None) -> None:
         _die(args.command, exc.message, 1)
     except KeyboardInterrupt:
         pass
-    except BrokenPipeError:
-        _reader_left()
     except Exception as exc:  # a bug, not a user error: one line here, the trace on demand
+        if isinstance(exc, BrokenPipeError) and _stdout_reader_gone():
+            _reader_left()
         if os.environ.get("MEGA_DEBUG"):
             raise
         _die(
@@ -306,6 +307,17 @@ def _flush_stdout() -> None:
         sys.stdout.flush()
     except BrokenPipeError:
         _reader_left()
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether standard output is a pipe whose reader closed it (another broken pipe, a
+    server's socket, is an error to report)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll(), or no file behind stdout
+        return False
 
 
 def _reader_left() -> NoReturn:

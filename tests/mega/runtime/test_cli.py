@@ -123,6 +123,20 @@ def test_a_reader_that_left_ends_a_command_quietly_with_141(tmp_path: Path) -> N
     assert (result.returncode, result.stderr) == (141, "")
 
 
+def test_only_a_broken_standard_output_counts_as_its_reader_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another broken pipe (a server's socket) stays an error the command reports."""
+    from mega.runtime.cli import _stdout_reader_gone
+
+    read, write = os.pipe()
+    with os.fdopen(write, "w") as out:
+        monkeypatch.setattr(sys, "stdout", out)
+        assert not _stdout_reader_gone()  # its reader is there
+        os.close(read)
+        assert _stdout_reader_gone()
+
+
 def test_a_config_that_does_not_load_is_one_error_for_check(tmp_path: Path) -> None:
     config = tmp_path / "cfg.py"
     config.write_text('services = {"caches": {"main": {"driver": "memcached", "url": "x"}}}\n')
