@@ -341,12 +341,17 @@ class Consumer:
         )  # fmt: skip
 
     async def _hand_back(self, delivery: Delivery, delay_s: float) -> None:
-        """Give the delivery back to run again after `delay_s`, once the records of this run
-        are stored: the next run's, perhaps another worker's, then come after them (a late
-        record of this run would replace theirs)."""
+        """Give the delivery back to run again after `delay_s`, once this run's records are
+        stored."""
+        await self._records_stored()
+        await self.receiver.release(delivery, delay_s=delay_s)
+
+    async def _records_stored(self) -> None:
+        """Wait until this run's status records are stored, before its job is handed back:
+        the next run's records, perhaps another worker's, then come after them (a late record
+        of this run would replace theirs)."""
         if self.records is not None:
             await self.records.sent()
-        await self.receiver.release(delivery, delay_s=delay_s)
 
     def _is_step(self, delivery: Delivery) -> bool:
         """Whether the delivery is a workflow's step (checked inline: no coroutine per job)."""
@@ -403,9 +408,7 @@ class Consumer:
             if self.records is not None:
                 failure = ErrorInfo(type=error_type, message=error)
                 self.records.retrying(delivery, int(started * 1000), failure, due_ms)
-                # Stored before the job is handed back: the next attempt's records, perhaps
-                # another worker's, come after it (a late `retrying` would hide a `done`).
-                await self.records.sent()
+            await self._records_stored()  # a late `retrying` would hide the next run's `done`
             await self.receiver.retry(delivery, due_ms=due_ms, attempts=attempt)
             await self.signal(
                 "retry", **fields, delay_ms=decision.delay_ms, run_at=due_ms,
