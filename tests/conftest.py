@@ -27,24 +27,41 @@ from tests.cluster import NatsCluster
 from tests.netns import NamespacesUnavailable, NetnsCluster, Network
 
 # Tests that share something beyond the session's servers run on one xdist worker each group
-# (`make test` runs two): the browser tests share their live stacks, the compose tests the
-# Docker daemon, and the tests that restart worker processes in a loop the cores (two of them
-# at once starve each other's workers of the CPU their boots take).
+# (`make test` runs two, `--dist loadgroup`): the compose tests share the Docker daemon, and
+# the tests that restart worker processes in a loop the cores (two of them at once starve each
+# other's workers of the CPU their boots take). The browser tests need no group: each xdist
+# worker starts live stacks of its own (a session fixture), and they run on both at the end.
 XDIST_GROUPS = {
-    "/e2e/": "browser",
     "/ops/test_compose": "compose",
     "/events/test_inbox_faults": "restart_loops",
     "/jobs/test_workflow_faults": "restart_loops",
+    "/jobs/test_redis_failover": "restart_loops",
 }
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Browser tests last: they are the slowest and need everything else to work first."""
     items.sort(key=lambda item: "/e2e/" in str(item.path))
-    for item in items:
-        for part, group in XDIST_GROUPS.items():
-            if part in str(item.path):
-                item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` by XDIST_GROUPS, read off each test's path. The `xdist_group` mark
+    is not used: xdist names a test's group by appending it to the test's node id, which
+    pytest 9.2's structured node ids ignore, so marked tests were spread as if unmarked
+    (pytest-dev/pytest-xdist#1386). The groups keep the tests' order (no reordering by size):
+    each group runs where its first test is, and the browser tests last."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class PathGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = "/" + nodeid.split("::", 1)[0]
+            groups = [group for part, group in XDIST_GROUPS.items() if part in path]
+            return groups[0] if groups else nodeid
+
+    config.option.loadscopereorder = False
+    return PathGroups(config, log)
 
 
 @pytest.fixture(scope="session")

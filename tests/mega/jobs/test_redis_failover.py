@@ -37,8 +37,9 @@ from tests.mega.jobs.test_driver_faults import bus_config
 from tests.mega.jobs.test_jobs_faults import MegaWorker, for_prefix
 from tests.mega.jobs.timeline import Records
 
-# Two of these at once would starve each other's workers of the 2 cores.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("restart_loops")]
+# Two of these at once would starve each other's workers of the 2 cores: one xdist group
+# (tests/conftest.py).
+pytestmark = pytest.mark.slow
 
 JOBS = 5000
 WAVE = 50  # enqueues at once, as a busy web tier sends them
