@@ -14,7 +14,7 @@ import pytest
 
 from mega.runtime.embedded import free_port
 from tests.factories import DECLARATIONS, write_config
-from tests.processes import alive, descendants
+from tests.processes import alive, descendants, wait_for_text
 
 ROOT = Path(__file__).resolve().parents[3]
 MEGA = [sys.executable, "-m", "mega"]
@@ -247,11 +247,8 @@ def test_json_logs_are_one_object_per_line_with_the_event_fields(
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while "run schedule=EverySecond" not in log.read_text():  # its first tick ran
-            assert scheduler.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+        # Its first tick ran.
+        wait_for_text(log.read_text, "run schedule=EverySecond", 1, 60, while_alive=scheduler.pid)
         scheduler.send_signal(signal.SIGTERM)
         scheduler.wait(timeout=30)
     finally:
