@@ -332,9 +332,9 @@ class Consumer:
             return
         if self._is_step(delivery) and not await self._step_ended(delivery, "done", result):
             return
-        await self.receiver.ack(delivery)
         if self.records is not None:
             self.records.done(delivery, started_ms, result)
+        await self._ack_after_records(delivery)
         await self.signal(
             "done", job=spec.name, id=delivery.id, attempt=attempt,
             duration_ms=round((time.time() - started) * 1000, 3),
@@ -347,11 +347,23 @@ class Consumer:
         await self.receiver.release(delivery, delay_s=delay_s)
 
     async def _records_stored(self) -> None:
-        """Wait until this run's status records are stored, before its job is handed back:
-        the next run's records, perhaps another worker's, then come after them (a late record
-        of this run would replace theirs)."""
+        """Wait until this run's status records are stored, before its job is handed back
+        or dead-lettered: the next run's records, perhaps another worker's, then come after
+        them (a late record of this run would replace theirs), and a worker killed after the
+        settle leaves its job's record stored."""
         if self.records is not None:
             await self.records.sent()
+
+    async def _ack_after_records(self, delivery: Delivery) -> None:
+        """Ack a job that ended (done, cancelled) once its last record is stored: the status
+        writer acks it after the batch that holds the record (sent at once, with the records
+        of the jobs that end meanwhile), so the run's task ends now. A worker killed between
+        the two leaves a job that runs again, never an acked one whose record says `running`
+        for good."""
+        if self.records is not None and self.records.on:
+            self.records.then(self.receiver.ack, delivery)
+        else:
+            await self.receiver.ack(delivery)
 
     def _is_step(self, delivery: Delivery) -> bool:
         """Whether the delivery is a workflow's step (checked inline: no coroutine per job)."""
@@ -454,9 +466,14 @@ class Consumer:
     ) -> None:  # fmt: skip
         """Store the record, and only then settle the delivery (the receiver does both). If
         the store fails the delivery is released to come back and try again: nothing is lost,
-        and the driver's dedup keeps a retried record single."""
+        and the driver's dedup keeps a retried record single. The job's status record says
+        `failed` before (stored), `dlq` after; a worker killed in between leaves `failed`,
+        which a read shows as `dlq` once it finds the dead letter (`read_status`)."""
         assert isinstance(decision, DeadLetter), decision  # the others are settled inline
         failure = ErrorInfo(type=record["error"]["type"], message=record["error"]["message"])
+        if self.records is not None:
+            self.records.ended(delivery, started_ms, "failed", failure, attempts=record["attempts"])
+            await self.records.sent()
         try:
             if self._is_step(delivery):
                 assert self.steps is not None
@@ -465,10 +482,6 @@ class Consumer:
                 )  # fmt: skip
             await self.receiver.dead_letter(delivery, record, terminate=decision.terminate)
         except DriverUnavailable as exc:
-            if self.records is not None:
-                self.records.ended(
-                    delivery, started_ms, "failed", failure, attempts=record["attempts"]
-                )
             self.unreported[delivery.key] = record
             while len(self.unreported) > UNREPORTED_MEMO_SIZE:
                 self.unreported.popitem(last=False)
@@ -552,9 +565,9 @@ class Consumer:
         """Settle a cancelled job's delivery without running it (again)."""
         if self._is_step(delivery) and not await self._step_ended(delivery, "cancelled"):
             return
-        await self.receiver.ack(delivery)
         if self.records is not None:
             self.records.ended(delivery, started_ms, "cancelled", None)
+        await self._ack_after_records(delivery)
         await self.signal("cancel", job=self.spec.name, id=delivery.id, attempt=delivery.attempt,
                           running=started_ms is not None)  # fmt: skip
 

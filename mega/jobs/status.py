@@ -14,8 +14,11 @@ none exists, so it never overwrites a run that raced ahead of it; each later rec
 made from what the writer knows (the delivery, the attempt, the outcome), and overwrites. A
 consume loop's writes go out in batches, in order, and the ones a later write of the same job
 supersedes before they leave are never sent: a no-op job that starts and ends within one batch
-costs one write. A retry's `retrying` is stored before the job is handed back (`sent`), so the
-next attempt's records, perhaps another worker's, always come after it.
+costs one write. A job's last record (`done`, `dlq`, `cancelled`) is stored before its delivery
+is settled, and a retry's `retrying` before the job is handed back (`sent`, which sends the
+batch at once): a worker killed between the two leaves a job that runs again, never a settled
+job whose record still says `running`, and the next attempt's records, perhaps another
+worker's, always come after the last one's.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, Literal, NamedTuple
 
@@ -40,9 +44,10 @@ FINAL: frozenset[str] = frozenset({"done", "dlq", "cancelled"})
 # How often `result` looks at the record while it waits.
 RESULT_POLL_S = 0.05
 # A worker's records wait this long before they are sent, so that the reports of a short job
-# (running, then done) are one write.
+# (running, then done) are one write; a settle waiting on them (StatusWriter.sent) sends them
+# at once.
 FLUSH_DELAY_S = 0.02
-# The longest a retry waits for its `retrying` record to be stored (StatusWriter.sent).
+# The longest a settle waits for its job's records to be stored (StatusWriter.sent).
 SENT_TIMEOUT_S = 5.0
 # Compact JSON, as pydantic writes it.
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
@@ -93,6 +98,8 @@ class Running(NamedTuple):
 
 
 RUNNING: ContextVar[Running | None] = ContextVar("mega_running", default=None)
+# A delivery's settle (the receiver's ack), called by the writer once its records are stored.
+Settle = Callable[[Delivery], Awaitable[None]]
 
 
 class JobStatus(BaseModel):
@@ -208,6 +215,8 @@ class StatusWriter:
         self._attempts: list[tuple[str, bytes]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._batch_sent: asyncio.Future[None] | None = None  # of the reports queued now
+        self._hurry = asyncio.Event()  # set by `sent`, `then`: the flush goes now
+        self._settles: list[tuple[Settle, Delivery]] = []  # called once the batch is stored
 
     # -- what the consume loop reports ---------------------------------------------------------
 
@@ -244,6 +253,15 @@ class StatusWriter:
         self._write(
             delivery, "done", started_at=started_ms, finished_at=_now_ms(), result_kept=kept
         )
+
+    def then(self, settle: Settle, delivery: Delivery) -> None:
+        """Call `settle(delivery)` (an ack) once the reports queued so far are stored, or
+        their write failed (logged): the flush goes now, and the settles follow its write in
+        the order they came."""
+        self._settles.append((settle, delivery))
+        self._hurry.set()
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
 
     def _write(
         self, delivery: Delivery, state: State, attempts: int | None = None, **fields: Any
@@ -291,23 +309,30 @@ class StatusWriter:
     # -- sending -------------------------------------------------------------------------------
 
     async def sent(self, timeout_s: float = SENT_TIMEOUT_S) -> None:
-        """Wait until the reports queued so far are stored (or their write failed, which is
-        logged), up to `timeout_s`. A retry waits for its `retrying` record before it hands the
-        job back: else another worker could run the next attempt and store its end first, and
-        the late `retrying` would then replace it."""
+        """Send the reports queued so far now, and wait until they are stored (or their write
+        failed, which is logged), up to `timeout_s`. The consume loop calls it before a dead
+        letter and before it hands a job back: a retry's `retrying` stored after the next
+        attempt's end (another worker's, perhaps) would replace it. (An ack waits on its
+        record through `then`, without holding its run's task.)"""
         if self._flusher is None or self._flusher.done():
             return
         if self._batch_sent is None:
             self._batch_sent = asyncio.get_running_loop().create_future()
+        self._hurry.set()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
                 await asyncio.shield(self._batch_sent)
 
     async def _flush(self) -> None:
-        await asyncio.sleep(FLUSH_DELAY_S)
-        while self._statuses or self._results:
+        if not self._hurry.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(FLUSH_DELAY_S):
+                    await self._hurry.wait()
+        while self._statuses or self._results or self._settles:
+            self._hurry.clear()
             results, self._results = self._results, {}
             statuses, self._statuses = self._statuses, {}
+            settles, self._settles = self._settles, []
             batch_sent, self._batch_sent = self._batch_sent, None
             try:
                 if self._earlier:
@@ -330,8 +355,15 @@ class StatusWriter:
                     self.lane.name, len(statuses), exc,
                 )  # fmt: skip
             finally:
+                for settle, delivery in settles:
+                    await _quietly(settle, delivery, self.lane.name)
                 if batch_sent is not None:
                     batch_sent.set_result(None)
+        # Nothing left to send: what a wait began on while the last batch was written is stored.
+        if self._batch_sent is not None:
+            self._batch_sent.set_result(None)
+            self._batch_sent = None
+        self._hurry.clear()
 
     async def _read_earlier(self) -> None:
         """Keep the attempts before each retried job's latest: the one the store's record
@@ -362,6 +394,8 @@ async def read_status(bus: Bus, lane: Lane, job_id: str) -> JobStatus | None:
     if raw is None:
         return None
     status = decode(raw)
+    if status.state == "failed":
+        status = await _dead_lettered(bus, lane, status)
     if cause is not None:
         status = status.model_copy(update={"cause": Cause.model_validate_json(cause)})
     if status.attempts <= 1:
@@ -374,6 +408,29 @@ async def read_status(bus: Bus, lane: Lane, job_id: str) -> JobStatus | None:
         if raw is not None
     )
     return status.model_copy(update={"history": history})
+
+
+async def _quietly(settle: Settle, delivery: Delivery, lane: str) -> None:
+    """A settle the writer calls: drivers take their settles without raising (one lost
+    only runs its job again), so one that raises is logged and the batch's others go on."""
+    try:
+        await settle(delivery)
+    except Exception:
+        logger.exception("%s: job %s: its ack failed; it will run again", lane, delivery.id)
+
+
+async def _dead_lettered(bus: Bus, lane: Lane, status: JobStatus) -> JobStatus:
+    """A `failed` record is stored before the dead letter; `dlq` comes after it. A worker
+    killed between the two left `failed` for good: found in the dead letters (this run's:
+    its attempts, failed since it started), the job is shown `dlq`, as it is."""
+    record = await bus.dead_letter(lane, status.id)
+    if (
+        record is None
+        or record["attempts"] != status.attempts
+        or record["failed_at"] < (status.started_at or 0)
+    ):
+        return status
+    return status.model_copy(update={"state": "dlq"})
 
 
 def _now_ms() -> int:

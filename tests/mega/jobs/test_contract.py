@@ -541,6 +541,74 @@ async def test_a_job_whose_dead_letter_was_not_stored_is_handed_back_once_its_re
     assert (record["id"], record["attempts"]) == (job_id, 1)
 
 
+async def test_a_jobs_last_record_is_stored_before_its_delivery_is_settled(
+    setup: Any, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed just after a settle must leave the job's last record stored: a job
+    acked while its `done` waited to be sent would say `running` for good. So each settle
+    comes after the record: `done` before the ack, `cancelled` before a cancel's ack, and
+    `failed` before the dead letter (its `dlq` after; a worker killed in between, here a
+    `dlq` record the bus never gets, leaves `failed`, which a read shows `dlq` once it finds
+    the dead letter)."""
+    ctx, _job, queue, _seen = setup
+    tracked = type("Tracked", (Tracked,), {"subject": f"{prefix}.settle", "retries": 0})
+    slow = type("Slow", (Slow,), {"subject": f"{prefix}.settleslow"})
+    bus = ctx.bus("jobs")
+    make_receiver, put_records = bus.receiver, bus.put_records
+    at_settle: list[tuple[str, str, str | None]] = []
+
+    def receiver(lane: Any, *, consumer: str) -> Any:
+        made = make_receiver(lane, consumer=consumer)
+        job = {tracked.__name__: tracked, slow.__name__: slow}[lane.name]
+        ack, dead_letter = made.ack, made.dead_letter
+
+        async def read(settle: str, delivery: Any) -> None:
+            status = await queue.status(job, delivery.id)
+            at_settle.append((settle, delivery.id, None if status is None else status.state))
+
+        async def read_then_ack(delivery: Any) -> None:
+            await read("ack", delivery)
+            await ack(delivery)
+
+        async def read_then_dead_letter(delivery: Any, *args: Any, **kwargs: Any) -> None:
+            await read("dead_letter", delivery)
+            await dead_letter(delivery, *args, **kwargs)
+
+        monkeypatch.setattr(made, "ack", read_then_ack)
+        monkeypatch.setattr(made, "dead_letter", read_then_dead_letter)
+        return made
+
+    async def lose_dlq_records(lane: Any, table: str, records: Any, **kwargs: Any) -> Any:
+        kept = [(key, raw) for key, raw in records if b'"state":"dlq"' not in raw]
+        return await put_records(lane, table, kept, **kwargs)
+
+    monkeypatch.setattr(bus, "receiver", receiver)
+    monkeypatch.setattr(bus, "put_records", lose_dlq_records)
+    worker = JobWorker(ctx)
+    worker.register(tracked)
+    worker.register(slow)
+    await worker.start()
+    try:
+        done = await tracked.enqueue(ctx, {"id": f"{prefix}-settle-done", "returns": 7})
+        assert await tracked.result(ctx, done, timeout_s=15) == 7
+        failed = await tracked.enqueue(ctx, {"id": f"{prefix}-settle-dlq", "fail_first": 1})
+        await until(lambda: queue.dlq.get(tracked, failed), "the dead letter stored")
+        running = await slow.enqueue(ctx, {"id": f"{prefix}-settle-cancel", "sleep_s": 30})
+        await until(lambda: state_of(slow, ctx, running, "running"), "the slow job running")
+        assert await slow.cancel(ctx, running) == Cancelled(True, "cancelled")
+        await until(lambda: len(at_settle) == 3, "three settles")
+    finally:
+        await worker.stop(5)
+    assert at_settle == [
+        ("ack", done, "done"), ("dead_letter", failed, "failed"), ("ack", running, "cancelled")
+    ]  # fmt: skip
+    status = await queue.status(tracked, failed)
+    assert status is not None and (status.state, status.attempts) == ("dlq", 1)
+    with pytest.raises(JobFailed) as raised:
+        await tracked.result(ctx, failed, timeout_s=5)
+    assert raised.value.code == "job.dead_lettered"
+
+
 class Slow(Job):
     """Sleeps `sleep_s`; counts its starts (RUNS), its ends (DONE) and its cancels."""
 

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -247,6 +248,11 @@ async def test_sigkilled_worker_loses_nothing_and_reruns_only_its_in_flight_jobs
     started_by_second = await keys_of(redis, f"{prefix}:started:{second.pid}")
     assert started_by_second >= set(ids) - started_by_first
     assert started_by_second & started_by_first <= in_flight_at_kill
+    # And each job's record says so: the first acked none before its `done` was sent, so the
+    # jobs it acked just before the kill do not say `running` for good.
+    statuses = await asyncio.gather(*(queue.status(job, job_id) for job_id in ids))
+    states = Counter(None if status is None else status.state for status in statuses)
+    assert states == {"done": len(ids)}
 
 
 @pytest.mark.slow

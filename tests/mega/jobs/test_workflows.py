@@ -134,7 +134,11 @@ async def test_a_chain_stops_at_a_step_that_ends_in_the_dlq(setup: Any) -> None:
     assert [s.state for s in status.steps] == ["done", "dlq", "waiting"]
     assert status.steps[1].error.model_dump() == {"type": "Permanent", "message": "no stock"}
     assert PAYLOADS[step_id(workflow_id, 1)] == [{"n": 10, "fail": "no stock"}]
-    assert await queue.dlq.count(add) == 1
+
+    async def dead_lettered() -> bool:  # a step's end is stored just before its dead letter
+        return await queue.dlq.count(add) == 1
+
+    await until(dead_lettered, "the step's dead letter stored")
     await asyncio.sleep(0.3)  # the last step is never enqueued
     assert RUNS[step_id(workflow_id, 2)] == 0
     assert await queue.status(add, step_id(workflow_id, 2)) is None
