@@ -90,10 +90,11 @@ async def jobs_state(
 ) -> dict[str, Any]:
     """`jobs` newest first (`limit` of them, older than job `before` if given), `older` (the
     `before` of the next page, or None), and the DLQ."""
-    dlq = queue.dlq
-    records = await dlq.list(EmailJob, limit=DLQ_LISTED)
     page = await recent_jobs.recent(redis, limit, before=before)
     read = await asyncio.gather(*(listed_status(queue, entry.id) for entry in page.entries))
+    # Read after the cards: a card that says `dlq` has its dead letter in the list below.
+    dlq = queue.dlq
+    records = await dlq.list(EmailJob, limit=DLQ_LISTED)
     return {
         "jobs": [
             card(entry, status, result)
