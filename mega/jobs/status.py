@@ -49,6 +49,10 @@ RESULT_POLL_S = 0.05
 FLUSH_DELAY_S = 0.02
 # The longest a settle waits for its job's records to be stored (StatusWriter.sent).
 SENT_TIMEOUT_S = 5.0
+# A `failed` record this old whose dead letter is stored is shown `dlq`: its worker stored the
+# dead letter and died before its `dlq` went out (sooner, the `dlq` may still be on its way, and
+# a requeue in between would be overwritten by it).
+FAILED_GRACE_S = 5.0
 # Compact JSON, as pydantic writes it.
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 # The most earlier attempts `read_status` reads into a record's history (the latest ones).
@@ -421,8 +425,11 @@ async def _quietly(settle: Settle, delivery: Delivery, lane: str) -> None:
 
 async def _dead_lettered(bus: Bus, lane: Lane, status: JobStatus) -> JobStatus:
     """A `failed` record is stored before the dead letter; `dlq` comes after it. A worker
-    killed between the two left `failed` for good: found in the dead letters (this run's:
-    its attempts, failed since it started), the job is shown `dlq`, as it is."""
+    killed between the two left `failed` for good: older than FAILED_GRACE_S and found in the
+    dead letters (this run's: its attempts, failed since it started), the job is shown `dlq`,
+    as it is."""
+    if status.finished_at is None or _now_ms() - status.finished_at < FAILED_GRACE_S * 1000:
+        return status
     record = await bus.dead_letter(lane, status.id)
     if (
         record is None

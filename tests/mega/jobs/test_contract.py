@@ -22,6 +22,7 @@ from mega import Context, Job, JobQueue, JobWorker
 from mega.config import load_config
 from mega.drivers.base import DriverUnavailable
 from mega.errors import JobError, JobFailed, Permanent
+from mega.jobs import status as status_module
 from mega.jobs.control import Cancelled
 from mega.runtime.boot import boot, shutdown
 from tests.factories import write_config
@@ -549,7 +550,8 @@ async def test_a_jobs_last_record_is_stored_before_its_delivery_is_settled(
     comes after the record: `done` before the ack, `cancelled` before a cancel's ack, and
     `failed` before the dead letter (its `dlq` after; a worker killed in between, here a
     `dlq` record the bus never gets, leaves `failed`, which a read shows `dlq` once it finds
-    the dead letter)."""
+    the dead letter and the `failed` is older than FAILED_GRACE_S, 0.5 s here)."""
+    monkeypatch.setattr(status_module, "FAILED_GRACE_S", 0.5)
     ctx, _job, queue, _seen = setup
     tracked = type("Tracked", (Tracked,), {"subject": f"{prefix}.settle", "retries": 0})
     slow = type("Slow", (Slow,), {"subject": f"{prefix}.settleslow"})
@@ -602,6 +604,7 @@ async def test_a_jobs_last_record_is_stored_before_its_delivery_is_settled(
     assert at_settle == [
         ("ack", done, "done"), ("dead_letter", failed, "failed"), ("ack", running, "cancelled")
     ]  # fmt: skip
+    await until(lambda: status_is(queue, tracked, failed, "dlq"), "shown dlq after the grace")
     status = await queue.status(tracked, failed)
     assert status is not None and (status.state, status.attempts) == ("dlq", 1)
     with pytest.raises(JobFailed) as raised:
