@@ -468,7 +468,8 @@ class Consumer:
         the store fails the delivery is released to come back and try again: nothing is lost,
         and the driver's dedup keeps a retried record single. The job's status record says
         `failed` before (stored), `dlq` after; a worker killed in between leaves `failed`,
-        which a read shows as `dlq` once it finds the dead letter (`read_status`)."""
+        which a read shows as `dlq` once it is FAILED_GRACE_S old and its dead letter is
+        stored (`read_status`)."""
         assert isinstance(decision, DeadLetter), decision  # the others are settled inline
         failure = ErrorInfo(type=record["error"]["type"], message=record["error"]["message"])
         if self.records is not None:
