@@ -19,6 +19,33 @@ def is_number(value: object) -> TypeGuard[int | float]:
     return is_int(value) or isinstance(value, float)
 
 
+# Ids and keys given by a caller travel as header values, subjects and keys: bounded so that
+# whatever an engine builds of one stays within its limits.
+MAX_ID_LENGTH = 200
+
+
+def is_token(value: object, max_length: int = MAX_ID_LENGTH) -> bool:
+    """Whether `value` may be an id or a key: it travels as a header value, so no whitespace
+    (a CR/LF would forge headers), and bounded: 1 to `max_length` printable characters.
+    (`isprintable` is false for every whitespace but the ASCII space.)"""
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= max_length
+        and value.isprintable()
+        and " " not in value
+    )
+
+
+def shortened(value: object, limit: int = 60) -> str:
+    """`repr(value)` cut to about `limit` characters, with the length of what was cut: an
+    error message names a bad value without repeating 5,000 characters of it."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value):,} characters)" if isinstance(value, str) else ""
+    return f"{text[:limit]}...{size}"
+
+
 def int_problem(value: object, *, minimum: int = 1, unit: str = "") -> str | None:
     """None when `value` is an int (not a bool) >= `minimum`, else what is wrong with it, e.g.
     "must be an int >= 1 (ms), got True"."""

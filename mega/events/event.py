@@ -26,6 +26,7 @@ from mega.declaration import Declaration, declared_alias, matching, rule, valida
 from mega.drivers.base import Message
 from mega.errors import EventError
 from mega.jobs.spec import json_body
+from mega.validation import MAX_ID_LENGTH, is_token, shortened
 
 if TYPE_CHECKING:
     from mega.events.db_inbox import InboxTransaction
@@ -127,7 +128,13 @@ def encode_event(
     """Validate the payload (against `schema`, then as JSON) and build the message.
 
     The event id is its dedup key, so a second publish of the same event within the bus's
-    dedup window is dropped. Raises EventError `event.invalid_payload`."""
+    dedup window is dropped. Raises EventError `event.invalid_id` or `event.invalid_payload`."""
+    if event_id is not None and not is_token(event_id):
+        raise EventError(
+            f"{spec.name}: id must be 1-{MAX_ID_LENGTH} printable characters without spaces, "
+            f"got {shortened(event_id)}",
+            code="event.invalid_id",
+        )
     if spec.schema is not None:
         try:
             payload = spec.schema.model_validate(payload).model_dump(mode="json")

@@ -39,13 +39,23 @@ from mega import tracing
 from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane, Receiver
 from mega.errors import JobTimeout, Permanent
 from mega.jobs.control import WATCH_S, LaneControl
-from mega.jobs.delivery import DeadLetter, Decision, LanePolicy, Outcome, Retry, decide
+from mega.jobs.delivery import (
+    DeadLetter,
+    Decision,
+    LanePolicy,
+    Outcome,
+    Retry,
+    decide,
+    refusal,
+    stand_in_id,
+)
 from mega.jobs.dlq import make_record
 from mega.jobs.flow import Gate
 from mega.jobs.presence import PRESENCE_EVERY_S, Presence
 from mega.jobs.status import RUNNING, ErrorInfo, Running, StatusWriter
 from mega.jobs.steps import STEP_PREFIX
 from mega.tasks import TimeLimit, cancel_and_wait, wait_event
+from mega.validation import is_token
 
 # The queue's logger: to an operator, the consume loop is part of the job queue.
 logger = logging.getLogger("mega.jobqueue")
@@ -210,12 +220,27 @@ class Consumer:
             # The cancel window is read beside the fetch, not after it: no round trip added.
             window = self._read_window()
             deliveries = await self.receiver.fetch(free)
+            if deliveries and any(map(refusal, deliveries)):
+                deliveries = self._screened(deliveries)
             cancelled = await self._cancelled(deliveries, window)
             if self.gate is not None and deliveries:
                 await self._start_gated(deliveries, cancelled)
                 continue
             for delivery in deliveries:
                 self._start(delivery, cancelled)
+
+    def _screened(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """The deliveries that may run; each other is refused in a task of its own."""
+        runnable = []
+        for delivery in deliveries:
+            why = refusal(delivery)
+            if why is None:
+                runnable.append(delivery)
+                continue
+            task = asyncio.create_task(self._refuse(delivery, why))
+            self.running[task] = Lease(delivery, time.monotonic())
+            task.add_done_callback(self._on_done)
+        return runnable
 
     def _start(self, delivery: Delivery, cancelled: set[str] | tuple[()]) -> None:
         process = self._skip(delivery) if delivery.id in cancelled else self._process(delivery)
@@ -304,6 +329,25 @@ class Consumer:
             headers=delivery.trace, group=self.group,
         ):  # fmt: skip
             await self._attempt(delivery, payload)
+
+    async def _refuse(self, delivery: Delivery, why: str) -> None:
+        """Dead-letter, unrun and under a stand-in id, a delivery whose id or key no engine
+        could be trusted to key (mega/jobs/delivery.py, INVALID), without its key: the lane
+        goes on."""
+        if not is_token(delivery.id):
+            delivery.id = stand_in_id(delivery.id)
+        delivery.flow_key = None
+        try:
+            payload = json.loads(delivery.body)
+        except ValueError:
+            payload = None
+        await self.signal(
+            "fail", job=self.spec.name, id=delivery.id, attempt=0, phase="receive",
+            error_type="InvalidId", error=why,
+        )  # fmt: skip
+        raw = delivery.body if payload is None else None
+        record = self._record(delivery, payload, "InvalidId", why, 0, raw)
+        await self._dead_letter(decide(Outcome.INVALID, 0, self.spec), delivery, record)
 
     async def _attempt(self, delivery: Delivery, payload: Any) -> None:
         """One run of a decoded delivery: the start, the handler, its outcome."""

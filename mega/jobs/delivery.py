@@ -14,6 +14,11 @@ driver's receiver; `tests/mega/jobs/test_delivery.py` checks it as a table.
   letter at once, kind "permanent", whatever tries are left.
 - UNDECODABLE (the body is not JSON): dead-letter at once, kind "undecodable", and terminate the
   message instead of acking it (nothing would ever decode it).
+- INVALID (its id or key is not 1-200 printable characters without spaces: a message from a
+  producer no check stood in front of, an older version or a foreign client): never run;
+  dead-lettered at once under a stand-in id every engine can key (`stand_in_id`), kind
+  "invalid", and terminated. Whatever a driver would build of such an id (a subject, a key, a
+  header) could break an engine's limits: one poison message must cost one delivery.
 - UNREPORTED, a delivery past retries + 1: the previous attempt never reported back, because
   the job killed its worker (segfault, os._exit, OOM kill). It is not run again: dead-letter,
   kind "crashed", instead of crash-looping the fleet.
@@ -21,13 +26,21 @@ driver's receiver; `tests/mega/jobs/test_delivery.py` checks it as a table.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from dataclasses import dataclass
 from enum import Enum
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from mega.jobs.backoff import BackoffPolicy, RandomSource, backoff_delay_ms
 from mega.jobs.ratelimit import RateLimit
+from mega.validation import MAX_ID_LENGTH, is_token, shortened
+
+if TYPE_CHECKING:
+    from mega.drivers.base import Delivery
+
+# The id a delivery with an unusable id is dead-lettered under: this + a digest of its id.
+STAND_IN_PREFIX = "invalid-id-"
 
 
 class Outcome(Enum):
@@ -35,6 +48,7 @@ class Outcome(Enum):
     FAILED = "failed"
     PERMANENT = "permanent"
     UNDECODABLE = "undecodable"
+    INVALID = "invalid"
     UNREPORTED = "unreported"
 
 
@@ -54,11 +68,11 @@ class Retry:
 class DeadLetter:
     """Publish a DLQ record, then settle the message: term it when `terminate`, else ack."""
 
-    kind: Literal["failed", "permanent", "undecodable", "crashed"]
+    kind: Literal["failed", "permanent", "undecodable", "invalid", "crashed"]
 
     @property
     def terminate(self) -> bool:
-        return self.kind == "undecodable"
+        return self.kind in ("undecodable", "invalid")
 
 
 Decision = Ack | Retry | DeadLetter
@@ -108,6 +122,8 @@ def decide(
         return Ack()
     if outcome is Outcome.UNDECODABLE:
         return DeadLetter("undecodable")
+    if outcome is Outcome.INVALID:
+        return DeadLetter("invalid")
     if outcome is Outcome.PERMANENT:
         return DeadLetter("permanent")
     if outcome is Outcome.UNREPORTED or is_unreported(attempt, policy):
@@ -115,3 +131,27 @@ def decide(
     if attempt < policy.max_attempts:
         return Retry(backoff_delay_ms(attempt, policy.backoff, rng))
     return DeadLetter("failed")
+
+
+def refusal(delivery: Delivery) -> str | None:
+    """Why a delivery must not be run, its id or its key being unusable (see INVALID), or
+    None. Checked on every delivery, so the usual case costs two cheap string tests."""
+    key = delivery.flow_key
+    if is_token(delivery.id) and (key is None or is_token(key)):
+        return None
+    for what, value in (("id", delivery.id), ("key", delivery.flow_key)):
+        if value is not None and not is_token(value):
+            kept = "under a stand-in id" if what == "id" else "without it"
+            return (
+                f"its {what} is not 1-{MAX_ID_LENGTH} printable characters without spaces "
+                f"({shortened(value, 40)}), so no engine could be trusted to key it: not run, "
+                f"and kept here {kept} (published by a producer that did not check it?)"
+            )
+    return None  # not reached: one of the two is not a token
+
+
+def stand_in_id(value: str) -> str:
+    """The id an unusable one is dead-lettered under: the same for each of its deliveries, so
+    a redelivery's record dedups."""
+    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return STAND_IN_PREFIX + digest

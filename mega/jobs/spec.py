@@ -45,7 +45,7 @@ from mega.drivers.base import PRIORITIES, Message, Priority
 from mega.errors import JobError
 from mega.jobs.backoff import BackoffPolicy
 from mega.jobs.ratelimit import RateLimit
-from mega.validation import is_number
+from mega.validation import MAX_ID_LENGTH, is_number, is_token, shortened
 
 if TYPE_CHECKING:
     from mega.jobs.progress import JobContext
@@ -72,9 +72,6 @@ DEFAULT_DLQ_MAX_AGE_S = 7 * 24 * 3600
 # A job's status record is kept this long after its last change; its result not at all.
 DEFAULT_KEEP_STATUS_S = 24 * 3600
 DEFAULT_KEEP_RESULT_S = 0
-
-# Caller-given ids travel as header values and keys; bounded so a dedup key stays a key.
-MAX_ID_LENGTH = 200
 
 
 class Consumed:
@@ -465,21 +462,10 @@ def due_ms_of(
     return now_ms + round(seconds * 1000)
 
 
-def is_token(value: object, max_length: int = MAX_ID_LENGTH) -> bool:
-    """Whether `value` may be an id or a key: it travels as a header value, so no whitespace
-    (a CR/LF would forge headers), and bounded: 1 to `max_length` printable characters."""
-    return (
-        isinstance(value, str)
-        and 0 < len(value) <= max_length
-        and value.isprintable()
-        and not any(c.isspace() for c in value)
-    )
-
-
 def _check_token(spec: JobSpec, value: object, what: Literal["id", "key"]) -> None:
     if not is_token(value):
         raise JobError(
             f"{spec.name}: {what} must be 1-{MAX_ID_LENGTH} printable characters without "
-            f"spaces, got {value!r}",
+            f"spaces, got {shortened(value)}",
             code=f"job.invalid_{what}",
         )

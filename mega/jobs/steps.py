@@ -37,8 +37,9 @@ from pydantic import BaseModel, ConfigDict
 
 from mega.drivers.base import DriverUnavailable, Lane
 from mega.errors import JobError
-from mega.jobs.spec import MAX_ID_LENGTH, JobBase, JobId, JobSpec, encode_job, is_token
+from mega.jobs.spec import JobBase, JobId, JobSpec, encode_job
 from mega.jobs.status import FINAL, ErrorInfo, decode
+from mega.validation import MAX_ID_LENGTH, is_token
 
 if TYPE_CHECKING:
     from mega.drivers.base import Bus, Message

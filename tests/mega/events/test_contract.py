@@ -22,12 +22,15 @@ from mega import (
     EventBus,
     Job,
     JobQueue,
+    JobWorker,
     Listener,
     ListenerWorker,
     Permanent,
     ReceivedEvent,
 )
 from mega.config import load_config
+from mega.drivers.base import Message
+from mega.jobs.delivery import stand_in_id
 from mega.runtime.boot import boot, shutdown
 from tests.factories import write_config
 from tests.mega.jobs.test_contract import (
@@ -40,6 +43,7 @@ from tests.mega.jobs.test_contract import (
 
 RUNS: Counter[tuple[str, str]] = Counter()  # (group, event id) -> runs started
 ATTEMPTS: dict[tuple[str, str], list[int]] = {}
+AFTER: set[str] = set()  # the payloads' `n` of the jobs that ran after a poison event
 
 
 class Recorder(Listener):
@@ -272,3 +276,36 @@ async def test_a_groups_stats_and_its_consume_loops_seen(setup: Setup) -> None:
     if setup.driver != "redis":  # there the shared log may get any test's events meanwhile
         await until(settled, "nothing left unsettled")
     assert (await bus.stats(welcome)).stored - before.stored >= 3
+
+
+async def test_a_poison_event_costs_one_delivery_never_the_lane(setup: Setup) -> None:
+    """An event whose id no check let through (5,000 characters, published straight into the
+    engine, as an older or foreign producer could) heard by a listener that fails: it is
+    dead-lettered under a stand-in id with a record that says why, never run, and the
+    process goes on: the events after it and 100 jobs on the same connection all run."""
+    doomed = setup.listener("doomed", setup.signed)
+    await setup.start(doomed)
+    poison_id = "p" * 5000
+    poison = Message(poison_id, setup.signed.name, b'{"fail_first": 9}', int(time.time() * 1000))
+    await setup.bus.publish_many([poison])
+    run = lambda self, payload, ctx: AFTER.add(payload["n"])  # noqa: E731
+    job = type("After", (Job,), {"subject": f"{setup.prefix}.after", "bus": "jobs", "run": run})
+    jobs = JobWorker(setup.ctx)
+    jobs.register(job)
+    await jobs.start()
+    try:
+        queue = jobs.queue("jobs")
+        await until(lambda: setup.bus.dlq.count(doomed), "the poison dead-lettered", 30)
+        [record] = await setup.bus.dlq.list(doomed)
+        assert record["id"] == stand_in_id(poison_id)
+        assert record["error"]["type"] == "InvalidId"
+        assert "(5,000 characters)" in record["error"]["message"]
+        assert record["attempts"] == 0 and not any(key[1] == poison_id for key in RUNS)
+        after = await setup.bus.emit(setup.signed, {})
+        for n in range(100):
+            await queue.enqueue(job, {"n": f"{setup.prefix}-{n}"})
+        await until(lambda: RUNS[(doomed.group, after)] == 1, "the next event ran", 30)
+        await until(lambda: sum(f"{setup.prefix}-{n}" in AFTER for n in range(100)) == 100,
+                    "100 jobs after the poison", 30)  # fmt: skip
+    finally:
+        await jobs.stop(5)

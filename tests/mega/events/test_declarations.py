@@ -7,10 +7,11 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from mega import Context, Event, Listener, ReceivedEvent
+from mega import Context, Event, EventBus, Listener, ReceivedEvent, emit, outbox
 from mega.errors import EventError, JobError, RegistrationError
 from mega.events.event import encode_event, validate_event
 from mega.events.listener import validate_listener
+from mega.testing import memory_context
 
 BUSES, CACHES = {"jobs"}, {"main"}
 
@@ -123,3 +124,31 @@ def test_an_event_says_which_inbox_its_group_lacks(attribute: str) -> None:
         getattr(event, attribute)
     assert caught.value.code == "event.no_inbox"
     assert str(caught.value).startswith(f"user.signed_up: event.{attribute} is the ")
+
+
+BAD_IDS = ["", "a b", "line\r\nX-Forged: 1", "tab\there", "x" * 201, "p" * 5000, 17]
+
+
+@pytest.mark.parametrize("bad_id", BAD_IDS)
+def test_an_event_id_is_checked_as_a_job_id_is(bad_id: Any) -> None:
+    """Refused, never altered: whatever a driver builds of an id must stay within its engine's
+    limits, and a CR/LF would forge a header."""
+    spec = validate_event(Signed, BUSES)
+    with pytest.raises(EventError) as caught:
+        encode_event(spec, {"email": "a@b.co"}, event_id=bad_id)
+    assert caught.value.code == "event.invalid_id"
+    assert len(str(caught.value)) < 300  # names the id without repeating all of it
+    assert encode_event(spec, {"email": "a@b.co"}, event_id="x" * 200).id == "x" * 200
+
+
+async def test_every_way_to_emit_checks_the_id_before_anything_is_stored() -> None:
+    ctx = memory_context()
+    with pytest.raises(EventError) as by_function:
+        await emit(ctx, Signed, {"email": "a@b.co"}, id="p" * 5000)
+    with pytest.raises(EventError) as by_bus:
+        await EventBus(ctx, "jobs").emit(Signed, {"email": "a@b.co"}, id="two words")
+    with pytest.raises(EventError) as by_outbox:  # before the session is touched
+        outbox.add(None, Signed, {"email": "a@b.co"}, id="cr\rlf")  # type: ignore[arg-type]
+    codes = {error.value.code for error in (by_function, by_bus, by_outbox)}
+    assert codes == {"event.invalid_id"}
+    assert not ctx.buses["jobs"].broker.events  # type: ignore[attr-defined]  # nothing stored

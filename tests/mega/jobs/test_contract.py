@@ -20,10 +20,12 @@ from pydantic import BaseModel
 
 from mega import Context, Job, JobQueue, JobWorker
 from mega.config import load_config
-from mega.drivers.base import DriverUnavailable
+from mega.drivers.base import DriverUnavailable, Message
 from mega.errors import JobError, JobFailed, Permanent
 from mega.jobs import status as status_module
 from mega.jobs.control import Cancelled
+from mega.jobs.delivery import stand_in_id
+from mega.jobs.queue import job_lane
 from mega.runtime.boot import boot, shutdown
 from tests.factories import write_config
 
@@ -1188,3 +1190,35 @@ async def test_a_dead_letter_of_a_fair_or_prioritized_job_runs_again_when_requeu
         assert await queue.dlq.requeue(job, key) == 1
         await until(lambda: DONE[key] == 1, "the requeued run")
     assert RUNS[key] == 2 and await queue.dlq.count(job) == 0
+
+
+async def test_a_poison_job_costs_one_delivery_never_the_lane(setup: Any, prefix: str) -> None:
+    """Jobs whose id or key no check let through (5,000 characters, published straight into
+    the engine, as an older or foreign producer could): each is dead-lettered with a record
+    that says why and never run, and the lane goes on (the next 100 jobs all run)."""
+    _, job, queue, seen = setup
+    spec = await queue.ensure(job)
+    long_id, now_ms = "p" * 5000, int(time.time() * 1000)
+    poison = [
+        Message(long_id, spec.subject, b'{"id": "poison"}', now_ms),
+        Message(f"{prefix}-long-key", spec.subject, b'{"id": "poison"}', now_ms,
+                flow_key="k" * 5000),
+    ]  # fmt: skip
+    await queue.bus.publish(job_lane(spec), poison)
+    for n in range(100):
+        await queue.enqueue(job, {"id": f"{prefix}-{n}"})
+    await until(lambda: all(DONE[f"{prefix}-{n}"] == 1 for n in range(100)), "100 jobs", 30)
+    await until(lambda: queue.dlq.count(job), "the poison dead-lettered", 30)
+    await until(lambda: len([s for s in seen if s["signal"] == "dlq"]) == 2, "two dlq signals")
+    records = {record["id"]: record for record in await queue.dlq.list(job)}
+    assert set(records) == {stand_in_id(long_id), f"{prefix}-long-key"}
+    assert RUNS["poison"] == 0
+    for record, what in (
+        (records[stand_in_id(long_id)], "id"),
+        (records[f"{prefix}-long-key"], "key"),
+    ):
+        assert record["error"]["type"] == "InvalidId" and record["attempts"] == 0
+        assert f"its {what} is not 1-200 printable" in record["error"]["message"]
+        assert "(5,000 characters)" in record["error"]["message"]
+    status = await queue.status(job, stand_in_id(long_id))
+    assert status is not None and status.state == "dlq"

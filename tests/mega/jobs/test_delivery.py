@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from mega.drivers.base import Delivery
 from mega.jobs.backoff import BackoffPolicy
 from mega.jobs.delivery import (
     Ack,
@@ -15,7 +16,10 @@ from mega.jobs.delivery import (
     Retry,
     decide,
     is_unreported,
+    refusal,
+    stand_in_id,
 )
+from mega.validation import is_token
 
 
 @dataclass(frozen=True)
@@ -76,3 +80,26 @@ def test_no_retries_means_one_attempt() -> None:
     once = Policy(max_attempts=1)
     assert decide(Outcome.FAILED, 1, once) == DeadLetter("failed")
     assert decide(Outcome.UNREPORTED, 2, once) == DeadLetter("crashed")
+
+
+def delivery(job_id: str, flow_key: str | None = None) -> Delivery:
+    return Delivery(job_id, "s", b"{}", 1, None, None, key=1, handle=None, flow_key=flow_key)
+
+
+def test_a_delivery_whose_id_or_key_is_no_token_is_refused_and_never_run() -> None:
+    assert refusal(delivery("order-17", "tenant-a")) is None
+    assert refusal(delivery("x" * 200)) is None
+    too_long = refusal(delivery("p" * 5000))
+    assert too_long is not None and too_long.startswith("its id is not 1-200 printable")
+    assert "(5,000 characters)" in too_long and len(too_long) < 400
+    spaced = refusal(delivery("ok", "two words"))
+    assert spaced is not None and spaced.startswith("its key is not") and "without it" in spaced
+    assert decide(Outcome.INVALID, 0, Policy()) == DeadLetter("invalid")
+    assert DeadLetter("invalid").terminate  # nothing would ever make it runnable
+
+
+def test_a_stand_in_id_is_a_token_and_the_same_for_every_delivery() -> None:
+    first = stand_in_id("p" * 5000)
+    assert first == stand_in_id("p" * 5000) != stand_in_id("p" * 4999)
+    assert is_token(first) and first.startswith("invalid-id-") and len(first) == 43
+    assert is_token(stand_in_id("line\r\nX-Forged: 1\ud800"))  # any text, even unpaired
