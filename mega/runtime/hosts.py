@@ -23,7 +23,7 @@ from typing import Any
 from mega.config import Config
 from mega.constants import DRAIN_TIMEOUT_S
 from mega.context import Context
-from mega.errors import ConfigError, MegaError
+from mega.errors import ConfigError, DependencyUnavailable, MegaError
 from mega.runtime.boot import boot, check_database, shutdown
 from mega.runtime.check import enforce
 
@@ -242,6 +242,8 @@ async def _host(
     stopping: str,
 ) -> None:  # fmt: skip
     ctx = await boot(config, role=role, database=False)
+    lost = asyncio.get_running_loop().create_future()
+    watch_buses(ctx, functools.partial(_settle, lost))
     started: list[Any] = []
     try:
         await check_database(config.database_url)
@@ -271,7 +273,10 @@ async def _host(
             status = part.describe.format(count=len(part.declarations), names=names)
             logger.info("%s %s %s", role, ctx.instance_id, status)
         freeze_startup_heap()
-        logger.info("%s received: %s", await signals.running_until_signal(), stopping)
+        stop = signals.running_until_signal()
+        await asyncio.wait([stop, lost], return_when=asyncio.FIRST_COMPLETED)
+        if stop.done():
+            logger.info("%s received: %s", stop.result(), stopping)
     finally:
         # In the parts' order (scheduler, relay, listeners, jobs), within one drain budget.
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
@@ -280,6 +285,33 @@ async def _host(
             logger.info("%s stopped", part.hook)
         await shutdown(ctx)
     logger.info("%s stopped", role)
+    if lost.done():
+        raise lost_for_good(role, lost.result())
+
+
+def watch_buses(ctx: Context, when_lost: Callable[[str], None]) -> None:
+    """Call `when_lost(sentence)` when a bus's connection is closed for good: a client that
+    will never reconnect (nats-py ends a connection on any -ERR from its server) leaves every
+    consume loop on it stuck, and readiness says so from then on (503). The host then stops
+    and exits non-zero, for its supervisor (mega dev, compose's restart, systemd) to start
+    it again. Drivers whose client reconnects on its own offer no `on_lost`."""
+    for alias, bus in ctx.buses.items():
+        on_lost = getattr(bus, "on_lost", None)
+        if on_lost is not None:
+            on_lost(functools.partial(lambda alias, why: when_lost(f"bus {alias!r}: {why}"), alias))
+
+
+def lost_for_good(role: str, why: str) -> DependencyUnavailable:
+    logger.error("%s stopped: its connection to %s is closed for good", role, why)
+    return DependencyUnavailable(
+        "bus", f"{why}: the connection was closed for good, so {role} stopped; started again "
+        "(mega dev, compose's restart policy, systemd), it connects anew",
+    )  # fmt: skip
+
+
+def _settle(future: asyncio.Future[str], why: str) -> None:
+    if not future.done():
+        future.set_result(why)
 
 
 def freeze_startup_heap() -> None:
@@ -326,7 +358,8 @@ async def _serve(config: Config, signals: StopSignals, host: str, port: int) -> 
         def capture_signals(self) -> Iterator[None]:
             yield
 
-    async with web_app(config) as app:
+    lost = asyncio.get_running_loop().create_future()
+    async with web_app(config, when_lost=functools.partial(_settle, lost)) as app:
         server = Server(
             uvicorn.Config(
                 app,
@@ -343,21 +376,27 @@ async def _serve(config: Config, signals: StopSignals, host: str, port: int) -> 
         freeze_startup_heap()
         logger.info("web listening on http://%s:%d", host, port)
         serving: asyncio.Future[Any] = asyncio.create_task(server.serve())
-        await asyncio.wait([serving, stop], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([serving, stop, lost], return_when=asyncio.FIRST_COMPLETED)
         if stop.done():
             logger.info("%s received: finishing open requests", stop.result())
         server.should_exit = True
         await serving
     logger.info("web stopped")
+    if lost.done():
+        raise lost_for_good("web", lost.result())
 
 
 @contextlib.asynccontextmanager
-async def web_app(config: Config) -> AsyncIterator[Any]:
+async def web_app(
+    config: Config, *, when_lost: Callable[[str], None] | None = None
+) -> AsyncIterator[Any]:
     """The web host's app, with what it serves running: the context booted, the config's users
     made, commits announced to the relays, the CPU pools started, the `web` hooks run. On exit
     all of it stops, in reverse. `mega start` serves it, and so does `mega.asgi_app` under any
     ASGI server."""
     ctx = await boot(config, role="web")
+    if when_lost is not None:
+        watch_buses(ctx, when_lost)
     stop_announcing: Callable[[], None] = lambda: None  # noqa: E731
     try:
         if config.auth.users:

@@ -164,8 +164,14 @@ class NatsBus:
         return (version.major, version.minor) >= SCHEDULES_SINCE
 
     async def close(self) -> None:
+        self.watch.closing = True
         with contextlib.suppress(Exception):
             await self.native.drain()
+
+    def on_lost(self, callback: Callable[[str], None]) -> None:
+        """Call `callback(reason)` if the connection is closed for good other than by `close`
+        (the host then exits for its supervisor to start it again)."""
+        self.watch.when_lost.append(callback)
 
     async def ping(self) -> None:
         if not self.native.is_connected:
@@ -700,6 +706,8 @@ class Reconnects:
         self.server = "its server"  # host:port of the node the client is on
         self.hooks: set[Callable[[], Awaitable[None]]] = set()
         self.tried: dict[str, float] = {}  # host:port -> when last tried or lost (monotonic)
+        self.closing = False  # set by our own close: the client's end is then no news
+        self.when_lost: list[Callable[[str], None]] = []  # told if it is closed for good
 
     def lost(self) -> None:
         self.disconnects += 1
@@ -717,6 +725,15 @@ class Reconnects:
         )
         self.tried[best.uri.netloc] = now + delay_s  # tried when the pause ends
         return best, delay_s
+
+    def closed(self, reason: str) -> None:
+        """The client is closed and will not reconnect (the server refused something it sent
+        with an -ERR, which nats-py ends the connection on): every receiver on it is stuck."""
+        if self.closing:
+            return
+        logger.error("NATS connection closed for good (%s): nothing more is received", reason)
+        for callback in self.when_lost:
+            callback(reason)
 
     async def reconnected(self) -> None:
         for hook in list(self.hooks):
@@ -745,6 +762,9 @@ async def connect_nats(alias: str, url: str, watch: Reconnects | None = None) ->
     async def error(exc: Exception) -> None:
         logger.debug("NATS %r: %s", alias, exc)
 
+    async def closed() -> None:
+        watch.closed(str(client.last_error or "closed by the server"))
+
     try:
         # nats-py retries the *first* connect forever too when reconnects are unlimited, so
         # reachability is checked with a bounded probe first and the connect itself is capped.
@@ -766,6 +786,7 @@ async def connect_nats(alias: str, url: str, watch: Reconnects | None = None) ->
             disconnected_cb=disconnected,
             reconnected_cb=reconnected,
             error_cb=error,
+            closed_cb=closed,
         )
         await asyncio.wait_for(connect, CONNECT_TIMEOUT_S * 2)
         watch.server = _server_of(client)
