@@ -19,6 +19,11 @@ def is_number(value: object) -> TypeGuard[int | float]:
     return is_int(value) or isinstance(value, float)
 
 
+# A job's or an event's payload, as JSON, is at most this by default (`max_payload_bytes` on
+# the class): a queue carries work, not data (a 30 MiB payload made the dead-letter page weigh
+# 42 MB). Store big data elsewhere and pass its key.
+MAX_PAYLOAD_BYTES = 1024 * 1024
+
 # Ids and keys given by a caller travel as header values, subjects and keys: bounded so that
 # whatever an engine builds of one stays within its limits.
 MAX_ID_LENGTH = 200

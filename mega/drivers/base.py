@@ -211,6 +211,16 @@ class Delivery:
     flow_key: str | None = None
 
 
+class MessageTooLarge(Exception):
+    """The engine refuses a message this large (a NATS server's `max_payload`, headers
+    included): not an outage, since the same message is refused again. `limit` is the
+    engine's cap in bytes. Nothing was stored."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"over the engine's message cap ({limit:,} bytes, headers included)")
+        self.limit = limit
+
+
 class DriverUnavailable(Exception):
     """The engine did not answer (down, restarting, partitioned): the caller may try again.
     A driver raises it from every primitive whose failure the framework must handle; the

@@ -35,7 +35,7 @@ from mega.jobs.consumer import Handler
 from mega.jobs.dlq import DeadLetters
 from mega.jobs.lanes import LaneEndpoint
 from mega.jobs.presence import WorkerSeen
-from mega.jobs.spec import threaded
+from mega.jobs.spec import check_engine_cap, threaded
 
 SIGNALS = ("emit", "start", "done", "retry", "fail", "dlq", "skip")
 
@@ -149,6 +149,7 @@ class EventBus(LaneEndpoint):
     async def publish(self, message: Message) -> bool:
         """Publish an encoded event; True when the bus kept it, False when it was a duplicate
         (an id it already has within the dedup window)."""
+        check_engine_cap(message.subject, [message.body], self.bus, "event", EventError)
         await self.ensure_stream()
         try:
             [kept] = await self.bus.emit([message], max_age_s=self.max_age_s)

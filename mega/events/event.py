@@ -20,13 +20,21 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from pydantic import BaseModel, Field, StrictStr, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from mega.declaration import Declaration, declared_alias, matching, rule, validate_subclass
 from mega.drivers.base import Message
 from mega.errors import EventError
 from mega.jobs.spec import json_body
-from mega.validation import MAX_ID_LENGTH, is_token, shortened
+from mega.validation import MAX_ID_LENGTH, MAX_PAYLOAD_BYTES, is_token, shortened
 
 if TYPE_CHECKING:
     from mega.events.db_inbox import InboxTransaction
@@ -45,6 +53,7 @@ class Event:
     name: ClassVar[str]
     bus: ClassVar[str]
     schema: ClassVar[type[BaseModel] | None] = None
+    max_payload_bytes: ClassVar[int] = MAX_PAYLOAD_BYTES
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,7 @@ class EventSpec:
     name: str
     bus: str
     schema: type[BaseModel] | None
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,9 @@ class EventDeclaration(Declaration):
     payload_schema: Annotated[
         type[BaseModel] | None, rule("must be a pydantic model class or None")
     ] = Field(alias="schema")
+    max_payload_bytes: Annotated[
+        StrictInt, Field(ge=1), rule("must be a positive int: the payload's bytes as JSON")
+    ]
 
     @field_validator("bus", mode="before")
     @classmethod
@@ -119,7 +132,9 @@ def validate_event(event_cls: type[Event], bus_aliases: Collection[str]) -> Even
     """Check an Event class at once; RegistrationError lists each bad field."""
     context = {"bus_aliases": bus_aliases}
     event = validate_subclass(EventDeclaration, event_cls, Event, "event", context)
-    return EventSpec(event_cls, event.name, event.bus, event.payload_schema)
+    return EventSpec(
+        event_cls, event.name, event.bus, event.payload_schema, event.max_payload_bytes
+    )
 
 
 def encode_event(
@@ -143,7 +158,7 @@ def encode_event(
                 f"{spec.name}: payload does not match {spec.schema.__name__}: {exc}",
                 code="event.invalid_payload",
             ) from None
-    body = json_body(spec.name, payload, "event.invalid_payload", EventError)
+    body = json_body(spec.name, payload, "event", spec.max_payload_bytes, EventError)
     event_id = event_id or uuid.uuid4().hex
     emitted = emitted_at_ms if emitted_at_ms is not None else int(time.time() * 1000)
     return Message(event_id, spec.name, body, emitted)

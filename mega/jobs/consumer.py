@@ -36,7 +36,14 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from mega import tracing
-from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane, Receiver
+from mega.drivers.base import (
+    Delivery,
+    DlqRecord,
+    DriverUnavailable,
+    Lane,
+    MessageTooLarge,
+    Receiver,
+)
 from mega.errors import JobTimeout, Permanent
 from mega.jobs.control import WATCH_S, LaneControl
 from mega.jobs.delivery import (
@@ -525,7 +532,7 @@ class Consumer:
                 await self.steps.ended(
                     delivery.id, "dlq", error=failure, attempts=record["attempts"]
                 )  # fmt: skip
-            await self.receiver.dead_letter(delivery, record, terminate=decision.terminate)
+            await self._store_dead_letter(delivery, record, decision.terminate)
         except DriverUnavailable as exc:
             self.unreported[delivery.key] = record
             while len(self.unreported) > UNREPORTED_MEMO_SIZE:
@@ -545,6 +552,21 @@ class Consumer:
             "dlq", job=self.spec.name, id=record["id"], attempts=record["attempts"],
             error_type=record["error"]["type"], error=record["error"]["message"],
         )  # fmt: skip
+
+    async def _store_dead_letter(
+        self, delivery: Delivery, record: DlqRecord, terminate: bool
+    ) -> None:
+        """The record, and then the settle; a record over the engine's message cap (a payload
+        near it, with the error beside it) is stored without its payload instead: kept for
+        ever unstored, it would come back and fail the same way each time."""
+        try:
+            await self.receiver.dead_letter(delivery, record, terminate=terminate)
+        except MessageTooLarge as exc:
+            record["payload"] = None
+            record.pop("raw_b64", None)
+            note = f" [its payload was dropped from this record: {exc}]"
+            record["error"]["message"] = record["error"]["message"][:MAX_ERROR_CHARS] + note
+            await self.receiver.dead_letter(delivery, record, terminate=terminate)
 
     # -- control: cancels and the pause ------------------------------------------------------
 

@@ -50,21 +50,23 @@ class Job(JobBase):
     """Base class of every job. Subclasses set `subject` and `bus` and override `run`.
 
     Class attributes: `subject` (letters, digits, `.`, `_` and `-`; not ending in `.dlq`), `bus`
-    (a bus alias of the config), `schema` (None or a pydantic model: the payload is validated
-    at enqueue and `run` receives an instance), `concurrency` (>= 1, messages in flight for the
-    whole worker group, so raise it with the number of worker processes), `retries` (>= 0
-    extra tries), `backoff` (exponential, ms), `ack_wait_s` (> 0 s before an unacknowledged
-    delivery is redelivered; running jobs renew it), `dlq_max_age_s` (>= 0 s, 0 keeps dead
-    letters forever), `dlq_max_bytes` (None or a positive byte cap of the DLQ stream),
-    `replicas` (1 to 5: copies of its streams in a NATS cluster; 3 survives the loss of one
-    node), `timeout_s` (None or > 0 s: a run's limit), `permanent` (errors that skip the
-    retries), `rate_limit` (None or {"limit": n, "period_s": s}: starts across the whole group,
-    or with "per": "key" for each key; see mega/jobs/ratelimit.py), `key_concurrency` (None or
-    >= 1: runs of one key at once across the group; see mega/jobs/flow.py), `flow_cache` (the
-    cache both count in; None: the config's only cache), `fair` (workers take the keys' jobs
-    in turn), `prioritized` (enqueue takes a `priority`; the bands take turns, high most),
-    `durable` (on Redis, enqueue returns once a replica has the job too: see `Lane.durable`),
-    `keep_status_s` and `keep_result_s`, `name` (defaults to the class name).
+    (a bus alias of the config), `schema` (None or a pydantic model: the payload is validated at
+    enqueue and `run` receives an instance), `concurrency` (>= 1, messages in flight for the
+    whole worker group, so raise it with the number of worker processes), `retries` (>= 0 extra
+    tries), `backoff` (exponential, ms), `ack_wait_s` (> 0 s before an unacknowledged delivery
+    is redelivered; running jobs renew it), `dlq_max_age_s` (>= 0 s, 0 keeps dead letters
+    forever), `dlq_max_bytes` (None or a positive byte cap of the DLQ stream),
+    `max_payload_bytes` (1 MiB: a larger payload, as JSON, is refused at enqueue with
+    `job.payload_too_large`), `replicas` (1 to 5: copies of its streams in a NATS cluster; 3
+    survives the loss of one node), `timeout_s` (None or > 0 s: a run's limit), `permanent`
+    (errors that skip the retries), `rate_limit` (None or {"limit": n, "period_s": s}: starts
+    across the whole group, or with "per": "key" for each key; see mega/jobs/ratelimit.py),
+    `key_concurrency` (None or >= 1: runs of one key at once across the group; see
+    mega/jobs/flow.py), `flow_cache` (the cache both count in; None: the config's only cache),
+    `fair` (workers take the keys' jobs in turn), `prioritized` (enqueue takes a `priority`; the
+    bands take turns, high most), `durable` (on Redis, enqueue returns once a replica has the
+    job too: see `Lane.durable`), `keep_status_s` and `keep_result_s`, `name` (defaults to the
+    class name).
     """
 
     @classmethod

@@ -46,6 +46,7 @@ from mega.jobs.spec import (
     JobBase,
     JobId,
     JobSpec,
+    check_engine_cap,
     due_ms_of,
     encode_job,
     fit_schema,
@@ -200,6 +201,7 @@ class JobQueue(LaneEndpoint):
 
     async def _enqueue(self, spec: JobSpec, message: Message, session: Session | None) -> JobId:
         lane = job_lane(spec)
+        check_engine_cap(spec.name, [message.body], self.bus, "job")
         try:
             if session is not None:  # its record comes with its first run: not before a commit
                 [stored] = publish_in(self.bus, session, lane, [message])
@@ -243,6 +245,7 @@ class JobQueue(LaneEndpoint):
 
     async def _enqueue_many(self, spec: JobSpec, messages: list[Message]) -> list[str]:
         lane = job_lane(spec)
+        check_engine_cap(spec.name, (message.body for message in messages), self.bus, "job")
         try:
             await asyncio.gather(
                 self.bus.publish(lane, messages), self._created(spec, lane, messages)

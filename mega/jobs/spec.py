@@ -13,7 +13,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
@@ -45,7 +45,7 @@ from mega.drivers.base import PRIORITIES, Message, Priority
 from mega.errors import JobError
 from mega.jobs.backoff import BackoffPolicy
 from mega.jobs.ratelimit import RateLimit
-from mega.validation import MAX_ID_LENGTH, is_number, is_token, shortened
+from mega.validation import MAX_ID_LENGTH, MAX_PAYLOAD_BYTES, is_number, is_token, shortened
 
 if TYPE_CHECKING:
     from mega.jobs.progress import JobContext
@@ -105,6 +105,7 @@ class JobBase(Consumed):
     bus: ClassVar[str]
     name: ClassVar[str]
     dlq_max_bytes: ClassVar[int | None] = None
+    max_payload_bytes: ClassVar[int] = MAX_PAYLOAD_BYTES
     schema: ClassVar[type[BaseModel] | None] = None
     keep_status_s: ClassVar[float] = DEFAULT_KEEP_STATUS_S
     keep_result_s: ClassVar[float] = DEFAULT_KEEP_RESULT_S
@@ -160,6 +161,7 @@ class JobSpec(ConsumedSpec):
     subject: str
     bus: str
     dlq_max_bytes: int | None
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES
     schema: type[BaseModel] | None = None
     keep_status_s: float = DEFAULT_KEEP_STATUS_S
     keep_result_s: float = DEFAULT_KEEP_RESULT_S
@@ -276,6 +278,9 @@ class JobDeclaration(ConsumedDeclaration):
         Annotated[StrictInt, Field(ge=1)] | None, rule("must be None or a positive int")
     ]
     name: NonEmptyStr
+    max_payload_bytes: Annotated[
+        StrictInt, Field(ge=1), rule("must be a positive int: the payload's bytes as JSON")
+    ]
     keep_status_s: Annotated[
         StrictFloat, Field(ge=0, allow_inf_nan=False), rule("must be >= 0 s (0: no status)")
     ]
@@ -331,7 +336,8 @@ def validate_job(job_cls: type[JobBase], bus_aliases: Collection[str]) -> JobSpe
     job = validate_subclass(JobDeclaration, job_cls, JobBase, "job", context)
     return JobSpec(
         job_cls=job_cls, name=job.name, subject=job.subject, bus=job.bus,
-        dlq_max_bytes=job.dlq_max_bytes, schema=job.payload_schema,
+        dlq_max_bytes=job.dlq_max_bytes, max_payload_bytes=job.max_payload_bytes,
+        schema=job.payload_schema,
         keep_status_s=job.keep_status_s, keep_result_s=job.keep_result_s,
         key_concurrency=job.key_concurrency, fair=job.fair, prioritized=job.prioritized,
         durable=job.durable,
@@ -359,12 +365,52 @@ def threaded(run: Callable[..., Any], concurrency: int) -> Callable[..., Awaitab
 # -- the message ---------------------------------------------------------------------------
 
 
-def json_body(name: str, payload: Any, code: str, error: type[JobError] = JobError) -> bytes:
-    """A payload as compact JSON; `error` with `code`, naming `name`, when it is not JSON."""
+def json_body(
+    name: str, payload: Any, kind: Literal["job", "event"], max_bytes: int = MAX_PAYLOAD_BYTES,
+    error: type[JobError] = JobError,
+) -> bytes:  # fmt: skip
+    """A payload as compact JSON of at most `max_bytes`; `error` naming `name` otherwise, with
+    the code `<kind>.invalid_payload` (not JSON, or nested too deep to encode) or
+    `<kind>.payload_too_large`."""
     try:
-        return json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+        body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
     except (TypeError, ValueError) as exc:
-        raise error(f"{name}: payload must be JSON-serialisable ({exc})", code=code) from None
+        raise error(
+            f"{name}: payload must be JSON-serialisable ({exc})", code=f"{kind}.invalid_payload"
+        ) from None
+    except RecursionError:
+        raise error(
+            f"{name}: payload is nested too deep to encode (keep it a few hundred levels at "
+            "most)", code=f"{kind}.invalid_payload",
+        ) from None  # fmt: skip
+    if len(body) > max_bytes:
+        raise error(too_large(name, len(body), max_bytes), code=f"{kind}.payload_too_large")
+    return body
+
+
+def check_engine_cap(
+    name: str, bodies: Iterable[bytes], bus: object, kind: Literal["job", "event"],
+    error: type[JobError] = JobError,
+) -> None:  # fmt: skip
+    """Refuse, before anything is sent, a body over what the bus's engine takes at most (its
+    driver's `max_body_bytes`, where it has one: a NATS server's max_payload): `error` with
+    `<kind>.payload_too_large` naming both. A refused publish would otherwise read as an
+    outage, and the records sent beside it would say `queued`."""
+    limit = getattr(bus, "max_body_bytes", None)
+    if limit is None:
+        return
+    for body in bodies:
+        if len(body) > limit:
+            what = f"what its bus's server takes (max_payload less its headers: {limit:,})"
+            raise error(too_large(name, len(body), limit, what), code=f"{kind}.payload_too_large")
+
+
+def too_large(name: str, size: int, cap: int, what: str = "its max_payload_bytes") -> str:
+    cap_said = "" if str(f"{cap:,}") in what else f" ({cap:,})"
+    return (
+        f"{name}: payload is {size:,} bytes as JSON, over {what}{cap_said}: store big data "
+        "elsewhere (a table, object storage) and pass its key"
+    )
 
 
 def encode_job(
@@ -382,7 +428,7 @@ def encode_job(
     before anything is stored."""
     if spec.schema is not None:
         payload = fit_schema(spec, payload).model_dump(mode="json")
-    body = json_body(spec.name, payload, "job.invalid_payload")
+    body = json_body(spec.name, payload, "job", spec.max_payload_bytes)
     if now_ms is None:
         now_ms = int(time.time() * 1000)
     dedup = job_id is not None

@@ -285,7 +285,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(MegaError)
     async def mega_error(request: Request, exc: MegaError) -> Response:
-        return fail(400, exc.code, exc.message)
+        status = 413 if exc.code.endswith(".payload_too_large") else 400
+        return fail(status, exc.code, exc.message)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 from nats.aio.client import Client as NatsClient
 from nats.aio.client import Server
 from nats.aio.msg import Msg
-from nats.errors import NoRespondersError
+from nats.errors import MaxPayloadError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -58,6 +58,7 @@ from mega.drivers.base import (
     Lane,
     LaneStats,
     Message,
+    MessageTooLarge,
     Table,
 )
 from mega.drivers.nats.acks import BULK_TIMEOUT_PER_MSG_S, BULK_TIMEOUT_S, AckMux
@@ -100,6 +101,9 @@ from mega.drivers.nats.records import (
 from mega.errors import DependencyUnavailable, JobError
 
 logger = logging.getLogger("mega.jobqueue")
+# What a message's headers may take of the server's max_payload: ids and keys (200 characters
+# each at most), times, a trace context.
+HEADER_ROOM_BYTES = 4096
 
 # How long a batch of events (the outbox relay's) waits for its PubAcks before it gives up
 # (the rows stay pending). On SQLite writers wait for the relay's transaction meanwhile.
@@ -156,6 +160,12 @@ class NatsBus:
     @property
     def connected(self) -> bool:
         return bool(self.native.is_connected)
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The largest body a publish may carry: the server's `max_payload` (1 MB unless set
+        otherwise) less room for mega's headers, which count in it."""
+        return int(self.native.max_payload) - HEADER_ROOM_BYTES
 
     @property
     def schedules_supported(self) -> bool:
@@ -555,6 +565,8 @@ class NatsBus:
             subject, body, headers = envelopes[0]
             try:
                 return [stored(await self.js.publish(subject, body, headers=headers))]
+            except MaxPayloadError as exc:
+                raise MessageTooLarge(self.native.max_payload) from exc
             except NATS_ERRORS as exc:
                 return [stored(exc)]
         futures: list[asyncio.Future[Any]] = []
@@ -567,6 +579,10 @@ class NatsBus:
             # gather's CancelledError itself (wait_for left it unretrieved, and logged).
             async with asyncio.timeout(timeout_s):
                 acks = await asyncio.gather(*futures, return_exceptions=True)
+        except MaxPayloadError as exc:  # raised before it is sent: the earlier ones may stand
+            for future in futures:
+                future.cancel()
+            raise MessageTooLarge(self.native.max_payload) from exc
         except NATS_ERRORS as exc:
             for future in futures:
                 future.cancel()  # frees nats-py's in-flight slot of an ack that never came

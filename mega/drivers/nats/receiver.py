@@ -26,10 +26,11 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from nats.aio.msg import Msg
+from nats.errors import MaxPayloadError
 from nats.js.errors import APIError
 
 from mega.constants import CLOSE_TASKS_S
-from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane
+from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane, MessageTooLarge
 from mega.drivers.nats.errors import NATS_ERRORS
 from mega.drivers.nats.fair import Feeder
 from mega.drivers.nats.names import (
@@ -383,6 +384,8 @@ class NatsReceiver:
                 json.dumps(record).encode(),
                 headers=headers,
             )
+        except MaxPayloadError as exc:
+            raise MessageTooLarge(self.nc.max_payload) from exc
         except NATS_ERRORS as exc:
             raise DriverUnavailable(str(exc) or repr(exc)) from exc
         await self._end(delivery.handle, TERM if terminate else ACK)

@@ -152,3 +152,20 @@ async def test_every_way_to_emit_checks_the_id_before_anything_is_stored() -> No
     codes = {error.value.code for error in (by_function, by_bus, by_outbox)}
     assert codes == {"event.invalid_id"}
     assert not ctx.buses["jobs"].broker.events  # type: ignore[attr-defined]  # nothing stored
+
+
+def test_an_event_payload_over_its_cap_or_too_deep_is_refused() -> None:
+    spec = validate_event(type("Plain", (Event,), {"name": "x.y", "bus": "jobs"}), BUSES)
+    with pytest.raises(EventError) as caught:
+        encode_event(spec, "x" * (1024 * 1024))
+    assert caught.value.code == "event.payload_too_large"
+    assert "1,048,578 bytes as JSON, over its max_payload_bytes (1,048,576)" in str(caught.value)
+    deep: Any = {}
+    for _ in range(5000):
+        deep = {"a": deep}
+    with pytest.raises(EventError) as nested:
+        encode_event(spec, deep)
+    assert nested.value.code == "event.invalid_payload"
+    capped = type("Capped", (Event,), {"name": "x.z", "bus": "jobs", "max_payload_bytes": 8})
+    with pytest.raises(EventError, match="over its max_payload_bytes \\(8\\)"):
+        encode_event(validate_event(capped, BUSES), {"long": True})

@@ -1222,3 +1222,57 @@ async def test_a_poison_job_costs_one_delivery_never_the_lane(setup: Any, prefix
         assert "(5,000 characters)" in record["error"]["message"]
     status = await queue.status(job, stand_in_id(long_id))
     assert status is not None and status.state == "dlq"
+
+
+async def test_a_payload_over_a_cap_is_refused_before_anything_is_stored(
+    setup: Any, prefix: str
+) -> None:
+    """Over the class's max_payload_bytes (1 MiB by default) on every driver; over what the
+    engine takes (a NATS server's max_payload, 1 MB here) where that is less: the same
+    `job.payload_too_large`, never a 503, and no job nor record stored."""
+    _, job, queue, _ = setup
+    with pytest.raises(JobError) as caught:
+        await queue.enqueue(job, {"id": "big", "pad": "x" * 1024 * 1024}, id=f"{prefix}-big")
+    assert caught.value.code == "job.payload_too_large"
+    assert "over its max_payload_bytes (1,048,576)" in str(caught.value)
+    with pytest.raises(JobError):
+        await queue.enqueue_many(job, [{"id": "small"}, {"id": "big", "pad": "x" * 1024 * 1024}])
+    roomy = type("Roomy", (job,), {"max_payload_bytes": 4 * 1024 * 1024})
+    payload = {"id": f"{prefix}-roomy", "pad": "x" * 1536 * 1024}
+    if queue.bus.driver == "nats":
+        with pytest.raises(JobError) as engine:
+            await queue.enqueue(roomy, payload, id=f"{prefix}-roomy")
+        assert engine.value.code == "job.payload_too_large"
+        assert "over what its bus's server takes (max_payload less its headers" in str(engine.value)
+        assert await queue.status(roomy, f"{prefix}-roomy") is None
+    else:
+        await queue.enqueue(roomy, payload, id=f"{prefix}-roomy")
+        await until(lambda: DONE[f"{prefix}-roomy"] == 1, "the roomy job ran")
+    assert await queue.status(job, f"{prefix}-big") is None
+    await asyncio.sleep(0.2)
+    assert RUNS["big"] == RUNS["small"] == 0  # nothing of either call was stored
+
+
+async def test_a_dead_letter_over_the_engines_cap_is_kept_without_its_payload(
+    setup: Any, prefix: str
+) -> None:
+    """An undecodable body near the engine's cap makes a record (its bytes in base64) that
+    NATS would refuse for ever: it is kept without them, saying so, and the lane goes on."""
+    _, job, queue, _ = setup
+    spec = await queue.ensure(job)
+    raw = b"\xff" + b"x" * 1_000_000
+    now_ms = int(time.time() * 1000)
+    await queue.bus.publish(job_lane(spec), [Message(f"{prefix}-raw", spec.subject, raw, now_ms)])
+    await until(lambda: queue.dlq.count(job), "the undecodable job dead-lettered", 30)
+    [record] = await queue.dlq.list(job)
+    assert record["id"] == f"{prefix}-raw" and record["error"]["type"] == "DecodeError"
+    if queue.bus.driver == "nats":
+        assert "raw_b64" not in record and record["payload"] is None
+        assert (
+            "its payload was dropped from this record: over the engine's message cap"
+            in (record["error"]["message"])
+        )
+    else:
+        assert len(record["raw_b64"]) > 1_000_000
+    await queue.enqueue(job, {"id": f"{prefix}-after"})
+    await until(lambda: DONE[f"{prefix}-after"] == 1, "the next job ran")

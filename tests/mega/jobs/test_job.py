@@ -252,3 +252,36 @@ def test_bad_delays_are_rejected(spec: JobSpec, delay: Any, run_at: Any) -> None
     with pytest.raises(JobError) as caught:
         due_ms_of(spec, delay, run_at)
     assert caught.value.code == "job.invalid_delay"
+
+
+def test_a_payload_over_its_cap_is_refused_naming_the_size_and_the_cap(spec: JobSpec) -> None:
+    assert spec.max_payload_bytes == 1024 * 1024  # 1 MiB unless the class says otherwise
+    fits = "x" * (1024 * 1024 - 2)  # with its quotes, exactly the cap
+    assert len(encode_job(spec, fits).body) == 1024 * 1024
+    with pytest.raises(JobError) as caught:
+        encode_job(spec, fits + "x")
+    assert caught.value.code == "job.payload_too_large"
+    assert "payload is 1,048,577 bytes as JSON, over its max_payload_bytes (1,048,576)" in str(
+        caught.value
+    )
+    small = validate_job(type("Small", (EmailJob,), {"max_payload_bytes": 10}), BUSES)
+    with pytest.raises(JobError, match="over its max_payload_bytes \\(10\\)"):
+        encode_job(small, {"to": "a@b.c"})
+
+
+def test_a_payload_nested_too_deep_is_an_invalid_payload_not_a_recursion_error(
+    spec: JobSpec,
+) -> None:
+    deep: Any = []
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(JobError) as caught:
+        encode_job(spec, deep)
+    assert caught.value.code == "job.invalid_payload"
+    assert "nested too deep" in str(caught.value)
+
+
+@pytest.mark.parametrize("cap", [0, -1, 1.5, True, "1MiB"])
+def test_max_payload_bytes_must_be_a_positive_int(cap: Any) -> None:
+    with pytest.raises(RegistrationError, match="max_payload_bytes: must be a positive int"):
+        validate_job(type("Capped", (EmailJob,), {"max_payload_bytes": cap}), BUSES)
