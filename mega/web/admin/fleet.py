@@ -96,6 +96,18 @@ def rate_text(per_s: float | None) -> str:
     return f"{per_s:.3g}/s"
 
 
+# A payload, a raw body or an error longer than this is shown cut, with a link to the whole
+# record as JSON: a page of dead letters of 1 MiB payloads would weigh tens of MB.
+SHOWN_CHARS = 16 * 1024
+
+
+def clipped(text: str) -> tuple[str, bool]:
+    """`text` cut at SHOWN_CHARS, and whether it was."""
+    if len(text) <= SHOWN_CHARS:
+        return text, False
+    return text[:SHOWN_CHARS] + "\n…", True
+
+
 def pretty_json(value: Any) -> str:
     """A payload as indented JSON (the template escapes it)."""
     try:
@@ -286,13 +298,18 @@ def dead_letter_view(record: Any) -> dict[str, Any]:
     error = record.get("error") or {}
     worker = record.get("worker") or ""
     raw = record.get("raw_b64")
+    payload, payload_cut = clipped(pretty_json(record.get("payload")) if raw is None else "")
+    raw_shown, raw_cut = clipped(raw) if raw is not None else (None, False)
+    message, message_cut = clipped(str(error.get("message", "")))
     return {
         "id": record["id"],
         "seq": record.get("seq"),
-        "payload": None if raw is not None else pretty_json(record.get("payload")),
-        "raw_b64": raw,
+        "payload": None if raw is not None else payload,
+        "raw_b64": raw_shown,
         "error_type": error.get("type", "—"),
-        "error_message": error.get("message", ""),
+        "error_message": message,
+        # Something was cut for the page: it links to the whole record as JSON.
+        "clipped": payload_cut or raw_cut or message_cut,
         "attempts": record.get("attempts"),
         "first_enqueued": utc_time(record.get("first_enqueued_at")),
         "failed_at": utc_time(record.get("failed_at")),

@@ -31,7 +31,7 @@ from typing import Annotated, Any
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Form, HTTPException, Query, Request, Response
-from fastapi.responses import FileResponse, RedirectResponse
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 
 from mega.errors import ConfigError, JobError, MegaError, RegistrationError
 from mega.events.bus import EventBus
@@ -207,7 +207,8 @@ def admin_router(
             return RedirectResponse(admin.workflow_url(job_id), status_code=303)
         return not_found(admin, request, job_id)
 
-    @router.get("/jobs/{job_id}")
+    # `:path`: an id may hold a `/` (tenant/7), which its URL quotes and the server unquotes.
+    @router.get("/jobs/{job_id:path}")
     async def job_page(
         request: Request, user: UserDep, job_id: str, job: str | None = None
     ) -> Response:
@@ -221,7 +222,7 @@ def admin_router(
             return not_found(admin, request, job_id)
         return admin.page(request, "job.html", **await job_data(admin, request, *found))
 
-    @router.get("/workflows/{workflow_id}")
+    @router.get("/workflows/{workflow_id:path}")
     async def workflow_page(request: Request, user: UserDep, workflow_id: str) -> Response:
         status = await find_workflow(admin, request, workflow_id)
         if status is None:
@@ -416,6 +417,15 @@ def add_dlq_routes(router: APIRouter, admin: Admin, kind: str, path: str) -> Non
             newest_url=admin.dlq_url(lane) if before else None,
             dlq_url=admin.dlq_url(lane),
         )  # fmt: skip
+
+    @router.get(path + "/record", name=f"admin_{kind}_dlq_record")
+    async def whole_record(request: Request, user: UserDep, name: str, id: IdQuery) -> Response:
+        """One dead letter, whole, as JSON: what a page shows cut (over 16 KB)."""
+        lane = admin.lane(request, kind, name)
+        record = await lane.dlq.get(lane.cls, id)
+        if record is None:
+            raise HTTPException(404, f"no dead letter {id} of {lane.name}")
+        return JSONResponse(record)
 
     @router.post(path + "/retry", name=f"admin_{kind}_dlq_retry")
     async def retry(request: Request, user: UserDep, name: str, id: IdForm) -> Response:

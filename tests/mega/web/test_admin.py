@@ -147,6 +147,13 @@ async def test_the_overview_a_job_page_and_the_search(
     unknown = await client.get("/admin/jobs/no-such-job")
     assert unknown.status_code == 404 and "No job has the id" in unknown.text
 
+    slashed = await queue.enqueue(Boom, {"to": "bo@example.com"}, id="tenant/7")
+    found = await client.get("/admin/search?id=tenant/7")
+    assert found.status_code == 303
+    assert found.headers["location"] == "/admin/jobs/tenant%2F7?job=Boom"
+    page = await client.get(found.headers["location"])
+    assert page.status_code == 200 and "tenant/7" in page.text and slashed == "tenant/7"
+
 
 async def _state_is(queue: Any, job_id: str, state: str) -> bool:
     status = await queue.status(Boom, job_id)
@@ -293,3 +300,29 @@ async def test_a_workflow_page_shows_each_step_and_links_its_jobs(
     assert hit.status_code == 303 and hit.headers["location"] == "/admin/workflows/weekly-digest"
     missing = await client.get("/admin/workflows/no-such-workflow")
     assert missing.status_code == 404 and "No job has the id" in missing.text
+
+
+async def test_a_large_payload_is_shown_cut_with_a_link_to_the_whole_record(
+    client: httpx.AsyncClient, config: Config
+) -> None:
+    await login(client)
+    queue = job_queue(client.app, "jobs")  # type: ignore[attr-defined]
+    big = await queue.enqueue(Boom, {"fail": True, "pad": "y" * 200_000})
+    small = await queue.enqueue(Boom, {"fail": True, "n": 1})
+    async with job_worker(config):
+        await dead_letters(client, 2)
+    page = await client.get("/admin/dlq/Boom")
+    assert page.status_code == 200 and len(page.text) < 80_000  # not the 200 KB payload
+    link = f'<a href="/admin/dlq/Boom/record?id={big}">the whole record as JSON</a>'
+    assert text_of(page.text).count("Shown cut at 16 KB") == 1 and link in page.text
+    job_page = await client.get(f"/admin/jobs/{big}?job=Boom")
+    assert len(job_page.text) < 80_000 and link in job_page.text
+    whole = await client.get(f"/admin/dlq/Boom/record?id={big}")
+    assert whole.status_code == 200 and whole.headers["content-type"] == "application/json"
+    assert whole.json()["payload"]["pad"] == "y" * 200_000
+    small_page = await client.get(f"/admin/jobs/{small}?job=Boom")
+    assert "Shown cut" not in small_page.text
+    missing = await client.get(
+        "/admin/dlq/Boom/record?id=nope", headers={"accept": "application/json"}
+    )
+    assert missing.status_code == 404
