@@ -54,7 +54,9 @@ IMAGE = re.compile(r"^[a-z0-9][a-z0-9_-]*\.png$")
 
 def source_file(path: str) -> Path | None:
     """The project file `path` names, if it is one the source view may show."""
-    if not path or path.startswith("/") or "\\" in path or ".." in path.split("/"):
+    if not path or not path.isprintable() or path.startswith("/") or "\\" in path:
+        return None  # a NUL byte (which the file system refuses with a ValueError) included
+    if ".." in path.split("/"):
         return None
     candidate = (PROJECT_ROOT / path).resolve()
     if not candidate.is_relative_to(PROJECT_ROOT) or not candidate.is_file():

@@ -33,6 +33,9 @@ async def test_source_and_guide_pages_are_for_logged_in_users(
         assert '<h1 id="jobs-a-durable-queue-on-nats-jetstream">' in chapter.text  # its anchor
         assert 'aria-current="page">Jobs<' in chapter.text
         assert (await client.get("/demo/guide")).headers["location"] == "/demo/guide/index"
+        for _ in range(2):  # a NUL byte is a plain 404, and the next request is served
+            assert (await client.get("/demo/source?path=app/web.py%00")).status_code == 404
+            assert (await client.get("/demo/source?path=app/web.py")).status_code == 200
         for missing in (
             "/demo/guide/nope",
             "/demo/guide/img/nope.png",
@@ -55,6 +58,9 @@ async def test_source_and_guide_pages_are_for_logged_in_users(
         "app/does_not_exist.py",
         "app",
         "static/css/../../.git/HEAD",
+        "app/web.py\x00",
+        "app/\x00web.py",
+        "app/web.py\n",
     ],
 )
 def test_the_source_view_shows_only_project_text_files(path: str) -> None:
