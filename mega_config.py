@@ -96,11 +96,13 @@ auth = {
     "users": {demo_user: demo_password} if demo_user and demo_password else {},
 }
 
-# Prometheus: the web app serves /metrics; scheduler and worker hosts listen on their own ports
-# (MEGA_METRICS_BIND: which address). MEGA_METRICS_TOKEN: the web's /metrics asks for it as a
-# bearer token (set it wherever the web port is public).
+# Prometheus: scheduler and worker hosts listen on their own ports (MEGA_METRICS_BIND: which
+# address; compose publishes neither, so only its own network reaches them). The web app's port
+# is public, so it serves /metrics only behind MEGA_METRICS_TOKEN (a scrape sends it as a bearer
+# token), or under `mega dev`, which listens on this machine alone.
 metrics = {
     "enabled": True,
+    "web": DEV or bool(os.environ.get("MEGA_METRICS_TOKEN")),
     "scheduler_port": int(os.environ.get("MEGA_SCHEDULER_METRICS_PORT", "9101")),
     "worker_port": int(os.environ.get("MEGA_WORKER_METRICS_PORT", "9102")),
 }

@@ -109,3 +109,23 @@ async def test_the_depth_and_the_oldest_age_of_each_configured_queue(
     assert "mega_queue_depth{" in empty  # a sample, 0, not a missing one
     assert sample(text, "mega_queue_depth", job="DepthJob") == 5
     assert sample(text, "mega_queue_oldest_seconds", job="DepthJob") >= 1.0
+
+
+@pytest.mark.parametrize(
+    ("env", "served"),
+    [
+        ({}, False),  # compose, systemd: the web port is public and no token was set
+        ({"MEGA_METRICS_TOKEN": "t" * 32}, True),  # behind the token
+        ({"MEGA_ENV": "dev"}, True),  # mega dev: this machine alone
+    ],
+)
+def test_the_samples_web_metrics_are_never_open_on_a_public_port(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], served: bool
+) -> None:
+    for name in ("MEGA_METRICS_TOKEN", "MEGA_ENV"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    config = load_config(Path(__file__).resolve().parents[2] / "mega_config.py", signs=False)
+    assert config.metrics.web is served
+    assert config.metrics.token == env.get("MEGA_METRICS_TOKEN")
