@@ -44,8 +44,6 @@ router = APIRouter()
 HASH_TIMEOUT_MS = 60_000
 # Inline runs stall every request of the server: a few seconds of hashing at most here.
 MAX_INLINE_ROUNDS = 8_000_000
-# The page's default: about 2 s of hashing here, long enough to watch the heartbeat keep going.
-PAGE_ROUNDS = 6_000_000
 DIGEST_PATTERN = r"^[0-9a-f]{64}$"  # a result the page shows after a form post
 # A run id: what the browser generates (crypto.randomUUID() or similar), nothing else.
 RUN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
@@ -244,6 +242,12 @@ async def hash_progress(
     return ok(run_progress(request).get(run_id))
 
 
+def page_rounds(request: Request) -> int:
+    """The page's default rounds: about 2 s of hashing on this machine as measured (an inline
+    run of them stalls the server that long), within the inline cap."""
+    return hash_rates(request).page_rounds(sha256_loop, MAX_INLINE_ROUNDS)
+
+
 def pool_state(request: Request) -> dict[str, Any]:
     """The pool panel: stats() and the settings they are measured against, the rate the last
     runs hashed at, and the pool's last replacements."""
@@ -258,7 +262,7 @@ def pool_state(request: Request) -> dict[str, Any]:
         "mode": settings.mode,
         "pool_rate": rates.rate("pool"),
         "inline_rate": rates.rate("inline"),
-        "rate_text": rates.text(PAGE_ROUNDS),
+        "rate_text": rates.text(page_rounds(request)),
         "log": pool_log(request).lines(),
     }
 
@@ -353,9 +357,9 @@ def worker_page_context(
     a run posted without JavaScript, and the pool."""
     return {
         "title": "CPU worker",
-        "form": form or {"input": "mega", "rounds": str(PAGE_ROUNDS), "timeout_ms": ""},
+        "form": form or {"input": "mega", "rounds": str(page_rounds(request)), "timeout_ms": ""},
         "errors": errors or {},
-        "page_rounds": PAGE_ROUNDS,
+        "page_rounds": page_rounds(request),
         "max_rounds": MAX_ROUNDS,
         "max_timeout_ms": HASH_TIMEOUT_MS,
         "result": result,

@@ -9,13 +9,20 @@ page's result card shows. Memory of one web process, like the runs themselves.
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 Mode = Literal["pool", "inline"]
 LAST_RUNS = 5  # runs of each mode the rate is measured over
 # Shorter runs are mostly the request's own overhead, not hashing: they would understate the rate.
 MIN_ROUNDS = 100_000
+# The page's default run takes about this long here: long enough to watch the heartbeat, short
+# enough that an inline run stalls the server for a moment, not half a minute.
+PAGE_RUN_S = 2.0
+# Before any run, the rate is estimated once from a run of this many rounds (a few ms to 0.5 s).
+PROBE_ROUNDS = 100_000
 
 
 class HashRates:
@@ -25,6 +32,7 @@ class HashRates:
             "inline": deque(maxlen=last_runs),
         }
         self._min_rounds = min_rounds
+        self._probe_rate: float | None = None  # rounds a second of the one probe, if made
 
     def record(self, mode: Mode, rounds: int, seconds: float) -> None:
         """A run that finished: `rounds` hashed in `seconds` (> 0) of wall time."""
@@ -39,6 +47,24 @@ class HashRates:
         rounds = sum(r for r, _ in runs)
         seconds = sum(s for _, s in runs)
         return {"rounds_per_s": round(rounds / seconds), "runs": len(runs)}
+
+    def page_rounds(
+        self, hash_loop: Callable[[dict[str, Any]], Any], most: int, seconds: float = PAGE_RUN_S
+    ) -> int:
+        """The rounds that take about `seconds` here, to a 100,000 and within 100,000 to
+        `most`: from the last inline runs' rate (what an inline run stalls the server for),
+        else the pool's, else from one probe of `hash_loop` made once (kept apart: the page
+        still says it has measured nothing)."""
+        rate = self.rate("inline") or self.rate("pool")
+        if rate is not None:
+            per_s = float(rate["rounds_per_s"])
+        else:
+            if self._probe_rate is None:
+                started = time.perf_counter()
+                hash_loop({"input": "probe", "rounds": PROBE_ROUNDS})
+                self._probe_rate = PROBE_ROUNDS / max(time.perf_counter() - started, 1e-6)
+            per_s = self._probe_rate
+        return int(min(most, max(MIN_ROUNDS, round(per_s * seconds, -5))))
 
     def text(self, rounds: int) -> str:
         """The page's sentence on this machine's speed, with what `rounds` would take; before

@@ -8,6 +8,7 @@ import re
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -492,6 +493,33 @@ def test_the_rate_sentence_says_what_was_measured_and_nothing_else(
     assert rates.text(6_000_000) == text
 
 
+def test_the_pages_rounds_take_about_2_s_here_within_the_inline_cap() -> None:
+    """The default an inline run stalls the server for: about 2 s as measured (inline first:
+    that is the stall), never a figure from a faster machine (6,000,000 rounds once stalled a
+    slower one 34 s)."""
+    probes: list[dict[str, Any]] = []
+
+    def probe(task: dict[str, Any]) -> None:
+        probes.append(task)
+        time.sleep(0.05)  # the probe's 100,000 rounds take 50 ms or more: 2,000,000 a second
+
+    rates = HashRates()
+    first = rates.page_rounds(probe, most=8_000_000)
+    assert 100_000 <= first <= 4_000_000 and first % 100_000 == 0  # 2 s at that rate at most
+    assert rates.page_rounds(probe, most=8_000_000) == first and len(probes) == 1  # once
+    assert rates.text(1_000_000).startswith("How fast is this machine?")  # the probe is no run
+    rates.record("pool", 3_000_000, 1.0)
+    assert rates.page_rounds(probe, most=8_000_000) == 6_000_000
+    rates.record("inline", 1_000_000, 4.0)  # 250,000 a second on the event loop
+    assert rates.page_rounds(probe, most=8_000_000) == 500_000
+    rates.record("inline", 100_000_000, 1.0)
+    assert rates.page_rounds(probe, most=8_000_000) == 8_000_000  # the cap holds
+    slow = HashRates()
+    slow.record("inline", 100_000, 10.0)
+    assert slow.page_rounds(probe, most=8_000_000) == 100_000  # never below the least
+    assert len(probes) == 1
+
+
 async def test_the_rate_is_measured_from_the_last_runs_and_said_honestly_before_any(
     config,
 ) -> None:
@@ -517,7 +545,8 @@ async def test_the_rate_is_measured_from_the_last_runs_and_said_honestly_before_
         assert (await client.post("/api/demo/worker/hash", json=inline, headers=headers)).is_success
         state = await pool_state(client)
         assert state["inline_rate"]["runs"] == 1 and state["pool_rate"]["runs"] == 1
-        assert " inline (last 1 run); so 6,000,000 rounds take about " in state["rate_text"]
+        rounds = round(state["inline_rate"]["rounds_per_s"] * 2, -5)  # 2 s of it inline
+        assert f" inline (last 1 run); so {rounds:,} rounds take about " in state["rate_text"]
         assert state["rate_text"].endswith(" s in the pool.")
         assert state["rate_text"] in (await client.get("/demo/worker")).text
 
