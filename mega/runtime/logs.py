@@ -7,12 +7,25 @@ import json
 import logging
 import os
 import sys
+import time
 from datetime import UTC, datetime
 from typing import Any
 
 from mega import tracing
 
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+# The time of a text line: UTC, said with its `Z`, as every page and JSON line says it (a host's
+# local time without a zone read as UTC beside them).
+TEXT_TIME = "%H:%M:%SZ"
+
+
+class TextFormatter(logging.Formatter):
+    """TEXT_FORMAT, its time in UTC."""
+
+    converter = staticmethod(time.gmtime)  # type: ignore[assignment]
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT, datefmt=TEXT_TIME)
 
 
 class JsonFormatter(logging.Formatter):
@@ -47,7 +60,7 @@ def setup_logging(*, json_logs: bool = False) -> None:
     if json_logs:
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter(TEXT_FORMAT, datefmt="%H:%M:%S"))
+        handler.setFormatter(TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(os.environ.get("MEGA_LOG_LEVEL", "INFO").upper())

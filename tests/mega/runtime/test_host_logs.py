@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from mega.runtime.hosts import _observe
+from mega.runtime.logs import TextFormatter
 from mega.signals import Signals
 from tests.factories import write_config
 
@@ -92,3 +93,16 @@ def records(log: Path) -> list[dict[str, Any]]:
         with contextlib.suppress(ValueError):
             found.append(json.loads(line))
     return found
+
+
+def test_a_text_line_says_its_time_in_utc_with_its_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TZ", "Asia/Seoul")  # 9 h ahead of UTC, no summer time
+    time.tzset()
+    try:
+        record = logging.LogRecord("mega.worker", logging.INFO, __file__, 1, "up", None, None)
+        record.created = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC, 09:00 in Seoul
+        line = TextFormatter().format(record)
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    assert line == "00:00:00Z INFO    mega.worker: up"
