@@ -206,9 +206,7 @@ class JobQueue(LaneEndpoint):
             if session is not None:  # its record comes with its first run: not before a commit
                 [stored] = publish_in(self.bus, session, lane, [message])
             else:
-                [stored], _ = await asyncio.gather(
-                    self.bus.publish(lane, [message]), self._created(spec, lane, [message])
-                )
+                [stored] = await self._publish(spec, lane, [message])
         except DriverUnavailable as exc:
             raise self.unavailable(f"cannot enqueue {spec.name}", exc) from exc
         await self.signal(
@@ -247,9 +245,7 @@ class JobQueue(LaneEndpoint):
         lane = job_lane(spec)
         check_engine_cap(spec.name, (message.body for message in messages), self.bus, "job")
         try:
-            await asyncio.gather(
-                self.bus.publish(lane, messages), self._created(spec, lane, messages)
-            )
+            await self._publish(spec, lane, messages)
         except DriverUnavailable as exc:
             raise self.unavailable(f"cannot enqueue {len(messages)} x {spec.name}", exc) from exc
         if self.signals.has_observers("dispatch"):
@@ -259,21 +255,31 @@ class JobQueue(LaneEndpoint):
                 )
         return [message.id for message in messages]
 
-    async def _created(self, spec: JobSpec, lane: Lane, messages: list[Message]) -> None:
-        """The new jobs' first status records, where none is there yet (a worker may have
-        started one already, or the id is a duplicate's), sent beside the jobs themselves: one
+    async def _publish(self, spec: JobSpec, lane: Lane, messages: list[Message]) -> list[bool]:
+        """Store the jobs and their first status records (`queued`, where none is there yet: a
+        worker may have started one already, or the id is a duplicate's), sent together: one
         round trip for both. A publish that fails may still have stored its job (see
         `enqueue`), and its record says `queued` as it may be. Records that fail cost only
-        themselves (logged): the enqueue stands or falls with its jobs."""
+        themselves, said once the jobs are known stored: the enqueue stands or falls with its
+        jobs. Raises the publish's DriverUnavailable."""
         if lane.keep_status_s <= 0:
-            return
+            return await self.bus.publish(lane, messages)
         records = created(spec.name, messages)
-        try:
-            await self.bus.put_records(lane, "status", records, create=True, confirm=False)
-        except DriverUnavailable as exc:
+        stored, recorded = await asyncio.gather(
+            self.bus.publish(lane, messages),
+            self.bus.put_records(lane, "status", records, create=True, confirm=False),
+            return_exceptions=True,
+        )
+        if isinstance(stored, BaseException):
+            raise stored  # the records' failure, if any, is the same outage: said once
+        if isinstance(recorded, DriverUnavailable):
             logger.warning(
-                "%s: %d job(s) stored, their status records not (%s)", spec.name, len(records), exc
-            )
+                "%s: %d job(s) stored, their status records not (%s)",
+                spec.name, len(records), recorded,
+            )  # fmt: skip
+        elif isinstance(recorded, BaseException):
+            raise recorded
+        return stored
 
     # -- status and results -------------------------------------------------------------------
 
