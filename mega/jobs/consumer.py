@@ -629,11 +629,13 @@ class Consumer:
             logger.info("%s: resumed", self.spec.name)
 
     async def _skip(self, delivery: Delivery, started_ms: int | None = None) -> None:
-        """Settle a cancelled job's delivery without running it (again)."""
+        """Settle a cancelled job's delivery without running it (again): its record counts
+        the runs made, this delivery's only when it was running (`started_ms`)."""
         if self._is_step(delivery) and not await self._step_ended(delivery, "cancelled"):
             return
         if self.records is not None:
-            self.records.ended(delivery, started_ms, "cancelled", None)
+            runs = delivery.attempt if started_ms is not None else delivery.attempt - 1
+            self.records.ended(delivery, started_ms, "cancelled", None, attempts=runs)
         await self._ack_after_records(delivery)
         await self.signal("cancel", job=self.spec.name, id=delivery.id, attempt=delivery.attempt,
                           running=started_ms is not None)  # fmt: skip

@@ -272,7 +272,7 @@ class StatusWriter:
     ) -> None:
         if not self.on:
             return
-        job_id, attempt = delivery.id, attempts or delivery.attempt
+        job_id, attempt = delivery.id, delivery.attempt if attempts is None else attempts
         # Kept as its fields, made a record only if no later report replaces it first.
         report = Report(attempt, state, delivery.enqueued_at_ms, fields)
         replaced = self._statuses.pop(job_id, None)  # re-inserted last: batches keep order

@@ -682,6 +682,10 @@ async def test_cancel_a_queued_a_delayed_a_running_and_a_finished_job(
         assert {i: s.state for i, s in statuses.items() if s} == {
             queued: "cancelled", delayed: "cancelled", running: "cancelled", quick: "done"
         }  # fmt: skip
+        # Runs made: none for the two that never started ("cancelled before it ran").
+        assert {i: s.attempts for i, s in statuses.items() if s} == {
+            queued: 0, delayed: 0, running: 1, quick: 1
+        }  # fmt: skip
         assert await queue.cancel(slow, running) == Cancelled(False, "cancelled")
         stats = await queue.stats(slow)
         assert (stats.pending, stats.in_flight, stats.dlq) == (0, 0, 0)
