@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mega.config import Config
-from mega.constants import DRAIN_TIMEOUT_S
+from mega.constants import DRAIN_TIMEOUT_S, HOW_TO_GET_SERVICES
 from mega.context import Context
 from mega.errors import ConfigError, DependencyUnavailable, MegaError
 from mega.runtime.boot import boot, check_database, shutdown
@@ -99,6 +99,13 @@ def start_metrics_server(config: Config, port: int) -> None:
                 code="metrics.port_in_use",
             ) from None
         logger.info("metrics on http://%s:%d/metrics", config.metrics.bind, port)
+
+
+# A host whose services do not answer at its start tries again after this, doubling each time
+# up to the most: a server restarted by its supervisor is picked up within seconds, and a long
+# outage costs a connection attempt every half minute.
+BOOT_RETRY_FIRST_S = 1.0
+BOOT_RETRY_MAX_S = 30.0
 
 
 @dataclass
@@ -241,12 +248,11 @@ async def _host(
     config: Config, signals: StopSignals, *, role: str, parts: list[Part], metrics_port: int,
     stopping: str,
 ) -> None:  # fmt: skip
-    ctx = await boot(config, role=role, database=False)
+    ctx = await boot_when_reachable(config, role)
     lost = asyncio.get_running_loop().create_future()
     watch_buses(ctx, functools.partial(_settle, lost))
     started: list[Any] = []
     try:
-        await check_database(config.database_url)
         if any(part.hook != "scheduler" for part in parts):
             buses = ", ".join(f"{alias!r} on {bus.driver}" for alias, bus in ctx.buses.items())
             logger.info("%s %s buses: %s", role, ctx.instance_id, buses or "none")
@@ -287,6 +293,32 @@ async def _host(
     logger.info("%s stopped", role)
     if lost.done():
         raise lost_for_good(role, lost.result())
+
+
+async def boot_when_reachable(config: Config, role: str) -> Context:
+    """The host's services, connected, and its database checked, tried again with a backoff
+    (BOOT_RETRY_FIRST_S doubling to BOOT_RETRY_MAX_S) while one does not answer: a host
+    started before its servers (a reboot, a deploy, a node that is down) waits for them, as
+    it rides out an outage once running, instead of exiting. A config error still ends it at
+    once, and a stop signal ends the wait (exit 0)."""
+    delay = BOOT_RETRY_FIRST_S
+    while True:
+        ctx = None
+        try:
+            ctx = await boot(config, role=role, database=False)
+            await check_database(config.database_url)
+            return ctx
+        except DependencyUnavailable as exc:
+            if ctx is not None:
+                await shutdown(ctx)
+            reason = exc.message.removesuffix(f"; {HOW_TO_GET_SERVICES}")
+            logger.warning(
+                "%s waits for its services: %s; trying again in %g s (a server started by "
+                "hand or by your supervisor is picked up then; locally, %s)",
+                role, reason, delay, HOW_TO_GET_SERVICES,
+            )  # fmt: skip
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, BOOT_RETRY_MAX_S)
 
 
 def watch_buses(ctx: Context, when_lost: Callable[[str], None]) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mega.runtime.embedded import free_port
+from mega.runtime.embedded import EmbeddedNats, EmbeddedRedis, free_port
 from tests.factories import DECLARATIONS, write_config
 from tests.processes import alive, descendants, wait_for_text
 
@@ -46,14 +46,14 @@ def test_every_command_has_help(command: str) -> None:
     assert "--config" in result.stdout
 
 
-@pytest.mark.parametrize("command", ["worker", "scheduler", "start"])
-def test_unreachable_nats_or_redis_is_one_clear_line(
-    tmp_path: Path, redis_url: str, nats_url: str, command: str
+def test_unreachable_nats_is_one_clear_line_from_the_web_app(
+    tmp_path: Path, redis_url: str
 ) -> None:
+    """The web app ends at once (a load balancer sends nothing to a process that is not up);
+    the worker and the scheduler wait for their servers (below)."""
+    command = "start"
     closed = f"127.0.0.1:{free_port()}"
-    nats = f"nats://{closed}" if command != "scheduler" else nats_url
-    redis = f"redis://{closed}/0" if command == "scheduler" else redis_url
-    config = write_config(tmp_path, nats_url=nats, redis_url=redis)
+    config = write_config(tmp_path, nats_url=f"nats://{closed}", redis_url=redis_url)
     result = run_mega(command, "--config", str(config))
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
@@ -61,6 +61,60 @@ def test_unreachable_nats_or_redis_is_one_clear_line(
     assert lines[0].startswith(f"mega {command}: error: cannot reach")
     assert closed in lines[0] and "mega dev" in lines[0] and "docker compose up" in lines[0]
     assert "Traceback" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("command", ["worker", "scheduler"])
+def test_a_host_started_before_its_server_waits_for_it_then_runs(
+    tmp_path: Path, redis_url: str, nats_url: str, command: str
+) -> None:
+    """Started before its server (a reboot, a deploy), a host says what it waits for, tries
+    again with a backoff, and runs once the server answers; a stop while it waits is a normal
+    stop (exit 0)."""
+    port = free_port()
+    nats = f"nats://127.0.0.1:{port}" if command == "worker" else nats_url
+    redis = f"redis://127.0.0.1:{port}/0" if command == "scheduler" else redis_url
+    config = write_config(tmp_path, nats_url=nats, redis_url=redis, body=DECLARATIONS)
+    log = tmp_path / "host.log"
+    server_kind = EmbeddedNats if command == "worker" else EmbeddedRedis
+    server = server_kind(data_dir=tmp_path / "server", port=port)
+    with log.open("wb") as out:
+        host = subprocess.Popen(
+            [*MEGA, command, "--config", str(config)], cwd=ROOT, stdout=out,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        waits = f"{command} waits for its services: cannot reach"
+        wait_for_text(log.read_text, waits, 2, 30, while_alive=host.pid)  # tried again
+        text = log.read_text()
+        assert f"127.0.0.1:{port}" in text and "trying again in 1 s" in text
+        assert "trying again in 2 s" in text and "Traceback" not in text
+        server.start()
+        running = "running 1 schedule" if command == "scheduler" else "consuming 1 job"
+        wait_for_text(log.read_text, rf"{command} \S+ {running}", 1, 60, while_alive=host.pid)
+        host.send_signal(signal.SIGTERM)
+        assert host.wait(60) == 0, log.read_text()
+    finally:
+        if host.poll() is None:
+            host.kill()
+        server.stop()
+
+
+def test_a_host_waiting_for_its_server_stops_at_a_signal(tmp_path: Path, redis_url: str) -> None:
+    config = write_config(tmp_path, nats_url=f"nats://127.0.0.1:{free_port()}", redis_url=redis_url)
+    log = tmp_path / "host.log"
+    with log.open("wb") as out:
+        host = subprocess.Popen(
+            [*MEGA, "worker", "--config", str(config)], cwd=ROOT, stdout=out,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        wait_for_text(log.read_text, "worker waits for its services", 1, 30, while_alive=host.pid)
+        host.send_signal(signal.SIGTERM)
+        assert host.wait(30) == 0, log.read_text()
+        assert "SIGTERM received while starting: worker stopped" in log.read_text()
+    finally:
+        if host.poll() is None:
+            host.kill()
 
 
 def test_bad_config_key_is_named(tmp_path: Path) -> None:
