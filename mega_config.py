@@ -94,6 +94,8 @@ auth = {
     "landing_path": "/demo",  # where a login lands when no page sent it
     # Created (or their password reset) when the web app starts.
     "users": {demo_user: demo_password} if demo_user and demo_password else {},
+    # The console's access levels (viewer, operator, admin); a user not named is a viewer.
+    "roles": {demo_user: "admin"} if demo_user else {},
 }
 
 # Prometheus: scheduler and worker hosts listen on their own ports (MEGA_METRICS_BIND: which

@@ -288,6 +288,10 @@ class ServicesSpec(_Model):
     database: DatabaseSpec = Field(default=DatabaseSpec(), description="The SQL database.")
 
 
+# A console user's access, lowest first: each level may do what the ones before it may.
+Role = Literal["viewer", "operator", "admin"]
+
+
 class AuthConfig(_Model):
     """Login options. Failed logins are limited per (username, client IP) pair, with a delay
     that doubles after the second failure, and per client IP across usernames, both within
@@ -338,6 +342,19 @@ class AuthConfig(_Model):
     ] = Field(
         default={},
         description="Users the web host creates at start; a password changed since is set back.",
+    )
+    roles: Annotated[
+        dict[Annotated[str, Field(min_length=1, max_length=64)], Role],
+        Shown(type="dict of username -> viewer | operator | admin"),
+    ] = Field(
+        default={},
+        description="Each user's access to the console: viewer (reads), operator (also retry, "
+        "requeue, cancel, pause, resume, run now), admin (also purge and delete). A user not "
+        "named here has `default_role`.",
+    )
+    default_role: Role = Field(
+        default="viewer",
+        description="The access of a logged-in user that `roles` does not name.",
     )
 
 

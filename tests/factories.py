@@ -103,7 +103,8 @@ def write_config(
     service entry (default the NATS server at `nats_url`)."""
     landing = "/demo" if web_app == SAMPLE_APP else "/home"
     auth_options = {
-        "login_max_failures": 5, "login_window_s": 900, "landing_path": landing, **auth
+        "login_max_failures": 5, "login_window_s": 900, "landing_path": landing,
+        "roles": {DEMO_USER: "admin"}, **auth,
     }  # fmt: skip
     caches = {
         "caches": {"main": {"driver": "redis", "url": redis_url}},

@@ -33,9 +33,11 @@ from app.services.cron_counter import (
 from app.services.instances import short_instance
 from mega.web import (
     CurrentUser,
+    OperatorDep,
     UserDep,
     WholeNumber,
     api_responses,
+    audited,
     field_errors,
     flash,
     form_number,
@@ -198,8 +200,10 @@ async def get_cron(request: Request, user: UserDep) -> Response:
 
 @router.post("/api/demo/cron/run", responses=api_responses(CronRun, errors=(401, 403, 422, 503)))
 async def run_cron(
-    request: Request, user: UserDep, body: Annotated[CronRunRequest | None, Body()] = None
+    request: Request, user: OperatorDep, body: Annotated[CronRunRequest | None, Body()] = None
 ) -> Response:
+    """Run the schedule now (a manual tick): an operator's action (403 for a viewer)."""
+    await audited(request, user, "run now", f"schedule:{SCHEDULE}")
     return ok(await manual_tick(request, body.hold_ms if body else 0))
 
 
@@ -211,38 +215,39 @@ class PauseAnswer(BaseModel):
 
 
 async def set_pause(request: Request, user: CurrentUser, *, paused: bool) -> dict[str, Any]:
-    """Pause or resume the schedule for every scheduler, in the user's name."""
+    """Pause or resume the schedule for every scheduler, in the user's name (audited)."""
+    await audited(request, user, "pause" if paused else "resume", f"schedule:{SCHEDULE}")
     change = scheduler(request).pause if paused else scheduler(request).resume
     record = await change(SCHEDULE, by=user.username)
     return pause_view(record.paused, record.at_ms, record.by)
 
 
 @router.post("/api/demo/cron/pause", responses=api_responses(PauseAnswer, errors=(401, 403, 503)))
-async def pause_cron(request: Request, user: UserDep) -> Response:
+async def pause_cron(request: Request, user: OperatorDep) -> Response:
     """Pause the schedule: from the next tick on, every scheduler skips it ("paused")."""
     return ok(await set_pause(request, user, paused=True))
 
 
 @router.post("/api/demo/cron/resume", responses=api_responses(PauseAnswer, errors=(401, 403, 503)))
-async def resume_cron(request: Request, user: UserDep) -> Response:
+async def resume_cron(request: Request, user: OperatorDep) -> Response:
     """Resume the schedule: every scheduler runs its next tick again."""
     return ok(await set_pause(request, user, paused=False))
 
 
 @router.post("/demo/cron/pause", include_in_schema=False)
-async def pause_form(request: Request, user: UserDep) -> Response:
+async def pause_form(request: Request, user: OperatorDep) -> Response:
     data = await set_pause(request, user, paused=True)
     return flash(request, RedirectResponse("/demo/cron", status_code=303), data["text"])
 
 
 @router.post("/demo/cron/resume", include_in_schema=False)
-async def resume_form(request: Request, user: UserDep) -> Response:
+async def resume_form(request: Request, user: OperatorDep) -> Response:
     data = await set_pause(request, user, paused=False)
     return flash(request, RedirectResponse("/demo/cron", status_code=303), data["text"])
 
 
 @router.post("/demo/cron/run", include_in_schema=False)
-async def run_cron_form(request: Request, user: UserDep) -> Response:
+async def run_cron_form(request: Request, user: OperatorDep) -> Response:
     """The "Run now" form without JavaScript: post, redirect, get (a 422 page on bad input)."""
     form = await request.form()
     raw = str(form.get("hold_ms") or "0")
@@ -257,5 +262,6 @@ async def run_cron_form(request: Request, user: UserDep) -> Response:
             "errors": field_errors(exc.errors()),
         }
         return render(request, "demo/cron.html", context, status_code=422)
+    await audited(request, user, "run now", f"schedule:{SCHEDULE}")
     data = await manual_tick(request, body.hold_ms)
     return flash(request, RedirectResponse("/demo/cron", status_code=303), outcome_text(data))

@@ -34,9 +34,12 @@ from app.services.signups import SignupService
 from mega import Listener, outbox
 from mega.web import (
     ApiError,
+    CurrentUser,
     EmailAddress,
+    OperatorDep,
     UserDep,
     api_responses,
+    audited,
     field_errors,
     flash,
     job_queue,
@@ -228,8 +231,10 @@ async def post_relay(body: RelayRequest, request: Request, user: UserDep) -> Res
     "/api/demo/events/dlq/requeue",
     responses=api_responses(Requeued, errors=(401, 403, 404, 422, 503)),
 )
-async def post_requeue(body: GroupRequeueRequest, request: Request, user: UserDep) -> Response:
+async def post_requeue(body: GroupRequeueRequest, request: Request, user: OperatorDep) -> Response:
+    """Requeue a group's dead letter, or all: an operator's action (403 for a viewer)."""
     count = await requeue(request, body)
+    await audited_requeue(request, user, body, count)
     if body.id is not None and count == 0:
         raise ApiError(404, "not_found", f"no dead letter with id {body.id!r} in {body.group}")
     return ok({"requeued": count})
@@ -275,7 +280,7 @@ async def relay_form(request: Request, user: UserDep) -> Response:
 
 
 @router.post("/demo/events/dlq/requeue", include_in_schema=False)
-async def requeue_form(request: Request, user: UserDep) -> Response:
+async def requeue_form(request: Request, user: OperatorDep) -> Response:
     form = await request.form()
     try:
         body = GroupRequeueRequest.model_validate(
@@ -285,8 +290,17 @@ async def requeue_form(request: Request, user: UserDep) -> Response:
         back = RedirectResponse("/demo/events", status_code=303)
         return flash(request, back, "Unknown listener group.")
     count = await requeue(request, body)
+    await audited_requeue(request, user, body, count)
     back = RedirectResponse("/demo/events", status_code=303)
     return flash(request, back, f"Requeued {count} event(s).")
+
+
+async def audited_requeue(
+    request: Request, user: CurrentUser, body: GroupRequeueRequest, count: int
+) -> None:
+    action = "requeue all" if body.all else "requeue"
+    ids = [body.id] if body.id else []
+    await audited(request, user, action, f"group:{body.group}", ids, f"{count} event(s)")
 
 
 async def events_part(request: Request) -> dict[str, Any]:

@@ -26,10 +26,13 @@ from app.services.pipeline import MAX_MEMBERS
 from mega import JobQueue, JobStatus
 from mega.web import (
     ApiError,
+    CurrentUser,
     EmailAddress,
+    OperatorDep,
     UserDep,
     WholeNumber,
     api_responses,
+    audited,
     field_errors,
     flash,
     form_number,
@@ -115,6 +118,15 @@ async def enqueue_email(queue: JobQueue, redis: Any, body: EnqueueRequest) -> st
     return job_id
 
 
+async def audited_requeue(
+    request: Request, user: CurrentUser, body: RequeueRequest, count: int
+) -> None:
+    """The audit row of a requeue from the page (mega.web.audited)."""
+    action = "requeue all" if body.all else "requeue"
+    ids = [body.id] if body.id else []
+    await audited(request, user, action, "job:EmailJob", ids, f"{count} job(s)")
+
+
 async def requeue(queue: JobQueue, redis: Any, body: RequeueRequest) -> int:
     """Put dead letters back on the queue, attempts counted from 1 again; the page notes each
     requeue on its job's card."""
@@ -179,11 +191,18 @@ def cancel_text(job_id: str, answer: CancelAnswer) -> str:
     "/api/demo/jobs/{job_id}/cancel",
     responses=api_responses(CancelAnswer, errors=(401, 403, 404, 422, 503)),
 )
-async def cancel_job(job_id: JobIdPath, user: UserDep, queue: QueueDep) -> Response:
+async def cancel_job(
+    request: Request, job_id: JobIdPath, user: OperatorDep, queue: QueueDep
+) -> Response:
     """Cancel a queued, delayed or running job (a `slow` one mid-run); one that has ended
-    answers `cancelled: false` with its state."""
+    answers `cancelled: false` with its state. An operator's action (403 for a viewer)."""
     answer = await cancel(queue, job_id)
+    await audited(request, user, "cancel", "job:EmailJob", [job_id], answer_detail(answer))
     return ok(answer.model_dump())
+
+
+def answer_detail(answer: CancelAnswer) -> str:
+    return "cancelled" if answer.cancelled else f"not cancelled: {answer.state}"
 
 
 @router.get("/api/demo/jobs", responses=api_responses(errors=(401, 422, 503)))
@@ -272,9 +291,11 @@ async def get_noisy(run: RunPath, user: UserDep, redis: RedisDep) -> Response:
     responses=api_responses(Requeued, errors=(401, 403, 404, 422, 503)),
 )
 async def post_requeue(
-    body: RequeueRequest, user: UserDep, queue: QueueDep, redis: RedisDep
+    request: Request, body: RequeueRequest, user: OperatorDep, queue: QueueDep, redis: RedisDep
 ) -> Response:
+    """Requeue one dead letter, or all: an operator's action (403 for a viewer)."""
     count = await requeue(queue, redis, body)
+    await audited_requeue(request, user, body, count)
     if body.id is not None and count == 0:
         raise ApiError(404, "not_found", f"no dead letter with id {body.id!r}")
     return ok({"requeued": count})
@@ -333,25 +354,29 @@ async def post_job_form(
 
 @router.post("/demo/jobs/dlq/requeue", include_in_schema=False)
 async def requeue_form(
-    request: Request, user: UserDep, queue: QueueDep, redis: RedisDep
+    request: Request, user: OperatorDep, queue: QueueDep, redis: RedisDep
 ) -> Response:
     form = await request.form()
     job_id = form.get("id")
     body = RequeueRequest(id=str(job_id)) if job_id else RequeueRequest(all=True)
     count = await requeue(queue, redis, body)
+    await audited_requeue(request, user, body, count)
     back = RedirectResponse("/demo/jobs", status_code=303)
     return flash(request, back, f"Requeued {count} job(s) from the DLQ.")
 
 
 @router.post("/demo/jobs/{job_id}/cancel", include_in_schema=False)
 async def cancel_form(
-    job_id: JobIdPath, request: Request, user: UserDep, queue: QueueDep
+    job_id: JobIdPath, request: Request, user: OperatorDep, queue: QueueDep
 ) -> Response:
     back = RedirectResponse("/demo/jobs", status_code=303)
     try:
-        notice = cancel_text(job_id, await cancel(queue, job_id))
+        answer = await cancel(queue, job_id)
     except ApiError:
         notice = f"No job with id {job_id} is kept any more."
+    else:
+        notice = cancel_text(job_id, answer)
+        await audited(request, user, "cancel", "job:EmailJob", [job_id], answer_detail(answer))
     return flash(request, back, notice)
 
 

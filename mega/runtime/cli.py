@@ -133,6 +133,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     token.add_argument("action", choices=["create", "list", "revoke"], help="what to do")
     token.add_argument("name", nargs="?", help="the token's name (create, revoke)")
+    token.add_argument(
+        "--expires", default="90d", metavar="WHEN",
+        help="create: how long it works, a number and m, h, d or w (default 90d), or never",
+    )  # fmt: skip
+    token.add_argument(
+        "--scope", default="jobs:enqueue,console:read", metavar="SCOPES",
+        help="create: what it may do, comma-separated: jobs:enqueue (the application's writes), "
+        "console:read (every read), console:operate (retry, requeue, cancel, pause, resume, "
+        "run now), console:admin (purge, delete); default jobs:enqueue,console:read",
+    )  # fmt: skip
+    audit = command(
+        "audit",
+        "Who did what from a console or the command line: retries, requeues, cancels, pauses, "
+        "runs now, purges and deletes, newest first.",
+    )
+    audit.add_argument("action", choices=["list"], help="what to do")
+    audit.add_argument("--target", help="only these: job:NAME, group:NAME or schedule:NAME")
+    audit.add_argument("--id", help="only the actions that named this job or event id")
+    audit.add_argument("--limit", type=int, default=50, help="how many to show (default 50)")
     return parser
 
 
@@ -251,7 +270,7 @@ def _schedules_parser(sub: Any) -> None:
 # The commands that run a host: they trace what they do when OTEL_TRACES_EXPORTER asks.
 HOST_COMMANDS = ("start", "scheduler", "worker", "work")
 # The commands that serve or change the web side: they need the `web` extra installed.
-WEB_COMMANDS = ("start", "dev", "token")
+WEB_COMMANDS = ("start", "dev", "token", "audit")
 WEB_MODULES = ("fastapi", "uvicorn", "jinja2", "itsdangerous", "pwdlib")
 
 
@@ -461,10 +480,15 @@ async def _token(config: Config, args: argparse.Namespace) -> None:
     db = await open_database(config.database_url, migrate=True)
     try:
         if args.action == "create":
-            secret = await db.run(lambda session: tokens.create_token(session, args.name))
+            scopes = tokens.parse_scopes(args.scope)
+            expires_in = tokens.parse_expires(args.expires)
+            secret = await db.run(
+                lambda s: tokens.create_token(s, args.name, scopes=scopes, expires_in=expires_in)
+            )
             print(secret)
-            print(f"token {args.name!r} created: it is shown this once, keep it somewhere safe",
-                  file=sys.stderr)  # fmt: skip
+            ends = "never expires" if expires_in is None else f"expires in {args.expires}"
+            print(f"token {args.name!r} created ({ends}; scopes {','.join(scopes)}): it is "
+                  "shown this once, keep it somewhere safe", file=sys.stderr)  # fmt: skip
         elif args.action == "revoke":
             if not await db.run(lambda session: tokens.revoke_token(session, args.name)):
                 raise MegaError(f"no token named {args.name!r} (mega token list shows them)")
@@ -481,6 +505,23 @@ async def _token(config: Config, args: argparse.Namespace) -> None:
         db.dispose()
 
 
+async def _audit(config: Config, args: argparse.Namespace) -> None:
+    from mega import audit
+    from mega.runtime.boot import open_database
+
+    db = await open_database(config.database_url, migrate=True)
+    try:
+        rows = await db.run(
+            lambda s: audit.entries(s, target=args.target, job_id=args.id, limit=args.limit)
+        )
+    finally:
+        db.dispose()
+    for row in rows:
+        print(row.describe())
+    if not rows:
+        print("no console actions recorded" + (" of these" if args.target or args.id else ""))
+
+
 _COMMANDS: dict[str, Callable[[Config, argparse.Namespace], Coroutine[Any, Any, None]]] = {
     "start": _start,
     "scheduler": _scheduler,
@@ -491,6 +532,7 @@ _COMMANDS: dict[str, Callable[[Config, argparse.Namespace], Coroutine[Any, Any, 
     "schedules": _schedules,
     "db": _db,
     "token": _token,
+    "audit": _audit,
 }
 
 

@@ -21,9 +21,7 @@ done (no job has the id, a job that keeps no status records) is a MegaError (exi
 
 from __future__ import annotations
 
-import getpass
 import json
-import socket
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,6 +34,7 @@ from mega.jobs.spec import JobBase
 from mega.jobs.status import JobStatus
 from mega.jobs.steps import WorkflowStatus
 from mega.runtime.boot import boot, shutdown
+from mega.runtime.cli_audit import audited, default_by
 from mega.runtime.dlq_cli import select_jobs
 from mega.schedules.dynamic import ScheduleEntry
 from mega.schedules.scheduler import Scheduler
@@ -44,15 +43,6 @@ JOB_ACTIONS = ("stats", "inspect", "cancel", "retry", "pause", "resume")
 SCHEDULE_ACTIONS = ("list", "pause", "resume", "add", "remove")
 # What `cancel` says of a job that had ended already, by its state.
 ENDED = {"done": "already done", "dlq": "already dead-lettered", "cancelled": "already cancelled"}
-
-
-def default_by() -> str:
-    """Who changes a pause when `--by` is not given: `user@host`."""
-    try:
-        user = getpass.getuser()
-    except OSError:  # no USER, LOGNAME and no passwd entry (a bare container)
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
 
 
 # -- jobs -------------------------------------------------------------------------------------
@@ -115,14 +105,17 @@ async def jobs_command(
         ended = ENDED.get(answer.state, f"already {answer.state}")
         done = "cancelled" if answer.cancelled else f"{ended}, nothing cancelled"
         print(f"{job_cls.name} {target}: {done}")
+        await audited(ctx, "cancel", f"job:{job_cls.name}", [target], done)
     elif action == "retry":
-        await _retry(pairs, target)
+        for job_cls in await _retry(pairs, target):
+            await audited(ctx, "retry", f"job:{job_cls.name}", [target])
     else:
         who = by if by is not None else default_by()
         [(queue, job_cls)] = pairs
         change = queue.pause if action == "pause" else queue.resume
         record = await change(job_cls, by=who)
         print(f"{job_cls.name}: {action}d by {record.by}")
+        await audited(ctx, action, f"job:{job_cls.name}")
 
 
 async def _stats(queue: JobQueue, job_cls: type[JobBase], as_json: bool) -> None:
@@ -189,18 +182,21 @@ def _workflow_text(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-async def _retry(pairs: list[tuple[JobQueue, type[JobBase]]], job_id: str) -> None:
-    total = 0
+async def _retry(pairs: list[tuple[JobQueue, type[JobBase]]], job_id: str) -> list[type[JobBase]]:
+    """Requeue the dead letters of `job_id`; the jobs that had one."""
+    total, requeued = 0, []
     for queue, job_cls in pairs:
         count = await queue.dlq.requeue(job_cls, job_id)
         if count:
             records = f" ({count} records)" if count > 1 else ""
             print(f"{job_cls.name} {job_id}: requeued{records}")
+            requeued.append(job_cls)
         total += count
     if total == 0:
         names = ", ".join(job_cls.name for _, job_cls in pairs) or "no job (the config lists none)"
         listing = "mega dlq list" + (f" --job {pairs[0][1].name}" if len(pairs) == 1 else "")
         raise MegaError(f"no dead letter with id {job_id!r} in {names} (`{listing}` shows the ids)")
+    return requeued
 
 
 def _status_text(data: dict[str, Any]) -> str:
@@ -256,6 +252,7 @@ async def run_schedules_command(
             change = scheduler.pause if action == "pause" else scheduler.resume
             record = await change(registered, by=who)
             print(f"{registered}: {action}d by {record.by}")
+            await audited(ctx, action, f"schedule:{registered}")
     finally:
         await shutdown(ctx)
 

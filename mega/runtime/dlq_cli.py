@@ -21,6 +21,7 @@ from mega.errors import ConfigError
 from mega.jobs.queue import JobQueue
 from mega.jobs.spec import JobBase
 from mega.runtime.boot import boot, shutdown
+from mega.runtime.cli_audit import audited
 
 
 async def run_dlq_command(
@@ -53,8 +54,13 @@ async def run_dlq_command(
             elif action == "requeue":
                 count = await (dlq.requeue(job_cls, job_id) if job_id else dlq.requeue_all(job_cls))
                 print(f"{job_cls.name}: requeued {count} job(s)")
+                what = "requeue" if job_id else "requeue all"
+                ids = [job_id] if job_id else []
+                await audited(ctx, what, f"job:{job_cls.name}", ids, f"{count} job(s)")
             else:
-                print(f"{job_cls.name}: purged {await dlq.purge(job_cls)} record(s)")
+                count = await dlq.purge(job_cls)
+                print(f"{job_cls.name}: purged {count} record(s)")
+                await audited(ctx, "purge", f"job:{job_cls.name}", detail=f"{count} record(s)")
     finally:
         await shutdown(ctx)
 

@@ -23,7 +23,7 @@ from mega.web.admin import (
     tick_rows,
 )
 from mega.web.app import create_web_app
-from mega.web.auth import CurrentUser, UserDep, ensure_user
+from mega.web.auth import AdminDep, CurrentUser, OperatorDep, UserDep, audited, ensure_user
 from mega.web.deps import CtxDep, context, job_queue, pool_dep, provide, provided, queue_dep
 from mega.web.envelope import ApiError, api_responses, fail, field_errors, ok
 from mega.web.fields import EmailAddress, WholeNumber, form_number
@@ -31,14 +31,17 @@ from mega.web.limits import normalise_username
 from mega.web.pages import flash, render
 
 __all__ = [
+    "AdminDep",
     "ApiError",
     "CtxDep",
     "CurrentUser",
     "EmailAddress",
+    "OperatorDep",
     "UserDep",
     "WholeNumber",
     "admin_router",
     "api_responses",
+    "audited",
     "context",
     "create_web_app",
     "ensure_user",

@@ -25,8 +25,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
+import logging
 import math
 import secrets
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
@@ -38,7 +40,8 @@ from itsdangerous import BadSignature, Signer
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from mega.config import AuthConfig
+from mega import audit
+from mega.config import AuthConfig, Role
 from mega.constants import (
     ANON_CSRF_COOKIE,
     CSRF_FORM_FIELD,
@@ -52,6 +55,7 @@ from mega.web.limits import limit_key, normalise_username
 from mega.web.models import User, UserSession, as_utc
 from mega.web.passwords import DUMMY_HASH, hash_password, verify_and_update, verify_password
 
+logger = logging.getLogger("mega.web.auth")
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 LOGIN_PATH = "/login"
 
@@ -59,12 +63,29 @@ LOGIN_PATH = "/login"
 @dataclass(frozen=True)
 class CurrentUser:
     """Who sent the request: a logged-in user (a session cookie, `csrf_token` its CSRF token),
-    or a service with an API token (`token` its name, `id` None, `username` "token:<name>")."""
+    or a service with an API token (`token` its name, `id` None, `username` "token:<name>").
+    `role`: its console access (`auth.roles` for a user, the scopes for a token; None: none);
+    `scopes`: a token's (mega/web/tokens.py), None for a user."""
 
     id: int | None
     username: str
     csrf_token: str
     token: str | None = None
+    role: Role | None = "admin"
+    scopes: tuple[str, ...] | None = None
+
+
+# Console roles, lowest first (mega.config.Role): each may do what the ones before it may.
+ROLES: tuple[Role, ...] = ("viewer", "operator", "admin")
+# What each role may do beyond the one before it, for the 403's sentence.
+ROLE_MAY = {
+    "viewer": "read",
+    "operator": "retry, requeue, cancel, pause, resume and run now",
+    "admin": "purge and delete",
+}
+# A wrong API token counts as a failed login of its address under this key, which no
+# username can be (a username is stored stripped of surrounding spaces).
+WRONG_TOKEN_KEY = " api-token"
 
 
 # ---- signing -------------------------------------------------------------------------------
@@ -141,32 +162,117 @@ async def current_user(request: Request) -> CurrentUser | None:
             if as_utc(session.expires_at) <= _now():
                 db.delete(session)
                 return None
-            return CurrentUser(user.id, user.username, session.csrf_token)
+            return CurrentUser(
+                user.id, user.username, session.csrf_token, role=user_role(request, user.username)
+            )
 
         found = await database(request).run(lookup)
     request.state.user = found
     return found
 
 
+def user_role(request: Request, username: str) -> Role:
+    """A logged-in user's console role: `auth.roles`, else `auth.default_role`."""
+    config = settings(request)
+    return config.roles.get(username, config.default_role)
+
+
 async def _token_user(request: Request, token: str) -> CurrentUser:
-    """The service an API token names; a 401 for a wrong or revoked one (no fall-back to the
-    cookie: a client that sends a token means it)."""
-    name = await database(request).run(lambda db: tokens.token_name(db, token))
-    if name is None:
+    """The service an API token names; a 401 for a wrong, revoked or expired one (no fall-back
+    to the cookie: a client that sends a token means it). Wrong tokens count as failed logins
+    of the client's address: past its limit, a 429 before any look-up."""
+    config, ip, now = settings(request), client_ip(request), _now()
+    db = database(request)
+
+    def look_up(session: Session) -> tuple[float, tokens.Grant]:
+        failures = limits.recent_failures(session, WRONG_TOKEN_KEY, ip, now, config)
+        wait = limits.wait_s(failures, now, config, known_device=True)
+        return wait, (tokens.Grant(None) if wait else tokens.token_grant(session, token))
+
+    wait_s, grant = await db.run(look_up)
+    if wait_s:
+        logger.warning("API token refused unread from %s: too many wrong tokens lately", ip)
+        raise HTTPException(
+            429, f"too many wrong API tokens from this address: try again in {math.ceil(wait_s)} s",
+            headers={"Retry-After": str(math.ceil(wait_s))},
+        )  # fmt: skip
+    if grant.name is None:
+        await db.run(
+            lambda session: limits.record_failure(session, WRONG_TOKEN_KEY, ip, now, config)
+        )
+        logger.warning("wrong or revoked API token from %s", ip)  # never the token
         raise HTTPException(401, "wrong or revoked API token (`mega token list` shows the names)")
-    return CurrentUser(None, f"token:{name}", "", token=name)
+    if grant.refused is not None:
+        logger.warning("%s, used from %s", grant.refused, ip)
+        raise HTTPException(401, f"{grant.refused}: make a new one with `mega token create`")
+    role = tokens.role_of_scopes(grant.scopes)
+    return CurrentUser(None, f"token:{grant.name}", "", token=grant.name,
+                       role=role, scopes=grant.scopes)  # type: ignore[arg-type]  # fmt: skip
+
+
+def client_ip(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+def token_may(user: CurrentUser, method: str) -> str | None:
+    """None when a token's scopes allow a request of `method`, else the sentence of the 403:
+    a read needs a console scope, a write `jobs:enqueue` (or a console action's scope, which
+    `require_role` then checks)."""
+    scopes = user.scopes or ()
+    if method in UNSAFE_METHODS:
+        if {"jobs:enqueue", "console:operate", "console:admin"} & set(scopes):
+            return None
+        return f"API token {user.token!r} may not write: it lacks the scope jobs:enqueue"
+    if user.role is not None:
+        return None
+    return f"API token {user.token!r} may not read: it lacks the scope console:read"
 
 
 async def require_user(request: Request) -> CurrentUser:
     """Dependency for every page and /api route behind the login: 401 (JSON) or a redirect
-    to /login."""
+    to /login; a 403 for a token whose scopes do not cover the request."""
     user = await current_user(request)
     if user is None:
         raise HTTPException(401, "log in first")
+    if user.scopes is not None and (refused := token_may(user, request.method)) is not None:
+        raise HTTPException(403, refused)
     return user
 
 
+def require_role(role: Role) -> Callable[[Request], Awaitable[CurrentUser]]:
+    """A dependency for a console action: the user (or token) must have `role` or a higher
+    one, else a 403 that says who may, and what this one may do."""
+    needed = ROLES.index(role)
+
+    async def check(request: Request) -> CurrentUser:
+        user = await require_user(request)
+        if user.role is None or ROLES.index(user.role) < needed:
+            has = f"the {user.role} role" if user.role else "no console role"
+            how = "its console:* scope" if user.token else "auth.roles in the config"
+            raise HTTPException(
+                403, f"{user.username} may not do this: it takes the {role} role (which may "
+                f"{ROLE_MAY[role]}), and {user.username} has {has} (set by {how})",
+            )  # fmt: skip
+        return user
+
+    return check
+
+
 UserDep = Annotated[CurrentUser, Depends(require_user)]
+
+
+# A console action's user: an operator's (retry, requeue, cancel, pause, resume, run now) or an
+# admin's (purge, delete), checked before the route runs (403 otherwise).
+OperatorDep = Annotated[CurrentUser, Depends(require_role("operator"))]
+AdminDep = Annotated[CurrentUser, Depends(require_role("admin"))]
+
+
+async def audited(
+    request: Request, user: CurrentUser, action: str, target: str, ids: Sequence[str] = (),
+    detail: str = "",
+) -> None:  # fmt: skip
+    """Write the audit row of a console action by `user` (mega/web/audit.py)."""
+    await audit.write(database(request), user.username, action, target, ids, detail)
 
 
 async def start_session(request: Request, user_id: int) -> tuple[str, str]:

@@ -302,6 +302,8 @@ def install_error_handlers(app: FastAPI) -> None:
             return RedirectResponse(login_url(request), status_code=303)
         if not wants_json(request) and exc.status_code == 404:
             return _html_error(request, 404, "Not found", "There is no page at this address.")
+        if not wants_json(request) and exc.status_code == 403:
+            return _html_error(request, 403, "Not allowed", str(exc.detail))
         code = STATUS_CODES.get(exc.status_code, "http_error")
         fields = {"body": str(exc.detail)} if exc.status_code == 422 else None
         return fail(

@@ -41,8 +41,7 @@ class LoginForm(BaseModel):
     password: Annotated[str, StringConstraints(max_length=MAX_PASSWORD_CHARS)]
 
 
-def _client_ip(request: Request) -> str:
-    return request.client.host if request.client else "unknown"
+_client_ip = auth.client_ip
 
 
 def _next(request: Request, target: str | None) -> str:

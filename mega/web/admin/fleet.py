@@ -59,6 +59,17 @@ def utc_time(at_ms: int | None) -> str:
     return datetime.fromtimestamp(at_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def action_rows(entries: Iterable[Any]) -> list[dict[str, str]]:
+    """Audit entries (mega/web/audit.py) as the pages list them, newest first."""
+    return [
+        {
+            "iso": e.at.isoformat(), "time": e.at.strftime("%Y-%m-%d %H:%M:%S UTC"),
+            "actor": e.actor, "action": e.action, "detail": e.detail,
+        }
+        for e in entries
+    ]  # fmt: skip
+
+
 def iso_utc(at_ms: int | None) -> str:
     return "" if at_ms is None else datetime.fromtimestamp(at_ms / 1000, UTC).isoformat()
 

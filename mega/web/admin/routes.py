@@ -33,13 +33,14 @@ from urllib.parse import quote, urlencode
 from fastapi import APIRouter, Form, HTTPException, Query, Request, Response
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 
+from mega import audit
 from mega.errors import ConfigError, JobError, MegaError, RegistrationError
 from mega.events.bus import EventBus
 from mega.jobs.dlq import DeadLetters
 from mega.jobs.queue import JobQueue
 from mega.schedules.scheduler import Scheduler
 from mega.web.admin import fleet
-from mega.web.auth import UserDep
+from mega.web.auth import AdminDep, OperatorDep, UserDep, audited, database
 from mega.web.deps import context, job_queue, provide, provided
 from mega.web.pages import flash, render
 
@@ -290,6 +291,13 @@ async def overview_data(admin: Admin, request: Request) -> dict[str, Any]:
     groups = [view for view in views if view.kind == "group"]
     scheduler = admin.scheduler(request)
     schedules = [await schedule_view(scheduler, name) for name in scheduler.names]
+    actions = await database(request).run(
+        lambda db: {
+            s["name"]: audit.entries(db, target=f"schedule:{s['name']}", limit=5) for s in schedules
+        }
+    )
+    for schedule in schedules:
+        schedule["actions"] = fleet.action_rows(actions[schedule["name"]])
     instances = fleet.merge_instances(s["instances"] for s in schedules)
     return {
         "title": admin.title,
@@ -389,6 +397,11 @@ async def job_data(admin: Admin, request: Request, lane: Lane, status: Any) -> d
         "dlq_url": admin.dlq_url(lane),
         "cause": None if cause is None else fleet.cause_view(cause, admin.url(f"/jobs/{cause.id}")),
         "workflow": fleet.workflow_link(status.id, admin.workflow_url),
+        "actions": fleet.action_rows(
+            await database(request).run(
+                lambda db: audit.entries(db, target=f"job:{lane.name}", job_id=status.id)
+            )
+        ),
     }
 
 
@@ -428,12 +441,14 @@ def add_dlq_routes(router: APIRouter, admin: Admin, kind: str, path: str) -> Non
         return JSONResponse(record)
 
     @router.post(path + "/retry", name=f"admin_{kind}_dlq_retry")
-    async def retry(request: Request, user: UserDep, name: str, id: IdForm) -> Response:
+    async def retry(request: Request, user: OperatorDep, name: str, id: IdForm) -> Response:
         lane = admin.lane(request, kind, name)
         try:
             moved = await lane.dlq.requeue(lane.cls, id)
         except JobError as exc:
             return admin.done(request, admin.dlq_url(lane), exc.message)
+        if moved:
+            await audited(request, user, "retry", f"{lane.kind}:{lane.name}", [id])
         text = (
             f"Dead letter {id} requeued: it runs again, attempts counted from 1."
             if moved
@@ -442,14 +457,16 @@ def add_dlq_routes(router: APIRouter, admin: Admin, kind: str, path: str) -> Non
         return admin.done(request, admin.dlq_url(lane), text)
 
     @router.post(path + "/delete", name=f"admin_{kind}_dlq_delete")
-    async def delete(request: Request, user: UserDep, name: str, id: IdForm) -> Response:
+    async def delete(request: Request, user: AdminDep, name: str, id: IdForm) -> Response:
         lane = admin.lane(request, kind, name)
         gone = await lane.dlq.delete(lane.cls, id)
+        if gone:
+            await audited(request, user, "delete", f"{lane.kind}:{lane.name}", [id])
         text = f"Dead letter {id} deleted." if gone else f"No dead letter {id}: already gone."
         return admin.done(request, admin.dlq_url(lane), text)
 
     @router.get(path + "/purge", name=f"admin_{kind}_dlq_purge_confirm")
-    async def confirm_purge(request: Request, user: UserDep, name: str) -> Response:
+    async def confirm_purge(request: Request, user: AdminDep, name: str) -> Response:
         lane = admin.lane(request, kind, name)
         count = await lane.dlq.count(lane.cls)
         return admin.page(
@@ -458,10 +475,11 @@ def add_dlq_routes(router: APIRouter, admin: Admin, kind: str, path: str) -> Non
         )  # fmt: skip
 
     @router.post(path + "/purge", name=f"admin_{kind}_dlq_purge")
-    async def purge(request: Request, user: UserDep, name: str) -> Response:
+    async def purge(request: Request, user: AdminDep, name: str) -> Response:
         lane = admin.lane(request, kind, name)
         count = await lane.dlq.purge(lane.cls)
         word = "dead letter" if count == 1 else "dead letters"
+        await audited(request, user, "purge", f"{lane.kind}:{lane.name}", detail=f"{count} {word}")
         return admin.done(request, admin.dlq_url(lane), f"Purged {count} {word} of {lane.name}.")
 
 
@@ -470,11 +488,12 @@ def add_dlq_routes(router: APIRouter, admin: Admin, kind: str, path: str) -> Non
 
 def add_schedule_route(router: APIRouter, admin: Admin, action: str) -> None:
     @router.post(f"/schedules/{{name}}/{action}", name=f"admin_schedule_{action}")
-    async def change(request: Request, user: UserDep, name: str) -> Response:
+    async def change(request: Request, user: OperatorDep, name: str) -> Response:
         scheduler = admin.scheduler(request)
         if name not in scheduler.names:
             raise HTTPException(404, f"no schedule named {name!r} is registered")
         target = admin.url("/") + "#schedules"
+        await audited(request, user, "run now" if action == "run" else action, f"schedule:{name}")
         if action == "run":
             result = await scheduler.run_now(name)
             if not result.ran:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -266,6 +268,15 @@ async def test_schedules_list_pause_and_resume(
     (resumed,), (paused,) = (skipped for _, skipped in changes)
     assert paused["reason"] == "paused by ada" and paused["instance"].startswith("control@")
     assert resumed["reason"] == f"resumed by {default_by()}"
+    # Each change is an audit row (who ran the command, not --by), which `mega audit list` shows.
+    listed = subprocess.run(
+        [sys.executable, "-m", "mega", "audit", "list", "--target", "schedule:Tidy", "--config",
+         str(config.path)], capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    lines = [line.split("\t")[1:] for line in listed.stdout.splitlines()]
+    who = f"cli:{default_by()}"
+    assert lines == [[who, "resume", "schedule:Tidy"], [who, "pause", "schedule:Tidy"]]
 
 
 async def test_schedules_errors_name_the_problem_and_the_fix(schedules_config: Config) -> None:

@@ -10,13 +10,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import inspect, select
+from sqlalchemy import inspect, select, text
 
 from mega.database import Base, Database
 from mega.events.db_inbox import InboxRow
 from mega.events.outbox import OutboxRow
-from mega.runtime.migrate import HEAD, current, head, is_current, upgrade
+from mega.runtime.migrate import HEAD, _config, current, head, is_current, upgrade
 from mega.web.models import LoginFailure, User, UserSession
+from mega.web.tokens import list_tokens
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -47,14 +48,14 @@ def check_upgraded_keeps_rows(db: Database) -> None:
     assert current(db) is None  # no version recorded: made by create_all
     before, after = upgrade(db)
     assert (before, after) == (None, head())
-    assert current(db) == head() == "0008"
+    assert current(db) == head() == "0009"
     assert inspect(db.engine).has_table("mega_outbox")
     assert inspect(db.engine).has_table("mega_inbox")
     assert inspect(db.engine).has_table("mega_api_tokens")
     with db.sessions() as session:
         assert session.scalars(select(User.username)).all() == ["ada"]
         assert session.scalars(select(UserSession.id_hash)).all() == ["h" * 64]
-    assert upgrade(db) == ("0008", "0008")  # idempotent
+    assert upgrade(db) == ("0009", "0009")  # idempotent
 
 
 def test_the_fast_check_knows_alembics_head() -> None:
@@ -64,7 +65,7 @@ def test_the_fast_check_knows_alembics_head() -> None:
 def test_an_empty_sqlite_database_gets_every_table(tmp_path: Path) -> None:
     db = Database(f"sqlite:///{tmp_path / 'new.db'}")
     assert not is_current(db)
-    assert upgrade(db) == (None, "0008")
+    assert upgrade(db) == (None, "0009")
     assert is_current(db)
     names = set(inspect(db.engine).get_table_names())
     assert {
@@ -74,8 +75,31 @@ def test_an_empty_sqlite_database_gets_every_table(tmp_path: Path) -> None:
         "mega_outbox",
         "mega_inbox",
         "mega_api_tokens",
+        "mega_audit",
     } <= names
     assert "mega_alembic_version" in names and "alembic_version" not in names
+    db.dispose()
+
+
+def test_a_token_made_before_scopes_keeps_every_scope_and_no_end(tmp_path: Path) -> None:
+    """It could do everything: 0009 changes nothing of what it may do."""
+    from alembic import command
+
+    db = Database(f"sqlite:///{tmp_path / 'tokens.db'}")
+    with db.engine.begin() as connection:
+        command.upgrade(_config(connection), "0008")
+        connection.execute(
+            text(
+                "INSERT INTO mega_api_tokens (name, token_hash, created_at) "
+                "VALUES ('old-bot', :hash, :at)"
+            ),
+            {"hash": "h" * 64, "at": datetime.now(UTC)},
+        )
+    assert upgrade(db) == ("0008", head())
+    with db.sessions() as session:
+        [info] = list_tokens(session)
+    assert (info.name, info.expires_at) == ("old-bot", None)
+    assert info.scopes == "jobs:enqueue,console:read,console:operate,console:admin"
     db.dispose()
 
 
@@ -108,7 +132,7 @@ def test_mega_db_upgrade_and_current_from_the_command_line(tmp_path: Path) -> No
         assert result.returncode == 0, result.stderr
         return result.stdout.strip()
 
-    assert mega_db("current").endswith("at nothing (empty); newest 0008")
-    assert mega_db("upgrade").endswith("upgraded from empty to 0008")
-    assert mega_db("upgrade").endswith("already at 0008")
-    assert mega_db("current").endswith("at 0008; newest 0008")
+    assert mega_db("current").endswith("at nothing (empty); newest 0009")
+    assert mega_db("upgrade").endswith("upgraded from empty to 0009")
+    assert mega_db("upgrade").endswith("already at 0009")
+    assert mega_db("current").endswith("at 0009; newest 0009")

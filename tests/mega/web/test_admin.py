@@ -6,17 +6,19 @@ a JobWorker runs in the test's process."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from mega import group
+from mega import audit, group
 from mega.config import Config, load_config
-from mega.web import job_queue
+from mega.web import ensure_user, job_queue
 from mega.web.tokens import create_token
 from tests.factories import csrf_from, job_worker, login, web_client, write_config
 from tests.mega.web.admin_site import ADMIN_DECLARATIONS, Boom
@@ -30,7 +32,7 @@ def config(
 ) -> Config:
     path = write_config(
         tmp_path, nats_url=nats_factory().url, redis_url=redis_factory().url,
-        body=ADMIN_DECLARATIONS, web_app=SITE,
+        body=ADMIN_DECLARATIONS, web_app=SITE, roles={"demo": "admin", "otto": "operator"},
     )  # fmt: skip
     return load_config(path)
 
@@ -83,7 +85,8 @@ async def test_the_pages_need_a_login_or_an_api_token(client: httpx.AsyncClient)
     assert refused.status_code == 403  # no session: no CSRF token either
 
     db = client.app.state.ctx.db  # type: ignore[attr-defined]
-    token = await db.run(lambda session: create_token(session, "ops-bot"))
+    scopes = ("console:read", "console:operate")
+    token = await db.run(lambda session: create_token(session, "ops-bot", scopes=scopes))
     bearer = {"Authorization": f"Bearer {token}"}
     overview = await client.get("/admin/", headers=bearer)
     assert overview.status_code == 200 and "Job queues" in overview.text
@@ -326,3 +329,129 @@ async def test_a_large_payload_is_shown_cut_with_a_link_to_the_whole_record(
         "/admin/dlq/Boom/record?id=nope", headers={"accept": "application/json"}
     )
     assert missing.status_code == 404
+
+
+async def test_viewers_read_operators_retry_and_pause_admins_purge_and_each_is_audited(
+    client: httpx.AsyncClient, config: Config
+) -> None:
+    """The console's access levels (auth.roles; a user it does not name is a viewer): a
+    refused action is a 403 page that says why and changes nothing; each done one is an
+    audit row shown on its job's page and its schedule's card."""
+    db = client.app.state.ctx.db  # type: ignore[attr-defined]
+    for name in ("vera", "otto"):
+        ensure_user(db, name, f"{name}-password-1")
+    queue = job_queue(client.app, "jobs")  # type: ignore[attr-defined]
+    ids = await queue.enqueue_many(Boom, [{"fail": True, "n": n} for n in range(3)])
+    async with job_worker(config):
+        await dead_letters(client, 3)
+
+    await login(client, "vera", "vera-password-1")  # not in auth.roles: a viewer
+    assert (await client.get("/admin/")).status_code == 200
+    assert (await client.get("/admin/dlq/Boom")).status_code == 200
+    refused = await form_post(client, "/admin/dlq/Boom/retry", id=ids[0])
+    assert refused.status_code == 403 and "Not allowed" in refused.text
+    assert "vera may not do this: it takes the operator role" in text_of(refused.text)
+    assert "vera has the viewer role (set by auth.roles in the config)" in text_of(refused.text)
+    assert (await form_post(client, "/admin/schedules/Tidy/pause")).status_code == 403
+    assert (await client.get("/admin/dlq/Boom/purge")).status_code == 403
+    assert (await queue.stats(Boom)).dlq == 3 and not (await queue.paused(Boom)).paused
+
+    await client.post("/logout", data={"csrf_token": csrf_from((await client.get("/admin/")).text)})
+    await login(client, "otto", "otto-password-1")  # an operator
+    retried = await form_post(client, "/admin/dlq/Boom/retry", id=ids[0])
+    assert retried.status_code == 303
+    assert (await form_post(client, "/admin/schedules/Tidy/pause")).status_code == 303
+    no_purge = await form_post(client, "/admin/dlq/Boom/purge")
+    assert no_purge.status_code == 403 and "it takes the admin role" in text_of(no_purge.text)
+    no_delete = await form_post(client, "/admin/dlq/Boom/delete", id=ids[1])
+    assert no_delete.status_code == 403 and (await queue.stats(Boom)).dlq == 2
+
+    await client.post("/logout", data={"csrf_token": csrf_from((await client.get("/admin/")).text)})
+    await login(client)  # demo: an admin (tests.factories' auth.roles)
+    assert (await form_post(client, "/admin/dlq/Boom/delete", id=ids[1])).status_code == 303
+    assert (await form_post(client, "/admin/dlq/Boom/purge")).status_code == 303
+    assert (await queue.stats(Boom)).dlq == 0
+
+    job_page = text_of((await client.get(f"/admin/jobs/{ids[0]}?job=Boom")).text)
+    assert "Console actions" in job_page and "otto : retry" in job_page
+    deleted_page = text_of((await client.get(f"/admin/jobs/{ids[1]}?job=Boom")).text)
+    assert "demo : delete" in deleted_page and "retry" not in deleted_page.split("Console")[-1]
+    overview = text_of((await client.get("/admin/")).text)
+    assert "otto : pause" in overview
+    rows = await db.run(lambda session: audit.entries(session))
+    assert [(r.actor, r.action, r.target, r.ids, r.detail) for r in rows] == [
+        ("demo", "purge", "job:Boom", (), "1 dead letter"),
+        ("demo", "delete", "job:Boom", (ids[1],), ""),
+        ("otto", "pause", "schedule:Tidy", (), ""),
+        ("otto", "retry", "job:Boom", (ids[0],), ""),
+    ]
+
+
+async def test_a_tokens_scopes_say_what_it_may_do_and_an_expired_one_is_refused(
+    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    db = client.app.state.ctx.db  # type: ignore[attr-defined]
+
+    async def made(name: str, *scopes: str, expires_in: timedelta | None = None) -> dict[str, str]:
+        token = await db.run(
+            lambda s: create_token(s, name, scopes=scopes, expires_in=expires_in)  # type: ignore[arg-type]
+        )
+        return {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+
+    writer = await made("writer", "jobs:enqueue")
+    reader = await made("reader", "console:read")
+    operator = await made("operator", "console:read", "console:operate")
+    read = await client.get("/admin/", headers=writer)
+    assert read.status_code == 403
+    assert read.json()["error"]["message"] == (
+        "API token 'writer' may not read: it lacks the scope console:read"
+    )
+    assert (await client.get("/admin/", headers=reader)).status_code == 200
+    no_pause = await client.post("/admin/schedules/Tidy/pause", headers=reader)
+    assert no_pause.status_code == 403 and "lacks the scope jobs:enqueue" in no_pause.text
+    paused = await client.post("/admin/schedules/Tidy/pause", headers=operator)
+    assert paused.status_code == 303
+    no_purge = await client.post("/admin/dlq/Boom/purge", headers=operator)
+    assert no_purge.status_code == 403
+    assert "token:operator may not do this: it takes the admin role" in no_purge.text
+    assert "(set by its console:* scope)" in no_purge.text
+
+    ended = await made("ended", "console:read", expires_in=timedelta(seconds=-1))
+    with caplog.at_level(logging.WARNING, logger="mega.web.auth"):
+        refused = await client.get("/admin/", headers=ended)
+    assert refused.status_code == 401
+    assert "API token 'ended' expired at " in refused.json()["error"]["message"]
+    assert "API token 'ended' expired at" in caplog.text and "from 10.1.2.3" in caplog.text
+
+
+async def test_wrong_tokens_are_limited_per_address_and_logged_without_the_token(
+    tmp_path: Path, nats_factory: Callable[[], Any], redis_factory: Callable[[], Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    path = write_config(
+        tmp_path, nats_url=nats_factory().url, redis_url=redis_factory().url,
+        body=ADMIN_DECLARATIONS, web_app=SITE,
+    )  # fmt: skip
+    async with web_client(load_config(path)) as client:
+        db = client.app.state.ctx.db  # type: ignore[attr-defined]
+        good = await db.run(lambda s: create_token(s, "good"))
+        json_only = {"Accept": "application/json"}
+        with caplog.at_level(logging.WARNING, logger="mega.web.auth"):
+            # As failed logins: after the second, a delay (1 s, doubling); past
+            # auth.login_max_failures in auth.login_window_s, the window's end.
+            for n in range(2):
+                wrong = {"Authorization": f"Bearer mega_guess{n}", **json_only}
+                assert (await client.get("/admin/", headers=wrong)).status_code == 401
+            third = {"Authorization": "Bearer mega_guess2", **json_only}
+            throttled = await client.get("/admin/", headers=third)
+            assert throttled.status_code == 429 and int(throttled.headers["retry-after"]) >= 1
+            assert "too many wrong API tokens from this address" in throttled.text
+            # The address is held back, even with a good token, until its delay ends.
+            held = await client.get("/admin/", headers={"Authorization": f"Bearer {good}"})
+            assert held.status_code == 429
+        lines = [r.getMessage() for r in caplog.records]
+        assert lines.count("wrong or revoked API token from 10.1.2.3") == 2
+        assert (
+            lines.count("API token refused unread from 10.1.2.3: too many wrong tokens lately") == 2
+        )
+        assert not any("mega_guess" in line or good in line for line in lines)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -80,3 +81,28 @@ async def test_a_service_posts_with_a_token_and_no_csrf_while_cookies_still_need
     assert gone.returncode == 1 and "no token named 'deploy-bot'" in gone.stderr
     bad = mega_token(path, "create", "no spaces")
     assert bad.returncode == 1 and "1 to 64 letters" in bad.stderr
+
+
+def test_a_token_is_made_with_an_end_and_scopes_which_the_list_shows(tmp_path: Path) -> None:
+    path = write_config(tmp_path, nats_url="nats://127.0.0.1:1", redis_url=None)
+    made = mega_token(path, "create", "ci", "--expires", "90d", "--scope", "jobs:enqueue")
+    assert made.returncode == 0, made.stderr
+    assert "token 'ci' created (expires in 90d; scopes jobs:enqueue)" in made.stderr
+    default = mega_token(path, "create", "app")
+    assert "expires in 90d; scopes jobs:enqueue,console:read" in default.stderr
+    forever = mega_token(path, "create", "ops", "--expires", "never", "--scope",
+                         "console:read,console:operate")  # fmt: skip
+    assert "(never expires; scopes console:read,console:operate)" in forever.stderr
+    rows = {line.split("\t")[0]: line for line in mega_token(path, "list").stdout.splitlines()}
+    in_90_days = (datetime.now(UTC) + timedelta(days=90)).date().isoformat()
+    assert f"\texpires {in_90_days}T" in rows["ci"] and rows["ci"].endswith("\tscopes jobs:enqueue")
+    assert "\tnever expires\tscopes console:read,console:operate" in rows["ops"]
+    for args, said in (
+        (("--scope", "jobs:everything"), "unknown scope(s) jobs:everything: give one or more of"),
+        (("--expires", "soon"), "--expires 'soon': give a whole number and a unit"),
+        (("--expires", "0d"), "--expires '0d'"),
+    ):
+        refused = mega_token(path, "create", "bad", *args)
+        assert refused.returncode == 1 and said in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+    assert "bad\t" not in mega_token(path, "list").stdout  # nothing was made
