@@ -368,6 +368,11 @@ class Consumer:
         )  # fmt: skip
         if self.records is not None:
             self.records.started(delivery, started_ms)
+            if attempt > 1:
+                # A run after the first may be one that kills its worker again (a crash loop):
+                # its record, naming this worker and the attempts before it, is stored before
+                # it runs, so that the job's page shows each lost attempt as it happens.
+                await self.records.sent()
         try:
             result = await self._run(payload, delivery)
         except asyncio.CancelledError:

@@ -216,6 +216,9 @@ class StatusWriter:
         self._statuses: dict[str, Report] = {}
         self._results: dict[str, bytes] = {}
         self._earlier: dict[str, int] = {}  # job id -> an earlier attempt to read and keep
+        # job id -> its last run, which another process made (or this one before it died): its
+        # record names that run's worker and start, read from the store at the flush.
+        self._unrun: dict[str, int] = {}
         self._attempts: list[tuple[str, bytes]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._batch_sent: asyncio.Future[None] | None = None  # of the reports queued now
@@ -273,6 +276,8 @@ class StatusWriter:
         if not self.on:
             return
         job_id, attempt = delivery.id, delivery.attempt if attempts is None else attempts
+        if 1 <= attempt < delivery.attempt:  # an end written for a run that was not this one
+            self._unrun[job_id] = attempt
         # Kept as its fields, made a record only if no later report replaces it first.
         report = Report(attempt, state, delivery.enqueued_at_ms, fields)
         replaced = self._statuses.pop(job_id, None)  # re-inserted last: batches keep order
@@ -285,9 +290,10 @@ class StatusWriter:
             self._flusher = asyncio.create_task(self._flush())
 
     def _record(self, job_id: str, report: Report) -> JobStatus:
+        fields = {"worker": self.worker, **report.fields}
         return JobStatus(
             id=job_id, job=self.lane.name, state=report.state, attempts=report.attempts,
-            enqueued_at=report.enqueued_at, worker=self.worker, **report.fields,
+            enqueued_at=report.enqueued_at, **fields,
         )  # fmt: skip
 
     def _record_json(self, job_id: str, report: Report) -> bytes:
@@ -339,8 +345,8 @@ class StatusWriter:
             settles, self._settles = self._settles, []
             batch_sent, self._batch_sent = self._batch_sent, None
             try:
-                if self._earlier:
-                    await self._read_earlier()
+                if self._earlier or self._unrun:
+                    await self._read_earlier(statuses)
                 attempts, self._attempts = self._attempts, []
                 if results:  # before the `done` that says it is there
                     await self.bus.put_records(
@@ -369,21 +375,33 @@ class StatusWriter:
             self._batch_sent = None
         self._hurry.clear()
 
-    async def _read_earlier(self) -> None:
+    async def _read_earlier(self, statuses: dict[str, Report]) -> None:
         """Keep the attempts before each retried job's latest: the one the store's record
         says, and as `lost` (no worker known) any after it that left no record (a worker that
-        died before its first write)."""
+        died before its first write). An end written for a run this process did not make (a
+        dead letter for a run that never reported back, a cancel before the next run) names
+        that run's worker and start, as the store's record of it says (none when it left no
+        record), not this process, which only wrote it down."""
         earlier, self._earlier = self._earlier, {}
-        ids = list(earlier)
+        unrun, self._unrun = self._unrun, {}
+        ids = list(earlier.keys() | unrun.keys())
         for job_id, raw in zip(ids, await self.bus.get_records(self.lane, "status", ids),
                                strict=True):  # fmt: skip
-            last = earlier[job_id]
             status = None if raw is None else decode(raw)
             stored = 0 if status is None else status.attempts
-            if status is not None and 1 <= stored <= last:
-                self._keep(job_id, as_attempt(status))
-            for attempt in range(stored + 1, last + 1):
-                self._keep(job_id, AttemptRecord(attempt=attempt, state="lost"))
+            last = earlier.get(job_id)
+            if last is not None:
+                if status is not None and 1 <= stored <= last:
+                    self._keep(job_id, as_attempt(status))
+                for attempt in range(stored + 1, last + 1):
+                    self._keep(job_id, AttemptRecord(attempt=attempt, state="lost"))
+            report = statuses.get(job_id)
+            if job_id in unrun and report is not None and report.attempts == unrun[job_id]:
+                ran = status if status is not None and stored == report.attempts else None
+                fields = {**report.fields, "worker": ran.worker or "" if ran else ""}
+                if ran is not None and not fields.get("started_at"):
+                    fields["started_at"] = ran.started_at
+                statuses[job_id] = report._replace(fields=fields)
 
     async def close(self) -> None:
         """Send what is queued (the consume loop calls it when it stops)."""

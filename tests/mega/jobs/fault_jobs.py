@@ -118,7 +118,9 @@ class CrashJob(Job):
     ack_wait_s = ACK_WAIT_S
 
     async def run(self, payload: dict[str, Any], ctx: Context) -> None:
-        await ctx.cache("main").native.hincrby(f"{PREFIX}:runs", payload["id"], 1)
+        redis = ctx.cache("main").native
+        runs = await redis.hincrby(f"{PREFIX}:runs", payload["id"], 1)
+        await redis.hset(f"{PREFIX}:ran_on", f"{payload['id']}:{runs}", ctx.instance_id)
         os._exit(1)
 
 

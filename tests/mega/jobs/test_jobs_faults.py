@@ -307,6 +307,12 @@ async def test_job_that_kills_its_worker_goes_to_the_dlq_after_retries_plus_one_
     assert status is not None and (status.state, status.attempts) == ("dlq", job.retries + 1)
     assert status.error is not None and status.error.type == "WorkerCrashed"
     assert [(a.attempt, a.state) for a in status.history] == [(1, "lost")]
+    # The worker the record names is the one its last run killed, stored before that run
+    # began (a run after the first may kill its worker again), not the one that wrote the
+    # dead letter down; and the first run's worker, where its record went out before it died.
+    ran_on = await redis.hgetall(f"{prefix}:ran_on")
+    assert status.worker == ran_on[f"{job_id}:{last}"] != record["worker"]
+    assert status.started_at is not None
     assert await stream_size(queue, stream_name(spec.subject)) == 0
     for worker in fleet:
         worker.proc.send_signal(signal.SIGTERM)
