@@ -8,7 +8,8 @@
     slow       runs SLOW_STEPS steps for 3x its ack wait in all, reporting each with ctx.progress:
                its lease is renewed while it runs (in_progress heartbeats), so no other worker
                gets it although it outlives the ack wait, and it succeeds on attempt 1
-    crash      kills its worker process on every attempt (as a segfault or an OOM kill would):
+    crash      kills its worker process on every attempt, a second in (as a segfault or an OOM
+               kill would):
                nothing acks it, so after each `ack_wait_s` another worker gets it, until the
                delivery after the last attempt, which the queue dead-letters as WorkerCrashed
 
@@ -35,6 +36,10 @@ class SimulatedSendError(RuntimeError):
     """The failure the demo modes produce on purpose."""
 
 
+# A crash job works this long before it kills its worker: its card shows the attempt running.
+CRASH_AFTER_S = 1.0
+
+
 class EmailJob(Job):
     subject = "demo.email"
     bus = "jobs"
@@ -58,7 +63,11 @@ class EmailJob(Job):
         if mode == "slow":
             await slow_send(ctx, SLOW_ACK_WAITS * self.ack_wait_s)
         if mode == "crash":
-            os._exit(1)  # no ack, no nak, no goodbye: the worker process is gone
+            # Half a send first, as a real crash comes mid-work: its card shows this attempt
+            # running on this worker, then dies with it (no ack, no nak, no goodbye).
+            await ctx.progress(0.5, "half sent: this worker is about to die")
+            await asyncio.sleep(CRASH_AFTER_S)
+            os._exit(1)
         return {"sent_to": payload["to"], "attempt": attempt}
 
 

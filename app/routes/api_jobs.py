@@ -21,6 +21,7 @@ from app.deps import queue as queue_of
 from app.jobs.email import SLOW_ACK_WAITS, SLOW_STEPS, EmailJob
 from app.jobs.tenant import LIMIT_PER_S
 from app.services import console_series, noisy, recent_jobs
+from app.services.job_card import CRASHED
 from app.services.jobs_page import job_view, jobs_state
 from app.services.pipeline import MAX_MEMBERS
 from mega import JobQueue, JobStatus
@@ -86,6 +87,9 @@ ID_OR_ALL: dict[str, Any] = {
 class RequeueRequest(BaseModel):
     id: Annotated[str | None, Field(min_length=1, max_length=100)] = None
     all: bool = False
+    # With all: true, the dead letters of jobs that killed their worker too (WorkerCrashed):
+    # each one requeued kills a worker again, up to its attempts. Left out unless asked for.
+    crashed: bool = False
     # What the validator below checks, said in the schema too (OpenAPI clients and fuzzers
     # then send only what is accepted): an id, or all: true, not both.
     model_config = ConfigDict(json_schema_extra=ID_OR_ALL)
@@ -119,28 +123,46 @@ async def enqueue_email(queue: JobQueue, redis: Any, body: EnqueueRequest) -> st
 
 
 async def audited_requeue(
-    request: Request, user: CurrentUser, body: RequeueRequest, count: int
+    request: Request, user: CurrentUser, body: RequeueRequest, done: Requeued
 ) -> None:
     """The audit row of a requeue from the page (mega.web.audited)."""
     action = "requeue all" if body.all else "requeue"
     ids = [body.id] if body.id else []
-    await audited(request, user, action, "job:EmailJob", ids, f"{count} job(s)")
+    await audited(request, user, action, "job:EmailJob", ids, requeued_text(done))
 
 
-async def requeue(queue: JobQueue, redis: Any, body: RequeueRequest) -> int:
+def requeued_text(done: Requeued) -> str:
+    """The page's sentence on a requeue."""
+    text = f"Requeued {done.requeued} job(s) from the DLQ."
+    if done.left_crashed:
+        text += (
+            f" Left {done.left_crashed} that killed their worker (WorkerCrashed): each would "
+            "kill one again; tick the box to requeue those too."
+        )
+    return text
+
+
+async def requeue(queue: JobQueue, redis: Any, body: RequeueRequest) -> Requeued:
     """Put dead letters back on the queue, attempts counted from 1 again; the page notes each
-    requeue on its job's card."""
+    requeue on its job's card. "All" leaves out the jobs that killed their worker unless
+    `body.crashed` asks for them too, as `mega dlq requeue` asks for --all: a requeued crash
+    job kills a worker again on each of its attempts."""
     dlq = queue.dlq
-    listed = [r["id"] for r in await dlq.list(EmailJob, limit=10_000)]
-    ids = listed if body.all else [job_id for job_id in listed if job_id == body.id]
-    if not ids:
-        return 0
+    listed = await dlq.list(EmailJob, limit=10_000)
+    if body.all:
+        crashed = [r["id"] for r in listed if r["error"]["type"] == CRASHED]
+        ids = [r["id"] for r in listed if body.crashed or r["id"] not in crashed]
+        left = 0 if body.crashed else len(crashed)
+    else:
+        ids, left = [r["id"] for r in listed if r["id"] == body.id], 0
     for job_id in ids:
         await recent_jobs.note_requeue(redis, job_id)
-    if body.all:
-        return await dlq.requeue_all(EmailJob)
-    assert body.id is not None
-    return await dlq.requeue(EmailJob, body.id)
+    if body.all and not left:
+        return Requeued(requeued=await dlq.requeue_all(EmailJob))
+    count = 0
+    for job_id in dict.fromkeys(ids):  # once each, though a job may have several records
+        count += await dlq.requeue(EmailJob, job_id)
+    return Requeued(requeued=count, left_crashed=left)
 
 
 class JobCreated(BaseModel):
@@ -150,6 +172,7 @@ class JobCreated(BaseModel):
 
 class Requeued(BaseModel):
     requeued: int
+    left_crashed: int = 0  # dead letters of jobs that killed their worker, not requeued
 
 
 class CancelAnswer(BaseModel):
@@ -294,11 +317,11 @@ async def post_requeue(
     request: Request, body: RequeueRequest, user: OperatorDep, queue: QueueDep, redis: RedisDep
 ) -> Response:
     """Requeue one dead letter, or all: an operator's action (403 for a viewer)."""
-    count = await requeue(queue, redis, body)
-    await audited_requeue(request, user, body, count)
-    if body.id is not None and count == 0:
+    done = await requeue(queue, redis, body)
+    await audited_requeue(request, user, body, done)
+    if body.id is not None and done.requeued == 0:
         raise ApiError(404, "not_found", f"no dead letter with id {body.id!r}")
-    return ok({"requeued": count})
+    return ok(done.model_dump())
 
 
 async def jobs_page_context(
@@ -358,11 +381,12 @@ async def requeue_form(
 ) -> Response:
     form = await request.form()
     job_id = form.get("id")
-    body = RequeueRequest(id=str(job_id)) if job_id else RequeueRequest(all=True)
-    count = await requeue(queue, redis, body)
-    await audited_requeue(request, user, body, count)
+    crashed = form.get("crashed") == "include"
+    body = RequeueRequest(id=str(job_id)) if job_id else RequeueRequest(all=True, crashed=crashed)
+    done = await requeue(queue, redis, body)
+    await audited_requeue(request, user, body, done)
     back = RedirectResponse("/demo/jobs", status_code=303)
-    return flash(request, back, f"Requeued {count} job(s) from the DLQ.")
+    return flash(request, back, requeued_text(done))
 
 
 @router.post("/demo/jobs/{job_id}/cancel", include_in_schema=False)

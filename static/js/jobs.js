@@ -84,9 +84,11 @@
     button.disabled = true;
     try {
       const envelope = await api("POST", "/api/demo/jobs/dlq/requeue", body);
-      $("enqueue-result").textContent = envelope.ok
-        ? "Requeued " + envelope.data.requeued + " job(s) from the DLQ."
-        : envelope.error.message;
+      let said = envelope.ok ? "Requeued " + envelope.data.requeued + " job(s) from the DLQ." : envelope.error.message;
+      if (envelope.ok && envelope.data.left_crashed) {
+        said += " Left " + envelope.data.left_crashed + " that killed their worker (WorkerCrashed): each would kill one again; tick the box to requeue those too.";
+      }
+      $("enqueue-result").textContent = said;
       await load();
     } finally {
       button.disabled = false;
@@ -156,7 +158,8 @@
   });
   $("requeue-all").addEventListener("submit", (event) => {
     event.preventDefault();
-    requeue({ all: true }, event.submitter || $("requeue-all").querySelector("button"));
+    const crashed = $("requeue-crashed").checked;
+    requeue({ all: true, crashed }, event.submitter || $("requeue-all").querySelector("button"));
   });
 
   poll(load, 1000);

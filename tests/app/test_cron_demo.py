@@ -18,8 +18,9 @@ import redis.asyncio as redis
 from app.routes.api_cron import HOLDING
 from app.schedules.cron_counter import CronCounterSchedule
 from app.services.cron_counter import COUNT_KEY, FENCE_KEY, HISTORY_KEY, read_state, record_run
-from mega import Scheduler
+from mega import Scheduler, audit
 from mega.schedules.schedule import LockSettings
+from mega.web import ensure_user
 from tests.factories import DEMO_USER, csrf_from, login, sample_config_for, web_client
 
 PREFIX = "mega:schedule:{CronCounterSchedule}"
@@ -434,3 +435,34 @@ async def test_the_pause_form_works_without_javascript(
         page = (await client.get("/demo/cron")).text
         assert f"Ticking. Resumed by {DEMO_USER} at " in page
         assert ">Pause</button>" in page and 'id="pause-badge">ticking</span>' in page
+
+
+async def test_a_viewer_is_refused_the_pause_and_the_run_and_an_admins_are_audited(
+    tmp_path: Path, nats_url: str, redis_url: str
+) -> None:
+    async with web_client(sample_config_for(tmp_path, nats_url, redis_url)) as client:
+        db = client.app.state.ctx.db  # type: ignore[attr-defined]
+        ensure_user(db, "vera", "vera-password-1")  # not in auth.roles: a viewer
+        await login(client, "vera", "vera-password-1")
+        headers = {"X-CSRF-Token": csrf_from((await client.get("/demo/cron")).text)}
+        assert (await client.get("/api/demo/cron")).status_code == 200  # reads are hers
+        for path in ("/api/demo/cron/pause", "/api/demo/cron/run"):
+            refused = await client.post(path, headers=headers)
+            assert refused.status_code == 403
+            assert refused.json()["error"]["message"].startswith(
+                "vera may not do this: it takes the operator role (which may retry, requeue, "
+                "cancel, pause, resume and run now), and vera has the viewer role"
+            )
+        assert not (await client.get("/api/demo/cron")).json()["data"]["pause"]["paused"]
+        assert await db.run(lambda session: audit.entries(session)) == []
+
+        await client.post("/logout", headers=headers)
+        await login(client)  # demo: an admin in the sample's config
+        headers = {"X-CSRF-Token": csrf_from((await client.get("/demo/cron")).text)}
+        assert (await client.post("/api/demo/cron/pause", headers=headers)).status_code == 200
+        [row] = await db.run(lambda session: audit.entries(session))
+        assert (row.actor, row.action, row.target) == (
+            DEMO_USER,
+            "pause",
+            "schedule:CronCounterSchedule",
+        )

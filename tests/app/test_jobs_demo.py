@@ -16,10 +16,15 @@ import httpx
 import pytest
 
 from app.jobs.email import SLOW_ACK_WAITS, SLOW_STEPS, EmailJob
+from app.routes.api_jobs import RequeueRequest, requeue, requeued_text
 from app.services.instances import short_instance
 from app.services.job_card import clock
+from mega import JobQueue
 from mega.config import Config
 from mega.drivers.nats.names import stream_name
+from mega.jobs.dlq import make_record
+from mega.jobs.queue import job_lane
+from mega.testing import memory_context
 from tests.factories import authed, csrf_from, job_worker, login, sample_config_for, web_client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -294,7 +299,7 @@ async def test_requeue_from_the_dlq_resets_attempts(config: Config) -> None:
         requeued = await client.post(
             "/api/demo/jobs/dlq/requeue", json={"id": fail_id}, headers=headers
         )
-        assert requeued.json()["data"] == {"requeued": 1}
+        assert requeued.json()["data"] == {"requeued": 1, "left_crashed": 0}
         deadline = asyncio.get_running_loop().time() + 20
         while True:  # its second run, back in the DLQ (the first run's record said dlq too)
             record = (await client.get(f"/api/demo/jobs/{fail_id}")).json()["data"]
@@ -612,3 +617,35 @@ async def test_a_permanent_job_goes_to_the_dlq_after_one_attempt(config: Config)
         page = (await client.get("/demo/jobs")).text
         assert "to ada@example.com, 1 attempt</span>" in page
         assert '<option value="permanent"' in page
+
+
+async def test_requeue_all_leaves_the_jobs_that_killed_their_worker_unless_asked() -> None:
+    """Each requeued crash job would kill a worker again, up to its attempts: "Requeue all"
+    leaves them out and says so, unless its box (`crashed: true`) asks for them too, as
+    `mega dlq requeue` asks for --all."""
+    ctx = memory_context(caches=["main"])
+    queue = JobQueue(ctx, "jobs")
+    spec = await queue.ensure(EmailJob)
+    for n, error in enumerate(["WorkerCrashed", "SimulatedSendError", "WorkerCrashed"]):
+        payload = {"id": f"j{n}", "to": "a@b.co", "mode": "x"}
+        record = make_record(
+            spec.subject,
+            f"j{n}",
+            payload,
+            error,
+            "boom",
+            attempts=3,
+            first_enqueued_at=1,
+            worker="w",
+        )
+        queue.bus.broker.lane(job_lane(spec)).dead_letter(record)  # type: ignore[attr-defined]
+    redis = ctx.cache("main").native
+    done = await requeue(queue, redis, RequeueRequest(all=True))
+    assert (done.requeued, done.left_crashed) == (1, 2)
+    assert requeued_text(done) == (
+        "Requeued 1 job(s) from the DLQ. Left 2 that killed their worker (WorkerCrashed): each "
+        "would kill one again; tick the box to requeue those too."
+    )
+    assert {r["id"] for r in await queue.dlq.list(EmailJob)} == {"j0", "j2"}
+    done = await requeue(queue, redis, RequeueRequest(all=True, crashed=True))
+    assert (done.requeued, done.left_crashed) == (2, 0) and await queue.dlq.count(EmailJob) == 0
