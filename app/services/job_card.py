@@ -37,13 +37,19 @@ def clock(at_ms: int) -> str:
     return datetime.fromtimestamp(at_ms / 1000, UTC).strftime("%H:%M:%S.%f")[:-3]
 
 
-def card_lines(status: JobStatus, requeues: int = 0) -> list[Line]:
-    """The job's lines, oldest first. `requeues`: how many times the DLQ gave it back (the
-    record then follows its latest run, counted from attempt 1 again)."""
-    lines = [enqueued(status)]
-    if requeues:
-        times = "once" if requeues == 1 else f"{requeues} times"
-        lines.append(Line("enqueued", None, f"requeued from the DLQ {times}: its latest run below"))
+def card_lines(status: JobStatus) -> list[Line]:
+    """The job's lines, oldest first: a job the DLQ gave back (from this page, the console or
+    `mega dlq requeue`) keeps its runs before, then says it was requeued, its attempts counted
+    from 1 again."""
+    if status.requeues:
+        lines = [earlier_attempt(attempt) for attempt in status.before_requeue]
+        times = "" if status.requeues == 1 else f" again ({status.requeues} times in all)"
+        lines.append(
+            Line("enqueued", status.enqueued_at,
+                 f"requeued from the DLQ{times}: attempts count from 1 again")
+        )  # fmt: skip
+    else:
+        lines = [enqueued(status)]
     lines += [earlier_attempt(attempt) for attempt in status.history]
     if status.attempts and status.state not in ("queued", "delayed"):
         lines.append(latest_attempt(status))
@@ -66,9 +72,17 @@ def enqueued(status: JobStatus) -> Line:
 
 def earlier_attempt(attempt: AttemptRecord) -> Line:
     on = f"attempt {attempt.attempt}{worker_part(attempt.worker)}"
-    if attempt.state == "lost":
-        return Line("lost", attempt.started_at, f"{on} never reported back: its worker died")
+    crashed = attempt.error is not None and attempt.error.type == CRASHED
+    if attempt.state == "lost" or crashed:
+        end = "; to the DLQ" if attempt.state == "dlq" else ""
+        return Line("lost", attempt.started_at, f"{on} never reported back: its worker died{end}")
     took = took_part(attempt.started_at, attempt.finished_at)
+    if attempt.state == "dlq":  # the last run before a requeue
+        return Line(
+            "dlq", attempt.started_at, f"{on} failed{took}: {error_text(attempt)}; to the DLQ"
+        )
+    if attempt.state == "done":
+        return Line("done", attempt.started_at, f"{on} succeeded{took}")
     return Line("retry", attempt.started_at, f"{on} failed{took}: {error_text(attempt)}")
 
 
@@ -87,7 +101,7 @@ def latest_attempt(status: JobStatus) -> Line:
         return Line("cancelled", at, f"{on} cancelled{took}")
     if status.error is not None and status.error.type == CRASHED:
         # Found by the delivery after the last attempt, on whichever worker got it.
-        return Line("lost", at, f"attempt {status.attempts} never reported back: its worker died")
+        return Line("lost", at, f"{on} never reported back: its worker died")
     return Line("fail", at, f"{on} failed{took}: {error_text(status)}; no tries left")
 
 

@@ -73,7 +73,7 @@ def card(entry: Entry, status: JobStatus | None, result: Any) -> dict[str, Any]:
         "cancellable": status.state in CANCELLABLE,
         "result": result,
         "progress": {"fraction": progress.fraction, "note": progress.note} if progress else None,
-        "lines": [as_json(line) for line in card_lines(status, entry.requeues)],
+        "lines": [as_json(line) for line in card_lines(status)],
     }
 
 

@@ -27,7 +27,14 @@ from typing import Any, TypeVar
 
 from mega.drivers.base import Bus, DlqErrorInfo, DlqRecord, DriverUnavailable, Lane
 from mega.errors import DependencyUnavailable, JobError
-from mega.jobs.status import JobStatus, encode
+from mega.jobs.status import (
+    JobStatus,
+    Requeued,
+    encode,
+    read_status,
+    requeued_again,
+    requeued_key,
+)
 
 __all__ = ["DeadLetters", "DlqRecord", "make_record"]
 
@@ -141,13 +148,16 @@ class DeadLetters:
         if not records or lane.kind != "job" or lane.keep_status_s <= 0:
             return
         now_ms = int(time.time() * 1000)
-        fresh = [
-            (
-                r["id"],
-                encode(JobStatus(id=r["id"], job=lane.name, state="queued", enqueued_at=now_ms)),
-            )
-            for r in records
-        ]
+        fresh: list[tuple[str, bytes]] = []
+        for job_id in dict.fromkeys(r["id"] for r in records):
+            # Its runs so far are kept apart: the new ones count from attempt 1 again.
+            status = await self._call(lane, read_status(self.bus, lane, job_id))
+            earlier = None
+            if status is not None and status.requeues:
+                earlier = Requeued(times=status.requeues, runs=status.before_requeue)
+            kept = requeued_again(status, earlier).model_dump_json(exclude_defaults=True)
+            queued = JobStatus(id=job_id, job=lane.name, state="queued", enqueued_at=now_ms)
+            fresh += [(requeued_key(job_id), kept.encode()), (job_id, encode(queued))]
         await self._call(lane, self.bus.put_records(lane, "status", fresh, create=False))
 
     async def _call(self, lane: Lane, call: Awaitable[T]) -> T:

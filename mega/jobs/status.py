@@ -117,7 +117,9 @@ class JobStatus(BaseModel):
     latest attempt's worker. `error`: the latest failure. `result_kept`: `result()` can answer
     with what `run` returned. `history`: the attempts before the latest, oldest first (read
     with the record by `JobQueue.status`; each is stored under a key of its own). `cause`: the
-    run that enqueued it (an event's listener, another job), when one did."""
+    run that enqueued it (an event's listener, another job), when one did. `requeues`: how
+    often the DLQ gave it back (its attempts then count from 1 again), and `before_requeue`
+    the attempts it made before, oldest first, each time's last one included (`dlq`)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -134,6 +136,8 @@ class JobStatus(BaseModel):
     result_kept: bool = False
     history: tuple[AttemptRecord, ...] = ()
     cause: Cause | None = None
+    requeues: int = 0
+    before_requeue: tuple[AttemptRecord, ...] = ()
 
     @property
     def final(self) -> bool:
@@ -143,6 +147,30 @@ class JobStatus(BaseModel):
 def attempt_key(job_id: str, attempt: int) -> str:
     """The key of a job's earlier attempt (a space, which no job id has, keeps it apart)."""
     return f"{job_id} attempt {attempt}"
+
+
+def requeued_key(job_id: str) -> str:
+    """The key of what a job did before the DLQ gave it back (`Requeued`)."""
+    return f"{job_id} requeued"
+
+
+class Requeued(BaseModel):
+    """A requeued job's earlier runs (`JobStatus.before_requeue`) and how often it was."""
+
+    times: int
+    runs: tuple[AttemptRecord, ...]
+
+
+def requeued_again(status: JobStatus | None, earlier: Requeued | None) -> Requeued:
+    """What a job's requeue keeps: the runs kept before (at most MAX_HISTORY * 2, the newest)
+    and this life's, its last attempt included."""
+    runs = list(earlier.runs if earlier is not None else ())
+    if status is not None:
+        runs += status.history
+        if status.attempts:
+            runs.append(as_attempt(status))
+    times = (earlier.times if earlier is not None else 0) + 1
+    return Requeued(times=times, runs=tuple(runs[-MAX_HISTORY * 2 :]))
 
 
 def cause_key(job_id: str) -> str:
@@ -412,10 +440,16 @@ class StatusWriter:
 async def read_status(bus: Bus, lane: Lane, job_id: str) -> JobStatus | None:
     """A job's status record with its history (its earlier attempts, one read more for a job
     that ran more than once), or None. DriverUnavailable when the bus does not answer."""
-    raw, cause = await bus.get_records(lane, "status", [job_id, cause_key(job_id)])
+    keys = [job_id, cause_key(job_id), requeued_key(job_id)]
+    raw, cause, requeued = await bus.get_records(lane, "status", keys)
     if raw is None:
         return None
     status = decode(raw)
+    if requeued is not None:
+        earlier = Requeued.model_validate_json(requeued)
+        status = status.model_copy(
+            update={"requeues": earlier.times, "before_requeue": earlier.runs}
+        )
     if status.state == "failed":
         status = await _dead_lettered(bus, lane, status)
     if cause is not None:

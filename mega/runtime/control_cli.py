@@ -211,7 +211,23 @@ def _status_text(data: dict[str, Any]) -> str:
         lines.append(f"  error: {data['error']['type']}: {data['error']['message']}")
     if data.get("result_kept"):
         lines.append("  result: kept (queue.result reads it)")
+    for attempt in data.get("history", ()):
+        lines.append(f"  attempt {attempt['attempt']}: {_attempt_text(attempt)}")
+    if data.get("requeues"):
+        lines.append(f"  requeued from the DLQ: {data['requeues']} time(s), after:")
+        for attempt in data.get("before_requeue", ()):
+            lines.append(f"    attempt {attempt['attempt']}: {_attempt_text(attempt)}")
     return "\n".join(lines)
+
+
+def _attempt_text(attempt: dict[str, Any]) -> str:
+    """`retrying on worker@host:12:ab (RuntimeError: boom)`."""
+    text = str(attempt["state"])
+    if attempt.get("worker"):
+        text += f" on {attempt['worker']}"
+    if attempt.get("error"):
+        text += f" ({attempt['error']['type']}: {attempt['error']['message']})"
+    return text
 
 
 # -- schedules --------------------------------------------------------------------------------

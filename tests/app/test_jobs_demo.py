@@ -312,10 +312,17 @@ async def test_requeue_from_the_dlq_resets_attempts(config: Config) -> None:
         assert all(a["started_at"] > before_ms for a in record["history"])  # this run's
         data = (await client.get("/api/demo/jobs")).json()["data"]
         job = next(j for j in data["jobs"] if j["id"] == fail_id)
+        # Its first three runs are kept above the requeue (a Retry from the console or `mega dlq
+        # requeue` keeps them alike: the record does), then its three runs since.
         assert [line["kind"] for line in job["lines"]] == [
-            "enqueued", "enqueued", "retry", "retry", "fail", "dlq",
+            "retry", "retry", "dlq", "enqueued", "retry", "retry", "fail", "dlq",
         ]  # fmt: skip
-        assert job["lines"][1]["detail"] == "requeued from the DLQ once: its latest run below"
+        assert job["lines"][2]["detail"].endswith("; to the DLQ")
+        assert job["lines"][3]["detail"] == "requeued from the DLQ: attempts count from 1 again"
+        assert record["requeues"] == 1
+        assert [(a["attempt"], a["state"]) for a in record["before_requeue"]] == [
+            (1, "retrying"), (2, "retrying"), (3, "dlq"),
+        ]  # fmt: skip
         assert data["dlq"]["count"] == 1
 
 

@@ -358,15 +358,19 @@ def status_view(status: Any) -> list[tuple[str, str]]:
 
 
 def attempt_rows(status: Any) -> list[dict[str, Any]]:
-    """Every attempt the record knows, oldest first: the `history`, then the latest."""
+    """Every attempt the record knows, oldest first: those before each requeue from the DLQ
+    (`before_requeue`, their attempt numbers marked with the time they ran in), the `history`,
+    then the latest."""
     rows = []
-    attempts = list(status.history)
+    attempts = [*status.before_requeue, *status.history]
     if status.attempts and status.state not in ("queued", "delayed"):
         attempts.append(status)
-    for item in attempts:
+    earlier = len(status.before_requeue)
+    for n, item in enumerate(attempts):
         error = item.error
+        number = getattr(item, "attempt", None) or item.attempts
         rows.append({
-            "attempt": getattr(item, "attempt", None) or item.attempts,
+            "attempt": f"{number} (before a requeue)" if n < earlier else number,
             "state": item.state,
             "worker": item.worker or "",
             "worker_short": short_instance(item.worker) if item.worker else "—",

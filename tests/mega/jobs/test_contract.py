@@ -26,6 +26,7 @@ from mega.jobs import status as status_module
 from mega.jobs.control import Cancelled
 from mega.jobs.delivery import stand_in_id
 from mega.jobs.queue import job_lane
+from mega.jobs.status import ErrorInfo
 from mega.runtime.boot import boot, shutdown
 from tests.factories import write_config
 
@@ -238,6 +239,16 @@ async def test_retries_plus_one_attempts_then_the_dlq_and_requeue(setup: Any, pr
     assert signals(seen, job_id)[-2:] == [("start", 1), ("done", 1)] and DONE[key] == 1
     assert await queue.dlq.count(job) == 0
     assert await queue.dlq.requeue(job, "nope") == 0
+    # Its runs before the requeue are kept apart, the last one's dead letter included.
+    await until(lambda: status_is(queue, job, job_id, "done"), "the requeued run's record")
+    status = await queue.status(job, job_id)
+    assert status is not None and (status.attempts, status.requeues) == (1, 1)
+    assert [(a.attempt, a.state) for a in status.before_requeue] == [
+        (1, "retrying"), (2, "retrying"), (3, "dlq")
+    ]  # fmt: skip
+    assert status.before_requeue[-1].error == ErrorInfo(
+        type="RuntimeError", message="planned failure 3"
+    )
 
 
 async def test_a_requeued_job_that_ends_at_once_keeps_its_done(
