@@ -321,6 +321,8 @@ class Consumer:
         if attempt > self.max_attempts:
             await self._unreported(delivery, payload)
             return
+        if attempt > 1 and await self._finished(delivery):
+            return
         if self.control is not None and self.control.paused:
             # Held, its lease renewed, until the queue is resumed; handed back at a stop.
             await self.resumed.wait()
@@ -355,6 +357,22 @@ class Consumer:
         raw = delivery.body if payload is None else None
         record = self._record(delivery, payload, "InvalidId", why, 0, raw)
         await self._dead_letter(decide(Outcome.INVALID, 0, self.spec), delivery, record)
+
+    async def _finished(self, delivery: Delivery) -> bool:
+        """Whether the job's record says a run before this delivery ended it (done or
+        cancelled): then this delivery is acked, not run (again) nor dead-lettered. Read only
+        for a delivery after the first, whose earlier run may have ended without its ack."""
+        if self.records is None or not self.records.on:
+            return False
+        ended = await self.records.ended_before(delivery)
+        if ended is not None:
+            logger.info(
+                "%s: %s came back after its attempt %d ended %s (its ack was lost): settled, "
+                "not run again", self.spec.name, delivery.id, delivery.attempt - 1, ended,
+            )  # fmt: skip
+            await self.receiver.ack(delivery)
+            return True
+        return False
 
     async def _attempt(self, delivery: Delivery, payload: Any) -> None:
         """One run of a decoded delivery: the start, the handler, its outcome."""
@@ -488,8 +506,12 @@ class Consumer:
         await self._dead_letter(decision, delivery, record, started_ms=int(started * 1000))
 
     async def _unreported(self, delivery: Delivery, payload: Any) -> None:
-        """A delivery past the last attempt: dead-letter what the last one left behind."""
+        """A delivery past the last attempt: dead-letter what the last one left behind, unless
+        its record says it finished (its ack was lost: a worker killed between the record and
+        the ack, a lease that ran out while the record was being stored), which is settled."""
         record = self.unreported.get(delivery.key)
+        if record is None and await self._finished(delivery):
+            return
         if record is None:  # not a DLQ store of ours that failed: a crash
             # This delivery is not an attempt: the signal, like the record, names the last
             # attempt, the one that never reported back.

@@ -344,6 +344,19 @@ class StatusWriter:
         record = attempt.model_dump_json(exclude_defaults=True).encode()
         self._attempts.append((attempt_key(job_id, attempt.attempt), record))
 
+    async def ended_before(self, delivery: Delivery) -> str | None:
+        """`done` or `cancelled` when the job's stored record says a run before this delivery
+        ended it, else None (also when the store does not answer: the delivery then goes on
+        as it would have)."""
+        try:
+            [raw] = await self.bus.get_records(self.lane, "status", [delivery.id])
+        except DriverUnavailable:
+            return None
+        status = None if raw is None else decode(raw)
+        if status is None or status.state not in ("done", "cancelled"):
+            return None
+        return status.state if 1 <= status.attempts < delivery.attempt else None
+
     # -- sending -------------------------------------------------------------------------------
 
     async def sent(self, timeout_s: float = SENT_TIMEOUT_S) -> None:
