@@ -1,7 +1,7 @@
 """A config of its own for the schedules chapter: one schedule that ticks every second.
 
     MEGA_CONFIG=docs/guide/examples/every_second.py .venv/bin/mega scheduler   (start two)
-    .venv/bin/python docs/guide/examples/every_second.py                        (the tick audit)
+    .venv/bin/python docs/guide/examples/every_second.py [--at-least N]         (the tick audit)
 
 Any file with these module-level names is a config (`--config` or MEGA_CONFIG), so an app of
 yours reuses the framework this way. Run as a script, it prints the tick audit both schedulers
@@ -11,8 +11,10 @@ after a `mega schedules pause EverySecond`, ticks nobody ran ("paused") and the 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
+import sys
 
 from mega import Context, Schedule, Scheduler, boot, load_config, shutdown
 
@@ -35,7 +37,7 @@ services = {
 schedules = [EverySecond]
 
 
-async def print_audit() -> None:
+async def print_audit(at_least: int) -> None:
     ctx = await boot(load_config(__file__, signs=False), role="script", database=False)
     try:
         scheduler = Scheduler(ctx).register(EverySecond)
@@ -51,9 +53,16 @@ async def print_audit() -> None:
         runs = int(await ctx.cache("main").native.get(f"{KEY}:runs") or 0)
         print(f"{len(ticks)} instants, {runs} runs")
         assert runs == len(ticks), "an instant ran twice"
+        if len(ticks) < at_least:  # nothing seen is no proof: say so, and fail
+            sys.exit(
+                f"only {len(ticks)} instant(s) ran, fewer than {at_least}: are the schedulers "
+                f"running, on the Redis at REDIS_URL ({os.environ.get('REDIS_URL') or 'unset'})?"
+            )
     finally:
         await shutdown(ctx)
 
 
 if __name__ == "__main__":
-    asyncio.run(print_audit())
+    parser = argparse.ArgumentParser(description="The tick audit of EverySecond.")
+    parser.add_argument("--at-least", type=int, default=1, help="fail with fewer instants run")
+    asyncio.run(print_audit(parser.parse_args().at_least))
