@@ -357,6 +357,10 @@ def status_view(status: Any) -> list[tuple[str, str]]:
     return rows
 
 
+# The error of a dead letter whose last run never reported back (mega/jobs/consumer.py).
+CRASHED = "WorkerCrashed"
+
+
 def attempt_rows(status: Any) -> list[dict[str, Any]]:
     """Every attempt the record knows, oldest first: those before each requeue from the DLQ
     (`before_requeue`, their attempt numbers marked with the time they ran in), the `history`,
@@ -369,13 +373,15 @@ def attempt_rows(status: Any) -> list[dict[str, Any]]:
     for n, item in enumerate(attempts):
         error = item.error
         number = getattr(item, "attempt", None) or item.attempts
+        # A run that never reported back took no time we know: its end is when it was found.
+        lasted = "—" if error and error.type == CRASHED else took(item.started_at, item.finished_at)
         rows.append({
             "attempt": f"{number} (before a requeue)" if n < earlier else number,
             "state": item.state,
             "worker": item.worker or "",
             "worker_short": short_instance(item.worker) if item.worker else "—",
             "started": utc_time(item.started_at),
-            "took": took(item.started_at, item.finished_at),
+            "took": lasted,
             "error": f"{error.type}: {error.message}" if error else "",
         })  # fmt: skip
     return rows
