@@ -11,7 +11,7 @@ import inspect
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +184,34 @@ async def until(check: Any, what: str, timeout_s: float = 15) -> None:
     while not (await found if inspect.isawaitable(found := check()) else found):
         assert time.monotonic() < deadline, f"timed out: {what}"
         await asyncio.sleep(0.01)
+
+
+def wrap_receivers(
+    monkeypatch: pytest.MonkeyPatch, bus: Any, wraps: dict[str, Callable[[Any], Any]]
+) -> None:
+    """Each receiver `bus` makes from now on calls `wraps[name](its own method)` instead of
+    its method `name` (a planned failure, a read at the settle)."""
+    make_receiver = bus.receiver
+
+    def receiver(lane: Any, *, consumer: str) -> Any:
+        made = make_receiver(lane, consumer=consumer)
+        for name, wrap in wraps.items():
+            monkeypatch.setattr(made, name, wrap(getattr(made, name)))
+        return made
+
+    monkeypatch.setattr(bus, "receiver", receiver)
+
+
+@contextlib.asynccontextmanager
+async def running(ctx: Context, job: type[Job]) -> AsyncIterator[JobWorker]:
+    """A JobWorker on `job` in this process, stopped (drained) on the way out."""
+    worker = JobWorker(ctx)
+    worker.register(job)
+    await worker.start()
+    try:
+        yield worker
+    finally:
+        await worker.stop(5)
 
 
 def signals(seen: list[dict[str, Any]], job_id: str) -> list[tuple[str, int]]:
@@ -478,33 +506,22 @@ async def test_a_retry_hands_its_job_back_once_its_record_says_retrying(
     `retrying` for good). So the record is stored before the job is handed back."""
     ctx, _job, queue, _seen = setup
     tracked = type("Tracked", (Tracked,), {"subject": f"{prefix}.handback"})
-    bus = ctx.bus("jobs")
-    make_receiver = bus.receiver
     states_at_retry: list[str | None] = []
 
-    def receiver(lane: Any, *, consumer: str) -> Any:
-        made = make_receiver(lane, consumer=consumer)
-        retry = made.retry
-
+    def read_then(retry: Any) -> Any:
         async def read_then_retry(delivery: Any, **kwargs: Any) -> None:
             status = await queue.status(tracked, delivery.id)
             states_at_retry.append(None if status is None else status.state)
             await retry(delivery, **kwargs)
 
-        monkeypatch.setattr(made, "retry", read_then_retry)
-        return made
+        return read_then_retry
 
-    monkeypatch.setattr(bus, "receiver", receiver)
-    worker = JobWorker(ctx)
-    worker.register(tracked)
-    await worker.start()
-    try:
+    wrap_receivers(monkeypatch, ctx.bus("jobs"), {"retry": read_then})
+    async with running(ctx, tracked):
         flaky = await tracked.enqueue(
             ctx, {"id": f"{prefix}-handback", "fail_first": 1, "returns": 2}
         )
         assert await tracked.result(ctx, flaky, timeout_s=15) == 2
-    finally:
-        await worker.stop(5)
     assert states_at_retry == ["retrying"]
 
 
@@ -515,31 +532,28 @@ async def test_a_job_whose_dead_letter_was_not_stored_is_handed_back_once_its_re
     `failed` record is stored first, and the next delivery stores the dead letter and `dlq`."""
     ctx, _job, queue, _seen = setup
     doomed = type("Doomed", (Tracked,), {"subject": f"{prefix}.doomed", "retries": 0})
-    bus = ctx.bus("jobs")
-    make_receiver = bus.receiver
     states_at_release: list[str | None] = []
+    refused: list[str] = []
 
-    def receiver(lane: Any, *, consumer: str) -> Any:
-        made = make_receiver(lane, consumer=consumer)
-        dead_letter, release = made.dead_letter, made.release
-        refused: list[str] = []
-
-        async def refuse_once(delivery: Any, *args: Any, **kwargs: Any) -> None:
+    def refuse_once(dead_letter: Any) -> Any:
+        async def refusing(delivery: Any, *args: Any, **kwargs: Any) -> None:
             if not refused:
                 refused.append(delivery.id)
                 raise DriverUnavailable("the DLQ store is away (planned)")
             await dead_letter(delivery, *args, **kwargs)
 
+        return refusing
+
+    def read_then(release: Any) -> Any:
         async def read_then_release(delivery: Any, **kwargs: Any) -> None:
             status = await queue.status(doomed, delivery.id)
             states_at_release.append(None if status is None else status.state)
             await release(delivery, **kwargs)
 
-        monkeypatch.setattr(made, "dead_letter", refuse_once)
-        monkeypatch.setattr(made, "release", read_then_release)
-        return made
+        return read_then_release
 
-    monkeypatch.setattr(bus, "receiver", receiver)
+    wraps = {"dead_letter": refuse_once, "release": read_then}
+    wrap_receivers(monkeypatch, ctx.bus("jobs"), wraps)
     worker = JobWorker(ctx)
     worker.register(doomed)
     worker.queue("jobs").dlq_retry_delay_s = 0.1
@@ -1302,41 +1316,26 @@ async def test_a_run_that_finished_is_never_dead_lettered_as_a_crash(
     (4-5 of 20,000 were, on postgres with workers killed every 2 s) nor run again."""
     ctx, _job, queue, _seen = setup
     last = type("Last", (Tracked,), {"subject": f"{prefix}.last", "ack_wait_s": 1.0})
-    bus = ctx.bus("jobs")
-    make_receiver = bus.receiver
     acks: list[str] = []
 
-    def receiver(lane: Any, *, consumer: str) -> Any:
-        made = make_receiver(lane, consumer=consumer)
-        ack = made.ack
-
-        async def drop_the_first(delivery: Any) -> None:
+    def drop_the_first(ack: Any) -> Any:
+        async def dropping(delivery: Any) -> None:
             acks.append(delivery.id)
             if len(acks) > 1:
                 await ack(delivery)
 
-        monkeypatch.setattr(made, "ack", drop_the_first)
-        return made
+        return dropping
 
-    monkeypatch.setattr(bus, "receiver", receiver)
-    worker = JobWorker(ctx)
-    worker.register(last)
-    await worker.start()
-    try:
+    wrap_receivers(monkeypatch, ctx.bus("jobs"), {"ack": drop_the_first})
+    async with running(ctx, last):
         # retries = 1: attempt 2 succeeds, and is the last; its ack is lost.
         job_id = await last.enqueue(ctx, {"id": f"{prefix}-last", "fail_first": 1, "returns": 7})
         assert await last.result(ctx, job_id, timeout_s=15) == 7
-    finally:
-        await worker.stop(5)  # as the worker killed after the record (the memory bus hands
-    # back what its stopped worker never settled; the others, after the ack wait)
-    worker = JobWorker(ctx)
-    worker.register(last)
-    await worker.start()
-    try:
+    # Its worker stopped, as one killed after the record: the memory bus hands back what its
+    # stopped worker never settled, the others after the ack wait.
+    async with running(ctx, last):
         await until(lambda: len(acks) == 2, "the delivery back, settled", 20)
         await asyncio.sleep(0.5)  # were it dead-lettered, its record would say so by now
-    finally:
-        await worker.stop(5)
     assert RUNS[f"{prefix}-last"] == 2 and acks == [job_id, job_id]
     assert await queue.dlq.count(last) == 0
     status = await queue.status(last, job_id)

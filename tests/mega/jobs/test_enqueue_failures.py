@@ -26,11 +26,16 @@ async def down(*_: Any, **__: Any) -> Any:
     raise DriverUnavailable("the bus is away")
 
 
+@pytest.fixture
+async def queue() -> JobQueue:
+    made = JobQueue(memory_context(), "jobs")
+    await made.ensure(Noted)
+    return made
+
+
 async def test_a_failed_enqueue_is_one_error_and_no_stored_line(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    queue: JobQueue, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    queue = JobQueue(memory_context(), "jobs")
-    await queue.ensure(Noted)
     monkeypatch.setattr(queue.bus, "publish", down)
     monkeypatch.setattr(queue.bus, "put_records", down)
     with caplog.at_level(logging.WARNING), pytest.raises(DependencyUnavailable):
@@ -41,10 +46,8 @@ async def test_a_failed_enqueue_is_one_error_and_no_stored_line(
 
 
 async def test_jobs_stored_without_their_records_say_so_once(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    queue: JobQueue, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    queue = JobQueue(memory_context(), "jobs")
-    await queue.ensure(Noted)
     monkeypatch.setattr(queue.bus, "put_records", down)
     with caplog.at_level(logging.WARNING):
         await queue.enqueue_many(Noted, [{}, {}])
