@@ -181,6 +181,7 @@ class Consumer:
         self.unreported: OrderedDict[Hashable, DlqRecord] = OrderedDict()
         self.max_attempts = spec.max_attempts
         self.window: Window | None = None  # the latest read of the cancel window
+        self.cancels_unread = 0  # fetches started without their cancels read, since a read
 
     def request_stop(self, timeout_s: float) -> None:
         self.stopping = True
@@ -632,12 +633,25 @@ class Consumer:
 
         try:
             async with asyncio.timeout(min(CANCEL_READ_S, self.spec.ack_wait_s / 4)):
-                return await read()
+                found = await read()
         except (DriverUnavailable, TimeoutError) as exc:
-            # Started unread: the watch still cancels a cancelled one within a second.
-            why = str(exc) or "no answer in time"
-            logger.warning("%s: cannot read its cancels (%s)", self.spec.name, why)
+            # Started unread: the watch still cancels a cancelled one within a second. Said
+            # once until a read answers again, not at every fetch (an outage is hundreds).
+            if not self.cancels_unread:
+                why = str(exc) or "no answer in time"
+                logger.warning(
+                    "%s: cannot read its cancels (%s): its jobs start unread until it can",
+                    self.spec.name, why,
+                )  # fmt: skip
+            self.cancels_unread += 1
             return ()
+        if self.cancels_unread:
+            logger.info(
+                "%s: reads its cancels again (%d fetch(es) started unread)",
+                self.spec.name, self.cancels_unread,
+            )  # fmt: skip
+            self.cancels_unread = 0
+        return found
 
     async def _refresh(self) -> None:
         """Read the lane's pause and cancel window; a change of the pause holds or lets go
