@@ -31,7 +31,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import ColumnElement, and_, delete, select, update
 
 from mega import tracing
 from mega.drivers.base import Message
@@ -112,6 +112,9 @@ class OutboxRelay:
             spec = validate_job(job_cls, ctx.buses)
             self._jobs[spec.name] = (job_cls, spec)
         self._unknown: set[str] = set()  # the job names of rows it left, already warned of
+        # Rows over what their bus's engine takes: left pending (never lost), said once, and
+        # passed over so that the rows after them go on.
+        self._refused: set[int] = set()
 
     def on(self, name: str, observer: Observer) -> None:
         self.signals.on(name, observer)
@@ -169,7 +172,7 @@ class OutboxRelay:
                 raise ConnectionError(f"bus {alias!r} is not connected; the outbox waits")
         session = self.ctx.db.sessions()
         try:
-            rows = await self._in_db(_take_batch, session, self.batch)
+            rows = await self._in_db(_take_batch, session, self.batch, self._refused)
             if not rows:
                 await self._in_db(_end, session, commit=True)
                 self.lag_ms = 0.0
@@ -211,6 +214,8 @@ class OutboxRelay:
         by_job: dict[str, list[Message]] = {}
         done = []
         for row in rows:
+            if self._too_large(row):
+                continue
             name = job_of_row(row.subject)
             if name is None:
                 message = row_message(row.event_id, row.subject, row.body, row.headers)
@@ -225,6 +230,23 @@ class OutboxRelay:
         for name, messages in by_job.items():
             await self._enqueue(*self._jobs[name], messages)
         return done
+
+    def _too_large(self, row: _Row) -> bool:
+        """Whether the row's body is over what its bus's engine takes (a NATS server's
+        max_payload, less its headers; `outbox.add` checked the class's own cap): such a row
+        would be refused at each try and hold up every row after it. It stays pending, and
+        is said once."""
+        limit = getattr(self.ctx.buses.get(row.bus), "max_body_bytes", None)
+        if limit is None or len(row.body) <= limit:
+            return False
+        self._refused.add(row.seq)
+        logger.error(
+            "outbox relay: row %d (%s) is %d bytes, over what bus %r takes (%d): it stays "
+            "pending, passed over, while the rows after it go on; raise the server's "
+            "max_payload, or delete the row (mega_outbox.seq = %d) and lower the class's "
+            "max_payload_bytes", row.seq, row.subject, len(row.body), row.bus, limit, row.seq,
+        )  # fmt: skip
+        return True
 
     def _job(self, name: str) -> tuple[type[JobBase], JobSpec] | None:
         known = self._jobs.get(name)
@@ -293,8 +315,11 @@ def announce_commits(ctx: Context) -> Callable[[], None]:
 # -- database steps (run on the relay's thread) ---------------------------------------------------
 
 
-def _take_batch(session: Session, limit: int) -> list[_Row]:
-    pending = select(OutboxRow.seq).where(OutboxRow.published_at.is_(None)).limit(1)
+def _take_batch(session: Session, limit: int, passed_over: set[int]) -> list[_Row]:
+    waiting: ColumnElement[bool] = OutboxRow.published_at.is_(None)
+    if passed_over:
+        waiting = and_(waiting, OutboxRow.seq.not_in(passed_over))
+    pending = select(OutboxRow.seq).where(waiting).limit(1)
     if session.scalar(pending) is None:
         return []  # nothing to do: no lock taken, writers never wait for an idle relay
     if session.get_bind().dialect.name == "sqlite":
@@ -307,7 +332,7 @@ def _take_batch(session: Session, limit: int) -> list[_Row]:
     )  # fmt: skip
     rows = session.execute(
         select(*columns)
-        .where(OutboxRow.published_at.is_(None))
+        .where(waiting)
         .order_by(OutboxRow.seq)
         .limit(limit)
         .with_for_update(skip_locked=True)

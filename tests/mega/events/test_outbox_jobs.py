@@ -7,6 +7,7 @@ drivers whose jobs outlive a process (the memory driver's do not)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
@@ -189,3 +190,32 @@ async def _ran(redis: Redis, prefix: str, ids: list[str]) -> bool:
 async def _state(queue: JobQueue, job: type[Job], job_id: str, state: str) -> bool:
     status = await queue.status(job, job_id)
     return status is not None and status.state == state
+
+
+async def test_a_row_over_what_its_bus_takes_stays_pending_and_holds_up_no_other(
+    setup: Any, prefix: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A row its bus's engine would refuse at each try (a NATS server's max_payload is 1 MB,
+    the class's cap 1 MiB) is left pending, said once, and passed over: the rows after it are
+    relayed. Here the engine's cap is made small, on every driver."""
+    _config, ctx, job, queue, _redis = setup
+    monkeypatch.setattr(type(queue.bus), "max_body_bytes", 100, raising=False)
+
+    def rows(session: Any) -> list[str]:
+        return [
+            outbox.enqueue(session, job, {"n": 1}),
+            outbox.enqueue(session, job, {"n": 2, "pad": "x" * 200}),
+            outbox.enqueue(session, job, {"n": 3}),
+        ]
+
+    small, big, after = await ctx.db.run(rows)
+    relay = OutboxRelay(ctx, jobs=[job])
+    with caplog.at_level(logging.ERROR, logger="mega.relay"):
+        assert await relay.relay_once() == 2
+        assert await relay.relay_once() == 0  # said once, not at each batch
+    [said] = [r.getMessage() for r in caplog.records]
+    assert said.startswith("outbox relay: row ") and ", over what bus 'jobs' takes (100)" in said
+    assert (await ctx.db.run(outbox.stats)).pending == 1  # kept, never lost
+    assert (await queue.stats(job)).pending == 2
+    assert await queue.status(job, big) is None and await queue.status(job, small) is not None
+    assert await queue.status(job, after) is not None
