@@ -4,6 +4,7 @@ a host started with its clock set off."""
 from __future__ import annotations
 
 import os
+import random
 import re
 import socket
 import struct
@@ -87,14 +88,28 @@ def _bindable(port: int) -> bool:
     return True
 
 
+# Bases are drawn below the kernel's ephemeral ports (32768 and up by default), which it hands
+# to every outgoing connection and every bind to port 0: a base + offset drawn from them could
+# be taken by another test's connection between this check and the host's bind (a CI run saw
+# `mega work` refused its metrics port so).
+LOW_PORTS_FROM = 10_000
+
+
+def _ephemeral_from() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
 def free_port_base(*offsets: int) -> int:
-    """A port `base` such that base + every offset is free right now (for tools that derive
-    ports from a base: honcho's +100 per process, supervisord's + process number)."""
+    """A port `base` such that base + every offset is free right now and outside the ports the
+    kernel hands out by itself (for tools that derive ports from a base: honcho's +100 per
+    process, supervisord's + process number)."""
+    highest = _ephemeral_from() - 1 - max(offsets, default=0)
     for _ in range(200):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            base: int = sock.getsockname()[1]
-        if base + max(offsets, default=0) < 65536 and all(_bindable(base + o) for o in offsets):
+        base = random.randrange(LOW_PORTS_FROM, highest)
+        if all(_bindable(base + o) for o in {0, *offsets}):
             return base
     raise RuntimeError(f"no free port base for offsets {offsets}")
 
