@@ -20,15 +20,10 @@ from datetime import UTC, datetime
 from sqlalchemy import DateTime, Index, String, Text, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from mega.database import Base, Database
+from mega.database import Base, Database, as_utc
 
 # Ids kept per row: a bulk action names how many in its detail, and the first ids.
 MAX_IDS = 100
-
-
-def as_utc(value: datetime) -> datetime:
-    """A time read back aware (SQLite hands them back naive; every value here is UTC)."""
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 class AuditRow(Base):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,6 +27,12 @@ T = TypeVar("T")
 # The only server encoding mega accepts on PostgreSQL. SQL_ASCII stores bytes unchecked (ordering,
 # lower() and ILIKE see bytes, not letters) and LATIN1 and the like cannot store most scripts.
 REQUIRED_ENCODING = "UTF8"
+
+
+def as_utc(value: datetime) -> datetime:
+    """A datetime read back from a table, aware: SQLite hands them back naive, and every value
+    the framework's tables hold is UTC."""
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 class Base(DeclarativeBase):

@@ -137,17 +137,17 @@ def refusal(delivery: Delivery) -> str | None:
     """Why a delivery must not be run, its id or its key being unusable (see INVALID), or
     None. Checked on every delivery, so the usual case costs two cheap string tests."""
     key = delivery.flow_key
-    if is_token(delivery.id) and (key is None or is_token(key)):
+    if not is_token(delivery.id):
+        what, value, kept = "id", delivery.id, "under a stand-in id"
+    elif key is not None and not is_token(key):
+        what, value, kept = "key", key, "without it"
+    else:
         return None
-    for what, value in (("id", delivery.id), ("key", delivery.flow_key)):
-        if value is not None and not is_token(value):
-            kept = "under a stand-in id" if what == "id" else "without it"
-            return (
-                f"its {what} is not 1-{MAX_ID_LENGTH} printable characters without spaces "
-                f"({shortened(value, 40)}), so no engine could be trusted to key it: not run, "
-                f"and kept here {kept} (published by a producer that did not check it?)"
-            )
-    return None  # not reached: one of the two is not a token
+    return (
+        f"its {what} is not 1-{MAX_ID_LENGTH} printable characters without spaces "
+        f"({shortened(value, 40)}), so no engine could be trusted to key it: not run, and kept "
+        f"here {kept} (published by a producer that did not check it?)"
+    )
 
 
 def stand_in_id(value: str) -> str:

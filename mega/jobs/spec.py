@@ -384,7 +384,8 @@ def json_body(
             "most)", code=f"{kind}.invalid_payload",
         ) from None  # fmt: skip
     if len(body) > max_bytes:
-        raise error(too_large(name, len(body), max_bytes), code=f"{kind}.payload_too_large")
+        cap = f"its max_payload_bytes ({max_bytes:,})"
+        raise error(too_large(name, len(body), cap), code=f"{kind}.payload_too_large")
     return body
 
 
@@ -401,15 +402,15 @@ def check_engine_cap(
         return
     for body in bodies:
         if len(body) > limit:
-            what = f"what its bus's server takes (max_payload less its headers: {limit:,})"
-            raise error(too_large(name, len(body), limit, what), code=f"{kind}.payload_too_large")
+            cap = f"what its bus's server takes (max_payload less its headers: {limit:,})"
+            raise error(too_large(name, len(body), cap), code=f"{kind}.payload_too_large")
 
 
-def too_large(name: str, size: int, cap: int, what: str = "its max_payload_bytes") -> str:
-    cap_said = "" if str(f"{cap:,}") in what else f" ({cap:,})"
+def too_large(name: str, size: int, cap: str) -> str:
+    """The sentence of a payload over `cap` (the cap as said: what it is and its bytes)."""
     return (
-        f"{name}: payload is {size:,} bytes as JSON, over {what}{cap_said}: store big data "
-        "elsewhere (a table, object storage) and pass its key"
+        f"{name}: payload is {size:,} bytes as JSON, over {cap}: store big data elsewhere (a "
+        "table, object storage) and pass its key"
     )
 
 

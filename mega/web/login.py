@@ -41,9 +41,6 @@ class LoginForm(BaseModel):
     password: Annotated[str, StringConstraints(max_length=MAX_PASSWORD_CHARS)]
 
 
-_client_ip = auth.client_ip
-
-
 def _next(request: Request, target: str | None) -> str:
     if target is not None and len(target) > MAX_NEXT_CHARS:
         target = None
@@ -82,7 +79,7 @@ async def login(
     except ValidationError as exc:
         errors = field_errors(exc.errors())
         return _render(request, next=target, username=username, errors=errors, status=422)
-    attempt = await auth.authenticate(request, username, password, _client_ip(request))
+    attempt = await auth.authenticate(request, username, password, auth.client_ip(request))
     if attempt.retry_after_s:
         error = wait_sentence(attempt.retry_after_s)
         response = _render(request, next=target, username=username, error=error, status=429)

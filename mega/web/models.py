@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 from sqlalchemy import DateTime, ForeignKey, Index, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from mega.database import Base
+from mega.database import Base, as_utc
 
-
-def as_utc(value: datetime) -> datetime:
-    """A datetime read from these tables, aware: SQLite hands them back naive, and every value
-    they hold is UTC."""
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+__all__ = ["LoginFailure", "User", "UserSession", "as_utc"]
 
 
 class User(Base):

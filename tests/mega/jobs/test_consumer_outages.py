@@ -14,6 +14,7 @@ from mega import Context, Job, JobWorker
 from mega.drivers.base import DriverUnavailable
 from mega.jobs.control import LaneControl
 from mega.testing import memory_context
+from tests.mega.jobs.test_contract import until
 
 DONE: list[int] = []
 
@@ -53,12 +54,12 @@ async def test_unreadable_cancels_are_said_once_and_their_return_once(
         with caplog.at_level(logging.INFO, logger="mega"):
             for n in range(5):  # five fetches, each with its jobs started unread
                 await Counted.enqueue(ctx, n)
-                await until(lambda n=n: n in DONE)
+                await until(lambda n=n: n in DONE, f"job {n} done")
             outage["on"] = False
             for n in (5, 6):  # a fetch may still use the window read in the outage: two
                 await asyncio.sleep(0.1)  # past the window's freshness (50 ms): read anew
                 await Counted.enqueue(ctx, n)
-                await until(lambda n=n: n in DONE)
+                await until(lambda n=n: n in DONE, f"job {n} done")
     finally:
         await worker.stop(5)
     said = [r.getMessage() for r in caplog.records if "its cancels" in r.getMessage()]
@@ -70,10 +71,3 @@ async def test_unreadable_cancels_are_said_once_and_their_return_once(
     assert re.fullmatch(
         r"Counted: reads its cancels again \([56] fetch\(es\) started unread\)", back
     )
-
-
-async def until(check: Any, timeout_s: float = 10) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.01)
