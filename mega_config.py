@@ -13,6 +13,7 @@ URLs and secrets come from the environment; the defaults suit `mega dev` on a la
                      application's database, DATABASE_URL, which `mega dev` then starts)
     NATS_URL         several URLs joined by commas for a NATS cluster, with
     MEGA_REPLICAS    copies of each stream (3 in compose's cluster profile; default 1)
+    MEGA_DEMO_CRON   the demo schedule's cron (default "*/30 * * * * *": every 30 s)
 """
 
 import os

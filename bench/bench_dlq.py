@@ -43,9 +43,9 @@ from bench.bench_drivers import driver_context
 from bench.report import Result, Row, print_table, result, row
 from mega import Context, Job
 from mega.drivers.base import Bus, Delivery, DlqRecord, Lane
-from mega.jobs.dlq import make_record
 from mega.jobs.queue import JobQueue
 from mega.jobs.spec import JobSpec, encode_job
+from mega.lanes.dlq import make_record
 
 SMALL = 1_000  # the baseline: the lane with this many dead letters
 PAGE = 50
@@ -144,9 +144,15 @@ async def _measure(
 
 def _record(delivery: Delivery) -> DlqRecord:
     return make_record(
-        delivery.subject, delivery.id, int(delivery.body), "BenchError", "dead on purpose",
-        attempts=delivery.attempt, first_enqueued_at=delivery.enqueued_at_ms, worker="bench",
-    )  # fmt: skip
+        delivery.subject,
+        delivery.id,
+        int(delivery.body),
+        "BenchError",
+        "dead on purpose",
+        attempts=delivery.attempt,
+        first_enqueued_at=delivery.enqueued_at_ms,
+        worker="bench",
+    )
 
 
 def _descending(page: list[DlqRecord]) -> bool:

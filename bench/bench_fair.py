@@ -99,9 +99,12 @@ async def measure(driver: str, url: str, flood: int) -> dict[str, float]:
     finally:
         await ctx.buses["jobs"].close()
     return {
-        "fifo_wait_s": fifo_wait, "fair_wait_s": fair_wait, "high_wait_s": high_wait,
-        "off": off, "on": on,
-    }  # fmt: skip
+        "fifo_wait_s": fifo_wait,
+        "fair_wait_s": fair_wait,
+        "high_wait_s": high_wait,
+        "off": off,
+        "on": on,
+    }
 
 
 async def _bench(flood: int) -> Result:
@@ -125,15 +128,30 @@ async def _bench(flood: int) -> Result:
     for driver, figures in found.items():
         rows += [
             row(f"{driver}: small's wait, in order", figures["fifo_wait_s"] * 1000, show=ms),
-            row(f"{driver}: small's wait, fair", figures["fair_wait_s"] * 1000, show=ms,
-                baseline=figures["fifo_wait_s"] * 1000, baseline_name="in order"),
-            row(f"{driver}: a high job's wait behind low", figures["high_wait_s"] * 1000,
-                show=ms, baseline=figures["fifo_wait_s"] * 1000, baseline_name="in order"),
+            row(
+                f"{driver}: small's wait, fair",
+                figures["fair_wait_s"] * 1000,
+                show=ms,
+                baseline=figures["fifo_wait_s"] * 1000,
+                baseline_name="in order",
+            ),
+            row(
+                f"{driver}: a high job's wait behind low",
+                figures["high_wait_s"] * 1000,
+                show=ms,
+                baseline=figures["fifo_wait_s"] * 1000,
+                baseline_name="in order",
+            ),
             row(f"{driver}: one key, fair off (jobs/s)", figures["off"]),
-            row(f"{driver}: one key, fair on (jobs/s)", figures["on"], baseline=figures["off"],
-                baseline_name="fair off", target=f">= {RATE_TARGET}x",
-                passed=figures["on"] >= RATE_TARGET * figures["off"]),
-        ]  # fmt: skip
+            row(
+                f"{driver}: one key, fair on (jobs/s)",
+                figures["on"],
+                baseline=figures["off"],
+                baseline_name="fair off",
+                target=f">= {RATE_TARGET}x",
+                passed=figures["on"] >= RATE_TARGET * figures["off"],
+            ),
+        ]
     res = result(
         "fair",
         "Fair jobs: a small key's wait behind a flood, and the rate with one key; priorities",

@@ -104,11 +104,15 @@ async def _bench(jobs: int) -> Result:
             f"best of {ROUNDS} alternated rounds each; every job checked to have run once",
         ],
         data={
-            "free_per_s": free, "limited_per_s": limited, "cost_us": cost_us(limited),
-            "per_key_per_s": per_key, "per_key_cost_us": cost_us(per_key),
-            "capped_per_s": capped, "capped_cost_us": cost_us(capped),
+            "free_per_s": free,
+            "limited_per_s": limited,
+            "cost_us": cost_us(limited),
+            "per_key_per_s": per_key,
+            "per_key_cost_us": cost_us(per_key),
+            "capped_per_s": capped,
+            "capped_cost_us": cost_us(capped),
         },
-    )  # fmt: skip
+    )
     print_table(res)
     return res
 

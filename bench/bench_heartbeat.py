@@ -297,7 +297,7 @@ def run(idle_s: float = 5.0, pool_s: float = 6.0, hash_s: float = 3.0) -> Result
         notes=[
             f"pool target: p99 <= {POOL_TARGET_FACTOR:g} x idle p99, no floor; the benchmark "
             "client, the web host and both pool processes share the same cores (pool children "
-            "run under SCHED_IDLE, niced 10 where that is refused)",
+            "run niced 10)",
             f"calibrated SHA-256 rounds/s: {pace['alone']:,.0f} alone, "
             f"{pace['paired']:,.0f} per hash of a concurrent pair",
         ],

@@ -101,29 +101,44 @@ def run() -> Result:
         # Each host its own metrics port: `mega work` serves the worker's.
         hosts = {
             "web": (["start", "--port", str(port), *sample], "web listening", env),
-            "work": (["work", *sample], "consuming 7 job",
-                     {**env, "MEGA_WORKER_METRICS_PORT": str(free_port())}),
-            "scheduler": (["scheduler", *sample], "running 1 schedule",
-                          {**env, "MEGA_SCHEDULER_METRICS_PORT": str(free_port())}),
-            "worker": (["worker", *sample], "consuming 7 job",
-                       {**env, "MEGA_WORKER_METRICS_PORT": str(free_port())}),
-        }  # fmt: skip
+            "work": (
+                ["work", *sample],
+                "consuming 7 job",
+                {**env, "MEGA_WORKER_METRICS_PORT": str(free_port())},
+            ),
+            "scheduler": (
+                ["scheduler", *sample],
+                "running 1 schedule",
+                {**env, "MEGA_SCHEDULER_METRICS_PORT": str(free_port())},
+            ),
+            "worker": (
+                ["worker", *sample],
+                "consuming 7 job",
+                {**env, "MEGA_WORKER_METRICS_PORT": str(free_port())},
+            ),
+        }
         floor = tmp / "floor_config.py"
         floor.write_text(FLOOR_CONFIG.format(redis=redis.url, nats=nats.url, secret=SECRET_KEY))
         floor_env = {**os.environ, "PYTHONPATH": str(ROOT)}
         hosts |= {
-            "floor-scheduler": (["scheduler", "--config", str(floor)], "running 1 schedule",
-                                floor_env),
+            "floor-scheduler": (
+                ["scheduler", "--config", str(floor)],
+                "running 1 schedule",
+                floor_env,
+            ),
             "floor-worker": (["worker", "--config", str(floor)], "consuming 1 job", floor_env),
-        }  # fmt: skip
+        }
         processes: dict[str, subprocess.Popen[bytes]] = {}
         try:
             for name, (args, _, host_env) in hosts.items():
                 with open(tmp / f"{name}.log", "wb") as log:
                     processes[name] = subprocess.Popen(
                         [sys.executable, "-m", "mega", *args],
-                        cwd=ROOT, env=host_env, stdout=log, stderr=subprocess.STDOUT,
-                    )  # fmt: skip
+                        cwd=ROOT,
+                        env=host_env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
             for name, (_, marker, _) in hosts.items():
                 wait_ready(tmp / f"{name}.log", marker)
             deadline = time.monotonic() + 10  # "web listening" may come just before the bind
@@ -163,10 +178,13 @@ def run() -> Result:
         for n, v in enumerate(pool)
     ]
     rows += [
-        row(f"`mega {name}`, one {what}, mega alone: RSS idle (MB)", rss[f"floor-{name}"],
-            show=lambda v: f"{v:.1f}")
+        row(
+            f"`mega {name}`, one {what}, mega alone: RSS idle (MB)",
+            rss[f"floor-{name}"],
+            show=lambda v: f"{v:.1f}",
+        )
         for name, what in (("scheduler", "schedule"), ("worker", "no-op job"))
-    ]  # fmt: skip
+    ]
     res = result(
         "hosts_memory",
         "Hosts: idle memory",

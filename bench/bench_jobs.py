@@ -344,9 +344,14 @@ class Bench:
     # -- workers ---------------------------------------------------------------------------
 
     def spawn_worker(
-        self, label: str, subject: str, *, profile: bool = False,
-        keep_status_s: float | None = None, traced: float | None = None,
-    ) -> Worker:  # fmt: skip
+        self,
+        label: str,
+        subject: str,
+        *,
+        profile: bool = False,
+        keep_status_s: float | None = None,
+        traced: float | None = None,
+    ) -> Worker:
         records = self.tmp / f"records-{label}"
         records.mkdir()
         log = self.tmp / f"worker-{label}.log"
@@ -503,14 +508,24 @@ class Bench:
 
     async def bench_bare_consume(self) -> Drain:
         command = [
-            sys.executable, "-m", "bench.bench_jobs", "--bare-consume",
-            self.url, "BENCH_BARE_CONSUME", self.subject("bare_consume"), str(self.o.jobs),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "bench.bench_jobs",
+            "--bare-consume",
+            self.url,
+            "BENCH_BARE_CONSUME",
+            self.subject("bare_consume"),
+            str(self.o.jobs),
+        ]
         spawned_at = time.time()
         proc = subprocess.Popen(
-            command, cwd=ROOT, env=_child_env(), stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )  # fmt: skip
+            command,
+            cwd=ROOT,
+            env=_child_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         self.children.append(proc)
         try:
             out, err = await asyncio.to_thread(proc.communicate, timeout=DRAIN_TIMEOUT_S)

@@ -33,8 +33,8 @@ from bench.report import Result, ms, percentile, print_table, result, row
 from mega import Context, Event, Listener, ListenerWorker, OutboxRelay, ReceivedEvent, outbox
 from mega.config import BusSpec
 from mega.drivers.nats import NatsBus
-from mega.events.relay import DEFAULT_BATCH
 from mega.runtime.boot import connect_database
+from mega.transactional.relay import DEFAULT_BATCH
 
 DRAIN_TARGET = 0.5  # relay drain >= 0.5 x bare publish_async
 LATENCY_TARGET_MS = 50.0  # commit-to-listener-start p99 at 200 signups/s

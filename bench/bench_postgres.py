@@ -132,15 +132,31 @@ async def _bench(jobs: int, procrastinate_jobs: int, durable: bool) -> Result:
         row("procrastinate, one worker, concurrency 1 (jobs/s)", procrastinate),
     ]
     rows += [
-        row("postgres driver (jobs/s)", mega, baseline=bare, baseline_name="bare loop",
-            target=f">= {BARE_TARGET}x", passed=mega / bare >= BARE_TARGET),
-        row("postgres driver against pgqueuer (jobs/s)", mega, baseline=pgqueuer,
-            baseline_name="pgqueuer", target=f">= {PGQUEUER_TARGET}x",
-            passed=mega / pgqueuer >= PGQUEUER_TARGET),
-        row("postgres driver against procrastinate (jobs/s)", mega, baseline=procrastinate,
-            baseline_name="procrastinate", target=f">= {PROCRASTINATE_TARGET:.0f}x",
-            passed=mega / procrastinate >= PROCRASTINATE_TARGET),
-    ]  # fmt: skip
+        row(
+            "postgres driver (jobs/s)",
+            mega,
+            baseline=bare,
+            baseline_name="bare loop",
+            target=f">= {BARE_TARGET}x",
+            passed=mega / bare >= BARE_TARGET,
+        ),
+        row(
+            "postgres driver against pgqueuer (jobs/s)",
+            mega,
+            baseline=pgqueuer,
+            baseline_name="pgqueuer",
+            target=f">= {PGQUEUER_TARGET}x",
+            passed=mega / pgqueuer >= PGQUEUER_TARGET,
+        ),
+        row(
+            "postgres driver against procrastinate (jobs/s)",
+            mega,
+            baseline=procrastinate,
+            baseline_name="procrastinate",
+            target=f">= {PROCRASTINATE_TARGET:.0f}x",
+            passed=mega / procrastinate >= PROCRASTINATE_TARGET,
+        ),
+    ]
     server_kind = "default settings" if durable else "fast=True (commits not flushed to disk)"
     res = result(
         "postgres",

@@ -80,15 +80,28 @@ async def _bench(jobs: int) -> Result:
             cluster.stop()
     rows = [
         row("one server: consume (jobs/s)", one["consume"]),
-        row("cluster: consume, one Job class (jobs/s)", many["consume"], baseline=one["consume"],
-            baseline_name="one server", target=f">= {CLUSTER_TARGET}x",
-            passed=many["consume"] >= CLUSTER_TARGET * one["consume"]),
+        row(
+            "cluster: consume, one Job class (jobs/s)",
+            many["consume"],
+            baseline=one["consume"],
+            baseline_name="one server",
+            target=f">= {CLUSTER_TARGET}x",
+            passed=many["consume"] >= CLUSTER_TARGET * one["consume"],
+        ),
         row("one server: enqueue_many (jobs/s)", one["enqueue"]),
-        row("cluster: enqueue_many (jobs/s)", many["enqueue"], baseline=one["enqueue"],
-            baseline_name="one server"),
-        row("cluster: enqueue_many, durable (jobs/s)", many["durable_enqueue"],
-            baseline=many["enqueue"], baseline_name="not durable"),
-    ]  # fmt: skip
+        row(
+            "cluster: enqueue_many (jobs/s)",
+            many["enqueue"],
+            baseline=one["enqueue"],
+            baseline_name="one server",
+        ),
+        row(
+            "cluster: enqueue_many, durable (jobs/s)",
+            many["durable_enqueue"],
+            baseline=many["enqueue"],
+            baseline_name="not durable",
+        ),
+    ]
     res = result(
         "redis_cluster",
         "The redis driver on a Redis Cluster against one server; durable enqueues",

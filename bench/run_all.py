@@ -197,12 +197,19 @@ def refresh(current: str, outcomes: list[Outcome], started: datetime) -> str:
             f"(`{COMMAND} {outcome.module}`); the other sections are from the run above.",
             "",
         ]
-        begin = next((n for n, line in enumerate(lines)
-                      if line.startswith("## ") and marker in line), None)  # fmt: skip
+        begin = next(
+            (n for n, line in enumerate(lines) if line.startswith("## ") and marker in line), None
+        )
         if begin is None:
             raise SystemExit(f"{RESULTS.name} has no section for {outcome.module}: run them all")
-        end = next((n for n in range(begin + 1, len(lines))
-                    if lines[n].startswith(("## ", "<!-- scale curves:"))), len(lines))  # fmt: skip
+        end = next(
+            (
+                n
+                for n in range(begin + 1, len(lines))
+                if lines[n].startswith(("## ", "<!-- scale curves:"))
+            ),
+            len(lines),
+        )
         blank = [""] if end < len(lines) else []
         lines[begin:end] = fresh + blank
     return "\n".join(lines) + "\n"

@@ -34,10 +34,13 @@ def main() -> dict[str, float]:
 
     sdk_tracer = trace.get_tracer("bench")
     attributes = {
-        "messaging.system": "nats", "messaging.operation.type": "process",
-        "messaging.operation.name": "process", "messaging.destination.name": "bench.noop",
-        "messaging.message.id": "5b3d7263ae304343a399b0445d5626ee", "mega.attempt": 1,
-    }  # fmt: skip
+        "messaging.system": "nats",
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.destination.name": "bench.noop",
+        "messaging.message.id": "5b3d7263ae304343a399b0445d5626ee",
+        "mega.attempt": 1,
+    }
 
     def sdk() -> None:
         span = sdk_tracer.start_span(
@@ -49,9 +52,12 @@ def main() -> dict[str, float]:
 
     def mega() -> None:
         with tracing.processing(
-            "bench.noop", system="nats", message_id="5b3d7263ae304343a399b0445d5626ee",
-            attempt=1, headers=None,
-        ):  # fmt: skip
+            "bench.noop",
+            system="nats",
+            message_id="5b3d7263ae304343a399b0445d5626ee",
+            attempt=1,
+            headers=None,
+        ):
             pass
 
     best = {"sdk_us": float("inf"), "mega_us": float("inf")}

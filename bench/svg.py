@@ -51,10 +51,11 @@ def legend_lines(name: str) -> list[str]:
 def tag(name: str, text: str | None = None, **attrs: object) -> str:
     """One element: `tag("text", "hi", x=1, text_anchor="end")` (underscores become dashes)."""
     shown = " ".join(
-        f'{key.rstrip("_").replace("_", "-")}="{value:.1f}"' if isinstance(value, float)
+        f'{key.rstrip("_").replace("_", "-")}="{value:.1f}"'
+        if isinstance(value, float)
         else f'{key.rstrip("_").replace("_", "-")}="{value}"'
         for key, value in attrs.items()
-    )  # fmt: skip
+    )
     return f"<{name} {shown}/>" if text is None else f"<{name} {shown}>{escape(text)}</{name}>"
 
 
@@ -94,23 +95,52 @@ def write_chart(
     for n in range(TICKS + 1):
         value, y = top * n / TICKS, py(top * n / TICKS)
         parts.append(tag("line", x1=LEFT, x2=LEFT + plot_w, y1=y, y2=y, stroke="#e5e7eb"))
-        parts.append(tag("text", label(round(value, 6)), x=LEFT - 6, y=y + 4,
-                         text_anchor="end", fill=grey))  # fmt: skip
+        parts.append(
+            tag("text", label(round(value, 6)), x=LEFT - 6, y=y + 4, text_anchor="end", fill=grey)
+        )
     for x in xs:
-        parts.append(tag("text", label(x), x=px(x), y=TOP + plot_h + 16, text_anchor="middle",
-                         fill=grey))  # fmt: skip
+        parts.append(
+            tag("text", label(x), x=px(x), y=TOP + plot_h + 16, text_anchor="middle", fill=grey)
+        )
     axis = x_label + (" (log scale)" if log_x else "")
-    parts.append(tag("text", axis, x=LEFT + plot_w / 2, y=HEIGHT - 8, text_anchor="middle",
-                     fill=ink))  # fmt: skip
+    parts.append(
+        tag("text", axis, x=LEFT + plot_w / 2, y=HEIGHT - 8, text_anchor="middle", fill=ink)
+    )
     middle = TOP + plot_h / 2
-    parts.append(tag("text", y_label, x=14, y=middle, text_anchor="middle", fill=ink,
-                     transform=f"rotate(-90 14 {middle:.1f})"))  # fmt: skip
+    parts.append(
+        tag(
+            "text",
+            y_label,
+            x=14,
+            y=middle,
+            text_anchor="middle",
+            fill=ink,
+            transform=f"rotate(-90 14 {middle:.1f})",
+        )
+    )
     if target is not None:
         y = py(target)
-        parts.append(tag("line", x1=LEFT, x2=LEFT + plot_w, y1=y, y2=y, stroke="#dc2626",
-                         stroke_dasharray="6 4"))  # fmt: skip
-        parts.append(tag("text", f"target {label(target)}", x=LEFT + plot_w - 4, y=y - 5,
-                         text_anchor="end", fill="#dc2626"))  # fmt: skip
+        parts.append(
+            tag(
+                "line",
+                x1=LEFT,
+                x2=LEFT + plot_w,
+                y1=y,
+                y2=y,
+                stroke="#dc2626",
+                stroke_dasharray="6 4",
+            )
+        )
+        parts.append(
+            tag(
+                "text",
+                f"target {label(target)}",
+                x=LEFT + plot_w - 4,
+                y=y - 5,
+                text_anchor="end",
+                fill="#dc2626",
+            )
+        )
     ly = TOP + 10
     for n, (name, points) in enumerate(series.items()):
         colour = COLOURS[n % len(COLOURS)]
@@ -118,8 +148,17 @@ def write_chart(
         line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in shown)
         parts.append(tag("polyline", points=line, fill="none", stroke=colour, stroke_width=2))
         parts += [tag("circle", cx=px(x), cy=py(y), r=3.5, fill=colour) for x, y in shown]
-        parts.append(tag("line", x1=WIDTH - RIGHT + 16, x2=WIDTH - RIGHT + 36, y1=ly, y2=ly,
-                         stroke=colour, stroke_width=2))  # fmt: skip
+        parts.append(
+            tag(
+                "line",
+                x1=WIDTH - RIGHT + 16,
+                x2=WIDTH - RIGHT + 36,
+                y1=ly,
+                y2=ly,
+                stroke=colour,
+                stroke_width=2,
+            )
+        )
         for row, words in enumerate(legend_lines(name)):
             parts.append(tag("text", words, x=WIDTH - RIGHT + 42, y=ly + 4 + row * 15, fill=ink))
         ly += 20 + 15 * (len(legend_lines(name)) - 1)

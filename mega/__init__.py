@@ -54,15 +54,15 @@ _EXPORTS = {
     "Tick": "mega.schedules.schedule",
     "Scheduler": "mega.schedules.scheduler",
     # jobs
-    "DlqRecord": "mega.jobs.dlq",
+    "DlqRecord": "mega.lanes.dlq",
     "Job": "mega.jobs.job",
     "JobContext": "mega.jobs.progress",
     "JobWorker": "mega.jobs.jobworker",
     "JobId": "mega.jobs.spec",
-    "JobStatus": "mega.jobs.status",
-    "AttemptRecord": "mega.jobs.status",
-    "Cause": "mega.jobs.status",
-    "WorkerSeen": "mega.jobs.presence",
+    "JobStatus": "mega.lanes.status",
+    "AttemptRecord": "mega.lanes.status",
+    "Cause": "mega.lanes.status",
+    "WorkerSeen": "mega.lanes.presence",
     "JobQueue": "mega.jobs.queue",
     "chain": "mega.jobs.workflow",
     "group": "mega.jobs.workflow",
@@ -70,16 +70,20 @@ _EXPORTS = {
     "WorkflowId": "mega.jobs.steps",
     "WorkflowStatus": "mega.jobs.steps",
     "WorkflowStep": "mega.jobs.steps",
+    # what every run goes through (the config's `middlewares`)
+    "CallNext": "mega.lanes.middleware",
+    "Middleware": "mega.lanes.middleware",
+    "Run": "mega.lanes.middleware",
     # events
     "EventBus": "mega.events.bus",
     "emit": "mega.events.bus",
     "Event": "mega.events.event",
     "ReceivedEvent": "mega.events.event",
     "Listener": "mega.events.listener",
-    "Outbox": "mega.events.outbox",
-    "OutboxStats": "mega.events.outbox",
-    "outbox": "mega.events.outbox",
-    "OutboxRelay": "mega.events.relay",
+    "Outbox": "mega.transactional.store",
+    "OutboxStats": "mega.transactional.store",
+    "outbox": "mega.transactional.store",
+    "OutboxRelay": "mega.transactional.relay",
     "ListenerWorker": "mega.events.worker",
     # CPU workers
     "progress": "mega.workers.task_progress",
@@ -143,27 +147,26 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.events.event import Event as Event
     from mega.events.event import ReceivedEvent as ReceivedEvent
     from mega.events.listener import Listener as Listener
-    from mega.events.outbox import Outbox as Outbox
-    from mega.events.outbox import OutboxStats as OutboxStats
-    from mega.events.outbox import outbox as outbox
-    from mega.events.relay import OutboxRelay as OutboxRelay
     from mega.events.worker import ListenerWorker as ListenerWorker
-    from mega.jobs.dlq import DlqRecord as DlqRecord
     from mega.jobs.job import Job as Job
     from mega.jobs.jobworker import JobWorker as JobWorker
-    from mega.jobs.presence import WorkerSeen as WorkerSeen
     from mega.jobs.progress import JobContext as JobContext
     from mega.jobs.queue import JobQueue as JobQueue
     from mega.jobs.spec import JobId as JobId
-    from mega.jobs.status import AttemptRecord as AttemptRecord
-    from mega.jobs.status import Cause as Cause
-    from mega.jobs.status import JobStatus as JobStatus
     from mega.jobs.steps import Outcome as Outcome
     from mega.jobs.steps import WorkflowId as WorkflowId
     from mega.jobs.steps import WorkflowStatus as WorkflowStatus
     from mega.jobs.steps import WorkflowStep as WorkflowStep
     from mega.jobs.workflow import chain as chain
     from mega.jobs.workflow import group as group
+    from mega.lanes.dlq import DlqRecord as DlqRecord
+    from mega.lanes.middleware import CallNext as CallNext
+    from mega.lanes.middleware import Middleware as Middleware
+    from mega.lanes.middleware import Run as Run
+    from mega.lanes.presence import WorkerSeen as WorkerSeen
+    from mega.lanes.status import AttemptRecord as AttemptRecord
+    from mega.lanes.status import Cause as Cause
+    from mega.lanes.status import JobStatus as JobStatus
     from mega.runtime.asgi import asgi_app as asgi_app
     from mega.runtime.boot import boot as boot
     from mega.runtime.boot import shutdown as shutdown
@@ -180,6 +183,10 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.schedules.scheduler import Scheduler as Scheduler
     from mega.signals import Observer as Observer
     from mega.signals import Signals as Signals
+    from mega.transactional.relay import OutboxRelay as OutboxRelay
+    from mega.transactional.store import Outbox as Outbox
+    from mega.transactional.store import OutboxStats as OutboxStats
+    from mega.transactional.store import outbox as outbox
     from mega.workers.pool import WorkerPool as WorkerPool
     from mega.workers.task_progress import progress as progress
     from mega.workers.worker import Worker as Worker

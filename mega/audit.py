@@ -66,16 +66,24 @@ def record(
     """Add one row in `db`'s transaction."""
     db.add(
         AuditRow(
-            at=datetime.now(UTC), actor=actor[:80], action=action[:40], target=target[:200],
-            ids=json.dumps(list(ids[:MAX_IDS])), detail=detail[:200],
+            at=datetime.now(UTC),
+            actor=actor[:80],
+            action=action[:40],
+            target=target[:200],
+            ids=json.dumps(list(ids[:MAX_IDS])),
+            detail=detail[:200],
         )
-    )  # fmt: skip
+    )
 
 
 async def write(
-    database: Database, actor: str, action: str, target: str, ids: Sequence[str] = (),
+    database: Database,
+    actor: str,
+    action: str,
+    target: str,
+    ids: Sequence[str] = (),
     detail: str = "",
-) -> None:  # fmt: skip
+) -> None:
     """One row, in a transaction of its own."""
     await database.run(lambda db: record(db, actor, action, target, ids, detail))
 

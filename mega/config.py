@@ -13,6 +13,7 @@ win over the file.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import logging
 import os
 import secrets
@@ -424,6 +425,24 @@ def _classes(kind: str) -> Shown:
     return Shown(type=f"list of {kind} classes")
 
 
+def middleware_problem(middleware: object) -> str | None:
+    """Why `middleware` cannot be a run's middleware (a sentence naming the fix), or None."""
+    if isinstance(middleware, type):
+        name = middleware.__name__
+        return f"{name} is a class: list an instance of it, {name}()"
+    call = middleware if inspect.isfunction(middleware) else getattr(middleware, "__call__", None)  # noqa: B004
+    if call is None or not inspect.iscoroutinefunction(call):
+        return (
+            f"{middleware!r} is not a middleware: give an object with "
+            "`async def __call__(self, run, call_next)`, or an `async def f(run, call_next)`"
+        )
+    try:
+        inspect.signature(call).bind(None, None)
+    except TypeError:
+        return f"{middleware!r} must take two arguments: (run, call_next)"
+    return None
+
+
 class ConfigFile(_Model):
     """The module-level names of a config file, as the loader reads them, in the order the
     config reference lists them."""
@@ -470,6 +489,21 @@ class ConfigFile(_Model):
     listeners: Annotated[list[type], _classes("Listener")] = Field(
         default=[], description="The listener groups `mega worker` runs."
     )
+    middlewares: Annotated[list[Any], Shown(type="list of middlewares")] = Field(
+        default=[],
+        description="What every job's and listener's run goes through, the first outermost: "
+        "objects with `async def __call__(self, run, call_next)`.",
+    )
+
+    @field_validator("middlewares")
+    @classmethod
+    def _middlewares(cls, middlewares: list[Any]) -> list[Any]:
+        for index, middleware in enumerate(middlewares):
+            problem = middleware_problem(middleware)
+            if problem is not None:
+                raise ValueError(f"item {index}: {problem}")
+        return middlewares
+
     apply_limits: StrictBool = Field(
         default=False,
         description="Let a worker change a running consumer's limits to its classes' (as "
@@ -492,6 +526,7 @@ class Config:
     workers: list[type] = field(default_factory=list)
     events: list[type] = field(default_factory=list)
     listeners: list[type] = field(default_factory=list)
+    middlewares: list[Any] = field(default_factory=list)  # see ConfigFile.middlewares
     outbox: OutboxConfig = field(default_factory=OutboxConfig)
     work: WorkConfig = field(default_factory=WorkConfig)
     apply_limits: bool = False  # see ConfigFile.apply_limits
@@ -570,6 +605,7 @@ def build_config(module: ModuleType, path: Path, *, dev: bool, signs: bool = Tru
         workers=list(spec.workers),
         events=list(spec.events),
         listeners=list(spec.listeners),
+        middlewares=list(spec.middlewares),
         outbox=spec.outbox,
         work=spec.work,
         apply_limits=spec.apply_limits,

@@ -35,11 +35,12 @@ REDIS_CLUSTER_MAX_CONNECTIONS = 1000
 REDIS_DURABLE_WAIT_S = 1.0
 # NATS clients reconnect forever (an outage is not a crash) at this pace.
 NATS_RECONNECT_WAIT_S = 0.5
-# A NATS client pings its server this often and gives the connection up when this many pings
-# go unanswered: a partitioned or frozen server is left 3 to 4 s after it went silent (nats-py's
-# own defaults, 120 s and 2, would take minutes), and the client moves to another node.
+# A NATS client pings its server this often and gives the connection up when more than this
+# many pings go unanswered: a partitioned or frozen server is left 2 to 3 s after it went silent
+# (nats-py's own defaults, 120 s and 2, would take minutes), and the client moves to another
+# node, in time to be moving again within 5 s of the fault.
 NATS_PING_INTERVAL_S = 1
-NATS_MAX_OUTSTANDING_PINGS = 3
+NATS_MAX_OUTSTANDING_PINGS = 2
 
 # What a graceful stop waits for in-flight work before leaving it to redelivery (hosts).
 DRAIN_TIMEOUT_S = 30.0

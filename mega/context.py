@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
 
@@ -166,6 +166,9 @@ class Context:
     # Hosts without a web app open the database lazily, on first use of `ctx.db`.
     database_url: str | None = None
     workers: dict[str, TaskPool] = field(default_factory=dict)
+    # The config's `middlewares`: what every job's and listener's run goes through, the first
+    # outermost, each `async (run, call_next)` (see mega.lanes.middleware).
+    middlewares: list[Callable[..., Awaitable[Any]]] = field(default_factory=list)
     # Free-form room for the application (the sample keeps its services here).
     extras: dict[str, Any] = field(default_factory=dict)
     # What the layers above make once per context and keep here, by a key of their own (the

@@ -54,10 +54,11 @@ from mega.events.bus import group_lane
 from mega.events.listener import Listener
 from mega.events.worker import ListenerWorker
 from mega.jobs import queue as jobs_queue
-from mega.jobs.dlq import DlqRecord
 from mega.jobs.job import Job
 from mega.jobs.jobworker import JobWorker
 from mega.jobs.queue import job_lane
+from mega.lanes.dlq import DlqRecord
+from mega.lanes.middleware import Middleware
 from mega.schedules import cron
 from mega.schedules.schedule import Schedule, ScheduleSpec, Tick, validate_schedule
 from mega.workers.pool import WorkerPool
@@ -74,12 +75,18 @@ Hook = Callable[[Any, Context], Any]
 HOOK_KEYS = ("worker", "listeners")  # the config's keys for a JobWorker and a ListenerWorker
 
 
-def memory_context(*buses: str, caches: Iterable[str] = (), instance_id: str = "test") -> Context:
+def memory_context(
+    *buses: str,
+    caches: Iterable[str] = (),
+    instance_id: str = "test",
+    middlewares: Iterable[Middleware] = (),
+) -> Context:
     """A Context with a `memory` bus under each alias (default: "jobs") and an empty in-memory
     Redis under each cache alias (`ctx.cache(alias).native` is a `fakeredis.FakeAsyncRedis`, a
     redis.asyncio client: strings, hashes, sets, sorted sets, streams, pipelines and Lua). Each
-    call gets servers of its own, so tests never see each other's keys."""
-    ctx = Context(instance_id=instance_id)
+    call gets servers of its own, so tests never see each other's keys. `middlewares`: what
+    every run goes through, as the config's (mega.lanes.middleware)."""
+    ctx = Context(instance_id=instance_id, middlewares=list(middlewares))
     for alias in buses or ("jobs",):
         ctx.buses[alias] = MemoryBus(alias, BusSpec(driver="memory"), MemoryBroker())
     for alias in caches:
@@ -164,8 +171,9 @@ async def drain(
 def _broker(ctx: Context, alias: str) -> MemoryBroker:
     bus = ctx.bus(alias)
     if not isinstance(bus, MemoryBus):
-        raise JobError(f"drain runs memory buses only; bus {alias!r} is {bus.driver}",
-                       code="job.driver")  # fmt: skip
+        raise JobError(
+            f"drain runs memory buses only; bus {alias!r} is {bus.driver}", code="job.driver"
+        )
     return bus.native
 
 
@@ -260,9 +268,14 @@ def planned_ticks(
 
 
 async def run_tick(
-    schedule_cls: type[Schedule], ctx: Context, instant: datetime, *, fence: int | None = None,
-    key: str | None = None, args: dict[str, Any] | None = None,
-) -> Tick:  # fmt: skip
+    schedule_cls: type[Schedule],
+    ctx: Context,
+    instant: datetime,
+    *,
+    fence: int | None = None,
+    key: str | None = None,
+    args: dict[str, Any] | None = None,
+) -> Tick:
     """Run the schedule once as the scheduler would at `instant` (no lock, no audit); returns
     the Tick its run saw. `key` and `args` make it a tick of that dynamic entry (`self.key`,
     `self.args`). Whatever the run raises is raised here; RegistrationError, before it runs,

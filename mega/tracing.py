@@ -57,7 +57,7 @@ class _Api:
             TraceFlags,
             get_current_span,
             set_span_in_context,
-        )  # fmt: skip
+        )
 
         self.attach, self.detach = context.attach, context.detach
         self.inject, self.extract = propagate.inject, propagate.extract
@@ -145,9 +145,14 @@ def _attributes(
 
 @contextlib.contextmanager
 def producing(
-    operation: str, destination: str, *, system: str, ids: list[str],
-    parent: Mapping[str, str] | None = None, kind: str = "send",
-) -> Iterator[dict[str, str] | None]:  # fmt: skip
+    operation: str,
+    destination: str,
+    *,
+    system: str,
+    ids: list[str],
+    parent: Mapping[str, str] | None = None,
+    kind: str = "send",
+) -> Iterator[dict[str, str] | None]:
     """A producer span `<operation> <destination>` around storing messages (`ids`); yields
     the headers that carry it (None without an SDK). `parent`: the headers of the context it
     continues (an outbox row's), else the current one."""
@@ -162,17 +167,22 @@ def producing(
         attributes["messaging.batch.message_count"] = len(ids)
     context = _context(parent) if parent is not None else None
     with found.start_as_current_span(
-        f"{operation} {destination}", context=context, kind=_api.PRODUCER,
+        f"{operation} {destination}",
+        context=context,
+        kind=_api.PRODUCER,
         attributes=attributes,
-    ):  # fmt: skip
+    ):
         yield carrier()
 
 
 @contextlib.contextmanager
 def producing_each(
-    operation: str, messages: Sequence[tuple[str, str, Mapping[str, str] | None]], *, system: str,
+    operation: str,
+    messages: Sequence[tuple[str, str, Mapping[str, str] | None]],
+    *,
+    system: str,
     kind: str = "publish",
-) -> Iterator[list[dict[str, str] | None]]:  # fmt: skip
+) -> Iterator[list[dict[str, str] | None]]:
     """A producer span per message (destination, id, the headers of the context it continues,
     as an outbox row stored them) around storing them in one batch; yields each one's headers
     (all None without an SDK). They end together, as errors if the batch raised."""
@@ -184,10 +194,13 @@ def producing_each(
     headers: list[dict[str, str] | None] = []
     for destination, message_id, parent in messages:
         span = found.start_span(
-            f"{operation} {destination}", context=_context(parent), kind=_api.PRODUCER,
-            attributes=_attributes(system, operation, kind, destination,
-                                   **{"messaging.message.id": message_id}),
-        )  # fmt: skip
+            f"{operation} {destination}",
+            context=_context(parent),
+            kind=_api.PRODUCER,
+            attributes=_attributes(
+                system, operation, kind, destination, **{"messaging.message.id": message_id}
+            ),
+        )
         carried_by: dict[str, str] = {}
         _api.inject(carried_by, context=_api.set_span_in_context(span))
         spans.append(span)
@@ -212,9 +225,15 @@ class processing:  # lower case: used as a function, `with processing(...):`
     __slots__ = ("_span", "_token")
 
     def __init__(
-        self, destination: str, *, system: str, message_id: str, attempt: int,
-        headers: Mapping[str, str] | None, group: str | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        destination: str,
+        *,
+        system: str,
+        message_id: str,
+        attempt: int,
+        headers: Mapping[str, str] | None,
+        group: str | None = None,
+    ) -> None:
         self._span: Any = None
         self._token: Any = None
         found = tracer()
@@ -235,9 +254,12 @@ class processing:  # lower case: used as a function, `with processing(...):`
             before = _api.get_current_span(_context({"traceparent": headers[PREVIOUS]}))
             links = [_api.Link(before.get_span_context(), {"mega.attempt": attempt - 1})]
         self._span = found.start_span(
-            f"process {destination}", context=_context(headers) if headers else None,
-            kind=_api.CONSUMER, attributes=attributes, links=links,
-        )  # fmt: skip
+            f"process {destination}",
+            context=_context(headers) if headers else None,
+            kind=_api.CONSUMER,
+            attributes=attributes,
+            links=links,
+        )
 
     def __enter__(self) -> Span | None:
         if self._span is not None:

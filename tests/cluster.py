@@ -32,13 +32,22 @@ class ClusterNode(EmbeddedServer):
     def command(self) -> list[str]:
         return [
             find_nats_server(),
-            "-a", self.host, "-p", str(self.port),
-            "-n", self.server_name,
-            "-js", "-sd", str(self.data_dir / "jetstream"),
-            "--cluster_name", CLUSTER_NAME,
-            "--cluster", f"nats://{self.host}:{self.cluster_port}",
-            "--routes", ",".join(self.routes),
-        ]  # fmt: skip
+            "-a",
+            self.host,
+            "-p",
+            str(self.port),
+            "-n",
+            self.server_name,
+            "-js",
+            "-sd",
+            str(self.data_dir / "jetstream"),
+            "--cluster_name",
+            CLUSTER_NAME,
+            "--cluster",
+            f"nats://{self.host}:{self.cluster_port}",
+            "--routes",
+            ",".join(self.routes),
+        ]
 
     @property
     def url(self) -> str:
@@ -51,11 +60,13 @@ class NatsCluster:
         routes = [f"nats://127.0.0.1:{port}" for port in ports]
         self.nodes = [
             ClusterNode(
-                data_dir / f"n{i + 1}", server_name=f"n{i + 1}", cluster_port=ports[i],
+                data_dir / f"n{i + 1}",
+                server_name=f"n{i + 1}",
+                cluster_port=ports[i],
                 routes=[route for j, route in enumerate(routes) if j != i],
             )
             for i in range(size)
-        ]  # fmt: skip
+        ]
 
     @property
     def url(self) -> str:

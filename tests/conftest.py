@@ -27,20 +27,63 @@ from tests.cluster import NatsCluster
 from tests.netns import NamespacesUnavailable, NetnsCluster, Network
 
 # Tests that share something beyond the session's servers run on one xdist worker each group
-# (`make test` runs two, `--dist loadgroup`): the compose tests share the Docker daemon, and
+# (`make test` runs three, `--dist loadgroup`): the compose tests share the Docker daemon, and
 # the tests that restart worker processes in a loop the cores (two of them at once starve each
 # other's workers of the CPU their boots take). The browser tests need no group: each xdist
-# worker starts live stacks of its own (a session fixture), and they run on both at the end.
+# worker starts live stacks of its own (a session fixture), and they run on each at the end.
 XDIST_GROUPS = {
     "/ops/test_compose": "compose",
     "/events/test_inbox_faults": "restart_loops",
     "/jobs/test_workflow_faults": "restart_loops",
     "/jobs/test_redis_failover": "restart_loops",
+    # the silent-fault scenarios measure seconds: two clusters at once skew each other's
+    "/jobs/test_silent_faults": "silent_faults",
 }
 
 
+# `make check` runs what needs no server process of its own (`-m "not server"`); the tests
+# these find are marked `server` and left to `make test`. The session's NATS and Redis, started
+# once, are no test's own: a config on the memory driver still names them.
+SERVER_MARKS = {"slow", "e2e", "compose", "postgres"}
+SERVER_FIXTURES = {
+    *("nats_factory", "redis_factory", "postgres_factory", "postgres_server", "postgres_url"),
+    *("sql_ascii_postgres_url", "cluster", "netns_cluster", "redis_cluster", "redis_cluster_url"),
+    *("live_stack", "browser", "page"),
+}
+DRIVER_PARAMS = {"nats", "redis", "redis-cluster", "postgres"}  # the contract suites' drivers
+# Modules whose tests start hosts (`mega worker`, `uvicorn`, the guide's shell blocks) or
+# servers of their own (sentinels, replicas, a PostgreSQL) as processes.
+SERVER_MODULES = (
+    "/docs/test_guide_commands.py",
+    "/runtime/test_cli.py",
+    "/runtime/test_lost_connection.py",
+    "/runtime/test_embedded_postgres.py",
+    "/runtime/test_dev_postgres.py",
+    "/drivers/test_redis_sentinel.py",
+    "/drivers/test_redis_durable.py",
+    "/app/test_asgi.py",
+)
+
+
+def needs_a_server(item: pytest.Item) -> bool:
+    """Whether `item` starts a server or a host process of its own, or runs on a server driver."""
+    if any(item.get_closest_marker(name) for name in SERVER_MARKS):
+        return True
+    if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params.values() if callspec is not None else ()
+    if any(isinstance(value, str) and value in DRIVER_PARAMS for value in params):
+        return True
+    return any(module in str(item.path) for module in SERVER_MODULES)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Browser tests last: they are the slowest and need everything else to work first."""
+    """Marks the `server` tests; browser tests last: they are the slowest and need everything
+    else to work first."""
+    for item in items:
+        if needs_a_server(item):
+            item.add_marker(pytest.mark.server)
     items.sort(key=lambda item: "/e2e/" in str(item.path))
 
 
@@ -54,7 +97,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadGroupScheduling
 
-    class PathGroups(LoadGroupScheduling):
+    class PathGroups(LoadGroupScheduling):  # type: ignore[misc]  # xdist ships no types: Any
         def _split_scope(self, nodeid: str) -> str:
             path = "/" + nodeid.split("::", 1)[0]
             groups = [group for part, group in XDIST_GROUPS.items() if part in path]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from fastapi import FastAPI
 
 from mega.config import Config, load_config
 from mega.runtime.boot import boot, shutdown
@@ -103,13 +104,20 @@ def write_config(
     service entry (default the NATS server at `nats_url`)."""
     landing = "/demo" if web_app == SAMPLE_APP else "/home"
     auth_options = {
-        "login_max_failures": 5, "login_window_s": 900, "landing_path": landing,
-        "roles": {DEMO_USER: "admin"}, **auth,
-    }  # fmt: skip
-    caches = {
-        "caches": {"main": {"driver": "redis", "url": redis_url}},
-        "locks": {"main": {"driver": "redlock", "caches": ["main"]}},
-    } if redis_url is not None else {}  # fmt: skip
+        "login_max_failures": 5,
+        "login_window_s": 900,
+        "landing_path": landing,
+        "roles": {DEMO_USER: "admin"},
+        **auth,
+    }
+    caches = (
+        {
+            "caches": {"main": {"driver": "redis", "url": redis_url}},
+            "locks": {"main": {"driver": "redlock", "caches": ["main"]}},
+        }
+        if redis_url is not None
+        else {}
+    )
     path = tmp_path / name
     path.write_text(
         textwrap.dedent(
@@ -129,18 +137,34 @@ def write_config(
 
 
 def sample_config(
-    tmp_path: Path, *, nats_url: str, redis_url: str, body: str = SAMPLE_REGISTRATIONS,
-    bus: dict[str, Any] | None = None, **auth: Any,
-) -> Path:  # fmt: skip
+    tmp_path: Path,
+    *,
+    nats_url: str,
+    redis_url: str,
+    body: str = SAMPLE_REGISTRATIONS,
+    bus: dict[str, Any] | None = None,
+    **auth: Any,
+) -> Path:
     """A config file for one test of the sample application (tests/app, tests/e2e)."""
     return write_config(
-        tmp_path, nats_url=nats_url, redis_url=redis_url, body=body, web_app=SAMPLE_APP,
-        bus=bus, **auth,
-    )  # fmt: skip
+        tmp_path,
+        nats_url=nats_url,
+        redis_url=redis_url,
+        body=body,
+        web_app=SAMPLE_APP,
+        bus=bus,
+        **auth,
+    )
+
+
+class WebClient(httpx.AsyncClient):
+    """An in-process client of one web app, which `app` names (the tests read its state)."""
+
+    app: FastAPI
 
 
 @asynccontextmanager
-async def web_client(config: Config, *, pools: bool = False) -> AsyncIterator[httpx.AsyncClient]:
+async def web_client(config: Config, *, pools: bool = False) -> AsyncIterator[WebClient]:
     """The config's web app booted on its servers, behind an in-process client.
     `pools` starts the config's CPU worker pools (child processes) as `mega start` does."""
     from mega.runtime.hosts import load_web_app, observe_web, start_worker_pools, stop_worker_pools
@@ -153,8 +177,8 @@ async def web_client(config: Config, *, pools: bool = False) -> AsyncIterator[ht
     observe_web(config, ctx)
     transport = httpx.ASGITransport(app=app, client=("10.1.2.3", 5555))
     try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
-            client.app = app  # type: ignore[attr-defined]
+        async with WebClient(transport=transport, base_url="http://testserver") as client:
+            client.app = app
             yield client
     finally:
         await stop_worker_pools(ctx)

@@ -159,8 +159,18 @@ class Network:
         hub.ip("link", "set", "br0", "up")
         for index, node in enumerate(self.nodes, start=1):
             _ip("netns", "add", node.name)
-            hub.ip("link", "add", f"v{index}", "type", "veth", "peer", "name", "eth0",
-                   "netns", node.name)  # fmt: skip
+            hub.ip(
+                "link",
+                "add",
+                f"v{index}",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                node.name,
+            )
             hub.ip("link", "set", f"v{index}", "master", "br0", "up")
             node.ip("addr", "add", f"{self.address(index)}/24", "dev", "eth0")
             node.ip("link", "set", "eth0", "up")
@@ -255,13 +265,17 @@ class NetnsCluster(NatsCluster):
         routes = [f"nats://{network.address(i)}:{ROUTE_PORT}" for i in range(1, count + 1)]
         self.nodes = [
             NetnsNode(
-                data_dir / f"n{i}", server_name=f"n{i}", host=network.address(i),
-                port=CLIENT_PORT, cluster_port=ROUTE_PORT,
+                data_dir / f"n{i}",
+                server_name=f"n{i}",
+                host=network.address(i),
+                port=CLIENT_PORT,
+                cluster_port=ROUTE_PORT,
                 routes=[route for j, route in enumerate(routes, start=1) if j != i],
-                namespace=namespace, hub=network.hub,
+                namespace=namespace,
+                hub=network.hub,
             )
             for i, namespace in enumerate(network.nodes, start=1)
-        ]  # fmt: skip
+        ]
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Until JetStream's meta leader counts every other node a current peer: a stream

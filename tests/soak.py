@@ -83,8 +83,11 @@ class Stack:
         with open(log_path, "wb") as log:
             self.processes[name] = subprocess.Popen(
                 [sys.executable, "-m", "mega", *args, "--config", str(ROOT / "mega_config.py")],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     def start(self) -> None:
         self.spawn("web", "start", "--port", str(self.port))
@@ -170,17 +173,19 @@ async def drive(stack: Stack, duration_s: float, warmup_s: float) -> dict[str, A
                 next_kill += KILL_EVERY_S
             mode = MODES[tick % 3]
             sent = await client.post(
-                "/api/demo/jobs", json={"to": f"soak{tick}@example.com", "mode": mode},
+                "/api/demo/jobs",
+                json={"to": f"soak{tick}@example.com", "mode": mode},
                 headers=headers,
-            )  # fmt: skip
+            )
             answers[f"job {sent.status_code}"] += 1
             if sent.status_code == 201:
                 jobs[sent.json()["data"]["id"]] = mode
             if tick % 4 == 0:
                 signup = await client.post(
-                    "/api/demo/events/signup", json={"email": f"soak{tick}@example.com"},
+                    "/api/demo/events/signup",
+                    json={"email": f"soak{tick}@example.com"},
                     headers=headers,
-                )  # fmt: skip
+                )
                 answers[f"signup {signup.status_code}"] += 1
                 if signup.status_code == 201:
                     events.append(signup.json()["data"]["event_id"])
@@ -225,7 +230,7 @@ async def drained(stack: Stack, jobs: dict[str, str], events: list[str]) -> list
                 ]
                 if not missing or time.monotonic() > deadline:
                     return missing
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(1.0)  # a poll of the replies, with a deadline
     finally:
         await redis.aclose()
 
@@ -251,8 +256,11 @@ def main() -> int:
         stack = Stack(Path(tmp_dir))
         try:
             stack.start()
-            print(f"soak: {duration_s:.0f} s of load on {stack.url}, a worker killed every "
-                  f"{KILL_EVERY_S:.0f} s", flush=True)  # fmt: skip
+            print(
+                f"soak: {duration_s:.0f} s of load on {stack.url}, a worker killed every "
+                f"{KILL_EVERY_S:.0f} s",
+                flush=True,
+            )
             run = asyncio.run(drive(stack, duration_s, warmup_s))
             missing = asyncio.run(drained(stack, run["jobs"], run["events"]))
             rss_end = {name: stack.rss_mb(name) for name in run["rss"]}
@@ -264,13 +272,17 @@ def main() -> int:
     problems += [f"tick ran twice: {at}" for at in twice]
     for name, before in run["rss"].items():
         growth = rss_end[name] / before - 1
-        print(f"soak: {name} RSS {before:.1f} MB after warm-up, {rss_end[name]:.1f} MB at the end "
-              f"({growth:+.1%})")  # fmt: skip
+        print(
+            f"soak: {name} RSS {before:.1f} MB after warm-up, {rss_end[name]:.1f} MB at the end "
+            f"({growth:+.1%})"
+        )
         if growth > RSS_TOLERANCE:
             problems.append(f"{name} RSS grew {growth:.1%} (limit {RSS_TOLERANCE:.0%})")
     problems += [f"log: {line}" for line in errors[:20]]
-    print(f"soak: {len(run['jobs'])} jobs, {len(run['events'])} signups; answers "
-          f"{dict(sorted(run['answers'].items()))}")  # fmt: skip
+    print(
+        f"soak: {len(run['jobs'])} jobs, {len(run['events'])} signups; answers "
+        f"{dict(sorted(run['answers'].items()))}"
+    )
     for problem in problems:
         print(f"soak: FAIL {problem}")
     print("soak: pass" if not problems else f"soak: {len(problems)} problem(s)")

@@ -81,5 +81,8 @@ class CrmSyncListener(Listener):
 
 
 LISTENERS: list[type[Listener]] = [
-    WelcomeEmailListener, SignupStatsListener, WelcomeCreditListener, CrmSyncListener,
-]  # fmt: skip
+    WelcomeEmailListener,
+    SignupStatsListener,
+    WelcomeCreditListener,
+    CrmSyncListener,
+]

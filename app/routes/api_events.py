@@ -119,18 +119,24 @@ async def events_state(request: Request) -> dict[str, Any]:
         count = await dlq.count(listener)
         listeners.append(
             {
-                "group": group, "event": UserSignedUp.name,
-                **await status.group_counts(redis(request), group), "dlq": count,
+                "group": group,
+                "event": UserSignedUp.name,
+                **await status.group_counts(redis(request), group),
+                "dlq": count,
             }
-        )  # fmt: skip
+        )
         if count:
             for record in await dlq.list(listener, limit=DLQ_LISTED):
-                dead.append({
-                    "group": group, "id": record["id"],
-                    "email": (record.get("payload") or {}).get("email"),
-                    "error": f"{record['error']['type']}: {record['error']['message']}",
-                    "attempts": record["attempts"], "failed_at": utc_iso(record["failed_at"]),
-                })  # fmt: skip
+                dead.append(
+                    {
+                        "group": group,
+                        "id": record["id"],
+                        "email": (record.get("payload") or {}).get("email"),
+                        "error": f"{record['error']['type']}: {record['error']['message']}",
+                        "attempts": record["attempts"],
+                        "failed_at": utc_iso(record["failed_at"]),
+                    }
+                )
     return {
         "outbox": {
             "pending": stats.pending,
@@ -208,12 +214,13 @@ async def get_events(request: Request, user: UserDep) -> Response:
 
 
 @router.post(
-    "/api/demo/events/signup", status_code=201,
+    "/api/demo/events/signup",
+    status_code=201,
     responses={
         **api_responses(SignupResult, status=201, errors=SIGNUP_ERRORS),
         **api_responses(SignupResult),  # a rollback: committed is false
     },
-)  # fmt: skip
+)
 async def post_signup(body: SignupRequest, request: Request, user: UserDep) -> Response:
     result = await sign_up(request, body)
     return ok(result, status=201 if result["committed"] else 200)

@@ -113,9 +113,11 @@ async def enqueue_email(queue: JobQueue, redis: Any, body: EnqueueRequest) -> st
     try:
         # The page's id is the job id: it is also the dedup key (Nats-Msg-Id).
         await queue.enqueue(
-            EmailJob, {"id": job_id, "to": body.to, "mode": body.mode}, id=job_id,
+            EmailJob,
+            {"id": job_id, "to": body.to, "mode": body.mode},
+            id=job_id,
             delay=body.delay_ms / 1000 or None,
-        )  # fmt: skip
+        )
     except BaseException:
         await recent_jobs.forget(redis, job_id)
         raise
@@ -242,9 +244,10 @@ async def get_jobs(
 
 
 @router.post(
-    "/api/demo/jobs", status_code=201,
+    "/api/demo/jobs",
+    status_code=201,
     responses=api_responses(JobCreated, status=201, errors=(401, 403, 422, 503)),
-)  # fmt: skip
+)
 async def post_job(
     body: EnqueueRequest, user: UserDep, queue: QueueDep, redis: RedisDep
 ) -> Response:
@@ -286,9 +289,10 @@ RunPath = Annotated[str, Path(pattern=r"^[0-9a-f]{12}$", description="a noisy ru
 
 
 @router.post(
-    "/api/demo/jobs/noisy", status_code=201,
+    "/api/demo/jobs/noisy",
+    status_code=201,
     responses=api_responses(NoisyRun, status=201, errors=(401, 403, 422, 503)),
-)  # fmt: skip
+)
 async def post_noisy(
     body: NoisyRequest, user: UserDep, queue: QueueDep, redis: RedisDep
 ) -> Response:

@@ -154,10 +154,11 @@ class InlineGate:
         wait_s = self.busy_until - time.monotonic()
         if wait_s > 0:
             raise ApiError(
-                429, "rate_limited",
+                429,
+                "rate_limited",
                 "an inline run just stalled the server; try again in a moment (or use the pool)",
                 headers={"Retry-After": str(max(1, round(wait_s)))},
-            )  # fmt: skip
+            )
 
     def ran(self, seconds: float) -> None:
         self.busy_until = time.monotonic() + seconds
@@ -284,11 +285,12 @@ def kill_one(request: Request) -> int | None:
     state = pool_state(request)
     if state["restarts"] >= state["max_restarts"]:
         raise ApiError(
-            409, "worker.no_restarts_left",
+            409,
+            "worker.no_restarts_left",
             f"the pool has used all {state['max_restarts']} of its restarts: one more crash "
             "would break it (every run would fail with worker.crashed until the app restarts), "
             "so this demo does not kill another child",
-        )  # fmt: skip
+        )
     pid: int | None = pool.kill_one()
     return pid
 

@@ -57,9 +57,10 @@ RunPath = Annotated[str, Path(pattern=r"^pl[0-9a-f]{10}$", description="a pipeli
 
 
 @router.post(
-    "/api/demo/workflows", status_code=201,
+    "/api/demo/workflows",
+    status_code=201,
     responses=api_responses(WorkflowCreated, status=201, errors=(401, 403, 422, 503)),
-)  # fmt: skip
+)
 async def post_workflow(body: WorkflowRequest, user: UserDep, request: Request) -> Response:
     """Resize a photo to `members` sizes at once, then publish it once: `{id}` names the run."""
     workflow_id = await pipeline.start(context(request), body.members, body.fail)

@@ -78,9 +78,12 @@ async def source(request: Request, user: UserDep, path: str = "") -> Response:
 @lru_cache(maxsize=16)
 def _chapter_html(path: Path, mtime_ns: int) -> str:
     return render_chapter(
-        path.read_text("utf-8"), chapter_dir=GUIDE, root=PROJECT_ROOT,
-        chapters=[name for name, _ in CHAPTERS], shows_source=lambda p: source_file(p) is not None,
-    )  # fmt: skip
+        path.read_text("utf-8"),
+        chapter_dir=GUIDE,
+        root=PROJECT_ROOT,
+        chapters=[name for name, _ in CHAPTERS],
+        shows_source=lambda p: source_file(p) is not None,
+    )
 
 
 @router.get("/demo/guide")

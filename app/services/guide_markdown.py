@@ -36,9 +36,13 @@ def heading_anchor(text: str, taken: set[str]) -> str:
 
 
 def render_chapter(
-    text: str, *, chapter_dir: Path, root: Path, chapters: Iterable[str],
+    text: str,
+    *,
+    chapter_dir: Path,
+    root: Path,
+    chapters: Iterable[str],
     shows_source: Callable[[str], bool],
-) -> str:  # fmt: skip
+) -> str:
     """The chapter's HTML. `chapter_dir` is the folder its relative links start from, `root` the
     project's, `chapters` the names with a guide page, and `shows_source(path)` whether the
     source view shows that project path; a link it cannot place is left as written."""

@@ -45,9 +45,12 @@ def card_lines(status: JobStatus) -> list[Line]:
         lines = [earlier_attempt(attempt) for attempt in status.before_requeue]
         times = "" if status.requeues == 1 else f" again ({status.requeues} times in all)"
         lines.append(
-            Line("enqueued", status.enqueued_at,
-                 f"requeued from the DLQ{times}: attempts count from 1 again")
-        )  # fmt: skip
+            Line(
+                "enqueued",
+                status.enqueued_at,
+                f"requeued from the DLQ{times}: attempts count from 1 again",
+            )
+        )
     else:
         lines = [enqueued(status)]
     lines += [earlier_attempt(attempt) for attempt in status.history]

@@ -60,9 +60,14 @@ def card(entry: Entry, status: JobStatus | None, result: Any) -> dict[str, Any]:
     if status is None:
         line = Line(UNKNOWN, None, "no status record: it expired, or cannot be read now")
         return {
-            **base, "state": UNKNOWN, "attempts": 0, "cancellable": False, "result": None,
-            "progress": None, "lines": [as_json(line)],
-        }  # fmt: skip
+            **base,
+            "state": UNKNOWN,
+            "attempts": 0,
+            "cancellable": False,
+            "result": None,
+            "progress": None,
+            "lines": [as_json(line)],
+        }
     progress = entry.progress
     if status.state != "running" or progress is None or progress.attempt != status.attempts:
         progress = None

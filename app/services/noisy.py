@@ -32,8 +32,10 @@ TENANTS: dict[Mode, tuple[tuple[str, int], ...]] = {
     "limited": (("big", 60), ("small", 5)),
 }
 JOBS: dict[Mode, type[TenantJob]] = {
-    "in_order": TenantJob, "fair": FairTenantJob, "limited": LimitedTenantJob,
-}  # fmt: skip
+    "in_order": TenantJob,
+    "fair": FairTenantJob,
+    "limited": LimitedTenantJob,
+}
 
 
 def meta_key(run: str) -> str:
@@ -68,9 +70,11 @@ async def figures(redis: Any, run: str) -> dict[str, Any] | None:
     for (tenant, count), found in zip(TENANTS[mode], waits, strict=True):
         ms = sorted(int(value) for value in found)
         tenants[tenant] = {
-            "enqueued": count, "done": len(ms),
-            "wait_p50_ms": percentile(ms, 50), "wait_p99_ms": percentile(ms, 99),
-        }  # fmt: skip
+            "enqueued": count,
+            "done": len(ms),
+            "wait_p50_ms": percentile(ms, 50),
+            "wait_p99_ms": percentile(ms, 99),
+        }
     started = sorted(int(value) for value in starts)
     per_second = [0] * (math.ceil((started[-1] - started[0] + 1) / 1000) if started else 0)
     for at in started:

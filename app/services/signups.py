@@ -94,9 +94,11 @@ class SignupService:
             # The signup's own job, in the same transaction: it exists exactly when the
             # signup commits, and the relay enqueues it with the event.
             outbox.enqueue(
-                session, ActivateAccountJob, {"signup_id": signup.id},
+                session,
+                ActivateAccountJob,
+                {"signup_id": signup.id},
                 id=activation_id(signup.event_id),
-            )  # fmt: skip
+            )
             if mode == "rollback":
                 raise RolledBack(f"signup {signup.id} rolled back on purpose")
             return SignupResult(True, signup.id, signup.event_id)

@@ -30,5 +30,9 @@ def report(ran: Counter[int], jobs: int, elapsed: float, left: int, unit: str) -
     """The JSON line's fields: `<unit>_per_s`, how many ran, whether each of 0..jobs-1 ran once
     and nothing is left in the peer's queue (`left`, 0: nothing would run again)."""
     exactly_once = set(ran.values()) == {1} and sorted(ran) == list(range(jobs)) and left == 0
-    return {f"{unit}_per_s": jobs / elapsed, "ran": len(ran), "exactly_once": exactly_once,
-            "left": left}  # fmt: skip
+    return {
+        f"{unit}_per_s": jobs / elapsed,
+        "ran": len(ran),
+        "exactly_once": exactly_once,
+        "left": left,
+    }

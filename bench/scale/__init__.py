@@ -22,23 +22,37 @@ Points = Sequence[tuple[int, float]]
 
 
 def last_against_first(
-    figure: str, points: Points, target: float, *, most: bool = False,
+    figure: str,
+    points: Points,
+    target: float,
+    *,
+    most: bool = False,
     show: Callable[[float], str] = number,
-) -> Row:  # fmt: skip
+) -> Row:
     """The curve's last point against its first, held to at least (`most`: at most) `target`
     times it."""
     (first_x, first), (_, last) = points[0], points[-1]
     passed = last <= target * first if most else last >= target * first
     return row(
-        figure, last, show=show, baseline=first, baseline_name=f"at {first_x:,}",
-        target=f"{'<=' if most else '>='} {target:g}x", passed=passed,
-    )  # fmt: skip
+        figure,
+        last,
+        show=show,
+        baseline=first,
+        baseline_name=f"at {first_x:,}",
+        target=f"{'<=' if most else '>='} {target:g}x",
+        passed=passed,
+    )
 
 
 def curve(
-    name: str, title: str, setup: str, rows: list[Row], charts: list[dict[str, Any]],
-    data: Any, notes: Sequence[str] = (),
-) -> Result:  # fmt: skip
+    name: str,
+    title: str,
+    setup: str,
+    rows: list[Row],
+    charts: list[dict[str, Any]],
+    data: Any,
+    notes: Sequence[str] = (),
+) -> Result:
     """A curve's result: bench.report's, with the charts the runner draws (see the module)."""
     res = result(name, title, setup, rows, notes=notes)
     return {**res, "charts": charts, "data": data}  # type: ignore[typeddict-unknown-key]

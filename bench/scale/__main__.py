@@ -40,8 +40,9 @@ def memory_text() -> str:
     return f"{pages * size / 2**30:.1f} GiB"
 
 
-def section(results: list[dict[str, Any]], info: dict[str, str], started: datetime,
-            total_s: float) -> str:  # fmt: skip
+def section(
+    results: list[dict[str, Any]], info: dict[str, str], started: datetime, total_s: float
+) -> str:
     lines = [
         BEGIN,
         "# Scale curves",
@@ -106,11 +107,16 @@ def run_curve(name: str, urls: dict[str, str]) -> dict[str, Any]:
     except Exception:
         error = traceback.format_exc()
         print(error, file=sys.stderr, flush=True)
-        return {"name": name, "title": name, "error": error.strip().splitlines()[-1],
-                "passed": False}  # fmt: skip
+        return {
+            "name": name,
+            "title": name,
+            "error": error.strip().splitlines()[-1],
+            "passed": False,
+        }
     for chart in res["charts"]:
-        write_chart(SCALE_DIR / f"{chart['name']}.svg", **{k: v for k, v in chart.items()
-                                                           if k != "name"})  # fmt: skip
+        write_chart(
+            SCALE_DIR / f"{chart['name']}.svg", **{k: v for k, v in chart.items() if k != "name"}
+        )
     print_table(res)  # type: ignore[arg-type]
     print(f"({time.monotonic() - started:.0f} s)")
     return res

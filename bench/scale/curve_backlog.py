@@ -69,8 +69,11 @@ async def _point(
     with open(log, "wb") as out:
         worker = subprocess.Popen(
             [sys.executable, "-m", "mega", "worker", "--config", str(config)],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         started = await _ran(WARMUP_JOBS, port, worker, log)
         ended = await _ran(WARMUP_JOBS + MEASURED, port, worker, log)
@@ -99,8 +102,11 @@ def _done(port: int) -> float:
             text = answer.read().decode()
     except OSError:
         return 0.0
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("mega_job_events_total{") and 'event="done"' in line)  # fmt: skip
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("mega_job_events_total{") and 'event="done"' in line
+    )
 
 
 async def _fill(queue: JobQueue, job: Any, backlog: int) -> None:
@@ -136,9 +142,12 @@ async def _driver(driver: str, urls: dict[str, str], folder: Path) -> dict[str, 
             mb = max(mb for _, mb in tries)
             rates.append((backlog, rate))
             rss.append((backlog, mb))
-            print(f"  {driver} at {backlog:,} waiting (filled in {filled_s:.0f} s): "
-                  f"{rate:,.0f} jobs/s (median of {', '.join(f'{r:,.0f}' for r, _ in tries)}), "
-                  f"RSS {mb:.0f} MB", flush=True)  # fmt: skip
+            print(
+                f"  {driver} at {backlog:,} waiting (filled in {filled_s:.0f} s): "
+                f"{rate:,.0f} jobs/s (median of {', '.join(f'{r:,.0f}' for r, _ in tries)}), "
+                f"RSS {mb:.0f} MB",
+                flush=True,
+            )
     finally:
         await shutdown(ctx)
     return {"rate": rates, "rss": rss}
@@ -152,21 +161,35 @@ async def run(urls: dict[str, str]) -> Result:
     rows: list[Row] = []
     for driver in DRIVERS:
         large = BACKLOGS[-1]
-        rows.append(last_against_first(
-            f"{driver}: jobs/s with {large:,} waiting", found[driver]["rate"], RATE_TARGET
-        ))  # fmt: skip
-        rows.append(last_against_first(
-            f"{driver}: worker RSS with {large:,} waiting (MB)", found[driver]["rss"],
-            RSS_TARGET, most=True,
-        ))  # fmt: skip
+        rows.append(
+            last_against_first(
+                f"{driver}: jobs/s with {large:,} waiting", found[driver]["rate"], RATE_TARGET
+            )
+        )
+        rows.append(
+            last_against_first(
+                f"{driver}: worker RSS with {large:,} waiting (MB)",
+                found[driver]["rss"],
+                RSS_TARGET,
+                most=True,
+            )
+        )
     charts = [
-        {"name": "backlog_rate", "title": "Job rate against the backlog",
-         "x_label": "jobs waiting", "y_label": "no-op jobs/s, one worker",
-         "series": {d: found[d]["rate"] for d in DRIVERS}},
-        {"name": "backlog_rss", "title": "Worker RSS against the backlog",
-         "x_label": "jobs waiting", "y_label": "MB (VmRSS)",
-         "series": {d: found[d]["rss"] for d in DRIVERS}},
-    ]  # fmt: skip
+        {
+            "name": "backlog_rate",
+            "title": "Job rate against the backlog",
+            "x_label": "jobs waiting",
+            "y_label": "no-op jobs/s, one worker",
+            "series": {d: found[d]["rate"] for d in DRIVERS},
+        },
+        {
+            "name": "backlog_rss",
+            "title": "Worker RSS against the backlog",
+            "x_label": "jobs waiting",
+            "y_label": "MB (VmRSS)",
+            "series": {d: found[d]["rss"] for d in DRIVERS},
+        },
+    ]
     return curve(
         "backlog",
         "Jobs: one worker's rate and memory against the backlog",

@@ -69,8 +69,11 @@ async def _driver(driver: str, urls: dict[str, str]) -> dict[str, list[tuple[int
 
                 figures["cli"].append((size, await _median_ms(cli)))
                 figures["page"].append((size, await _median_ms(page)))
-                print(f"  {driver} at {size:,}: cli {figures['cli'][-1][1]:.1f} ms, "
-                      f"page {figures['page'][-1][1]:.1f} ms", flush=True)  # fmt: skip
+                print(
+                    f"  {driver} at {size:,}: cli {figures['cli'][-1][1]:.1f} ms, "
+                    f"page {figures['page'][-1][1]:.1f} ms",
+                    flush=True,
+                )
     return figures
 
 
@@ -81,23 +84,35 @@ async def run(urls: dict[str, str]) -> Result:
         for driver in DRIVERS:
             points = dict(found[driver][what])
             at_most = points[SIZES[-1]]
-            rows.append(row(
-                f"{driver}: {label} at {SIZES[-1]:,} dead letters (ms)", at_most,
-                show=lambda v: f"{v:,.1f} ms", baseline=points[SIZES[0]],
-                baseline_name=f"at {SIZES[0]}", target=f"< {TARGET_MS:g} ms",
-                passed=at_most < TARGET_MS,
-            ))  # fmt: skip
+            rows.append(
+                row(
+                    f"{driver}: {label} at {SIZES[-1]:,} dead letters (ms)",
+                    at_most,
+                    show=lambda v: f"{v:,.1f} ms",
+                    baseline=points[SIZES[0]],
+                    baseline_name=f"at {SIZES[0]}",
+                    target=f"< {TARGET_MS:g} ms",
+                    passed=at_most < TARGET_MS,
+                )
+            )
     charts = [
-        {"name": f"dlq_{what}", "title": f"{label}: answer time against dead letters",
-         "x_label": "dead letters in the lane", "y_label": "ms (median)",
-         "series": {driver: found[driver][what] for driver in DRIVERS}, "target": TARGET_MS}
+        {
+            "name": f"dlq_{what}",
+            "title": f"{label}: answer time against dead letters",
+            "x_label": "dead letters in the lane",
+            "y_label": "ms (median)",
+            "series": {driver: found[driver][what] for driver in DRIVERS},
+            "target": TARGET_MS,
+        }
         for what, label in (("cli", "mega dlq list"), ("page", "The console's DLQ page"))
-    ]  # fmt: skip
+    ]
     return curve(
         "dlq",
         "Dead letters: the CLI and the page against the DLQ's size",
         f"{', '.join(f'{s:,}' for s in SIZES)} dead letters of one job on each driver; median of "
         f"{REPEATS} calls. `mega dlq list`: its count and first {CLI_LIMIT} records (the "
         "process start left out); the page: GET /admin/dlq/<job>, its count and first 50.",
-        rows, charts, found,
-    )  # fmt: skip
+        rows,
+        charts,
+        found,
+    )

@@ -74,8 +74,10 @@ async def run(urls: dict[str, str]) -> Result:
         found[driver] = []
         for groups in GROUPS:
             found[driver].append((groups, await _rate(driver, urls[driver], groups)))
-            print(f"  {driver}, {groups} groups: {found[driver][-1][1]:,.0f} events/s each",
-                  flush=True)  # fmt: skip
+            print(
+                f"  {driver}, {groups} groups: {found[driver][-1][1]:,.0f} events/s each",
+                flush=True,
+            )
     rows = [
         last_against_first(
             f"{driver}: each group's events/s with {GROUPS[-1]} groups",
@@ -93,16 +95,21 @@ async def run(urls: dict[str, str]) -> Result:
         for driver in DRIVERS
     ]
     chart = {
-        "name": "groups", "title": "Each listener group's rate against the number of groups",
-        "x_label": "listener groups", "y_label": "events/s, the slowest group",
-        "series": found, "log_x": False,
-    }  # fmt: skip
+        "name": "groups",
+        "title": "Each listener group's rate against the number of groups",
+        "x_label": "listener groups",
+        "y_label": "events/s, the slowest group",
+        "series": found,
+        "log_x": False,
+    }
     return curve(
         "groups",
         "Events: fan-out against the number of listener groups",
         f"{', '.join(map(str, GROUPS))} groups of one no-op listener in one ListenerWorker, "
         f"{EVENTS:,} events emitted at once; the slowest group's rate.",
-        rows, [chart], found,
+        rows,
+        [chart],
+        found,
         notes=[
             "Every group runs every event: 50 groups are 50 times the work of one, on the same "
             "two cores. All groups together run more listener runs a second than one group "
@@ -111,4 +118,4 @@ async def run(urls: dict[str, str]) -> Result:
             "a second as it does for one group. More groups need more worker processes "
             "(each group's consumers are shared across them).",
         ],
-    )  # fmt: skip
+    )

@@ -65,21 +65,32 @@ async def run(urls: dict[str, str]) -> Result:
     rows: list[Row] = []
     for driver in DRIVERS:
         points = dict(found[driver])
-        rows.append(row(
-            f"{driver}: the overview with {QUEUES[-1]} job queues (ms)", points[QUEUES[-1]],
-            show=lambda v: f"{v:,.1f} ms", baseline=points[QUEUES[0]],
-            baseline_name="with 1", target=f"< {TARGET_MS:g} ms",
-            passed=points[QUEUES[-1]] < TARGET_MS,
-        ))  # fmt: skip
+        rows.append(
+            row(
+                f"{driver}: the overview with {QUEUES[-1]} job queues (ms)",
+                points[QUEUES[-1]],
+                show=lambda v: f"{v:,.1f} ms",
+                baseline=points[QUEUES[0]],
+                baseline_name="with 1",
+                target=f"< {TARGET_MS:g} ms",
+                passed=points[QUEUES[-1]] < TARGET_MS,
+            )
+        )
     chart = {
-        "name": "overview", "title": "The console's overview: answer time against job queues",
-        "x_label": "job queues", "y_label": "ms (median)", "series": found,
-        "target": TARGET_MS, "log_x": False,
-    }  # fmt: skip
+        "name": "overview",
+        "title": "The console's overview: answer time against job queues",
+        "x_label": "job queues",
+        "y_label": "ms (median)",
+        "series": found,
+        "target": TARGET_MS,
+        "log_x": False,
+    }
     return curve(
         "overview",
         "The operator console's overview against the number of job queues",
         f"{', '.join(map(str, QUEUES))} job queues on each driver, no worker running; GET "
         f"/admin/, median of {REPEATS} calls.",
-        rows, [chart], found,
-    )  # fmt: skip
+        rows,
+        [chart],
+        found,
+    )

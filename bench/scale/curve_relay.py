@@ -58,8 +58,10 @@ async def run(urls: dict[str, str]) -> Result:
     with tempfile.TemporaryDirectory(prefix="scale-relay-") as tmp:
         for name, db_url in _databases(urls, Path(tmp)).items():
             found[name] = await _rates(urls["nats"], db_url)
-            print(f"  {name}: " + ", ".join(f"{r:,.0f} rows/s with {p:,}" for p, r in found[name]),
-                  flush=True)  # fmt: skip
+            print(
+                f"  {name}: " + ", ".join(f"{r:,.0f} rows/s with {p:,}" for p, r in found[name]),
+                flush=True,
+            )
     rows = [
         last_against_first(
             f"{name}: rows relayed per second with {PENDING[-1]:,} waiting", points, RATE_TARGET
@@ -67,14 +69,18 @@ async def run(urls: dict[str, str]) -> Result:
         for name, points in found.items()
     ]
     chart = {
-        "name": "relay", "title": "Outbox relay rate against the rows waiting",
-        "x_label": "committed rows waiting", "y_label": "rows relayed per second",
+        "name": "relay",
+        "title": "Outbox relay rate against the rows waiting",
+        "x_label": "committed rows waiting",
+        "y_label": "rows relayed per second",
         "series": found,
-    }  # fmt: skip
+    }
     return curve(
         "relay",
         "The outbox relay against the rows waiting for it",
         f"{', '.join(f'{p:,}' for p in PENDING)} committed rows on SQLite and on PostgreSQL; one "
         f"relay (batches of {BATCH}) to NATS, its rate over the first {MEASURED:,}.",
-        rows, [chart], found,
-    )  # fmt: skip
+        rows,
+        [chart],
+        found,
+    )

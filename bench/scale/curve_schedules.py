@@ -70,9 +70,10 @@ async def _lateness(redis_url: str, count: int, spread: bool) -> tuple[list[floa
             window_to = window_from + (SPREAD_S if spread else BURST_S)
             await asyncio.sleep(window_to + LATE_RUNS_S - time.time())
             kept = [
-                late for late, at in zip(samples, instants, strict=True)
+                late
+                for late, at in zip(samples, instants, strict=True)
                 if window_from <= at < window_to
-            ]  # fmt: skip
+            ]
         finally:
             await scheduler.stop()
     finally:
@@ -91,11 +92,17 @@ async def _series(
         p99.append((count, value))
         planned = count if spread else count * int(BURST_S)
         data[f"{load} {count}"] = {
-            "runs": len(kept), "planned": planned, "p50": percentile(kept, 50), "p99": value,
+            "runs": len(kept),
+            "planned": planned,
+            "p50": percentile(kept, 50),
+            "p99": value,
             "start_s": start_s,
-        }  # fmt: skip
-        print(f"  {load}, {count:,} schedules: {len(kept):,} runs of {planned:,}, "
-              f"p99 {value:.1f} ms, started in {start_s:.1f} s", flush=True)  # fmt: skip
+        }
+        print(
+            f"  {load}, {count:,} schedules: {len(kept):,} runs of {planned:,}, "
+            f"p99 {value:.1f} ms, started in {start_s:.1f} s",
+            flush=True,
+        )
     return p99
 
 
@@ -107,27 +114,40 @@ async def run(urls: dict[str, str]) -> Result:
     for count, value in spread:
         runs = data[f"spread {count}"]["runs"]
         held = count <= TARGET_UP_TO
-        rows.append(row(
-            f"{count:,} schedules, each every minute at its own second: run start lateness p99 "
-            f"({runs:,} runs of {count:,} planned)", value, show=lambda v: f"{v:,.1f} ms",
-            baseline=spread[0][1], baseline_name="1 schedule",
-            target=f"< {TARGET_P99_MS:g} ms" if held else "reported",
-            passed=(value < TARGET_P99_MS) if held else None,
-        ))  # fmt: skip
+        rows.append(
+            row(
+                f"{count:,} schedules, each every minute at its own second: run start lateness p99 "
+                f"({runs:,} runs of {count:,} planned)",
+                value,
+                show=lambda v: f"{v:,.1f} ms",
+                baseline=spread[0][1],
+                baseline_name="1 schedule",
+                target=f"< {TARGET_P99_MS:g} ms" if held else "reported",
+                passed=(value < TARGET_P99_MS) if held else None,
+            )
+        )
     for count, value in burst:
         figures = data[f"at once {count}"]
-        rows.append(row(
-            f"{count:,} schedules, all every second: run start lateness p99 "
-            f"({figures['runs']:,} runs of {figures['planned']:,} planned)", value,
-            show=lambda v: f"{v:,.1f} ms", baseline=burst[0][1], baseline_name="1 schedule",
-            target="reported", passed=None,
-        ))  # fmt: skip
+        rows.append(
+            row(
+                f"{count:,} schedules, all every second: run start lateness p99 "
+                f"({figures['runs']:,} runs of {figures['planned']:,} planned)",
+                value,
+                show=lambda v: f"{v:,.1f} ms",
+                baseline=burst[0][1],
+                baseline_name="1 schedule",
+                target="reported",
+                passed=None,
+            )
+        )
     chart = {
-        "name": "schedules", "title": "Schedule lateness p99 against schedules in one scheduler",
-        "x_label": "schedules in one scheduler", "y_label": "ms, p99 of run starts",
+        "name": "schedules",
+        "title": "Schedule lateness p99 against schedules in one scheduler",
+        "x_label": "schedules in one scheduler",
+        "y_label": "ms, p99 of run starts",
         "series": {"each every minute, spread": spread, "each every second, at once": burst},
         "target": TARGET_P99_MS,
-    }  # fmt: skip
+    }
     return curve(
         "schedules",
         "Schedules: lateness against how many one scheduler runs",
@@ -136,11 +156,13 @@ async def run(urls: dict[str, str]) -> Result:
         f"each every minute at its own second, measured over {SPREAD_S:g} s; then "
         f"{', '.join(f'{c:,}' for c in BURST_COUNTS)} each every second, over {BURST_S:g} s; "
         f"{WARMUP_S:g} s of warm-up before each.",
-        rows, [chart], data,
+        rows,
+        [chart],
+        data,
         notes=[
             "All at once, every schedule's claim, run, audit record and release fall in the "
             "same second, one after another on one event loop: the p99 is how long the last "
             "of them waits, so it grows with the count. Spread as a timetable spreads them, "
             "each second holds a sixtieth of them.",
         ],
-    )  # fmt: skip
+    )

@@ -34,7 +34,8 @@ def write_config(folder: Path, driver: str, urls: dict[str, str], body: str) -> 
     if driver != "memory":
         bus["url"] = urls[driver]
     path = folder / f"scale_{driver}.py"
-    path.write_text(textwrap.dedent(f"""
+    path.write_text(
+        textwrap.dedent(f"""
         services = {{
             "caches": {{"main": {{"driver": "redis", "url": {urls["redis"]!r}}}}},
             "locks": {{"main": {{"driver": "redlock", "caches": ["main"]}}}},
@@ -43,7 +44,9 @@ def write_config(folder: Path, driver: str, urls: dict[str, str], body: str) -> 
         }}
         web_app = "bench.scale.site:create_app"
         auth = {{"secret_key": {secrets.token_hex(32)!r}}}
-    """) + textwrap.dedent(body))  # fmt: skip
+    """)
+        + textwrap.dedent(body)
+    )
     return path
 
 

@@ -69,8 +69,17 @@ class DlqRecord(_DlqRecordBase, total=False):
 Priority = Literal["high", "normal", "low"]
 PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")
 PRIORITY_TURNS: tuple[Priority, ...] = (
-    "high", "normal", "high", "high", "low", "high", "normal", "high", "high", "normal",
-)  # fmt: skip
+    "high",
+    "normal",
+    "high",
+    "high",
+    "low",
+    "high",
+    "normal",
+    "high",
+    "high",
+    "normal",
+)
 
 
 def band_of_turn(turn: int, waiting: Callable[[Priority], bool]) -> Priority | None:
@@ -83,7 +92,7 @@ def band_of_turn(turn: int, waiting: Callable[[Priority], bool]) -> Priority | N
 
 
 # The record stores of a lane: each job's status record, the values its runs returned, and
-# the presence record of each consume loop on it (mega/jobs/presence.py).
+# the presence record of each consume loop on it (mega/lanes/presence.py).
 Table = Literal["status", "result", "workers"]
 # How long a "workers" record lives after its last write (a loop writes its own every 5 s).
 WORKERS_KEEP_S = 30.0
@@ -108,7 +117,7 @@ class Lane:
     `durable`: `publish` returns only once the jobs would survive the loss of the server that
     took them. Where an acknowledged write is already replicated or on disk (a JetStream
     stream's quorum, a PostgreSQL commit) it changes nothing; on Redis, whose replication is
-    asynchronous, it adds a WAIT for one replica (mega/drivers/redis/bus.py)."""
+    asynchronous, it adds a WAIT for one replica (mega/drivers/redis/core.py)."""
 
     kind: Literal["job", "group"]
     name: str
@@ -273,9 +282,8 @@ class Receiver(Protocol):
         ...
 
 
-class Bus(Protocol):
-    """A connected bus of one alias: `ctx.bus(alias)`. `native` is the engine's own client
-    (typed as such by each driver class), for the rare call the interface does not cover."""
+class Lanes(Protocol):
+    """The connection and the lanes: what every consume loop and every enqueue needs."""
 
     driver: ClassVar[str]
     # Whether it can consume a fair lane (`Lane.fair`): take work round-robin across keys
@@ -327,7 +335,10 @@ class Bus(Protocol):
         """Consume the lane in this process; `consumer` names this process to the engine."""
         ...
 
-    # -- the dead letters of a lane -------------------------------------------------------------
+
+class DeadLetterStore(Protocol):
+    """The dead letters of each lane: a receiver stores them (`Receiver.dead_letter`); these
+    are the tools that read, requeue and delete them (`mega.lanes.dlq.DeadLetters`)."""
 
     async def dead_letters(
         self, lane: Lane, *, limit: int, before: int | None = None
@@ -358,12 +369,20 @@ class Bus(Protocol):
         """Delete every dead letter of the lane; returns how many there were."""
         ...
 
-    # -- the records of a lane: a key-value store per table, each record with an expiry --------
+
+class RecordStore(Protocol):
+    """The records of a lane: a key-value store per table (`Table`), each record with an
+    expiry: status records, results, presence, and the lane's pause and cancels."""
 
     async def put_records(
-        self, lane: Lane, table: Table, records: Sequence[tuple[str, bytes]], *, create: bool,
+        self,
+        lane: Lane,
+        table: Table,
+        records: Sequence[tuple[str, bytes]],
+        *,
+        create: bool,
         confirm: bool = True,
-    ) -> list[bool]:  # fmt: skip
+    ) -> list[bool]:
         """Store each (key, value) in the lane's `table`, in order, and return once every one
         is stored; it expires `lane.keep_s(table)` seconds after this write. `confirm` False:
         the engine may take them without answering (a driver that can returns once they are
@@ -389,7 +408,9 @@ class Bus(Protocol):
         DriverUnavailable."""
         ...
 
-    # -- events -------------------------------------------------------------------------------
+
+class EventLog(Protocol):
+    """The bus's events, which listener groups read as lanes, and the outbox's notifier."""
 
     async def ensure_events(self, *, max_age_s: float) -> None:
         """Make the events log exist, keeping events `max_age_s` (0: forever) for replay."""
@@ -407,6 +428,12 @@ class Bus(Protocol):
     def announce_commit(self) -> None:
         """Tell relays elsewhere that outbox rows were committed (fire and forget)."""
         ...
+
+
+class Bus(Lanes, DeadLetterStore, RecordStore, EventLog, Protocol):
+    """A connected bus of one alias: `ctx.bus(alias)`, the four concerns a driver implements.
+    `native` is the engine's own client (typed as such by each driver class), for the rare
+    call the interface does not cover."""
 
 
 def trace_headers(stored: str | bytes | None) -> dict[str, str] | None:

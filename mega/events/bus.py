@@ -7,7 +7,7 @@
 The driver of the bus (`ctx.bus(alias)`, see mega/drivers) keeps the events for replay
 (`max_age_s`, a week by default) and one cursor per listener group: every group hears every
 event its pattern matches, and the processes of one group share them. Listeners run in the
-jobs' consume loop (mega/jobs/consumer.py): retries with backoff, dead letters, lease
+jobs' consume loop (mega/lanes/consumer.py): retries with backoff, dead letters, lease
 heartbeats and the drain are the jobs' own. Signals: `emit` (an event was stored), `start`,
 `done`, `retry`, `fail`, `dlq` (as for jobs, with `group` instead of `job`) and `skip` (the
 group's inbox had already completed that event id).
@@ -31,11 +31,11 @@ from mega.events.db_inbox import DbInbox, InboxTransaction
 from mega.events.event import EVENTS_MAX_AGE_S, Event, ReceivedEvent, encode_event, validate_event
 from mega.events.inbox import Inbox
 from mega.events.listener import DB_INBOX, Listener, ListenerSpec, validate_listener
-from mega.jobs.consumer import Handler
-from mega.jobs.dlq import DeadLetters
-from mega.jobs.lanes import LaneEndpoint
-from mega.jobs.presence import WorkerSeen
-from mega.jobs.spec import check_engine_cap, threaded
+from mega.lanes.declaration import check_engine_cap, threaded
+from mega.lanes.dlq import DeadLetters
+from mega.lanes.endpoint import LaneEndpoint
+from mega.lanes.executor import Handler
+from mega.lanes.presence import WorkerSeen
 
 SIGNALS = ("emit", "start", "done", "retry", "fail", "dlq", "skip")
 
@@ -43,15 +43,20 @@ SIGNALS = ("emit", "start", "done", "retry", "fail", "dlq", "skip")
 def group_lane(spec: ListenerSpec) -> Lane:
     """What a driver needs to know of a listener group."""
     return Lane(
-        kind="group", name=spec.group, subject=spec.pattern, concurrency=spec.concurrency,
-        ack_wait_s=spec.ack_wait_s, dlq_max_age_s=spec.dlq_max_age_s, replicas=spec.replicas,
-    )  # fmt: skip
+        kind="group",
+        name=spec.group,
+        subject=spec.pattern,
+        concurrency=spec.concurrency,
+        ack_wait_s=spec.ack_wait_s,
+        dlq_max_age_s=spec.dlq_max_age_s,
+        replicas=spec.replicas,
+    )
 
 
 class EventBus(LaneEndpoint):
     """Emit the events of one bus alias and run its listener groups in this process; an Event
     or a Listener does not change when its bus changes driver. Options and observers as
-    LaneEndpoint's (mega/jobs/lanes.py), with the signals of SIGNALS; `max_age_s` is how long
+    LaneEndpoint's (mega/lanes/endpoint.py), with the signals of SIGNALS; `max_age_s` is how long
     events are kept for replay.
     """
 
@@ -238,9 +243,14 @@ def received(
 ) -> ReceivedEvent:
     """The event a listener's `run` receives for one delivery."""
     return ReceivedEvent(
-        id=delivery.id, name=delivery.subject, data=payload, emitted_at=delivery.enqueued_at_ms,
-        attempt=delivery.attempt, db_transaction=db_transaction, cache_inbox=cache_inbox,
-    )  # fmt: skip
+        id=delivery.id,
+        name=delivery.subject,
+        data=payload,
+        emitted_at=delivery.enqueued_at_ms,
+        attempt=delivery.attempt,
+        db_transaction=db_transaction,
+        cache_inbox=cache_inbox,
+    )
 
 
 async def emit(ctx: Context, event_cls: type[Event], payload: Any, *, id: str | None = None) -> str:

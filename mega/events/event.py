@@ -33,7 +33,7 @@ from pydantic import (
 from mega.declaration import Declaration, declared_alias, matching, rule, validate_subclass
 from mega.drivers.base import Message
 from mega.errors import EventError
-from mega.jobs.spec import json_body
+from mega.lanes.declaration import json_body
 from mega.validation import MAX_ID_LENGTH, MAX_PAYLOAD_BYTES, is_token, shortened
 
 if TYPE_CHECKING:

@@ -30,8 +30,8 @@ from pydantic import StrictStr, ValidationInfo, field_validator
 
 from mega.declaration import PositiveInt, declared_alias, matching, rule, validate_subclass
 from mega.events.event import Event, ReceivedEvent
-from mega.jobs.ratelimit import RateLimit
-from mega.jobs.spec import Consumed, ConsumedDeclaration, ConsumedSpec
+from mega.lanes.declaration import Consumed, ConsumedDeclaration, ConsumedSpec
+from mega.lanes.ratelimit import RateLimit
 
 if TYPE_CHECKING:
     from mega.context import Context
@@ -159,7 +159,11 @@ def validate_listener(
     listener = validate_subclass(ListenerDeclaration, listener_cls, Listener, "listener", context)
     event = listener.event
     return ListenerSpec(
-        listener_cls=listener_cls, group=listener.group, bus=listener.bus,
+        listener_cls=listener_cls,
+        group=listener.group,
+        bus=listener.bus,
         pattern=event if isinstance(event, str) else getattr(event, "name", ""),
-        inbox=listener.inbox, inbox_ttl_s=listener.inbox_ttl_s, **listener.consumed(),
-    )  # fmt: skip
+        inbox=listener.inbox,
+        inbox_ttl_s=listener.inbox_ttl_s,
+        **listener.consumed(),
+    )

@@ -6,7 +6,7 @@
     await listeners.start()                     # groups ensured, loops running
     await listeners.stop(timeout_s=30)          # drain, then hand the rest back
 
-The host side is the jobs' own `LaneWorker` (mega/jobs/lanes.py), with one EventBus per alias.
+The host side is the jobs' own `LaneWorker` (mega/lanes/endpoint.py), with one EventBus per alias.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from mega.errors import EventError, JobError
 from mega.events.bus import SIGNALS, EventBus
 from mega.events.listener import ListenerSpec, validate_listener
-from mega.jobs.lanes import LaneWorker
+from mega.lanes.endpoint import LaneWorker
 
 
 class ListenerWorker(LaneWorker[EventBus, ListenerSpec]):

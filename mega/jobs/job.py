@@ -30,15 +30,17 @@ It cannot `await`; `anyio.from_thread.run(ctx.progress, 0.5)` reports progress f
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Iterable
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from mega.deprecation import deprecated
 from mega.drivers.base import Priority
-from mega.jobs.control import Cancelled
 from mega.jobs.queue import queue_of
 from mega.jobs.spec import JobBase, JobId
-from mega.jobs.status import JobStatus
 from mega.jobs.steps import UNSET, Step
+from mega.lanes.control import Cancelled
+from mega.lanes.status import JobStatus
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -60,9 +62,9 @@ class Job(JobBase):
     `job.payload_too_large`), `replicas` (1 to 5: copies of its streams in a NATS cluster; 3
     survives the loss of one node), `timeout_s` (None or > 0 s: a run's limit), `permanent`
     (errors that skip the retries), `rate_limit` (None or {"limit": n, "period_s": s}: starts
-    across the whole group, or with "per": "key" for each key; see mega/jobs/ratelimit.py),
+    across the whole group, or with "per": "key" for each key; see mega/lanes/ratelimit.py),
     `key_concurrency` (None or >= 1: runs of one key at once across the group; see
-    mega/jobs/flow.py), `flow_cache` (the cache both count in; None: the config's only cache),
+    mega/lanes/flow.py), `flow_cache` (the cache both count in; None: the config's only cache),
     `fair` (workers take the keys' jobs in turn), `prioritized` (enqueue takes a `priority`; the
     bands take turns, high most), `durable` (on Redis, enqueue returns once a replica has the
     job too: see `Lane.durable`), `keep_status_s` and `keep_result_s`, `name` (defaults to the
@@ -76,25 +78,55 @@ class Job(JobBase):
         payload: Any = None,
         *,
         id: str | None = None,
-        delay_s: float | None = None,
+        delay: float | timedelta | None = None,
         run_at: datetime | None = None,
         session: Session | None = None,
         key: str | None = None,
         priority: Priority | None = None,
+        delay_s: float | None = None,
     ) -> JobId:
-        """Store one run of this job on its own bus: `JobQueue(ctx, cls.bus).enqueue(cls, ...)`
-        with the queue kept on `ctx` (its setup is done once per process). `delay_s` holds it
-        that many seconds; the rest is as JobQueue.enqueue says."""
+        """Store one run of this job on its own bus, with the JobQueue kept on `ctx` (its
+        setup is done once per process), and return its id once the bus has it.
+
+        Args:
+            ctx: the host's context, or a run's.
+            payload: JSON, or the job's `schema` (checked here: JobError `job.invalid_payload`).
+            id: the job's id and dedup key (default a random one): the same id within the
+                bus's dedup window is stored once, and the answer says `.duplicate`.
+            delay: seconds (or a timedelta) to hold it before it may run.
+            run_at: an aware datetime before which it does not run (not with `delay`).
+            session: a SQLAlchemy session whose transaction stores it (postgres bus only).
+            key: its fair-turn and per-key limit key (a tenant, a user).
+            priority: "high", "normal" or "low", for a `prioritized` job.
+            delay_s: the old spelling of `delay` (warns once; goes in 0.3).
+        """
+        if delay_s is not None:
+            deprecated("Job.enqueue(delay_s=...)", "Job.enqueue(delay=...)")
+            delay = delay_s if delay is None else delay
         return await queue_of(ctx, cls.bus).enqueue(
             cls,
             payload,
             id=id,
-            delay=delay_s,
+            delay=delay,
             run_at=run_at,
             session=session,
             key=key,
             priority=priority,
         )
+
+    @classmethod
+    async def enqueue_many(
+        cls,
+        ctx: Context,
+        payloads: Iterable[Any],
+        *,
+        key: str | None = None,
+        priority: Priority | None = None,
+    ) -> list[str]:
+        """Store many runs of this job in one go (pipelined), and return their ids in order
+        once every one is stored. Every payload is checked before the first is sent; `key`
+        and `priority` are every job's, as in `enqueue`."""
+        return await queue_of(ctx, cls.bus).enqueue_many(cls, payloads, key=key, priority=priority)
 
     @classmethod
     def step(cls, payload: Any = UNSET) -> Step:

@@ -2,7 +2,7 @@
 
 Not to be confused with `Worker` (a CPU pool): a JobWorker runs the jobs of its buses, on any
 driver. Its signals: dispatch, start, progress (when a job reports it), done, retry, fail (with
-`phase`), dlq. The loop is mega/jobs/consumer.py; the host side is `LaneWorker` (lanes.py).
+`phase`), dlq. The loop is mega/lanes/consumer.py; the host side is `LaneWorker` (lanes.py).
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
-from mega.jobs.lanes import LaneWorker
 from mega.jobs.queue import SIGNALS, JobQueue
 from mega.jobs.spec import JobSpec, validate_job
+from mega.lanes.endpoint import LaneWorker
 
 
 class JobWorker(LaneWorker[JobQueue, JobSpec]):

@@ -67,9 +67,14 @@ class JobContext(Context):
         of 5"). ValueError for a fraction outside 0..1 (or not a number) or a note that is not
         text; nothing is sent then."""
         await self._report(
-            "progress", job=self.job, id=self.job_id, attempt=self.attempt,
-            fraction=progress_fraction(fraction), note=progress_note(note), worker=self.worker,
-        )  # fmt: skip
+            "progress",
+            job=self.job,
+            id=self.job_id,
+            attempt=self.attempt,
+            fraction=progress_fraction(fraction),
+            note=progress_note(note),
+            worker=self.worker,
+        )
 
     def __repr__(self) -> str:
         return f"JobContext(job={self.job!r}, job_id={self.job_id!r}, attempt={self.attempt})"

@@ -36,31 +36,30 @@ from mega.drivers.base import (
     Priority,
 )
 from mega.errors import JobError, JobFailed
-from mega.jobs import control
-from mega.jobs.control import Cancelled, LaneControl, Pause
-from mega.jobs.dlq import DeadLetters
-from mega.jobs.lanes import LaneEndpoint
-from mega.jobs.presence import WorkerSeen
 from mega.jobs.progress import RunContexts
 from mega.jobs.spec import (
     JobBase,
     JobId,
     JobSpec,
-    check_engine_cap,
     due_ms_of,
     encode_job,
     fit_schema,
-    threaded,
     validate_job,
 )
-from mega.jobs.status import (
+from mega.jobs.steps import Workflows, WorkflowStatus, remember
+from mega.lanes import control
+from mega.lanes.control import Cancelled, LaneControl, Pause
+from mega.lanes.declaration import check_engine_cap, threaded
+from mega.lanes.dlq import DeadLetters
+from mega.lanes.endpoint import LaneEndpoint
+from mega.lanes.presence import WorkerSeen
+from mega.lanes.status import (
     RESULT_POLL_S,
     JobStatus,
     StatusWriter,
     created,
     read_status,
 )
-from mega.jobs.steps import Workflows, WorkflowStatus, remember
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -74,18 +73,26 @@ SIGNALS = ("dispatch", "start", "progress", "done", "retry", "fail", "dlq", "can
 def job_lane(spec: JobSpec) -> Lane:
     """What a driver needs to know of a job's queue (made once per spec: enqueue's hot path)."""
     return Lane(
-        kind="job", name=spec.name, subject=spec.subject, concurrency=spec.concurrency,
-        ack_wait_s=spec.ack_wait_s, dlq_max_age_s=spec.dlq_max_age_s,
-        dlq_max_bytes=spec.dlq_max_bytes, replicas=spec.replicas,
-        keep_status_s=spec.keep_status_s, keep_result_s=spec.keep_result_s, fair=spec.fair,
-        prioritized=spec.prioritized, durable=spec.durable,
-    )  # fmt: skip
+        kind="job",
+        name=spec.name,
+        subject=spec.subject,
+        concurrency=spec.concurrency,
+        ack_wait_s=spec.ack_wait_s,
+        dlq_max_age_s=spec.dlq_max_age_s,
+        dlq_max_bytes=spec.dlq_max_bytes,
+        replicas=spec.replicas,
+        keep_status_s=spec.keep_status_s,
+        keep_result_s=spec.keep_result_s,
+        fair=spec.fair,
+        prioritized=spec.prioritized,
+        durable=spec.durable,
+    )
 
 
 class JobQueue(LaneEndpoint):
     """Enqueue and consume the jobs of one bus alias; a Job does not change when its bus
     changes driver, and a `Context` built by hand works with every driver. Options and
-    observers as LaneEndpoint's (mega/jobs/lanes.py), with the signals of SIGNALS.
+    observers as LaneEndpoint's (mega/lanes/endpoint.py), with the signals of SIGNALS.
     """
 
     signal_names: ClassVar[tuple[str, ...]] = SIGNALS
@@ -210,9 +217,13 @@ class JobQueue(LaneEndpoint):
         except DriverUnavailable as exc:
             raise self.unavailable(f"cannot enqueue {spec.name}", exc) from exc
         await self.signal(
-            "dispatch", job=spec.name, id=message.id, subject=spec.subject,
-            run_at=message.run_at_ms, duplicate=not stored,
-        )  # fmt: skip
+            "dispatch",
+            job=spec.name,
+            id=message.id,
+            subject=spec.subject,
+            run_at=message.run_at_ms,
+            duplicate=not stored,
+        )
         return JobId(message.id, duplicate=not stored)
 
     async def enqueue_many(
@@ -275,8 +286,10 @@ class JobQueue(LaneEndpoint):
         if isinstance(recorded, DriverUnavailable):
             logger.warning(
                 "%s: %d job(s) stored, their status records not (%s)",
-                spec.name, len(records), recorded,
-            )  # fmt: skip
+                spec.name,
+                len(records),
+                recorded,
+            )
         elif isinstance(recorded, BaseException):
             raise recorded
         return stored
@@ -329,8 +342,9 @@ class JobQueue(LaneEndpoint):
         if status.state != "done":
             error = f": {status.error.type}: {status.error.message}" if status.error else ""
             code = "job.cancelled" if status.state == "cancelled" else "job.dead_lettered"
-            raise JobFailed(f"{spec.name} {job_id} ended {status.state}{error}", code=code,
-                            status=status)  # fmt: skip
+            raise JobFailed(
+                f"{spec.name} {job_id} ended {status.state}{error}", code=code, status=status
+            )
         try:
             [raw] = await self.bus.get_records(job_lane(spec), "result", [job_id])
         except DriverUnavailable as exc:

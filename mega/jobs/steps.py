@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict
 from mega.drivers.base import DriverUnavailable, Lane
 from mega.errors import JobError
 from mega.jobs.spec import JobBase, JobId, JobSpec, encode_job
-from mega.jobs.status import FINAL, ErrorInfo, decode
+from mega.lanes.status import FINAL, ErrorInfo, decode
 from mega.validation import MAX_ID_LENGTH, is_token
 
 if TYPE_CHECKING:
@@ -63,9 +63,14 @@ DEFINITIONS_CACHED = 1024
 
 # The lane whose records hold every workflow of a bus (no job is ever stored on it).
 WORKFLOWS = Lane(
-    kind="job", name="mega.workflows", subject="_mega.workflows", concurrency=1,
-    ack_wait_s=30.0, dlq_max_age_s=WORKFLOW_KEEP_S, keep_status_s=WORKFLOW_KEEP_S,
-)  # fmt: skip
+    kind="job",
+    name="mega.workflows",
+    subject="_mega.workflows",
+    concurrency=1,
+    ack_wait_s=30.0,
+    dlq_max_age_s=WORKFLOW_KEEP_S,
+    keep_status_s=WORKFLOW_KEEP_S,
+)
 
 Ended = Literal["done", "dlq", "cancelled"]
 WorkflowState = Literal["running", "done", "failed"]
@@ -298,6 +303,8 @@ class Workflows:
     """The workflows of one JobQueue's bus: `start` stores one, `ended` is the consume loop's
     report of a step's end, `status` reads one."""
 
+    id_prefix = STEP_PREFIX  # a job whose id starts so is a step: the consume loop reports it
+
     def __init__(self, queue: Queue) -> None:
         self.queue = queue
         self.bus = queue.bus
@@ -312,9 +319,12 @@ class Workflows:
     # -- start --------------------------------------------------------------------------------
 
     async def start(
-        self, kind: Literal["chain", "group"], steps: tuple[Step, ...], then: Step | None,
+        self,
+        kind: Literal["chain", "group"],
+        steps: tuple[Step, ...],
+        then: Step | None,
         workflow_id: str | None,
-    ) -> WorkflowId:  # fmt: skip
+    ) -> WorkflowId:
         """Check every step, store the definition (unless a workflow with this id exists),
         then the first step (a chain's) or every member (a group's)."""
         if workflow_id is None:
@@ -336,17 +346,27 @@ class Workflows:
         first = steps[:1] if kind == "chain" else steps
         now_ms = _now_ms()
         messages = [
-            (s.job, encode_job(specs[s.job], None if not s.given else s.payload,
-                               job_id=step_id(workflow_id, n), now_ms=now_ms))
+            (
+                s.job,
+                encode_job(
+                    specs[s.job],
+                    None if not s.given else s.payload,
+                    job_id=step_id(workflow_id, n),
+                    now_ms=now_ms,
+                ),
+            )
             for n, s in enumerate(first)
-        ]  # fmt: skip
+        ]
         for n, s in enumerate(steps[1:] if kind == "chain" else (), start=1):
             if s.given:  # checked now, as the first step's was
                 encode_job(specs[s.job], s.payload, job_id=step_id(workflow_id, n))
         definition = Definition(
-            workflow_id, kind, tuple(self._step_def(specs[s.job], s, kind) for s in steps),
-            None if then is None else self._step_def(specs[then.job], then, "chain"), now_ms,
-        )  # fmt: skip
+            workflow_id,
+            kind,
+            tuple(self._step_def(specs[s.job], s, kind) for s in steps),
+            None if then is None else self._step_def(specs[then.job], then, "chain"),
+            now_ms,
+        )
         try:
             await self._ensure()
             [created] = await self.bus.put_records(
@@ -371,9 +391,14 @@ class Workflows:
     # -- the consume loop's reports -----------------------------------------------------------
 
     async def ended(
-        self, job_id: str, state: Ended, *, result: Any = None, error: ErrorInfo | None = None,
+        self,
+        job_id: str,
+        state: Ended,
+        *,
+        result: Any = None,
+        error: ErrorInfo | None = None,
         attempts: int = 1,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """A step's end, before its delivery is settled: store its outcome (the first report
         wins), then enqueue what follows it. DriverUnavailable when the bus does not answer
         (the delivery is then handed back to report again)."""
@@ -385,8 +410,10 @@ class Workflows:
         if definition is None or definition.at(place) is None:
             logger.warning(
                 "%s looks like a workflow step, but workflow %s has no such step (expired, or "
-                "not a workflow): it ran as a plain job", job_id, workflow_id,
-            )  # fmt: skip
+                "not a workflow): it ran as a plain job",
+                job_id,
+                workflow_id,
+            )
             return
         outcome = await self._store_outcome(
             workflow_id, place, _outcome_record(state, result, error, attempts, job_id)
@@ -457,9 +484,12 @@ class Workflows:
         for n, raw in enumerate(found):
             record = json.loads(raw)
             member = Outcome(
-                id=step_id(definition.id, n), job=definition.steps[n].job, state=record["state"],
-                result=record.get("result"), error=record.get("error"),
-            )  # fmt: skip
+                id=step_id(definition.id, n),
+                job=definition.steps[n].job,
+                state=record["state"],
+                result=record.get("result"),
+                error=record.get("error"),
+            )
             outcomes.append(member.model_dump(mode="json", exclude_none=True))
         return outcomes
 
@@ -507,12 +537,19 @@ class Workflows:
         state = _state(definition, steps, then)
         finished = None
         if state != "running":
-            finished = max((s.finished_at or 0 for s in (*steps, *([then] if then else []))),
-                           default=0) or None  # fmt: skip
+            finished = (
+                max((s.finished_at or 0 for s in (*steps, *([then] if then else []))), default=0)
+                or None
+            )
         return WorkflowStatus(
-            id=workflow_id, kind=definition.kind, state=state, steps=tuple(steps), then=then,
-            created_at=definition.created_at, finished_at=finished,
-        )  # fmt: skip
+            id=workflow_id,
+            kind=definition.kind,
+            state=state,
+            steps=tuple(steps),
+            then=then,
+            created_at=definition.created_at,
+            finished_at=finished,
+        )
 
     async def _steps(
         self, definition: Definition, places: Sequence[int | str], raws: list[bytes | None]
@@ -533,21 +570,37 @@ class Workflows:
                 continue
             steps.append(_outcome_step(job_id, target, raw))
         for subject, pending in unended.items():
-            target = next(s for s in (*definition.steps, definition.then)
-                          if s is not None and s.subject == subject)  # fmt: skip
+            target = next(
+                s
+                for s in (*definition.steps, definition.then)
+                if s is not None and s.subject == subject
+            )
             statuses = await self._job_statuses(target, [job_id for _, job_id in pending])
-            ended = [n for (n, _), status in zip(pending, statuses, strict=True)
-                     if status is not None and status[0] in FINAL]  # fmt: skip
-            outcomes = await self.bus.get_records(
-                WORKFLOWS, "status", [outcome_key(definition.id, places[n]) for n in ended]
-            ) if ended else []  # fmt: skip
+            ended = [
+                n
+                for (n, _), status in zip(pending, statuses, strict=True)
+                if status is not None and status[0] in FINAL
+            ]
+            outcomes = (
+                await self.bus.get_records(
+                    WORKFLOWS, "status", [outcome_key(definition.id, places[n]) for n in ended]
+                )
+                if ended
+                else []
+            )
             late = dict(zip(ended, outcomes, strict=True))
             for (n, job_id), status in zip(pending, statuses, strict=True):
                 raw = late.get(n)
-                steps[n] = _outcome_step(job_id, target, raw) if raw is not None else WorkflowStep(
-                    id=job_id, job=target.job, state="waiting" if status is None else status[0],
-                    attempts=0 if status is None else status[1],
-                )  # fmt: skip
+                steps[n] = (
+                    _outcome_step(job_id, target, raw)
+                    if raw is not None
+                    else WorkflowStep(
+                        id=job_id,
+                        job=target.job,
+                        state="waiting" if status is None else status[0],
+                        attempts=0 if status is None else status[1],
+                    )
+                )
         return [s for s in steps if s is not None]
 
     async def _job_statuses(
@@ -572,9 +625,14 @@ class Workflows:
 def _outcome_step(job_id: str, target: StepDef, raw: bytes) -> WorkflowStep:
     record = json.loads(raw)
     return WorkflowStep(
-        id=job_id, job=target.job, state=record["state"], attempts=record["attempts"],
-        result=record.get("result"), error=record.get("error"), finished_at=record["at"],
-    )  # fmt: skip
+        id=job_id,
+        job=target.job,
+        state=record["state"],
+        attempts=record["attempts"],
+        result=record.get("result"),
+        error=record.get("error"),
+        finished_at=record["at"],
+    )
 
 
 def _state(

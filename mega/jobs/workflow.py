@@ -93,9 +93,12 @@ def _steps(steps: Iterable[Step], what: str) -> tuple[Step, ...]:
 
 
 async def _start(
-    ctx: Context, kind: Literal["chain", "group"], steps: tuple[Step, ...], then: Step | None,
+    ctx: Context,
+    kind: Literal["chain", "group"],
+    steps: tuple[Step, ...],
+    then: Step | None,
     workflow_id: str | None,
-) -> WorkflowId:  # fmt: skip
+) -> WorkflowId:
     buses = {s.job.bus for s in (*steps, *([then] if then else []))}
     if len(buses) != 1:
         raise JobError(

@@ -32,7 +32,11 @@ CLOSE_TIMEOUT_S = 5.0
 
 async def boot(config: Config, *, role: str, database: bool = True) -> Context:
     """Connect every declared service and return the Context. Closes what it opened on failure."""
-    ctx = Context(instance_id=new_instance_id(role), database_url=config.database_url)
+    ctx = Context(
+        instance_id=new_instance_id(role),
+        database_url=config.database_url,
+        middlewares=list(config.middlewares),
+    )
     try:
         for alias, url in config.caches.items():
             ctx.caches[alias] = CacheAdapter(alias, url, await connect_redis(alias, url))
@@ -67,8 +71,9 @@ async def shutdown(ctx: Context) -> None:
             names = ", ".join(sorted(task.get_name() for task in late))
             logger.warning(
                 "%s not closed within %.0f s (its server does not answer?); left to the exit",
-                names, CLOSE_TIMEOUT_S,
-            )  # fmt: skip
+                names,
+                CLOSE_TIMEOUT_S,
+            )
             await cancel_and_wait(late, CLOSE_TASKS_S)
     if ctx.database is not None:
         ctx.database.dispose()

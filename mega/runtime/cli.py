@@ -49,10 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     new.add_argument("name", metavar="NAME", help="the folder and its Python package (shop)")
     new.add_argument(
-        "--bus", choices=BUSES, default=DEFAULT_BUS,
+        "--bus",
+        choices=BUSES,
+        default=DEFAULT_BUS,
         help="where its jobs and events go: nats (JetStream, the default), redis (Redis "
         "Streams) or postgres (the application's database)",
-    )  # fmt: skip
+    )
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
         return _with_config(sub.add_parser(name, help=help, description=help))
@@ -97,9 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for role in ("schedulers", "workers"):
         dev.add_argument(
-            f"--{role}", type=_host_count, default=2, metavar="N",
+            f"--{role}",
+            type=_host_count,
+            default=2,
+            metavar="N",
             help=f"how many {role} to run (0 to 8, default 2: the lock and the sharing show)",
-        )  # fmt: skip
+        )
 
     command(
         "check",
@@ -112,10 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     dlq.add_argument("--job", help="job class name (default: every job in the config)")
     dlq.add_argument("--id", help="requeue only this job id (`list` shows the ids)")
     dlq.add_argument(
-        "--all", action="store_true", dest="replay_all",
+        "--all",
+        action="store_true",
+        dest="replay_all",
         help="requeue every record (of --job, or of every job); without --id or --all a "
         "requeue is refused and says how many records it would replay",
-    )  # fmt: skip
+    )
     dlq.add_argument("--limit", type=int, default=20, help="how many records `list` shows")
     dlq.add_argument("--json", action="store_true", help="`list`: one JSON object per record")
     _jobs_parser(sub)
@@ -134,15 +141,19 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("action", choices=["create", "list", "revoke"], help="what to do")
     token.add_argument("name", nargs="?", help="the token's name (create, revoke)")
     token.add_argument(
-        "--expires", default="90d", metavar="WHEN",
+        "--expires",
+        default="90d",
+        metavar="WHEN",
         help="create: how long it works, a number and m, h, d or w (default 90d), or never",
-    )  # fmt: skip
+    )
     token.add_argument(
-        "--scope", default="jobs:enqueue,console:read", metavar="SCOPES",
+        "--scope",
+        default="jobs:enqueue,console:read",
+        metavar="SCOPES",
         help="create: what it may do, comma-separated: jobs:enqueue (the application's writes), "
         "console:read (every read), console:operate (retry, requeue, cancel, pause, resume, "
         "run now), console:admin (purge, delete); default jobs:enqueue,console:read",
-    )  # fmt: skip
+    )
     audit = command(
         "audit",
         "Who did what from a console or the command line: retries, requeues, cancels, pauses, "
@@ -183,9 +194,14 @@ def _actions(
 
 def _jobs_parser(sub: Any) -> None:
     action = _actions(
-        sub, "jobs", "Watch and steer the jobs of the config while the fleet runs.",
-        target=None, job=None, by=None, json=False,
-    )  # fmt: skip
+        sub,
+        "jobs",
+        "Watch and steer the jobs of the config while the fleet runs.",
+        target=None,
+        job=None,
+        by=None,
+        json=False,
+    )
     stats = action("stats", "Per job of the config: pending, in flight, dead letters, paused.")
     inspect = action(
         "inspect",
@@ -218,11 +234,18 @@ def _jobs_parser(sub: Any) -> None:
 
 def _schedules_parser(sub: Any) -> None:
     action = _actions(
-        sub, "schedules",
+        sub,
+        "schedules",
         "See, pause and resume the schedules of the config, and add or remove their dynamic "
         "entries.",
-        target=None, by=None, json=False, key=None, cron=None, timezone=None, args=None,
-    )  # fmt: skip
+        target=None,
+        by=None,
+        json=False,
+        key=None,
+        cron=None,
+        timezone=None,
+        args=None,
+    )
     listing = action(
         "list", "Each schedule of the config: cron, zone, next instant, and whether it is paused."
     )
@@ -248,13 +271,17 @@ def _schedules_parser(sub: Any) -> None:
         change.add_argument("target", metavar="NAME", help="schedule name")
     for entry in (add, remove):
         entry.add_argument(
-            "--key", required=True, metavar="KEY",
+            "--key",
+            required=True,
+            metavar="KEY",
             help="the entry's key: 1 to 128 letters, digits or . _ @ - (a tenant id, say)",
-        )  # fmt: skip
+        )
     add.add_argument(
-        "--cron", required=True, metavar="EXPR",
+        "--cron",
+        required=True,
+        metavar="EXPR",
         help='its cron: 5 fields, or 6 with seconds first ("*/30 * * * * *")',
-    )  # fmt: skip
+    )
     add.add_argument(
         "--timezone", metavar="ZONE", help="IANA name such as Europe/Berlin (default: the class's)"
     )
@@ -432,9 +459,14 @@ def _dlq(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:
     from mega.runtime.dlq_cli import run_dlq_command
 
     return run_dlq_command(
-        config, args.action, job=args.job, job_id=args.id, limit=args.limit,
-        replay_all=args.replay_all, as_json=args.json,
-    )  # fmt: skip
+        config,
+        args.action,
+        job=args.job,
+        job_id=args.id,
+        limit=args.limit,
+        replay_all=args.replay_all,
+        as_json=args.json,
+    )
 
 
 def _jobs(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:
@@ -449,9 +481,16 @@ def _schedules(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, 
     from mega.runtime.control_cli import run_schedules_command
 
     return run_schedules_command(
-        config, args.action, name=args.target, by=args.by, as_json=args.json, key=args.key,
-        cron_expr=args.cron, timezone=args.timezone, args=args.args,
-    )  # fmt: skip
+        config,
+        args.action,
+        name=args.target,
+        by=args.by,
+        as_json=args.json,
+        key=args.key,
+        cron_expr=args.cron,
+        timezone=args.timezone,
+        args=args.args,
+    )
 
 
 async def _db(config: Config, args: argparse.Namespace) -> None:
@@ -487,8 +526,11 @@ async def _token(config: Config, args: argparse.Namespace) -> None:
             )
             print(secret)
             ends = "never expires" if expires_in is None else f"expires in {args.expires}"
-            print(f"token {args.name!r} created ({ends}; scopes {','.join(scopes)}): it is "
-                  "shown this once, keep it somewhere safe", file=sys.stderr)  # fmt: skip
+            print(
+                f"token {args.name!r} created ({ends}; scopes {','.join(scopes)}): it is "
+                "shown this once, keep it somewhere safe",
+                file=sys.stderr,
+            )
         elif args.action == "revoke":
             if not await db.run(lambda session: tokens.revoke_token(session, args.name)):
                 raise MegaError(f"no token named {args.name!r} (mega token list shows them)")

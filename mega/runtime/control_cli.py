@@ -28,11 +28,11 @@ from typing import Any
 from mega.config import Config
 from mega.context import Context
 from mega.errors import ConfigError, MegaError, RegistrationError
-from mega.jobs.control import Pause
 from mega.jobs.queue import JobQueue
 from mega.jobs.spec import JobBase
-from mega.jobs.status import JobStatus
 from mega.jobs.steps import WorkflowStatus
+from mega.lanes.control import Pause
+from mega.lanes.status import JobStatus
 from mega.runtime.boot import boot, shutdown
 from mega.runtime.cli_audit import audited, default_by
 from mega.runtime.dlq_cli import select_jobs
@@ -49,9 +49,14 @@ ENDED = {"done": "already done", "dlq": "already dead-lettered", "cancelled": "a
 
 
 async def run_jobs_command(
-    config: Config, action: str, *, target: str | None, job: str | None, by: str | None,
+    config: Config,
+    action: str,
+    *,
+    target: str | None,
+    job: str | None,
+    by: str | None,
     as_json: bool = False,
-) -> None:  # fmt: skip
+) -> None:
     """Run one `mega jobs` action. `target` is the ID (inspect, cancel, retry) or the JOB
     (pause, resume); `job` is `--job`."""
     if action in ("pause", "resume"):
@@ -71,9 +76,15 @@ async def run_jobs_command(
 
 
 async def jobs_command(
-    ctx: Context, jobs: list[type[JobBase]], action: str, *, target: str, by: str | None,
-    as_json: bool = False, named: bool = False,
-) -> None:  # fmt: skip
+    ctx: Context,
+    jobs: list[type[JobBase]],
+    action: str,
+    *,
+    target: str,
+    by: str | None,
+    as_json: bool = False,
+    named: bool = False,
+) -> None:
     """One `mega jobs` action on `jobs` over `ctx`'s buses (what the command runs once booted).
     `named`: the job was named with --job, so `cancel` cancels the id there even before its
     record exists; else it cancels the one job whose record has the id."""
@@ -127,8 +138,14 @@ async def _stats(queue: JobQueue, job_cls: type[JobBase], as_json: bool) -> None
         paused: dict[str, Any] = {"paused": pause.paused, "paused_by": None, "paused_at_ms": None}
         if pause.paused:
             paused.update(paused_by=pause.by, paused_at_ms=pause.at_ms)
-        line = {"job": job_cls.name, "pending": stats.pending, "in_flight": stats.in_flight,
-                "dlq": stats.dlq, "approximate": stats.approximate, **paused}  # fmt: skip
+        line = {
+            "job": job_cls.name,
+            "pending": stats.pending,
+            "in_flight": stats.in_flight,
+            "dlq": stats.dlq,
+            "approximate": stats.approximate,
+            **paused,
+        }
         print(json.dumps(line, separators=(",", ":")))
         return
     about = "about " if stats.approximate else ""  # a deep queue's estimate (LaneStats)
@@ -234,10 +251,17 @@ def _attempt_text(attempt: dict[str, Any]) -> str:
 
 
 async def run_schedules_command(
-    config: Config, action: str, *, name: str | None, by: str | None, as_json: bool = False,
-    key: str | None = None, cron_expr: str | None = None, timezone: str | None = None,
+    config: Config,
+    action: str,
+    *,
+    name: str | None,
+    by: str | None,
+    as_json: bool = False,
+    key: str | None = None,
+    cron_expr: str | None = None,
+    timezone: str | None = None,
     args: str | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Run one `mega schedules` action: `list` every schedule, pause or resume `name`, or add
     or remove its dynamic entry `key` (`cron_expr`, `timezone`, `args` a JSON object)."""
     schedules = config.schedules if name is None else [_schedule_named(config, name)]
@@ -259,9 +283,15 @@ async def run_schedules_command(
             [registered] = scheduler.names
             who = by if by is not None else default_by()
             await _change_entry(
-                scheduler, registered, action, key=key or "", cron_expr=cron_expr or "",
-                timezone=timezone, args=entry_args, by=who,
-            )  # fmt: skip
+                scheduler,
+                registered,
+                action,
+                key=key or "",
+                cron_expr=cron_expr or "",
+                timezone=timezone,
+                args=entry_args,
+                by=who,
+            )
         else:
             [registered] = scheduler.names
             who = by if by is not None else default_by()
@@ -284,9 +314,16 @@ def _json_object(text: str | None) -> Any:
 
 
 async def _change_entry(
-    scheduler: Scheduler, name: str, action: str, *, key: str, cron_expr: str,
-    timezone: str | None, args: Any, by: str,
-) -> None:  # fmt: skip
+    scheduler: Scheduler,
+    name: str,
+    action: str,
+    *,
+    key: str,
+    cron_expr: str,
+    timezone: str | None,
+    args: Any,
+    by: str,
+) -> None:
     if action == "remove":
         removed = await scheduler.remove(name, key=key, by=by)
         if removed is None:
@@ -324,13 +361,16 @@ async def _describe(scheduler: Scheduler, name: str, as_json: bool) -> None:
     if as_json:
         lock = settings["lock"]["lock"] if settings["lock"] else None
         line = {
-            "name": name, "cron": settings["cron"], "timezone": settings["timezone"],
-            "next_run": (settings["next_runs"] or [None])[0], "lock": lock,
+            "name": name,
+            "cron": settings["cron"],
+            "timezone": settings["timezone"],
+            "next_run": (settings["next_runs"] or [None])[0],
+            "lock": lock,
             "paused": pause.paused,
             "paused_by": pause.by if pause.paused else None,
             "paused_at_ms": pause.at_ms if pause.paused else None,
             "entries": [_entry_json(scheduler, name, entry) for entry in entries],
-        }  # fmt: skip
+        }
         print(json.dumps(line, separators=(",", ":")))
         return
     state = _pause_text(pause.paused, pause.at_ms, pause.by)

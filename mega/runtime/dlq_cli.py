@@ -25,9 +25,15 @@ from mega.runtime.cli_audit import audited
 
 
 async def run_dlq_command(
-    config: Config, action: str, *, job: str | None, job_id: str | None, limit: int,
-    replay_all: bool = False, as_json: bool = False,
-) -> None:  # fmt: skip
+    config: Config,
+    action: str,
+    *,
+    job: str | None,
+    job_id: str | None,
+    limit: int,
+    replay_all: bool = False,
+    as_json: bool = False,
+) -> None:
     """Run one `mega dlq` action. `replay_all` is `--all` (requeue only, instead of `--id`),
     `as_json` is `--json` (list only); a refused combination raises ConfigError (exit 2)."""
     jobs = select_jobs(config, job)

@@ -203,11 +203,14 @@ class EmbeddedNats(EmbeddedServer):
     def command(self) -> list[str]:
         return [
             find_nats_server(),
-            "-a", "127.0.0.1",
-            "-p", str(self.port),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
             "-js",
-            "-sd", str(self.data_dir / "jetstream"),
-        ]  # fmt: skip
+            "-sd",
+            str(self.data_dir / "jetstream"),
+        ]
 
     @property
     def url(self) -> str:
@@ -227,28 +230,42 @@ class EmbeddedRedis(EmbeddedServer):
     replica_of: int | None = None
 
     def command(self) -> list[str]:
-        durable = ["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly else [
-            "--appendonly", "no"
-        ]  # fmt: skip
-        cluster = [] if self.cluster_port is None else [
-            "--cluster-enabled", "yes",
-            "--cluster-config-file", "nodes.conf",  # in --dir: one per node
-            "--cluster-port", str(self.cluster_port),
-            "--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS),
-        ]  # fmt: skip
+        durable = (
+            ["--appendonly", "yes", "--appendfsync", "always"]
+            if self.appendonly
+            else ["--appendonly", "no"]
+        )
+        cluster = (
+            []
+            if self.cluster_port is None
+            else [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",  # in --dir: one per node
+                "--cluster-port",
+                str(self.cluster_port),
+                "--cluster-node-timeout",
+                str(CLUSTER_NODE_TIMEOUT_MS),
+            ]
+        )
         replica = (
             [] if self.replica_of is None else ["--replicaof", "127.0.0.1", str(self.replica_of)]
         )
         return [
             find_redis_server(),
-            "--bind", "127.0.0.1",
-            "--port", str(self.port),
-            "--save", "",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--save",
+            "",
             *durable,
             *cluster,
             *replica,
-            "--dir", str(self.data_dir),
-        ]  # fmt: skip
+            "--dir",
+            str(self.data_dir),
+        ]
 
     @property
     def url(self) -> str:
@@ -296,12 +313,20 @@ class EmbeddedRedisCluster:
             for node in self.nodes:
                 node.start()
             created = subprocess.run(
-                [find_redis_cli(), "--cluster", "create",
-                 *(f"127.0.0.1:{node.port}" for node in self.nodes),
-                 "--cluster-replicas", str(self.replicas), "--cluster-yes"],
-                capture_output=True, stdin=subprocess.DEVNULL, timeout=CLUSTER_STARTUP_TIMEOUT_S,
+                [
+                    find_redis_cli(),
+                    "--cluster",
+                    "create",
+                    *(f"127.0.0.1:{node.port}" for node in self.nodes),
+                    "--cluster-replicas",
+                    str(self.replicas),
+                    "--cluster-yes",
+                ],
+                capture_output=True,
+                stdin=subprocess.DEVNULL,
+                timeout=CLUSTER_STARTUP_TIMEOUT_S,
                 check=False,
-            )  # fmt: skip
+            )
             if created.returncode != 0:
                 output = (created.stdout + created.stderr).decode(errors="replace").strip()
                 raise RuntimeError(f"valkey-cli --cluster create failed: {output[-2000:]}")
@@ -504,11 +529,17 @@ def postgres_system_user() -> tuple[int, int]:
         return entry.pw_uid, entry.pw_gid
     with contextlib.suppress(OSError):  # no useradd (e.g. Alpine): fall back to nobody
         subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-             POSTGRES_SYSTEM_USER],
+            [
+                "useradd",
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                POSTGRES_SYSTEM_USER,
+            ],
             capture_output=True,
             check=False,  # another process may have created it meanwhile: looked up below
-        )  # fmt: skip
+        )
     for name in (POSTGRES_SYSTEM_USER, "nobody"):
         with contextlib.suppress(KeyError):
             entry = pwd.getpwnam(name)
@@ -594,10 +625,15 @@ class EmbeddedPostgres(EmbeddedServer):
     def _initdb(self, run_as: dict[str, Any]) -> None:
         command = [
             find_postgres_bin("initdb"),
-            "-D", str(self.cluster_dir),
-            "--encoding=UTF8", "--locale=C", "--auth=trust", "-U", "postgres",
+            "-D",
+            str(self.cluster_dir),
+            "--encoding=UTF8",
+            "--locale=C",
+            "--auth=trust",
+            "-U",
+            "postgres",
             *(["--no-sync"] if self.fast else []),
-        ]  # fmt: skip
+        ]
         with open(self.log_path, "ab") as log:
             try:
                 done = subprocess.run(
@@ -623,12 +659,16 @@ class EmbeddedPostgres(EmbeddedServer):
         settings = ["max_connections=200", *fast]
         return [
             find_postgres_bin("postgres"),
-            "-D", str(self.cluster_dir),
-            "-p", str(self.port),
-            "-h", "127.0.0.1",
-            "-k", sockets,
+            "-D",
+            str(self.cluster_dir),
+            "-p",
+            str(self.port),
+            "-h",
+            "127.0.0.1",
+            "-k",
+            sockets,
             *[arg for setting in settings for arg in ("-c", setting)],
-        ]  # fmt: skip
+        ]
 
     def ready(self) -> bool:
         """Accepting connections: postmaster.pid names our process and says `ready` (the port

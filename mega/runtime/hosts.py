@@ -140,9 +140,13 @@ def scheduler_part(config: Config) -> Part:
     from mega.schedules.scheduler import Scheduler
 
     return Part(
-        "scheduler", Scheduler, config.schedules, ("run", "skip", "done", "fail"),
-        "running {count} schedule(s): {names}", metrics="observe_scheduler",
-    )  # fmt: skip
+        "scheduler",
+        Scheduler,
+        config.schedules,
+        ("run", "skip", "done", "fail"),
+        "running {count} schedule(s): {names}",
+        metrics="observe_scheduler",
+    )
 
 
 async def run_worker(config: Config, *, apply_limits: bool = False) -> None:
@@ -193,43 +197,57 @@ def worker_parts(config: Config, *, apply_limits: bool = False) -> list[Part]:
 
     parts = []
     if relays(config):
-        from mega.events.relay import OutboxRelay
+        from mega.transactional.relay import OutboxRelay
 
         def relay(ctx: Context, *, instance_id: str) -> OutboxRelay:
             options = config.outbox
             return OutboxRelay(
-                ctx, batch=options.batch, poll_s=options.poll_s,
-                retention_s=options.retention_s, paused=options.paused, jobs=config.jobs,
-            )  # fmt: skip
+                ctx,
+                batch=options.batch,
+                poll_s=options.poll_s,
+                retention_s=options.retention_s,
+                paused=options.paused,
+                jobs=config.jobs,
+            )
 
         # Its `error` is routine: the relay warns of an outage once (and again only when the
         # error changes), while it retries every second; the count comes every summary.
         parts.append(
             Part(
-                "relay", relay, [], ("error",), "relaying the outbox", routine=("error",),
+                "relay",
+                relay,
+                [],
+                ("error",),
+                "relaying the outbox",
+                routine=("error",),
                 metrics="observe_relay",
             )
-        )  # fmt: skip
+        )
     if config.listeners:
         from mega.events.worker import ListenerWorker
 
         parts.append(
             Part(
-                "listeners", functools.partial(ListenerWorker, apply_limits=apply_limits),
+                "listeners",
+                functools.partial(ListenerWorker, apply_limits=apply_limits),
                 config.listeners,
                 ("start", "done", "retry", "fail", "dlq", "skip"),
-                "listening with {count} group(s): {names}", routine=("start", "done", "skip"),
+                "listening with {count} group(s): {names}",
+                routine=("start", "done", "skip"),
                 metrics="observe_listeners",
             )
-        )  # fmt: skip
+        )
     parts.append(
         Part(
-            "worker", functools.partial(JobWorker, apply_limits=apply_limits), config.jobs,
+            "worker",
+            functools.partial(JobWorker, apply_limits=apply_limits),
+            config.jobs,
             ("start", "done", "retry", "fail", "dlq", "cancel"),
-            "consuming {count} job(s): {names}", routine=("start", "done"),
+            "consuming {count} job(s): {names}",
+            routine=("start", "done"),
             metrics="observe_jobs",
         )
-    )  # fmt: skip
+    )
     return parts
 
 
@@ -240,14 +258,20 @@ async def _run_host(
     wait for a stop signal, stop each part in order with a bounded drain, close connections."""
     enforce(config, logger.warning)  # a bad class is named before any server is reached
     with StopSignals() as signals, stopped_while_starting(signals, role):
-        await _host(config, signals, role=role, parts=parts, metrics_port=metrics_port,
-                    stopping=stopping)  # fmt: skip
+        await _host(
+            config, signals, role=role, parts=parts, metrics_port=metrics_port, stopping=stopping
+        )
 
 
 async def _host(
-    config: Config, signals: StopSignals, *, role: str, parts: list[Part], metrics_port: int,
+    config: Config,
+    signals: StopSignals,
+    *,
+    role: str,
+    parts: list[Part],
+    metrics_port: int,
     stopping: str,
-) -> None:  # fmt: skip
+) -> None:
     ctx = await boot_when_reachable(config, role)
     lost = asyncio.get_running_loop().create_future()
     watch_buses(ctx, functools.partial(_settle, lost))
@@ -315,8 +339,11 @@ async def boot_when_reachable(config: Config, role: str) -> Context:
             logger.warning(
                 "%s waits for its services: %s; trying again in %g s (a server started by "
                 "hand or by your supervisor is picked up then; locally, %s)",
-                role, reason, delay, HOW_TO_GET_SERVICES,
-            )  # fmt: skip
+                role,
+                reason,
+                delay,
+                HOW_TO_GET_SERVICES,
+            )
             await asyncio.sleep(delay)
             delay = min(delay * 2, BOOT_RETRY_MAX_S)
 
@@ -336,9 +363,10 @@ def watch_buses(ctx: Context, when_lost: Callable[[str], None]) -> None:
 def lost_for_good(role: str, why: str) -> DependencyUnavailable:
     logger.error("%s stopped: its connection to %s is closed for good", role, why)
     return DependencyUnavailable(
-        "bus", f"{why}: the connection was closed for good, so {role} stopped; started again "
+        "bus",
+        f"{why}: the connection was closed for good, so {role} stopped; started again "
         "(mega dev, compose's restart policy, systemd), it connects anew",
-    )  # fmt: skip
+    )
 
 
 def _settle(future: asyncio.Future[str], why: str) -> None:
@@ -437,7 +465,7 @@ async def web_app(
             for username, password in config.auth.users.items():
                 await asyncio.to_thread(ensure_user, ctx.db, username, password)
         if config.events or config.jobs:  # relays hear of each commit that adds outbox rows
-            from mega.events.relay import announce_commits
+            from mega.transactional.relay import announce_commits
 
             stop_announcing = announce_commits(ctx)
         await start_worker_pools(config, ctx)

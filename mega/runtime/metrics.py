@@ -51,9 +51,10 @@ POOL_DURATION = _seconds("mega_pool_task_duration_seconds", "Run time of one poo
 POOL_QUEUE = Gauge("mega_pool_queue_depth", "Tasks waiting for a free slot", ["worker"])
 POOL_BUSY = Gauge("mega_pool_busy", "Slots running a task", ["worker"])
 LISTENER_EVENTS = Counter(
-    "mega_listener_events_total", "Listener group signals (start, done, retry, fail, dlq, skip)",
+    "mega_listener_events_total",
+    "Listener group signals (start, done, retry, fail, dlq, skip)",
     ["group", "event"],
-)  # fmt: skip
+)
 OUTBOX_PUBLISHED = Counter("mega_outbox_published_total", "Outbox rows published by the relay")
 OUTBOX_LAG = Gauge(
     "mega_outbox_lag_seconds", "Age of the oldest row still pending after the relay's last batch"

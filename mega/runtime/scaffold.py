@@ -43,11 +43,20 @@ RESERVED = {
     **{
         name: "a package the project imports"
         for name in (
-            "alembic", "fastapi", "httpx", "jinja2", "nats", "pydantic", "pytest", "redis",
-            "sqlalchemy", "starlette", "uvicorn",
+            "alembic",
+            "fastapi",
+            "httpx",
+            "jinja2",
+            "nats",
+            "pydantic",
+            "pytest",
+            "redis",
+            "sqlalchemy",
+            "starlette",
+            "uvicorn",
         )
     },
-}  # fmt: skip
+}
 
 # What differs with the bus: its entry in mega_config.py, the environment it reads and what it
 # says of the database, the words the README uses, and the extras of mega-py the project needs.

@@ -50,8 +50,9 @@ def setup_tracing(host: str) -> bool:
     if not exporters:
         return False
     trace.set_tracer_provider(provider)
-    logger.info("traces: %s, service %s", ",".join(names), provider.resource.attributes.get(
-        "service.name"))  # fmt: skip
+    logger.info(
+        "traces: %s, service %s", ",".join(names), provider.resource.attributes.get("service.name")
+    )
     return True
 
 

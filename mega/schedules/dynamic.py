@@ -145,9 +145,13 @@ def entry_spec(spec: ScheduleSpec, entry: ScheduleEntry) -> ScheduleSpec:
     An entry without a zone takes the class's."""
     timezone = entry.timezone if entry.timezone is not None else spec.timezone
     return dataclasses.replace(
-        spec, cron=entry.cron, timezone=timezone, zone=cron.resolve_zone(timezone),
-        key=entry.key, args=entry.args,
-    )  # fmt: skip
+        spec,
+        cron=entry.cron,
+        timezone=timezone,
+        zone=cron.resolve_zone(timezone),
+        key=entry.key,
+        args=entry.args,
+    )
 
 
 def changes(
@@ -213,9 +217,15 @@ async def read_entries(native: RedisClient, plan: LockPlan) -> dict[str, Schedul
 
 
 async def write_entry(
-    native: RedisClient, plan: LockPlan, key: str, entry: ScheduleEntry | None, *, by: str,
-    instance: str, audit_size: int,
-) -> ScheduleEntry | None:  # fmt: skip
+    native: RedisClient,
+    plan: LockPlan,
+    key: str,
+    entry: ScheduleEntry | None,
+    *,
+    by: str,
+    instance: str,
+    audit_size: int,
+) -> ScheduleEntry | None:
     """Set the entry `key` (or delete it: `entry` None), a new change token and the audit record,
     in one transaction; the entry stored before, if any. Nothing is written when removing an
     absent key."""
@@ -259,9 +269,14 @@ def _change_record(
         source, word = ("add", "added") if before is None else ("change", "changed")
         what = f": {after.cron!r} in {after.timezone or 'the class zone'}"
     return TickRecord(
-        instant=now, source=source, instance=instance, lateness_ms=0.0, outcome=word,
-        reason=f"{word} by {by or '?'}{what}", key=key,
-    )  # fmt: skip
+        instant=now,
+        source=source,
+        instance=instance,
+        lateness_ms=0.0,
+        outcome=word,
+        reason=f"{word} by {by or '?'}{what}",
+        key=key,
+    )
 
 
 async def watch_entries(
@@ -296,7 +311,8 @@ async def watch_entries(
             if not failing:
                 logger.warning(
                     "entries on lock %r unreadable (%r): their loops keep ticking as they were",
-                    alias, exc,
-                )  # fmt: skip
+                    alias,
+                    exc,
+                )
                 failing = True
         await asyncio.sleep(ENTRIES_POLL_S)

@@ -57,7 +57,9 @@ end
 # restarted empty starts again above every fence drawn before.
 # INCR comes before the guard's SET: a script that fails half-way keeps its earlier writes, and a
 # fence key holding a non-number must not leave a guard behind that blocks the next ticks.
-ACQUIRE_FENCED_SCRIPT = CLAIM_LUA + """
+ACQUIRE_FENCED_SCRIPT = (
+    CLAIM_LUA
+    + """
 if #KEYS == 3 then
     local refused = refuse_claim(KEYS[3], ARGV[1], ARGV[4], ARGV[5], ARGV[6])
     if refused then
@@ -74,9 +76,13 @@ if fence < tonumber(ARGV[3]) then
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {'acquired', now, fence}
-"""  # fmt: skip
+"""
+)
 # One server's share of a quorum's claim: KEYS = claim; ARGV = token, ttl ms, instant ms,
 # tolerance ms. Replies {'acquired', now}, or `refuse_claim`'s refusal.
-CLAIM_SCRIPT = CLAIM_LUA + """
+CLAIM_SCRIPT = (
+    CLAIM_LUA
+    + """
 return refuse_claim(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) or {'acquired', now}
-"""  # fmt: skip
+"""
+)

@@ -223,9 +223,15 @@ class RedLock:
         raise LockBackendError(f"lock {self.alias!r}: unexpected script reply {reply!r}")
 
     async def _acquire_fenced_in_steps(
-        self, key: str, ttl_ms: int, fence_key: str, claim_key: str | None, claim_ttl_ms: int,
-        claim_at_ms: int, fence_floor: int,
-    ) -> FencedLease | Refusal | EarlyClaim:  # fmt: skip
+        self,
+        key: str,
+        ttl_ms: int,
+        fence_key: str,
+        claim_key: str | None,
+        claim_ttl_ms: int,
+        claim_at_ms: int,
+        fence_floor: int,
+    ) -> FencedLease | Refusal | EarlyClaim:
         if claim_key is not None:
             refused = await self._claim_on_quorum(claim_key, claim_ttl_ms, claim_at_ms)
             if refused is not None:

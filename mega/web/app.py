@@ -136,9 +136,11 @@ def create_web_app(
             if isinstance(route, APIRoute)
         )
     app.add_api_route(
-        "/api/{path:path}", _api_not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+        "/api/{path:path}",
+        _api_not_found,
+        methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
         include_in_schema=False,
-    )  # fmt: skip
+    )
     app.add_api_route("/openapi.json", _openapi, include_in_schema=False)
     app.add_api_route("/docs", _api_docs, include_in_schema=False)
     _trace_requests(app)
@@ -175,12 +177,15 @@ async def _api_docs(request: Request, user: auth.UserDep) -> Response:
     operations = []
     for path, methods in request.app.openapi().get("paths", {}).items():
         for method, operation in methods.items():
-            operations.append({
-                "method": method.upper(), "path": path,
-                "summary": operation.get("summary", ""),
-                "description": operation.get("description", ""),
-                "responses": sorted(operation.get("responses", {})),
-            })  # fmt: skip
+            operations.append(
+                {
+                    "method": method.upper(),
+                    "path": path,
+                    "summary": operation.get("summary", ""),
+                    "description": operation.get("description", ""),
+                    "responses": sorted(operation.get("responses", {})),
+                }
+            )
     return render(request, "api_docs.html", {"title": "API", "operations": operations})
 
 

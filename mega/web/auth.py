@@ -193,9 +193,10 @@ async def _token_user(request: Request, token: str) -> CurrentUser:
     if wait_s:
         logger.warning("API token refused unread from %s: too many wrong tokens lately", ip)
         raise HTTPException(
-            429, f"too many wrong API tokens from this address: try again in {math.ceil(wait_s)} s",
+            429,
+            f"too many wrong API tokens from this address: try again in {math.ceil(wait_s)} s",
             headers={"Retry-After": str(math.ceil(wait_s))},
-        )  # fmt: skip
+        )
     if grant.name is None:
         await db.run(
             lambda session: limits.record_failure(session, WRONG_TOKEN_KEY, ip, now, config)
@@ -206,8 +207,9 @@ async def _token_user(request: Request, token: str) -> CurrentUser:
         logger.warning("%s, used from %s", grant.refused, ip)
         raise HTTPException(401, f"{grant.refused}: make a new one with `mega token create`")
     role = tokens.role_of_scopes(grant.scopes)
-    return CurrentUser(None, f"token:{grant.name}", "", token=grant.name,
-                       role=role, scopes=grant.scopes)  # type: ignore[arg-type]  # fmt: skip
+    return CurrentUser(
+        None, f"token:{grant.name}", "", token=grant.name, role=role, scopes=grant.scopes
+    )
 
 
 def client_ip(request: Request) -> str:
@@ -250,9 +252,10 @@ def require_role(role: Role) -> Callable[[Request], Awaitable[CurrentUser]]:
             has = f"the {user.role} role" if user.role else "no console role"
             how = "its console:* scope" if user.token else "auth.roles in the config"
             raise HTTPException(
-                403, f"{user.username} may not do this: it takes the {role} role (which may "
+                403,
+                f"{user.username} may not do this: it takes the {role} role (which may "
                 f"{ROLE_MAY[role]}), and {user.username} has {has} (set by {how})",
-            )  # fmt: skip
+            )
         return user
 
     return check
@@ -268,9 +271,13 @@ AdminDep = Annotated[CurrentUser, Depends(require_role("admin"))]
 
 
 async def audited(
-    request: Request, user: CurrentUser, action: str, target: str, ids: Sequence[str] = (),
+    request: Request,
+    user: CurrentUser,
+    action: str,
+    target: str,
+    ids: Sequence[str] = (),
     detail: str = "",
-) -> None:  # fmt: skip
+) -> None:
     """Write the audit row of a console action by `user` (mega/web/audit.py)."""
     await audit.write(database(request), user.username, action, target, ids, detail)
 

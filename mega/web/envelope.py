@@ -294,10 +294,14 @@ def install_error_handlers(app: FastAPI) -> None:
             # A body JSON could not even read (invalid UTF-8, nested too deep): bad input like
             # any other, so a 422 with the field, not FastAPI's bare 400.
             return fail(
-                422, "validation_failed", "some fields are invalid",
-                fields={"body": "not valid JSON: it must be UTF-8 text, nested a few hundred "
-                        "levels at most"},
-            )  # fmt: skip
+                422,
+                "validation_failed",
+                "some fields are invalid",
+                fields={
+                    "body": "not valid JSON: it must be UTF-8 text, nested a few hundred "
+                    "levels at most"
+                },
+            )
         if exc.status_code == 401 and not wants_json(request):
             return RedirectResponse(login_url(request), status_code=303)
         if not wants_json(request) and exc.status_code == 404:

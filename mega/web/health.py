@@ -41,9 +41,11 @@ async def metrics(request: Request) -> Response:
         sent = request.headers.get("authorization", "")
         if not hmac.compare_digest(sent.encode(), f"Bearer {config.token}".encode()):
             return fail(
-                401, "unauthorized", "send the metrics token: Authorization: Bearer <token>",
+                401,
+                "unauthorized",
+                "send the metrics token: Authorization: Bearer <token>",
                 headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
-            )  # fmt: skip
+            )
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     # On a thread: collectors that read a bus (the queue depths) wait there for the loop.

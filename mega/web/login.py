@@ -98,15 +98,24 @@ async def login(
     config = auth.settings(request)
     secure = request.url.scheme == "https"
     response.set_cookie(
-        SESSION_COOKIE, cookie, max_age=config.session_max_age_s,
-        httponly=True, samesite="lax", secure=secure, path="/",
-    )  # fmt: skip
+        SESSION_COOKIE,
+        cookie,
+        max_age=config.session_max_age_s,
+        httponly=True,
+        samesite="lax",
+        secure=secure,
+        path="/",
+    )
     # Kept at logout: this browser has logged in, so the account's limit spares it.
     response.set_cookie(
-        DEVICE_COOKIE, auth.device_cookie(request, attempt.username),
+        DEVICE_COOKIE,
+        auth.device_cookie(request, attempt.username),
         max_age=config.device_cookie_max_age_s,
-        httponly=True, samesite="lax", secure=secure, path="/",
-    )  # fmt: skip
+        httponly=True,
+        samesite="lax",
+        secure=secure,
+        path="/",
+    )
     return response
 
 
@@ -129,7 +138,10 @@ def _render(
     status: int = 200,
 ) -> Response:
     context = {
-        "next": next, "username": username, "error": error, "errors": errors or {},
+        "next": next,
+        "username": username,
+        "error": error,
+        "errors": errors or {},
         "title": "Log in",
-    }  # fmt: skip
+    }
     return render(request, "login.html", context, status_code=status)

@@ -39,6 +39,7 @@ from typing import Literal, get_args
 from sqlalchemy import DateTime, String, delete, select, update
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
+from mega.config import Role
 from mega.database import Base
 from mega.web.models import as_utc
 
@@ -53,7 +54,11 @@ Scope = Literal["jobs:enqueue", "console:read", "console:operate", "console:admi
 SCOPES: tuple[Scope, ...] = get_args(Scope)
 DEFAULT_SCOPES: tuple[Scope, ...] = ("jobs:enqueue", "console:read")
 # The console role a token's scopes give (the highest wins); none of them: no console at all.
-SCOPE_ROLES = {"console:admin": "admin", "console:operate": "operator", "console:read": "viewer"}
+SCOPE_ROLES: dict[str, Role] = {
+    "console:admin": "admin",
+    "console:operate": "operator",
+    "console:read": "viewer",
+}
 # `--expires`: a number and its unit.
 EXPIRES_RE = re.compile(r"(\d{1,5})([mhdw])")
 UNIT_S = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -106,9 +111,12 @@ def parse_expires(text: str) -> timedelta | None:
 
 
 def create_token(
-    db: Session, name: str, *, scopes: tuple[Scope, ...] = DEFAULT_SCOPES,
+    db: Session,
+    name: str,
+    *,
+    scopes: tuple[Scope, ...] = DEFAULT_SCOPES,
     expires_in: timedelta | None = None,
-) -> str:  # fmt: skip
+) -> str:
     """Store a new token under `name` with its scopes, ending `expires_in` from now (None:
     never); returns the token (shown once, never stored)."""
     if not NAME_RE.fullmatch(name):
@@ -119,10 +127,13 @@ def create_token(
     now = datetime.now(UTC)
     db.add(
         ApiToken(
-            name=name, token_hash=hash_token(token), created_at=now, scopes=",".join(scopes),
+            name=name,
+            token_hash=hash_token(token),
+            created_at=now,
+            scopes=",".join(scopes),
             expires_at=now + expires_in if expires_in is not None else None,
         )
-    )  # fmt: skip
+    )
     return token
 
 
@@ -155,10 +166,13 @@ class TokenInfo:
 def list_tokens(db: Session) -> list[TokenInfo]:
     rows = db.execute(
         select(
-            ApiToken.name, ApiToken.created_at, ApiToken.last_used_at, ApiToken.scopes,
+            ApiToken.name,
+            ApiToken.created_at,
+            ApiToken.last_used_at,
+            ApiToken.scopes,
             ApiToken.expires_at,
         ).order_by(ApiToken.name)
-    )  # fmt: skip
+    )
     return [TokenInfo(*row) for row in rows]
 
 
@@ -200,7 +214,7 @@ def token_name(db: Session, token: str) -> str | None:
     return grant.name if grant.refused is None else None
 
 
-def role_of_scopes(scopes: tuple[str, ...]) -> str | None:
+def role_of_scopes(scopes: tuple[str, ...]) -> Role | None:
     """The console role a token's scopes give (the highest), or None for none."""
     for scope, role in SCOPE_ROLES.items():
         if scope in scopes:

@@ -229,9 +229,13 @@ class WorkerPool:
             self._queue.append(task)
         if tracing.tracer() is None:
             return await self._result(task, future)
-        with tracing.internal(f"pool {self.name}.{task_name}", **{
-            "mega.pool": self.name, "mega.task": task_name,
-        }):  # fmt: skip
+        with tracing.internal(
+            f"pool {self.name}.{task_name}",
+            **{
+                "mega.pool": self.name,
+                "mega.task": task_name,
+            },
+        ):
             return await self._result(task, future)
 
     async def _result(self, task: _Task, future: asyncio.Future[Any]) -> Any:

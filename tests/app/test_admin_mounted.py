@@ -16,12 +16,16 @@ async def test_the_sample_mounts_the_admin_and_the_console_links_it(config: Conf
         console = (await client.get("/demo")).text
         assert '<a href="/admin/" id="admin-link">admin</a>' in console
         # The admin's macros, in the console's classes: the same header as the admin's table.
-        head = re.search(r'<table class="table" id="sched-ticks" hidden>\s*<thead><tr>(.*?)</tr>',
-                         console, re.S)  # fmt: skip
+        head = re.search(
+            r'<table class="table" id="sched-ticks" hidden>\s*<thead><tr>(.*?)</tr>', console, re.S
+        )
         assert head is not None
         assert re.findall(r"<th scope=\"col\">([^<]+)</th>", head.group(1)) == [
-            "tick (UTC)", "source", "winner", "skipped"
-        ]  # fmt: skip
+            "tick (UTC)",
+            "source",
+            "winner",
+            "skipped",
+        ]
 
         admin = await client.get("/admin/")
         assert admin.status_code == 200

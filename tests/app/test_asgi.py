@@ -29,9 +29,11 @@ async def test_uvicorn_serves_the_sample_and_stops_on_sigterm(
     with log_path.open("wb") as log:
         server = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "app.asgi:app", "--port", str(port)],
-            cwd=ROOT, env={**os.environ, "MEGA_CONFIG": str(config)},
-            stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            cwd=ROOT,
+            env={**os.environ, "MEGA_CONFIG": str(config)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for_status(
@@ -66,8 +68,11 @@ def test_a_config_that_fails_stops_the_server_with_its_message(tmp_path: Path) -
     missing = tmp_path / "nowhere.py"
     server = subprocess.run(
         [sys.executable, "-m", "uvicorn", "app.asgi:app", "--port", str(free_port())],
-        cwd=ROOT, env={**os.environ, "MEGA_CONFIG": str(missing)},
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=ROOT,
+        env={**os.environ, "MEGA_CONFIG": str(missing)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert server.returncode != 0
     assert f"config file not found: {missing}" in server.stderr

@@ -12,7 +12,6 @@ from typing import Any
 import httpx
 import pytest
 
-from app.routes.api_console import scheduler_instances
 from app.schedules.cron_counter import CronCounterSchedule
 from app.services import console_series
 from app.services.console_series import STEP_S, STEPS, WINDOW_S, build_series, percentile
@@ -20,6 +19,7 @@ from app.services.instances import short_instance
 from mega import Scheduler
 from mega.config import Config
 from mega.runtime.boot import boot, shutdown
+from mega.web import scheduler_instances
 from tests.factories import authed, csrf_from, job_worker, login, web_client
 
 SERIES = ("jobs_per_s", "start_p50_ms", "start_p99_ms", "dlq", "tick_lateness_ms")
@@ -196,7 +196,7 @@ async def test_the_worker_samples_the_dlq_size_when_a_job_lands_there(config: Co
             assert asyncio.get_running_loop().time() < deadline, "the job never reached the DLQ"
             await asyncio.sleep(0.1)
         # Nobody has read the console: the worker's own sample is there.
-        redis = client.app.state.ctx.cache("main").native  # type: ignore[attr-defined]
+        redis = client.app.state.ctx.cache("main").native
         keys = [key async for key in redis.scan_iter(f"{console_series.KEY_PREFIX}:dlq:*")]
         assert [await redis.get(key) for key in keys] == ["1"]
 

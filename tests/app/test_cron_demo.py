@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -30,11 +30,9 @@ GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "schedules.md"
 
 
 @pytest.fixture
-async def fresh_redis(redis_url: str):
+async def fresh_redis(redis_url: str) -> AsyncIterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    await client.delete(
-        COUNT_KEY, HISTORY_KEY, FENCE_KEY, *(f"{PREFIX}:{key}" for key in KEYS)
-    )  # fmt: skip
+    await client.delete(COUNT_KEY, HISTORY_KEY, FENCE_KEY, *(f"{PREFIX}:{key}" for key in KEYS))
     yield client
     await client.aclose()
 
@@ -56,7 +54,7 @@ async def test_anonymous_is_refused(tmp_path: Path, nats_url: str, redis_url: st
 
 
 async def test_state_and_manual_run(
-    tmp_path: Path, nats_url: str, redis_url: str, fresh_redis
+    tmp_path: Path, nats_url: str, redis_url: str, fresh_redis: redis.Redis
 ) -> None:
     async with web_client(sample_config_for(tmp_path, nats_url, redis_url)) as client:
         await login(client)
@@ -66,7 +64,8 @@ async def test_state_and_manual_run(
         assert len(state["next_runs"]) == 5
         for at, utc in zip(state["next_runs"], state["next_runs_utc"], strict=True):
             instant = datetime.fromisoformat(at)
-            assert instant.utcoffset().total_seconds() == 9 * 3600  # Seoul, +09:00
+            offset = instant.utcoffset()
+            assert offset is not None and offset.total_seconds() == 9 * 3600  # Seoul, +09:00
             assert instant.second in (0, 30)
             # The same instant in the page's one zone, UTC.
             assert datetime.fromisoformat(utc) == instant and utc.endswith("+00:00")
@@ -95,7 +94,7 @@ async def test_state_and_manual_run(
 
 
 async def test_manual_run_skips_while_a_run_holds_the_guard(
-    tmp_path: Path, nats_url: str, redis_url: str, fresh_redis
+    tmp_path: Path, nats_url: str, redis_url: str, fresh_redis: redis.Redis
 ) -> None:
     async with web_client(sample_config_for(tmp_path, nats_url, redis_url)) as client:
         await login(client)
@@ -107,7 +106,7 @@ async def test_manual_run_skips_while_a_run_holds_the_guard(
         assert (await read_state(fresh_redis))["count"] == 0
 
 
-async def test_a_stale_fence_cannot_overwrite_a_newer_run(fresh_redis) -> None:
+async def test_a_stale_fence_cannot_overwrite_a_newer_run(fresh_redis: redis.Redis) -> None:
     now = datetime.now().astimezone()
     assert await record_run(fresh_redis, at=now, source="schedule", fence=7)
     assert not await record_run(fresh_redis, at=now, source="schedule", fence=6)
@@ -138,11 +137,11 @@ async def until_true(check: Callable[[], Any], timeout_s: float) -> Any:
 
 
 async def test_a_held_manual_tick_makes_the_next_ticks_skip_on_the_overlap_guard(
-    tmp_path: Path, nats_url: str, redis_url: str, fresh_redis
+    tmp_path: Path, nats_url: str, redis_url: str, fresh_redis: redis.Redis
 ) -> None:
     async with web_client(sample_config_for(tmp_path, nats_url, redis_url)) as client:
         await login(client)
-        ctx = client.app.state.ctx  # type: ignore[attr-defined]
+        ctx = client.app.state.ctx
         # Two schedulers, as under `mega dev`: each tick has a winner and a loser.
         hosts = [
             Scheduler(ctx, instance_id=f"scheduler@test:{pid}:ab12").register(EverySecondCounter)
@@ -153,7 +152,8 @@ async def test_a_held_manual_tick_makes_the_next_ticks_skip_on_the_overlap_guard
         try:
 
             async def state() -> dict[str, Any]:
-                return (await client.get("/api/demo/cron")).json()["data"]  # type: ignore[no-any-return]
+                data: dict[str, Any] = (await client.get("/api/demo/cron")).json()["data"]
+                return data
 
             async def contested() -> dict[str, Any] | None:
                 ticks = (await state())["ticks"]
@@ -271,7 +271,7 @@ HOLD = "must be a whole number of milliseconds from 0 to 60000"
     ],
 )
 async def test_a_bad_hold_is_a_422_with_a_plain_field_error_and_runs_nothing(
-    tmp_path: Path, nats_url: str, redis_url: str, fresh_redis, hold: Any, message: str
+    tmp_path: Path, nats_url: str, redis_url: str, fresh_redis: redis.Redis, hold: Any, message: str
 ) -> None:
     async with web_client(sample_config_for(tmp_path, nats_url, redis_url)) as client:
         await login(client)
@@ -285,7 +285,7 @@ async def test_a_bad_hold_is_a_422_with_a_plain_field_error_and_runs_nothing(
 
 
 async def test_the_form_holds_and_words_bad_input(
-    tmp_path: Path, nats_url: str, redis_url: str, fresh_redis
+    tmp_path: Path, nats_url: str, redis_url: str, fresh_redis: redis.Redis
 ) -> None:
     async with web_client(sample_config_for(tmp_path, nats_url, redis_url)) as client:
         await login(client)
@@ -331,14 +331,14 @@ def instant_s(tick: dict[str, Any]) -> float:
 
 
 async def test_pause_makes_every_scheduler_skip_its_ticks_until_resume(
-    tmp_path: Path, nats_url: str, redis_url: str, fresh_redis
+    tmp_path: Path, nats_url: str, redis_url: str, fresh_redis: redis.Redis
 ) -> None:
     """Two schedulers tick every second; a pause from the page makes both skip each tick with
     the reason "paused" (no winner, the count stands still), a manual tick still runs, and a
     resume gives the next tick a winner again. The changes are rows of the audit."""
     async with web_client(sample_config_for(tmp_path, nats_url, redis_url)) as client:
         await login(client)
-        ctx = client.app.state.ctx  # type: ignore[attr-defined]
+        ctx = client.app.state.ctx
         hosts = [
             Scheduler(ctx, instance_id=f"scheduler@test:{pid}:cd34").register(EverySecondCounter)
             for pid in (201, 202)
@@ -348,12 +348,16 @@ async def test_pause_makes_every_scheduler_skip_its_ticks_until_resume(
         try:
 
             async def state() -> dict[str, Any]:
-                return (await client.get("/api/demo/cron")).json()["data"]  # type: ignore[no-any-return]
+                data: dict[str, Any] = (await client.get("/api/demo/cron")).json()["data"]
+                return data
 
             headers = {"X-CSRF-Token": csrf_from((await client.get("/demo/cron")).text)}
             assert (await state())["pause"] == {
-                "paused": False, "at_ms": None, "by": None, "text": "Ticking.",
-            }  # fmt: skip
+                "paused": False,
+                "at_ms": None,
+                "by": None,
+                "text": "Ticking.",
+            }
             paused = (await client.post("/api/demo/cron/pause", headers=headers)).json()["data"]
             assert (paused["paused"], paused["by"]) == (True, DEMO_USER)
             assert abs(paused["at_ms"] - time.time() * 1000) < 2000
@@ -363,9 +367,10 @@ async def test_pause_makes_every_scheduler_skip_its_ticks_until_resume(
 
             async def skipped_ticks(count: int) -> list[dict[str, Any]] | None:
                 ticks = [
-                    t for t in (await state())["ticks"]
+                    t
+                    for t in (await state())["ticks"]
                     if t["source"] == "schedule" and instant_s(t) > since_s
-                ]  # fmt: skip
+                ]
                 return ticks if len(ticks) >= count else None
 
             await until_true(lambda: skipped_ticks(1), timeout_s=5)
@@ -373,8 +378,9 @@ async def test_pause_makes_every_scheduler_skip_its_ticks_until_resume(
             for tick in await until_true(lambda: skipped_ticks(3), timeout_s=5):
                 assert (tick["winner"], tick["fence"]) == (None, None)
                 assert sorted(s["instance"] for s in tick["skipped"]) == [
-                    "scheduler@test:201:cd34", "scheduler@test:202:cd34",
-                ]  # fmt: skip
+                    "scheduler@test:201:cd34",
+                    "scheduler@test:202:cd34",
+                ]
                 assert [s["reason"] for s in tick["skipped"]] == ["paused", "paused"]
             assert (await read_state(fresh_redis))["count"] == count  # nothing ran
             ran = await client.post("/api/demo/cron/run", json={}, headers=headers)
@@ -389,24 +395,29 @@ async def test_pause_makes_every_scheduler_skip_its_ticks_until_resume(
             async def ticking() -> dict[str, Any] | None:
                 return next(
                     (
-                        t for t in (await state())["ticks"]
+                        t
+                        for t in (await state())["ticks"]
                         # Both instances' words on it: the loser's skip may be written after
                         # the winner's run on a busy machine.
-                        if t["source"] == "schedule" and instant_s(t) > after_s and t["winner"]
+                        if t["source"] == "schedule"
+                        and instant_s(t) > after_s
+                        and t["winner"]
                         and t["skipped"]
                     ),
                     None,
-                )  # fmt: skip
+                )
 
             tick = await until_true(ticking, timeout_s=5)
             assert [s["reason"] for s in tick["skipped"]] == ["claimed by another instance"]
             changes = [
                 (t["source"], [s["reason"] for s in t["skipped"]])
-                for t in (await state())["ticks"] if t["source"] in ("pause", "resume")
-            ]  # fmt: skip
+                for t in (await state())["ticks"]
+                if t["source"] in ("pause", "resume")
+            ]
             assert changes == [
-                ("resume", [f"resumed by {DEMO_USER}"]), ("pause", [f"paused by {DEMO_USER}"]),
-            ]  # fmt: skip
+                ("resume", [f"resumed by {DEMO_USER}"]),
+                ("pause", [f"paused by {DEMO_USER}"]),
+            ]
             page = (await client.get("/demo/cron")).text
             assert '<span class="badge badge-warn">pause</span>' in page
             assert '<span class="badge badge-ok">resume</span>' in page
@@ -416,7 +427,7 @@ async def test_pause_makes_every_scheduler_skip_its_ticks_until_resume(
 
 
 async def test_the_pause_form_works_without_javascript(
-    tmp_path: Path, nats_url: str, redis_url: str, fresh_redis
+    tmp_path: Path, nats_url: str, redis_url: str, fresh_redis: redis.Redis
 ) -> None:
     async with web_client(sample_config_for(tmp_path, nats_url, redis_url)) as client:
         await login(client)
@@ -441,7 +452,7 @@ async def test_a_viewer_is_refused_the_pause_and_the_run_and_an_admins_are_audit
     tmp_path: Path, nats_url: str, redis_url: str
 ) -> None:
     async with web_client(sample_config_for(tmp_path, nats_url, redis_url)) as client:
-        db = client.app.state.ctx.db  # type: ignore[attr-defined]
+        db = client.app.state.ctx.db
         ensure_user(db, "vera", "vera-password-1")  # not in auth.roles: a viewer
         await login(client, "vera", "vera-password-1")
         headers = {"X-CSRF-Token": csrf_from((await client.get("/demo/cron")).text)}

@@ -32,8 +32,12 @@ def test_dev_comes_up_serves_and_leaves_nothing_behind(tmp_path: Path) -> None:
     env["NO_COLOR"] = "1"
     dev = subprocess.Popen(
         [*MEGA, "dev", "--port", str(port), "--config", str(tmp_path / "mega_config.py")],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     output: list[str] = []
     try:
         assert dev.stdout is not None

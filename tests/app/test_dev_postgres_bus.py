@@ -45,10 +45,22 @@ def test_make_run_bus_postgres_runs_jobs_to_their_ends(tmp_path: Path) -> None:
     env.update(NO_COLOR="1", MEGA_BUS="postgres")
     log = (tmp_path / "dev.log").open("w")
     dev = subprocess.Popen(
-        [sys.executable, "-m", "mega", "dev", "--port", str(port),
-         "--config", str(tmp_path / "mega_config.py")],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mega",
+            "dev",
+            "--port",
+            str(port),
+            "--config",
+            str(tmp_path / "mega_config.py"),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 90
         while "log in as" not in (tmp_path / "dev.log").read_text():

@@ -42,9 +42,12 @@ def schedules(config: Path, prefix: str, *args: str) -> str:
     """`mega schedules ...` as an operator runs it; its one line of output."""
     done = subprocess.run(
         [sys.executable, "-m", "mega", "schedules", *args, "--config", str(config)],
-        cwd=ROOT, env={**os.environ, "CLUSTER_PREFIX": prefix},
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        cwd=ROOT,
+        env={**os.environ, "CLUSTER_PREFIX": prefix},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 0 and "Traceback" not in done.stderr, done
     return done.stdout
 
@@ -63,17 +66,37 @@ def test_a_dynamic_entry_runs_once_per_tick_follows_its_change_and_stops_at_its_
         until(lambda: len(runs_by_instant(client, prefix)) >= 2, "the class's own ticks")
 
         added = schedules(
-            config, prefix, "add", "EverySecond", "--key", "acme", "--cron", "* * * * * *",
-            "--args", '{"tenant": "acme"}', "--by", "ops",
-        )  # fmt: skip
+            config,
+            prefix,
+            "add",
+            "EverySecond",
+            "--key",
+            "acme",
+            "--cron",
+            "* * * * * *",
+            "--args",
+            '{"tenant": "acme"}',
+            "--by",
+            "ops",
+        )
         assert added.startswith("EverySecond acme: added by ops, '* * * * * *' in UTC, next ")
         until(lambda: len(entry_runs(client, prefix, "acme")) >= 6, "six ticks of acme")
 
         asked_at = time.time()  # the change is written some time after this, before changed_at
         changed = schedules(
-            config, prefix, "add", "EverySecond", "--key", "acme", "--cron", "*/2 * * * * *",
-            "--args", '{"tenant": "acme", "every": 2}', "--by", "ops",
-        )  # fmt: skip
+            config,
+            prefix,
+            "add",
+            "EverySecond",
+            "--key",
+            "acme",
+            "--cron",
+            "*/2 * * * * *",
+            "--args",
+            '{"tenant": "acme", "every": 2}',
+            "--by",
+            "ops",
+        )
         changed_at = time.time()
         assert changed.startswith("EverySecond acme: changed by ops, '*/2 * * * * *' in UTC")
         until(

@@ -90,8 +90,10 @@ async def test_a_committed_signup_reaches_every_group_once_a_rolled_back_one_non
         assert [e["email"] for e in data["events"]] == ["ada@example.com"]  # bob: never
         # The signup's own job ran once, for ada's signup only (bob's rolled back with it).
         assert job_of(data, event_id) == {
-            "id": "a" + event_id[:11], "name": "ActivateAccountJob", "state": "done"
-        }  # fmt: skip
+            "id": "a" + event_id[:11],
+            "name": "ActivateAccountJob",
+            "state": "done",
+        }
         # One zone on the page, UTC, and said so.
         assert data["timezone"] == "UTC"
         at = datetime.fromisoformat(data["events"][0]["at"])
@@ -100,7 +102,7 @@ async def test_a_committed_signup_reaches_every_group_once_a_rolled_back_one_non
         assert data["outbox"] == {"pending": 0, "published": 2, "lag_ms": 0.0, "paused": False}
         counts = {g["group"]: (g["done"], g["failed"], g["dlq"]) for g in data["listeners"]}
         assert counts == dict.fromkeys(GROUPS, (1, 0, 0))
-        redis = client.app.state.ctx.cache("main").native  # type: ignore[attr-defined]
+        redis = client.app.state.ctx.cache("main").native
         assert await redis.hgetall(STATS_KEY) == {"example.com": "1"}
         assert list(await redis.hgetall(ACTIVATED_KEY)) == ["1"]  # signup 1 activated, alone
         assert data["credits"] == {"rows": 1}  # WelcomeCreditListener's row, in the database
@@ -120,9 +122,12 @@ async def test_the_crm_group_dead_letters_and_requeue_brings_it_back(config: Con
         event_id = (await sign_up(client, headers, "fail.fast@example.com"))["event_id"]
         data = await until(client, lambda d: statuses(d, event_id)["CrmSyncListener"] == "dlq")
         assert statuses(data, event_id) == {
-            "WelcomeEmailListener": "done", "SignupStatsListener": "done",
-            "WelcomeCreditListener": "done", "CrmSyncListener": "dlq", "event": "published",
-        }  # fmt: skip
+            "WelcomeEmailListener": "done",
+            "SignupStatsListener": "done",
+            "WelcomeCreditListener": "done",
+            "CrmSyncListener": "dlq",
+            "event": "published",
+        }
         [dead] = data["dlq"]
         assert (dead["group"], dead["id"], dead["attempts"]) == ("CrmSyncListener", event_id, 3)
         assert dead["error"] == "CrmRejected: the CRM rejected fail.fast@example.com"
@@ -134,8 +139,9 @@ async def test_the_crm_group_dead_letters_and_requeue_brings_it_back(config: Con
 
         response = await client.post(
             "/api/demo/events/dlq/requeue",
-            json={"group": "CrmSyncListener", "id": event_id}, headers=headers,
-        )  # fmt: skip
+            json={"group": "CrmSyncListener", "id": event_id},
+            headers=headers,
+        )
         assert response.json()["data"] == {"requeued": 1}
         # It fails again (the address has not changed) and comes back to the DLQ: 3 more tries.
         data = await until(
@@ -149,12 +155,15 @@ async def test_the_crm_group_dead_letters_and_requeue_brings_it_back(config: Con
             g["group"]: g["done"] for g in data["listeners"] if g["group"] != "CrmSyncListener"
         }
         assert others == {  # untouched
-            "WelcomeEmailListener": 1, "SignupStatsListener": 1, "WelcomeCreditListener": 1
-        }  # fmt: skip
+            "WelcomeEmailListener": 1,
+            "SignupStatsListener": 1,
+            "WelcomeCreditListener": 1,
+        }
         missing = await client.post(
             "/api/demo/events/dlq/requeue",
-            json={"group": "CrmSyncListener", "id": "nope"}, headers=headers,
-        )  # fmt: skip
+            json={"group": "CrmSyncListener", "id": "nope"},
+            headers=headers,
+        )
         assert missing.status_code == 404
 
 
@@ -260,6 +269,10 @@ async def test_the_page_teaches_its_failure_modes(config: Config) -> None:
         await login(client)
         page = (await client.get("/demo/events")).text
         assert "Try it" in page and 'href="/demo/guide/events"' in page
-        for path in ("app/events/listeners.py", "mega/events/relay.py", "mega/events/outbox.py"):
+        for path in (
+            "app/events/listeners.py",
+            "mega/transactional/relay.py",
+            "mega/transactional/store.py",
+        ):
             assert f'href="/demo/source?path={path}"' in page
         assert "Times on this page are in <b>UTC</b>" in page

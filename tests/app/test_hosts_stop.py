@@ -35,8 +35,10 @@ def test_a_host_stopped_while_nats_does_not_answer_exits_0_quietly(
     with log.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "mega", command, "--config", str(path)],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 60
         while STARTED[command] not in log.read_text():

@@ -21,11 +21,20 @@ from app.services.instances import short_instance
 from app.services.job_card import clock
 from mega import JobQueue
 from mega.config import Config
+from mega.drivers.memory import MemoryBus
 from mega.drivers.nats.names import stream_name
-from mega.jobs.dlq import make_record
 from mega.jobs.queue import job_lane
+from mega.lanes.dlq import make_record
 from mega.testing import memory_context
-from tests.factories import authed, csrf_from, job_worker, login, sample_config_for, web_client
+from tests.factories import (
+    WebClient,
+    authed,
+    csrf_from,
+    job_worker,
+    login,
+    sample_config_for,
+    web_client,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DELAY = "must be a whole number of milliseconds from 0 to 60000"
@@ -39,7 +48,7 @@ async def wait_for_job(
     """The page's jobs (GET /api/demo/jobs) once job `job_id`'s card says `state`."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
-        data = (await client.get("/api/demo/jobs")).json()["data"]
+        data: dict[str, Any] = (await client.get("/api/demo/jobs")).json()["data"]
         job = next((j for j in data["jobs"] if j["id"] == job_id), None)
         if job is not None and job["state"] == state:
             return data
@@ -56,14 +65,16 @@ async def wait_for_state(
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         answer = await client.get(f"/api/demo/jobs/{job_id}")
-        job = answer.json().get("data") if answer.status_code == 200 else None
+        job: dict[str, Any] | None = (
+            answer.json().get("data") if answer.status_code == 200 else None
+        )
         if job is not None and job["state"] == state:
             return job
         assert asyncio.get_running_loop().time() < deadline, f"{job_id} never {state}: {job}"
         await asyncio.sleep(0.05)
 
 
-async def stream_messages(client: httpx.AsyncClient) -> int:
+async def stream_messages(client: WebClient) -> int:
     js = client.app.state.ctx.bus("jobs").js
     return int((await js.stream_info(stream_name(EmailJob.subject))).state.messages)
 
@@ -121,8 +132,12 @@ async def test_ok_flaky_and_fail_end_to_end(config: Config) -> None:
         failed = next(j for j in data["jobs"] if j["id"] == fail_id)
         assert failed["attempts"] == 3
         assert [line["kind"] for line in failed["lines"]] == [
-            "enqueued", "retry", "retry", "fail", "dlq",
-        ]  # fmt: skip
+            "enqueued",
+            "retry",
+            "retry",
+            "fail",
+            "dlq",
+        ]
         assert failed["lines"][-1]["detail"] == "moved to the dead-letter queue after 3 attempts"
         assert failed["lines"][3]["detail"].endswith("rejected the message; no tries left")
         assert (failed["result"], failed["cancellable"]) == (None, False)
@@ -173,9 +188,10 @@ async def test_a_delayed_job_says_when_it_is_due_and_starts_no_earlier(config: C
     async with web_client(config) as client, job_worker(config):
         headers = await authed(client, "/demo/jobs")
         sent = await client.post(
-            "/api/demo/jobs", json={"to": "ada@example.com", "mode": "flaky", "delay_ms": 1500},
+            "/api/demo/jobs",
+            json={"to": "ada@example.com", "mode": "flaky", "delay_ms": 1500},
             headers=headers,
-        )  # fmt: skip
+        )
         job_id = sent.json()["data"]["id"]
         jobs = (await client.get("/api/demo/jobs")).json()["data"]["jobs"]
         [held] = [j for j in jobs if j["id"] == job_id]
@@ -256,9 +272,10 @@ async def test_slow_outlives_its_ack_wait_on_one_attempt_and_reports_each_step(
         slow = await enqueue(client, headers, "slow")
         await wait_for_job(client, slow, "running")
         sent = await client.post(
-            "/api/demo/jobs", json={"to": "ada@example.com", "mode": "ok", "delay_ms": 1000},
+            "/api/demo/jobs",
+            json={"to": "ada@example.com", "mode": "ok", "delay_ms": 1000},
             headers=headers,
-        )  # fmt: skip
+        )
         later = sent.json()["data"]["id"]
         await wait_for_job(client, later, "done")
         record = (await client.get(f"/api/demo/jobs/{later}")).json()["data"]
@@ -315,14 +332,23 @@ async def test_requeue_from_the_dlq_resets_attempts(config: Config) -> None:
         # Its first three runs are kept above the requeue (a Retry from the console or `mega dlq
         # requeue` keeps them alike: the record does), then its three runs since.
         assert [line["kind"] for line in job["lines"]] == [
-            "retry", "retry", "dlq", "enqueued", "retry", "retry", "fail", "dlq",
-        ]  # fmt: skip
+            "retry",
+            "retry",
+            "dlq",
+            "enqueued",
+            "retry",
+            "retry",
+            "fail",
+            "dlq",
+        ]
         assert job["lines"][2]["detail"].endswith("; to the DLQ")
         assert job["lines"][3]["detail"] == "requeued from the DLQ: attempts count from 1 again"
         assert record["requeues"] == 1
         assert [(a["attempt"], a["state"]) for a in record["before_requeue"]] == [
-            (1, "retrying"), (2, "retrying"), (3, "dlq"),
-        ]  # fmt: skip
+            (1, "retrying"),
+            (2, "retrying"),
+            (3, "dlq"),
+        ]
         assert data["dlq"]["count"] == 1
 
 
@@ -352,7 +378,7 @@ async def test_requeue_from_the_dlq_resets_attempts(config: Config) -> None:
     ],
 )
 async def test_bad_input_is_422_and_enqueues_nothing(
-    config: Config, body: dict, field: str, message: str | None
+    config: Config, body: dict[str, Any], field: str, message: str | None
 ) -> None:
     async with web_client(config) as client:
         headers = await authed(client, "/demo/jobs")
@@ -459,8 +485,10 @@ async def test_dlq_cli_lists_requeues_and_purges(config: Config) -> None:
     def mega_dlq(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "mega", "dlq", *args, "--config", str(config.path)],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     async with web_client(config) as client:
         headers = await authed(client, "/demo/jobs")
@@ -576,17 +604,20 @@ async def test_the_list_shows_results_and_cancel_and_the_form_cancels_without_ja
         headers = await authed(client, "/demo/jobs")
         ok_id = await enqueue(client, headers, "ok")
         sent = await client.post(
-            "/api/demo/jobs", json={"to": "bob@example.com", "mode": "ok", "delay_ms": 60000},
+            "/api/demo/jobs",
+            json={"to": "bob@example.com", "mode": "ok", "delay_ms": 60000},
             headers=headers,
-        )  # fmt: skip
+        )
         held = sent.json()["data"]["id"]
         await wait_for_job(client, ok_id, "done")
         jobs = {j["id"]: j for j in (await client.get("/api/demo/jobs")).json()["data"]["jobs"]}
         assert (jobs[ok_id]["state"], jobs[ok_id]["cancellable"]) == ("done", False)
         assert jobs[ok_id]["result"] == {"sent_to": "ada@example.com", "attempt": 1}
         assert (jobs[held]["state"], jobs[held]["cancellable"], jobs[held]["result"]) == (
-            "delayed", True, None,
-        )  # fmt: skip
+            "delayed",
+            True,
+            None,
+        )
 
         page = (await client.get("/demo/jobs")).text
         forms = re.findall(r'<form method="post" action="/demo/jobs/(\w+)/cancel"', page)
@@ -633,6 +664,7 @@ async def test_requeue_all_leaves_the_jobs_that_killed_their_worker_unless_asked
     `mega dlq requeue` asks for --all."""
     ctx = memory_context(caches=["main"])
     queue = JobQueue(ctx, "jobs")
+    assert isinstance(queue.bus, MemoryBus)
     spec = await queue.ensure(EmailJob)
     for n, error in enumerate(["WorkerCrashed", "SimulatedSendError", "WorkerCrashed"]):
         payload = {"id": f"j{n}", "to": "a@b.co", "mode": "x"}
@@ -646,7 +678,7 @@ async def test_requeue_all_leaves_the_jobs_that_killed_their_worker_unless_asked
             first_enqueued_at=1,
             worker="w",
         )
-        queue.bus.broker.lane(job_lane(spec)).dead_letter(record)  # type: ignore[attr-defined]
+        queue.bus.broker.lane(job_lane(spec)).dead_letter(record)
     redis = ctx.cache("main").native
     done = await requeue(queue, redis, RequeueRequest(all=True))
     assert (done.requeued, done.left_crashed) == (1, 2)

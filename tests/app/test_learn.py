@@ -68,7 +68,7 @@ def test_the_source_view_shows_only_project_text_files(path: str) -> None:
 
 
 def test_the_source_view_shows_the_files_pages_link() -> None:
-    for path in ("app/jobs/email.py", "mega/jobs/consumer.py", "static/js/common.js", "Makefile"):
+    for path in ("app/jobs/email.py", "mega/lanes/consumer.py", "static/js/common.js", "Makefile"):
         found = source_file(path)
         assert found is not None and found.is_file()
 
@@ -149,9 +149,12 @@ def test_a_chapter_links_to_the_pages_that_show_its_targets(tmp_path: Path) -> N
         "[d](https://example.com/x.md) [e](#pitfalls-1) [f](../../secret.txt) [g](notes.md)\n"
     )
     html = render_chapter(
-        text, chapter_dir=root / "docs" / "guide", root=root, chapters=["schedules"],
+        text,
+        chapter_dir=root / "docs" / "guide",
+        root=root,
+        chapters=["schedules"],
         shows_source=lambda path: path in ("bench/RESULTS.md", "docs/guide/notes.md"),
-    )  # fmt: skip
+    )
     links = page_links(html)
     assert links.links == [
         "/demo/guide/schedules#2-ticks",

@@ -36,7 +36,7 @@ async def test_the_publish_job_runs_once_with_every_rendition(config: Config) ->
     async with web_client(config) as client, job_worker(config):
         headers = await authed(client, "/demo/jobs")
         run = await run_to_the_end(client, headers, members=5)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # no event to wait for: a second callback would be in by now
         again = (await client.get(f"/api/demo/workflows/{run['id']}")).json()["data"]
     assert run["state"] == "done" and again["callback_runs"] == 1
     assert "waiting" in run["callback_seen"]  # it waited for the members
@@ -45,8 +45,9 @@ async def test_the_publish_job_runs_once_with_every_rendition(config: Config) ->
     ]
     assert run["members"][0]["result"] == {"size": 64, "url": f"/photos/{run['id']}/64.webp"}
     assert run["callback"] == {
-        "state": "done", "result": {"published": list(SIZES[:5]), "missing": 0}
-    }  # fmt: skip
+        "state": "done",
+        "result": {"published": list(SIZES[:5]), "missing": 0},
+    }
     assert [r["id"] for r in run["results"]] == [f"wf~{run['id']}~{n}" for n in range(5)]
     assert all(r["state"] == "done" and r["job"] == "ResizeJob" for r in run["results"])
 
@@ -63,9 +64,11 @@ async def test_a_failing_member_reaches_the_publish_job_as_an_error(config: Conf
     assert run["callback"]["result"] == {"published": [64, 256], "missing": 1}
     failed = run["results"][1]
     assert failed == {
-        "id": f"wf~{run['id']}~1", "job": "ResizeJob", "state": "dlq",
+        "id": f"wf~{run['id']}~1",
+        "job": "ResizeJob",
+        "state": "dlq",
         "error": {"type": "Permanent", "message": message},
-    }  # fmt: skip
+    }
 
 
 async def test_bad_input_and_unknown_runs_are_plain_errors(config: Config) -> None:

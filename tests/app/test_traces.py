@@ -27,9 +27,11 @@ GROUPS = sorted(listener.__name__ for listener in LISTENERS)
 
 @pytest.fixture(params=DRIVERS)
 def config(
-    request: pytest.FixtureRequest, tmp_path: Path, nats_factory: Callable[[], Any],
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    nats_factory: Callable[[], Any],
     redis_factory: Callable[[], Any],
-) -> Config:  # fmt: skip
+) -> Config:
     nats_url, redis_url = nats_factory().url, redis_factory().url
     driver = request.param
     if driver == "postgres":
@@ -81,9 +83,10 @@ async def finished(
 
 def runs(found: list[Any], name: str, group: str | None = None) -> list[Any]:
     return [
-        s for s in found
+        s
+        for s in found
         if s.name == f"process {name}" and attribute(s, "messaging.consumer.group.name") == group
-    ]  # fmt: skip
+    ]
 
 
 async def test_one_trace_from_the_request_to_the_job_its_event_caused(
@@ -112,16 +115,25 @@ async def test_one_trace_from_the_request_to_the_job_its_event_caused(
 
     by_id = {s.context.span_id: s for s in found}
     [post] = [
-        s for s in found
-        if s.kind == SpanKind.SERVER and attribute(s, "http.route") == "/api/demo/events/signup"
-        and any(c.name == "outbox.add user.signed_up" and c.parent.span_id == s.context.span_id
-                and attribute(c, "messaging.message.id") == event_id for c in found)
-    ]  # fmt: skip
+        s
+        for s in found
+        if s.kind == SpanKind.SERVER
+        and attribute(s, "http.route") == "/api/demo/events/signup"
+        and any(
+            c.name == "outbox.add user.signed_up"
+            and c.parent.span_id == s.context.span_id
+            and attribute(c, "messaging.message.id") == event_id
+            for c in found
+        )
+    ]
     trace = [s for s in found if s.context.trace_id == post.context.trace_id]
 
     def children(parent: Any, name: str) -> list[Any]:
-        return [s for s in trace if s.name == name and s.parent and
-                s.parent.span_id == parent.context.span_id]  # fmt: skip
+        return [
+            s
+            for s in trace
+            if s.name == name and s.parent and s.parent.span_id == parent.context.span_id
+        ]
 
     [add] = children(post, "outbox.add user.signed_up")
     assert add.kind == SpanKind.PRODUCER
@@ -132,8 +144,9 @@ async def test_one_trace_from_the_request_to_the_job_its_event_caused(
     assert attribute(publish, "messaging.system") == {"postgres": "postgresql"}.get(driver, driver)
     groups = children(publish, "process user.signed_up")
     assert sorted(attribute(s, "messaging.consumer.group.name") for s in groups) == GROUPS
-    assert all(s.kind == SpanKind.CONSUMER and s.status.status_code != StatusCode.ERROR
-               for s in groups)  # fmt: skip
+    assert all(
+        s.kind == SpanKind.CONSUMER and s.status.status_code != StatusCode.ERROR for s in groups
+    )
     [welcome] = [
         s for s in groups if attribute(s, "messaging.consumer.group.name") == "WelcomeEmailListener"
     ]
@@ -145,10 +158,13 @@ async def test_one_trace_from_the_request_to_the_job_its_event_caused(
 
     # The rejected signup: three attempts of the CRM group, each linked to the one before.
     crm = sorted(
-        (s for s in runs(found, "user.signed_up", "CrmSyncListener")
-         if s.context.trace_id != post.context.trace_id),
+        (
+            s
+            for s in runs(found, "user.signed_up", "CrmSyncListener")
+            if s.context.trace_id != post.context.trace_id
+        ),
         key=lambda s: attribute(s, "mega.attempt"),
-    )  # fmt: skip
+    )
     assert [attribute(s, "mega.attempt") for s in crm] == [1, 2, 3]
     assert all(s.status.status_code == StatusCode.ERROR for s in crm)
     assert len({s.parent.span_id for s in crm}) == 1  # all three: children of its publish

@@ -88,17 +88,23 @@ metrics = {{"enabled": True}}
 
 @pytest.mark.parametrize("driver", DRIVERS)
 async def test_the_depth_and_the_oldest_age_of_each_configured_queue(
-    request: pytest.FixtureRequest, tmp_path: Path, nats_url: str, redis_url: str, prefix: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    nats_url: str,
+    redis_url: str,
+    prefix: str,
     driver: str,
-) -> None:  # fmt: skip
+) -> None:
     """Read from the bus when scraped: 5 jobs enqueued and no worker, 5 waiting."""
-    buses = POSTGRES_BUS % request.getfixturevalue("postgres_url") if driver == "postgres" else {
-        "nats": "", "redis": REDIS_BUS, "memory": MEMORY_BUS
-    }[driver]  # fmt: skip
+    buses = (
+        POSTGRES_BUS % request.getfixturevalue("postgres_url")
+        if driver == "postgres"
+        else {"nats": "", "redis": REDIS_BUS, "memory": MEMORY_BUS}[driver]
+    )
     body = buses + DEPTH_JOB.format(prefix=prefix)
     config = load_config(write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body))
     async with web_client(config) as client:
-        queue = JobQueue(client.app.state.ctx, "jobs")  # type: ignore[attr-defined]
+        queue = JobQueue(client.app.state.ctx, "jobs")
         [job] = config.jobs
         assert queue.bus.driver == driver
         empty = await scrape(client)

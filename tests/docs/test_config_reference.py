@@ -35,9 +35,17 @@ def test_the_committed_page_is_what_the_models_write() -> None:
 def test_the_sections_come_top_level_first_then_services_tables() -> None:
     keys = [section.key for section in sections()]
     assert keys == [
-        "", "services", "auth", "metrics", "outbox", "work", "services.caches.<alias>",
-        "services.locks.<alias>", "services.buses.<alias>", "services.database",
-    ]  # fmt: skip
+        "",
+        "services",
+        "auth",
+        "metrics",
+        "outbox",
+        "work",
+        "services.caches.<alias>",
+        "services.locks.<alias>",
+        "services.buses.<alias>",
+        "services.database",
+    ]
 
 
 @pytest.mark.parametrize(

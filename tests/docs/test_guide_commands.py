@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 
-from mega.runtime.embedded import EmbeddedNats, EmbeddedRedis, free_port
+from mega.runtime.embedded import EmbeddedNats, EmbeddedRedis, EmbeddedServer, free_port
 from tests.factories import TEST_SECRET
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,9 +62,19 @@ BLOCK_TIMEOUT_S = 90
 COURSE = ("schedules", "jobs", "events", "workers", "testing", "scaling", "operating")
 # Programs a plain `sh` block may name besides make, mega and docker compose.
 KNOWN_PROGRAMS = {
-    ".", "source", "export", "honcho", "supervisord", "curl", "kill", "python", "pytest", "nats",
-    "openssl", "uvicorn",
-}  # fmt: skip
+    ".",
+    "source",
+    "export",
+    "honcho",
+    "supervisord",
+    "curl",
+    "kill",
+    "python",
+    "pytest",
+    "nats",
+    "openssl",
+    "uvicorn",
+}
 FENCE = re.compile(r"^(?P<indent>[ ]*)```(?P<info>[^`]*)$")
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 CHAPTER_LINK = re.compile(r"\]\(([a-z]+\.md)(?:#([^)]*))?\)")
@@ -130,7 +140,7 @@ class ChapterServers:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.envs: dict[str, dict[str, str]] = {}
-        self.servers: list[EmbeddedNats | EmbeddedRedis] = []
+        self.servers: list[EmbeddedServer] = []
 
     def env(self, chapter: str) -> dict[str, str]:
         if chapter not in self.envs:
@@ -178,9 +188,14 @@ def test_runnable_block_exits_0(block: Block, servers: ChapterServers) -> None:
     # chapter's next block).
     shell = subprocess.Popen(
         ["bash", "-euo", "pipefail", "-c", block.text],
-        cwd=ROOT, env=servers.env(block.chapter), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=servers.env(block.chapter),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = shell.communicate(timeout=BLOCK_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -211,8 +226,11 @@ def make_targets() -> set[str]:
 
 def compose_profiles() -> set[str]:
     compose = (ROOT / "docker-compose.yml").read_text()
-    return {p for found in re.findall(r"profiles: \[([^\]]*)\]", compose) for p in
-            re.findall(r'"([\w-]+)"', found)}  # fmt: skip
+    return {
+        p
+        for found in re.findall(r"profiles: \[([^\]]*)\]", compose)
+        for p in re.findall(r'"([\w-]+)"', found)
+    }
 
 
 def commands(text: str) -> Iterator[list[str]]:
@@ -345,9 +363,12 @@ def test_the_checks_themselves(tmp_path: Path) -> None:
     runnable, plain = fenced_blocks(chapter)
     assert (runnable.info, runnable.line, runnable.text) == ("sh runnable", 3, "mega --help\n")
     assert [c[:2] for c in commands(plain.text)] == [
-        ["make", "run"], ["make", "deploy"], ["mega", "frobnicate"], ["docker", "compose"],
+        ["make", "run"],
+        ["make", "deploy"],
+        ["mega", "frobnicate"],
+        ["docker", "compose"],
         ["honch", "-f"],
-    ]  # fmt: skip
+    ]
     known = {"make": {"run"}, "mega": {"dev"}, "profiles": {"cluster"}}
     found = [p for command in commands(plain.text) for p in problems_of(command, known)]
     assert outside_the_venv(plain.text) == [

@@ -13,14 +13,18 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from mega.runtime.embedded import EmbeddedNats, EmbeddedRedis, free_port
 from tests.factories import DEMO_PASSWORD, DEMO_USER, TEST_SECRET
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, FloatRect, Page
 
 ROOT = Path(__file__).resolve().parents[2]
 # `make test` finds one first (tests/tools/chromium.sh) and passes it here.
@@ -30,6 +34,9 @@ GUIDE = ROOT / "docs" / "guide"
 GUIDE_IMAGES = GUIDE / "img"
 SCREENSHOT_MAX_HEIGHT_PX = 8_000
 GUIDE_MAX_HEIGHT_PX = 1600
+# The live stack's demo schedule ticks this often (its default is every 30 s), so the tests that
+# wait for a tick wait seconds; `make screenshots` keeps the default the guide describes.
+TICK_S = 5
 
 
 @dataclass
@@ -83,6 +90,8 @@ def live_stack(
         "MEGA_WORKER_METRICS_PORT": str(free_port()),
         "MEGA_BUS": request.param,
     }
+    if os.environ.get("MEGA_GUIDE_SCREENSHOTS") != "1":  # the guide's pictures: as shipped
+        env["MEGA_DEMO_CRON"] = f"*/{TICK_S} * * * * *"
     commands = {
         "web": ["start", "--port", str(port)],
         "scheduler": ["scheduler"],
@@ -93,8 +102,11 @@ def live_stack(
         log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it
         processes[name] = subprocess.Popen(
             [sys.executable, "-m", "mega", *args, "--config", str(ROOT / "mega_config.py")],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         log.close()
     stack = LiveStack(f"http://127.0.0.1:{port}", processes, tmp)
     try:
@@ -115,7 +127,7 @@ def live_stack(
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
+def browser() -> Iterator[Browser]:
     """Per module: Playwright's sync API keeps an event loop running while it is open, which
     must not overlap the asyncio tests that run after the browser tests."""
     from playwright.sync_api import sync_playwright
@@ -130,7 +142,9 @@ def browser() -> Iterator[object]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     if report.when == "call":
         item.stash[FAILED] = report.failed
@@ -141,7 +155,7 @@ FAILED = pytest.StashKey[bool]()
 
 
 @pytest.fixture
-def page(browser, live_stack: LiveStack, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+def page(browser: Browser, live_stack: LiveStack, request: pytest.FixtureRequest) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1280, "height": 860})
     page = context.new_page()
     page.set_default_timeout(15_000)
@@ -152,7 +166,7 @@ def page(browser, live_stack: LiveStack, request: pytest.FixtureRequest):  # typ
     context.close()
 
 
-def log_in(page, url: str) -> None:  # type: ignore[no-untyped-def]
+def log_in(page: Page, url: str) -> None:
     page.goto(url + "/demo")
     page.fill("input[name=username]", DEMO_USER)
     page.fill("input[name=password]", DEMO_PASSWORD)
@@ -160,7 +174,7 @@ def log_in(page, url: str) -> None:  # type: ignore[no-untyped-def]
     page.wait_for_url("**/demo")
 
 
-def screenshot(page, name: str) -> None:  # type: ignore[no-untyped-def]
+def screenshot(page: Page, name: str) -> None:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     # Animations stopped (a live page always has one running) and a minute, not 30 s: on two
     # busy cores a full-page capture has waited out the default for a stable frame.
@@ -169,15 +183,19 @@ def screenshot(page, name: str) -> None:  # type: ignore[no-untyped-def]
     # which for tens of thousands of pixels takes longer than the timeout.
     tall = page.evaluate("document.documentElement.scrollHeight") > SCREENSHOT_MAX_HEIGHT_PX
     page.screenshot(
-        path=str(SCREENSHOTS / f"{name}.png"), full_page=not tall, animations="disabled",
+        path=str(SCREENSHOTS / f"{name}.png"),
+        full_page=not tall,
+        animations="disabled",
         timeout=60_000,
-    )  # fmt: skip
+    )
     if os.environ.get("MEGA_GUIDE_SCREENSHOTS") == "1" and name in guide_images():
         # The page as a reader sees it, cut at GUIDE_MAX_HEIGHT_PX so the committed PNGs stay
         # small (a page with a long list would otherwise be several megabytes).
         GUIDE_IMAGES.mkdir(exist_ok=True)
         height = min(page.evaluate("document.documentElement.scrollHeight"), GUIDE_MAX_HEIGHT_PX)
-        clip = {"x": 0, "y": 0, "width": page.viewport_size["width"], "height": height}
+        viewport = page.viewport_size
+        assert viewport is not None  # every context here is made with one
+        clip: FloatRect = {"x": 0, "y": 0, "width": viewport["width"], "height": height}
         page.screenshot(path=str(GUIDE_IMAGES / f"{name}.png"), full_page=True, clip=clip)
 
 

@@ -3,7 +3,7 @@ the sentence in the element right after its input, the input aria-invalid and de
 
 from __future__ import annotations
 
-from playwright.sync_api import expect
+from playwright.sync_api import Page, expect
 
 # The sentences the server words (mega.web.fields), as a person reads them at the field.
 DELAY = "must be a whole number of milliseconds from 0 to 60000"
@@ -18,7 +18,7 @@ INLINE_CAP = (
 EMAIL = "is not a valid e-mail address (one like name@example.com, at most 254 characters)"
 
 
-def expect_field_error(page, field: str, message: str) -> None:  # type: ignore[no-untyped-def]
+def expect_field_error(page: Page, field: str, message: str) -> None:
     """`message`, exactly, sits right after the input `field` (a selector), which says so."""
     error = page.locator(f"{field} + .field-error")
     expect(error).to_have_text(message)
@@ -27,6 +27,6 @@ def expect_field_error(page, field: str, message: str) -> None:  # type: ignore[
     assert error.get_attribute("id") in described, described
 
 
-def expect_no_field_error(page, field: str) -> None:  # type: ignore[no-untyped-def]
+def expect_no_field_error(page: Page, field: str) -> None:
     expect(page.locator(f"{field} + .field-error")).to_have_text("")
     expect(page.locator(field)).not_to_have_attribute("aria-invalid", "true")

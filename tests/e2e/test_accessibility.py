@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 from axe_playwright_python.sync_playwright import Axe
+from playwright.sync_api import Browser, Page
 
 from tests.e2e.conftest import LiveStack, log_in, screenshot
 
@@ -29,14 +30,15 @@ PAGES = (
 BLOCKING = {"serious", "critical"}
 
 
-def _post(page, url: str, body: dict[str, object]) -> None:  # type: ignore[no-untyped-def]
+def _post(page: Page, url: str, body: dict[str, object]) -> None:
     token = page.locator('meta[name="csrf-token"]').get_attribute("content")
+    assert token is not None
     response = page.request.post(url, data=body, headers={"X-CSRF-Token": token})
     assert response.ok, response.text()
 
 
 @pytest.fixture(scope="module")
-def stocked(live_stack: LiveStack, browser) -> LiveStack:  # type: ignore[no-untyped-def]
+def stocked(live_stack: LiveStack, browser: Browser) -> LiveStack:
     """Pages with rows in them: a DLQ item, job cards, a signup and its listeners."""
     context = browser.new_context()
     page = context.new_page()
@@ -54,7 +56,9 @@ def stocked(live_stack: LiveStack, browser) -> LiveStack:  # type: ignore[no-unt
 
 
 @pytest.fixture(params=["light", "dark"])
-def scheme_page(browser, stocked: LiveStack, request: pytest.FixtureRequest) -> Iterator[object]:  # type: ignore[no-untyped-def]
+def scheme_page(
+    browser: Browser, stocked: LiveStack, request: pytest.FixtureRequest
+) -> Iterator[object]:
     context = browser.new_context(
         viewport={"width": 1280, "height": 860}, color_scheme=request.param
     )
@@ -65,7 +69,7 @@ def scheme_page(browser, stocked: LiveStack, request: pytest.FixtureRequest) -> 
     context.close()
 
 
-def _blocking(page) -> list[str]:  # type: ignore[no-untyped-def]
+def _blocking(page: Page) -> list[str]:
     results = Axe().run(page)
     return [
         f"{v['id']} ({v['impact']}): {v['help']} -> "
@@ -76,7 +80,9 @@ def _blocking(page) -> list[str]:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("live_stack", ["nats"], indirect=True)
-def test_no_serious_or_critical_violation_on_any_page(scheme_page, stocked: LiveStack) -> None:  # type: ignore[no-untyped-def]
+def test_no_serious_or_critical_violation_on_any_page(
+    scheme_page: Page, stocked: LiveStack
+) -> None:
     found = {}
     for path in PAGES:
         scheme_page.goto(stocked.url + path)
@@ -90,7 +96,7 @@ def test_no_serious_or_critical_violation_on_any_page(scheme_page, stocked: Live
 
 
 @pytest.mark.parametrize("live_stack", ["nats"], indirect=True)
-def test_the_login_page_passes_in_both_schemes(browser, live_stack: LiveStack) -> None:  # type: ignore[no-untyped-def]
+def test_the_login_page_passes_in_both_schemes(browser: Browser, live_stack: LiveStack) -> None:
     for scheme in ("light", "dark"):
         context = browser.new_context(color_scheme=scheme)
         page = context.new_page()
@@ -100,7 +106,7 @@ def test_the_login_page_passes_in_both_schemes(browser, live_stack: LiveStack) -
 
 
 @pytest.mark.parametrize("live_stack", ["nats"], indirect=True)
-def test_every_page_fits_a_390_px_phone(browser, stocked: LiveStack) -> None:  # type: ignore[no-untyped-def]
+def test_every_page_fits_a_390_px_phone(browser: Browser, stocked: LiveStack) -> None:
     context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True)
     page = context.new_page()
     log_in(page, stocked.url)

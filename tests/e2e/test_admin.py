@@ -9,7 +9,7 @@ import re
 import time
 
 import pytest
-from playwright.sync_api import expect
+from playwright.sync_api import Browser, Page, expect
 
 from tests.e2e.conftest import LiveStack, log_in, screenshot
 from tests.e2e.geometry import broken_words
@@ -17,15 +17,16 @@ from tests.e2e.geometry import broken_words
 pytestmark = pytest.mark.e2e
 
 
-def _post(page, url: str, body: dict[str, object]) -> dict[str, object]:  # type: ignore[no-untyped-def]
+def _post(page: Page, url: str, body: dict[str, object]) -> dict[str, object]:
     token = page.locator('meta[name="csrf-token"]').get_attribute("content")
+    assert token is not None
     response = page.request.post(url, data=body, headers={"X-CSRF-Token": token})
     assert response.ok, response.text()
     data: dict[str, object] = response.json()["data"]
     return data
 
 
-def _dead_letter(page, url: str) -> str:  # type: ignore[no-untyped-def]
+def _dead_letter(page: Page, url: str) -> str:
     """A job of the sample that ends in the DLQ (three attempts, with backoff); its id."""
     job = _post(page, url + "/api/demo/jobs", {"to": "ada@example.com", "mode": "permanent"})
     job_id = str(job["id"])
@@ -38,14 +39,14 @@ def _dead_letter(page, url: str) -> str:  # type: ignore[no-untyped-def]
     raise AssertionError(f"job {job_id} never reached the DLQ")
 
 
-def _fits(page, width: int) -> None:  # type: ignore[no-untyped-def]
+def _fits(page: Page, width: int) -> None:
     scroll = page.evaluate("document.documentElement.scrollWidth")
     assert scroll <= width, f"{page.url} is {scroll} px wide at {width}"
     assert broken_words(page, "main") == []
 
 
 @pytest.mark.parametrize("live_stack", ["nats"], indirect=True)
-def test_the_admin_pages_at_1280_and_390_px(browser, live_stack: LiveStack) -> None:  # type: ignore[no-untyped-def]
+def test_the_admin_pages_at_1280_and_390_px(browser: Browser, live_stack: LiveStack) -> None:
     url = live_stack.url
     for width, height in ((1280, 860), (390, 844)):
         context = browser.new_context(viewport={"width": width, "height": height})
@@ -81,7 +82,7 @@ def test_the_admin_pages_at_1280_and_390_px(browser, live_stack: LiveStack) -> N
 
 
 @pytest.mark.parametrize("live_stack", ["nats"], indirect=True)
-def test_retry_from_the_dlq_and_pause_resume_a_schedule(page, live_stack: LiveStack) -> None:  # type: ignore[no-untyped-def]
+def test_retry_from_the_dlq_and_pause_resume_a_schedule(page: Page, live_stack: LiveStack) -> None:
     url = live_stack.url
     log_in(page, url)
     job_id = _dead_letter(page, url)

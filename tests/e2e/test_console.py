@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from playwright.sync_api import expect
+from playwright.sync_api import Page, expect
 
 from tests.e2e.conftest import LiveStack, log_in, screenshot
 from tests.e2e.geometry import per_row
@@ -14,7 +14,7 @@ from tests.e2e.geometry import per_row
 pytestmark = pytest.mark.e2e
 
 
-def test_login_shows_console_and_logout_returns_to_login(page, live_stack: LiveStack) -> None:
+def test_login_shows_console_and_logout_returns_to_login(page: Page, live_stack: LiveStack) -> None:
     page.goto(live_stack.url + "/demo")
     assert "/login?next=/demo" in page.url
     screenshot(page, "login")
@@ -39,8 +39,8 @@ def test_login_shows_console_and_logout_returns_to_login(page, live_stack: LiveS
     ],
 )
 def test_the_four_demo_cards_and_the_four_live_panels_fill_their_rows_evenly(
-    page, live_stack: LiveStack, width: int, demos: list[int], panels: list[int]
-) -> None:  # type: ignore[no-untyped-def]
+    page: Page, live_stack: LiveStack, width: int, demos: list[int], panels: list[int]
+) -> None:
     page.set_viewport_size({"width": width, "height": 900})
     log_in(page, live_stack.url)
     # Never three in a row with the fourth left alone below.
@@ -48,7 +48,7 @@ def test_the_four_demo_cards_and_the_four_live_panels_fill_their_rows_evenly(
     assert per_row(page, "#console > .card") == panels
 
 
-def test_wrong_password_shows_generic_error(page, live_stack: LiveStack) -> None:
+def test_wrong_password_shows_generic_error(page: Page, live_stack: LiveStack) -> None:
     page.goto(live_stack.url + "/login")
     page.fill("input[name=username]", "demo")
     page.fill("input[name=password]", "not-it")
@@ -56,7 +56,7 @@ def test_wrong_password_shows_generic_error(page, live_stack: LiveStack) -> None
     assert "Wrong username or password" in page.locator(".alert").inner_text()
 
 
-def enqueue_from_page(page, mode: str, count: int) -> None:  # type: ignore[no-untyped-def]
+def enqueue_from_page(page: Page, mode: str, count: int) -> None:
     """Enqueue through the JSON route with the page's session and CSRF token (mega.api)."""
     statuses = page.evaluate(
         """async ([mode, count]) => {
@@ -72,7 +72,7 @@ def enqueue_from_page(page, mode: str, count: int) -> None:  # type: ignore[no-u
     assert statuses == [201] * count
 
 
-def test_charts_draw_jobs_latency_and_dlq_after_jobs_run(page, live_stack: LiveStack) -> None:
+def test_charts_draw_jobs_latency_and_dlq_after_jobs_run(page: Page, live_stack: LiveStack) -> None:
     log_in(page, live_stack.url)
     enqueue_from_page(page, "ok", 5)
     enqueue_from_page(page, "fail", 1)
@@ -118,12 +118,12 @@ def test_charts_draw_jobs_latency_and_dlq_after_jobs_run(page, live_stack: LiveS
     assert kept == [True, True]
 
 
-def test_console_fits_390_px_without_horizontal_scroll(page, live_stack: LiveStack) -> None:
+def test_console_fits_390_px_without_horizontal_scroll(page: Page, live_stack: LiveStack) -> None:
     page.set_viewport_size({"width": 390, "height": 844})
     log_in(page, live_stack.url)
     expect(page.locator("#chart-jobs")).to_be_visible()
     expect(page.locator("#charts svg").first).to_be_attached()
-    # With the instances table filled in too (the first scheduled tick is at most 30 s away).
+    # With the instances table filled in too (after the first scheduled tick).
     expect(page.locator("#sched-instance-list tbody tr").first).to_be_visible(timeout=40_000)
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= 390, f"the console is {width} px wide at 390"
@@ -134,11 +134,11 @@ def test_console_fits_390_px_without_horizontal_scroll(page, live_stack: LiveSta
 
 
 def test_instances_show_short_ids_with_the_full_id_in_the_title(
-    page, live_stack: LiveStack
+    page: Page, live_stack: LiveStack
 ) -> None:
     log_in(page, live_stack.url)
     cell = page.locator("#sched-instance-list tbody td").first
-    expect(cell).to_be_visible(timeout=40_000)  # the first scheduled tick is at most 30 s away
+    expect(cell).to_be_visible(timeout=40_000)  # after the first scheduled tick
     full, short = cell.get_attribute("title"), cell.inner_text()
     assert full and full.startswith("scheduler@")
     _, pid, suffix = full.split(":")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from playwright.sync_api import expect
+from playwright.sync_api import Page, Response, expect
 
 from app.events.listeners import LISTENERS
 from tests.e2e.conftest import LiveStack, log_in, screenshot
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 GROUPS = [listener.group for listener in LISTENERS]  # in the order the page lists them
 
 
-def sign_up(page, email: str, mode: str = "ok") -> str:  # type: ignore[no-untyped-def]
+def sign_up(page: Page, email: str, mode: str = "ok") -> str:
     page.fill("#signup-email", email)
     page.select_option("#signup-mode", mode)
     before = page.locator("#signup-result").inner_text()
@@ -32,8 +32,8 @@ def sign_up(page, email: str, mode: str = "ok") -> str:  # type: ignore[no-untyp
 
 
 def test_signup_event_flows_to_every_listener_and_the_relay_pauses(
-    page, live_stack: LiveStack
-) -> None:  # type: ignore[no-untyped-def]
+    page: Page, live_stack: LiveStack
+) -> None:
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/events")
     assert "Committed" in sign_up(page, "grace@example.com")
@@ -77,7 +77,7 @@ def test_signup_event_flows_to_every_listener_and_the_relay_pauses(
     screenshot(page, "events")
 
 
-def test_a_bad_address_shows_the_field_error(page, live_stack: LiveStack) -> None:  # type: ignore[no-untyped-def]
+def test_a_bad_address_shows_the_field_error(page: Page, live_stack: LiveStack) -> None:
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/events")
     for typed in ("not an address", "Ada, L <ada@example.com>"):  # not email-validator's words
@@ -89,13 +89,13 @@ def test_a_bad_address_shows_the_field_error(page, live_stack: LiveStack) -> Non
     expect_no_field_error(page, "#signup-email")
 
 
-def is_state_poll(response) -> bool:  # type: ignore[no-untyped-def]
+def is_state_poll(response: Response) -> bool:
     return response.url.endswith("/api/demo/events") and response.request.method == "GET"
 
 
 def test_a_focused_requeue_button_keeps_its_focus_through_refreshes(
-    page, live_stack: LiveStack
-) -> None:  # type: ignore[no-untyped-def]
+    page: Page, live_stack: LiveStack
+) -> None:
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/events")
     sign_up(page, "fail.focus@example.com")
@@ -119,7 +119,7 @@ def test_a_focused_requeue_button_keeps_its_focus_through_refreshes(
     assert page.evaluate("() => document.activeElement.isConnected")
 
 
-def test_long_addresses_fit_a_390_px_screen(page, live_stack: LiveStack) -> None:  # type: ignore[no-untyped-def]
+def test_long_addresses_fit_a_390_px_screen(page: Page, live_stack: LiveStack) -> None:
     page.set_viewport_size({"width": 390, "height": 844})
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/events")

@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Literal
 
 import pytest
 from axe_playwright_python.sync_playwright import Axe
-from playwright.sync_api import expect
+from playwright.sync_api import Page, expect
 
 from tests.e2e.conftest import SCREENSHOTS, LiveStack, log_in, screenshot
 from tests.e2e.fields import COUNT, DELAY, EMAIL, expect_field_error, expect_no_field_error
 
 pytestmark = pytest.mark.e2e
+# Where a panel is checked: in light at a desktop's width, in dark at a phone's.
+VIEWS: list[tuple[Literal["light", "dark"], int]] = [("light", 1280), ("dark", 390)]
 
 
-def enqueue(page, mode: str, to: str | None = None) -> str:  # type: ignore[no-untyped-def]
+def enqueue(page: Page, mode: str, to: str | None = None) -> str:
     page.fill("#job-to", to or f"{mode}@example.com")
     page.select_option("#job-mode", mode)
     before = page.locator("#enqueue-result").inner_text()
@@ -31,13 +34,14 @@ def enqueue(page, mode: str, to: str | None = None) -> str:  # type: ignore[no-u
     return page.locator("#enqueue-result").inner_text().split()[1].rstrip(".")
 
 
-def check_panel(page, panel: str, scheme: str, width: int) -> None:  # type: ignore[no-untyped-def]
+def check_panel(page: Page, panel: str, scheme: str, width: int) -> None:
     """Axe finds nothing serious on the page; the panel's screenshots (the page at it, and the
     panel alone) are taken; nothing of it reaches past `width`."""
     violations = [
-        f"{v['id']}: {v['help']}" for v in Axe().run(page).response["violations"]
+        f"{v['id']}: {v['help']}"
+        for v in Axe().run(page).response["violations"]
         if v["impact"] in ("serious", "critical")
-    ]  # fmt: skip
+    ]
     assert not violations, violations
     page.locator(f"#{panel}").scroll_into_view_if_needed()
     screenshot(page, f"jobs-{panel}-{scheme}-{width}")
@@ -49,7 +53,9 @@ def check_panel(page, panel: str, scheme: str, width: int) -> None:  # type: ign
     assert page.evaluate("document.documentElement.scrollWidth") <= width, wide
 
 
-def test_flaky_job_retries_then_done_and_fail_job_lands_in_dlq(page, live_stack: LiveStack) -> None:
+def test_flaky_job_retries_then_done_and_fail_job_lands_in_dlq(
+    page: Page, live_stack: LiveStack
+) -> None:
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/jobs")
     flaky = enqueue(page, "flaky")
@@ -85,7 +91,9 @@ def test_flaky_job_retries_then_done_and_fail_job_lands_in_dlq(page, live_stack:
     expect(card.locator(".event", has_text="; to the DLQ")).to_have_count(1)
 
 
-def test_a_permanent_job_lands_in_the_dlq_after_one_attempt(page, live_stack: LiveStack) -> None:  # type: ignore[no-untyped-def]
+def test_a_permanent_job_lands_in_the_dlq_after_one_attempt(
+    page: Page, live_stack: LiveStack
+) -> None:
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/jobs")
     page.select_option("#job-mode", "permanent")
@@ -102,7 +110,7 @@ def test_a_permanent_job_lands_in_the_dlq_after_one_attempt(page, live_stack: Li
     assert (status["state"], status["attempts"]) == ("dlq", 1)
 
 
-def test_empty_recipient_shows_the_field_error(page, live_stack: LiveStack) -> None:
+def test_empty_recipient_shows_the_field_error(page: Page, live_stack: LiveStack) -> None:
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/jobs")
     page.fill("#job-to", "")
@@ -110,12 +118,14 @@ def test_empty_recipient_shows_the_field_error(page, live_stack: LiveStack) -> N
     expect(page.locator("#error-to")).not_to_be_empty()
 
 
-def refreshes(page) -> int:  # type: ignore[no-untyped-def]
+def refreshes(page: Page) -> int:
     """How many times the page has fetched and patched its state so far."""
     return int(page.locator("#jobs-page").get_attribute("data-loads") or 0)
 
 
-def test_a_focused_requeue_button_keeps_focus_across_refreshes(page, live_stack: LiveStack) -> None:
+def test_a_focused_requeue_button_keeps_focus_across_refreshes(
+    page: Page, live_stack: LiveStack
+) -> None:
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/jobs")
     failing = enqueue(page, "fail")
@@ -126,13 +136,14 @@ def test_a_focused_requeue_button_keeps_focus_across_refreshes(page, live_stack:
     seen = refreshes(page)
     page.wait_for_function(
         "n => Number(document.getElementById('jobs-page').dataset.loads) >= n",
-        arg=seen + 3, timeout=15_000,
-    )  # fmt: skip
+        arg=seen + 3,
+        timeout=15_000,
+    )
     assert page.evaluate("node => document.activeElement === node", focused)
     assert page.evaluate("() => document.activeElement.closest('li').dataset.id") == failing
 
 
-def test_a_slow_job_draws_its_progress_on_one_attempt(page, live_stack: LiveStack) -> None:
+def test_a_slow_job_draws_its_progress_on_one_attempt(page: Page, live_stack: LiveStack) -> None:
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/jobs")
     slow = enqueue(page, "slow")
@@ -156,8 +167,8 @@ def test_a_slow_job_draws_its_progress_on_one_attempt(page, live_stack: LiveStac
 
 
 def test_a_slow_job_cancelled_mid_run_ends_cancelled_and_is_never_retried(
-    page, live_stack: LiveStack
-) -> None:  # type: ignore[no-untyped-def]
+    page: Page, live_stack: LiveStack
+) -> None:
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/jobs")
     slow = enqueue(page, "slow")
@@ -184,7 +195,7 @@ def test_a_slow_job_cancelled_mid_run_ends_cancelled_and_is_never_retried(
     assert card.get_attribute("data-status") == "cancelled"
 
 
-def test_a_long_recipient_does_not_widen_a_phone_screen(page, live_stack: LiveStack) -> None:
+def test_a_long_recipient_does_not_widen_a_phone_screen(page: Page, live_stack: LiveStack) -> None:
     page.set_viewport_size({"width": 390, "height": 844})
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/jobs")
@@ -200,13 +211,13 @@ def test_a_long_recipient_does_not_widen_a_phone_screen(page, live_stack: LiveSt
     screenshot(page, "jobs-390")
 
 
-def job_ids(page, live_stack: LiveStack) -> list[str]:  # type: ignore[no-untyped-def]
+def job_ids(page: Page, live_stack: LiveStack) -> list[str]:
     """The ids GET /api/demo/jobs lists now (the page's own session asks)."""
     jobs = page.request.get(live_stack.url + "/api/demo/jobs").json()["data"]["jobs"]
     return [job["id"] for job in jobs]
 
 
-def test_bad_input_gets_plain_sentences(page, live_stack: LiveStack) -> None:
+def test_bad_input_gets_plain_sentences(page: Page, live_stack: LiveStack) -> None:
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/jobs")
     before = job_ids(page, live_stack)
@@ -241,7 +252,7 @@ def test_bad_input_gets_plain_sentences(page, live_stack: LiveStack) -> None:
         expect_no_field_error(page, field)
 
 
-def test_a_count_of_20_enqueues_20_jobs(page, live_stack: LiveStack) -> None:
+def test_a_count_of_20_enqueues_20_jobs(page: Page, live_stack: LiveStack) -> None:
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/jobs")
     to = "twenty@example.com"
@@ -262,7 +273,9 @@ def test_a_count_of_20_enqueues_20_jobs(page, live_stack: LiveStack) -> None:
 SELECT_ARROW_PX = 24
 
 
-def test_the_mode_select_shows_each_option_whole_on_a_phone(page, live_stack: LiveStack) -> None:
+def test_the_mode_select_shows_each_option_whole_on_a_phone(
+    page: Page, live_stack: LiveStack
+) -> None:
     page.set_viewport_size({"width": 390, "height": 844})
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/jobs")
@@ -301,7 +314,9 @@ def test_the_mode_select_shows_each_option_whole_on_a_phone(page, live_stack: Li
     screenshot(page, "jobs-mode-390")
 
 
-def test_the_page_shows_the_newest_ten_and_links_to_older_ones(page, live_stack: LiveStack) -> None:
+def test_the_page_shows_the_newest_ten_and_links_to_older_ones(
+    page: Page, live_stack: LiveStack
+) -> None:
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/jobs")
     ids = [enqueue(page, "ok") for _ in range(12)][::-1]  # newest first
@@ -333,15 +348,20 @@ def test_the_page_shows_the_newest_ten_and_links_to_older_ones(page, live_stack:
     expect(cards.first).to_have_attribute("data-id", ids[0])
 
 
-@pytest.mark.parametrize(("scheme", "width"), [("light", 1280), ("dark", 390)])
-def test_the_noisy_neighbour_panel_draws_each_tenants_wait(  # type: ignore[no-untyped-def]
-    browser, live_stack: LiveStack, scheme: str, width: int
+def check_panel_in_each_view(page: Page, panel: str) -> None:
+    """`check_panel` in light at 1280 px, then in dark at 390 px, on the page as it is."""
+    for scheme, width in VIEWS:
+        page.emulate_media(color_scheme=scheme)
+        page.set_viewport_size({"width": width, "height": 900})
+        check_panel(page, panel, scheme, width)
+
+
+def test_the_noisy_neighbour_panel_draws_each_tenants_wait(
+    page: Page, live_stack: LiveStack
 ) -> None:
     """Flood in order, then fair: the table shows both tenants, every job started, and small's
     p99 wait fair is far below its wait in order; axe finds nothing serious, in light at 1280 px
     and in dark at 390 px, where the page still fits."""
-    context = browser.new_context(viewport={"width": width, "height": 900}, color_scheme=scheme)
-    page = context.new_page()
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/jobs")
     expect(page.locator("#noisy-empty")).to_be_visible()
@@ -359,20 +379,16 @@ def test_the_noisy_neighbour_panel_draws_each_tenants_wait(  # type: ignore[no-u
     assert waits["fair"] * 4 < waits["in_order"], waits
     expect(page.locator("#noisy-empty")).to_be_hidden()
     expect(page.locator("#noisy-starts")).to_contain_text("Starts in each second: ")
-    check_panel(page, "noisy", scheme, width)
-    context.close()
+    check_panel_in_each_view(page, "noisy")
 
 
-@pytest.mark.parametrize(("scheme", "width"), [("light", 1280), ("dark", 390)])
-def test_the_pipeline_panel_draws_a_group_and_its_callback_run_once(  # type: ignore[no-untyped-def]
-    browser, live_stack: LiveStack, scheme: str, width: int
+def test_the_pipeline_panel_draws_a_group_and_its_callback_run_once(
+    page: Page, live_stack: LiveStack
 ) -> None:
     """Run the pipeline with the middle size failing: five member boxes end four done and one
     dlq, the callback ran once, and the table lists the five outcomes it received with the
     failure's error. A size out of range gets its sentence at the field. Axe finds nothing
     serious, in light at 1280 px and in dark at 390 px, where the panel still fits."""
-    context = browser.new_context(viewport={"width": width, "height": 900}, color_scheme=scheme)
-    page = context.new_page()
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/jobs")
     expect(page.locator("#pipeline-empty")).to_be_visible()
@@ -395,5 +411,4 @@ def test_the_pipeline_panel_draws_a_group_and_its_callback_run_once(  # type: ig
     expect(rows.nth(2)).to_contain_text("Permanent: cannot resize")
     expect(rows.nth(0)).to_contain_text(f"/photos/{run}/64.webp")
     expect(page.locator("#pipeline-status")).to_have_text(f"Workflow {run} is done.")
-    check_panel(page, "pipeline", scheme, width)
-    context.close()
+    check_panel_in_each_view(page, "pipeline")

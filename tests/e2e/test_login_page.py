@@ -3,7 +3,10 @@ light and dark and at a phone's width."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pytest
+from playwright.sync_api import Browser
 
 from tests.e2e.conftest import LiveStack, screenshot
 from tests.e2e.test_accessibility import _blocking
@@ -16,8 +19,8 @@ SENTENCE = "Username must be at most 200 characters."
 @pytest.mark.parametrize("live_stack", ["nats"], indirect=True)
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 @pytest.mark.parametrize("width", [1280, 390])
-def test_an_over_long_username_is_answered_at_its_field(  # type: ignore[no-untyped-def]
-    browser, live_stack: LiveStack, scheme: str, width: int
+def test_an_over_long_username_is_answered_at_its_field(
+    browser: Browser, live_stack: LiveStack, scheme: Literal["light", "dark"], width: int
 ) -> None:
     context = browser.new_context(
         viewport={"width": width, "height": 860}, color_scheme=scheme, is_mobile=width < 600

@@ -9,8 +9,8 @@ import re
 import time
 
 import pytest
+from playwright.sync_api import Browser, Page, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
-from playwright.sync_api import expect
 
 from app.workers.hash_tasks import MAX_ROUNDS, sha256_loop
 from tests.e2e.conftest import LiveStack, log_in, screenshot
@@ -39,7 +39,7 @@ def rounds_for(seconds: float) -> int:
     return min(MAX_ROUNDS, max(1_000_000, int(pace * seconds) // 100_000 * 100_000))
 
 
-def open_worker_page(page, live_stack: LiveStack) -> None:  # type: ignore[no-untyped-def]
+def open_worker_page(page: Page, live_stack: LiveStack) -> None:
     """The page, once its pool is full and idle: runs sent by a test before (the burst's, or
     the contract test's) have ended, so this test's runs start at once."""
     log_in(page, live_stack.url)
@@ -51,7 +51,7 @@ def open_worker_page(page, live_stack: LiveStack) -> None:  # type: ignore[no-un
 
 
 @pytest.mark.timeout(300)
-def test_pool_hash_keeps_the_heartbeat_going(page, live_stack: LiveStack) -> None:
+def test_pool_hash_keeps_the_heartbeat_going(page: Page, live_stack: LiveStack) -> None:
     open_worker_page(page, live_stack)
     rounds = rounds_for(WATCHED_RUN_S)
     page.fill("#hash-rounds", str(rounds))
@@ -66,7 +66,7 @@ def test_pool_hash_keeps_the_heartbeat_going(page, live_stack: LiveStack) -> Non
     screenshot(page, "worker")
 
 
-def test_console_shows_the_live_state_of_all_three(page, live_stack: LiveStack) -> None:
+def test_console_shows_the_live_state_of_all_three(page: Page, live_stack: LiveStack) -> None:
     log_in(page, live_stack.url)
     token = page.locator('meta[name="csrf-token"]').get_attribute("content")
     response = page.request.post(
@@ -86,7 +86,7 @@ def test_console_shows_the_live_state_of_all_three(page, live_stack: LiveStack) 
 
 
 @pytest.mark.timeout(300)  # as the first test: a busy machine hashes several times slower
-def test_progress_bar_appears_moves_and_reaches_the_end(page, live_stack: LiveStack) -> None:
+def test_progress_bar_appears_moves_and_reaches_the_end(page: Page, live_stack: LiveStack) -> None:
     open_worker_page(page, live_stack)
     bar = page.locator("#hash-progress")
     expect(page.locator("#run-progress")).to_be_hidden()
@@ -108,7 +108,7 @@ def test_progress_bar_appears_moves_and_reaches_the_end(page, live_stack: LiveSt
 
 
 def test_an_inline_run_after_a_pool_run_starts_from_an_empty_progress_panel(
-    page, live_stack: LiveStack
+    page: Page, live_stack: LiveStack
 ) -> None:
     open_worker_page(page, live_stack)
     bar, note = page.locator("#hash-progress"), page.locator("#progress-note")
@@ -132,7 +132,9 @@ def test_an_inline_run_after_a_pool_run_starts_from_an_empty_progress_panel(
     assert bar.evaluate("b => b.value") == 1
 
 
-def test_the_page_gives_the_rate_measured_on_this_machine(page, live_stack: LiveStack) -> None:
+def test_the_page_gives_the_rate_measured_on_this_machine(
+    page: Page, live_stack: LiveStack
+) -> None:
     open_worker_page(page, live_stack)
     rate = page.locator("#hash-rate")
     expect(rate).not_to_contain_text("3 million")
@@ -147,7 +149,9 @@ def test_the_page_gives_the_rate_measured_on_this_machine(page, live_stack: Live
     )
 
 
-def test_the_timeout_field_is_empty_with_a_hint_not_a_value(page, live_stack: LiveStack) -> None:
+def test_the_timeout_field_is_empty_with_a_hint_not_a_value(
+    page: Page, live_stack: LiveStack
+) -> None:
     open_worker_page(page, live_stack)
     field = page.get_by_label("Timeout (ms, pool)", exact=True)
     expect(field).to_have_value("")
@@ -178,7 +182,7 @@ PAINTED_BOXES = """
 """
 
 
-def overlap(a: dict, b: dict) -> float:
+def overlap(a: dict[str, float], b: dict[str, float]) -> float:
     width = min(a["right"], b["right"]) - max(a["left"], b["left"])
     height = min(a["bottom"], b["bottom"]) - max(a["top"], b["top"])
     return max(0.0, width) * max(0.0, height)
@@ -186,7 +190,7 @@ def overlap(a: dict, b: dict) -> float:
 
 @pytest.mark.parametrize("width", [1280, 390])
 def test_heartbeat_bars_never_draw_over_the_scale_labels(
-    browser, live_stack: LiveStack, width: int
+    browser: Browser, live_stack: LiveStack, width: int
 ) -> None:
     context = browser.new_context(viewport={"width": width, "height": 900})
     page = context.new_page()
@@ -215,7 +219,10 @@ def test_heartbeat_bars_never_draw_over_the_scale_labels(
         context.close()
 
 
-def test_a_new_run_clears_the_result_card(page, live_stack: LiveStack) -> None:
+# Beside two busy processes the niced pool children take a share of the cores and hash many
+# times slower: these bounds are hangs', not speeds.
+@pytest.mark.timeout(240)
+def test_a_new_run_clears_the_result_card(page: Page, live_stack: LiveStack) -> None:
     open_worker_page(page, live_stack)
     page.fill("#hash-rounds", "1000")
     page.click("#run-pool")
@@ -225,18 +232,18 @@ def test_a_new_run_clears_the_result_card(page, live_stack: LiveStack) -> None:
     page.click("#run-pool")
     expect(page.locator("#result-error")).to_contain_text("worker.task_timeout")
     page.fill("#hash-timeout", "")
-    page.fill("#hash-rounds", "6000000")
+    page.fill("#hash-rounds", "3000000")
     page.click("#run-pool")
     # At once, before the new run answers: no digest, no time, no error from before.
     expect(page.locator("#result-digest")).to_have_text("")
     expect(page.locator("#result-ms")).to_have_text("running…")
     expect(page.locator("#result-error")).to_be_hidden()
-    expect(page.locator("#result-rounds")).to_have_text("6,000,000")
-    expect(page.locator("#result-digest")).to_have_text(DIGEST, timeout=60_000)
+    expect(page.locator("#result-rounds")).to_have_text("3,000,000")
+    expect(page.locator("#result-digest")).to_have_text(DIGEST, timeout=120_000)
 
 
 def test_a_timeout_shows_the_error_and_the_pool_replaces_the_process(
-    page, live_stack: LiveStack
+    page: Page, live_stack: LiveStack
 ) -> None:
     open_worker_page(page, live_stack)
     restarts = page.locator("#pool-restarts").inner_text()
@@ -254,7 +261,7 @@ def test_a_timeout_shows_the_error_and_the_pool_replaces_the_process(
     screenshot(page, "worker-timeout")
 
 
-def test_killing_a_child_counts_a_restart(page, live_stack: LiveStack) -> None:
+def test_killing_a_child_counts_a_restart(page: Page, live_stack: LiveStack) -> None:
     open_worker_page(page, live_stack)
     before = int(page.locator("#pool-restarts").inner_text())
     assert before < int(page.locator("#pool-max-restarts").inner_text())
@@ -272,7 +279,8 @@ def test_killing_a_child_counts_a_restart(page, live_stack: LiveStack) -> None:
     screenshot(page, "worker-kill")
 
 
-def test_a_burst_shows_runs_refused_with_429(page, live_stack: LiveStack) -> None:
+@pytest.mark.timeout(240)  # the burst drains many times slower beside busy processes
+def test_a_burst_shows_runs_refused_with_429(page: Page, live_stack: LiveStack) -> None:
     open_worker_page(page, live_stack)
     page.click("#burst")
     result = page.locator("#burst-result")
@@ -287,12 +295,12 @@ def test_a_burst_shows_runs_refused_with_429(page, live_stack: LiveStack) -> Non
         )
     )
     screenshot(page, "worker-burst")
-    expect(page.locator("#pool-queued")).to_have_text("0", timeout=60_000)
+    expect(page.locator("#pool-queued")).to_have_text("0", timeout=150_000)
 
 
 @pytest.mark.timeout(300)  # up to three inline runs of several seconds each, on a busy machine
 def test_the_heartbeat_has_a_scale_a_run_max_and_grows_while_a_beat_is_pending(
-    page, live_stack: LiveStack
+    page: Page, live_stack: LiveStack
 ) -> None:
     open_worker_page(page, live_stack)
     expect(page.locator("#heartbeat-scale .tick")).to_have_count(4)
@@ -342,7 +350,7 @@ def test_the_heartbeat_has_a_scale_a_run_max_and_grows_while_a_beat_is_pending(
 
 
 def test_at_390_px_the_heartbeat_sits_by_the_run_buttons_without_sideways_scroll(
-    browser, live_stack: LiveStack
+    browser: Browser, live_stack: LiveStack
 ) -> None:
     context = browser.new_context(viewport={"width": 390, "height": 844})
     page = context.new_page()
@@ -361,8 +369,8 @@ def test_at_390_px_the_heartbeat_sits_by_the_run_buttons_without_sideways_scroll
 
 
 def test_bad_fields_are_worded_at_their_field_and_gone_once_corrected(
-    page, live_stack: LiveStack
-) -> None:  # type: ignore[no-untyped-def]
+    page: Page, live_stack: LiveStack
+) -> None:
     open_worker_page(page, live_stack)
     page.fill("#hash-rounds", "0")
     page.fill("#hash-timeout", "soon")

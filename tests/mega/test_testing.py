@@ -104,8 +104,9 @@ async def test_drain_runs_retries_and_the_dlq_without_sleeping() -> None:
     [record] = await queue.dlq.list(Welcome)
     assert (record["payload"]["to"], record["attempts"]) == ("gone@example.com", 3)
     assert sorted(to for _, to in RAN) == ["gone@example.com"] * 3 + [
-        "later@example.com", "ok@example.com"
-    ]  # fmt: skip
+        "later@example.com",
+        "ok@example.com",
+    ]
 
 
 async def test_failing_injects_failures_then_lets_the_class_run() -> None:

@@ -31,9 +31,18 @@ def command(service: dict[str, Any]) -> list[str]:
 
 def test_every_service_is_there(services: dict[str, dict[str, Any]]) -> None:
     assert sorted(services) == [
-        "app", "migrate", "nats", "nats-1", "nats-2", "nats-3", "postgres", "redis", "scheduler",
-        "work", "worker",
-    ]  # fmt: skip
+        "app",
+        "migrate",
+        "nats",
+        "nats-1",
+        "nats-2",
+        "nats-3",
+        "postgres",
+        "redis",
+        "scheduler",
+        "work",
+        "worker",
+    ]
 
 
 def test_the_single_layout_runs_one_mega_work(services: dict[str, dict[str, Any]]) -> None:
@@ -103,8 +112,11 @@ def test_every_service_has_a_healthcheck(services: dict[str, dict[str, Any]]) ->
         if name != "migrate":  # a one-shot command
             assert service["healthcheck"]["test"], name
     assert services["nats"]["healthcheck"]["test"] == [
-        "CMD", "wget", "-qO-", "http://localhost:8222/healthz",
-    ]  # fmt: skip
+        "CMD",
+        "wget",
+        "-qO-",
+        "http://localhost:8222/healthz",
+    ]
     assert services["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
     assert "pg_isready" in " ".join(services["postgres"]["healthcheck"]["test"])
     assert "http://127.0.0.1:8000/readyz" in " ".join(services["app"]["healthcheck"]["test"])
@@ -190,9 +202,10 @@ def test_dockerfile_installs_dependencies_before_copying_the_source() -> None:
     instructions = dockerfile_instructions()
     copies = [i for i, (keyword, _) in enumerate(instructions) if keyword == "COPY"]
     installs = [
-        i for i, (keyword, args) in enumerate(instructions)
+        i
+        for i, (keyword, args) in enumerate(instructions)
         if keyword == "RUN" and "pip install" in args
-    ]  # fmt: skip
+    ]
     assert [instructions[i][1] for i in copies] == ["pyproject.toml ./", ". ."]
     assert len(installs) == 2
     deps, package = installs
@@ -214,8 +227,11 @@ def test_dockerfile_runs_as_a_non_root_user() -> None:
     )
     # Nothing after USER needs root: every install happened before it.
     assert [keyword for keyword, _ in instructions[index:]] == [
-        "USER", "EXPOSE", "HEALTHCHECK", "CMD",
-    ]  # fmt: skip
+        "USER",
+        "EXPOSE",
+        "HEALTHCHECK",
+        "CMD",
+    ]
 
 
 def test_dockerignore_keeps_local_state_out_of_the_image() -> None:
@@ -228,9 +244,20 @@ def test_dockerignore_keeps_local_state_out_of_the_image() -> None:
 # `docker compose` plugin (v2). A key outside them (`develop`, `deploy.resources`, which 1.29
 # reads only with --compatibility) would make the layouts differ between the two.
 SHARED_SERVICE_KEYS = {
-    "build", "image", "init", "restart", "environment", "command", "ports", "depends_on",
-    "healthcheck", "stop_grace_period", "deploy", "profiles", "volumes",
-}  # fmt: skip
+    "build",
+    "image",
+    "init",
+    "restart",
+    "environment",
+    "command",
+    "ports",
+    "depends_on",
+    "healthcheck",
+    "stop_grace_period",
+    "deploy",
+    "profiles",
+    "volumes",
+}
 
 
 def test_the_compose_file_uses_only_keys_both_compose_versions_read() -> None:

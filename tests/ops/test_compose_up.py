@@ -123,7 +123,7 @@ def until(check: Callable[[], T | None], what: str, timeout_s: float = 60) -> T:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {timeout_s:g} s")
-        time.sleep(0.5)
+        time.sleep(0.2)
 
 
 class Stack:
@@ -285,10 +285,13 @@ def jobs_reach_their_ends(user: User) -> None:
     requeued = user.post("/api/demo/jobs/dlq/requeue", {"id": ids["fail"]})
     assert requeued == {"requeued": 1, "left_crashed": 0}
     record = until(
-        lambda: (r := user.get(f"/api/demo/jobs/{ids['fail']}"))["state"] == "dlq" and
-        r["finished_at"] > requeued_ms and r,
+        lambda: (
+            (r := user.get(f"/api/demo/jobs/{ids['fail']}"))["state"] == "dlq"
+            and r["finished_at"] > requeued_ms
+            and r
+        ),
         "the requeued job back in the DLQ",
-    )  # fmt: skip
+    )
     assert record["attempts"] == 3 and len(record["history"]) == 2
     job = user.job(ids["fail"])
     assert job is not None

@@ -128,9 +128,15 @@ def test_procfile_runs_the_three_commands() -> None:
     }
 
 
+class CaseKeepingParser(configparser.RawConfigParser):
+    """Keeps systemd's CamelCase keys (RawConfigParser lowercases them)."""
+
+    def optionxform(self, optionstr: str) -> str:
+        return optionstr
+
+
 def read_ini(path: Path) -> configparser.RawConfigParser:
-    parser = configparser.RawConfigParser(inline_comment_prefixes=(";",), strict=False)
-    parser.optionxform = str  # type: ignore[method-assign]  # keep systemd's CamelCase keys
+    parser = CaseKeepingParser(inline_comment_prefixes=(";",), strict=False)
     parser.read(path)
     return parser
 
@@ -189,8 +195,11 @@ def test_supervisord_names_the_missing_run_dir() -> None:
     env = {k: v for k, v in os.environ.items() if k != "MEGA_RUN_DIR"}
     result = subprocess.run(
         [BIN / "supervisord", "-n", "-c", ECOSYSTEM / "supervisord.conf"],
-        capture_output=True, text=True, timeout=30, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
     assert result.returncode == 2
     assert "ENV_MEGA_RUN_DIR" in result.stderr
 
@@ -209,11 +218,25 @@ def test_honcho_runs_the_procfile_and_sigint_stops_everything(
     log_path = tmp_path / "honcho.log"
     with log_path.open("wb") as log:
         honcho = subprocess.Popen(
-            [BIN / "honcho", "--no-colour", "-e", no_dotenv, "-f", "ecosystem/Procfile",
-             "-d", ROOT, "start", "-c", "worker=2"],
-            cwd=ROOT, env={**stack_env, "PORT": str(port)}, stdout=log, stderr=subprocess.STDOUT,
+            [
+                BIN / "honcho",
+                "--no-colour",
+                "-e",
+                no_dotenv,
+                "-f",
+                "ecosystem/Procfile",
+                "-d",
+                ROOT,
+                "start",
+                "-c",
+                "worker=2",
+            ],
+            cwd=ROOT,
+            env={**stack_env, "PORT": str(port)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
     family: set[int] = set()
     try:
         for url in (
@@ -235,8 +258,11 @@ def test_honcho_runs_the_procfile_and_sigint_stops_everything(
         stopped = dict(re.findall(r"(\S+) stopped \(rc=(-?\d+)\)", output))
         # Every host drained and exited 0 (not SIGKILLed by honcho after its 5 s).
         assert stopped == {
-            "web.1": "0", "scheduler.1": "0", "worker.1": "0", "worker.2": "0",
-        }, tail(log_path)  # fmt: skip
+            "web.1": "0",
+            "scheduler.1": "0",
+            "worker.1": "0",
+            "worker.2": "0",
+        }, tail(log_path)
         assert "Traceback" not in output
         time.sleep(0.2)
         assert kill_leftovers(family) == []
@@ -250,8 +276,11 @@ PROGRAMS = ("web", "scheduler", "worker-0", "worker-1")  # supervisord's process
 def supervisor_status(env: dict[str, str]) -> dict[str, str]:
     result = subprocess.run(
         [BIN / "supervisorctl", "-c", ECOSYSTEM / "supervisord.conf", "status"],
-        capture_output=True, text=True, timeout=30, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
     return dict(line.split()[:2] for line in result.stdout.splitlines() if line.strip())
 
 
@@ -275,8 +304,12 @@ def test_supervisord_runs_the_shipped_config_and_sigterm_stops_everything(
     with output.open("wb") as out:
         supervisord = subprocess.Popen(
             [BIN / "supervisord", "-n", "-c", ECOSYSTEM / "supervisord.conf"],
-            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     family: set[int] = set()
     try:
         for url in (
@@ -300,7 +333,7 @@ def test_supervisord_runs_the_shipped_config_and_sigterm_stops_everything(
         }
         deadline = time.monotonic() + 30  # STARTING until each has lived `startsecs`
         while (status := supervisor_status(env)) != expected and time.monotonic() < deadline:
-            time.sleep(0.5)
+            time.sleep(0.2)
         assert status == expected, tail(*logs)
         family = descendants(supervisord.pid)
         assert mega_commands(family) == ["scheduler", "start", "worker", "worker"]
@@ -313,8 +346,12 @@ def test_supervisord_runs_the_shipped_config_and_sigterm_stops_everything(
         assert kill_leftovers(family) == []
         # Its files live under MEGA_RUN_DIR; socket and pid file go away with it.
         assert sorted(p.name for p in run_dir.iterdir()) == [
-            "scheduler.log", "supervisord.log", "web.log", "worker-0.log", "worker-1.log",
-        ]  # fmt: skip
+            "scheduler.log",
+            "supervisord.log",
+            "web.log",
+            "worker-0.log",
+            "worker-1.log",
+        ]
         for name in PROGRAMS:
             assert "Traceback" not in (run_dir / f"{name}.log").read_text(), name
     finally:
@@ -331,11 +368,23 @@ def test_honcho_runs_the_single_layout_with_one_mega_work(
     log_path = tmp_path / "honcho.log"
     with log_path.open("wb") as log:
         honcho = subprocess.Popen(
-            [BIN / "honcho", "--no-colour", "-e", no_dotenv, "-f", "ecosystem/Procfile.single",
-             "-d", ROOT, "start"],
-            cwd=ROOT, env={**stack_env, "PORT": str(port)}, stdout=log, stderr=subprocess.STDOUT,
+            [
+                BIN / "honcho",
+                "--no-colour",
+                "-e",
+                no_dotenv,
+                "-f",
+                "ecosystem/Procfile.single",
+                "-d",
+                ROOT,
+                "start",
+            ],
+            cwd=ROOT,
+            env={**stack_env, "PORT": str(port)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
     family: set[int] = set()
     try:
         for url in (f"http://127.0.0.1:{port}/readyz", f"http://127.0.0.1:{port + 100}/metrics"):
@@ -349,8 +398,9 @@ def test_honcho_runs_the_single_layout_with_one_mega_work(
         assert stop_and_wait(honcho, signal.SIGINT, 60) == 130
         output = log_path.read_text()
         assert dict(re.findall(r"(\S+) stopped \(rc=(-?\d+)\)", output)) == {
-            "web.1": "0", "work.1": "0"
-        }, tail(log_path)  # fmt: skip
+            "web.1": "0",
+            "work.1": "0",
+        }, tail(log_path)
         assert "Traceback" not in output
         time.sleep(0.2)
         assert kill_leftovers(family) == []

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 WEB_STACK = ("fastapi", "uvicorn", "jinja2", "python-multipart", "itsdangerous", "pwdlib")
 A_JOB = textwrap.dedent(
     """
@@ -42,19 +41,34 @@ A_JOB = textwrap.dedent(
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_mega_py_alone_runs_a_job_without_the_web_stack(tmp_path: Path) -> None:
+def test_mega_py_alone_runs_a_job_without_the_web_stack(
+    tmp_path: Path, checkout_copy: Path
+) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     installed = subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(ROOT)],
-        capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            str(checkout_copy),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert installed.returncode == 0, installed.stderr[-3000:]
     listing = subprocess.run(
         [str(python), "-m", "pip", "list", "--format=freeze"],
-        capture_output=True, text=True, check=True, timeout=60,
-    ).stdout.lower()  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.lower()
     packages = [line.split("==")[0] for line in listing.splitlines()]
     assert "mega-py" in packages
     assert [name for name in WEB_STACK if name in packages] == []
@@ -73,7 +87,9 @@ def test_mega_py_alone_runs_a_job_without_the_web_stack(tmp_path: Path) -> None:
     )
     start = subprocess.run(
         [str(mega), "start", "--config", str(tmp_path / "none.py")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert start.returncode == 2
     assert start.stderr.strip().endswith("pip install 'mega-py[web]'"), start.stderr

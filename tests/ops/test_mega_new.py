@@ -24,7 +24,6 @@ from mega.runtime.embedded import free_port
 from mega.runtime.scaffold import TEMPLATES
 from tests.processes import alive, descendants, wait_for_status, wait_for_text
 
-ROOT = Path(__file__).resolve().parents[2]
 # The generated project's tests, as its templates declare them.
 PROJECT_TESTS = sum(
     len(re.findall(r"^(?:async )?def test_", path.read_text(), re.MULTILINE))
@@ -33,17 +32,29 @@ PROJECT_TESTS = sum(
 ORDER = {"email": "ada@example.com", "item": "coffee beans", "quantity": 2}
 # Variables of this test session that would point the project elsewhere than its own servers.
 UNSET = (
-    "NATS_URL", "REDIS_URL", "DATABASE_URL", "MEGA_CONFIG", "MEGA_ENV", "MEGA_BUS",
-    "MEGA_SECRET_KEY", "VIRTUAL_ENV", "PYTHONPATH",
-)  # fmt: skip
+    "NATS_URL",
+    "REDIS_URL",
+    "DATABASE_URL",
+    "MEGA_CONFIG",
+    "MEGA_ENV",
+    "MEGA_BUS",
+    "MEGA_SECRET_KEY",
+    "VIRTUAL_ENV",
+    "PYTHONPATH",
+)
 
 
 def run(command: list[str | Path], cwd: Path, env: dict[str, str], timeout: float = 300) -> str:
     """Run `command`; its output, or an assertion naming it and showing the end of it."""
     done = subprocess.run(
-        [str(part) for part in command], cwd=cwd, env=env, timeout=timeout,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [str(part) for part in command],
+        cwd=cwd,
+        env=env,
+        timeout=timeout,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert done.returncode == 0, f"{command} exited {done.returncode}:\n{done.stdout[-4000:]}"
     return done.stdout
 
@@ -67,7 +78,7 @@ def poll(check: Callable[[], bool], what: str, timeout_s: float, logs: Callable[
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_new_project_installs_passes_its_tests_and_serves_an_order_to_its_receipt(
-    tmp_path: Path,
+    tmp_path: Path, checkout_copy: Path
 ) -> None:
     venv = tmp_path / "venv"
     bin_dir = venv / "bin"
@@ -75,8 +86,15 @@ def test_a_new_project_installs_passes_its_tests_and_serves_an_order_to_its_rece
     env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", NO_COLOR="1")
     run([sys.executable, "-m", "venv", venv], tmp_path, env, timeout=120)
     # What the project's dev extra asks of mega-py, from this checkout: pip keeps it then.
-    pip = [bin_dir / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    run([*pip, f"{ROOT}[web,embedded,testing]"], tmp_path, env, timeout=600)
+    pip: list[str | Path] = [
+        bin_dir / "python",
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+    ]
+    run([*pip, f"{checkout_copy}[web,embedded,testing]"], tmp_path, env, timeout=600)
     # The installed `mega` writes the project: its templates are in the package data.
     run([bin_dir / "mega", "new", "shop"], tmp_path, env)
     project = tmp_path / "shop"
@@ -94,8 +112,12 @@ def test_a_new_project_installs_passes_its_tests_and_serves_an_order_to_its_rece
     port = free_port()
     dev = subprocess.Popen(
         [str(bin_dir / "mega"), "dev", "--port", str(port), "--schedulers", "1", "--workers", "1"],
-        cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(dev.stdout.readline, "")))  # type: ignore[union-attr]
     reader.start()

@@ -12,9 +12,12 @@ SCRIPT = Path(__file__).with_name("chromium.sh")
 
 def find(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["bash", str(SCRIPT)], capture_output=True, text=True, timeout=30,
+        ["bash", str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        timeout=30,
         env={"PATH": os.environ["PATH"], **env},
-    )  # fmt: skip
+    )
 
 
 def test_the_chromium_named_by_mega_chromium_is_used(tmp_path: Path) -> None:

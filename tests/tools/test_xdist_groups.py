@@ -18,10 +18,25 @@ def test_every_test_of_a_group_runs_on_one_worker() -> None:
     grouped = "tests/ops/test_compose.py"  # the compose group: fast checks of the files
     ungrouped = "tests/tools/test_chromium.py"
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", grouped, ungrouped, "-n", "2", "--dist", "loadgroup",
-         "-v", "-k", "not docker_compose_up"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            grouped,
+            ungrouped,
+            "-n",
+            "2",
+            "--dist",
+            "loadgroup",
+            "-v",
+            "-k",
+            "not docker_compose_up",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     ran = [(worker, test) for worker, _, test in WORKER.findall(result.stdout)]
     compose = {worker for worker, test in ran if test.startswith(grouped)}

@@ -159,9 +159,12 @@ class MemoryLane:
         unsettled = [*self.ready, *self.taken.values()]
         oldest = min((m.enqueued_at_ms for m in unsettled), default=None)
         return LaneStats(
-            pending=len(self.ready) + self.scheduled, in_flight=self.running, dlq=len(self.dead),
-            oldest_ms=oldest, stored=self.stored,
-        )  # fmt: skip
+            pending=len(self.ready) + self.scheduled,
+            in_flight=self.running,
+            dlq=len(self.dead),
+            oldest_ms=oldest,
+            stored=self.stored,
+        )
 
     def take(self, message: MemoryMessage) -> None:
         """A message delivered: running until `settle`."""

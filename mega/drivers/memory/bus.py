@@ -93,9 +93,15 @@ class MemoryBus:
                 continue
             run_at = max(message.enqueued_at_ms, message.run_at_ms or 0)
             stored = MemoryMessage(
-                message.id, message.subject, message.body, message.enqueued_at_ms, run_at,
-                trace=message.trace, flow_key=message.flow_key, priority=message.priority,
-            )  # fmt: skip
+                message.id,
+                message.subject,
+                message.body,
+                message.enqueued_at_ms,
+                run_at,
+                trace=message.trace,
+                flow_key=message.flow_key,
+                priority=message.priority,
+            )
             queue.put(stored, at_ms=message.run_at_ms)
             kept.append(True)
         return kept
@@ -169,9 +175,14 @@ class MemoryBus:
     # -- records ------------------------------------------------------------------------------
 
     async def put_records(
-        self, lane: Lane, table: Table, records: Sequence[tuple[str, bytes]], *, create: bool,
+        self,
+        lane: Lane,
+        table: Table,
+        records: Sequence[tuple[str, bytes]],
+        *,
+        create: bool,
         confirm: bool = True,
-    ) -> list[bool]:  # fmt: skip
+    ) -> list[bool]:
         store = self.broker.table(lane, table)
         now = time.monotonic()
         expires = now + lane.keep_s(table)
@@ -211,8 +222,12 @@ class MemoryBus:
                 kept.append(False)
                 continue
             name, event_id, body, emitted, trace = (
-                message.subject, message.id, message.body, message.enqueued_at_ms, message.trace
-            )  # fmt: skip
+                message.subject,
+                message.id,
+                message.body,
+                message.enqueued_at_ms,
+                message.trace,
+            )
             self.broker.events.append((name, event_id, body, emitted, trace))
             for matches, queue in self.broker.groups.values():
                 if matches(name):

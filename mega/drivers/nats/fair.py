@@ -97,10 +97,13 @@ class Feeder:
             taken = await self._get(dict(Counter(dealt)))
             order = _in_turns(dealt, taken)
             await self.publish([_moved(self.lane, msg) for msg in order])
-            await asyncio.gather(*(
-                self.js.purge_stream(self.stream, subject=subject, seq=_seq(msgs[-1]) + 1)
-                for subject, msgs in taken.items() if msgs
-            ))  # fmt: skip
+            await asyncio.gather(
+                *(
+                    self.js.purge_stream(self.stream, subject=subject, seq=_seq(msgs[-1]) + 1)
+                    for subject, msgs in taken.items()
+                    if msgs
+                )
+            )
         except NATS_ERRORS as exc:
             raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
         return len(order)
@@ -164,9 +167,10 @@ class Feeder:
             for reply, subject in replies.items():
                 request = {"seq": 1, "next_by_subj": subject, "batch": shares[subject]}
                 await self.nc.publish(
-                    f"$JS.API.DIRECT.GET.{self.stream}", json.dumps(request).encode(),
+                    f"$JS.API.DIRECT.GET.{self.stream}",
+                    json.dumps(request).encode(),
                     reply=reply,
-                )  # fmt: skip
+                )
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(GET_TIMEOUT_S):
                     await done.wait()

@@ -66,6 +66,14 @@ PULL_EXPIRES_S = 5.0
 # Credit of pull requests that never answered (lost in an outage) is forgotten this much after
 # they should have expired.
 PULL_GRACE_S = 1.0
+# A waiting pull request has the server say it is alive this often when nothing is delivered
+# (an idle heartbeat, status 100)...
+PULL_HEARTBEAT_S = 1.0
+# ... and one that has said nothing for this long is taken for gone: asked of a consumer that
+# had no leader (one is elected while this process cannot hear its announcement, as after a
+# partition heals), or held by a node that went away. Its credit is forgotten and the pull made
+# again, instead of waiting out PULL_EXPIRES_S and PULL_GRACE_S.
+PULL_SILENT_S = 2.5
 # Pull again once this fraction of the slots is free (or nothing is asked at all): one request
 # per half window keeps messages flowing without one request per job.
 REFILL_FRACTION = 0.5
@@ -78,7 +86,7 @@ MIN_NAK_DELAY_S = 0.001
 # Settles (ack, nak, term) sent this recently are sent again after a reconnect, and when the
 # consumer gets a new leader: those written to a connection that had gone silent, or sent while
 # the consumer had no leader, never arrived, and each would hold a slot of the group's
-# max_ack_pending for a whole ack wait. A silent server is left within about 4 s (a ping every
+# max_ack_pending for a whole ack wait. A silent server is left within about 3 s (a ping every
 # NATS_PING_INTERVAL_S, NATS_MAX_OUTSTANDING_PINGS unanswered), and an election takes a few
 # seconds more; this covers both.
 RESETTLE_WINDOW_S = 15.0
@@ -132,11 +140,13 @@ class NatsReceiver:
         self.stream = stream_of(lane)
         self.pull_subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{durable_of(lane)}"
         self.pull_expires_ns = int(PULL_EXPIRES_S * 1e9)
+        self.pull_heartbeat_ns = int(PULL_HEARTBEAT_S * 1e9)
         self.refill_at = max(1, math.ceil(lane.concurrency * REFILL_FRACTION))
         self.arrived: deque[Msg] = deque()
         self.ready = asyncio.Event()
         self.credits = 0
         self.credits_expire_at = 0.0
+        self.heard_at = 0.0  # the last message or status on the inbox, or the last pull
         self.pause_until = 0.0
         self.needs_ensure = False
         self.last_warning = ""
@@ -206,10 +216,11 @@ class NatsReceiver:
 
     async def _top_up(self, limit: int, now: float) -> None:
         if self.nc.stats["reconnects"] != self.reconnects or (
-            self.credits and now > self.credits_expire_at
+            self.credits and (now > self.credits_expire_at or now - self.heard_at > PULL_SILENT_S)
         ):
-            # Requests made before a reconnect are gone and will never answer. A late message
-            # of one is still capped by max_ack_pending.
+            # Requests made before a reconnect are gone and will never answer, nor will those
+            # that stopped sending heartbeats. A late message of one is still capped by
+            # max_ack_pending.
             self.reconnects = self.nc.stats["reconnects"]
             self.credits = 0
         if self.needs_ensure and now >= self.pause_until:
@@ -227,7 +238,11 @@ class NatsReceiver:
             and now >= self.pause_until
             and self.nc.is_connected
         ):
-            request = b'{"batch":%d,"expires":%d}' % (free, self.pull_expires_ns)
+            request = b'{"batch":%d,"expires":%d,"idle_heartbeat":%d}' % (
+                free,
+                self.pull_expires_ns,
+                self.pull_heartbeat_ns,
+            )
             try:
                 await self.nc.publish(self.pull_subject, request, reply=self.inbox)
             except NATS_ERRORS as exc:
@@ -236,6 +251,7 @@ class NatsReceiver:
                 return
             self.credits += free
             self.credits_expire_at = now + PULL_EXPIRES_S + PULL_GRACE_S
+            self.heard_at = now
 
     async def _feed(self) -> None:
         """Feed the fair lane each time it is asked, up to `concurrency` jobs not yet handed
@@ -269,6 +285,7 @@ class NatsReceiver:
         if not msg.reply:  # job messages carry an ack subject; status messages do not
             self._on_status(msg)
             return
+        self.heard_at = time.monotonic()
         if self.credits:
             self.credits -= 1
         self.arrived.append(msg)
@@ -290,9 +307,10 @@ class NatsReceiver:
         await self.resettle("a new leader, once more")
 
     def _on_status(self, msg: Msg) -> None:
+        self.heard_at = time.monotonic()
         headers = msg.headers or {}
         status = headers.get("Status", "")
-        if status == "100":  # idle heartbeat (not asked for)
+        if status == "100":  # idle heartbeat: a request is still waiting
             return
         # The request is over: drop what it will never deliver (all of it if the server
         # does not say).
@@ -326,10 +344,17 @@ class NatsReceiver:
             subject = headers.get(HEADER_EVENT_NAME) or msg.subject.removeprefix(EVENT_PREFIX)
             enqueued = _int(headers.get(HEADER_EMITTED_AT))
         return Delivery(
-            id=job_id or f"{self.stream}:{seq}", subject=subject, body=msg.data,
-            attempt=attempt, enqueued_at_ms=enqueued, run_at_ms=_int(headers.get(HEADER_RUN_AT)),
-            key=seq, handle=msg, trace=carried(headers), flow_key=headers.get(HEADER_FLOW_KEY),
-        )  # fmt: skip
+            id=job_id or f"{self.stream}:{seq}",
+            subject=subject,
+            body=msg.data,
+            attempt=attempt,
+            enqueued_at_ms=enqueued,
+            run_at_ms=_int(headers.get(HEADER_RUN_AT)),
+            key=seq,
+            handle=msg,
+            trace=carried(headers),
+            flow_key=headers.get(HEADER_FLOW_KEY),
+        )
 
     # -- settling -----------------------------------------------------------------------------
 
@@ -348,8 +373,9 @@ class NatsReceiver:
         msg = delivery.handle
         if self.schedules:
             target = requeue_subject_of(self.lane)
-            headers = requeue_headers(self.lane, delivery.id, delivery.subject,
-                                      delivery.enqueued_at_ms, due_ms)  # fmt: skip
+            headers = requeue_headers(
+                self.lane, delivery.id, delivery.subject, delivery.enqueued_at_ms, due_ms
+            )
             headers[HEADER_ATTEMPTS] = str(attempts)
             if delivery.flow_key is not None:
                 headers[HEADER_FLOW_KEY] = delivery.flow_key
@@ -363,8 +389,9 @@ class NatsReceiver:
                 logger.warning(
                     "%s: its stream takes no message schedules (%s): a retry waits holding its "
                     "slot (recreate the stream on nats-server 2.12+ to lift this)",
-                    self.lane.name, exc.description,
-                )  # fmt: skip
+                    self.lane.name,
+                    exc.description,
+                )
             except NATS_ERRORS as exc:
                 logger.debug("%s: retry not scheduled (%s); nak instead", self.lane.name, exc)
             else:
@@ -433,9 +460,11 @@ def requeue_headers(
         return headers
     emitted = first_enqueued_at if first_enqueued_at is not None else run_at_ms
     return {
-        HEADER_EVENT_ID: job_id, HEADER_EVENT_NAME: subject, HEADER_EMITTED_AT: str(emitted),
+        HEADER_EVENT_ID: job_id,
+        HEADER_EVENT_NAME: subject,
+        HEADER_EMITTED_AT: str(emitted),
         HEADER_RUN_AT: str(run_at_ms),
-    }  # fmt: skip
+    }
 
 
 def nak_payload(delay_s: float) -> bytes:

@@ -28,6 +28,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from mega.drivers.base import DEDUP_WINDOW_S, DriverUnavailable, Lane, Table
 from mega.drivers.nats.acks import BULK_TIMEOUT_PER_MSG_S, BULK_TIMEOUT_S, AckMux, Envelope
+from mega.drivers.nats.core import NatsCore
 from mega.drivers.nats.errors import NATS_ERRORS
 from mega.drivers.nats.names import (
     BUCKET_STREAM_PREFIX,
@@ -110,8 +111,9 @@ async def ensure_bucket(
     if not apply_limits:
         logger.warning(
             "%s: keeping the running keep (start with --apply-limits, or set apply_limits = "
-            "True in the config, to change it)", change,
-        )  # fmt: skip
+            "True in the config, to change it)",
+            change,
+        )
         return
     logger.info("%s: applying the declared keep (--apply-limits)", change)
     # The server refuses a dedup window longer than max_age (records carry no msg id anyway).
@@ -120,9 +122,13 @@ async def ensure_bucket(
 
 
 async def write_records(
-    js: JetStreamContext, mux: AckMux, bucket: str, records: Sequence[tuple[str, bytes]], *,
+    js: JetStreamContext,
+    mux: AckMux,
+    bucket: str,
+    records: Sequence[tuple[str, bytes]],
+    *,
     create: bool,
-) -> list[bool]:  # fmt: skip
+) -> list[bool]:
     """Publish each record onto its key's subject, in order; `create`: only onto a key with no
     message. True each one stored, False a create refused. Raises DriverUnavailable."""
     headers = {NATS_EXPECTED_LAST_SUBJECT_SEQ: "0"} if create else None
@@ -220,3 +226,57 @@ async def _last_message(js: JetStreamContext, bucket: str, subject: str) -> RawS
         ) from exc
     except NATS_ERRORS as exc:
         raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+
+
+class NatsRecordStore(NatsCore):
+    """The `RecordStore` part of the NATS bus."""
+
+    async def put_records(
+        self,
+        lane: Lane,
+        table: Table,
+        records: Sequence[tuple[str, bytes]],
+        *,
+        create: bool,
+        confirm: bool = True,
+    ) -> list[bool]:
+        """Publish each record onto its key's subject in the lane's bucket (see records.py);
+        unconfirmed ones as plain publishes, which JetStream stores without answering. A table
+        kept 0 s has no bucket: nothing is written, and nothing will be read."""
+        if not records or lane.keep_s(table) <= 0:
+            return [True] * len(records)
+        self._check_connected()
+        bucket = bucket_of(lane, table)
+        try:
+            if not confirm:
+                return await send_records(self.native, bucket, records, create=create)
+            return await write_records(self.js, self.acks, bucket, records, create=create)
+        except DriverUnavailable as exc:
+            raise DriverUnavailable(
+                f"{lane.name}: cannot store its {table} records in bucket {bucket}: {exc}"
+            ) from exc
+
+    async def get_records(
+        self, lane: Lane, table: Table, keys: Sequence[str]
+    ) -> list[bytes | None]:
+        """One request per key, all sent before any answer is awaited."""
+        if lane.keep_s(table) <= 0:
+            return [None] * len(keys)
+        bucket = bucket_of(lane, table)
+        try:
+            return list(await asyncio.gather(*(read_record(self.js, bucket, key) for key in keys)))
+        except DriverUnavailable as exc:
+            raise DriverUnavailable(
+                f"{lane.name}: cannot read its {table} records in bucket {bucket}: {exc}"
+            ) from exc
+
+    async def list_records(self, lane: Lane, table: Table) -> list[tuple[str, bytes]]:
+        """The table's bucket is the lane's own (the "workers" one holds a key per consume
+        loop): its subjects from one stream info, then each one's last message."""
+        bucket = bucket_of(lane, table)
+        try:
+            return await list_bucket(self.js, bucket)
+        except DriverUnavailable as exc:
+            raise DriverUnavailable(
+                f"{lane.name}: cannot list its {table} records in bucket {bucket}: {exc}"
+            ) from exc

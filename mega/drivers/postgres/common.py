@@ -21,9 +21,12 @@ LISTEN_RETRY_S = 1.0
 # about two hours idle (or fifteen minutes of retransmits): keepalive probes from 5 s idle, one
 # every 2 s, three missed; sent data unacknowledged for 10 s. libpq's names and units.
 TCP_FAULT_SETTINGS: dict[str, int] = {
-    "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
     "tcp_user_timeout": 10_000,
-}  # fmt: skip
+}
 
 
 async def open_connection(url: str) -> Connection:

@@ -218,9 +218,12 @@ class PostgresReceiver:
 
     async def retry(self, delivery: Delivery, *, due_ms: int, attempts: int) -> None:
         await self._settle(
-            sql.RETRY, delivery, due_ms=due_ms, attempts=attempts,
+            sql.RETRY,
+            delivery,
+            due_ms=due_ms,
+            attempts=attempts,
             trace=sql.trace_text(delivery.trace),
-        )  # fmt: skip
+        )
 
     async def extend(self, delivery: Delivery) -> None:
         await self._settle(sql.EXTEND, delivery, ack_wait_s=float(self._lane.ack_wait_s))
@@ -288,8 +291,18 @@ class PostgresReceiver:
 
 
 def _delivery(row: tuple[Any, ...]) -> Delivery:
-    (row_id, job_id, subject, body, attempts, deliveries, enqueued_at_ms, run_at_ms, trace,
-     flow_key) = row  # fmt: skip
+    (
+        row_id,
+        job_id,
+        subject,
+        body,
+        attempts,
+        deliveries,
+        enqueued_at_ms,
+        run_at_ms,
+        trace,
+        flow_key,
+    ) = row
     return Delivery(
         id=job_id,
         subject=subject,

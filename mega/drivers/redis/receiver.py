@@ -141,9 +141,12 @@ class RedisReceiver:
         keys = self.keys
         if self._feed is None:
             return await self.redis.xreadgroup(
-                keys.group, self.consumer, {keys.stream: ">"}, count=count,
+                keys.group,
+                self.consumer,
+                {keys.stream: ">"},
+                count=count,
                 block=BLOCK_MS if block else None,
-            )  # fmt: skip
+            )
         async with self.redis.pipeline(transaction=False) as pipe:
             await queue_script(
                 pipe,
@@ -152,9 +155,12 @@ class RedisReceiver:
                 [count, keys.fair_prefix, keys.group, turn_order(self.lane)],
             )
             pipe.xreadgroup(
-                keys.group, self.consumer, {keys.stream: ">"}, count=count,
+                keys.group,
+                self.consumer,
+                {keys.stream: ">"},
+                count=count,
                 block=BLOCK_MS if block else None,
-            )  # fmt: skip
+            )
             _, answer = await pipe.execute()
         return answer
 
@@ -317,10 +323,14 @@ class RedisReceiver:
             await self._bury(
                 keys=[entry.stream, keys.dlq, keys.dlq_index],
                 args=[
-                    entry.entry_id, json.dumps(stored), DLQ_MAXLEN, keys.group,
-                    int(keys.deletes(entry.stream)), record["id"],
+                    entry.entry_id,
+                    json.dumps(stored),
+                    DLQ_MAXLEN,
+                    keys.group,
+                    int(keys.deletes(entry.stream)),
+                    record["id"],
                 ],
-            )  # fmt: skip
+            )
         except OUTAGES as exc:
             raise DriverUnavailable(f"{self.lane.name}: dead letter not stored: {exc}") from exc
 
@@ -341,8 +351,13 @@ class RedisReceiver:
         except OUTAGES as exc:  # the entry is reclaimed after its ack wait
             level = logging.DEBUG if self._settle_warned else logging.WARNING
             self._settle_warned = True
-            logger.log(level, "%s: %s not sent (%s); the entry comes back after its ack wait",
-                       self.lane.name, what, exc)  # fmt: skip
+            logger.log(
+                level,
+                "%s: %s not sent (%s); the entry comes back after its ack wait",
+                self.lane.name,
+                what,
+                exc,
+            )
 
     # -- batched acks -------------------------------------------------------------------------
 

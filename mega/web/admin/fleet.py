@@ -63,11 +63,14 @@ def action_rows(entries: Iterable[Any]) -> list[dict[str, str]]:
     """Audit entries (mega/web/audit.py) as the pages list them, newest first."""
     return [
         {
-            "iso": e.at.isoformat(), "time": e.at.strftime("%Y-%m-%d %H:%M:%S UTC"),
-            "actor": e.actor, "action": e.action, "detail": e.detail,
+            "iso": e.at.isoformat(),
+            "time": e.at.strftime("%Y-%m-%d %H:%M:%S UTC"),
+            "actor": e.actor,
+            "action": e.action,
+            "detail": e.detail,
         }
         for e in entries
-    ]  # fmt: skip
+    ]
 
 
 def iso_utc(at_ms: int | None) -> str:
@@ -270,14 +273,16 @@ def tick_rows(ticks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for tick in ticks:
         instant = _instant(tick["instant"]).astimezone(UTC)
-        rows.append({
-            **tick,
-            "utc": instant.isoformat(),
-            "time": instant.strftime("%H:%M:%S"),
-            "date": instant.strftime("%Y-%m-%d"),
-            "winner_short": short_instance(tick["winner"]) if tick["winner"] else None,
-            "skipped": [{**s, "short": short_instance(s["instance"])} for s in tick["skipped"]],
-        })  # fmt: skip
+        rows.append(
+            {
+                **tick,
+                "utc": instant.isoformat(),
+                "time": instant.strftime("%H:%M:%S"),
+                "date": instant.strftime("%Y-%m-%d"),
+                "winner_short": short_instance(tick["winner"]) if tick["winner"] else None,
+                "skipped": [{**s, "short": short_instance(s["instance"])} for s in tick["skipped"]],
+            }
+        )
     return rows
 
 
@@ -295,8 +300,14 @@ def instance_rows(instances: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for item in instances:
         at = _instant(item["last_seen"]).astimezone(UTC)
-        rows.append({**item, "time": at.strftime("%H:%M:%S"), "utc": at.isoformat(),
-                     "role": role_of(item["instance"])})  # fmt: skip
+        rows.append(
+            {
+                **item,
+                "time": at.strftime("%H:%M:%S"),
+                "utc": at.isoformat(),
+                "role": role_of(item["instance"]),
+            }
+        )
     return rows
 
 
@@ -357,7 +368,7 @@ def status_view(status: Any) -> list[tuple[str, str]]:
     return rows
 
 
-# The error of a dead letter whose last run never reported back (mega/jobs/consumer.py).
+# The error of a dead letter whose last run never reported back (mega/lanes/consumer.py).
 CRASHED = "WorkerCrashed"
 
 
@@ -375,15 +386,17 @@ def attempt_rows(status: Any) -> list[dict[str, Any]]:
         number = getattr(item, "attempt", None) or item.attempts
         # A run that never reported back took no time we know: its end is when it was found.
         lasted = "—" if error and error.type == CRASHED else took(item.started_at, item.finished_at)
-        rows.append({
-            "attempt": f"{number} (before a requeue)" if n < earlier else number,
-            "state": item.state,
-            "worker": item.worker or "",
-            "worker_short": short_instance(item.worker) if item.worker else "—",
-            "started": utc_time(item.started_at),
-            "took": lasted,
-            "error": f"{error.type}: {error.message}" if error else "",
-        })  # fmt: skip
+        rows.append(
+            {
+                "attempt": f"{number} (before a requeue)" if n < earlier else number,
+                "state": item.state,
+                "worker": item.worker or "",
+                "worker_short": short_instance(item.worker) if item.worker else "—",
+                "started": utc_time(item.started_at),
+                "took": lasted,
+                "error": f"{error.type}: {error.message}" if error else "",
+            }
+        )
     return rows
 
 
@@ -391,8 +404,11 @@ def cause_view(cause: Any, job_url: str) -> dict[str, Any]:
     """What enqueued a job, as its page says it: the listener group's run of an event, or
     another job's run (whose page `job_url` is)."""
     if cause.kind == "event":
-        return {"sentence": f"Enqueued by listener group {cause.group} while it ran event "
-                            f"{cause.name}", "id": cause.id, "url": None}  # fmt: skip
+        return {
+            "sentence": f"Enqueued by listener group {cause.group} while it ran event {cause.name}",
+            "id": cause.id,
+            "url": None,
+        }
     return {"sentence": f"Enqueued by a run of job {cause.name}", "id": cause.id, "url": job_url}
 
 
@@ -400,11 +416,15 @@ def workflow_view(status: Any) -> list[tuple[str, str]]:
     """A workflow's summary, as label and text."""
     ended = sum(step.state in ("done", "dlq", "cancelled") for step in status.steps)
     rows = [
-        ("kind", "chain: one step after the other" if status.kind == "chain"
-         else "group: members at once" + (", then a callback" if status.then else "")),
+        (
+            "kind",
+            "chain: one step after the other"
+            if status.kind == "chain"
+            else "group: members at once" + (", then a callback" if status.then else ""),
+        ),
         ("steps ended", f"{ended} of {len(status.steps)}"),
         ("created", utc_time(status.created_at)),
-    ]  # fmt: skip
+    ]
     if status.finished_at:
         rows.append(("finished", utc_time(status.finished_at)))
     return rows
@@ -423,9 +443,13 @@ def step_row(step: Any, url: str) -> dict[str, Any]:
         outcome = ""
     return {
         "place": "callback" if place == "then" else str(int(place) + 1),
-        "id": step.id, "job": step.job, "state": step.state, "attempts": step.attempts,
-        "outcome": outcome, "url": None if step.state == "waiting" else url,
-    }  # fmt: skip
+        "id": step.id,
+        "job": step.job,
+        "state": step.state,
+        "attempts": step.attempts,
+        "outcome": outcome,
+        "url": None if step.state == "waiting" else url,
+    }
 
 
 def workflow_link(job_id: str, url_of: Callable[[str], str]) -> dict[str, str] | None:

@@ -36,8 +36,8 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from mega import audit
 from mega.errors import ConfigError, JobError, MegaError, RegistrationError
 from mega.events.bus import EventBus
-from mega.jobs.dlq import DeadLetters
 from mega.jobs.queue import JobQueue
+from mega.lanes.dlq import DeadLetters
 from mega.schedules.scheduler import Scheduler
 from mega.web.admin import fleet
 from mega.web.auth import AdminDep, OperatorDep, UserDep, audited, database
@@ -263,15 +263,23 @@ async def schedule_view(scheduler: Scheduler, name: str) -> dict[str, Any]:
     settings = scheduler.describe(name)
     view: dict[str, Any] = {"name": name, "settings": settings, "error": None}
     view["next_utc"] = fleet.tick_rows(
-        [{"instant": at, "source": "", "winner": None, "skipped": []}
-         for at in settings["next_runs"][:1]]
-    )  # fmt: skip
+        [
+            {"instant": at, "source": "", "winner": None, "skipped": []}
+            for at in settings["next_runs"][:1]
+        ]
+    )
     try:
         pause = await scheduler.paused(name)
         ticks = await scheduler.recent_ticks(name, limit=fleet.RECENT_TICKS)
     except MegaError as exc:
-        view.update(error=fleet.error_text(exc), paused=False, pause_text="", ticks=[],
-                    instances=[], lockless=False)  # fmt: skip
+        view.update(
+            error=fleet.error_text(exc),
+            paused=False,
+            pause_text="",
+            ticks=[],
+            instances=[],
+            lockless=False,
+        )
         return view
     view.update(
         paused=pause.paused,
@@ -424,12 +432,17 @@ def add_dlq_routes(router: APIRouter, admin: Admin, kind: str, path: str) -> Non
         records, older = await dlq_page(lane, before)
         count = await lane.dlq.count(lane.cls)
         return admin.page(
-            request, "dlq.html", title=f"Dead letters of {lane.name}", lane=lane, count=count,
-            records=[fleet.dead_letter_view(r) for r in records], before=before,
+            request,
+            "dlq.html",
+            title=f"Dead letters of {lane.name}",
+            lane=lane,
+            count=count,
+            records=[fleet.dead_letter_view(r) for r in records],
+            before=before,
             older_url=admin.dlq_url(lane, before=older) if older else None,
             newest_url=admin.dlq_url(lane) if before else None,
             dlq_url=admin.dlq_url(lane),
-        )  # fmt: skip
+        )
 
     @router.get(path + "/record", name=f"admin_{kind}_dlq_record")
     async def whole_record(request: Request, user: UserDep, name: str, id: IdQuery) -> Response:
@@ -470,9 +483,13 @@ def add_dlq_routes(router: APIRouter, admin: Admin, kind: str, path: str) -> Non
         lane = admin.lane(request, kind, name)
         count = await lane.dlq.count(lane.cls)
         return admin.page(
-            request, "purge.html", title=f"Purge the dead letters of {lane.name}", lane=lane,
-            count=count, dlq_url=admin.dlq_url(lane),
-        )  # fmt: skip
+            request,
+            "purge.html",
+            title=f"Purge the dead letters of {lane.name}",
+            lane=lane,
+            count=count,
+            dlq_url=admin.dlq_url(lane),
+        )
 
     @router.post(path + "/purge", name=f"admin_{kind}_dlq_purge")
     async def purge(request: Request, user: AdminDep, name: str) -> Response:

@@ -27,8 +27,12 @@ def mega(args: list[str], url: str, tmp_path: Path, **env: str) -> subprocess.Co
     environ.pop("DATABASE_URL", None)
     return subprocess.run(
         [sys.executable, "-m", "mega", *args, "--config", str(config)],
-        capture_output=True, text=True, cwd=ROOT, env=environ, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=environ,
+        timeout=60,
+    )
 
 
 def refusal(url: str) -> str:

@@ -28,7 +28,7 @@ async def test_login_logout_and_limiting_on_postgres(
     config = load_config(write_config(tmp_path, nats_url=nats_url, redis_url=redis_url))
     assert config.database_url == postgres_url
     async with web_client(config) as client:
-        assert client.app.state.ctx.db.url.startswith("postgresql+psycopg://")  # type: ignore[attr-defined]
+        assert client.app.state.ctx.db.url.startswith("postgresql+psycopg://")
         assert (await login(client, DEMO_USER, "wrong")).status_code == 401
         assert (await login(client)).status_code == 303
         page = await client.get("/home")

@@ -18,7 +18,7 @@ async def loop_that_loses_cancels(lost: list[int], passes: list[int]) -> None:
     while True:
         passes.append(1)
         try:
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # the loop's wait, until a cancel
         except asyncio.CancelledError:
             if lost[0] == 0:
                 raise

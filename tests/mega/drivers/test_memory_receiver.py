@@ -67,8 +67,11 @@ async def test_publish_fetch_ack(bus: MemoryBus) -> None:
     receiver = bus.receiver(lane, consumer="w1")
     [delivery] = await collect(receiver, 1)
     assert (delivery.id, delivery.subject, delivery.body, delivery.attempt) == (
-        "a", lane.subject, b'{"n":1}', 1
-    )  # fmt: skip
+        "a",
+        lane.subject,
+        b'{"n":1}',
+        1,
+    )
     assert await bus.stats(lane) == LaneStats(pending=0, in_flight=1, dlq=0)
     assert bus.native.busy()
     await receiver.ack(delivery)
@@ -190,9 +193,7 @@ async def test_fetch_honours_its_limit_and_close_hands_back(bus: MemoryBus) -> N
     await receiver.close()  # never settled: first in line again, their delivery counted
     other = bus.receiver(lane, consumer="w2")
     found = await collect(other, 5)
-    assert [(d.id, d.attempt) for d in found] == [
-        ("0", 2), ("1", 2), ("2", 1), ("3", 1), ("4", 1)
-    ]  # fmt: skip
+    assert [(d.id, d.attempt) for d in found] == [("0", 2), ("1", 2), ("2", 1), ("3", 1), ("4", 1)]
 
 
 async def test_wake_ends_a_fetch_early(bus: MemoryBus) -> None:

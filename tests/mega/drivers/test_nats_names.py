@@ -16,7 +16,9 @@ from nats.js.errors import APIError
 
 from mega.constants import NATS_RECONNECT_WAIT_S
 from mega.drivers.base import DriverUnavailable, Lane, Message
-from mega.drivers.nats.bus import Reconnects, job_envelope, stored
+from mega.drivers.nats.bus import job_envelope
+from mega.drivers.nats.connection import Reconnects
+from mega.drivers.nats.core import stored
 from mega.drivers.nats.names import (
     HEADER_ENQUEUED_AT,
     HEADER_JOB_ID,
@@ -55,8 +57,10 @@ def test_stream_names(subject: str, stream: str) -> None:
 
 def test_a_job_lane_lives_in_its_own_streams() -> None:
     assert (stream_of(JOB), dlq_stream_of(JOB), dlq_subject_of(JOB)) == (
-        "MEGA_JOBS_demo_email", "MEGA_JOBS_demo_email_DLQ", "demo.email.dlq",
-    )  # fmt: skip
+        "MEGA_JOBS_demo_email",
+        "MEGA_JOBS_demo_email_DLQ",
+        "demo.email.dlq",
+    )
     assert (durable_of(JOB), requeue_subject_of(JOB)) == ("mega_workers", "demo.email")
 
 
@@ -64,18 +68,22 @@ def test_a_group_lane_is_a_consumer_of_the_events_stream() -> None:
     assert (stream_of(GROUP), durable_of(GROUP)) == ("MEGA_EVENTS", "mega_group_Good")
     assert filter_subjects_of(GROUP) == ["events.user.signed_up", "events_requeue.Good"]
     assert (dlq_subject_of(GROUP), dlq_stream_of(GROUP)) == (
-        "events_dlq.Good", "MEGA_EVENTS_GOOD_DLQ",
-    )  # fmt: skip
+        "events_dlq.Good",
+        "MEGA_EVENTS_GOOD_DLQ",
+    )
     assert requeue_headers(GROUP, "e1", "user.signed_up", 5, 9) == {
-        "Mega-Event-Id": "e1", "Mega-Event-Name": "user.signed_up", "Mega-Emitted-At": "5",
+        "Mega-Event-Id": "e1",
+        "Mega-Event-Name": "user.signed_up",
+        "Mega-Emitted-At": "5",
         "Mega-Run-At": "9",
-    }  # fmt: skip
+    }
 
 
 def test_a_lanes_records_are_a_bucket_per_table() -> None:
     assert (bucket_of(JOB, "status"), bucket_of(JOB, "result")) == (
-        "MEGA_JOBS_demo_email_STATUS", "MEGA_JOBS_demo_email_RESULT",
-    )  # fmt: skip
+        "MEGA_JOBS_demo_email_STATUS",
+        "MEGA_JOBS_demo_email_RESULT",
+    )
     assert bucket_of(GROUP, "status") == "MEGA_EVENTS_GOOD_STATUS"
     assert record_subject("B", "a.b") == "$KV.B.=YS5i"
 
@@ -127,10 +135,12 @@ def test_a_delayed_job_is_a_broker_schedule() -> None:
         (PubAck(stream="S", seq=1), True),
         (PubAck(stream="S", seq=1, duplicate=True), False),
         # A publish whose Nats-Msg-Id an earlier one still being stored carries: a duplicate.
-        (APIError(code=409, err_code=10158, description="duplicate message id is in process"),
-         False),
+        (
+            APIError(code=409, err_code=10158, description="duplicate message id is in process"),
+            False,
+        ),
     ],
-)  # fmt: skip
+)
 def test_what_a_publish_answer_says(answer: Any, expected: bool) -> None:
     assert stored(answer) is expected
 

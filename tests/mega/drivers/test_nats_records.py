@@ -5,24 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
 
 import pytest
 from nats.js.errors import NotFoundError
 
-from mega.config import BusSpec
 from mega.drivers.base import DriverUnavailable, Lane
 from mega.drivers.nats.bus import NatsBus
 from mega.drivers.nats.names import BUCKET_STREAM_PREFIX, bucket_of, record_key
-
-
-@pytest.fixture
-async def bus(nats_url: str) -> AsyncIterator[NatsBus]:
-    connected = await NatsBus.connect("jobs", BusSpec(driver="nats", url=nats_url))
-    try:
-        yield connected
-    finally:
-        await connected.close()
 
 
 def job_lane(prefix: str, keep_s: float) -> Lane:
@@ -30,42 +19,44 @@ def job_lane(prefix: str, keep_s: float) -> Lane:
 
 
 async def test_a_buckets_keep_changes_only_with_apply_limits(
-    bus: NatsBus, prefix: str, caplog: pytest.LogCaptureFixture
+    nats_bus: NatsBus, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     lane = job_lane(prefix, 60)
-    await bus.ensure(lane, apply_limits=False)
+    await nats_bus.ensure(lane, apply_limits=False)
     stream = BUCKET_STREAM_PREFIX + bucket_of(lane, "status")
-    assert (await bus.js.stream_info(stream)).config.max_age == 60
+    assert (await nats_bus.js.stream_info(stream)).config.max_age == 60
     with pytest.raises(NotFoundError):  # keep 0: no bucket at all
-        await bus.js.stream_info(BUCKET_STREAM_PREFIX + bucket_of(lane, "result"))
+        await nats_bus.js.stream_info(BUCKET_STREAM_PREFIX + bucket_of(lane, "result"))
 
     longer = dataclasses.replace(lane, keep_status_s=3600)
     with caplog.at_level(logging.WARNING):
-        await bus.ensure(longer, apply_limits=False)
+        await nats_bus.ensure(longer, apply_limits=False)
     [line] = [r.getMessage() for r in caplog.records if "records bucket" in r.getMessage()]
     assert "keeps a record 60 s, the lane declares 3600 s: keeping the running keep" in line
-    assert (await bus.js.stream_info(stream)).config.max_age == 60
+    assert (await nats_bus.js.stream_info(stream)).config.max_age == 60
 
-    await bus.ensure(longer, apply_limits=True)
-    assert (await bus.js.stream_info(stream)).config.max_age == 3600
+    await nats_bus.ensure(longer, apply_limits=True)
+    assert (await nats_bus.js.stream_info(stream)).config.max_age == 3600
 
 
 async def test_a_delete_marker_is_no_record_and_a_create_writes_over_it(
-    bus: NatsBus, prefix: str
+    nats_bus: NatsBus, prefix: str
 ) -> None:
     lane = job_lane(prefix, 60)
-    await bus.ensure(lane, apply_limits=False)
-    await bus.put_records(lane, "status", [("j.1", b"v")], create=False)
-    kv = await bus.js.key_value(bucket_of(lane, "status"))
+    await nats_bus.ensure(lane, apply_limits=False)
+    await nats_bus.put_records(lane, "status", [("j.1", b"v")], create=False)
+    kv = await nats_bus.js.key_value(bucket_of(lane, "status"))
     await kv.delete(record_key("j.1"))  # what `nats kv del` leaves: a DEL marker
-    assert (await bus.get_records(lane, "status", ["j.1"]))[0] is None
-    assert await bus.put_records(lane, "status", [("j.1", b"new")], create=True) == [True]
-    assert (await bus.get_records(lane, "status", ["j.1"]))[0] == b"new"
+    assert (await nats_bus.get_records(lane, "status", ["j.1"]))[0] is None
+    assert await nats_bus.put_records(lane, "status", [("j.1", b"new")], create=True) == [True]
+    assert (await nats_bus.get_records(lane, "status", ["j.1"]))[0] == b"new"
 
 
-async def test_a_lane_never_ensured_says_which_bucket_is_missing(bus: NatsBus, prefix: str) -> None:
+async def test_a_lane_never_ensured_says_which_bucket_is_missing(
+    nats_bus: NatsBus, prefix: str
+) -> None:
     lane = job_lane(prefix, 60)
     with pytest.raises(DriverUnavailable, match=f"bucket {bucket_of(lane, 'status')}"):
-        await bus.put_records(lane, "status", [("j", b"v")], create=False)
+        await nats_bus.put_records(lane, "status", [("j", b"v")], create=False)
     with pytest.raises(DriverUnavailable, match=f"bucket {bucket_of(lane, 'status')}"):
-        (await bus.get_records(lane, "status", ["j"]))[0]
+        (await nats_bus.get_records(lane, "status", ["j"]))[0]

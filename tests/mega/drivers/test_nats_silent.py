@@ -67,8 +67,11 @@ async def test_acks_lost_on_a_frozen_node_are_sent_again_on_the_next(
         try:
             for delivery in deliveries:  # written to a connection nobody reads any more
                 await receiver.ack(delivery)
-            moved_s = await until(lambda: _true(bus.connected and bus.disconnects == 1),
-                                  "the client to leave the frozen node", 10)  # fmt: skip
+            moved_s = await until(
+                lambda: _true(bus.connected and bus.disconnects == 1),
+                "the client to leave the frozen node",
+                10,
+            )
             assert moved_s < 6, moved_s  # three unanswered pings a second apart, then the move
             freed_s = await until(lambda: _is(pending(), 0), "the slots to be free", 10)
         finally:

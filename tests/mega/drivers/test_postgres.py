@@ -37,25 +37,49 @@ def now_ms() -> int:
 
 
 def job_lane(subject: str = "demo.email", *, ack_wait_s: float = 30.0, **more: Any) -> Lane:
-    return Lane(kind="job", name=subject, subject=subject, concurrency=10, ack_wait_s=ack_wait_s,
-                dlq_max_age_s=more.pop("dlq_max_age_s", 0), **more)  # fmt: skip
+    return Lane(
+        kind="job",
+        name=subject,
+        subject=subject,
+        concurrency=10,
+        ack_wait_s=ack_wait_s,
+        dlq_max_age_s=more.pop("dlq_max_age_s", 0),
+        **more,
+    )
 
 
 def group_lane(name: str, pattern: str, *, ack_wait_s: float = 30.0) -> Lane:
-    return Lane(kind="group", name=name, subject=pattern, concurrency=10,
-                ack_wait_s=ack_wait_s, dlq_max_age_s=0)  # fmt: skip
+    return Lane(
+        kind="group",
+        name=name,
+        subject=pattern,
+        concurrency=10,
+        ack_wait_s=ack_wait_s,
+        dlq_max_age_s=0,
+    )
 
 
 def message(job_id: str, *, subject: str = "demo.email", **more: Any) -> Message:
-    return Message(id=job_id, subject=subject, body=f'{{"n":"{job_id}"}}'.encode(),
-                   enqueued_at_ms=now_ms(), **more)  # fmt: skip
+    return Message(
+        id=job_id,
+        subject=subject,
+        body=f'{{"n":"{job_id}"}}'.encode(),
+        enqueued_at_ms=now_ms(),
+        **more,
+    )
 
 
 def record(delivery: Delivery, error: str = "boom") -> DlqRecord:
-    return DlqRecord(id=delivery.id, subject=delivery.subject, payload={"n": delivery.id},
-                     error={"type": "RuntimeError", "message": error}, attempts=delivery.attempt,
-                     first_enqueued_at=delivery.enqueued_at_ms, failed_at=now_ms(),
-                     worker="test")  # fmt: skip
+    return DlqRecord(
+        id=delivery.id,
+        subject=delivery.subject,
+        payload={"n": delivery.id},
+        error={"type": "RuntimeError", "message": error},
+        attempts=delivery.attempt,
+        first_enqueued_at=delivery.enqueued_at_ms,
+        failed_at=now_ms(),
+        worker="test",
+    )
 
 
 async def fetch_until(receiver: Receiver, count: int, timeout_s: float = 10.0) -> list[Delivery]:
@@ -232,9 +256,17 @@ async def test_dead_letters_requeue_and_purge(bus: PostgresBus, lane: Lane) -> N
 async def test_a_dead_letter_that_was_not_json_is_requeued_as_its_bytes(
     bus: PostgresBus, lane: Lane
 ) -> None:
-    bad = DlqRecord(id="x", subject="demo.email", payload=None, error={"type": "T", "message": ""},
-                    attempts=1, first_enqueued_at=None, failed_at=now_ms(), worker="w",
-                    raw_b64="bm90IGpzb24=")  # fmt: skip
+    bad = DlqRecord(
+        id="x",
+        subject="demo.email",
+        payload=None,
+        error={"type": "T", "message": ""},
+        attempts=1,
+        first_enqueued_at=None,
+        failed_at=now_ms(),
+        worker="w",
+        raw_b64="bm90IGpzb24=",
+    )
     await bus.requeue(lane, bad)  # no seq: stored
     [back] = await fetch_until(bus.receiver(lane, consumer="w1"), 1)
     assert back.body == b"not json"
@@ -388,8 +420,11 @@ async def test_each_group_gets_each_matching_event_once(bus: PostgresBus) -> Non
     users, everything = group_lane("users", "user.*"), group_lane("audit", ">")
     for lane in (users, everything):
         await bus.ensure(lane, apply_limits=False)
-    events = [message("e1", subject="user.created"), message("e2", subject="order.x"),
-              message("e3", subject="user.deleted")]  # fmt: skip
+    events = [
+        message("e1", subject="user.created"),
+        message("e2", subject="order.x"),
+        message("e3", subject="user.deleted"),
+    ]
     assert await bus.emit(events, max_age_s=3600) == [True, True, True]
     assert await bus.emit([message("e1", subject="user.created")], max_age_s=3600) == [False]
     assert await bus.stats(users) == LaneStats(pending=2, in_flight=0, dlq=0)
@@ -397,8 +432,9 @@ async def test_each_group_gets_each_matching_event_once(bus: PostgresBus) -> Non
     got_users = await drain(bus.receiver(users, consumer="w1"))
     got_all = await drain(bus.receiver(everything, consumer="w1"))
     assert [(d.id, d.subject, d.attempt) for d in got_users] == [
-        ("e1", "user.created", 1), ("e3", "user.deleted", 1)
-    ]  # fmt: skip
+        ("e1", "user.created", 1),
+        ("e3", "user.deleted", 1),
+    ]
     assert [d.id for d in got_all] == ["e1", "e2", "e3"]
     assert got_all[0].enqueued_at_ms == events[0].enqueued_at_ms
     assert await bus.stats(users) == LaneStats(pending=0, in_flight=0, dlq=0)
@@ -449,8 +485,9 @@ async def test_a_group_retry_and_dead_letter_stay_in_the_group(bus: PostgresBus)
 
 async def test_pruning_deletes_old_events_and_dead_letters(bus: PostgresBus) -> None:
     await bus.ensure_events(max_age_s=0.3)
-    lane = Lane(kind="group", name="g", subject=">", concurrency=1, ack_wait_s=30,
-                dlq_max_age_s=0.3)  # fmt: skip
+    lane = Lane(
+        kind="group", name="g", subject=">", concurrency=1, ack_wait_s=30, dlq_max_age_s=0.3
+    )
     await bus.ensure(lane, apply_limits=False)
     await bus.emit([message("old", subject="a.b")], max_age_s=0.3)
     receiver = bus.receiver(lane, consumer="w1")
@@ -478,8 +515,9 @@ async def test_publish_in_follows_the_callers_transaction(bus: PostgresBus, lane
         receiver = bus.receiver(lane, consumer="w1")
         assert await receiver.fetch(1) == []
         with Session(engine) as session:
-            kept = bus.publish_in(session, lane, [message("kept", dedup=True),
-                                                  message("kept", dedup=True)])  # fmt: skip
+            kept = bus.publish_in(
+                session, lane, [message("kept", dedup=True), message("kept", dedup=True)]
+            )
             session.commit()
         assert kept == [True, False]
         assert await bus.stats(lane) == LaneStats(pending=1, in_flight=0, dlq=0)
@@ -530,8 +568,14 @@ async def test_a_fair_claim_deals_the_keys_in_turns_round_from_the_last(bus: Pos
     lane = job_lane("fair.turns", fair=True)
     await bus.ensure(lane, apply_limits=False)
     keys = ["a", "b", "c", "d", None]
-    await bus.publish(lane, [message(f"{key}{n}", subject=lane.subject, flow_key=key)
-                             for n in range(3) for key in keys])  # fmt: skip
+    await bus.publish(
+        lane,
+        [
+            message(f"{key}{n}", subject=lane.subject, flow_key=key)
+            for n in range(3)
+            for key in keys
+        ],
+    )
     receiver = bus.receiver(lane, consumer="test")
     served: list[str | None] = []
     while len(served) < 15:
@@ -552,11 +596,17 @@ async def test_a_fair_claim_reads_the_heads_of_the_keys_not_every_row(
     (its key walk and each key's head), not the 20,001 waiting."""
     lane = job_lane("fair.heads", fair=True)
     await bus.ensure(lane, apply_limits=False)
-    await bus.publish(lane, [message(f"big{n}", subject=lane.subject, flow_key="big")
-                             for n in range(20_000)])  # fmt: skip
+    await bus.publish(
+        lane, [message(f"big{n}", subject=lane.subject, flow_key="big") for n in range(20_000)]
+    )
     await bus.publish(lane, [message("small", subject=lane.subject, flow_key="small")])
-    params = {"lane": lane_key(lane), "limit": 10, "ack_wait_s": 30.0, "consumer": "plan",
-              "after": sql.FAIR_NO_KEY}  # fmt: skip
+    params = {
+        "lane": lane_key(lane),
+        "limit": 10,
+        "ack_wait_s": 30.0,
+        "consumer": "plan",
+        "after": sql.FAIR_NO_KEY,
+    }
     async with await psycopg.AsyncConnection.connect(postgres_url) as connection:
         await connection.execute(f"ANALYZE {sql.JOBS}")
         cursor = await connection.execute(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -19,20 +19,27 @@ DRIVERS = ["nats", "redis", "memory", "postgres", "redis-cluster"]
 
 def job_lane(prefix: str, name: str = "records", *, keep_s: float = 60) -> Lane:
     return Lane(
-        "job", f"{prefix}_{name}", f"{prefix}.{name}", concurrency=4, ack_wait_s=30,
-        dlq_max_age_s=3600, keep_status_s=keep_s, keep_result_s=keep_s,
-    )  # fmt: skip
+        "job",
+        f"{prefix}_{name}",
+        f"{prefix}.{name}",
+        concurrency=4,
+        ack_wait_s=30,
+        dlq_max_age_s=3600,
+        keep_status_s=keep_s,
+        keep_result_s=keep_s,
+    )
 
 
 @pytest.fixture(params=DRIVERS)
 async def bus(request: pytest.FixtureRequest) -> AsyncIterator[Bus]:
-    url = {
+    urls: dict[str, Callable[[], str]] = {
         "nats": lambda: request.getfixturevalue("nats_url"),
         "redis": lambda: request.getfixturevalue("redis_url"),
         "memory": lambda: "",
         "postgres": lambda: request.getfixturevalue("postgres_url"),
         "redis-cluster": lambda: request.getfixturevalue("redis_cluster_url"),
-    }[request.param]()
+    }
+    url = urls[request.param]()
     driver = request.param.removesuffix("-cluster")
     connected = await find_driver(driver).connect("jobs", BusSpec(driver=driver, url=url))
     try:

@@ -64,7 +64,9 @@ async def keys_like(client: RedisCluster, pattern: str) -> list[str]:
 async def test_a_job_lanes_keys_share_its_slot_and_lanes_spread_over_the_masters(
     ctx: Context, prefix: str
 ) -> None:
-    classes = [type(f"C{i}", (Failing,), {"subject": f"{prefix}.c{i}"}) for i in range(CLASSES)]
+    classes: list[type[Failing]] = [
+        type(f"C{i}", (Failing,), {"subject": f"{prefix}.c{i}"}) for i in range(CLASSES)
+    ]
     worker = JobWorker(ctx)
     for job in classes:
         worker.register(job)
@@ -92,13 +94,17 @@ async def test_a_job_lanes_keys_share_its_slot_and_lanes_spread_over_the_masters
         kinds = {key.removeprefix(stream).split(":")[1] for key in written if key != stream}
         assert {"scheduled", "dlq", "dedup", "status", "workers"} <= kinds, written
         assert {client.keyslot(key) for key in [stream, *written]} == {client.keyslot(stream)}
-        masters.add(client.get_node_from_key(stream).name)
+        node = client.get_node_from_key(stream)
+        assert node is not None
+        masters.add(node.name)
     assert len(masters) > 1
 
 
 async def test_every_key_of_the_events_side_is_in_one_slot(ctx: Context, prefix: str) -> None:
-    signed = type("Signed", (Event,), {"name": f"{prefix}.signed", "bus": "jobs"})
-    group = type("Audit", (FailingListener,), {"event": signed, "group": f"{prefix}-audit"})
+    signed: type[Event] = type("Signed", (Event,), {"name": f"{prefix}.signed", "bus": "jobs"})
+    group: type[FailingListener] = type(
+        "Audit", (FailingListener,), {"event": signed, "group": f"{prefix}-audit"}
+    )
     worker = ListenerWorker(ctx)
     worker.register(group)
     await worker.start()

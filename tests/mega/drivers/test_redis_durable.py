@@ -18,8 +18,8 @@ from mega import Context, Job, JobQueue
 from mega.config import load_config
 from mega.drivers.redis.scripts import JOB_KEY_PREFIX
 from mega.errors import DependencyUnavailable
-from mega.jobs.dlq import make_record
 from mega.jobs.queue import job_lane
+from mega.lanes.dlq import make_record
 from mega.runtime.boot import boot, shutdown
 from tests.factories import write_config
 from tests.mega.jobs.test_contract import REDIS_BUS
@@ -63,7 +63,7 @@ async def test_a_durable_enqueue_returns_once_the_replica_has_the_job(
     master = client.get_node_from_key(stream)
     info = await client.info("replication", target_nodes=master)
     async with Redis(host=info["slave0"]["ip"], port=info["slave0"]["port"]) as replica:
-        await replica.execute_command("READONLY")
+        await replica.readonly()
         assert await replica.xlen(stream) == 99  # and the delayed one waits in its sorted set
         assert await replica.zcard(f"{JOB_KEY_PREFIX}{{{prefix}.durable}}:scheduled") == 1
 
@@ -80,12 +80,15 @@ async def test_a_durable_requeue_returns_once_the_replica_has_the_job_again(
     assert isinstance(client, RedisCluster)
     info = await client.info("replication", target_nodes=client.get_node_from_key(stream))
     async with Redis(host=info["slave0"]["ip"], port=info["slave0"]["port"]) as replica:
-        await replica.execute_command("READONLY")
+        await replica.readonly()
         before = await replica.xlen(stream)
         assert await queue.dlq.requeue(job, job_id) == 1
         # The new entry and the record's deletion, in one script, are on the replica.
         assert await replica.xlen(stream + ":dlq") == 0
-        [(_, fields)] = await replica.xrevrange(stream, count=1)
+        entries = await replica.xrevrange(stream, count=1)
+        assert entries is not None
+        [(_, fields)] = entries
+        assert fields is not None
         assert (fields[b"id"], fields[b"base"]) == (job_id.encode(), b"0")
         assert await replica.xlen(stream) == before + 1
 
@@ -96,9 +99,15 @@ async def dead_letter_one(ctx: Context, queue: JobQueue, job: type[Job], job_id:
     try:
         [delivery] = await receiver.fetch(1)
         record = make_record(
-            delivery.subject, job_id, {"n": 7}, "Boom", "dead on purpose",
-            attempts=delivery.attempt, first_enqueued_at=delivery.enqueued_at_ms, worker="test",
-        )  # fmt: skip
+            delivery.subject,
+            job_id,
+            {"n": 7},
+            "Boom",
+            "dead on purpose",
+            attempts=delivery.attempt,
+            first_enqueued_at=delivery.enqueued_at_ms,
+            worker="test",
+        )
         await receiver.dead_letter(delivery, record, terminate=False)
     finally:
         await receiver.close()

@@ -73,8 +73,11 @@ async def test_publish_fetch_ack(bus: RedisBus, prefix: str) -> None:
     receiver = bus.receiver(lane, consumer="w1")
     [delivery] = await collect(receiver, 1)
     assert (delivery.id, delivery.subject, delivery.body, delivery.attempt) == (
-        "a", lane.subject, b'{"n":1}', 1
-    )  # fmt: skip
+        "a",
+        lane.subject,
+        b'{"n":1}',
+        1,
+    )
     assert delivery.enqueued_at_ms is not None and delivery.run_at_ms is not None
     assert await bus.stats(lane) == LaneStats(pending=0, in_flight=1, dlq=0)
     await receiver.ack(delivery)
@@ -275,8 +278,12 @@ async def test_groups_hear_the_events_their_pattern_matches(bus: RedisBus, prefi
     await bus.ensure_events(max_age_s=3600)
     for lane in (users, everything):
         await bus.ensure(lane, apply_limits=False)
-    names = [f"{prefix}.user.signed_up", f"{prefix}.order.paid", f"{prefix}.user.left",
-             f"{prefix}.user.a.b"]  # fmt: skip
+    names = [
+        f"{prefix}.user.signed_up",
+        f"{prefix}.order.paid",
+        f"{prefix}.user.left",
+        f"{prefix}.user.a.b",
+    ]
     kept = await bus.emit(
         [message(f"{prefix}-{n}", name) for n, name in enumerate(names)], max_age_s=3600
     )

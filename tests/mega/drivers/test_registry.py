@@ -54,10 +54,22 @@ def tiny_installed(tmp_path: Path) -> Iterator[None]:
     """pip installs the tiny driver into a folder of this test, put on sys.path."""
     target = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-         "--no-build-isolation", "--target", str(target), str(TINY)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(TINY),
+        ],
+        check=True,
+        capture_output=True,
+    )
     sys.path.insert(0, str(target))
     importlib.invalidate_caches()
     try:

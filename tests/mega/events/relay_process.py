@@ -15,9 +15,9 @@ import sys
 from typing import Any
 
 from mega.config import load_config
-from mega.events import relay as relay_module
-from mega.events.relay import OutboxRelay
 from mega.runtime.boot import boot
+from mega.transactional import relay as relay_module
+from mega.transactional.relay import OutboxRelay
 
 
 def die(*args: Any, **kwargs: Any) -> None:

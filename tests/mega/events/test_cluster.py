@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from mega.config import load_config
+from mega.drivers.nats import NatsBus
 from mega.drivers.nats.names import EVENTS_STREAM
 from mega.runtime.boot import boot, shutdown
 from tests.cluster import NatsCluster
@@ -36,9 +37,12 @@ services = {**services, "buses": {"jobs": {
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 async def test_relayed_events_survive_the_loss_of_the_events_stream_leader(
-    cluster: NatsCluster, tmp_path: Path, redis_url: str, prefix: str,
+    cluster: NatsCluster,
+    tmp_path: Path,
+    redis_url: str,
+    prefix: str,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     monkeypatch.setenv("FAULT_PREFIX", prefix)
     body = R3_BUS + config_body()
     path = write_config(tmp_path, nats_url=cluster.url, redis_url=redis_url, body=body)
@@ -49,7 +53,9 @@ async def test_relayed_events_survive_the_loss_of_the_events_stream_leader(
     try:
         ids = await commit_events(ctx, found["event"], EVENTS)  # the relays publish them
         await until(lambda: _count_is(redis, prefix, "a", 500), "500 events in group a", 60)
-        js = ctx.bus("jobs").js
+        nats_bus = ctx.bus("jobs")
+        assert isinstance(nats_bus, NatsBus)
+        js = nats_bus.js
         info = await js.stream_info(EVENTS_STREAM)
         assert info.config.num_replicas == 3 and info.cluster is not None
         leader = info.cluster.leader

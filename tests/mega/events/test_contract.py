@@ -30,7 +30,7 @@ from mega import (
 )
 from mega.config import load_config
 from mega.drivers.base import Message
-from mega.jobs.delivery import stand_in_id
+from mega.lanes.delivery import stand_in_id
 from mega.runtime.boot import boot, shutdown
 from tests.factories import write_config
 from tests.mega.jobs.test_contract import (
@@ -77,8 +77,12 @@ class Limited(Recorder):
 class Setup:
     def __init__(self, ctx: Context, prefix: str, driver: str) -> None:
         self.ctx, self.prefix, self.driver = ctx, prefix, driver
-        self.signed = type("Signed", (Event,), {"name": f"{prefix}.user.signed_up", "bus": "jobs"})
-        self.ordered = type("Ordered", (Event,), {"name": f"{prefix}.order.placed", "bus": "jobs"})
+        self.signed: type[Event] = type(
+            "Signed", (Event,), {"name": f"{prefix}.user.signed_up", "bus": "jobs"}
+        )
+        self.ordered: type[Event] = type(
+            "Ordered", (Event,), {"name": f"{prefix}.order.placed", "bus": "jobs"}
+        )
         self.welcome = self.listener("welcome", self.signed)
         self.audit = self.listener("audit", f"{prefix}.>")
         self.workers: list[ListenerWorker] = []
@@ -99,7 +103,7 @@ class Setup:
         self.workers.append(worker)
         return worker
 
-    def signals(self, group: type[Listener], event_id: str) -> list[tuple[str, int]]:
+    def signals(self, group: type[Listener], event_id: str) -> list[tuple[str, int | None]]:
         return [
             (s["signal"], s.get("attempt") or s.get("attempts"))
             for s in self.seen
@@ -155,8 +159,14 @@ async def test_retries_plus_one_then_the_dlq_and_a_requeue_for_that_group(setup:
     event_id = await setup.bus.emit(setup.signed, {"fail_first": 3}, id=f"{setup.prefix}-e1")
     await until(lambda: ("dlq", 3) in setup.signals(doomed, event_id), "dlq")
     assert [s for s, _ in setup.signals(doomed, event_id)] == [
-        "start", "retry", "start", "retry", "start", "fail", "dlq"
-    ]  # fmt: skip
+        "start",
+        "retry",
+        "start",
+        "retry",
+        "start",
+        "fail",
+        "dlq",
+    ]
     await until(lambda: ATTEMPTS.get((setup.audit.group, event_id)) == [1, 2, 3], "audit dead")
     dlq = setup.bus.dlq
     assert await dlq.count(doomed) == 1
@@ -178,7 +188,7 @@ async def test_retries_plus_one_then_the_dlq_and_a_requeue_for_that_group(setup:
 
 async def test_a_timeout_fails_an_attempt_and_permanent_skips_the_retries(setup: Setup) -> None:
     attributes = {"event": setup.signed, "group": f"{setup.prefix}-limited", "bus": "jobs"}
-    limited = type("limited", (Limited,), attributes)
+    limited: type[Limited] = type("limited", (Limited,), attributes)
     await setup.start(limited)
     hung = await setup.bus.emit(setup.signed, {"sleep_s": 30})
     gone = await setup.bus.emit(setup.signed, {"permanent": "ada"})
@@ -228,19 +238,34 @@ class Enqueuer(Listener):
 
 
 async def test_a_job_enqueued_by_a_listener_names_the_event_as_its_cause(setup: Setup) -> None:
-    job = type("Welcomed", (Job,), {"subject": f"{setup.prefix}.welcomed", "bus": "jobs",
-                                    "run": lambda self, payload, ctx: None})  # fmt: skip
-    enqueuer = type("enqueuer", (Enqueuer,), {
-        "event": setup.signed, "group": f"{setup.prefix}-enqueuer", "bus": "jobs", "job": job,
-    })  # fmt: skip
+    job: type[Job] = type(
+        "Welcomed",
+        (Job,),
+        {
+            "subject": f"{setup.prefix}.welcomed",
+            "bus": "jobs",
+            "run": lambda self, payload, ctx: None,
+        },
+    )
+    enqueuer: type[Enqueuer] = type(
+        "enqueuer",
+        (Enqueuer,),
+        {
+            "event": setup.signed,
+            "group": f"{setup.prefix}-enqueuer",
+            "bus": "jobs",
+            "job": job,
+        },
+    )
     await setup.start(enqueuer)
     queue = JobQueue(setup.ctx, "jobs")
     event_id = await setup.bus.emit(setup.signed, {})
     await until(lambda: setup.signals(enqueuer, event_id) == [("start", 1), ("done", 1)], "ran")
     status = await queue.status(job, f"j{event_id}")
     assert status is not None and status.state == "queued"
-    assert status.cause == Cause(kind="event", name=setup.signed.name, id=event_id,
-                                 group=enqueuer.group)  # fmt: skip
+    assert status.cause == Cause(
+        kind="event", name=setup.signed.name, id=event_id, group=enqueuer.group
+    )
     await queue.enqueue(job, {}, id="by-hand")
     by_hand = await queue.status(job, "by-hand")
     assert by_hand is not None and by_hand.cause is None  # enqueued outside any run
@@ -289,7 +314,9 @@ async def test_a_poison_event_costs_one_delivery_never_the_lane(setup: Setup) ->
     poison = Message(poison_id, setup.signed.name, b'{"fail_first": 9}', int(time.time() * 1000))
     await setup.bus.publish_many([poison])
     run = lambda self, payload, ctx: AFTER.add(payload["n"])  # noqa: E731
-    job = type("After", (Job,), {"subject": f"{setup.prefix}.after", "bus": "jobs", "run": run})
+    job: type[Job] = type(
+        "After", (Job,), {"subject": f"{setup.prefix}.after", "bus": "jobs", "run": run}
+    )
     jobs = JobWorker(setup.ctx)
     jobs.register(job)
     await jobs.start()
@@ -305,7 +332,10 @@ async def test_a_poison_event_costs_one_delivery_never_the_lane(setup: Setup) ->
         for n in range(100):
             await queue.enqueue(job, {"n": f"{setup.prefix}-{n}"})
         await until(lambda: RUNS[(doomed.group, after)] == 1, "the next event ran", 30)
-        await until(lambda: sum(f"{setup.prefix}-{n}" in AFTER for n in range(100)) == 100,
-                    "100 jobs after the poison", 30)  # fmt: skip
+        await until(
+            lambda: sum(f"{setup.prefix}-{n}" in AFTER for n in range(100)) == 100,
+            "100 jobs after the poison",
+            30,
+        )
     finally:
         await jobs.stop(5)

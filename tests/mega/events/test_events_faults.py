@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
-from redis.asyncio import Redis
 
 from mega import Context, EventBus, ListenerWorker, OutboxRelay, outbox
 from mega.config import Config, load_config
+from mega.drivers.nats import NatsBus
 from mega.drivers.nats.names import EVENTS_STREAM
+from mega.drivers.redis.client import RedisClient
 from mega.runtime.boot import boot, shutdown
 from tests.factories import write_config
 from tests.mega.events import fault_events
@@ -51,7 +52,7 @@ def config_body(*, listeners: bool = True) -> str:
 @pytest.fixture
 async def setup(
     tmp_path: Path, nats_url: str, redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[tuple[Config, Context, Redis, dict[str, Any]]]:
+) -> AsyncIterator[tuple[Config, Context, RedisClient, dict[str, Any]]]:
     monkeypatch.setenv("FAULT_PREFIX", prefix)
     config = load_config(
         write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=config_body())
@@ -61,14 +62,16 @@ async def setup(
     await shutdown(ctx)
 
 
-async def until(check: Callable[[], Any], what: str, timeout_s: float = TIMEOUT_S) -> None:
+# `...`: a check binds its loop variable as a defaulted parameter (`lambda group=group: ...`),
+# which mypy cannot match against `Callable[[], ...]`.
+async def until(check: Callable[..., Any], what: str, timeout_s: float = TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while not await check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.05)
 
 
-async def runs(redis: Redis, prefix: str, group: str) -> dict[str, int]:
+async def runs(redis: RedisClient, prefix: str, group: str) -> dict[str, int]:
     found = await redis.hgetall(f"{prefix}:runs:{prefix}-{group}")
     return {_text(key): int(value) for key, value in found.items()}
 
@@ -79,7 +82,9 @@ def _text(value: str | bytes) -> str:
 
 async def published(ctx: Context, prefix: str) -> int:
     """Messages the events stream holds for this test's events (the stream is shared)."""
-    js = ctx.bus("jobs").js
+    nats_bus = ctx.bus("jobs")
+    assert isinstance(nats_bus, NatsBus)
+    js = nats_bus.js
     info = await js.stream_info(EVENTS_STREAM, subjects_filter=f"events.{prefix}.>")
     return sum((info.state.subjects or {}).values())
 
@@ -88,9 +93,11 @@ def start_worker(config: Path, prefix: str, log: Path) -> subprocess.Popen[bytes
     with open(log, "wb") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "mega", "worker", "--config", str(config)],
-            cwd=ROOT, env={**os.environ, "FAULT_PREFIX": prefix}, stdout=out,
+            cwd=ROOT,
+            env={**os.environ, "FAULT_PREFIX": prefix},
+            stdout=out,
             stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        )
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
@@ -160,7 +167,7 @@ async def test_on_redis_a_worker_killed_mid_run_loses_no_event(
         workers[0].wait()
         for group in ("a", "b", "c"):
             await until(lambda group=group: _count_is(redis, prefix, group, 300), f"group {group}")
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # a duplicate has no event to wait for: it would land by now
         for group in ("a", "b", "c"):
             seen = await runs(redis, prefix, group)
             assert sorted(seen) == sorted(ids), group
@@ -175,7 +182,7 @@ async def test_on_redis_a_worker_killed_mid_run_loses_no_event(
         assert "Traceback" not in log, log
 
 
-async def _count_is(redis: Redis, prefix: str, group: str, count: int) -> bool:
+async def _count_is(redis: RedisClient, prefix: str, group: str, count: int) -> bool:
     return len(await runs(redis, prefix, group)) >= count
 
 
@@ -188,8 +195,11 @@ async def test_a_relay_killed_mid_batch_loses_nothing_and_runs_nothing_twice(
     ids = await commit_events(ctx, found["event"], 50)
     killed = subprocess.run(
         [sys.executable, "-m", "tests.mega.events.relay_process", str(config.path), when],
-        cwd=ROOT, env={**os.environ, "FAULT_PREFIX": prefix}, capture_output=True, timeout=60,
-    )  # fmt: skip
+        cwd=ROOT,
+        env={**os.environ, "FAULT_PREFIX": prefix},
+        capture_output=True,
+        timeout=60,
+    )
     assert killed.returncode == -9, killed.stderr.decode()
     assert await published(ctx, prefix) == (50 if when == "after_puback" else 0)
     assert (await ctx.db.run(outbox.stats)).pending == 50  # nothing was marked
@@ -201,7 +211,7 @@ async def test_a_relay_killed_mid_batch_loses_nothing_and_runs_nothing_twice(
     try:
         assert await relay.relay_once() == 50  # the next relay publishes every row again
         await until(lambda: _count_is(redis, prefix, "a", 50), "group a")
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # a duplicate has no event to wait for: it would land by now
         assert await published(ctx, prefix) == 50  # JetStream dropped the second publishes
         seen = await runs(redis, prefix, "a")
         assert sorted(seen) == sorted(ids) and set(seen.values()) == {1}
@@ -259,14 +269,19 @@ async def test_the_inbox_skips_an_event_republished_after_the_dedup_window(
     )
     ctx = await boot(config, role="test")
     redis, found = ctx.cache("main").native, classes(prefix)
-    js = ctx.bus("jobs").js
+    nats_bus = ctx.bus("jobs")
+    assert isinstance(nats_bus, NatsBus)
+    js = nats_bus.js
     # The stream as an operator might have made it, with a 1 s dedup window (never changed).
     await js.add_stream(
         StreamConfig(
-            name=EVENTS_STREAM, subjects=["events.>", "events_requeue.>"],
-            retention=RetentionPolicy.LIMITS, storage=StorageType.FILE, duplicate_window=1.0,
+            name=EVENTS_STREAM,
+            subjects=["events.>", "events_requeue.>"],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            duplicate_window=1.0,
         )
-    )  # fmt: skip
+    )
     inboxed = type("Inboxed", (found["a"],), {"inbox": "main", "group": f"{prefix}-a"})
     counted: list[str] = []
     listeners = ListenerWorker(ctx)
@@ -293,9 +308,13 @@ async def _true(value: bool) -> bool:
 
 @pytest.mark.postgres
 async def test_two_relays_on_postgres_split_the_rows(
-    tmp_path: Path, nats_url: str, redis_url: str, prefix: str, postgres_url: str,
+    tmp_path: Path,
+    nats_url: str,
+    redis_url: str,
+    prefix: str,
+    postgres_url: str,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     monkeypatch.setenv("FAULT_PREFIX", prefix)
     monkeypatch.setenv("DATABASE_URL", postgres_url)
     config = load_config(

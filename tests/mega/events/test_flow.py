@@ -15,10 +15,10 @@ from mega.config import load_config
 from mega.events.bus import EventBus
 from mega.events.event import Event, ReceivedEvent
 from mega.events.listener import Listener
-from mega.events.outbox import OutboxRow, outbox
-from mega.events.relay import OutboxRelay
 from mega.events.worker import ListenerWorker
 from mega.runtime.boot import boot, shutdown
+from mega.transactional.relay import OutboxRelay
+from mega.transactional.store import OutboxRow, outbox
 from tests.factories import write_config
 from tests.mega.jobs.test_contract import MEMORY_BUS, REDIS_BUS
 

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 from sqlalchemy import func, select
 
 from mega import Context, EventBus, Listener, outbox
 from mega.config import load_config
+from mega.drivers.redis.client import RedisClient
 from mega.events.db_inbox import InboxRow
 from mega.runtime.boot import boot, shutdown
 from tests.factories import write_config
@@ -60,12 +60,12 @@ async def db_effects(ctx: Context) -> dict[str, int]:
     return await ctx.db.run(lambda session: {key: int(n) for key, n in session.execute(query)})
 
 
-async def redis_effects(redis: Redis, prefix: str) -> dict[str, int]:
+async def redis_effects(redis: RedisClient, prefix: str) -> dict[str, int]:
     found = await redis.hgetall(f"{prefix}:effects")  # str keys: the hosts decode replies
     return {str(key): int(n) for key, n in found.items()}
 
 
-async def runs(redis: Redis, prefix: str, group: type[Listener]) -> int:
+async def runs(redis: RedisClient, prefix: str, group: type[Listener]) -> int:
     return sum(int(n) for n in (await redis.hgetall(f"{prefix}:runs:{group.group}")).values())
 
 
@@ -75,15 +75,20 @@ async def runs(redis: Redis, prefix: str, group: type[Listener]) -> int:
     "database", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 )
 async def test_each_effect_happens_once_with_a_worker_killed_every_1_5_s(
-    database: str, request: pytest.FixtureRequest, tmp_path: Path, nats_url: str,
-    redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+    database: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    nats_url: str,
+    redis_url: str,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("FAULT_PREFIX", prefix)  # the workers inherit both
     if database == "postgres":
         monkeypatch.setenv("DATABASE_URL", request.getfixturevalue("postgres_url"))
     config = load_config(write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=BODY))
     ctx = await boot(config, role="test")  # the database migrated: mega_inbox, mega_outbox
-    redis: Redis = ctx.cache("main").native
+    redis: RedisClient = ctx.cache("main").native
     event, ledger, tally = classes(prefix)
     EFFECTS.metadata.create_all(ctx.db.engine)
     ids = await ctx.db.run(lambda s: [outbox.add(s, event, {"n": n}) for n in range(EVENTS)])

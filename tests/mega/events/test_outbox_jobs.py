@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 
 from mega import Context, Job, JobQueue, JobWorker, OutboxRelay, outbox
 from mega.config import Config, load_config
+from mega.drivers.redis.client import RedisClient
 from mega.errors import JobError
-from mega.events import relay as relay_module
 from mega.runtime.boot import boot, shutdown
+from mega.transactional import relay as relay_module
 from tests.factories import write_config
 from tests.mega.events import fault_events
 from tests.mega.jobs.test_contract import DRIVERS, bus_body
@@ -35,9 +35,13 @@ JOBS = "from tests.mega.events.fault_events import Shipped\njobs = [Shipped]\n"
 
 @pytest.fixture(params=DRIVERS)
 async def setup(
-    request: pytest.FixtureRequest, tmp_path: Path, nats_url: str, redis_url: str, prefix: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    nats_url: str,
+    redis_url: str,
+    prefix: str,
     monkeypatch: pytest.MonkeyPatch,
-) -> AsyncIterator[tuple[Config, Context, type[Job], JobQueue, Redis]]:  # fmt: skip
+) -> AsyncIterator[tuple[Config, Context, type[Job], JobQueue, RedisClient]]:
     monkeypatch.setenv("FAULT_PREFIX", prefix)
     body = bus_body(request) + JOBS
     config = load_config(write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body))
@@ -49,14 +53,16 @@ async def setup(
     await shutdown(ctx)
 
 
-async def until(check: Callable[[], Any], what: str) -> None:
+# `...`: a check binds its loop variable as a defaulted parameter (`lambda group=group: ...`),
+# which mypy cannot match against `Callable[[], ...]`.
+async def until(check: Callable[..., Any], what: str) -> None:
     deadline = time.monotonic() + TIMEOUT_S
     while not await check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.02)
 
 
-async def runs(redis: Redis, prefix: str) -> dict[str, int]:
+async def runs(redis: RedisClient, prefix: str) -> dict[str, int]:
     found = await redis.hgetall(f"{prefix}:jobs")
     return {_text(key): int(value) for key, value in found.items()}
 
@@ -136,7 +142,7 @@ async def test_a_relay_failing_after_its_enqueue_runs_nothing_twice(
         assert (await ctx.db.run(outbox.stats)).pending == 20  # nothing was marked
         monkeypatch.setattr(relay_module, "_mark_published", marks)
         assert await OutboxRelay(ctx, jobs=[job]).relay_once() == 20
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # a second run has no event to wait for: it would start by now
         assert await runs(redis, prefix) == dict.fromkeys(ids, 1)
         assert (await ctx.db.run(outbox.stats)).pending == 0
     finally:
@@ -154,10 +160,12 @@ async def test_a_relay_killed_after_its_enqueue_runs_nothing_twice(setup: Any, p
         lambda session: [outbox.enqueue(session, job, {"n": n}) for n in range(50)]
     )
     killed = subprocess.run(
-        [sys.executable, "-m", "tests.mega.events.relay_process", str(config.path),
-         "after_puback"],
-        cwd=ROOT, env={**os.environ, "FAULT_PREFIX": prefix}, capture_output=True, timeout=60,
-    )  # fmt: skip
+        [sys.executable, "-m", "tests.mega.events.relay_process", str(config.path), "after_puback"],
+        cwd=ROOT,
+        env={**os.environ, "FAULT_PREFIX": prefix},
+        capture_output=True,
+        timeout=60,
+    )
     assert killed.returncode == -9, killed.stderr.decode()
     assert (await ctx.db.run(outbox.stats)).pending == 50  # nothing was marked
     assert (await queue.stats(job)).pending == 50  # and every job was stored
@@ -165,7 +173,7 @@ async def test_a_relay_killed_after_its_enqueue_runs_nothing_twice(setup: Any, p
     try:
         assert await OutboxRelay(ctx, jobs=[job]).relay_once() == 50
         await until(lambda: _ran(redis, prefix, ids), "the jobs")
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # a second run has no event to wait for: it would start by now
         assert await runs(redis, prefix) == dict.fromkeys(ids, 1)
     finally:
         await worker.stop(5)
@@ -182,7 +190,7 @@ async def test_a_relay_leaves_a_job_it_does_not_know_for_one_that_does(
     assert await OutboxRelay(ctx, jobs=[job]).relay_once() == 1
 
 
-async def _ran(redis: Redis, prefix: str, ids: list[str]) -> bool:
+async def _ran(redis: RedisClient, prefix: str, ids: list[str]) -> bool:
     found = await runs(redis, prefix)
     return all(found.get(job_id, 0) >= 1 for job_id in ids)
 

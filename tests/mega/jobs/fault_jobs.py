@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mega import Context, Job
-from mega.jobs.spec import DEFAULT_ACK_WAIT_S
+from mega.lanes.declaration import DEFAULT_ACK_WAIT_S
 
 PREFIX = os.environ.get("FAULT_PREFIX", "faults")
 # Redelivery of an unacked job after a worker dies comes this quickly (running jobs renew it).
@@ -82,7 +82,7 @@ class SlowJob(Job):
 
     async def run(self, payload: dict[str, Any], ctx: Context) -> None:
         await record_start(ctx, payload["id"])
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # the run itself: long enough to be killed mid-way
         await record_effect(ctx, payload["id"])
 
 

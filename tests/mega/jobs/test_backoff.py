@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from mega.jobs.backoff import BackoffPolicy, backoff_delay_ms
+from mega.lanes.backoff import BackoffPolicy, backoff_delay_ms
 
 POLICY = {"type": "exponential", "initial": 500, "max": 2000}
 

@@ -9,14 +9,16 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from redis.asyncio import Redis
 
 from mega import JobQueue
 from mega.config import load_config
+from mega.drivers.nats import NatsBus
 from mega.drivers.nats.names import stream_name
+from mega.drivers.redis.client import RedisClient
 from mega.runtime.boot import boot, shutdown
 from tests.cluster import NatsCluster
 from tests.factories import write_config
@@ -28,9 +30,11 @@ JOBS = 5_000
 TIMEOUT_S = 60.0
 
 
-async def until(check: object, what: str, timeout_s: float = TIMEOUT_S) -> None:
+async def until(
+    check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = TIMEOUT_S
+) -> None:
     deadline = time.monotonic() + timeout_s
-    while not await check():  # type: ignore[operator]
+    while not await check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.05)
 
@@ -44,11 +48,12 @@ async def test_an_r3_stream_loses_no_job_when_its_leader_is_killed(
     path = write_config(tmp_path, nats_url=cluster.url, redis_url=redis_url, body=body)
     config = load_config(path)
     ctx = await boot(config, role="test", database=False)
-    redis: Redis = ctx.cache("main").native
+    redis: RedisClient = ctx.cache("main").native
     job = for_prefix(fault_jobs.ClusterJob, prefix)
     queue = JobQueue(ctx, "jobs")
     workers: list[subprocess.Popen[bytes]] = []
     try:
+        assert isinstance(queue.bus, NatsBus)
         spec = await queue.ensure(job)
         info = await queue.bus.js.stream_info(stream_name(spec.subject))
         assert info.config.num_replicas == 3 and info.cluster is not None
@@ -66,7 +71,9 @@ async def test_an_r3_stream_loses_no_job_when_its_leader_is_killed(
             return await redis.hlen(f"{prefix}:done") >= count
 
         await until(lambda: done_at_least(1000), "1,000 jobs done")
-        leader = (await queue.bus.js.stream_info(stream_name(spec.subject))).cluster.leader  # type: ignore[union-attr]
+        info = await queue.bus.js.stream_info(stream_name(spec.subject))
+        assert info.cluster is not None
+        leader = info.cluster.leader
         assert leader is not None
         cluster.node(leader).kill()  # SIGKILL the stream's leader under load
         await until(lambda: done_at_least(3000), "3,000 jobs done without the old leader")

@@ -18,15 +18,15 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from mega import Context, Job, JobQueue, JobWorker
+from mega import CallNext, Context, Job, JobContext, JobQueue, JobWorker, Run
 from mega.config import load_config
-from mega.drivers.base import DriverUnavailable, Message
+from mega.drivers.base import DlqRecord, DriverUnavailable, Message
 from mega.errors import JobError, JobFailed, Permanent
-from mega.jobs import status as status_module
-from mega.jobs.control import Cancelled
-from mega.jobs.delivery import stand_in_id
 from mega.jobs.queue import job_lane
-from mega.jobs.status import ErrorInfo
+from mega.lanes import status as status_module
+from mega.lanes.control import Cancelled
+from mega.lanes.delivery import stand_in_id
+from mega.lanes.status import ErrorInfo
 from mega.runtime.boot import boot, shutdown
 from tests.factories import write_config
 
@@ -64,7 +64,7 @@ class Contract(Job):
     concurrency = 4
     backoff = {"type": "exponential", "initial": 10, "max": 20}
 
-    async def run(self, payload: dict[str, Any], ctx: Context) -> None:
+    async def run(self, payload: dict[str, Any], ctx: JobContext) -> None:
         RUNS[payload["id"]] += 1
         await asyncio.sleep(payload.get("sleep_s", 0))
         if RUNS[payload["id"]] <= payload.get("fail_first", 0):
@@ -110,7 +110,7 @@ class Limited(Job):
         RUNS[payload["id"]] += 1
         mode = payload["mode"]
         if mode == "hang":
-            await asyncio.sleep(30)
+            await asyncio.sleep(30)  # the run itself, until its time limit ends it
         elif mode == "own_timeout":
             raise TimeoutError("the run's own")
         elif mode == "permanent":
@@ -144,7 +144,8 @@ def driver_of(param: str) -> str:
 def bus_body(request: pytest.FixtureRequest) -> str:
     """The config lines that put the `jobs` bus on the driver `request.param` names."""
     if request.param == "postgres":
-        return POSTGRES_BUS % request.getfixturevalue("postgres_url")
+        postgres_url: str = request.getfixturevalue("postgres_url")
+        return POSTGRES_BUS % postgres_url
     return {"nats": "", "redis": REDIS_BUS, "memory": MEMORY_BUS}[driver_of(request.param)]
 
 
@@ -164,7 +165,7 @@ async def setup(
     redis_url = config_redis_url(request, redis_url)
     config = load_config(write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body))
     ctx = await boot(config, role="test", database=False)
-    job = type("Contract", (Contract,), {"subject": f"{prefix}.contract"})
+    job: type[Contract] = type("Contract", (Contract,), {"subject": f"{prefix}.contract"})
     worker = JobWorker(ctx)
     worker.register(job)
     seen: list[dict[str, Any]] = []
@@ -214,7 +215,7 @@ async def running(ctx: Context, job: type[Job]) -> AsyncIterator[JobWorker]:
         await worker.stop(5)
 
 
-def signals(seen: list[dict[str, Any]], job_id: str) -> list[tuple[str, int]]:
+def signals(seen: list[dict[str, Any]], job_id: str) -> list[tuple[str, int | None]]:
     return [(s["signal"], s.get("attempt") or s.get("attempts")) for s in seen if s["id"] == job_id]
 
 
@@ -248,8 +249,14 @@ async def test_retries_plus_one_attempts_then_the_dlq_and_requeue(setup: Any, pr
     await until(lambda: any(s["signal"] == "dlq" for s in seen), "dlq")
     assert RUNS[key] == 3 and DONE[key] == 0
     assert [s for s, _ in signals(seen, job_id)] == [
-        "start", "retry", "start", "retry", "start", "fail", "dlq"
-    ]  # fmt: skip
+        "start",
+        "retry",
+        "start",
+        "retry",
+        "start",
+        "fail",
+        "dlq",
+    ]
     assert await queue.dlq.count(job) == 1
     [record] = await queue.dlq.list(job)
     assert (record["id"], record["subject"], record["attempts"]) == (key, f"{prefix}.contract", 3)
@@ -272,8 +279,10 @@ async def test_retries_plus_one_attempts_then_the_dlq_and_requeue(setup: Any, pr
     status = await queue.status(job, job_id)
     assert status is not None and (status.attempts, status.requeues) == (1, 1)
     assert [(a.attempt, a.state) for a in status.before_requeue] == [
-        (1, "retrying"), (2, "retrying"), (3, "dlq")
-    ]  # fmt: skip
+        (1, "retrying"),
+        (2, "retrying"),
+        (3, "dlq"),
+    ]
     assert status.before_requeue[-1].error == ErrorInfo(
         type="RuntimeError", message="planned failure 3"
     )
@@ -347,9 +356,16 @@ async def test_a_job_backing_off_holds_no_slot(setup: Any, prefix: str) -> None:
     in a slot)."""
     ctx, _job, _queue, _seen = setup
     backoff = {"type": "exponential", "initial": 60_000, "max": 60_000}
-    narrow = type("Narrow", (Contract,), {
-        "subject": f"{prefix}.narrow", "concurrency": 2, "retries": 1, "backoff": backoff,
-    })  # fmt: skip
+    narrow: type[Contract] = type(
+        "Narrow",
+        (Contract,),
+        {
+            "subject": f"{prefix}.narrow",
+            "concurrency": 2,
+            "retries": 1,
+            "backoff": backoff,
+        },
+    )
     worker = JobWorker(ctx)
     worker.register(narrow)
     seen: list[dict[str, Any]] = []
@@ -384,7 +400,7 @@ async def test_enqueue_many_and_bad_payloads(setup: Any, prefix: str) -> None:
 
 async def test_the_short_form_a_schema_and_a_plain_run_on_a_thread(setup: Any, prefix: str) -> None:
     ctx, _job, _queue, _seen = setup
-    typed = type("Typed", (Typed,), {"subject": f"{prefix}.typed"})
+    typed: type[Typed] = type("Typed", (Typed,), {"subject": f"{prefix}.typed"})
     worker = JobWorker(ctx)
     worker.register(typed)
     await worker.start()
@@ -411,7 +427,7 @@ async def test_a_timeout_fails_the_attempt_and_permanent_errors_skip_the_retries
     setup: Any, prefix: str
 ) -> None:
     ctx, _job, _queue, _seen = setup
-    limited = type("Limited", (Limited,), {"subject": f"{prefix}.limited"})
+    limited: type[Limited] = type("Limited", (Limited,), {"subject": f"{prefix}.limited"})
     worker = JobWorker(ctx)
     worker.register(limited)
     seen: list[dict[str, Any]] = []
@@ -429,9 +445,11 @@ async def test_a_timeout_fails_the_attempt_and_permanent_errors_skip_the_retries
             mode: (records[mode]["error"]["type"], records[mode]["attempts"]) for mode in modes
         }
         assert ended == {
-            "hang": ("JobTimeout", 2), "own_timeout": ("TimeoutError", 2),
-            "permanent": ("Permanent", 1), "key": ("KeyError", 1),
-        }  # fmt: skip
+            "hang": ("JobTimeout", 2),
+            "own_timeout": ("TimeoutError", 2),
+            "permanent": ("Permanent", 1),
+            "key": ("KeyError", 1),
+        }
         assert [RUNS[f"{prefix}-{mode}"] for mode in modes] == [2, 2, 1, 1]
         assert "longer than its timeout_s (0.3 s)" in records["hang"]["error"]["message"]
         stats = await queue.stats(limited)
@@ -442,11 +460,13 @@ async def test_a_timeout_fails_the_attempt_and_permanent_errors_skip_the_retries
 
 async def test_a_status_record_follows_each_job_and_result_answers(setup: Any, prefix: str) -> None:
     ctx, job, queue, _seen = setup
-    tracked = type("Tracked", (Tracked,), {"subject": f"{prefix}.tracked"})
-    idle = type("Idle", (Tracked,), {"subject": f"{prefix}.idle"})  # no worker consumes it
+    tracked: type[Tracked] = type("Tracked", (Tracked,), {"subject": f"{prefix}.tracked"})
+    idle: type[Tracked] = type(
+        "Idle", (Tracked,), {"subject": f"{prefix}.idle"}
+    )  # no worker consumes it
     before_ms = int(time.time() * 1000)
     queued = await idle.enqueue(ctx, {"id": f"{prefix}-q"})
-    delayed = await idle.enqueue(ctx, {"id": f"{prefix}-d"}, delay_s=60)
+    delayed = await idle.enqueue(ctx, {"id": f"{prefix}-d"}, delay=60)
     [status_q, status_d] = [await idle.status(ctx, i) for i in (queued, delayed)]
     assert status_q is not None and status_d is not None
     assert (status_q.state, status_q.attempts, status_q.job) == ("queued", 0, "Idle")
@@ -505,7 +525,7 @@ async def test_a_retry_hands_its_job_back_once_its_record_says_retrying(
     stored before this one's `retrying`, that late write would replace them (a `done` job read
     `retrying` for good). So the record is stored before the job is handed back."""
     ctx, _job, queue, _seen = setup
-    tracked = type("Tracked", (Tracked,), {"subject": f"{prefix}.handback"})
+    tracked: type[Tracked] = type("Tracked", (Tracked,), {"subject": f"{prefix}.handback"})
     states_at_retry: list[str | None] = []
 
     def read_then(retry: Any) -> Any:
@@ -531,7 +551,9 @@ async def test_a_job_whose_dead_letter_was_not_stored_is_handed_back_once_its_re
     """The same for a job handed back because its DLQ record could not be stored: its
     `failed` record is stored first, and the next delivery stores the dead letter and `dlq`."""
     ctx, _job, queue, _seen = setup
-    doomed = type("Doomed", (Tracked,), {"subject": f"{prefix}.doomed", "retries": 0})
+    doomed: type[Tracked] = type(
+        "Doomed", (Tracked,), {"subject": f"{prefix}.doomed", "retries": 0}
+    )
     states_at_release: list[str | None] = []
     refused: list[str] = []
 
@@ -580,8 +602,10 @@ async def test_a_jobs_last_record_is_stored_before_its_delivery_is_settled(
     the dead letter and the `failed` is older than FAILED_GRACE_S, 0.5 s here)."""
     monkeypatch.setattr(status_module, "FAILED_GRACE_S", 0.5)
     ctx, _job, queue, _seen = setup
-    tracked = type("Tracked", (Tracked,), {"subject": f"{prefix}.settle", "retries": 0})
-    slow = type("Slow", (Slow,), {"subject": f"{prefix}.settleslow"})
+    tracked: type[Tracked] = type(
+        "Tracked", (Tracked,), {"subject": f"{prefix}.settle", "retries": 0}
+    )
+    slow: type[Slow] = type("Slow", (Slow,), {"subject": f"{prefix}.settleslow"})
     bus = ctx.bus("jobs")
     make_receiver, put_records = bus.receiver, bus.put_records
     at_settle: list[tuple[str, str, str | None]] = []
@@ -629,8 +653,10 @@ async def test_a_jobs_last_record_is_stored_before_its_delivery_is_settled(
     finally:
         await worker.stop(5)
     assert at_settle == [
-        ("ack", done, "done"), ("dead_letter", failed, "failed"), ("ack", running, "cancelled")
-    ]  # fmt: skip
+        ("ack", done, "done"),
+        ("dead_letter", failed, "failed"),
+        ("ack", running, "cancelled"),
+    ]
     await until(lambda: status_is(queue, tracked, failed, "dlq"), "shown dlq after the grace")
     status = await queue.status(tracked, failed)
     assert status is not None and (status.state, status.attempts) == ("dlq", 1)
@@ -674,11 +700,11 @@ async def test_cancel_a_queued_a_delayed_a_running_and_a_finished_job(
     setup: Any, prefix: str
 ) -> None:
     ctx, _job, _queue, _seen = setup
-    slow = type("Slow", (Slow,), {"subject": f"{prefix}.slow"})
+    slow: type[Slow] = type("Slow", (Slow,), {"subject": f"{prefix}.slow"})
     queue = JobQueue(ctx, "jobs")
     # Before any worker: one queued, one delayed, both cancelled.
     queued = await slow.enqueue(ctx, {"id": f"{prefix}-queued"})
-    delayed = await slow.enqueue(ctx, {"id": f"{prefix}-delayed"}, delay_s=0.5)
+    delayed = await slow.enqueue(ctx, {"id": f"{prefix}-delayed"}, delay=0.5)
     for job_id in (queued, delayed):
         assert await slow.cancel(ctx, job_id) == Cancelled(True, "cancelled")
     worker = JobWorker(ctx)
@@ -700,17 +726,26 @@ async def test_cancel_a_queued_a_delayed_a_running_and_a_finished_job(
         await until(lambda: sum(s["signal"] == "cancel" for s in seen) == 3, "three cancels")
         await asyncio.sleep(1.0)  # past the delay and a watch: nothing retries or runs again
         assert [RUNS[f"{prefix}-{n}"] for n in ("queued", "delayed", "running", "quick")] == [
-            0, 0, 1, 1
-        ]  # fmt: skip
+            0,
+            0,
+            1,
+            1,
+        ]
         assert not [s for s in seen if s["signal"] == "retry"]
         statuses = {i: await slow.status(ctx, i) for i in (queued, delayed, running, quick)}
         assert {i: s.state for i, s in statuses.items() if s} == {
-            queued: "cancelled", delayed: "cancelled", running: "cancelled", quick: "done"
-        }  # fmt: skip
+            queued: "cancelled",
+            delayed: "cancelled",
+            running: "cancelled",
+            quick: "done",
+        }
         # Runs made: none for the two that never started ("cancelled before it ran").
         assert {i: s.attempts for i, s in statuses.items() if s} == {
-            queued: 0, delayed: 0, running: 1, quick: 1
-        }  # fmt: skip
+            queued: 0,
+            delayed: 0,
+            running: 1,
+            quick: 1,
+        }
         assert await queue.cancel(slow, running) == Cancelled(False, "cancelled")
         stats = await queue.stats(slow)
         assert (stats.pending, stats.in_flight, stats.dlq) == (0, 0, 0)
@@ -720,7 +755,7 @@ async def test_cancel_a_queued_a_delayed_a_running_and_a_finished_job(
 
 async def test_a_paused_queue_starts_nothing_until_it_is_resumed(setup: Any, prefix: str) -> None:
     ctx, _job, _queue, _seen = setup
-    slow = type("Slow", (Slow,), {"subject": f"{prefix}.paused"})
+    slow: type[Slow] = type("Slow", (Slow,), {"subject": f"{prefix}.paused"})
     queue = JobQueue(ctx, "jobs")
     worker = JobWorker(ctx)
     worker.register(slow)
@@ -735,7 +770,7 @@ async def test_a_paused_queue_starts_nothing_until_it_is_resumed(setup: Any, pre
         for n in range(3):
             await slow.enqueue(ctx, {"id": f"{prefix}-p{n}"})
         await until(lambda: DONE[f"{prefix}-long"] == 1, "the running job finished")
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # a freed slot would take a paused job by now, were it to
         assert sum(RUNS[f"{prefix}-p{n}"] for n in range(3)) == 0  # nothing new started
         stats = await queue.stats(slow)  # waiting; fetched ones are held, their leases renewed
         assert (stats.pending + stats.in_flight, stats.dlq) == (3, 0)
@@ -751,7 +786,7 @@ async def test_a_pause_outlives_the_keep_of_the_status_records_while_a_worker_ru
 ) -> None:
     ctx, _job, _queue, _seen = setup
     # Records kept 4 s: the pause record would expire 4 s after its write, were it not kept.
-    short = type("Short", (Slow,), {"subject": f"{prefix}.short", "keep_status_s": 4})
+    short: type[Slow] = type("Short", (Slow,), {"subject": f"{prefix}.short", "keep_status_s": 4})
     queue = JobQueue(ctx, "jobs")
     worker = JobWorker(ctx)
     worker.register(short)
@@ -773,7 +808,7 @@ async def test_stats_say_when_the_oldest_waiting_job_came_and_count_what_was_sto
     setup: Any, prefix: str
 ) -> None:
     ctx, _job, _queue, _seen = setup
-    counted = type("Counted", (Contract,), {"subject": f"{prefix}.counted"})
+    counted: type[Contract] = type("Counted", (Contract,), {"subject": f"{prefix}.counted"})
     queue = JobQueue(ctx, "jobs")
     before = await queue.stats(counted)
     assert (before.pending, before.in_flight, before.oldest_ms) == (0, 0, None)
@@ -818,7 +853,7 @@ async def test_dead_letters_page_newest_first_and_are_found_and_deleted_by_id(
     setup: Any, prefix: str
 ) -> None:
     ctx, _job, _queue, _seen = setup
-    doomed = type("Doomed", (Doomed,), {"subject": f"{prefix}.doomed"})
+    doomed: type[Doomed] = type("Doomed", (Doomed,), {"subject": f"{prefix}.doomed"})
     worker = JobWorker(ctx)
     worker.register(doomed)
     await worker.start()
@@ -828,7 +863,7 @@ async def test_dead_letters_page_newest_first_and_are_found_and_deleted_by_id(
         await until(lambda: count_is(queue, doomed, 250), "250 dead letters", timeout_s=60)
     finally:
         await worker.stop(5)
-    pages: list[list[dict[str, Any]]] = []
+    pages: list[list[DlqRecord]] = []
     before = None
     while page := await queue.dlq.list(doomed, limit=100, before=before):
         pages.append(page)
@@ -860,7 +895,7 @@ async def test_a_running_consume_loop_is_seen_and_says_when_it_stopped(
     setup: Any, prefix: str
 ) -> None:
     ctx, _job, _queue, _seen = setup
-    watched = type("Watched", (Contract,), {"subject": f"{prefix}.watched"})
+    watched: type[Contract] = type("Watched", (Contract,), {"subject": f"{prefix}.watched"})
     queue = JobQueue(ctx, "jobs")
     assert await queue.workers(watched) == []
     started_ms = int(time.time() * 1000)
@@ -931,8 +966,8 @@ class Throttled(Job):
     concurrency = 50
     rate_limit = {"limit": 10, "period_s": 1.0}
 
-    async def run(self, payload: int, ctx: Context) -> None:
-        STARTED.setdefault(self.subject, []).append((time.time(), ctx.worker))  # type: ignore[attr-defined]
+    async def run(self, payload: int, ctx: JobContext) -> None:
+        STARTED.setdefault(self.subject, []).append((time.time(), ctx.worker))
         RUNS[f"{self.subject}:{payload}"] += 1
 
 
@@ -941,7 +976,7 @@ async def test_a_rate_limit_caps_the_starts_of_the_whole_group(setup: Any, prefi
     no one-second window holds more than 10 starts, whichever loops start them, every job runs
     once, and what the limit holds back keeps its attempt."""
     ctx, _, queue, _ = setup
-    job = type("Throttled", (Throttled,), {"subject": f"{prefix}.throttled"})
+    job: type[Throttled] = type("Throttled", (Throttled,), {"subject": f"{prefix}.throttled"})
     ids = await queue.enqueue_many(job, range(40))
     async with consume_loops(ctx, job, prefix, 3):
         started = STARTED.setdefault(job.subject, [])
@@ -964,8 +999,8 @@ KEYS_SEEN: dict[str, list[str | None]] = {}  # payload id -> ctx.key of each run
 class Keyed(Contract):
     """Contract's job, recording the key each run was enqueued with."""
 
-    async def run(self, payload: dict[str, Any], ctx: Context) -> None:
-        KEYS_SEEN.setdefault(payload["id"], []).append(ctx.key)  # type: ignore[attr-defined]
+    async def run(self, payload: dict[str, Any], ctx: JobContext) -> None:
+        KEYS_SEEN.setdefault(payload["id"], []).append(ctx.key)
         await super().run(payload, ctx)
 
 
@@ -976,7 +1011,7 @@ async def test_a_key_travels_with_its_job_through_retries_a_delay_and_a_requeue(
     and a dead letter's (its record names it, and a requeue keeps it); a job without one sees
     None; a bad key is refused before anything is stored."""
     ctx, _, queue, _ = setup
-    job = type("Keyed", (Keyed,), {"subject": f"{prefix}.keyed"})
+    job: type[Keyed] = type("Keyed", (Keyed,), {"subject": f"{prefix}.keyed"})
     async with consume_loops(ctx, job, prefix, 1):
         failing, later, plain = f"{prefix}-fails", f"{prefix}-later", f"{prefix}-plain"
         failing_id = await queue.enqueue(job, {"id": failing, "fail_first": 3}, key="tenant-a")
@@ -1008,7 +1043,7 @@ async def test_a_rate_limit_per_key_caps_each_key_alone(setup: Any, prefix: str)
     while the 3 of key "small", enqueued after them, start in the first; each key's starts
     never exceed 5 in any second, and a job held back keeps its attempt."""
     ctx, _, queue, _ = setup
-    job = type("PerKey", (PerKey,), {"subject": f"{prefix}.perkey"})
+    job: type[PerKey] = type("PerKey", (PerKey,), {"subject": f"{prefix}.perkey"})
     big = await queue.enqueue_many(job, range(15), key="big")
     small = await queue.enqueue_many(job, range(15, 18), key="small")
     async with consume_loops(ctx, job, prefix, 2):
@@ -1019,8 +1054,10 @@ async def test_a_rate_limit_per_key_caps_each_key_alone(setup: Any, prefix: str)
         for ids in (big, small):
             statuses = [await queue.status(job, job_id) for job_id in ids]
             assert [(s.state, s.attempts) for s in statuses if s] == [("done", 1)] * len(ids)
-        times = {key: sorted(s.started_at for s in [await queue.status(job, i) for i in ids] if s)
-                 for key, ids in (("big", big), ("small", small))}  # fmt: skip
+        times = {
+            key: sorted(s.started_at for s in [await queue.status(job, i) for i in ids] if s)
+            for key, ids in (("big", big), ("small", small))
+        }
         first = min(times["big"][0], times["small"][0])
         # Any six starts of one key span a second (ms of the status records; 50 ms of slack for
         # the stamp taken after the run began).
@@ -1044,8 +1081,8 @@ class Capped(Job):
     concurrency = 8
     key_concurrency = 2
 
-    async def run(self, payload: int, ctx: Context) -> None:
-        key = f"{self.subject}:{ctx.key}"  # type: ignore[attr-defined]
+    async def run(self, payload: int, ctx: JobContext) -> None:
+        key = f"{self.subject}:{ctx.key}"
         RUNNING_NOW[key] += 1
         MOST_AT_ONCE[key] = max(MOST_AT_ONCE[key], RUNNING_NOW[key])
         await asyncio.sleep(0.1)
@@ -1060,7 +1097,7 @@ async def test_key_concurrency_caps_the_runs_of_one_key_across_the_group(
     than 2 at once, and key "b"'s 4, enqueued after them, are not held behind them; every job
     runs once, a held one keeps its attempt, and no lease is left in the cache."""
     ctx, _, queue, _ = setup
-    job = type("Capped", (Capped,), {"subject": f"{prefix}.capped"})
+    job: type[Capped] = type("Capped", (Capped,), {"subject": f"{prefix}.capped"})
     a = await queue.enqueue_many(job, range(12), key="a")
     b = await queue.enqueue_many(job, range(4), key="b")
     async with consume_loops(ctx, job, prefix, 2):
@@ -1078,7 +1115,8 @@ async def test_key_concurrency_caps_the_runs_of_one_key_across_the_group(
         redis, lane = ctx.cache("main").native, f"job:{job.name}:{job.subject}"
 
         async def no_leases() -> bool:
-            return sum([await redis.zcard(f"mega:slots:{lane}:{key}") for key in "ab"]) == 0
+            leases: int = sum([await redis.zcard(f"mega:slots:{lane}:{key}") for key in "ab"])
+            return leases == 0
 
         await until(no_leases, "every lease dropped", 5)
 
@@ -1092,8 +1130,8 @@ class Shared(Job):
     bus = "jobs"
     concurrency = 2
 
-    async def run(self, payload: int, ctx: Context) -> None:
-        STARTS.setdefault(self.subject, []).append(ctx.key)  # type: ignore[attr-defined]
+    async def run(self, payload: int, ctx: JobContext) -> None:
+        STARTS.setdefault(self.subject, []).append(ctx.key)
         await asyncio.sleep(0.02)
 
 
@@ -1114,27 +1152,35 @@ async def test_a_fair_job_takes_turns_across_keys(setup: Any, prefix: str) -> No
     starts after the whole flood; with fair = True, among the first `concurrency` + 1 starts
     (the first turns)."""
     ctx, _, queue, _ = setup
-    in_order = type("Shared", (Shared,), {"subject": f"{prefix}.inorder"})
+    in_order: type[Shared] = type("Shared", (Shared,), {"subject": f"{prefix}.inorder"})
     assert await started_after(ctx, queue, in_order, prefix, flood=30) == 30
-    fair = type("Shared", (Shared,), {"subject": f"{prefix}.fair", "fair": True})
+    fair: type[Shared] = type("Shared", (Shared,), {"subject": f"{prefix}.fair", "fair": True})
     assert await started_after(ctx, queue, fair, prefix, flood=300) <= Shared.concurrency
 
 
 @pytest.mark.parametrize(
     ("capability", "declared", "code"),
-    [("fair_lanes", "fair", "job.fair_unsupported"),
-     ("priority_lanes", "prioritized", "job.priority_unsupported")],
-)  # fmt: skip
+    [
+        ("fair_lanes", "fair", "job.fair_unsupported"),
+        ("priority_lanes", "prioritized", "job.priority_unsupported"),
+    ],
+)
 async def test_a_driver_that_cannot_take_turns_refuses_a_fair_or_prioritized_job(
-    setup: Any, prefix: str, monkeypatch: pytest.MonkeyPatch, capability: str, declared: str,
+    setup: Any,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capability: str,
+    declared: str,
     code: str,
-) -> None:  # fmt: skip
+) -> None:
     """A bus whose driver says it cannot consume a fair (or a prioritized) lane, a plugin's
     say, refuses such a job at enqueue (and so at a worker's start) with a sentence, and
     stores nothing."""
     _, _, queue, _ = setup
     monkeypatch.setattr(queue.bus, capability, False)
-    refused = type("Shared", (Shared,), {"subject": f"{prefix}.refused", declared: True})
+    refused: type[Shared] = type(
+        "Shared", (Shared,), {"subject": f"{prefix}.refused", declared: True}
+    )
     with pytest.raises(JobError) as raised:
         await queue.enqueue(refused, 1)
     assert raised.value.code == code
@@ -1160,9 +1206,9 @@ async def test_a_prioritized_job_takes_high_first_and_never_starves_low(
     starts. While every band has jobs, each 10 starts are 6 high, 3 normal and 1 low: high
     goes first, and low still moves inside the flood instead of after it."""
     ctx, _, queue, _ = setup
-    job = type("Ranked", (Ranked,), {"subject": f"{prefix}.ranked"})
+    job: type[Ranked] = type("Ranked", (Ranked,), {"subject": f"{prefix}.ranked"})
     for band, count in (("low", 5), ("normal", 20), ("high", 100)):
-        await queue.enqueue_many(job, [band] * count, priority=band)  # type: ignore[arg-type]
+        await queue.enqueue_many(job, [band] * count, priority=band)
     starts = STARTS.setdefault(job.subject, [])
     async with consume_loops(ctx, job, prefix, 1):
         await until(lambda: len(starts) == 125, "all 125 started", 60)
@@ -1176,10 +1222,10 @@ async def test_a_priority_is_a_band_of_a_prioritized_job(setup: Any, prefix: str
     """A priority that is not a band, or given to a job that is not prioritized, is refused
     with a sentence naming the fix, and nothing is stored."""
     _, _, queue, _ = setup
-    ranked = type("Ranked", (Ranked,), {"subject": f"{prefix}.badband"})
-    plain = type("Shared", (Shared,), {"subject": f"{prefix}.unranked"})
+    ranked: type[Ranked] = type("Ranked", (Ranked,), {"subject": f"{prefix}.badband"})
+    plain: type[Shared] = type("Shared", (Shared,), {"subject": f"{prefix}.unranked"})
     with pytest.raises(JobError) as raised:
-        await queue.enqueue(ranked, "x", priority="urgent")  # type: ignore[arg-type]
+        await queue.enqueue(ranked, "x", priority="urgent")
     assert raised.value.code == "job.invalid_priority"
     assert "priority must be one of high, normal, low, got 'urgent'" in str(raised.value)
     with pytest.raises(JobError) as raised:
@@ -1209,10 +1255,12 @@ async def test_a_dead_letter_of_a_fair_or_prioritized_job_runs_again_when_requeu
 ) -> None:
     """A dead letter requeued joins the queue of a job that takes turns like any other's."""
     ctx, _, queue, _ = setup
-    job = type("FailsOnce", (FailsOnce,), {"subject": f"{prefix}.{declared}", declared: True})
+    job: type[FailsOnce] = type(
+        "FailsOnce", (FailsOnce,), {"subject": f"{prefix}.{declared}", declared: True}
+    )
     key = f"{prefix}-{declared}"
     enqueue_as = {"key": "tenant"} if declared == "fair" else {"priority": "high"}
-    await queue.enqueue(job, key, id=key, **enqueue_as)  # type: ignore[arg-type]
+    await queue.enqueue(job, key, id=key, **enqueue_as)
     async with consume_loops(ctx, job, prefix, 1):
         await until(lambda: RUNS[key] == 1, "the first run")
         await until(lambda: queue.dlq.count(job), "its dead letter")
@@ -1230,9 +1278,10 @@ async def test_a_poison_job_costs_one_delivery_never_the_lane(setup: Any, prefix
     long_id, now_ms = "p" * 5000, int(time.time() * 1000)
     poison = [
         Message(long_id, spec.subject, b'{"id": "poison"}', now_ms),
-        Message(f"{prefix}-long-key", spec.subject, b'{"id": "poison"}', now_ms,
-                flow_key="k" * 5000),
-    ]  # fmt: skip
+        Message(
+            f"{prefix}-long-key", spec.subject, b'{"id": "poison"}', now_ms, flow_key="k" * 5000
+        ),
+    ]
     await queue.bus.publish(job_lane(spec), poison)
     for n in range(100):
         await queue.enqueue(job, {"id": f"{prefix}-{n}"})
@@ -1314,7 +1363,7 @@ async def test_a_run_that_finished_is_never_dead_lettered_as_a_crash(
     attempts: its record says done, so it is settled, neither dead-lettered as WorkerCrashed
     (4-5 of 20,000 were, on postgres with workers killed every 2 s) nor run again."""
     ctx, _job, queue, _seen = setup
-    last = type("Last", (Tracked,), {"subject": f"{prefix}.last", "ack_wait_s": 1.0})
+    last: type[Tracked] = type("Last", (Tracked,), {"subject": f"{prefix}.last", "ack_wait_s": 1.0})
     acks: list[str] = []
 
     def drop_the_first(ack: Any) -> Any:
@@ -1339,3 +1388,112 @@ async def test_a_run_that_finished_is_never_dead_lettered_as_a_crash(
     assert await queue.dlq.count(last) == 0
     status = await queue.status(last, job_id)
     assert status is not None and (status.state, status.attempts) == ("done", 2)
+
+
+class Wrapped(Job):
+    """Run through the middlewares below: `mode` says what the run does."""
+
+    bus = "jobs"
+    retries = 1
+    backoff = {"type": "exponential", "initial": 10, "max": 10}
+    timeout_s = 0.5
+    keep_result_s = 60
+    concurrency = 4
+
+    async def run(self, payload: dict[str, Any], ctx: Context) -> Any:
+        RUNS[payload["id"]] += 1
+        if payload["mode"] == "flaky" and RUNS[payload["id"]] == 1:
+            raise RuntimeError("the first run fails")
+        if payload["mode"] == "hang":
+            await asyncio.sleep(30)  # until the lane's time limit ends it
+        return payload["tenant"]
+
+
+class Recording:
+    """The outermost middleware: what each run looked like to it, and how it ended."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[Any, ...]] = []
+
+    async def __call__(self, run: Run, call_next: CallNext) -> Any:
+        self.seen.append(
+            ("before", run.id, run.attempt, run.kind, run.name, "tenant" in run.payload)
+        )
+        try:
+            result = await call_next(run)
+        except Exception as exc:
+            self.seen.append(("raised", run.id, run.attempt, type(exc).__name__))
+            raise
+        self.seen.append(("returned", run.id, run.attempt, result))
+        return result
+
+
+async def tenant_and_own_retry(run: Run, call_next: CallNext) -> Any:
+    """A function middleware: stamps a tenant on the payload, refuses some runs outright, and
+    runs a run that raised RuntimeError once more within the same attempt."""
+    run.payload = {**run.payload, "tenant": "acme"}
+    if run.payload["mode"] == "refused":
+        raise Permanent("refused by a middleware")
+    try:
+        return await call_next(run)
+    except RuntimeError:
+        return await call_next(run)
+
+
+async def test_every_run_goes_through_the_contexts_middlewares_in_order(
+    setup: Any, prefix: str
+) -> None:
+    ctx, _job, _queue, _seen = setup
+    recording = Recording()
+    ctx.middlewares = [recording, tenant_and_own_retry]
+    wrapped: type[Wrapped] = type("Wrapped", (Wrapped,), {"subject": f"{prefix}.wrapped"})
+    worker = JobWorker(ctx)
+    worker.register(wrapped)
+    seen: list[dict[str, Any]] = []
+    for name in ("done", "retry", "dlq"):
+        worker.on(name, seen.append)
+    await worker.start()
+    queue = worker.queue("jobs")
+    try:
+        modes = ("ok", "flaky", "hang", "refused")
+        for mode in modes:
+            await queue.enqueue(wrapped, {"id": f"{prefix}-{mode}", "mode": mode}, id=mode)
+        await until(lambda: len(seen) == 5, "two done, a retry and two dead letters")
+        ended = sorted((s["signal"], s["id"], s.get("attempt") or s["attempts"]) for s in seen)
+        assert ended == [
+            ("dlq", "hang", 2),
+            ("dlq", "refused", 1),
+            ("done", "flaky", 1),
+            ("done", "ok", 1),
+            ("retry", "hang", 1),
+        ]
+        # The run had the payload the inner middleware made; the flaky one ran twice in its
+        # one attempt; the refused one never ran.
+        assert [RUNS[f"{prefix}-{mode}"] for mode in modes] == [1, 2, 2, 0]
+        for job_id in ("ok", "flaky"):
+            assert await queue.result(wrapped, job_id, timeout_s=5) == "acme"
+        records = {r["id"]: r for r in await queue.dlq.list(wrapped)}
+        assert records["hang"]["error"]["type"] == "JobTimeout"
+        assert records["refused"]["error"] == {
+            "type": "Permanent",
+            "message": "refused by a middleware",
+        }
+        # The outermost saw each run first, with the payload as enqueued, and how it ended:
+        # the time limit sits inside it.
+        name = wrapped.__name__
+        assert sorted(recording.seen) == sorted(
+            [
+                ("before", "ok", 1, "job", name, False),
+                ("returned", "ok", 1, "acme"),
+                ("before", "flaky", 1, "job", name, False),
+                ("returned", "flaky", 1, "acme"),
+                ("before", "hang", 1, "job", name, False),
+                ("raised", "hang", 1, "JobTimeout"),
+                ("before", "hang", 2, "job", name, False),
+                ("raised", "hang", 2, "JobTimeout"),
+                ("before", "refused", 1, "job", name, False),
+                ("raised", "refused", 1, "Permanent"),
+            ]
+        )
+    finally:
+        await worker.stop(5)

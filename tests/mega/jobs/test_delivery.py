@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from mega.drivers.base import Delivery
-from mega.jobs.backoff import BackoffPolicy
-from mega.jobs.delivery import (
+from mega.lanes.backoff import BackoffPolicy
+from mega.lanes.delivery import (
     Ack,
     DeadLetter,
     Decision,

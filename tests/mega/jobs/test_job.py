@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 
 from mega.errors import JobError, RegistrationError
 from mega.jobs.job import Job
-from mega.jobs.queue import job_lane
+from mega.jobs.queue import job_lane, queue_of
 from mega.jobs.spec import JobSpec, due_ms_of, encode_job, validate_job
 
 BUSES = {"jobs"}
@@ -285,3 +286,32 @@ def test_a_payload_nested_too_deep_is_an_invalid_payload_not_a_recursion_error(
 def test_max_payload_bytes_must_be_a_positive_int(cap: Any) -> None:
     with pytest.raises(RegistrationError, match="max_payload_bytes: must be a positive int"):
         validate_job(type("Capped", (EmailJob,), {"max_payload_bytes": cap}), BUSES)
+
+
+async def test_job_enqueue_many_and_the_old_delay_spelling_warns_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mega import deprecation
+    from mega.testing import memory_context
+
+    monkeypatch.setattr(deprecation, "_warned", set())
+    ctx = memory_context("jobs")
+    ids = await EmailJob.enqueue_many(ctx, [{"n": 1}, {"n": 2}], key="acme")
+    stats = await queue_of(ctx, "jobs").stats(EmailJob)
+    assert (len(set(ids)), stats.pending) == (2, 2)
+
+    with pytest.warns(
+        DeprecationWarning,
+        match=r"Job\.enqueue\(delay_s=\.\.\.\) is deprecated "
+        r"and goes in mega 0\.3: use Job\.enqueue\(delay=\.\.\.\)",
+    ):
+        old = await EmailJob.enqueue(ctx, {"n": 3}, delay_s=60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second use stays quiet
+        await EmailJob.enqueue(ctx, {"n": 4}, delay_s=60)
+    new = await EmailJob.enqueue(ctx, {"n": 5}, delay=timedelta(minutes=1))
+    for job_id in (old, new):  # both held a minute
+        status = await EmailJob.status(ctx, job_id)
+        assert status is not None and status.state == "delayed"
+        assert status.due_at is not None and status.enqueued_at is not None
+        assert status.due_at - status.enqueued_at == 60_000

@@ -23,10 +23,10 @@ from mega.context import Context
 from mega.drivers.nats import NatsBus
 from mega.drivers.nats.names import HEADER_JOB_ID, dlq_stream_name, stream_name
 from mega.errors import DependencyUnavailable, JobError, RegistrationError
-from mega.jobs.backoff import BackoffPolicy
 from mega.jobs.job import Job
 from mega.jobs.jobworker import JobWorker
 from mega.jobs.queue import SIGNALS, JobQueue
+from mega.lanes.backoff import BackoffPolicy
 
 # Retries in milliseconds, so the tests spend their time on behaviour, not on waiting.
 FAST_BACKOFF = {"type": "exponential", "initial": 20, "max": 50}
@@ -107,6 +107,7 @@ async def consuming(queue: JobQueue, job: type[Job]) -> AsyncIterator[asyncio.Ta
 
 
 async def stream_size(queue: JobQueue, stream: str) -> int:
+    assert isinstance(queue.bus, NatsBus)
     return int((await queue.bus.js.stream_info(stream)).state.messages)
 
 
@@ -190,7 +191,8 @@ async def test_failing_job_is_dead_lettered_after_retries_plus_one(
     assert record["payload"] == {"to": "x"}
     assert record["error"] == {"type": "ValueError", "message": "bad address (call 3)"}
     assert record["attempts"] == 3
-    assert before_ms <= record["first_enqueued_at"] <= record["failed_at"]  # type: ignore[operator]
+    assert record["first_enqueued_at"] is not None
+    assert before_ms <= record["first_enqueued_at"] <= record["failed_at"]
     assert record["failed_at"] <= int(time.time() * 1000)
     assert record["worker"] == "test-worker"
 
@@ -271,6 +273,7 @@ async def test_enqueue_many_returns_every_id_in_order(queue: JobQueue, prefix: s
 
 
 async def test_never_more_in_flight_than_concurrency(queue: JobQueue, prefix: str) -> None:
+    assert isinstance(queue.bus, NatsBus)
     running = peak = 0
 
     async def run(payload: Any) -> None:
@@ -297,6 +300,7 @@ async def test_never_more_in_flight_than_concurrency(queue: JobQueue, prefix: st
 async def test_delayed_job_runs_after_its_delay_without_holding_a_slot(
     queue: JobQueue, prefix: str
 ) -> None:
+    assert isinstance(queue.bus, NatsBus)
     started: dict[str, float] = {}
 
     async def run(payload: Any) -> None:
@@ -328,6 +332,7 @@ async def test_delayed_job_runs_after_its_delay_without_holding_a_slot(
 
 
 async def test_long_job_keeps_its_lease_with_heartbeats(queue: JobQueue, prefix: str) -> None:
+    assert isinstance(queue.bus, NatsBus)
     runs = 0
 
     async def run(payload: Any) -> None:
@@ -350,7 +355,7 @@ async def test_without_heartbeats_the_same_long_job_is_redelivered(
     queue: JobQueue, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The control for the test above: the lease renewal is what keeps the job single."""
-    from mega.jobs.consumer import Consumer
+    from mega.lanes.consumer import Consumer
 
     async def no_heartbeat(self: Any) -> None:
         await asyncio.Event().wait()
@@ -361,7 +366,7 @@ async def test_without_heartbeats_the_same_long_job_is_redelivered(
     async def run(payload: Any) -> None:
         nonlocal runs
         runs += 1
-        await asyncio.sleep(3)
+        await asyncio.sleep(3)  # the run itself: three ack waits long
 
     job = make_job(prefix, run, ack_wait_s=1, concurrency=2)
     seen = Recorder(queue)
@@ -376,6 +381,7 @@ async def test_without_heartbeats_the_same_long_job_is_redelivered(
 
 
 async def test_job_is_kept_while_the_dlq_stream_is_missing(queue: JobQueue, prefix: str) -> None:
+    assert isinstance(queue.bus, NatsBus)
     runs = 0
 
     async def run(payload: Any) -> None:
@@ -403,6 +409,7 @@ async def test_job_is_kept_while_the_dlq_stream_is_missing(queue: JobQueue, pref
 async def test_undecodable_message_is_dead_lettered_and_terminated(
     queue: JobQueue, prefix: str
 ) -> None:
+    assert isinstance(queue.bus, NatsBus)
     runs = 0
 
     async def run(payload: Any) -> None:
@@ -434,7 +441,7 @@ async def test_undecodable_message_is_dead_lettered_and_terminated(
 
 async def test_stop_lets_in_flight_jobs_finish(queue: JobQueue, prefix: str) -> None:
     async def run(payload: Any) -> None:
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # the run itself: still going when the stop comes
 
     job = make_job(prefix, run, concurrency=3)
     seen = Recorder(queue)
@@ -455,7 +462,7 @@ async def test_stop_lets_in_flight_jobs_finish(queue: JobQueue, prefix: str) -> 
 
 async def test_stop_timeout_hands_unfinished_jobs_back(queue: JobQueue, prefix: str) -> None:
     async def run(payload: Any) -> None:
-        await asyncio.sleep(60)
+        await asyncio.sleep(60)  # the run itself: longer than the stop waits
 
     job = make_job(prefix, run)
     seen = Recorder(queue)
@@ -499,7 +506,7 @@ async def test_nats_restart_during_a_run_loses_no_job(
             await asyncio.sleep(0.01)
         with pytest.raises(DependencyUnavailable):  # what the web layer turns into a 503
             await queue.enqueue(job, {"i": -1})
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # the outage: the consumer's loop meets a server still down
         await asyncio.to_thread(server.start)
         deadline = time.monotonic() + 30
         while len(done) < 300 and time.monotonic() < deadline:
@@ -515,6 +522,7 @@ async def test_nats_restart_during_a_run_loses_no_job(
 async def test_deleted_consumer_is_recreated_and_consuming_resumes(
     queue: JobQueue, prefix: str
 ) -> None:
+    assert isinstance(queue.bus, NatsBus)
     job = make_job(prefix, lambda payload: asyncio.sleep(0))
     seen = Recorder(queue)
     async with consuming(queue, job) as task:
@@ -530,6 +538,7 @@ async def test_deleted_consumer_is_recreated_and_consuming_resumes(
 async def test_ensure_is_idempotent_and_keeps_existing_limits(
     queue: JobQueue, ctx: Context, prefix: str
 ) -> None:
+    assert isinstance(queue.bus, NatsBus)
     job = make_job(prefix, lambda payload: asyncio.sleep(0), concurrency=4, ack_wait_s=7)
     spec = queue.spec(job)
     await queue.bus.js.add_stream(
@@ -550,6 +559,7 @@ async def test_ensure_is_idempotent_and_keeps_existing_limits(
 async def test_different_limits_are_reported_and_applied_only_when_told(
     queue: JobQueue, ctx: Context, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    assert isinstance(queue.bus, NatsBus)
     job = make_job(prefix, lambda payload: asyncio.sleep(0), concurrency=4, ack_wait_s=7)
     spec = await queue.ensure(job)
     # A stale deployment (or a typo) says concurrency 9: said in one line, not applied.
@@ -567,6 +577,7 @@ async def test_different_limits_are_reported_and_applied_only_when_told(
 
 
 async def test_fresh_dlq_stream_has_the_class_limits(queue: JobQueue, prefix: str) -> None:
+    assert isinstance(queue.bus, NatsBus)
     job = make_job(prefix, lambda payload: asyncio.sleep(0), dlq_max_bytes=1 << 20)
     spec = await queue.ensure(job)
     config = (await queue.bus.js.stream_info(dlq_stream_name(spec.subject))).config

@@ -17,8 +17,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import cast
 
 import nats
 import pytest
@@ -30,10 +31,10 @@ from mega.config import BusSpec
 from mega.context import Context
 from mega.drivers.nats import NatsBus
 from mega.drivers.nats.names import HEADER_JOB_ID, stream_name
-from mega.jobs.control import Cancelled
 from mega.jobs.job import Job
 from mega.jobs.queue import JobQueue
 from mega.jobs.spec import JobSpec
+from mega.lanes.control import Cancelled
 from tests.factories import write_config
 from tests.mega.jobs import fault_jobs
 
@@ -74,9 +75,12 @@ class MegaWorker:
         command = [sys.executable, "-m", "mega", "worker", "--config", str(config)]
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
-                launch(command), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                launch(command),
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
                 env={**os.environ, "FAULT_PREFIX": prefix, **(env or {})},
-            )  # fmt: skip
+            )
 
     @property
     def pid(self) -> int:
@@ -175,12 +179,14 @@ async def until(condition: Callable[[], Awaitable[bool]], what: str) -> None:
 
 
 async def stream_size(queue: JobQueue, stream: str) -> int:
+    assert isinstance(queue.bus, NatsBus)
     return int((await queue.bus.js.stream_info(stream)).state.messages)
 
 
 async def job_ids_in(queue: JobQueue, spec: JobSpec) -> set[str]:
     """The jobs still in the work-queue stream, waiting or delivered and unacked: the broker
     deletes a message once it is acked."""
+    assert isinstance(queue.bus, NatsBus)
     ids: set[str] = set()
     seq = 1
     while True:
@@ -195,12 +201,14 @@ async def job_ids_in(queue: JobQueue, spec: JobSpec) -> set[str]:
         seq = msg.seq + 1
 
 
+# `redis` decodes its answers (decode_responses=True): its keys and values are str.
 async def keys_of(redis: Redis, key: str) -> set[str]:
-    return set(await redis.hkeys(key))
+    return set(cast("list[str]", await redis.hkeys(key)))
 
 
 async def counts_of(redis: Redis, key: str) -> dict[str, int]:
-    return {job_id: int(n) for job_id, n in (await redis.hgetall(key)).items()}
+    found = cast("dict[str, str]", await redis.hgetall(key))
+    return {job_id: int(n) for job_id, n in found.items()}
 
 
 @pytest.mark.slow
@@ -379,9 +387,14 @@ async def started_by(redis: Redis, prefix: str, pids: list[int]) -> dict[str, li
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 async def test_a_cancel_reaches_the_process_running_the_job_and_a_queued_one_never_starts(
-    queue: JobQueue, redis: Redis, start_worker: StartWorker, tmp_path: Path,
-    nats_url: str, redis_url: str, prefix: str,
-) -> None:  # fmt: skip
+    queue: JobQueue,
+    redis: Redis,
+    start_worker: StartWorker,
+    tmp_path: Path,
+    nats_url: str,
+    redis_url: str,
+    prefix: str,
+) -> None:
     config = write_config(
         tmp_path, nats_url=nats_url, redis_url=redis_url, body=registration("LongJob")
     )
@@ -422,9 +435,14 @@ async def test_a_cancel_reaches_the_process_running_the_job_and_a_queued_one_nev
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 async def test_a_pause_holds_every_process_until_the_resume(
-    queue: JobQueue, redis: Redis, start_worker: StartWorker, tmp_path: Path,
-    nats_url: str, redis_url: str, prefix: str,
-) -> None:  # fmt: skip
+    queue: JobQueue,
+    redis: Redis,
+    start_worker: StartWorker,
+    tmp_path: Path,
+    nats_url: str,
+    redis_url: str,
+    prefix: str,
+) -> None:
     config = write_config(
         tmp_path, nats_url=nats_url, redis_url=redis_url, body=registration("LongJob")
     )
@@ -435,7 +453,7 @@ async def test_a_pause_holds_every_process_until_the_resume(
     await queue.pause(job, by="test")
     await until(lambda: _logged(workers, " paused: "), "both processes paused")
     ids = [await queue.enqueue(job, {"id": f"p{n}", "sleep_s": 0}, id=f"p{n}") for n in range(6)]
-    await asyncio.sleep(2)
+    await asyncio.sleep(2)  # what must not happen has no event: time for it to, were it to
     assert await started_by(redis, prefix, pids) == {}  # nothing started in either
     await queue.resume(job, by="test")
     await until(lambda: _done(redis, prefix, ids), "all six done after the resume")
@@ -451,7 +469,7 @@ async def _logged(workers: list[MegaWorker], text: str) -> bool:
     return all(text in worker.output() for worker in workers)
 
 
-async def _done(redis: Redis, prefix: str, ids: list[str]) -> bool:
+async def _done(redis: Redis, prefix: str, ids: Sequence[str]) -> bool:
     return set(await counts_of(redis, f"{prefix}:done")) == set(ids)
 
 

@@ -115,12 +115,18 @@ async def test_each_report_is_a_progress_signal_between_start_and_done(
     signals = of(seen, job_id)
     assert [s["signal"] for s in signals] == ["start", "progress", "progress", "progress", "done"]
     assert signals[1] == {
-        "signal": "progress", "job": "Stepper", "id": job_id, "attempt": 1,
-        "fraction": 1 / 3, "note": "step 1 of 3", "worker": f"worker-{prefix}",
-    }  # fmt: skip
+        "signal": "progress",
+        "job": "Stepper",
+        "id": job_id,
+        "attempt": 1,
+        "fraction": 1 / 3,
+        "note": "step 1 of 3",
+        "worker": f"worker-{prefix}",
+    }
     assert [(s["fraction"], s["note"]) for s in signals[2:4]] == [
-        (2 / 3, "step 2 of 3"), (1.0, "step 3 of 3"),
-    ]  # fmt: skip
+        (2 / 3, "step 2 of 3"),
+        (1.0, "step 3 of 3"),
+    ]
     assert SEEN[f"{prefix}-a"] == [(job_id, 1, "JobContext")]
 
 
@@ -130,9 +136,14 @@ async def test_a_retried_job_reports_per_attempt(setup: Any, prefix: str) -> Non
     job_id = await worker.queue("jobs").enqueue(job, payload)
     await until(lambda: any(s["signal"] == "done" for s in of(seen, job_id)), "done")
     assert [(s["signal"], s["attempt"]) for s in of(seen, job_id)] == [
-        ("start", 1), ("progress", 1), ("retry", 1),
-        ("start", 2), ("progress", 2), ("progress", 2), ("done", 2),
-    ]  # fmt: skip
+        ("start", 1),
+        ("progress", 1),
+        ("retry", 1),
+        ("start", 2),
+        ("progress", 2),
+        ("progress", 2),
+        ("done", 2),
+    ]
     assert [attempt for _, attempt, _ in SEEN[f"{prefix}-b"]] == [1, 2]
 
 
@@ -183,7 +194,9 @@ async def test_the_run_context_shares_the_hosts_services_and_opens_no_database(
     assert first.database is base.database is not None
     await second.progress(0.5)
     assert reports == [
-        ("progress", {"job": "J", "id": "id2", "attempt": 2, "fraction": 0.5, "note": None,
-                      "worker": "w"}),
-    ]  # fmt: skip
+        (
+            "progress",
+            {"job": "J", "id": "id2", "attempt": 2, "fraction": 0.5, "note": None, "worker": "w"},
+        ),
+    ]
     base.db.dispose()

@@ -33,9 +33,14 @@ __all__ = ["nc", "queue", "start_worker"]
 
 @pytest.mark.timeout(120)
 async def test_three_workers_share_one_rate_limit(
-    tmp_path: Path, nats_url: str, redis_url: str, prefix: str, start_worker: StartWorker,
-    queue: JobQueue, monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+    tmp_path: Path,
+    nats_url: str,
+    redis_url: str,
+    prefix: str,
+    start_worker: StartWorker,
+    queue: JobQueue,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     records = tmp_path / "records"
     records.mkdir()
     monkeypatch.setenv("FAULT_RECORDS", str(records))  # the workers inherit it

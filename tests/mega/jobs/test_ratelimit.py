@@ -18,9 +18,9 @@ from mega import Context, Job
 from mega.config import load_config
 from mega.drivers.base import Delivery
 from mega.errors import RegistrationError
-from mega.jobs.flow import KeySlots
-from mega.jobs.ratelimit import RateLimit, RateLimiter
 from mega.jobs.spec import validate_job
+from mega.lanes.flow import KeySlots
+from mega.lanes.ratelimit import RateLimit, RateLimiter
 from mega.runtime.check import check_jobs
 from tests.factories import write_config
 from tests.processes import free_port_base
@@ -147,11 +147,16 @@ def test_check_names_a_rate_limits_missing_cache(tmp_path: Path, nats_url: str) 
     config = load_config(write_config(tmp_path, nats_url=nats_url, redis_url=None, body=body))
     found = {(f.subject, f.message) for f in check_jobs(config) if f.level == "error"}
     assert found == {
-        ("jobs: NamedCache", "flow_cache names cache 'nope', which services.caches lacks "
-                             "(declared: none)"),
-        ("jobs: OnlyCache", 'rate_limit and key_concurrency count in a cache; the config '
-                            'declares none: name one with flow_cache = "<alias>"'),
-    }  # fmt: skip
+        (
+            "jobs: NamedCache",
+            "flow_cache names cache 'nope', which services.caches lacks (declared: none)",
+        ),
+        (
+            "jobs: OnlyCache",
+            "rate_limit and key_concurrency count in a cache; the config "
+            'declares none: name one with flow_cache = "<alias>"',
+        ),
+    }
 
 
 class NamedCache(Job):

@@ -149,10 +149,11 @@ async def test_a_primary_killed_under_5000_jobs(
     config = write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body)
     ctx = await boot(load_config(config), role="test", database=False)
     workers = [
-        MegaWorker(config, prefix, tmp_path / f"worker-{n}.log",
-                   env={"FAULT_RECORDS": str(records)})
+        MegaWorker(
+            config, prefix, tmp_path / f"worker-{n}.log", env={"FAULT_RECORDS": str(records)}
+        )
         for n in range(2)
-    ]  # fmt: skip
+    ]
     try:
         for worker in workers:
             await worker.ready()

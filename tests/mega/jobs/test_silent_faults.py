@@ -9,7 +9,8 @@ From the times the workers record (timeline.py), each scenario measures that eve
 ran and no worker restarted; the longest time with work waiting and no job starting; the time
 from the fault's start and from its end to the next job start; the longest time the enqueuer
 stored nothing. The figures are printed, written to report.json and report.md in the test's
-tmp_path, and held to TARGET_S.
+tmp_path, and held to TARGET_S, or where the faulted node led the stream or its consumer, to
+the engine's own election of a new leader plus CLIENT_S (what the clients may add to it).
 
     pytest tests/mega/jobs/test_silent_faults.py -s    # -s prints each scenario's figures
 """
@@ -25,18 +26,21 @@ from typing import Any
 
 import pytest
 
+from mega.drivers.nats.names import JOB_CONSUMER, stream_name
+from mega.drivers.nats.receiver import IDLE_WAIT_S, PULL_SILENT_S
 from tests.mega.jobs.fault_run import FAULT_S, FaultRun, Scenario
 from tests.mega.jobs.timeline import longest_gap, longest_stall, next_start
 from tests.netns import NetnsCluster
 
-# The issue's target for each timed figure: silence is noticed, and work resumes, within this.
-TARGET_S = 10.0
-TIMED = (
-    "longest_stall_s",  # work waiting, no job starting
-    "fault_to_next_start_s",
-    "end_to_next_start_s",
-    "enqueue_longest_without_puback_s",  # from the fault on
-)
+# The target for each timed figure: silence is noticed, and work resumes, within this...
+TARGET_S = 5.0
+# ... or, when the faulted node led the job stream or its consumer, within this of the new
+# leader's election. JetStream elects a lost leader's successor only after a random 4 to 9 s
+# (nats-server's raft election timeout, which it does not let a deployment set): until then no
+# client can publish or pull from any node, and what is measured is what the clients add. A
+# worker pulls again when the election is announced (0.01 to 0.75 s after it, measured), or,
+# when the announcement did not reach it, once its pull has been silent for PULL_SILENT_S.
+CLIENT_S = PULL_SILENT_S + IDLE_WAIT_S
 # A worker's log lines for its NATS connection, in the client's wordings before and after it
 # learnt to leave a silent node.
 DISCONNECT_LOGGED = r"^NATS .* (disconnected from|lost) "
@@ -48,6 +52,7 @@ SCENARIOS = [
     Scenario("cut-leader", "cut", "leader"),
     Scenario("cut-follower", "cut", "follower"),
     Scenario("freeze-follower", "freeze", "follower"),
+    Scenario("freeze-leader", "freeze", "leader"),
 ]
 
 
@@ -64,7 +69,8 @@ def figures(run: FaultRun) -> dict[str, Any]:
     stall = longest_stall(pubacked, records.starts, run.observed_until)
     lost = sorted(set(pubacked) - done)
     sent = {a.job_id for a in attempts} | set(run.backlog)
-    later_acks = [a.acked for a in attempts if a.acked is not None]
+    later_acks = sorted(a.acked for a in attempts if a.acked is not None)
+    first = elections(run)
     last_sent = max((a.sent for a in attempts), default=since)
     errors = Counter(a.error for a in attempts if a.error is not None)
     runs = Counter(job_id for _, job_id in records.starts)
@@ -73,6 +79,7 @@ def figures(run: FaultRun) -> dict[str, Any]:
         "fault": f"{run.scenario.fault} {run.target} for {FAULT_S:g} s",
         "fault_began_at": datetime.fromtimestamp(run.fault_at, UTC).isoformat(),
         "fault_ended_at": datetime.fromtimestamp(run.ended_at, UTC).isoformat(),
+        "fault_s": seconds(run.ended_at - run.fault_at),
         "leaders": run.leaders,
         "longest_stall_s": seconds(stall.seconds),
         "longest_stall_after_fault_s": [seconds(stall.since - since), seconds(stall.until - since)],
@@ -84,6 +91,13 @@ def figures(run: FaultRun) -> dict[str, Any]:
         "fault_to_next_start_s": seconds(next_start(times, since)),
         "end_to_next_start_s": seconds(next_start(times, run.ended_at)),
         "enqueue_longest_without_puback_s": seconds(longest_gap(later_acks, since, last_sent)),
+        # the engine's elections in the fault, and from each to the clients' next step
+        "consumer_elected_after_fault_s": seconds(first["consumer"]),
+        "stream_elected_after_fault_s": seconds(first["stream"]),
+        "consumer_elected_to_next_start_s": after_election(times, since, first["consumer"]),
+        "stream_elected_to_next_puback_s": after_election(later_acks, since, first["stream"]),
+        # every new consumer leader, whoever led: a heal too can make its leader step down
+        "consumer_elections_after_fault_s": [seconds(at) for at in elected(run, "consumer")],
         "starts_during_fault": sum(since <= at < run.ended_at for at in times),
         "jobs": {
             "pubacked": len(pubacked),
@@ -134,17 +148,84 @@ def logged_times(output: str, pattern: str) -> list[float]:
     return times
 
 
-def server_events(run: FaultRun) -> list[str]:
-    """The nodes' elections and lost quorums from the fault's start on: `+<s> <node>: <line>`."""
+def logged_by_nodes(run: FaultRun, pattern: str) -> list[tuple[float, str, str]]:
+    """The nodes' log lines that `pattern` finds, from the fault's start to the end of the
+    run: (epoch s, node, line), in time order."""
     events = []
     for node in run.cluster.nodes:
         for line in node.log_path.read_text(errors="replace").splitlines():
             found = re.match(r"\[\d+\] (\S+ \S+) \[\w+\] (.*)", line)
-            if found and re.search(SERVER_EVENTS, found[2]):
+            if found and re.search(pattern, found[2]):
                 at = datetime.strptime(found[1], "%Y/%m/%d %H:%M:%S.%f").timestamp()  # local
                 if run.fault_at <= at <= run.observed_until:
-                    events.append((at, f"{at - run.fault_at:+.2f} {node.server_name}: {found[2]}"))
-    return [text for _, text in sorted(events)][:MAX_SERVER_EVENTS]
+                    events.append((at, node.server_name, found[2]))
+    return sorted(events)
+
+
+def server_events(run: FaultRun) -> list[str]:
+    """The nodes' elections and lost quorums from the fault's start on: `+<s> <node>: <line>`."""
+    events = logged_by_nodes(run, SERVER_EVENTS)[:MAX_SERVER_EVENTS]
+    return [f"{at - run.fault_at:+.2f} {node}: {line}" for at, node, line in events]
+
+
+def elected(run: FaultRun, name: str) -> list[float]:
+    """When, in s after the fault's start, the job stream (`name` "stream") or its consumer
+    ("consumer") got a new leader, in time order, whoever led it before."""
+    stream = stream_name(run.job.subject)
+    words = {
+        "stream": f"new stream leader for '$G > {stream}'",
+        "consumer": f"new consumer leader for '$G > {stream} > {JOB_CONSUMER}'",
+    }[name]
+    return [at - run.fault_at for at, _, _ in logged_by_nodes(run, re.escape(words))]
+
+
+def elections(run: FaultRun) -> dict[str, float | None]:
+    """When, in s after the fault's start, the job stream and its consumer first got a new
+    leader, for those the faulted node led (None: it led neither). The election may come after
+    the fault's end: under a busy suite, the two nodes left once elected no consumer leader for
+    the whole 10 s cut, and the next came 4.9 s after the heal."""
+    found: dict[str, float | None] = {}
+    for name in ("stream", "consumer"):
+        times = elected(run, name)
+        found[name] = times[0] if run.leaders[name] == run.target and times else None
+    return found
+
+
+def after_election(times: list[float], since: float, elected: float | None) -> float | None:
+    """From an election `elected` s after `since` to the next of `times` (sorted, epoch s)."""
+    return None if elected is None else seconds(next_start(times, since + elected))
+
+
+def last_election_within(
+    elections: list[float], start: float, length: float | None
+) -> float | None:
+    """The last of `elections` from `start` to `start + length` (s after the fault's start):
+    the consumer leader a span of no job starting could not end without."""
+    within = [at for at in elections if length is not None and start <= at <= start + length]
+    return within[-1] if within else None
+
+
+def limits(figures: dict[str, Any]) -> dict[str, float]:
+    """Each timed figure's limit: TARGET_S, or CLIENT_S after the election it had to wait
+    for, counted from where the figure starts. The starts wait for the last new consumer
+    leader within their span, whoever led before (a healed node can make the leader step down,
+    and the next one came 8 s later under a busy suite); the PubAcks for the stream's new
+    leader where the faulted node led it."""
+    stall_since = figures["longest_stall_after_fault_s"][0]
+    spans = {  # each figure's span of waiting: its start (s after the fault's) and length
+        "longest_stall_s": (stall_since, figures["longest_stall_s"]),  # no job starting
+        "fault_to_next_start_s": (0.0, figures["fault_to_next_start_s"]),
+        "end_to_next_start_s": (figures["fault_s"], figures["end_to_next_start_s"]),
+    }
+    waited = {
+        name: (last_election_within(figures["consumer_elections_after_fault_s"], *span), span[0])
+        for name, span in spans.items()
+    }
+    waited["enqueue_longest_without_puback_s"] = (figures["stream_elected_after_fault_s"], 0.0)
+    return {
+        name: TARGET_S if election is None else max(TARGET_S, election - since + CLIENT_S)
+        for name, (election, since) in waited.items()
+    }
 
 
 def problems(figures: dict[str, Any]) -> list[str]:
@@ -162,30 +243,47 @@ def problems(figures: dict[str, Any]) -> list[str]:
             )
         if not worker["disconnect_logged_after_fault_s"]:
             found.append(f"worker {worker['pid']} never said it lost the faulted node")
-    for name in TIMED:
-        if figures[name] is None or figures[name] >= TARGET_S:
-            found.append(f"{name} = {figures[name]} (target < {TARGET_S:g} s)")
+    for name, limit in limits(figures).items():
+        if figures[name] is None or figures[name] >= limit:
+            found.append(f"{name} = {figures[name]} (target < {limit:.2f} s)")
     return found
 
 
 def write_report(folder: Path, figures: dict[str, Any], found: list[str]) -> str:
     """report.json and report.md in `folder`; returns the markdown."""
     (folder / "report.json").write_text(json.dumps({**figures, "problems": found}, indent=2))
-    text = "\n".join([
-        f"## {figures['scenario']}: {figures['fault']} (leaders: {figures['leaders']})", "",
-        "| figure | seconds | target |", "| --- | --- | --- |",
-        *[f"| {name} | {figures[name]} | < {TARGET_S:g} |" for name in TIMED], "",
-        f"fault from {figures['fault_began_at']} to {figures['fault_ended_at']}",
-        f"longest stall, from and to (s after the fault's start): "
-        f"{figures['longest_stall_after_fault_s']}",
-        f"longest stall after the fault's end: {figures['longest_stall_after_end_s']} s",
-        f"starts during the fault: {figures['starts_during_fault']}",
-        f"jobs: {figures['jobs']}", f"enqueues: {figures['enqueues']}",
-        *[f"worker: {worker}" for worker in figures["workers"]],
-        "", "server events (s after the fault's start):",
-        *[f"    {event}" for event in figures["server_events"]], "",
-        *[f"problem: {problem}" for problem in found], "",
-    ])  # fmt: skip
+    held = limits(figures)
+    text = "\n".join(
+        [
+            f"## {figures['scenario']}: {figures['fault']} (leaders: {figures['leaders']})",
+            "",
+            "| figure | seconds | target |",
+            "| --- | --- | --- |",
+            *[f"| {name} | {figures[name]} | < {limit:.2f} |" for name, limit in held.items()],
+            "",
+            f"new leaders where the faulted node led (s after the fault's start): consumer "
+            f"{figures['consumer_elected_after_fault_s']}, "
+            f"stream {figures['stream_elected_after_fault_s']}",
+            f"new consumer leaders, whoever led: {figures['consumer_elections_after_fault_s']}",
+            f"from the election to the clients' next step (s): start "
+            f"{figures['consumer_elected_to_next_start_s']}, PubAck "
+            f"{figures['stream_elected_to_next_puback_s']}",
+            f"fault from {figures['fault_began_at']} to {figures['fault_ended_at']}",
+            f"longest stall, from and to (s after the fault's start): "
+            f"{figures['longest_stall_after_fault_s']}",
+            f"longest stall after the fault's end: {figures['longest_stall_after_end_s']} s",
+            f"starts during the fault: {figures['starts_during_fault']}",
+            f"jobs: {figures['jobs']}",
+            f"enqueues: {figures['enqueues']}",
+            *[f"worker: {worker}" for worker in figures["workers"]],
+            "",
+            "server events (s after the fault's start):",
+            *[f"    {event}" for event in figures["server_events"]],
+            "",
+            *[f"problem: {problem}" for problem in found],
+            "",
+        ]
+    )
     (folder / "report.md").write_text(text)
     return text
 
@@ -205,3 +303,29 @@ async def test_a_silent_node_is_left_and_work_resumes_within_the_target(
     found = problems(measured)
     print("\n" + write_report(tmp_path, measured, found))
     assert not found, "\n".join([*found, json.dumps(measured, indent=2)])
+
+
+def test_a_span_that_waited_for_an_election_is_judged_from_it() -> None:
+    """The limits, on the figures of a run where the heal made the consumer's leader step down
+    and its successor came 8 s later: the stall it caused is the engine's, the 0.04 s after it
+    the clients'. A stall with no election in it, or one too long after it, is a problem."""
+    measured = {
+        "fault_s": 10.0,
+        "longest_stall_s": 8.08,
+        "longest_stall_after_fault_s": [10.26, 18.34],
+        "fault_to_next_start_s": 0.0,
+        "end_to_next_start_s": 0.0,
+        "consumer_elections_after_fault_s": [18.3],
+        "stream_elected_after_fault_s": None,
+    }
+    held = limits(measured)
+    assert held["longest_stall_s"] == pytest.approx(18.3 - 10.26 + CLIENT_S)
+    assert held["fault_to_next_start_s"] == held["end_to_next_start_s"] == TARGET_S
+    assert held["enqueue_longest_without_puback_s"] == TARGET_S
+    assert limits({**measured, "consumer_elections_after_fault_s": []})["longest_stall_s"] == (
+        TARGET_S
+    )
+    # The clients took a second longer than CLIENT_S after the election: too long.
+    until = 18.3 + CLIENT_S + 1
+    late = {**measured, "longest_stall_after_fault_s": [10.26, until]}
+    assert limits({**late, "longest_stall_s": until - 10.26})["longest_stall_s"] < until - 10.26

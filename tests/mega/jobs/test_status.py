@@ -8,12 +8,17 @@ from typing import Any
 import pytest
 
 from mega.drivers.base import Delivery, Lane
-from mega.jobs.status import ErrorInfo, JobStatus, Report, StatusWriter, as_attempt, decode, encode
+from mega.lanes.status import ErrorInfo, JobStatus, Report, StatusWriter, as_attempt, decode, encode
 
 LANE = Lane(
-    kind="job", name="SendReceipt", subject="shop.receipt", concurrency=4, ack_wait_s=30,
-    dlq_max_age_s=0, keep_status_s=86_400,
-)  # fmt: skip
+    kind="job",
+    name="SendReceipt",
+    subject="shop.receipt",
+    concurrency=4,
+    ack_wait_s=30,
+    dlq_max_age_s=0,
+    keep_status_s=86_400,
+)
 BOOM = ErrorInfo(type="RuntimeError", message='smtp said "no" \u2014 twice')
 
 
@@ -41,9 +46,13 @@ def test_a_record_made_without_the_model_is_the_models_own(
 
 def test_an_attempt_still_running_when_the_next_starts_was_lost_with_its_worker() -> None:
     status = JobStatus(
-        id="order-7", job="SendReceipt", state="running", attempts=1, started_at=2_000,
+        id="order-7",
+        job="SendReceipt",
+        state="running",
+        attempts=1,
+        started_at=2_000,
         worker="worker@host:41:ab12cd",
-    )  # fmt: skip
+    )
     attempt = as_attempt(status)
     assert (attempt.attempt, attempt.state, attempt.worker) == (1, "lost", status.worker)
     retried = status.model_copy(update={"state": "retrying", "error": BOOM})
@@ -52,9 +61,15 @@ def test_an_attempt_still_running_when_the_next_starts_was_lost_with_its_worker(
 
 def test_a_lane_that_keeps_no_status_records_keeps_no_report() -> None:
     delivery = Delivery(
-        id="order-7", subject="shop.receipt", body=b"{}", attempt=1, enqueued_at_ms=1_000,
-        run_at_ms=None, key=1, handle=None,
-    )  # fmt: skip
+        id="order-7",
+        subject="shop.receipt",
+        body=b"{}",
+        attempt=1,
+        enqueued_at_ms=1_000,
+        run_at_ms=None,
+        key=1,
+        handle=None,
+    )
     writer = StatusWriter(None, LANE, worker="w")  # type: ignore[arg-type]
     writer.on = False  # as for keep_status_s = 0
     writer.started(delivery, 2_000)

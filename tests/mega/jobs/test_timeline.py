@@ -41,9 +41,7 @@ def test_longest_stall_since_an_instant_leaves_out_what_came_before() -> None:
     assert longest_stall({"a": 2, "b": 3}, [], 10, since=0) == Stall(8, 2, 10)
 
 
-@pytest.mark.parametrize(
-    ("after", "seconds"), [(0.0, 1.0), (1.0, 2.0), (2.5, 0.5), (3.0, None)]
-)  # fmt: skip
+@pytest.mark.parametrize(("after", "seconds"), [(0.0, 1.0), (1.0, 2.0), (2.5, 0.5), (3.0, None)])
 def test_next_start_is_the_first_start_past_an_instant(after: float, seconds: float | None) -> None:
     assert next_start([1.0, 3.0, 3.0], after) == seconds
 

@@ -76,9 +76,11 @@ async def test_the_callback_runs_once_while_workers_are_sigkilled(
 
     def start() -> MegaWorker:
         worker = MegaWorker(
-            config, prefix, tmp_path / f"worker-{len(logs)}.log",
+            config,
+            prefix,
+            tmp_path / f"worker-{len(logs)}.log",
             env={"FAULT_RECORDS": str(records), "FAULT_MEMBER_CONCURRENCY": str(per_lane)},
-        )  # fmt: skip
+        )
         logs.append(worker)
         return worker
 

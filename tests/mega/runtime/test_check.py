@@ -136,8 +136,9 @@ def test_a_job_of_the_project_missing_from_jobs_is_a_warning(tmp_path: Path) -> 
             sys.modules.pop(name, None)
     # Not Shared: it names no subject. Nor the jobs of other configs of this test run.
     assert [(f.level, f.subject) for f in findings] == [
-        ("warning", "jobs: Unlisted"), ("warning", "jobs: Forgotten")
-    ]  # fmt: skip
+        ("warning", "jobs: Unlisted"),
+        ("warning", "jobs: Forgotten"),
+    ]
     assert findings[1].message.startswith("a Job of shop_check.jobs that `jobs` does not list")
     assert "add Forgotten to `jobs`" in findings[1].message
 

@@ -34,9 +34,13 @@ def run_mega(
     *args: str, env: dict[str, str] | None = None, timeout: float = 30
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*MEGA, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        [*MEGA, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
         env={**os.environ, **(env or {})},
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("command", ["start", "scheduler", "worker", "dev", "check", "dlq"])
@@ -79,9 +83,11 @@ def test_a_host_started_before_its_server_waits_for_it_then_runs(
     server = server_kind(data_dir=tmp_path / "server", port=port)
     with log.open("wb") as out:
         host = subprocess.Popen(
-            [*MEGA, command, "--config", str(config)], cwd=ROOT, stdout=out,
+            [*MEGA, command, "--config", str(config)],
+            cwd=ROOT,
+            stdout=out,
             stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        )
     try:
         waits = f"{command} waits for its services: cannot reach"
         wait_for_text(log.read_text, waits, 2, 30, while_alive=host.pid)  # tried again
@@ -104,9 +110,11 @@ def test_a_host_waiting_for_its_server_stops_at_a_signal(tmp_path: Path, redis_u
     log = tmp_path / "host.log"
     with log.open("wb") as out:
         host = subprocess.Popen(
-            [*MEGA, "worker", "--config", str(config)], cwd=ROOT, stdout=out,
+            [*MEGA, "worker", "--config", str(config)],
+            cwd=ROOT,
+            stdout=out,
             stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        )
     try:
         wait_for_text(log.read_text, "worker waits for its services", 1, 30, while_alive=host.pid)
         host.send_signal(signal.SIGTERM)
@@ -170,8 +178,12 @@ def test_a_reader_that_left_ends_a_command_quietly_with_141(tmp_path: Path) -> N
     try:
         result = subprocess.run(
             [*MEGA, "check", "--config", str(config)],
-            cwd=ROOT, stdout=write, stderr=subprocess.PIPE, text=True, timeout=60,
-        )  # fmt: skip
+            cwd=ROOT,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
     finally:
         os.close(write)
     assert (result.returncode, result.stderr) == (141, "")
@@ -217,8 +229,11 @@ def test_start_stops_gracefully_on_signal_and_exits_0(
     port = free_port()
     web = subprocess.Popen(
         [*MEGA, "start", "--port", str(port), "--config", str(config)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -251,7 +266,7 @@ def hold(runtime, ctx):
 
 async def hold_async(runtime, ctx):
     import asyncio
-    await asyncio.sleep(60)
+    await asyncio.sleep(60)  # held until the signal stops the host
 
 hooks = {{{host!r}: [hold, hold_async]}}
 """
@@ -267,9 +282,12 @@ def test_a_signal_while_the_host_starts_stops_it_cleanly(
     config = write_config(tmp_path, nats_url=nats_url, redis_url=None, body=body)
     args = ["--port", str(free_port())] if command == "start" else []
     process = subprocess.Popen(
-        [*MEGA, command, "--config", str(config), *args], cwd=ROOT,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [*MEGA, command, "--config", str(config), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while not marker.exists():
@@ -297,9 +315,11 @@ def test_json_logs_are_one_object_per_line_with_the_event_fields(
     with open(log, "wb") as out:
         scheduler = subprocess.Popen(
             [*MEGA, "scheduler", "--json-logs", "--config", str(config)],
-            cwd=ROOT, env={**os.environ, "CLUSTER_PREFIX": prefix},
-            stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            cwd=ROOT,
+            env={**os.environ, "CLUSTER_PREFIX": prefix},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         # Its first tick ran.
         wait_for_text(log.read_text, "run schedule=EverySecond", 1, 60, while_alive=scheduler.pid)
@@ -338,8 +358,12 @@ def test_a_traced_host_prints_its_spans_and_its_json_logs_name_them(
     env.pop("OTEL_SERVICE_NAME", None)
     host = subprocess.Popen(
         [*MEGA, "work", "--with-scheduler", "--json-logs", "--config", str(config)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         time.sleep(4)  # a few ticks, each with its job
         host.send_signal(signal.SIGTERM)

@@ -212,18 +212,24 @@ def test_a_redis_sentinel_url_is_read_for_a_cache_and_a_bus(
     [
         ("redis+cluster://10.0.0.1", "'10.0.0.1' is not host:port", CLUSTER_FORM),
         ("redis+cluster://a:7000,,b:7001", "'' is not host:port", CLUSTER_FORM),
-        ("redis+cluster://a:7000/1", "a Redis Cluster has one database and takes no options",
-         CLUSTER_FORM),
+        (
+            "redis+cluster://a:7000/1",
+            "a Redis Cluster has one database and takes no options",
+            CLUSTER_FORM,
+        ),
         ("redis+cluster://a:7000?ssl=true", "takes no options", CLUSTER_FORM),
         ("redis+cluster://a:70000", "'a:70000' is not host:port", CLUSTER_FORM),
         ("redis+sentinel://10.0.0.1:26379", "the path names the primary", SENTINEL_FORM),
         ("redis+sentinel://10.0.0.1:26379/", "the path names the primary", SENTINEL_FORM),
-        ("redis+sentinel://10.0.0.1:26379/mega/x", "then optionally its database number",
-         SENTINEL_FORM),
+        (
+            "redis+sentinel://10.0.0.1:26379/mega/x",
+            "then optionally its database number",
+            SENTINEL_FORM,
+        ),
         ("redis+sentinel://a:1/mega?ssl=true", "takes no options", SENTINEL_FORM),
         ("redis+sentinel://a,b:1/mega", "'a' is not host:port", SENTINEL_FORM),
     ],
-)  # fmt: skip
+)
 def test_a_malformed_redis_cluster_or_sentinel_url_says_what_is_wrong(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str, expected: str, form: str
 ) -> None:
@@ -275,6 +281,7 @@ def test_a_config_builds_on_another_and_both_load_side_by_side(tmp_path: Path) -
     )
     main = load_config(tmp_path / "mega_config.py")
     staging = load_config(tmp_path / "staging_config.py")
+    assert main.module is not None and staging.module is not None
     assert (main.module.__name__, staging.module.__name__) == ("mega_config", "staging_config")
     assert str(main.buses["jobs"].url) == "nats://127.0.0.1:4222"
     assert str(staging.buses["jobs"].url) == "nats://staging:4222"
@@ -286,5 +293,6 @@ def test_a_config_named_like_a_module_of_the_project_leaves_that_module_alone(
 ) -> None:
     (tmp_path / "pytest.py").write_text(GOOD)  # "pytest" is taken, by a module no config made
     config = load_config(tmp_path / "pytest.py")
+    assert config.module is not None
     assert config.module.__name__ == "mega_config_pytest"
     assert sys.modules["pytest"] is pytest

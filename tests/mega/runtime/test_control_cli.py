@@ -13,18 +13,19 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 from redis.asyncio import Redis
 
-from mega import chain
+from mega import Job, chain
 from mega.config import Config, load_config
 from mega.jobs.queue import JobQueue
 from mega.runtime.boot import boot, shutdown
+from mega.runtime.cli_audit import default_by
 from mega.runtime.control_cli import (
     JOB_ACTIONS,
     SCHEDULE_ACTIONS,
-    default_by,
     run_jobs_command,
     run_schedules_command,
 )
@@ -137,8 +138,15 @@ async def test_stats_count_each_job_and_show_its_pause(
     await run_jobs_command(config, "stats", target=None, job="MailJob", by=None, as_json=True)
     line = json.loads(capsys.readouterr().out)
     assert line.pop("paused_at_ms") == pytest.approx(time.time() * 1000, abs=10_000)
-    assert line == {"job": "MailJob", "pending": 2, "in_flight": 0, "dlq": 0,
-                    "approximate": False, "paused": True, "paused_by": "ada"}  # fmt: skip
+    assert line == {
+        "job": "MailJob",
+        "pending": 2,
+        "in_flight": 0,
+        "dlq": 0,
+        "approximate": False,
+        "paused": True,
+        "paused_by": "ada",
+    }
     await run_jobs_command(config, "resume", target="MailJob", job=None, by=None)
     assert capsys.readouterr().out == f"MailJob: resumed by {default_by()}\n"
     assert (await queue.paused(job)).paused is False
@@ -156,9 +164,9 @@ async def test_inspect_and_cancel_a_waiting_job_then_a_finished_one(
     (job,) = config.jobs
     await queue.enqueue(job, {"n": 1}, id="wait-1")
     await run_jobs_command(config, "inspect", target="wait-1", job=None, by=None)
-    out = capsys.readouterr().out.splitlines()
-    assert out[0] == "MailJob wait-1: queued"
-    assert any(line.startswith("  enqueued at: ") for line in out[1:])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "MailJob wait-1: queued"
+    assert any(line.startswith("  enqueued at: ") for line in lines[1:])
     await run_jobs_command(config, "inspect", target="wait-1", job="MailJob", by=None, as_json=True)
     record = json.loads(capsys.readouterr().out)
     assert (record["job"], record["id"], record["state"]) == ("MailJob", "wait-1", "queued")
@@ -173,7 +181,8 @@ async def test_inspect_and_cancel_a_waiting_job_then_a_finished_one(
         await until_state(queue, config, "done-1", "done")
     await run_jobs_command(config, "cancel", target="done-1", job=None, by=None)
     assert capsys.readouterr().out == "MailJob done-1: already done, nothing cancelled\n"
-    assert (await queue.status(job, "wait-1")).state == "cancelled"  # type: ignore[union-attr]
+    cancelled = await queue.status(job, "wait-1")
+    assert cancelled is not None and cancelled.state == "cancelled"
 
     code, out, err = await mega(config, "jobs", "inspect", "no-such-id")
     assert (code, out) == (1, "")
@@ -187,6 +196,7 @@ async def test_inspect_a_workflow_by_its_id(
     config: Config, queue: JobQueue, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (job,) = config.jobs
+    assert issubclass(job, Job)
     flow = chain(job.step({"n": 1}), job.step({"fail": True}), job.step({"n": 3}))
     await flow.enqueue(queue.ctx, id="flow-1")
     async with job_worker(config):
@@ -246,9 +256,15 @@ async def test_schedules_list_pause_and_resume(
     tidy_json, everywhere_json = map(json.loads, capsys.readouterr().out.splitlines())
     assert tidy_json.pop("paused_at_ms") == pytest.approx(time.time() * 1000, abs=10_000)
     assert tidy_json.pop("next_run").endswith("T03:00:00+09:00")
-    assert tidy_json == {"name": "Tidy", "cron": "0 3 * * *", "timezone": "Asia/Seoul",
-                         "lock": "main", "paused": True, "paused_by": "ada",
-                         "entries": []}  # fmt: skip
+    assert tidy_json == {
+        "name": "Tidy",
+        "cron": "0 3 * * *",
+        "timezone": "Asia/Seoul",
+        "lock": "main",
+        "paused": True,
+        "paused_by": "ada",
+        "entries": [],
+    }
     assert (everywhere_json["lock"], everywhere_json["paused"]) == (None, False)
     await run_schedules_command(config, "list", name=None, by=None)
     assert " paused by ada since " in capsys.readouterr().out.splitlines()[0]
@@ -270,9 +286,21 @@ async def test_schedules_list_pause_and_resume(
     assert resumed["reason"] == f"resumed by {default_by()}"
     # Each change is an audit row (who ran the command, not --by), which `mega audit list` shows.
     listed = subprocess.run(
-        [sys.executable, "-m", "mega", "audit", "list", "--target", "schedule:Tidy", "--config",
-         str(config.path)], capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mega",
+            "audit",
+            "list",
+            "--target",
+            "schedule:Tidy",
+            "--config",
+            str(config.path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert listed.returncode == 0, listed.stderr
     lines = [line.split("\t")[1:] for line in listed.stdout.splitlines()]
     who = f"cli:{default_by()}"
@@ -298,11 +326,19 @@ async def test_schedules_errors_name_the_problem_and_the_fix(schedules_config: C
 # -- dynamic entries --------------------------------------------------------------------------
 
 
+class EntryFields(TypedDict):
+    """What `mega schedules add` is told of a dynamic entry."""
+
+    key: str
+    cron_expr: str
+    args: str
+
+
 async def test_schedules_add_change_list_and_remove_an_entry(
     schedules_config: Config, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = schedules_config
-    add = {"key": "acme", "cron_expr": "*/2 * * * * *", "args": '{"tenant": "acme"}'}
+    add: EntryFields = {"key": "acme", "cron_expr": "*/2 * * * * *", "args": '{"tenant": "acme"}'}
     await run_schedules_command(config, "add", name="Tidy", by="ada", **add)
     line = capsys.readouterr().out
     assert line.startswith("Tidy acme: added by ada, '*/2 * * * * *' in Asia/Seoul, next ")
@@ -325,8 +361,13 @@ async def test_schedules_add_change_list_and_remove_an_entry(
     [entry] = tidy_json["entries"]
     assert entry.pop("at_ms") == pytest.approx(time.time() * 1000, abs=10_000)
     assert entry.pop("next_run").endswith("T06:00:00+00:00")
-    assert entry == {"key": "acme", "cron": "0 6 * * *", "timezone": "UTC", "args": {},
-                     "by": default_by()}  # fmt: skip
+    assert entry == {
+        "key": "acme",
+        "cron": "0 6 * * *",
+        "timezone": "UTC",
+        "args": {},
+        "by": default_by(),
+    }
     assert everywhere_json["entries"] == []
 
     await run_schedules_command(config, "remove", name="Tidy", by="ada", key="acme")
@@ -454,5 +495,7 @@ schedules = [TenantReport]
     await run_schedules_command(config, "list", name=None, by=None, as_json=True)
     line = json.loads(capsys.readouterr().out)
     assert (line["cron"], line["next_run"], [e["key"] for e in line["entries"]]) == (
-        None, None, ["acme"],
-    )  # fmt: skip
+        None,
+        None,
+        ["acme"],
+    )

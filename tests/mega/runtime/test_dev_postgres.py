@@ -87,8 +87,12 @@ def test_mega_dev_starts_it_hands_it_over_and_stops_it(
     env.update(MEGA_BUS="postgres", NATS_URL=nats_url, REDIS_URL=redis_url, NO_COLOR="1")
     result = subprocess.run(
         [sys.executable, "-m", "mega", "dev", "--port", str(free_port()), "--config", str(config)],
-        capture_output=True, text=True, cwd=postgres_dir, env=env, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=postgres_dir,
+        env=env,
+        timeout=60,
+    )
     lines = result.stdout.splitlines()
     assert result.returncode == 1, result.stdout + result.stderr
     assert re.fullmatch(

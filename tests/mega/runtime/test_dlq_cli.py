@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from mega import Job
 from mega.config import Config, load_config
+from mega.drivers.nats import NatsBus
 from mega.drivers.nats.names import stream_name
 from mega.jobs.queue import JobQueue
 from mega.runtime.boot import boot, shutdown
@@ -69,7 +71,9 @@ async def mega_dlq(config: Config, *args: str) -> tuple[int, str, str]:
 
 async def state(queue: JobQueue, config: Config) -> tuple[list[str], int]:
     """The ids left in the DLQ (newest first) and the messages waiting on the work stream."""
+    assert isinstance(queue.bus, NatsBus)
     (job,) = config.jobs
+    assert issubclass(job, Job)
     waiting = (await queue.bus.js.stream_info(stream_name(job.subject))).state.messages
     return [r["id"] for r in await queue.dlq.list(job)], int(waiting)
 

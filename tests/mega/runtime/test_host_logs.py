@@ -60,8 +60,11 @@ async def test_an_outbox_relay_without_its_table_says_so_once_with_the_fix(
     with log.open("wb") as out:
         worker = subprocess.Popen(
             [sys.executable, "-m", "mega", "worker", "--json-logs", "--config", str(path)],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 60
         while len([r for r in records(log) if r.get("signal") == "error"]) < 3:

@@ -77,8 +77,11 @@ async def test_a_worker_whose_connection_is_closed_for_good_exits_non_zero(
     with log.open("wb") as out:
         worker = subprocess.Popen(
             [sys.executable, "-m", "mega", "worker", "--config", str(path)],
-            cwd=ROOT, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            cwd=ROOT,
+            env=dict(os.environ),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         code = await asyncio.to_thread(worker.wait, 60)
     finally:

@@ -14,8 +14,8 @@ from sqlalchemy import inspect, select, text
 
 from mega.database import Base, Database
 from mega.events.db_inbox import InboxRow
-from mega.events.outbox import OutboxRow
 from mega.runtime.migrate import HEAD, _config, current, head, is_current, upgrade
+from mega.transactional.store import OutboxRow
 from mega.web.models import LoginFailure, User, UserSession
 from mega.web.tokens import list_tokens
 
@@ -37,10 +37,13 @@ def legacy_database(url: str) -> Database:
         session.flush()
         session.add(
             UserSession(
-                id_hash="h" * 64, user_id=user.id, csrf_token="t", created_at=now,
+                id_hash="h" * 64,
+                user_id=user.id,
+                csrf_token="t",
+                created_at=now,
                 expires_at=now + timedelta(hours=1),
             )
-        )  # fmt: skip
+        )
     return db
 
 
@@ -127,8 +130,12 @@ def test_mega_db_upgrade_and_current_from_the_command_line(tmp_path: Path) -> No
     def mega_db(action: str) -> str:
         result = subprocess.run(
             [sys.executable, "-m", "mega", "db", action, "--config", str(config)],
-            capture_output=True, text=True, cwd=ROOT, env=env, timeout=60,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            timeout=60,
+        )
         assert result.returncode == 0, result.stderr
         return result.stdout.strip()
 

@@ -44,8 +44,12 @@ def test_a_new_project_passes_mega_check_on_each_bus(
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "MEGA_CONFIG")}
     checked = subprocess.run(
         [sys.executable, "-m", "mega", "check"],
-        capture_output=True, text=True, cwd=project, env=env, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=project,
+        env=env,
+        timeout=60,
+    )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert checked.stdout.splitlines()[-1] == (
         "mega check: 1 schedule, 1 job, 1 worker, 1 event, 1 listener ok"
@@ -63,8 +67,11 @@ def test_the_project_is_written_as_ruff_formats_and_lints_it(
     for command in (["check", *rules], ["format", "--check"]):
         ran = subprocess.run(
             [str(BIN / "ruff"), *command, "."],
-            capture_output=True, text=True, cwd=tmp_path / "shop", timeout=60,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            cwd=tmp_path / "shop",
+            timeout=60,
+        )
         assert ran.returncode == 0, ran.stdout + ran.stderr
 
 
@@ -81,9 +88,13 @@ def test_mega_new_needs_no_config_and_imports_no_web_stack(tmp_path: Path) -> No
     )
     env = {k: v for k, v in os.environ.items() if k != "MEGA_CONFIG"}
     ran = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env,
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
         timeout=60,
-    )  # fmt: skip
+    )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.splitlines()[-1] == "[]"
     assert not (tmp_path / "mega_config.py").exists() and (tmp_path / "shop").is_dir()
@@ -114,18 +125,24 @@ def test_a_folder_that_is_not_empty_is_refused_in_one_line(
 @pytest.mark.parametrize(
     ("name", "says"),
     [
-        ("My-Shop", "is not a valid Python package name: use lowercase letters, digits and '_', "
-         "starting with a letter (mega new my_shop)"),
+        (
+            "My-Shop",
+            "is not a valid Python package name: use lowercase letters, digits and '_', "
+            "starting with a letter (mega new my_shop)",
+        ),
         ("2shop", "is not a valid Python package name"),
         ("shop/web", "(mega new shop_web)"),
         ("class", "is a Python keyword, not a package name (mega new class_app)"),
-        ("json", "is a module of Python's standard library; a package of that name would "
-         "hide it (mega new json_app)"),
+        (
+            "json",
+            "is a module of Python's standard library; a package of that name would "
+            "hide it (mega new json_app)",
+        ),
         ("mega", "is the framework itself"),
         ("tests", "is the project's tests folder"),
         ("fastapi", "is a package the project imports"),
     ],
-)  # fmt: skip
+)
 def test_a_name_that_is_no_package_name_is_refused_saying_what_to_type(
     tmp_path: Path, name: str, says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

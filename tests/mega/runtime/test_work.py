@@ -39,10 +39,22 @@ async def test_work_runs_everything_and_stops_in_order(
     path = write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=BODY)
     env = {**os.environ, "FAULT_PREFIX": prefix, "CLUSTER_PREFIX": prefix}
     work = subprocess.Popen(
-        [sys.executable, "-m", "mega", "work", "--with-scheduler", "--json-logs",
-         "--config", str(path)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mega",
+            "work",
+            "--with-scheduler",
+            "--json-logs",
+            "--config",
+            str(path),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     ctx = await boot(load_config(path), role="test")
     try:
         redis = ctx.cache("main").native
@@ -66,6 +78,10 @@ async def test_work_runs_everything_and_stops_in_order(
     messages = [json.loads(line)["message"] for line in output.splitlines()]
     stops = [m for m in messages if m.endswith(" stopped")]
     assert stops == [
-        "scheduler stopped", "relay stopped", "listeners stopped", "worker stopped", "work stopped"
-    ]  # fmt: skip
+        "scheduler stopped",
+        "relay stopped",
+        "listeners stopped",
+        "worker stopped",
+        "work stopped",
+    ]
     assert any("work" in m and "running 1 schedule(s)" in m for m in messages)

@@ -113,9 +113,13 @@ async def test_add_change_remove_and_list_with_the_audit(
     assert await ops.entries("TenantReport") == []
 
     added = await ops.add(
-        "TenantReport", key="acme", cron="0 6 * * *", timezone="Europe/Paris",
-        args={"tenant": "acme", "pages": [1, 2]}, by="ada",
-    )  # fmt: skip
+        "TenantReport",
+        key="acme",
+        cron="0 6 * * *",
+        timezone="Europe/Paris",
+        args={"tenant": "acme", "pages": [1, 2]},
+        by="ada",
+    )
     await ops.add("TenantReport", key="globex", cron="*/5 * * * *", by="ada")
     changed = await ops.add(
         "TenantReport", key="acme", cron="*/2 * * * * *", args={"tenant": "acme"}, by="grace"
@@ -133,13 +137,25 @@ async def test_add_change_remove_and_list_with_the_audit(
     ticks = await ops.recent_ticks("TenantReport", limit=10)
     assert [(t["source"], t["key"], t["winner"], t["skipped"]) for t in ticks] == [
         ("remove", "globex", None, [{"instance": "ops", "reason": "removed by grace"}]),
-        ("change", "acme", None,
-         [{"instance": "ops", "reason": "changed by grace: '*/2 * * * * *' in the class zone"}]),
-        ("add", "globex", None,
-         [{"instance": "ops", "reason": "added by ada: '*/5 * * * *' in the class zone"}]),
-        ("add", "acme", None,
-         [{"instance": "ops", "reason": "added by ada: '0 6 * * *' in Europe/Paris"}]),
-    ]  # fmt: skip
+        (
+            "change",
+            "acme",
+            None,
+            [{"instance": "ops", "reason": "changed by grace: '*/2 * * * * *' in the class zone"}],
+        ),
+        (
+            "add",
+            "globex",
+            None,
+            [{"instance": "ops", "reason": "added by ada: '*/5 * * * *' in the class zone"}],
+        ),
+        (
+            "add",
+            "acme",
+            None,
+            [{"instance": "ops", "reason": "added by ada: '0 6 * * *' in Europe/Paris"}],
+        ),
+    ]
 
 
 async def test_removing_an_absent_key_writes_nothing(
@@ -357,9 +373,12 @@ def test_cron_none_needs_a_lock_and_a_forgotten_cron_is_still_missing(redis_url:
 async def test_run_tick_runs_a_tick_of_an_entry() -> None:
     runs: list[TenantRun] = []
     tick = await run_tick(
-        entries_only("unused", runs), Context(instance_id="t"), datetime(2024, 1, 1, tzinfo=UTC),
-        key="acme", args={"n": 2},
-    )  # fmt: skip
+        entries_only("unused", runs),
+        Context(instance_id="t"),
+        datetime(2024, 1, 1, tzinfo=UTC),
+        key="acme",
+        args={"n": 2},
+    )
     assert runs == [("acme", {"n": 2}, tick.instant, "t")]
 
 
@@ -392,6 +411,8 @@ async def test_redis_down_keeps_the_loops_and_a_redis_back_empty_stops_them(
     assert len([r for r in runs[ran:] if r[0] == "acme"]) <= 1  # one claimed as it was removed
     watch_logs = [r.message for r in caplog.records if r.message.startswith("entries on")]
     assert len(watch_logs) == 2, watch_logs  # once while down, once when read again
-    assert watch_logs[0] == ("entries on lock 'main' unreadable (network:ConnectionError): their "
-                             "loops keep ticking as they were")  # fmt: skip
+    assert watch_logs[0] == (
+        "entries on lock 'main' unreadable (network:ConnectionError): their "
+        "loops keep ticking as they were"
+    )
     assert watch_logs[1] == "entries on lock 'main' read again"

@@ -10,6 +10,7 @@ import pytest
 from redis.asyncio import Redis
 
 from mega.context import EarlyClaim, FencedLease, Refusal
+from mega.drivers.redis.client import RedisClient
 from mega.errors import LockBackendError
 from mega.runtime.embedded import EmbeddedServer
 from mega.schedules.locks import CLAIM_TOLERANCE_MS, RedLock, quorum_claim
@@ -186,12 +187,16 @@ async def fenced(
     """`acquire_fenced` with the scheduler's key layout under `prefix`, claiming `at_ms`."""
     claim_key = None if claim is None else f"{prefix}:tick:{claim}"
     return await lock.acquire_fenced(
-        f"{prefix}:running", ttl_ms, f"{prefix}:fence", claim_key=claim_key, claim_ttl_ms=60_000,
+        f"{prefix}:running",
+        ttl_ms,
+        f"{prefix}:fence",
+        claim_key=claim_key,
+        claim_ttl_ms=60_000,
         claim_at_ms=at_ms,
-    )  # fmt: skip
+    )
 
 
-async def server_ms(client: Redis) -> int:
+async def server_ms(client: RedisClient) -> int:
     seconds, microseconds = await client.time()
     return int(seconds * 1000 + microseconds // 1000)
 

@@ -66,6 +66,7 @@ async def test_a_paused_schedule_is_skipped_on_every_instance_until_resumed(
         ("resume", None, [{"instance": "ops", "reason": "resumed by grace"}]),
         ("pause", None, [{"instance": "ops", "reason": "paused by ada"}]),
     ]
+    assert pause.at_ms is not None
     assert datetime.fromisoformat(changes[1]["instant"]).timestamp() == pytest.approx(
         pause.at_ms / 1000, abs=0.01
     )

@@ -9,7 +9,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeGuard
 
 import pytest
 from redis.asyncio import Redis
@@ -20,9 +20,11 @@ from mega.drivers.redis.client import RedisClient
 from mega.errors import LockBackendError, RegistrationError
 from mega.runtime.embedded import EmbeddedServer
 from mega.schedules import locks
+from mega.schedules.guard import EARLY_WAIT_LIMIT_S
 from mega.schedules.locks import CLAIM_TOLERANCE_MS, RedLock
 from mega.schedules.schedule import LockSettings, Schedule, Tick, has_hash_tag
-from mega.schedules.scheduler import EARLY_WAIT_LIMIT_S, Scheduler, TickResult
+from mega.schedules.scheduler import Scheduler
+from mega.schedules.ticks import TickResult
 
 Run = tuple[datetime, str, int | None, str]  # planned instant, instance, fence, source
 
@@ -69,7 +71,7 @@ async def wait_for(condition: Callable[[], bool], timeout_s: float) -> None:
         await asyncio.sleep(0.02)
 
 
-def strictly_increasing(values: list[int | None]) -> bool:
+def strictly_increasing(values: list[int | None]) -> TypeGuard[list[int]]:
     numbers = [value for value in values if value is not None]
     return len(numbers) == len(values) and all(a < b for a, b in itertools.pairwise(numbers))
 
@@ -146,9 +148,15 @@ def test_register_rejects_duplicates_and_non_schedules(redis_url: str) -> None:
 
 @pytest.mark.parametrize(
     ("key", "tagged"),
-    [("{a}", True), ("mega:schedule:{Nightly}", True), ("}{a}", True), ("a", False),
-     ("x{}y{a}", False), ("{a", False)],
-)  # fmt: skip
+    [
+        ("{a}", True),
+        ("mega:schedule:{Nightly}", True),
+        ("}{a}", True),
+        ("a", False),
+        ("x{}y{a}", False),
+        ("{a", False),
+    ],
+)
 def test_a_hash_tag_is_the_first_braces_with_something_in_them(key: str, tagged: bool) -> None:
     assert has_hash_tag(key) is tagged
 
@@ -437,13 +445,14 @@ async def test_a_run_longer_than_its_ttl_keeps_the_guard_renewed(
 ) -> None:
     runs: list[Run] = []
     scheduler = Scheduler(context("a", clients(redis_url))).register(
-        schedule(prefix, runs, ttl_ms=150, sleep_s=0.6)
+        # Renewed every 200 ms: a busy machine may delay one renewal by 400 ms and lose nothing.
+        schedule(prefix, runs, ttl_ms=600, sleep_s=2.0)
     )
     fails: list[dict[str, Any]] = []
     scheduler.on("fail", fails.append)
     long_run = asyncio.create_task(scheduler.run_now("Probe"))
     await wait_for(lambda: len(runs) == 1, timeout_s=5)
-    await asyncio.sleep(0.4)  # well past the 150 ms ttl: renewed, so still held
+    await asyncio.sleep(1.0)  # the run itself goes on, past the 600 ms ttl: renewed, still held
     late = await scheduler.run_now("Probe")
     assert late.ran is False and late.reason == "overlap: the previous run still runs"
     assert (await long_run).ran is True
@@ -496,7 +505,7 @@ async def fire_at(scheduler: Scheduler, name: str, planned: datetime) -> TickRes
     """One scheduled tick of `name` for the instant `planned`, as the loop fires it when this
     host's clock reads `planned`: an instant still ahead of the real clock is what a scheduler
     whose clock runs fast fires."""
-    return await scheduler._tick(scheduler._specs[name], planned, "schedule")
+    return await scheduler.ticks.tick(scheduler._specs[name], planned, "schedule")
 
 
 async def test_a_tick_fired_before_its_instant_waits_for_the_lock_servers_clock(
@@ -574,7 +583,7 @@ async def test_stop_waits_for_a_running_run(
 
         async def run(self, ctx: Context) -> None:
             runs.append((self.tick.instant, "a", self.tick.fence, self.tick.source))
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # the run itself: a second long
             finished.append(self.tick)
 
     scheduler = Scheduler(context("a", clients(redis_url))).register(Slow)

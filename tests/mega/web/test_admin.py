@@ -19,8 +19,8 @@ import pytest
 from mega import audit, group
 from mega.config import Config, load_config
 from mega.web import ensure_user, job_queue
-from mega.web.tokens import create_token
-from tests.factories import csrf_from, job_worker, login, web_client, write_config
+from mega.web.tokens import Scope, create_token
+from tests.factories import WebClient, csrf_from, job_worker, login, web_client, write_config
 from tests.mega.web.admin_site import ADMIN_DECLARATIONS, Boom
 
 SITE = "tests.mega.web.admin_site:create_app"
@@ -31,21 +31,25 @@ def config(
     tmp_path: Path, nats_factory: Callable[[], Any], redis_factory: Callable[[], Any]
 ) -> Config:
     path = write_config(
-        tmp_path, nats_url=nats_factory().url, redis_url=redis_factory().url,
-        body=ADMIN_DECLARATIONS, web_app=SITE, roles={"demo": "admin", "otto": "operator"},
-    )  # fmt: skip
+        tmp_path,
+        nats_url=nats_factory().url,
+        redis_url=redis_factory().url,
+        body=ADMIN_DECLARATIONS,
+        web_app=SITE,
+        roles={"demo": "admin", "otto": "operator"},
+    )
     return load_config(path)
 
 
 @pytest.fixture
-async def client(config: Config) -> AsyncIterator[httpx.AsyncClient]:
+async def client(config: Config) -> AsyncIterator[WebClient]:
     Boom.failing = True
     async with web_client(config) as client:
         yield client
 
 
-async def enqueue(client: httpx.AsyncClient, payload: dict[str, Any]) -> str:
-    return str(await job_queue(client.app, "jobs").enqueue(Boom, payload))  # type: ignore[attr-defined]
+async def enqueue(client: WebClient, payload: dict[str, Any]) -> str:
+    return str(await job_queue(client.app, "jobs").enqueue(Boom, payload))
 
 
 async def until(check: Callable[[], Any], timeout_s: float = 20) -> Any:
@@ -56,8 +60,8 @@ async def until(check: Callable[[], Any], timeout_s: float = 20) -> Any:
     return value
 
 
-async def dead_letters(client: httpx.AsyncClient, count: int) -> None:
-    queue = job_queue(client.app, "jobs")  # type: ignore[attr-defined]
+async def dead_letters(client: WebClient, count: int) -> None:
+    queue = job_queue(client.app, "jobs")
 
     async def stored() -> bool:
         return (await queue.stats(Boom)).dlq == count
@@ -65,7 +69,7 @@ async def dead_letters(client: httpx.AsyncClient, count: int) -> None:
     await until(stored)
 
 
-async def form_post(client: httpx.AsyncClient, path: str, **fields: str) -> httpx.Response:
+async def form_post(client: WebClient, path: str, **fields: str) -> httpx.Response:
     token = csrf_from((await client.get("/admin/")).text)
     return await client.post(path, data={"csrf_token": token, **fields})
 
@@ -75,7 +79,7 @@ def text_of(html: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
 
 
-async def test_the_pages_need_a_login_or_an_api_token(client: httpx.AsyncClient) -> None:
+async def test_the_pages_need_a_login_or_an_api_token(client: WebClient) -> None:
     for path in ("/admin/", "/admin/dlq/Boom", "/admin/jobs/x", "/admin/search?id=x"):
         page = await client.get(path)
         assert page.status_code == 303 and page.headers["location"].startswith("/login?next=")
@@ -84,8 +88,8 @@ async def test_the_pages_need_a_login_or_an_api_token(client: httpx.AsyncClient)
     refused = await client.post("/admin/schedules/Tidy/pause")
     assert refused.status_code == 403  # no session: no CSRF token either
 
-    db = client.app.state.ctx.db  # type: ignore[attr-defined]
-    scopes = ("console:read", "console:operate")
+    db = client.app.state.ctx.db
+    scopes: tuple[Scope, ...] = ("console:read", "console:operate")
     token = await db.run(lambda session: create_token(session, "ops-bot", scopes=scopes))
     bearer = {"Authorization": f"Bearer {token}"}
     overview = await client.get("/admin/", headers=bearer)
@@ -97,9 +101,7 @@ async def test_the_pages_need_a_login_or_an_api_token(client: httpx.AsyncClient)
     assert wrong.status_code in (303, 401)
 
 
-async def test_the_overview_a_job_page_and_the_search(
-    client: httpx.AsyncClient, config: Config
-) -> None:
+async def test_the_overview_a_job_page_and_the_search(client: WebClient, config: Config) -> None:
     await login(client)
     empty = await client.get("/admin/")
     assert empty.status_code == 200
@@ -116,7 +118,7 @@ async def test_the_overview_a_job_page_and_the_search(
     bad_id = await enqueue(client, {"fail": True, "n": 7})
     async with job_worker(config):
         await dead_letters(client, 1)
-    queue = job_queue(client.app, "jobs")  # type: ignore[attr-defined]
+    queue = job_queue(client.app, "jobs")
     await until(lambda: _state_is(queue, ok_id, "done"))
     await until(lambda: _state_is(queue, bad_id, "dlq"))
 
@@ -164,14 +166,14 @@ async def _state_is(queue: Any, job_id: str, state: str) -> bool:
 
 
 async def test_the_dead_letters_page_by_50_retry_one_and_purge(
-    client: httpx.AsyncClient, config: Config
+    client: WebClient, config: Config
 ) -> None:
     await login(client)
     none = await client.get("/admin/dlq/Boom")
     assert "No dead letters: every failed job was retried or succeeded." in none.text
     assert "Purge all" not in none.text
 
-    queue = job_queue(client.app, "jobs")  # type: ignore[attr-defined]
+    queue = job_queue(client.app, "jobs")
     ids = await queue.enqueue_many(Boom, [{"fail": True, "n": n} for n in range(120)])
     async with job_worker(config):
         await dead_letters(client, 120)
@@ -226,7 +228,7 @@ async def test_the_dead_letters_page_by_50_retry_one_and_purge(
     assert (await queue.stats(Boom)).dlq == 0
 
 
-async def test_pause_resume_and_run_now_a_schedule(client: httpx.AsyncClient) -> None:
+async def test_pause_resume_and_run_now_a_schedule(client: WebClient) -> None:
     await login(client)
     paused = await form_post(client, "/admin/schedules/Tidy/pause")
     assert paused.status_code == 303 and paused.headers["location"] == "/admin/#schedules"
@@ -271,13 +273,13 @@ def test_the_rate_is_what_left_the_lane_per_second_between_two_reads() -> None:
 
 
 async def test_a_workflow_page_shows_each_step_and_links_its_jobs(
-    client: httpx.AsyncClient, config: Config
+    client: WebClient, config: Config
 ) -> None:
     await login(client)
-    ctx = client.app.state.ctx  # type: ignore[attr-defined]
+    ctx = client.app.state.ctx
     fan = group([Boom.step({"to": "ada@example.com"}), Boom.step({"fail": True, "n": 2})])
     workflow_id = await fan.then(Boom.step()).enqueue(ctx, id="weekly-digest")
-    queue = job_queue(client.app, "jobs")  # type: ignore[attr-defined]
+    queue = job_queue(client.app, "jobs")
 
     async def ended() -> bool:
         status = await queue.status(workflow_id)
@@ -306,10 +308,10 @@ async def test_a_workflow_page_shows_each_step_and_links_its_jobs(
 
 
 async def test_a_large_payload_is_shown_cut_with_a_link_to_the_whole_record(
-    client: httpx.AsyncClient, config: Config
+    client: WebClient, config: Config
 ) -> None:
     await login(client)
-    queue = job_queue(client.app, "jobs")  # type: ignore[attr-defined]
+    queue = job_queue(client.app, "jobs")
     big = await queue.enqueue(Boom, {"fail": True, "pad": "y" * 200_000})
     small = await queue.enqueue(Boom, {"fail": True, "n": 1})
     async with job_worker(config):
@@ -332,15 +334,15 @@ async def test_a_large_payload_is_shown_cut_with_a_link_to_the_whole_record(
 
 
 async def test_viewers_read_operators_retry_and_pause_admins_purge_and_each_is_audited(
-    client: httpx.AsyncClient, config: Config
+    client: WebClient, config: Config
 ) -> None:
     """The console's access levels (auth.roles; a user it does not name is a viewer): a
     refused action is a 403 page that says why and changes nothing; each done one is an
     audit row shown on its job's page and its schedule's card."""
-    db = client.app.state.ctx.db  # type: ignore[attr-defined]
+    db = client.app.state.ctx.db
     for name in ("vera", "otto"):
         ensure_user(db, name, f"{name}-password-1")
-    queue = job_queue(client.app, "jobs")  # type: ignore[attr-defined]
+    queue = job_queue(client.app, "jobs")
     ids = await queue.enqueue_many(Boom, [{"fail": True, "n": n} for n in range(3)])
     async with job_worker(config):
         await dead_letters(client, 3)
@@ -388,14 +390,14 @@ async def test_viewers_read_operators_retry_and_pause_admins_purge_and_each_is_a
 
 
 async def test_a_tokens_scopes_say_what_it_may_do_and_an_expired_one_is_refused(
-    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+    client: WebClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    db = client.app.state.ctx.db  # type: ignore[attr-defined]
+    db = client.app.state.ctx.db
 
-    async def made(name: str, *scopes: str, expires_in: timedelta | None = None) -> dict[str, str]:
-        token = await db.run(
-            lambda s: create_token(s, name, scopes=scopes, expires_in=expires_in)  # type: ignore[arg-type]
-        )
+    async def made(
+        name: str, *scopes: Scope, expires_in: timedelta | None = None
+    ) -> dict[str, str]:
+        token = await db.run(lambda s: create_token(s, name, scopes=scopes, expires_in=expires_in))
         return {"Authorization": f"Bearer {token}", "Accept": "application/json"}
 
     writer = await made("writer", "jobs:enqueue")
@@ -425,15 +427,20 @@ async def test_a_tokens_scopes_say_what_it_may_do_and_an_expired_one_is_refused(
 
 
 async def test_wrong_tokens_are_limited_per_address_and_logged_without_the_token(
-    tmp_path: Path, nats_factory: Callable[[], Any], redis_factory: Callable[[], Any],
+    tmp_path: Path,
+    nats_factory: Callable[[], Any],
+    redis_factory: Callable[[], Any],
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     path = write_config(
-        tmp_path, nats_url=nats_factory().url, redis_url=redis_factory().url,
-        body=ADMIN_DECLARATIONS, web_app=SITE,
-    )  # fmt: skip
+        tmp_path,
+        nats_url=nats_factory().url,
+        redis_url=redis_factory().url,
+        body=ADMIN_DECLARATIONS,
+        web_app=SITE,
+    )
     async with web_client(load_config(path)) as client:
-        db = client.app.state.ctx.db  # type: ignore[attr-defined]
+        db = client.app.state.ctx.db
         good = await db.run(lambda s: create_token(s, "good"))
         json_only = {"Accept": "application/json"}
         with caplog.at_level(logging.WARNING, logger="mega.web.auth"):

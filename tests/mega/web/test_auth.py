@@ -22,7 +22,7 @@ import uvicorn
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from mega.config import AuthConfig
+from mega.config import AuthConfig, Config
 from mega.constants import DEVICE_COOKIE, SESSION_COOKIE
 from mega.runtime.embedded import free_port
 from mega.web.auth import ensure_user, safe_next, sign
@@ -51,11 +51,15 @@ GENERIC = "Wrong username or password."
 
 
 @pytest.fixture
-def config(tmp_path: Path, nats_url: str, redis_url: str):
+def config(tmp_path: Path, nats_url: str, redis_url: str) -> Config:
     return config_for(
-        tmp_path, nats_url, redis_url, login_max_failures=3, login_ip_max_failures=4,
+        tmp_path,
+        nats_url,
+        redis_url,
+        login_max_failures=3,
+        login_ip_max_failures=4,
         login_window_s=3,
-    )  # fmt: skip
+    )
 
 
 def from_ip(client: Any, ip: str) -> httpx.AsyncClient:
@@ -64,15 +68,19 @@ def from_ip(client: Any, ip: str) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=transport, base_url="http://testserver")
 
 
-async def test_good_login_sets_session_and_redirects_to_next(config) -> None:
+async def test_good_login_sets_session_and_redirects_to_next(config: Config) -> None:
     async with web_client(config) as client:
         page = await client.get("/login?next=/home?tab=2")
         token = csrf_from(page.text)
         response = await client.post(
             "/login",
-            data={"username": DEMO_USER, "password": DEMO_PASSWORD, "csrf_token": token,
-                  "next": "/home?tab=2"},
-        )  # fmt: skip
+            data={
+                "username": DEMO_USER,
+                "password": DEMO_PASSWORD,
+                "csrf_token": token,
+                "next": "/home?tab=2",
+            },
+        )
         assert response.status_code == 303
         assert response.headers["location"] == "/home?tab=2"
         cookie = response.headers["set-cookie"]
@@ -83,7 +91,9 @@ async def test_good_login_sets_session_and_redirects_to_next(config) -> None:
 
 
 @pytest.mark.parametrize("username,password", [(DEMO_USER, "wrong"), ("nobody", DEMO_PASSWORD)])
-async def test_bad_login_gives_one_generic_message(config, username: str, password: str) -> None:
+async def test_bad_login_gives_one_generic_message(
+    config: Config, username: str, password: str
+) -> None:
     async with web_client(config) as client:
         response = await login(client, username, password)
         assert response.status_code == 401
@@ -92,7 +102,9 @@ async def test_bad_login_gives_one_generic_message(config, username: str, passwo
         assert (await client.get("/api/things")).status_code == 401
 
 
-async def test_failures_slow_down_then_lock_the_pair_with_429_and_retry_after(config) -> None:
+async def test_failures_slow_down_then_lock_the_pair_with_429_and_retry_after(
+    config: Config,
+) -> None:
     async with web_client(config) as client:
         assert (await login(client, DEMO_USER, "wrong")).status_code == 401
         assert (await login(client, DEMO_USER, "wrong")).status_code == 401
@@ -100,7 +112,7 @@ async def test_failures_slow_down_then_lock_the_pair_with_429_and_retry_after(co
         early = await login(client)
         assert early.status_code == 429 and early.headers["retry-after"] == "1"
         assert "Too many attempts. Try again in 1 second." in early.text
-        await asyncio.sleep(1.05)
+        await asyncio.sleep(1.05)  # the 1 s wait the answer asked for, on the server's clock
         assert (await login(client, DEMO_USER, "wrong")).status_code == 401  # the 3rd: locked
         locked = await login(client)  # even the right password
         assert locked.status_code == 429 and 1 <= int(locked.headers["retry-after"]) <= 3
@@ -109,7 +121,7 @@ async def test_failures_slow_down_then_lock_the_pair_with_429_and_retry_after(co
         assert (await login(client)).status_code == 303
 
 
-async def test_a_lock_holds_one_address_only_and_a_success_resets_it(config) -> None:
+async def test_a_lock_holds_one_address_only_and_a_success_resets_it(config: Config) -> None:
     async with web_client(config) as client:
         for pause in (0, 0, 1.05):
             await asyncio.sleep(pause)
@@ -128,7 +140,7 @@ async def test_a_lock_holds_one_address_only_and_a_success_resets_it(config) -> 
             assert (await login(third, DEMO_USER, "wrong")).status_code == 401  # no delay yet
 
 
-async def test_failures_from_one_address_across_usernames_are_limited(config) -> None:
+async def test_failures_from_one_address_across_usernames_are_limited(config: Config) -> None:
     async with web_client(config) as client:
         for name in ("a", "b", "c", "d"):
             assert (await login(client, name, "x")).status_code == 401
@@ -136,7 +148,7 @@ async def test_failures_from_one_address_across_usernames_are_limited(config) ->
         assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
 
 
-async def test_a_refused_try_takes_as_long_as_a_checked_one(config) -> None:
+async def test_a_refused_try_takes_as_long_as_a_checked_one(config: Config) -> None:
     """The KDF runs for every answer: a locked pair cannot be told by its speed (a ratio of
     medians, each side with the same argon2 work; never an absolute time)."""
     async with web_client(config) as client:
@@ -189,7 +201,7 @@ def test_a_known_device_skips_the_account_limit_and_no_other() -> None:
     assert wait(0, 50, known_device=True) == 15 * 60  # and the address's (50)
 
 
-async def test_session_rotated_at_login_and_revoked_at_logout(config) -> None:
+async def test_session_rotated_at_login_and_revoked_at_logout(config: Config) -> None:
     async with web_client(config) as client:
         await login(client)
         first_cookie = client.cookies[SESSION_COOKIE]
@@ -208,7 +220,7 @@ async def test_session_rotated_at_login_and_revoked_at_logout(config) -> None:
         assert (await client.get("/api/things")).status_code == 401
 
 
-async def login_again(client) -> None:
+async def login_again(client: httpx.AsyncClient) -> None:
     # A logged-in user posting the login form again gets a brand-new session.
     token = csrf_from((await client.get("/home")).text)
     response = await client.post(
@@ -217,7 +229,7 @@ async def login_again(client) -> None:
     assert response.status_code == 303
 
 
-async def test_csrf_missing_or_wrong_is_403_for_forms_and_json(config) -> None:
+async def test_csrf_missing_or_wrong_is_403_for_forms_and_json(config: Config) -> None:
     async with web_client(config) as client:
         page = await client.get("/login")
         token = csrf_from(page.text)
@@ -243,7 +255,7 @@ async def test_csrf_missing_or_wrong_is_403_for_forms_and_json(config) -> None:
 
 @pytest.mark.parametrize("token", [None, "stale-token"])
 async def test_a_login_form_without_its_token_comes_back_with_a_fresh_one(
-    config, token: str | None
+    config: Config, token: str | None
 ) -> None:
     """A browser that lost the form's cookie (or kept a page from before) gets the form again,
     not an error page, and logs in with it."""
@@ -265,9 +277,17 @@ async def test_a_login_form_without_its_token_comes_back_with_a_fresh_one(
 
 @pytest.mark.parametrize(
     "target",
-    ["//evil.example", "https://evil.example", "/\\evil", "http:/evil", "javascript:alert(1)",
-     "/ok\r\nSet-Cookie:x", "", "demo"],
-)  # fmt: skip
+    [
+        "//evil.example",
+        "https://evil.example",
+        "/\\evil",
+        "http:/evil",
+        "javascript:alert(1)",
+        "/ok\r\nSet-Cookie:x",
+        "",
+        "demo",
+    ],
+)
 def test_next_only_to_a_local_path(target: str) -> None:
     assert safe_next(target, "/home") == "/home"
 
@@ -277,20 +297,24 @@ def test_next_keeps_local_paths(target: str) -> None:
     assert safe_next(target, "/home") == target
 
 
-async def test_login_with_evil_next_redirects_home(config) -> None:
+async def test_login_with_evil_next_redirects_home(config: Config) -> None:
     async with web_client(config) as client:
         for evil in ("//evil.example", "https://evil.example", "/\\evil"):
             client.cookies.clear()
             page = await client.get("/login")
             response = await client.post(
                 "/login",
-                data={"username": DEMO_USER, "password": DEMO_PASSWORD,
-                      "csrf_token": csrf_from(page.text), "next": evil},
-            )  # fmt: skip
+                data={
+                    "username": DEMO_USER,
+                    "password": DEMO_PASSWORD,
+                    "csrf_token": csrf_from(page.text),
+                    "next": evil,
+                },
+            )
             assert response.headers["location"] == "/home"  # the config's landing_path
 
 
-async def test_anonymous_page_redirects_and_json_gets_401_envelope(config) -> None:
+async def test_anonymous_page_redirects_and_json_gets_401_envelope(config: Config) -> None:
     async with web_client(config) as client:
         page = await client.get("/home?x=1")
         assert page.status_code == 303
@@ -302,7 +326,7 @@ async def test_anonymous_page_redirects_and_json_gets_401_envelope(config) -> No
         assert "meta" in body
 
 
-async def test_user_text_is_escaped(config) -> None:
+async def test_user_text_is_escaped(config: Config) -> None:
     async with web_client(config) as client:
         evil = '<script>alert("x")</script>'
         response = await login(client, evil, "nope")
@@ -310,7 +334,7 @@ async def test_user_text_is_escaped(config) -> None:
         assert "&lt;script&gt;" in response.text
 
 
-async def test_security_headers_on_pages_and_api(config) -> None:
+async def test_security_headers_on_pages_and_api(config: Config) -> None:
     async with web_client(config) as client:
         for path in ("/login", "/api/nothing", "/healthz"):
             headers = (await client.get(path)).headers
@@ -320,7 +344,7 @@ async def test_security_headers_on_pages_and_api(config) -> None:
             assert headers["referrer-policy"] == "same-origin"
 
 
-async def test_unknown_api_route_is_404_envelope(config) -> None:
+async def test_unknown_api_route_is_404_envelope(config: Config) -> None:
     async with web_client(config) as client:
         await login(client)
         response = await client.get("/api/no/such/thing")
@@ -328,14 +352,14 @@ async def test_unknown_api_route_is_404_envelope(config) -> None:
         assert response.json()["error"]["code"] == "not_found"
 
 
-async def test_anonymous_api_post_is_401_even_without_a_token(config) -> None:
+async def test_anonymous_api_post_is_401_even_without_a_token(config: Config) -> None:
     async with web_client(config) as client:
         response = await client.post("/api/things", json={"name": "x"})
         assert response.status_code == 401
         assert response.json()["error"]["code"] == "auth.required"
 
 
-async def test_oversized_body_is_422_and_changes_nothing(config) -> None:
+async def test_oversized_body_is_422_and_changes_nothing(config: Config) -> None:
     async with web_client(config) as client:
         await login(client)
         token = csrf_from((await client.get("/home")).text)
@@ -365,15 +389,16 @@ def legacy_scrypt_hash(password: str) -> str:
     )
 
 
-async def test_an_old_scrypt_hash_logs_in_and_is_upgraded_to_argon2(config) -> None:
+async def test_an_old_scrypt_hash_logs_in_and_is_upgraded_to_argon2(config: Config) -> None:
     async with web_client(config) as client:
-        db = client.app.state.ctx.db  # type: ignore[attr-defined]
+        db = client.app.state.ctx.db
 
         def set_hash(session: Session) -> None:
             user = session.scalar(select(User).where(User.username == DEMO_USER))
+            assert user is not None
             user.password_hash = legacy_scrypt_hash(DEMO_PASSWORD)
 
-        def stored_hash(session: Session) -> str:
+        def stored_hash(session: Session) -> str | None:
             return session.scalar(select(User.password_hash).where(User.username == DEMO_USER))
 
         await db.run(set_hash)
@@ -391,7 +416,7 @@ def test_hashes_in_no_known_format_never_match() -> None:
     assert hash_password("pw").startswith("$argon2id$")
 
 
-async def test_the_framework_renders_a_login_page_without_app_templates(config) -> None:
+async def test_the_framework_renders_a_login_page_without_app_templates(config: Config) -> None:
     async with web_client(config) as client:
         page = await client.get("/login")
         assert page.status_code == 200
@@ -400,7 +425,7 @@ async def test_the_framework_renders_a_login_page_without_app_templates(config) 
 
 
 @pytest.mark.parametrize("cookie", ["mega_session", "mega_csrf"])
-async def test_a_malformed_cookie_is_treated_as_absent(config, cookie: str) -> None:
+async def test_a_malformed_cookie_is_treated_as_absent(config: Config, cookie: str) -> None:
     async with web_client(config) as client:
         for value in (
             "\u00fcn\u00efcode.x".encode("latin-1"),
@@ -408,7 +433,9 @@ async def test_a_malformed_cookie_is_treated_as_absent(config, cookie: str) -> N
             b"a.b.c",
             b"x" * 500,
         ):
-            raw = {"cookie": cookie.encode() + b"=" + value}
+            raw = {
+                b"cookie": cookie.encode() + b"=" + value
+            }  # httpx types a bytes value by a bytes name
             page = await client.get("/login", headers=raw)
             assert page.status_code == 200, value  # never a 500
             assert "content-security-policy" in page.headers
@@ -416,7 +443,7 @@ async def test_a_malformed_cookie_is_treated_as_absent(config, cookie: str) -> N
         assert (await login(client)).status_code == 303  # and logging in still works
 
 
-async def test_no_page_or_answer_is_cached_and_head_is_allowed(config) -> None:
+async def test_no_page_or_answer_is_cached_and_head_is_allowed(config: Config) -> None:
     async with web_client(config) as client:
         for path in ("/login", "/healthz", "/api/things"):
             assert (await client.get(path)).headers["cache-control"] == "no-store", path
@@ -440,7 +467,7 @@ def chunks(total: int, piece: int = 16 * 1024) -> Any:
     return body()
 
 
-async def test_a_chunked_body_is_stopped_at_the_limit_not_read_in_full(config) -> None:
+async def test_a_chunked_body_is_stopped_at_the_limit_not_read_in_full(config: Config) -> None:
     async with web_client(config) as client:
         # Anonymous on /api: 401 before a byte of the body is read.
         anonymous = await client.post("/api/things", content=chunks(50 * 1024 * 1024))
@@ -448,24 +475,26 @@ async def test_a_chunked_body_is_stopped_at_the_limit_not_read_in_full(config) -
         assert anonymous.json()["error"]["code"] == "auth.required"
         # The login form: 422 once 64 KiB have arrived, the rest never pulled.
         big = await client.post(
-            "/login", content=chunks(50 * 1024 * 1024),
+            "/login",
+            content=chunks(50 * 1024 * 1024),
             headers={"Content-Type": "application/x-www-form-urlencoded"},
-        )  # fmt: skip
+        )
         assert big.status_code == 422 and "body" in big.json()["error"]["fields"]
         assert chunks.pulled <= 128 * 1024  # type: ignore[attr-defined]
         # Logged in: the same for a JSON route, and nothing is changed.
         await login(client)
         token = csrf_from((await client.get("/home")).text)
         response = await client.post(
-            "/api/things", content=chunks(10 * 1024 * 1024),
+            "/api/things",
+            content=chunks(10 * 1024 * 1024),
             headers={"X-CSRF-Token": token, "Content-Type": "application/json"},
-        )  # fmt: skip
+        )
         assert response.status_code == 422 and "body" in response.json()["error"]["fields"]
         assert chunks.pulled <= 128 * 1024  # type: ignore[attr-defined]
         assert (await client.get("/api/things")).json()["data"] == {"things": []}
 
 
-async def test_anonymous_bad_json_on_the_api_is_401_not_422(config) -> None:
+async def test_anonymous_bad_json_on_the_api_is_401_not_422(config: Config) -> None:
     async with web_client(config) as client:
         response = await client.post(
             "/api/things", content=b"{not json", headers={"Content-Type": "application/json"}
@@ -478,7 +507,7 @@ async def test_anonymous_bad_json_on_the_api_is_401_not_422(config) -> None:
     [b'{"name": "\xff\xfe"}', b"[" * 5000 + b"]" * 5000, b'{"a":' * 3000 + b"1" + b"}" * 3000],
 )
 async def test_invalid_utf8_and_over_deep_json_are_422_and_change_nothing(
-    config, body: bytes
+    config: Config, body: bytes
 ) -> None:
     async with web_client(config) as client:
         await login(client)
@@ -491,7 +520,7 @@ async def test_invalid_utf8_and_over_deep_json_are_422_and_change_nothing(
         assert (await client.get("/api/things")).json()["data"] == {"things": []}
 
 
-async def test_a_flash_is_shown_once_escaped_and_cannot_be_forged(config) -> None:
+async def test_a_flash_is_shown_once_escaped_and_cannot_be_forged(config: Config) -> None:
     async with web_client(config) as client:
         await login(client)
         token = csrf_from((await client.get("/home")).text)
@@ -510,11 +539,13 @@ async def test_a_flash_is_shown_once_escaped_and_cannot_be_forged(config) -> Non
 
 @pytest.mark.parametrize(
     "field,value,sentence",
-    [("username", "u" * 201, "Username must be at most 200 characters."),
-     ("password", "p" * 1001, "Password must be at most 1000 characters.")],
-)  # fmt: skip
+    [
+        ("username", "u" * 201, "Username must be at most 200 characters."),
+        ("password", "p" * 1001, "Password must be at most 1000 characters."),
+    ],
+)
 async def test_an_over_long_field_answers_the_form_with_a_sentence(
-    config, field: str, value: str, sentence: str
+    config: Config, field: str, value: str, sentence: str
 ) -> None:
     async with web_client(config) as client:
         token = csrf_from((await client.get("/login")).text)
@@ -526,7 +557,7 @@ async def test_an_over_long_field_answers_the_form_with_a_sentence(
         assert '<form method="post" action="/login">' in response.text
         assert '"ok"' not in response.text and SESSION_COOKIE not in str(response.headers)
         # Nothing changed: no failure counted (three in a row would lock the pair here).
-        db = client.app.state.ctx.db  # type: ignore[attr-defined]
+        db = client.app.state.ctx.db
         assert await db.run(lambda s: s.scalars(select(LoginFailure)).all()) == []
         ok = await client.post("/login", data={**form, "csrf_token": csrf_from(response.text)})
         assert ok.status_code == 303
@@ -537,17 +568,25 @@ async def test_an_over_long_field_answers_the_form_with_a_sentence(
 
 @pytest.mark.parametrize(
     "typed,normal",
-    [("demo", "demo"), (" demo", "demo"), ("demo\n", "demo"), ("\xa0demo", "demo"),
-     ("\uff44\uff45\uff4d\uff4f", "demo"), ("\u3000demo\u2002", "demo"),
-     ("Demo", "Demo"), ("de mo", "de mo"), ("\ufb01le", "file")],
-)  # fmt: skip
+    [
+        ("demo", "demo"),
+        (" demo", "demo"),
+        ("demo\n", "demo"),
+        ("\xa0demo", "demo"),
+        ("\uff44\uff45\uff4d\uff4f", "demo"),
+        ("\u3000demo\u2002", "demo"),
+        ("Demo", "Demo"),
+        ("de mo", "de mo"),
+        ("\ufb01le", "file"),
+    ],
+)
 def test_a_username_has_one_normal_form(typed: str, normal: str) -> None:
     assert normalise_username(typed) == normal
 
 
-async def test_users_are_stored_and_looked_up_by_their_normal_form(config) -> None:
+async def test_users_are_stored_and_looked_up_by_their_normal_form(config: Config) -> None:
     async with web_client(config) as client:
-        db = client.app.state.ctx.db  # type: ignore[attr-defined]
+        db = client.app.state.ctx.db
         await asyncio.to_thread(ensure_user, db, " \uff4eew ", "new-password")
         names = await db.run(lambda s: s.scalars(select(User.username)).all())
         assert sorted(names) == [DEMO_USER, "new"]
@@ -559,13 +598,15 @@ async def test_users_are_stored_and_looked_up_by_their_normal_form(config) -> No
 
 
 @pytest.fixture
-def account_config(tmp_path: Path, nats_url: str, redis_url: str):
+def account_config(tmp_path: Path, nats_url: str, redis_url: str) -> Config:
     return config_for(
         tmp_path, nats_url, redis_url, login_account_max_failures=3, login_max_failures=2
     )
 
 
-async def test_a_login_leaves_a_signed_device_cookie_that_logout_keeps(account_config) -> None:
+async def test_a_login_leaves_a_signed_device_cookie_that_logout_keeps(
+    account_config: Config,
+) -> None:
     async with web_client(account_config) as client:
         response = await login(client)
         cookies = response.headers.get_list("set-cookie")
@@ -591,7 +632,7 @@ def test_a_device_cookie_is_only_good_signed_with_the_secret_and_unaltered() -> 
     assert device_username("not-a-cookie", TEST_SECRET, 60) is None
 
 
-async def test_the_device_cookie_lifts_the_account_limit_only(account_config) -> None:
+async def test_the_device_cookie_lifts_the_account_limit_only(account_config: Config) -> None:
     async with web_client(account_config) as owner:
         assert (await login(owner)).status_code == 303  # the owner's browser, before the attack
         device = owner.cookies[DEVICE_COOKIE]
@@ -616,7 +657,7 @@ async def test_the_device_cookie_lifts_the_account_limit_only(account_config) ->
         assert (await login(owner)).status_code == 429
 
 
-async def test_over_https_the_device_cookie_is_secure(account_config) -> None:
+async def test_over_https_the_device_cookie_is_secure(account_config: Config) -> None:
     async with web_client(account_config) as client:
         transport = httpx.ASGITransport(app=client.app, client=("10.3.3.3", 4444))
         async with httpx.AsyncClient(transport=transport, base_url="https://testserver") as tls:
@@ -658,10 +699,15 @@ async def served(app: Any) -> AsyncIterator[str]:
     port = free_port()
     server = _Server(
         uvicorn.Config(
-            app, host="127.0.0.1", port=port, log_config=None, access_log=False,
-            lifespan="off", proxy_headers=True,
+            app,
+            host="127.0.0.1",
+            port=port,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            proxy_headers=True,
         )
-    )  # fmt: skip
+    )
     serving = asyncio.create_task(server.serve())
     deadline = time.monotonic() + 10
     while not server.started:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
+from mega.runtime.embedded import EmbeddedServer
 from tests.factories import config_for, web_client
 
 
@@ -33,7 +35,9 @@ async def test_healthz_answers_without_login(tmp_path: Path, nats_url: str, redi
 
 
 async def test_readyz_names_the_dependency_that_is_down_and_recovers(
-    tmp_path: Path, nats_factory, redis_factory
+    tmp_path: Path,
+    nats_factory: Callable[[], EmbeddedServer],
+    redis_factory: Callable[[], EmbeddedServer],
 ) -> None:
     nats, redis = nats_factory(), redis_factory()
     async with web_client(config_for(tmp_path, nats.url, redis.url)) as client:

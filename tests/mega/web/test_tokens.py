@@ -20,8 +20,11 @@ ROOT = Path(__file__).resolve().parents[3]
 def mega_token(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "mega", "token", *args, "--config", str(config)],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -51,11 +54,11 @@ async def test_a_service_posts_with_a_token_and_no_csrf_while_cookies_still_need
         await login(client)  # a cookie session: CSRF exactly as before
         no_csrf = await client.post("/api/things", json={"name": "b"})
         assert no_csrf.status_code == 403
-        assert client.app.state.things == ["a"]  # type: ignore[attr-defined]
+        assert client.app.state.things == ["a"]
 
         # The public router: no login, no token, no CSRF token.
         async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=client.app),  # type: ignore[attr-defined]
+            transport=httpx.ASGITransport(app=client.app),
             base_url="http://testserver",
         ) as stranger:
             pong = await stranger.post("/api/hooks/billing", json={"name": "x"})
@@ -90,8 +93,9 @@ def test_a_token_is_made_with_an_end_and_scopes_which_the_list_shows(tmp_path: P
     assert "token 'ci' created (expires in 90d; scopes jobs:enqueue)" in made.stderr
     default = mega_token(path, "create", "app")
     assert "expires in 90d; scopes jobs:enqueue,console:read" in default.stderr
-    forever = mega_token(path, "create", "ops", "--expires", "never", "--scope",
-                         "console:read,console:operate")  # fmt: skip
+    forever = mega_token(
+        path, "create", "ops", "--expires", "never", "--scope", "console:read,console:operate"
+    )
     assert "(never expires; scopes console:read,console:operate)" in forever.stderr
     rows = {line.split("\t")[0]: line for line in mega_token(path, "list").stdout.splitlines()}
     in_90_days = (datetime.now(UTC) + timedelta(days=90)).date().isoformat()

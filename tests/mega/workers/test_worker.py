@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from mega.errors import RegistrationError, TaskFailed, WorkerError, WorkerOverloaded
+from mega.workers.child import CHILD_NICENESS
 from mega.workers.pool import WorkerPool
 from mega.workers.worker import Worker
 from tests.mega.workers.conftest import ROOT, TASK_FILE, MakePool, declare
@@ -219,6 +220,19 @@ async def test_task_exception_is_reraised_with_its_type_and_message(make_pool: M
         await pool.run("unpicklable_result", None)
     assert unpicklable.value.code == "worker.task_failed"
     assert await pool.run("echo", 1) == 1
+
+
+async def test_a_child_runs_niced_and_shares_the_cores_with_every_other_process(
+    make_pool: MakePool,
+) -> None:
+    """Below the web process (niced CHILD_NICENESS), yet in the normal class: an idle-class
+    child would run only on a core no other process wants, and starve beside a busy one."""
+    pool = await make_pool()
+    child = await pool.run("pid", None)
+    assert os.getpriority(os.PRIO_PROCESS, child) == min(
+        os.getpriority(os.PRIO_PROCESS, 0) + CHILD_NICENESS, 19
+    )
+    assert os.sched_getscheduler(child) == os.SCHED_OTHER
 
 
 async def test_timeout_kills_and_replaces_the_process(make_pool: MakePool) -> None:

@@ -22,7 +22,7 @@ from mega.drivers.postgres.sql import (
     DEAD,
     DEAD_INDEX_DDL,
     JOBS,
-)  # fmt: skip
+)
 
 revision = "0007"
 down_revision = "0006"

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from mega.jobs.backoff import BackoffPolicy, RandomSource, backoff_delay_ms
-from mega.jobs.ratelimit import RateLimit
+from mega.lanes.backoff import BackoffPolicy, RandomSource, backoff_delay_ms
+from mega.lanes.ratelimit import RateLimit
 from mega.validation import MAX_ID_LENGTH, is_token, shortened
 
 if TYPE_CHECKING:

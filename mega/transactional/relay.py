@@ -36,11 +36,11 @@ from sqlalchemy import ColumnElement, and_, delete, select, update
 from mega import tracing
 from mega.drivers.base import Message
 from mega.events.bus import EventBus
-from mega.events.outbox import OutboxRow, job_of_row, on_commit, row_job, row_message
 from mega.jobs.queue import queue_of
 from mega.jobs.spec import JobBase, JobSpec, validate_job
 from mega.signals import Observer, Signals
 from mega.tasks import wait_event
+from mega.transactional.store import OutboxRow, job_of_row, on_commit, row_job, row_message
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -244,8 +244,14 @@ class OutboxRelay:
             "outbox relay: row %d (%s) is %d bytes, over what bus %r takes (%d): it stays "
             "pending, passed over, while the rows after it go on; raise the server's "
             "max_payload, or delete the row (mega_outbox.seq = %d) and lower the class's "
-            "max_payload_bytes", row.seq, row.subject, len(row.body), row.bus, limit, row.seq,
-        )  # fmt: skip
+            "max_payload_bytes",
+            row.seq,
+            row.subject,
+            len(row.body),
+            row.bus,
+            limit,
+            row.seq,
+        )
         return True
 
     def _job(self, name: str) -> tuple[type[JobBase], JobSpec] | None:
@@ -254,8 +260,9 @@ class OutboxRelay:
             self._unknown.add(name)
             logger.warning(
                 "outbox relay: a row enqueues job %r, which this worker's config does not "
-                "declare; it waits for a worker that does (add it to jobs = [...])", name,
-            )  # fmt: skip
+                "declare; it waits for a worker that does (add it to jobs = [...])",
+                name,
+            )
         return known
 
     async def _enqueue(
@@ -284,9 +291,11 @@ class OutboxRelay:
 
 
 async def _traced(
-    operation: str, system: str, messages: list[Message],
+    operation: str,
+    system: str,
+    messages: list[Message],
     store: Callable[[list[Message]], Awaitable[Any]],
-) -> None:  # fmt: skip
+) -> None:
     """Store `messages`, each in a producer span `<operation> <subject>` that continues the
     context its row holds (`store` alone without an SDK)."""
     if tracing.tracer() is None:
@@ -294,9 +303,9 @@ async def _traced(
         return
     each = [(message.subject, message.id, message.trace) for message in messages]
     with tracing.producing_each(operation, each, system=system) as traces:
-        await store([
-            replace(message, trace=trace) for message, trace in zip(messages, traces, strict=True)
-        ])  # fmt: skip
+        await store(
+            [replace(message, trace=trace) for message, trace in zip(messages, traces, strict=True)]
+        )
 
 
 def announce_commits(ctx: Context) -> Callable[[], None]:
@@ -327,9 +336,14 @@ def _take_batch(session: Session, limit: int, passed_over: set[int]) -> list[_Ro
         # processes wait for this batch to be marked instead of publishing the same rows.
         session.execute(update(OutboxRow).where(OutboxRow.seq == -1).values(seq=OutboxRow.seq))
     columns = (
-        OutboxRow.seq, OutboxRow.event_id, OutboxRow.bus, OutboxRow.subject, OutboxRow.body,
-        OutboxRow.headers, OutboxRow.created_at,
-    )  # fmt: skip
+        OutboxRow.seq,
+        OutboxRow.event_id,
+        OutboxRow.bus,
+        OutboxRow.subject,
+        OutboxRow.body,
+        OutboxRow.headers,
+        OutboxRow.created_at,
+    )
     rows = session.execute(
         select(*columns)
         .where(waiting)

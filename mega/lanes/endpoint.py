@@ -23,12 +23,13 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from mega.context import Context
 from mega.drivers.base import Bus, Delivery, DriverUnavailable, Lane, LaneStats
 from mega.errors import DependencyUnavailable, JobError
-from mega.jobs.consumer import DLQ_RETRY_DELAY_S, Consumer, StepEnds
-from mega.jobs.control import LaneControl
-from mega.jobs.delivery import LanePolicy
-from mega.jobs.flow import Limited, gate_of
-from mega.jobs.presence import Presence, WorkerSeen, read_workers
-from mega.jobs.status import StatusWriter
+from mega.lanes.consumer import Consumer
+from mega.lanes.control import LaneControl
+from mega.lanes.delivery import LanePolicy
+from mega.lanes.executor import DLQ_RETRY_DELAY_S, StepEnds
+from mega.lanes.flow import Limited, gate_of
+from mega.lanes.presence import Presence, WorkerSeen, read_workers
+from mega.lanes.status import StatusWriter
 from mega.signals import Observer, Signals
 
 
@@ -157,12 +158,21 @@ class LaneEndpoint:
             raise self.error(f"{policy.name} is already consumed here", code=f"{self.kind}.twice")
         receiver = self.bus.receiver(lane, consumer=self.instance_id)
         consumer = Consumer(
-            receiver, policy, run, self.signal,
-            instance_id=self.instance_id, dlq_retry_delay_s=self.dlq_retry_delay_s,
-            records=records, control=control, lane=lane, system=self.bus.driver,
+            receiver,
+            policy,
+            run,
+            self.signal,
+            instance_id=self.instance_id,
+            dlq_retry_delay_s=self.dlq_retry_delay_s,
+            records=records,
+            control=control,
+            lane=lane,
+            system=self.bus.driver,
             presence=Presence(self.bus, lane, self.instance_id),
-            gate=gate_of(self.ctx, policy, lane_key_of(lane)), steps=steps,
-        )  # fmt: skip
+            gate=gate_of(self.ctx, policy, lane_key_of(lane)),
+            steps=steps,
+            middlewares=self.ctx.middlewares,
+        )
         self._consumers[cls] = consumer
         try:
             await consumer.run()

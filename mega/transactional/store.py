@@ -10,8 +10,8 @@ is about.
 
 Publishing after the commit loses the event when the process dies in between; publishing before
 it announces something that may roll back. Here the event is a row of `mega_outbox` until a
-relay (`mega.events.relay`) publishes it with `Nats-Msg-Id` = the event id and marks it. A job
-is a row likewise (subject `jobs.<job name>`), which the relay enqueues with the job id as its
+relay (`mega.transactional.relay`) publishes it with `Nats-Msg-Id` = the event id and marks it.
+A job is a row likewise (subject `jobs.<job name>`), which the relay enqueues with the job id as its
 dedup id: a relay that dies after the enqueue and before the mark enqueues it again, and the
 bus drops the copy within its dedup window.
 
@@ -57,8 +57,13 @@ HEADER_PRIORITY = "Mega-Priority"
 def row_message(event_id: str, subject: str, body: bytes, headers: dict[str, str]) -> Message:
     """The event a stored row holds, as the relay publishes it (`trace`: the context of the
     `outbox.add` that wrote it, when it was traced)."""
-    return Message(event_id, subject.removeprefix(SUBJECT_PREFIX), body,
-                   int(headers[HEADER_EMITTED_AT]), trace=tracing.carried(headers))  # fmt: skip
+    return Message(
+        event_id,
+        subject.removeprefix(SUBJECT_PREFIX),
+        body,
+        int(headers[HEADER_EMITTED_AT]),
+        trace=tracing.carried(headers),
+    )
 
 
 def job_of_row(subject: str) -> str | None:
@@ -73,10 +78,16 @@ def row_job(job_subject: str, body: bytes, headers: dict[str, str]) -> Message:
     its id as the dedup id."""
     run_at = headers.get(HEADER_RUN_AT)
     return Message(
-        headers[HEADER_JOB_ID], job_subject, body, int(headers[HEADER_EMITTED_AT]),
-        int(run_at) if run_at else None, dedup=True, trace=tracing.carried(headers),
-        flow_key=headers.get(HEADER_KEY), priority=headers.get(HEADER_PRIORITY, "normal"),  # type: ignore[arg-type]
-    )  # fmt: skip
+        headers[HEADER_JOB_ID],
+        job_subject,
+        body,
+        int(headers[HEADER_EMITTED_AT]),
+        int(run_at) if run_at else None,
+        dedup=True,
+        trace=tracing.carried(headers),
+        flow_key=headers.get(HEADER_KEY),
+        priority=headers.get(HEADER_PRIORITY, "normal"),  # type: ignore[arg-type]
+    )
 
 
 # Relays of this process to wake after a commit that added rows (each a thread-safe callable).
@@ -141,15 +152,29 @@ class Outbox:
                 "outbox.add", spec.name, system="outbox", ids=[message.id], kind="create"
             ) as trace:
                 headers.update(trace or {})
-        self._insert(session, message.id, spec.bus, SUBJECT_PREFIX + message.subject,
-                     message.body, headers, now_ms)  # fmt: skip
+        self._insert(
+            session,
+            message.id,
+            spec.bus,
+            SUBJECT_PREFIX + message.subject,
+            message.body,
+            headers,
+            now_ms,
+        )
         return message.id
 
     def enqueue(
-        self, session: Session, job_cls: type[JobBase], payload: Any, *, id: str | None = None,
-        delay: float | timedelta | None = None, run_at: datetime | None = None,
-        key: str | None = None, priority: Priority | None = None,
-    ) -> str:  # fmt: skip
+        self,
+        session: Session,
+        job_cls: type[JobBase],
+        payload: Any,
+        *,
+        id: str | None = None,
+        delay: float | timedelta | None = None,
+        run_at: datetime | None = None,
+        key: str | None = None,
+        priority: Priority | None = None,
+    ) -> str:
         """Insert the job's row in `session` (nothing is enqueued yet) and return its job id.
 
         After the commit a relay (in `mega worker`) enqueues it on the job's bus, any driver,
@@ -161,9 +186,14 @@ class Outbox:
         spec = _spec_of(job_cls, validate_job)
         now_ms = time.time_ns() // 10**6
         message = encode_job(
-            spec, payload, job_id=id, due_ms=due_ms_of(spec, delay, run_at, now_ms),
-            now_ms=now_ms, key=key, priority=priority,
-        )  # fmt: skip
+            spec,
+            payload,
+            job_id=id,
+            due_ms=due_ms_of(spec, delay, run_at, now_ms),
+            now_ms=now_ms,
+            key=key,
+            priority=priority,
+        )
         row_id = uuid.uuid4().hex
         headers = {HEADER_ID: row_id, HEADER_EMITTED_AT: str(now_ms), HEADER_JOB_ID: message.id}
         if message.run_at_ms is not None:
@@ -177,21 +207,31 @@ class Outbox:
                 "outbox.enqueue", spec.name, system="outbox", ids=[message.id], kind="create"
             ) as trace:
                 headers.update(trace or {})
-        self._insert(session, row_id, spec.bus, JOB_SUBJECT_PREFIX + spec.name, message.body,
-                     headers, now_ms)  # fmt: skip
+        self._insert(
+            session, row_id, spec.bus, JOB_SUBJECT_PREFIX + spec.name, message.body, headers, now_ms
+        )
         return message.id
 
     def _insert(
-        self, session: Session, row_id: str, bus: str, subject: str, body: bytes,
-        headers: dict[str, str], now_ms: int,
-    ) -> None:  # fmt: skip
+        self,
+        session: Session,
+        row_id: str,
+        bus: str,
+        subject: str,
+        body: bytes,
+        headers: dict[str, str],
+        now_ms: int,
+    ) -> None:
         session.add(
             OutboxRow(
-                event_id=row_id, bus=bus, subject=subject, body=body.decode(),
+                event_id=row_id,
+                bus=bus,
+                subject=subject,
+                body=body.decode(),
                 headers=json.dumps(headers),
                 created_at=datetime.fromtimestamp(now_ms / 1000, UTC),
             )
-        )  # fmt: skip
+        )
         session.info[SESSION_FLAG] = True
 
     def stats(self, session: Session) -> OutboxStats:

@@ -1,6 +1,6 @@
 """Control of a job's queue while the fleet runs: cancel one job, pause and resume the queue.
 
-Both are records in the lane's "status" store (`Bus.put_records`), so they work the same on
+Both are records in the lane's "status" store (`RecordStore.put_records`), so they work the same on
 every driver and every host sees them without a channel of its own:
 
 - **Cancel** writes a mark under the job's `cancel_key` (a tombstone), then its status record
@@ -23,18 +23,44 @@ These keys hold a space, which no job id may, so they never meet a job's record.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from mega.drivers.base import Bus, Lane
-from mega.jobs.status import JobStatus, decode, encode
+from mega.drivers.base import Lane, RecordStore
+from mega.lanes.status import JobStatus, decode, encode
 
 # The lane's control records (keys no job id can be: ids have no spaces).
 CANCELS_KEY = "lane cancels"
 PAUSE_KEY = "lane pause"
 # How often a worker reads the control records while it runs.
 WATCH_S = 1.0
+
+
+logger = logging.getLogger("mega.jobqueue")
+
+
+@dataclass
+class Unanswered:
+    """A read the consume loop makes again and again (its pause, its cancels) while it fails:
+    said once when it starts failing and once when it answers again, with how many failed in
+    between. An outage is hundreds of reads, and a line each would bury it."""
+
+    name: str  # the job's, which begins each line
+    failing: str  # %s: the error
+    back: str  # %d: the reads that failed
+    count: int = 0
+
+    def failed(self, error: BaseException) -> None:
+        if not self.count:
+            logger.warning("%s: " + self.failing, self.name, str(error) or "no answer in time")
+        self.count += 1
+
+    def answered(self) -> None:
+        if self.count:
+            logger.info("%s: " + self.back, self.name, self.count)
+            self.count = 0
 
 
 @dataclass(frozen=True)
@@ -54,7 +80,7 @@ class Pause:
     by: str | None = None
 
 
-async def cancel(bus: Bus, lane: Lane, job: str, job_id: str) -> Cancelled:
+async def cancel(bus: RecordStore, lane: Lane, job: str, job_id: str) -> Cancelled:
     """Cancel one job: a finished one is left as it is (False and its state); any other
     (queued, delayed, retrying, running, or unknown here yet) gets the `cancelled` record."""
     [raw] = await bus.get_records(lane, "status", [job_id])
@@ -79,19 +105,19 @@ def cancel_key(job_id: str) -> str:
     return f"{job_id} cancel"
 
 
-async def set_pause(bus: Bus, lane: Lane, *, paused: bool, by: str) -> Pause:
+async def set_pause(bus: RecordStore, lane: Lane, *, paused: bool, by: str) -> Pause:
     record = Pause(paused, int(time.time() * 1000), by)
     await bus.put_records(lane, "status", [(PAUSE_KEY, _pause_json(record))], create=False)
     return record
 
 
-async def keep_pause(bus: Bus, lane: Lane, fields: dict[str, Any]) -> None:
+async def keep_pause(bus: RecordStore, lane: Lane, fields: dict[str, Any]) -> None:
     """Write a pause record again as it is, with `kept_at` now: its expiry starts over."""
     kept = json.dumps({**fields, "kept_at": int(time.time() * 1000)}).encode()
     await bus.put_records(lane, "status", [(PAUSE_KEY, kept)], create=False)
 
 
-async def read_pause(bus: Bus, lane: Lane) -> Pause:
+async def read_pause(bus: RecordStore, lane: Lane) -> Pause:
     [raw] = await bus.get_records(lane, "status", [PAUSE_KEY])
     if raw is None:
         return Pause(False)
@@ -107,7 +133,7 @@ class LaneControl:
     """What a consume loop reads of its lane's control records: whether it is paused, whether
     the cancel window is open, and which of some job ids are cancelled."""
 
-    def __init__(self, bus: Bus, lane: Lane) -> None:
+    def __init__(self, bus: RecordStore, lane: Lane) -> None:
         self.bus = bus
         self.lane = lane
         self.on = lane.keep_status_s > 0

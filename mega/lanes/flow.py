@@ -11,7 +11,7 @@
 A Job may declare two limits, both counted in a cache (Redis) that every worker of the job
 shares (`flow_cache`, or the config's only cache):
 - `rate_limit`: starts in any `period_s`, for the whole group or, with "per": "key", for each
-  key (mega/jobs/ratelimit.py);
+  key (mega/lanes/ratelimit.py);
 - `key_concurrency`: runs of one key at once, across the whole group. Each run holds a lease in
   a sorted set per key, scored by when it lapses (Redis's clock): it lasts the job's ack wait,
   is renewed with the run's heartbeat and dropped when the run ends, so a crashed worker's
@@ -41,7 +41,7 @@ from typing import Any, Protocol
 
 from mega.context import Context
 from mega.drivers.base import Delivery
-from mega.jobs.ratelimit import Grant, RateLimit, RateLimiter, flow_cache
+from mega.lanes.ratelimit import Grant, RateLimit, RateLimiter, flow_cache
 
 logger = logging.getLogger("mega.jobqueue")
 
@@ -153,8 +153,9 @@ class KeySlots:
                 keys=[self.leases_of(flow_key)], args=[self.cap, self.lease_ms, *members]
             )
         except Exception as exc:  # the cache is down or refuses: start nothing for now
-            logger.warning("%s: its key_concurrency cannot be read (%s): nothing starts",
-                           self.key, exc)  # fmt: skip
+            logger.warning(
+                "%s: its key_concurrency cannot be read (%s): nothing starts", self.key, exc
+            )
             return 0
         for delivery, member in zip(deliveries, members[: len(granted)], strict=False):
             self.held[delivery.key] = Slot(flow_key or "", member)
@@ -204,8 +205,9 @@ class KeySlots:
                         pipe.zrem(self.leases_of(flow_key), *members)
                     await pipe.execute()
             except Exception as exc:  # the leases lapse with their ack wait: nothing is lost
-                logger.warning("%s: %d lease(s) not dropped (%s)", self.key,
-                               sum(map(len, batch.values())), exc)  # fmt: skip
+                logger.warning(
+                    "%s: %d lease(s) not dropped (%s)", self.key, sum(map(len, batch.values())), exc
+                )
 
 
 @dataclass

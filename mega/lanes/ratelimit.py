@@ -17,7 +17,7 @@ for each `limit` of them), their attempt unchanged: a job held back spends no at
 no slot meanwhile. For a limit of the whole group, the loop then waits for the window before
 it fetches again; a limit per key holds back that key's jobs only. So in any window of
 `period_s` at most `limit` runs start (of each key), whichever workers run them.
-mega/jobs/flow.py applies it, beside `key_concurrency`.
+mega/lanes/flow.py applies it, beside `key_concurrency`.
 
 When the cache does not answer, the loop starts nothing and asks again a second later: a limit
 protects someone else's service, so it fails closed.
@@ -151,8 +151,7 @@ class RateLimiter:
                 keys=[self.log_of(flow_key)], args=[self.limit.limit, period_us, wanted]
             )
         except Exception as exc:  # the cache is down or refuses: start nothing for now
-            logger.warning("%s: its rate limit cannot be read (%s): nothing starts", self.key,
-                           exc)  # fmt: skip
+            logger.warning("%s: its rate limit cannot be read (%s): nothing starts", self.key, exc)
             return Grant([], MAX_WAIT_S)
         granted = [m.decode() if isinstance(m, bytes) else str(m) for m in members]
         return Grant(granted, min(MAX_WAIT_S, max(0.0, int(wait_us) / 1_000_000)))

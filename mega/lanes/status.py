@@ -194,9 +194,13 @@ def as_attempt(status: JobStatus) -> AttemptRecord:
     record still `running` means the attempt's worker died."""
     state = "lost" if status.state == "running" else status.state
     return AttemptRecord(
-        attempt=status.attempts, state=state, worker=status.worker,
-        started_at=status.started_at, finished_at=status.finished_at, error=status.error,
-    )  # fmt: skip
+        attempt=status.attempts,
+        state=state,
+        worker=status.worker,
+        started_at=status.started_at,
+        finished_at=status.finished_at,
+        error=status.error,
+    )
 
 
 def encode(status: JobStatus) -> bytes:
@@ -211,9 +215,12 @@ def enqueued(job: str, message: Message) -> JobStatus:
     """The record a new job starts with: `queued`, or `delayed` until its time."""
     delayed = message.run_at_ms is not None
     return JobStatus(
-        id=message.id, job=job, state="delayed" if delayed else "queued",
-        enqueued_at=message.enqueued_at_ms, due_at=message.run_at_ms,
-    )  # fmt: skip
+        id=message.id,
+        job=job,
+        state="delayed" if delayed else "queued",
+        enqueued_at=message.enqueued_at_ms,
+        due_at=message.run_at_ms,
+    )
 
 
 class Report(NamedTuple):
@@ -262,15 +269,20 @@ class StatusWriter:
         self._write(delivery, "retrying", started_at=started_ms, error=error, due_at=due_ms)
 
     def ended(
-        self, delivery: Delivery, started_ms: int | None, state: State, error: ErrorInfo | None,
-        *, attempts: int | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        delivery: Delivery,
+        started_ms: int | None,
+        state: State,
+        error: ErrorInfo | None,
+        *,
+        attempts: int | None = None,
+    ) -> None:
         """A last state: `failed` (its dead letter not stored yet), `dlq` or `cancelled`.
         `attempts`: the runs, where the delivery's count is one more (a run that never
         reported back)."""
         self._write(
             delivery, state, attempts, started_at=started_ms, error=error, finished_at=_now_ms()
-        )  # fmt: skip
+        )
 
     def done(self, delivery: Delivery, started_ms: int, result: Any) -> None:
         kept = False
@@ -280,8 +292,10 @@ class StatusWriter:
             except (TypeError, ValueError) as exc:
                 logger.warning(
                     "%s: job %s returned a value that is not JSON (%s): its result is not kept",
-                    self.lane.name, delivery.id, exc,
-                )  # fmt: skip
+                    self.lane.name,
+                    delivery.id,
+                    exc,
+                )
             else:
                 self._results[delivery.id] = body
                 kept = True
@@ -320,18 +334,25 @@ class StatusWriter:
     def _record(self, job_id: str, report: Report) -> JobStatus:
         fields = {"worker": self.worker, **report.fields}
         return JobStatus(
-            id=job_id, job=self.lane.name, state=report.state, attempts=report.attempts,
-            enqueued_at=report.enqueued_at, **fields,
-        )  # fmt: skip
+            id=job_id,
+            job=self.lane.name,
+            state=report.state,
+            attempts=report.attempts,
+            enqueued_at=report.enqueued_at,
+            **fields,
+        )
 
     def _record_json(self, job_id: str, report: Report) -> bytes:
         """`encode(self._record(...))`'s fields without the model: they are the loop's own,
         typed, and this runs for every job a worker ends (the model took a third of the time
         a no-op job's record costs)."""
         record: dict[str, Any] = {
-            "id": job_id, "job": self.lane.name, "state": report.state,
-            "attempts": report.attempts, "worker": self.worker,
-        }  # fmt: skip
+            "id": job_id,
+            "job": self.lane.name,
+            "state": report.state,
+            "attempts": report.attempts,
+            "worker": self.worker,
+        }
         if report.enqueued_at is not None:
             record["enqueued_at"] = report.enqueued_at
         for name, value in report.fields.items():
@@ -399,12 +420,14 @@ class StatusWriter:
                 ]
                 await self.bus.put_records(
                     self.lane, "status", records, create=False, confirm=False
-                )  # fmt: skip
+                )
             except DriverUnavailable as exc:
                 logger.warning(
                     "%s: %d job status record(s) not written, the bus did not answer: %s",
-                    self.lane.name, len(statuses), exc,
-                )  # fmt: skip
+                    self.lane.name,
+                    len(statuses),
+                    exc,
+                )
             finally:
                 for settle, delivery in settles:
                     await _quietly(settle, delivery, self.lane.name)
@@ -426,8 +449,9 @@ class StatusWriter:
         earlier, self._earlier = self._earlier, {}
         unrun, self._unrun = self._unrun, {}
         ids = list(earlier.keys() | unrun.keys())
-        for job_id, raw in zip(ids, await self.bus.get_records(self.lane, "status", ids),
-                               strict=True):  # fmt: skip
+        for job_id, raw in zip(
+            ids, await self.bus.get_records(self.lane, "status", ids), strict=True
+        ):
             status = None if raw is None else decode(raw)
             stored = 0 if status is None else status.attempts
             last = earlier.get(job_id)

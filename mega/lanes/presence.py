@@ -1,9 +1,9 @@
 """Workers seen: each consume loop says, every few seconds, that it runs and how busy it is.
 
 A loop writes one small record for its process into its lane's "workers" table
-(`Bus.put_records`, kept `WORKERS_KEEP_S` after its last write): at its start, every
+(`RecordStore.put_records`, kept `WORKERS_KEEP_S` after its last write): at its start, every
 `PRESENCE_EVERY_S` while it runs, and once more at its stop, marked stopped. Anyone with the
-lane reads them back (`Bus.list_records`): `JobQueue.workers(job_cls)`,
+lane reads them back (`RecordStore.list_records`): `JobQueue.workers(job_cls)`,
 `EventBus.workers(listener_cls)`. The record, as JSON (times in epoch ms):
 
     {"worker": "worker@host:1234", "started_at", "seen_at", "running": 3, "done": 1207,
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from mega.drivers.base import WORKERS_KEEP_S, Bus, Lane
+from mega.drivers.base import WORKERS_KEEP_S, Lane, RecordStore
 
 # How often a running consume loop writes its record.
 PRESENCE_EVERY_S = 5.0
@@ -45,7 +45,7 @@ class WorkerSeen(BaseModel):
 class Presence:
     """The record of one consume loop (`worker`) on its lane."""
 
-    def __init__(self, bus: Bus, lane: Lane, worker: str) -> None:
+    def __init__(self, bus: RecordStore, lane: Lane, worker: str) -> None:
         self.bus = bus
         self.lane = lane
         self.worker = worker
@@ -55,14 +55,18 @@ class Presence:
         """Write the record now (raises DriverUnavailable)."""
         now = _now_ms()
         seen = WorkerSeen(
-            worker=self.worker, started_at=self.started_at, seen_at=now, running=running,
-            done=done, stopped_at=now if stopped else None,
-        )  # fmt: skip
+            worker=self.worker,
+            started_at=self.started_at,
+            seen_at=now,
+            running=running,
+            done=done,
+            stopped_at=now if stopped else None,
+        )
         value = seen.model_dump_json().encode()
         await self.bus.put_records(self.lane, "workers", [(self.worker, value)], create=False)
 
 
-async def read_workers(bus: Bus, lane: Lane) -> list[WorkerSeen]:
+async def read_workers(bus: RecordStore, lane: Lane) -> list[WorkerSeen]:
     """The lane's workers, the last seen first; a record not written for `WORKERS_KEEP_S`
     (or one that is not a worker record) left out. Raises DriverUnavailable."""
     return fresh(await bus.list_records(lane, "workers"))

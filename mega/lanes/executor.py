@@ -1,0 +1,498 @@
+"""One delivery, from its body to its settle: the decode, the run through the lane's
+middlewares (mega/lanes/middleware.py) within its time limit, the decision for its outcome
+(`delivery.decide`, pure and table-tested), and the settle that follows it, in this order:
+
+1. The status record of the outcome (`StatusWriter`), and a workflow step's end (`StepEnds`),
+   are stored before the delivery is settled: a worker killed in between leaves a job that runs
+   again, never a settled job whose record says `running`.
+2. The settle: ack (done, cancelled), retry at the backoff's end, or the dead letter stored and
+   only then the delivery settled. A dead letter whose store fails is remembered (by the
+   message's key) and the delivery handed back, so the redelivery writes it with the real error.
+3. The signal (`start`, `done`, `retry`, `fail`, `dlq`, `cancel`) once it happened.
+
+A delivery past `retries + 1` attempts is the last one never reporting back (its run killed the
+worker): it is dead-lettered as `WorkerCrashed` unless its record says it finished. The consume
+loop (mega/lanes/consumer.py) fetches, gates and starts deliveries; this runs each one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import Any, Literal, Protocol
+
+from mega import tracing
+from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, MessageTooLarge, Receiver
+from mega.errors import Permanent
+from mega.lanes.control import LaneControl
+from mega.lanes.delivery import (
+    DeadLetter,
+    Decision,
+    LanePolicy,
+    Outcome,
+    Retry,
+    decide,
+    stand_in_id,
+)
+from mega.lanes.dlq import make_record
+from mega.lanes.middleware import Middleware, Run, chain
+from mega.lanes.status import RUNNING, ErrorInfo, Running, StatusWriter
+from mega.lanes.timelimit import TimeLimited
+from mega.validation import is_token
+
+# The queue's logger: to an operator, the consume loop is part of the job queue.
+logger = logging.getLogger("mega.jobqueue")
+
+# Error messages in signals and DLQ records are cut to this many characters.
+MAX_ERROR_CHARS = 2000
+# A job cut off by the drain timeout is handed back to be delivered again after this long.
+HAND_BACK_DELAY_S = 1.0
+# An exhausted job whose DLQ record cannot be stored comes back after this long to try again.
+DLQ_RETRY_DELAY_S = 5.0
+# DLQ records whose store failed, kept so the redelivery carries the real error.
+UNREPORTED_MEMO_SIZE = 1024
+
+# Runs one decoded delivery: (payload, delivery); what it returns is the run's result. Raising
+# fails the attempt.
+Handler = Callable[[Any, Delivery], Awaitable[Any]]
+Signal = Callable[..., Awaitable[None]]
+
+
+class StepEnds(Protocol):
+    """Where a job lane reports the end of a workflow step (mega/jobs/workflow.py's
+    Workflows), before its delivery is settled. Its steps' job ids start with `id_prefix`."""
+
+    id_prefix: str
+
+    async def ended(
+        self,
+        job_id: str,
+        state: Literal["done", "dlq", "cancelled"],
+        *,
+        result: Any = None,
+        error: ErrorInfo | None = None,
+        attempts: int = 1,
+    ) -> None: ...
+
+
+class Loop(Protocol):
+    """What a run asks of the consume loop that started it."""
+
+    async def held(self, delivery: Delivery) -> bool:
+        """Hold the delivery while its lane is paused; True when a stop handed it back."""
+        ...
+
+    def cancelled_run(self) -> bool:
+        """Whether the run of the current task was cancelled because its job was."""
+        ...
+
+
+class Executor:
+    """Runs the deliveries of one lane in this process (see the module).
+
+    `spec` says how (its name in signals, retries, backoff, time limit, permanent errors),
+    `handler` runs one decoded delivery, `signal(name, **fields)` reports every step (fields
+    name the lane `job`), `instance_id` names this process in DLQ records, `records` (a job
+    lane's) keeps each job's status record, `control` reads its pause, `steps` hears the end
+    of each job that is a workflow's step, `middlewares` wrap each run (the first outermost).
+    `kind`, `group` and `system` (the bus's driver) name each run in traces and records.
+    """
+
+    def __init__(
+        self,
+        loop: Loop,
+        receiver: Receiver,
+        spec: LanePolicy,
+        handler: Handler,
+        signal: Signal,
+        *,
+        instance_id: str,
+        group: str | None,
+        system: str,
+        dlq_retry_delay_s: float = DLQ_RETRY_DELAY_S,
+        records: StatusWriter | None = None,
+        control: LaneControl | None = None,
+        steps: StepEnds | None = None,
+        middlewares: Sequence[Middleware] = (),
+    ) -> None:
+        self.loop = loop
+        self.receiver = receiver
+        self.spec = spec
+        self.handler = handler
+        self.signal = signal
+        self.instance_id = instance_id
+        self.group = group
+        self.kind: Literal["event", "job"] = "job" if group is None else "event"
+        self.system = system
+        self.dlq_retry_delay_s = dlq_retry_delay_s
+        self.records = records
+        self.control = control
+        self.steps = steps
+        self.max_attempts = spec.max_attempts
+        self.unreported: OrderedDict[Hashable, DlqRecord] = OrderedDict()
+        # The run's pipeline (mega/lanes/middleware.py), built once: the config's middlewares,
+        # then the lane's time limit when it has one; None: the run alone.
+        limit = [] if spec.timeout_s is None else [TimeLimited(spec.timeout_s)]
+        pipeline = [*middlewares, *limit]
+        self.pipeline = chain(pipeline, self._innermost) if pipeline else None
+
+    async def process(self, delivery: Delivery) -> None:
+        spec, attempt = self.spec, delivery.attempt
+        try:
+            payload = json.loads(delivery.body)
+        except ValueError as exc:  # also bad UTF-8
+            await self.signal(
+                "fail",
+                job=spec.name,
+                id=delivery.id,
+                attempt=attempt,
+                phase="decode",
+                error_type="DecodeError",
+                error=str(exc),
+            )
+            record = self._record(delivery, None, "DecodeError", str(exc), attempt, delivery.body)
+            await self._dead_letter(decide(Outcome.UNDECODABLE, attempt, spec), delivery, record)
+            return
+        if attempt > self.max_attempts:
+            await self._unreported(delivery, payload)
+            return
+        if attempt > 1 and await self._finished(delivery):
+            return
+        if self.control is not None and self.control.paused and await self.loop.held(delivery):
+            return
+        RUNNING.set(Running(self.kind, delivery.subject, delivery.id, self.group))
+        if tracing.tracer() is None:
+            await self._attempt(delivery, payload)
+            return
+        with tracing.processing(
+            delivery.subject,
+            system=self.system,
+            message_id=delivery.id,
+            attempt=attempt,
+            headers=delivery.trace,
+            group=self.group,
+        ):
+            await self._attempt(delivery, payload)
+
+    async def refuse(self, delivery: Delivery, why: str) -> None:
+        """Dead-letter, unrun and under a stand-in id, a delivery whose id or key no engine
+        could be trusted to key (mega/lanes/delivery.py, INVALID), without its key: the lane
+        goes on."""
+        if not is_token(delivery.id):
+            delivery.id = stand_in_id(delivery.id)
+        delivery.flow_key = None
+        try:
+            payload = json.loads(delivery.body)
+        except ValueError:
+            payload = None
+        await self.signal(
+            "fail",
+            job=self.spec.name,
+            id=delivery.id,
+            attempt=0,
+            phase="receive",
+            error_type="InvalidId",
+            error=why,
+        )
+        raw = delivery.body if payload is None else None
+        record = self._record(delivery, payload, "InvalidId", why, 0, raw)
+        await self._dead_letter(decide(Outcome.INVALID, 0, self.spec), delivery, record)
+
+    async def _finished(self, delivery: Delivery) -> bool:
+        """Whether the job's record says a run before this delivery ended it (done or
+        cancelled): then this delivery is acked, not run (again) nor dead-lettered. Read only
+        for a delivery after the first, whose earlier run may have ended without its ack."""
+        if self.records is None or not self.records.on:
+            return False
+        ended = await self.records.ended_before(delivery)
+        if ended is not None:
+            logger.info(
+                "%s: %s came back after its attempt %d ended %s (its ack was lost): settled, "
+                "not run again",
+                self.spec.name,
+                delivery.id,
+                delivery.attempt - 1,
+                ended,
+            )
+            await self.receiver.ack(delivery)
+            return True
+        return False
+
+    async def _attempt(self, delivery: Delivery, payload: Any) -> None:
+        """One run of a decoded delivery: the start, the handler, its outcome."""
+        spec, attempt = self.spec, delivery.attempt
+        started = time.time()
+        started_ms = int(started * 1000)
+        due_ms = delivery.run_at_ms or delivery.enqueued_at_ms
+        await self.signal(
+            "start",
+            job=spec.name,
+            id=delivery.id,
+            attempt=attempt,
+            latency_ms=None if due_ms is None else max(0, started_ms - due_ms),
+        )
+        if self.records is not None:
+            self.records.started(delivery, started_ms)
+            if attempt > 1:
+                # A run after the first may be one that kills its worker again (a crash loop):
+                # its record, naming this worker and the attempts before it, is stored before
+                # it runs, so that the job's page shows each lost attempt as it happens.
+                await self.records.sent()
+        try:
+            result = await self._run(payload, delivery)
+        except asyncio.CancelledError:
+            if self.loop.cancelled_run():  # its job was cancelled: not run again
+                await self.skip(delivery, started_ms)
+                return
+            # Cut off by the drain timeout: hand it back now rather than after the ack wait.
+            await self.receiver.release(delivery, delay_s=HAND_BACK_DELAY_S)
+            raise
+        except Exception as exc:
+            await self._failed(delivery, payload, started, exc)
+            return
+        if self._is_step(delivery) and not await self._step_ended(delivery, "done", result):
+            return
+        if self.records is not None:
+            self.records.done(delivery, started_ms, result)
+        await self._ack_after_records(delivery)
+        await self.signal(
+            "done",
+            job=spec.name,
+            id=delivery.id,
+            attempt=attempt,
+            duration_ms=round((time.time() - started) * 1000, 3),
+        )
+
+    async def _hand_back(self, delivery: Delivery, delay_s: float) -> None:
+        """Give the delivery back to run again after `delay_s`, once this run's records are
+        stored."""
+        await self._records_stored()
+        await self.receiver.release(delivery, delay_s=delay_s)
+
+    async def _records_stored(self) -> None:
+        """Wait until this run's status records are stored, before its job is handed back
+        or dead-lettered: the next run's records, perhaps another worker's, then come after
+        them (a late record of this run would replace theirs), and a worker killed after the
+        settle leaves its job's record stored."""
+        if self.records is not None:
+            await self.records.sent()
+
+    async def _ack_after_records(self, delivery: Delivery) -> None:
+        """Ack a job that ended (done, cancelled) once its last record is stored: the status
+        writer acks it after the batch that holds the record (sent at once, with the records
+        of the jobs that end meanwhile), so the run's task ends now. A worker killed between
+        the two leaves a job that runs again, never an acked one whose record says `running`
+        for good."""
+        if self.records is not None and self.records.on:
+            self.records.then(self.receiver.ack, delivery)
+        else:
+            await self.receiver.ack(delivery)
+
+    def _is_step(self, delivery: Delivery) -> bool:
+        """Whether the delivery is a workflow's step (checked inline: no coroutine per job)."""
+        return self.steps is not None and delivery.id.startswith(self.steps.id_prefix)
+
+    async def _step_ended(
+        self, delivery: Delivery, state: Literal["done", "cancelled"], result: Any = None
+    ) -> bool:
+        """Report a workflow step's end before its delivery is settled; False when the bus
+        did not take the report: the delivery is handed back to run (and report) again."""
+        assert self.steps is not None
+        try:
+            await self.steps.ended(delivery.id, state, result=result, attempts=delivery.attempt)
+        except DriverUnavailable as exc:
+            logger.warning(
+                "%s: %s ended %s, and its workflow could not be told (%s): it runs again in %g s",
+                self.spec.name,
+                delivery.id,
+                state,
+                exc,
+                self.dlq_retry_delay_s,
+            )
+            await self._hand_back(delivery, self.dlq_retry_delay_s)
+            return False
+        return True
+
+    async def _run(self, payload: Any, delivery: Delivery) -> Any:
+        """The run, through the pipeline when there is one."""
+        if self.pipeline is None:
+            return await self.handler(payload, delivery)
+        return await self.pipeline(Run(self.spec.name, self.kind, payload, delivery))
+
+    async def _innermost(self, run: Run) -> Any:
+        return await self.handler(run.payload, run.delivery)
+
+    async def _failed(
+        self, delivery: Delivery, payload: Any, started: float, exc: Exception
+    ) -> None:
+        spec, attempt = self.spec, delivery.attempt
+        error_type, error = type(exc).__name__, str(exc)[:MAX_ERROR_CHARS]
+        fields = {
+            "job": spec.name,
+            "id": delivery.id,
+            "attempt": attempt,
+            "duration_ms": round((time.time() - started) * 1000, 3),
+        }
+        permanent = isinstance(exc, (Permanent, *spec.permanent))
+        decision = decide(Outcome.PERMANENT if permanent else Outcome.FAILED, attempt, spec)
+        tracing.failed(exc)
+        if isinstance(decision, Retry):
+            due_ms = int(time.time() * 1000) + decision.delay_ms
+            delivery.trace = tracing.retried(delivery.trace)
+            if self.records is not None:
+                failure = ErrorInfo(type=error_type, message=error)
+                self.records.retrying(delivery, int(started * 1000), failure, due_ms)
+            await self._records_stored()  # a late `retrying` would hide the next run's `done`
+            await self.receiver.retry(delivery, due_ms=due_ms, attempts=attempt)
+            await self.signal(
+                "retry",
+                **fields,
+                delay_ms=decision.delay_ms,
+                run_at=due_ms,
+                error_type=error_type,
+                error=error,
+            )
+            return
+        await self.signal("fail", **fields, phase="run", error_type=error_type, error=error)
+        record = self._record(delivery, payload, error_type, error, attempt)
+        await self._dead_letter(decision, delivery, record, started_ms=int(started * 1000))
+
+    async def _unreported(self, delivery: Delivery, payload: Any) -> None:
+        """A delivery past the last attempt: dead-letter what the last one left behind, unless
+        its record says it finished (its ack was lost: a worker killed between the record and
+        the ack, a lease that ran out while the record was being stored), which is settled."""
+        record = self.unreported.get(delivery.key)
+        if record is None and await self._finished(delivery):
+            return
+        if record is None:  # not a DLQ store of ours that failed: a crash
+            # This delivery is not an attempt: the signal, like the record, names the last
+            # attempt, the one that never reported back.
+            runs = delivery.attempt - 1
+            message = (
+                f"attempt {runs} of {self.spec.max_attempts} never reported back: its worker "
+                "died (crash, os._exit, OOM kill) or its DLQ record could not be written"
+            )
+            record = self._record(delivery, payload, "WorkerCrashed", message, runs)
+            await self.signal(
+                "fail",
+                job=self.spec.name,
+                id=delivery.id,
+                attempt=runs,
+                phase="run",
+                error_type="WorkerCrashed",
+                error=message,
+            )
+        await self._dead_letter(
+            decide(Outcome.UNREPORTED, delivery.attempt, self.spec), delivery, record
+        )
+
+    def _record(
+        self,
+        delivery: Delivery,
+        payload: Any,
+        error_type: str,
+        error: str,
+        attempts: int,
+        raw: bytes | None = None,
+    ) -> DlqRecord:
+        return make_record(
+            delivery.subject,
+            delivery.id,
+            payload,
+            error_type,
+            error,
+            attempts=attempts,
+            first_enqueued_at=delivery.enqueued_at_ms,
+            worker=self.instance_id,
+            raw=raw,
+            flow_key=delivery.flow_key,
+        )
+
+    async def _dead_letter(
+        self,
+        decision: Decision,
+        delivery: Delivery,
+        record: DlqRecord,
+        started_ms: int | None = None,
+    ) -> None:
+        """Store the record, and only then settle the delivery (the receiver does both). If
+        the store fails the delivery is released to come back and try again: nothing is lost,
+        and the driver's dedup keeps a retried record single. The job's status record says
+        `failed` before (stored), `dlq` after; a worker killed in between leaves `failed`,
+        which a read shows as `dlq` once it is FAILED_GRACE_S old and its dead letter is
+        stored (`read_status`)."""
+        assert isinstance(decision, DeadLetter), decision  # the others are settled inline
+        failure = ErrorInfo(type=record["error"]["type"], message=record["error"]["message"])
+        if self.records is not None:
+            self.records.ended(delivery, started_ms, "failed", failure, attempts=record["attempts"])
+            await self.records.sent()
+        try:
+            if self._is_step(delivery):
+                assert self.steps is not None
+                await self.steps.ended(
+                    delivery.id, "dlq", error=failure, attempts=record["attempts"]
+                )
+            await self._store_dead_letter(delivery, record, decision.terminate)
+        except DriverUnavailable as exc:
+            self.unreported[delivery.key] = record
+            while len(self.unreported) > UNREPORTED_MEMO_SIZE:
+                self.unreported.popitem(last=False)
+            await self._hand_back(delivery, self.dlq_retry_delay_s)
+            cause = exc.__cause__ or exc
+            await self.signal(
+                "fail",
+                job=self.spec.name,
+                id=record["id"],
+                attempt=record["attempts"],
+                phase="dlq_publish",
+                error_type=type(cause).__name__,
+                error=(str(cause) or repr(cause))[:MAX_ERROR_CHARS],
+            )
+            return
+        self.unreported.pop(delivery.key, None)
+        if self.records is not None:
+            self.records.ended(delivery, started_ms, "dlq", failure, attempts=record["attempts"])
+        await self.signal(
+            "dlq",
+            job=self.spec.name,
+            id=record["id"],
+            attempts=record["attempts"],
+            error_type=record["error"]["type"],
+            error=record["error"]["message"],
+        )
+
+    async def _store_dead_letter(
+        self, delivery: Delivery, record: DlqRecord, terminate: bool
+    ) -> None:
+        """The record, and then the settle; a record over the engine's message cap (a payload
+        near it, with the error beside it) is stored without its payload instead: kept for
+        ever unstored, it would come back and fail the same way each time."""
+        try:
+            await self.receiver.dead_letter(delivery, record, terminate=terminate)
+        except MessageTooLarge as exc:
+            record["payload"] = None
+            record.pop("raw_b64", None)
+            note = f" [its payload was dropped from this record: {exc}]"
+            record["error"]["message"] = record["error"]["message"][:MAX_ERROR_CHARS] + note
+            await self.receiver.dead_letter(delivery, record, terminate=terminate)
+
+    async def skip(self, delivery: Delivery, started_ms: int | None = None) -> None:
+        """Settle a cancelled job's delivery without running it (again): its record counts
+        the runs made, this delivery's only when it was running (`started_ms`)."""
+        if self._is_step(delivery) and not await self._step_ended(delivery, "cancelled"):
+            return
+        if self.records is not None:
+            runs = delivery.attempt if started_ms is not None else delivery.attempt - 1
+            self.records.ended(delivery, started_ms, "cancelled", None, attempts=runs)
+        await self._ack_after_records(delivery)
+        await self.signal(
+            "cancel",
+            job=self.spec.name,
+            id=delivery.id,
+            attempt=delivery.attempt,
+            running=started_ms is not None,
+        )

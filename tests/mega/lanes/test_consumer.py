@@ -1,0 +1,135 @@
+"""mega/lanes/consumer.py: what the loop starts when, against a receiver that hands out what a
+test gives it (the contract suite proves the same on every driver: tests/mega/jobs/)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from mega import Job
+from mega.drivers.base import Delivery, DlqRecord
+from mega.jobs.spec import validate_job
+from mega.lanes.consumer import Consumer
+
+
+class Busy(Job):
+    subject = "lanes.busy"
+    bus = "jobs"
+    concurrency = 2
+    ack_wait_s = 30
+
+    async def run(self, payload: Any, ctx: Any) -> None:
+        return None
+
+
+POLICY = validate_job(Busy, {"jobs"})
+
+
+class Receiver:
+    """Hands out its `waiting` deliveries, as many as a fetch asks; says how each was settled."""
+
+    def __init__(self, deliveries: list[Delivery]) -> None:
+        self.waiting = list(deliveries)
+        self.settled: dict[str, str] = {}
+        self.woken = asyncio.Event()
+
+    async def fetch(self, limit: int) -> list[Delivery]:
+        if not self.waiting:
+            self.woken.clear()
+            await self.woken.wait()  # a long poll, ended by `wake`
+        taken, self.waiting = self.waiting[:limit], self.waiting[limit:]
+        return taken
+
+    def wake(self) -> None:
+        self.woken.set()
+
+    async def ack(self, delivery: Delivery) -> None:
+        self.settled[delivery.id] = "ack"
+
+    async def retry(self, delivery: Delivery, *, due_ms: int, attempts: int) -> None:
+        self.settled[delivery.id] = "retry"
+
+    async def release(self, delivery: Delivery, *, delay_s: float) -> None:
+        self.settled[delivery.id] = "release"
+
+    async def dead_letter(self, delivery: Delivery, record: DlqRecord, *, terminate: bool) -> None:
+        self.settled[delivery.id] = f"dead_letter {record['error']['type']}"
+
+    async def extend(self, delivery: Delivery) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+def delivery(job_id: str) -> Delivery:
+    return Delivery(job_id, "lanes.busy", b"{}", 1, 1_000, None, job_id, None)
+
+
+async def signal(name: str, **fields: Any) -> None:
+    return None
+
+
+async def until(check: Any, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+async def test_no_more_than_concurrency_run_at_once_and_each_is_settled() -> None:
+    running, most = 0, 0
+    release = asyncio.Event()
+
+    async def run(payload: Any, _delivery: Delivery) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await release.wait()
+        running -= 1
+
+    receiver = Receiver([delivery(f"j{n}") for n in range(5)])
+    loop = Consumer(receiver, POLICY, run, signal, instance_id="w1")
+    task = asyncio.create_task(loop.run())
+    await until(lambda: running == 2)
+    await asyncio.sleep(0.05)  # room for a third start, which must not come
+    assert (running, len(receiver.waiting)) == (2, 3)
+    release.set()
+    await until(lambda: len(receiver.settled) == 5)
+    loop.request_stop(1.0)
+    await task
+    assert most == 2 and set(receiver.settled.values()) == {"ack"}
+    assert loop.settled == 5
+
+
+async def test_a_delivery_whose_id_no_engine_could_key_is_refused_and_the_rest_run() -> None:
+    ran: list[str] = []
+
+    async def run(payload: Any, received: Delivery) -> None:
+        ran.append(received.id)
+
+    bad = delivery("x" * 5_000)
+    receiver = Receiver([delivery("ok-1"), bad, delivery("ok-2")])
+    loop = Consumer(receiver, POLICY, run, signal, instance_id="w1")
+    task = asyncio.create_task(loop.run())
+    await until(lambda: len(receiver.settled) == 3)
+    loop.request_stop(1.0)
+    await task
+    assert sorted(ran) == ["ok-1", "ok-2"]
+    refused = [how for job_id, how in receiver.settled.items() if job_id.startswith("invalid-id-")]
+    assert refused == ["dead_letter InvalidId"]
+
+
+async def test_a_stop_lets_runs_finish_within_the_drain_and_hands_back_the_rest() -> None:
+    async def run(payload: Any, received: Delivery) -> None:
+        await asyncio.sleep(0.01 if received.id == "quick" else 30)
+
+    receiver = Receiver([delivery("quick"), delivery("stuck")])
+    loop = Consumer(receiver, POLICY, run, signal, instance_id="w1")
+    task = asyncio.create_task(loop.run())
+    await until(lambda: len(loop.running) == 2)
+    loop.request_stop(0.3)
+    await task
+    assert receiver.settled == {"quick": "ack", "stuck": "release"}
+    assert loop.closed.is_set()
