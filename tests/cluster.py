@@ -2,7 +2,7 @@
 ports, joined by routes, JetStream on each (file storage), so streams can keep three replicas
 and survive the loss of one node.
 
-    cluster = NatsCluster(tmp_path).start()     # blocks until the cluster has a meta leader
+    cluster = NatsCluster(tmp_path).start()     # blocks until a stream can live on every node
     cluster.url                                  # "nats://127.0.0.1:a,nats://127.0.0.1:b,..."
     cluster.nodes[i].kill(); cluster.nodes[i].start()   # SIGKILL a node, bring it back
 """
@@ -75,17 +75,25 @@ class NatsCluster:
     def node(self, server_name: str) -> ClusterNode:
         return next(node for node in self.nodes if node.server_name == server_name)
 
-    def start(self, timeout_s: float = 30.0) -> NatsCluster:
+    def start(self, timeout_s: float = 60.0) -> NatsCluster:
         for node in self.nodes:
             node.start()
         self.wait_ready(timeout_s)
         return self
 
-    def wait_ready(self, timeout_s: float = 30.0) -> None:
-        """Until JetStream answers through the cluster (a meta leader is elected)."""
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Until the cluster can place a stream on every node.
+
+        A meta leader alone is not enough: until each node has joined the meta group, a stream
+        with one replica per node is refused ("no suitable peers for placement"). So the probe
+        is the thing the tests do, a stream with `size` replicas, made and deleted.
+        """
         import asyncio
 
         import nats
+        from nats.js.api import StorageType, StreamConfig
+
+        probe_stream = "MEGA_CLUSTER_READY"
 
         async def probe() -> bool:
             try:
@@ -95,7 +103,15 @@ class NatsCluster:
             except Exception:
                 return False
             try:
-                await nc.jetstream().account_info()
+                js = nc.jetstream(timeout=2)
+                config = StreamConfig(
+                    name=probe_stream,
+                    subjects=["mega.cluster.ready"],
+                    num_replicas=len(self.nodes),
+                    storage=StorageType.MEMORY,
+                )
+                await js.add_stream(config)
+                await js.delete_stream(probe_stream)
                 return True
             except Exception:
                 return False
@@ -105,7 +121,7 @@ class NatsCluster:
         deadline = time.monotonic() + timeout_s
         while not asyncio.run(probe()):
             if time.monotonic() > deadline:
-                raise RuntimeError("the NATS cluster elected no JetStream leader in time")
+                raise RuntimeError(f"the NATS cluster could not place a stream on its {len(self.nodes)} nodes in time")
             time.sleep(0.2)
 
     def stop(self) -> None:
