@@ -1,7 +1,7 @@
 """A group's callback runs once while its workers are SIGKILLed: 200 members on three `mega
 worker` processes, one of them SIGKILLed (and a new one started) every second while the
 members finish and another one consumes, on every driver whose jobs outlive a process (the
-memory driver's live in one: its fan-in is proven in test_workflows.py). The callback ran once,
+memory driver's live in one: its fan-in is proven in test_workflow.py). The callback ran once,
 with 200 outcomes."""
 
 from __future__ import annotations

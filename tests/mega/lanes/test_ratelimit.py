@@ -141,7 +141,7 @@ async def test_a_cache_that_does_not_answer_grants_no_lease(prefix: str) -> None
 
 def test_check_names_a_rate_limits_missing_cache(tmp_path: Path, nats_url: str) -> None:
     body = (
-        "from tests.mega.jobs.test_ratelimit import NamedCache, OnlyCache\n"
+        "from tests.mega.lanes.test_ratelimit import NamedCache, OnlyCache\n"
         "jobs = [NamedCache, OnlyCache]\n"
     )
     config = load_config(write_config(tmp_path, nats_url=nats_url, redis_url=None, body=body))
