@@ -59,8 +59,8 @@ SERVER_MODULES = (
     "/runtime/test_lost_connection.py",
     "/runtime/test_embedded_postgres.py",
     "/runtime/test_dev_postgres.py",
-    "/drivers/test_redis_sentinel.py",
-    "/drivers/test_redis_durable.py",
+    "/drivers/redis/test_sentinel.py",
+    "/drivers/redis/test_durable.py",
     "/app/test_asgi.py",
 )
 

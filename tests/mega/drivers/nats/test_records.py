@@ -1,5 +1,6 @@
-"""What only the nats driver's record stores show (the rest is test_records.py): a bucket's keep
-follows the lane's only with apply_limits, and a delete marker is no record."""
+"""What only the nats driver's record stores show (what every driver's show is
+tests/mega/drivers/test_records.py): a bucket's keep follows the lane's only with apply_limits,
+and a delete marker is no record."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from mega.drivers.redis.scripts import JOB_KEY_PREFIX
 from mega.errors import DependencyUnavailable
 from mega.runtime.boot import shutdown
 from mega.runtime.embedded import EmbeddedRedisSentinel
-from tests.mega.drivers.test_redis_durable import Durable, booted
+from tests.mega.drivers.redis.test_durable import Durable, booted
 
 FAILOVER_TIMEOUT_S = 30.0  # down after 1 s, then the vote and the promotion: 2-3 s here
 
