@@ -121,7 +121,8 @@ class NatsCluster:
         deadline = time.monotonic() + timeout_s
         while not asyncio.run(probe()):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the NATS cluster could not place a stream on its {len(self.nodes)} nodes in time")
+                nodes = len(self.nodes)
+                raise RuntimeError(f"the NATS cluster could not place a stream on {nodes} nodes")
             time.sleep(0.2)
 
     def stop(self) -> None:
