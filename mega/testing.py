@@ -26,6 +26,11 @@ no servers.
   with the Tick its run sees, without a scheduler or a lock.
 - `worker_pool(cls, ctx)`: a Worker's real pool (one child process by default, ~0.1 s to
   start; `mode="thread"` for none) as `ctx.workers[name]`, stopped at the end of the block.
+- `fake_clock(start=None)`: time that moves only when told. Within the block, what mega
+  decides by time (a delayed job, a retry's backoff, a pause or cancel window, a record's
+  keep, a schedule's instants) reads the FakeClock it yields; `await clock.advance(3600)`
+  moves an hour on at once, firing what falls due on the way in order. A server's own times
+  (a NATS ack wait, a Redis TTL) and a run's time limit stay on real time.
 - Faults: `failing(cls, times=n)` makes the next n runs of a Job, Listener or Schedule class
   raise; `failing_dlq(times=n)` makes the next n dead-letter writes fail (the job must come
   back and write its record later, never be lost); `kill_child(pool)` SIGKILLs a pool's child
@@ -34,7 +39,6 @@ no servers.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import inspect
@@ -45,6 +49,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from mega import clock
+from mega.clock import FakeClock
 from mega.config import BusSpec
 from mega.context import CacheAdapter, Context
 from mega.drivers.memory import MemoryBroker, MemoryBus, MemoryLane
@@ -155,7 +161,7 @@ async def drain(
         lanes = [_broker(ctx, spec.bus).lane(job_lane(spec)) for spec in job_specs]
         lanes += [_broker(ctx, spec.bus).lane(group_lane(spec)) for spec in group_specs]
         for _ in range(MAX_ROUNDS):
-            await _settle()
+            await clock.settle()
             if not any(lane.busy for lane in lanes):
                 break
             for lane in lanes:
@@ -190,10 +196,11 @@ async def _run_hooks(
                 await result
 
 
-async def _settle() -> None:
-    """Let every runnable task of the loop run until none is left runnable."""
-    for _ in range(20):
-        await asyncio.sleep(0)
+@contextlib.contextmanager
+def fake_clock(start: datetime | None = None) -> Iterator[FakeClock]:
+    """A FakeClock at `start` (default: now) as the clock mega reads within the block."""
+    with clock.using(FakeClock(start)) as fake:
+        yield fake
 
 
 @contextlib.contextmanager

@@ -14,7 +14,6 @@ a new listener group starts from the oldest kept.
 from __future__ import annotations
 
 import re
-import time
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from pydantic import (
     field_validator,
 )
 
+from mega import clock
 from mega.declaration import Declaration, declared_alias, matching, rule, validate_subclass
 from mega.drivers.base import Message
 from mega.errors import EventError
@@ -160,5 +160,5 @@ def encode_event(
             ) from None
     body = json_body(spec.name, payload, "event", spec.max_payload_bytes, EventError)
     event_id = event_id or uuid.uuid4().hex
-    emitted = emitted_at_ms if emitted_at_ms is not None else int(time.time() * 1000)
+    emitted = emitted_at_ms if emitted_at_ms is not None else clock.now_ms()
     return Message(event_id, spec.name, body, emitted)

@@ -18,13 +18,12 @@ import asyncio
 import functools
 import json
 import logging
-import time
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, overload
 
-from mega import tracing
+from mega import clock, tracing
 from mega.context import Context
 from mega.drivers.base import (
     Bus,
@@ -194,7 +193,7 @@ class JobQueue(LaneEndpoint):
         Raises DependencyUnavailable when the bus does not answer; then the job may still have
         been stored, so give an `id` when a retry must not duplicate it."""
         spec = await self.ensure(job_cls)
-        now_ms = int(time.time() * 1000)  # one reading: a delay adds to the enqueue time exactly
+        now_ms = clock.now_ms()  # one reading: a delay adds to the enqueue time exactly
         due_ms = due_ms_of(spec, delay, run_at, now_ms)
         message = encode_job(
             spec, payload, job_id=id, due_ms=due_ms, now_ms=now_ms, key=key, priority=priority

@@ -8,7 +8,6 @@ consume settings of `Consumed`, and a plain `def run` of either runs on a thread
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from pydantic import (
     field_validator,
 )
 
+from mega import clock
 from mega.declaration import (
     NonEmptyStr,
     declared_alias,
@@ -237,7 +237,7 @@ def encode_job(
         payload = fit_schema(spec, payload).model_dump(mode="json")
     body = json_body(spec.name, payload, "job", spec.max_payload_bytes)
     if now_ms is None:
-        now_ms = int(time.time() * 1000)
+        now_ms = clock.now_ms()
     dedup = job_id is not None
     if job_id is None:
         job_id = uuid.uuid4().hex
@@ -319,7 +319,7 @@ def due_ms_of(
             f"{spec.name}: delay must be >= 0 seconds, got {delay!r}", code="job.invalid_delay"
         )
     if now_ms is None:
-        now_ms = int(time.time() * 1000)
+        now_ms = clock.now_ms()
     return now_ms + round(seconds * 1000)
 
 

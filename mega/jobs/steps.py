@@ -26,7 +26,6 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -35,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from mega import clock
 from mega.drivers.base import DriverUnavailable, Lane
 from mega.errors import JobError
 from mega.jobs.spec import JobBase, JobId, JobSpec, encode_job
@@ -654,4 +654,4 @@ def _state(
 
 
 def _now_ms() -> int:
-    return int(time.time() * 1000)
+    return clock.now_ms()

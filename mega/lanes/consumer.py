@@ -29,6 +29,7 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mega import clock
 from mega.drivers.base import Delivery, DriverUnavailable, Lane, Receiver
 from mega.lanes.control import WATCH_S, LaneControl, Unanswered
 from mega.lanes.delivery import LanePolicy, refusal
@@ -262,7 +263,7 @@ class Consumer:
     async def _hold(self, delivery: Delivery, due_s: float) -> None:
         """Back to the queue as a delayed message due in `due_s`, attempt unchanged (a retry of
         `attempt - 1`)."""
-        due_ms = int((time.time() + due_s) * 1000)
+        due_ms = int((clock.now() + due_s) * 1000)
         await self.receiver.retry(delivery, due_ms=due_ms, attempts=delivery.attempt - 1)
 
     async def _gated(self, process: Coroutine[Any, Any, None], delivery: Delivery) -> None:

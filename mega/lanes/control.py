@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
+from mega import clock
 from mega.drivers.base import Lane, RecordStore
 from mega.lanes.status import JobStatus, decode, encode
 
@@ -87,7 +87,7 @@ async def cancel(bus: RecordStore, lane: Lane, job: str, job_id: str) -> Cancell
     status = None if raw is None else decode(raw)
     if status is not None and status.final:
         return Cancelled(False, status.state)
-    now_ms = int(time.time() * 1000)
+    now_ms = clock.now_ms()
     # The window first: a worker that sees the tombstone must also have seen the window.
     window = json.dumps({"until": now_ms + int(lane.keep_status_s * 1000)}).encode()
     await bus.put_records(lane, "status", [(CANCELS_KEY, window)], create=False)
@@ -106,14 +106,14 @@ def cancel_key(job_id: str) -> str:
 
 
 async def set_pause(bus: RecordStore, lane: Lane, *, paused: bool, by: str) -> Pause:
-    record = Pause(paused, int(time.time() * 1000), by)
+    record = Pause(paused, clock.now_ms(), by)
     await bus.put_records(lane, "status", [(PAUSE_KEY, _pause_json(record))], create=False)
     return record
 
 
 async def keep_pause(bus: RecordStore, lane: Lane, fields: dict[str, Any]) -> None:
     """Write a pause record again as it is, with `kept_at` now: its expiry starts over."""
-    kept = json.dumps({**fields, "kept_at": int(time.time() * 1000)}).encode()
+    kept = json.dumps({**fields, "kept_at": clock.now_ms()}).encode()
     await bus.put_records(lane, "status", [(PAUSE_KEY, kept)], create=False)
 
 
@@ -149,7 +149,7 @@ class LaneControl:
         self.paused = bool(fields.get("paused"))
         self.cancels_until_ms = 0 if window is None else int(json.loads(window)["until"])
         written_ms = fields.get("kept_at") or fields.get("at_ms") or 0
-        if self.paused and time.time() * 1000 - written_ms > self.lane.keep_status_s * 500:
+        if self.paused and clock.now() * 1000 - written_ms > self.lane.keep_status_s * 500:
             await keep_pause(self.bus, self.lane, fields)  # past half its life: kept
 
     async def refresh_cancels(self) -> None:
@@ -161,7 +161,7 @@ class LaneControl:
 
     @property
     def cancelling(self) -> bool:
-        return self.cancels_until_ms > time.time() * 1000
+        return self.cancels_until_ms > clock.now() * 1000
 
     async def cancelled(self, job_ids: list[str]) -> set[str]:
         """Those of `job_ids` with a cancel mark (none read outside the window)."""

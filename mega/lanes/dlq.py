@@ -21,10 +21,10 @@ An undecodable message has `payload: null` and its body in `raw_b64`.
 from __future__ import annotations
 
 import base64
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+from mega import clock
 from mega.drivers.base import Bus, DlqErrorInfo, DlqRecord, DriverUnavailable, Lane
 from mega.errors import DependencyUnavailable, JobError
 from mega.lanes.status import (
@@ -62,7 +62,7 @@ def make_record(
         error=DlqErrorInfo(type=error_type, message=error_message),
         attempts=attempts,
         first_enqueued_at=first_enqueued_at,
-        failed_at=int(time.time() * 1000),
+        failed_at=clock.now_ms(),
         worker=worker,
     )
     if raw is not None:
@@ -147,7 +147,7 @@ class DeadLetters:
         hide for good."""
         if not records or lane.kind != "job" or lane.keep_status_s <= 0:
             return
-        now_ms = int(time.time() * 1000)
+        now_ms = clock.now_ms()
         fresh: list[tuple[str, bytes]] = []
         for job_id in dict.fromkeys(r["id"] for r in records):
             # Its runs so far are kept apart: the new ones count from attempt 1 again.

@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, Literal, Protocol
 
-from mega import tracing
+from mega import clock, tracing
 from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, MessageTooLarge, Receiver
 from mega.errors import Permanent
 from mega.lanes.control import LaneControl
@@ -341,7 +341,7 @@ class Executor:
         decision = decide(Outcome.PERMANENT if permanent else Outcome.FAILED, attempt, spec)
         tracing.failed(exc)
         if isinstance(decision, Retry):
-            due_ms = int(time.time() * 1000) + decision.delay_ms
+            due_ms = clock.now_ms() + decision.delay_ms
             delivery.trace = tracing.retried(delivery.trace)
             if self.records is not None:
                 failure = ErrorInfo(type=error_type, message=error)

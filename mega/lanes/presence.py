@@ -16,11 +16,11 @@ to the end, retried, dead-lettered or skipped).
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from mega import clock
 from mega.drivers.base import WORKERS_KEEP_S, Lane, RecordStore
 
 # How often a running consume loop writes its record.
@@ -86,4 +86,4 @@ def fresh(records: Sequence[tuple[str, bytes]]) -> list[WorkerSeen]:
 
 
 def _now_ms() -> int:
-    return int(time.time() * 1000)
+    return clock.now_ms()

@@ -27,13 +27,13 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
+from mega import clock
 from mega.drivers.base import Bus, Delivery, DriverUnavailable, Lane, Message
 
 logger = logging.getLogger("mega.jobqueue")
@@ -530,4 +530,4 @@ async def _dead_lettered(bus: Bus, lane: Lane, status: JobStatus) -> JobStatus:
 
 
 def _now_ms() -> int:
-    return int(time.time() * 1000)
+    return clock.now_ms()

@@ -10,17 +10,17 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
 from typing import Any, TypeVar
 
+from mega import clock as time_source  # the machine's, or a test's FakeClock
 from mega.context import Context
 from mega.schedules.dynamic import ScheduleEntry, changes, entry_spec, watch_entries
 from mega.schedules.schedule import LockPlan, ScheduleSpec
 from mega.schedules.ticks import Ticks
 from mega.schedules.timetable import Line, Timetable
-from mega.tasks import cancel_and_wait, wait_event
+from mega.tasks import cancel_and_wait
 
 logger = logging.getLogger("mega.scheduler")
 
@@ -133,16 +133,17 @@ class Clock:
         while True:
             self.wake.clear()
             first = self.table.next_at()
-            wait_s = MAX_SLEEP_S if first is None else min(first - time.time(), MAX_SLEEP_S)
+            now = time_source.now()
+            wait_s = MAX_SLEEP_S if first is None else min(first - now, MAX_SLEEP_S)
             if wait_s > 0:
-                await wait_event(self.wake, wait_s)
+                await time_source.current().wait(self.wake, wait_s)
                 continue
-            self._fire(self.table.take_due(time.time()))
+            self._fire(self.table.take_due(now))
 
     def _fire(self, lines: list[Line]) -> None:
         """Start the tick of each line due, and put each back at its next instant. The locked
         ones go in one batch per lock: their pause records are read in one round trip."""
-        now = time.time()
+        now = time_source.now()
         batches: dict[str, list[tuple[ScheduleSpec, datetime]]] = {}
         for line in lines:
             spec, planned, late_s = line.spec, line.planned, now - line.at

@@ -35,6 +35,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadDateError, croniter
 
+from mega import clock
 from mega.errors import ConfigError
 from mega.validation import int_problem
 
@@ -107,7 +108,7 @@ def instants(
     parsed = _parse(expr)
     zone = resolve_zone(tz)
     if after is None:
-        start = datetime.now(UTC)
+        start = clock.utcnow()
     elif after.tzinfo is None:
         start = after.replace(tzinfo=zone).astimezone(UTC)
     else:

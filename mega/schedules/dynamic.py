@@ -33,12 +33,12 @@ import re
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, ConfigDict, StrictStr, ValidationError
 from redis.exceptions import RedisError, WatchError
 
+from mega import clock
 from mega.declaration import Declaration, describe, matching, rule
 from mega.errors import ConfigError
 from mega.schedules import audit, cron
@@ -261,7 +261,7 @@ async def write_entry(
 def _change_record(
     key: str, before: ScheduleEntry | None, after: ScheduleEntry | None, by: str, instance: str
 ) -> TickRecord:
-    now = datetime.now(UTC).isoformat()
+    now = clock.utcnow().isoformat()
     source: AuditSource
     if after is None:
         source, word, what = "remove", "removed", ""

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from mega import clock
 from mega.errors import ConfigError
 from mega.schedules import audit
 from mega.schedules.audit import TickRecord
@@ -94,7 +94,7 @@ async def write_pause(
     native: RedisClient, plan: LockPlan, *, paused: bool, by: str, instance: str, audit_size: int
 ) -> SchedulePause:
     """Set the record, and push the change to the audit (written by `instance`), at once."""
-    now = time.time()
+    now = clock.now()
     record = SchedulePause(paused, int(now * 1000), by)
     word = "paused" if paused else "resumed"
     change = TickRecord(

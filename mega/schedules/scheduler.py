@@ -67,13 +67,12 @@ import asyncio
 import dataclasses
 import json
 import logging
-import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
 
+from mega import clock
 from mega.context import Context
 from mega.errors import DependencyUnavailable, RegistrationError
 from mega.schedules import audit, cron
@@ -190,7 +189,7 @@ class Scheduler:
         record is on Redis too (within AUDIT_TIMEOUT_S): `recent_ticks` then shows it on every
         instance, as the caller who just ran it expects."""
         spec = self._spec(name)
-        tick = self.ticks.tick(spec, datetime.now(UTC), "manual", extras or {})
+        tick = self.ticks.tick(spec, clock.utcnow(), "manual", extras or {})
         result = await self.clock.track(tick)
         if self.ticks.background:  # the audit pushes (`Ticks.record`), this tick's among them
             await asyncio.wait(set(self.ticks.background), timeout=AUDIT_TIMEOUT_S)
@@ -258,7 +257,7 @@ class Scheduler:
         spec = self._spec(name)
         plan = entries_lock(spec)
         entry = validate_entry(name, key, cron, timezone, args)
-        entry = dataclasses.replace(entry, at_ms=int(time.time() * 1000), by=by)
+        entry = dataclasses.replace(entry, at_ms=clock.now_ms(), by=by)
         before = await self._write_entry(spec, plan, entry.key, entry, by, "add")
         word = "added" if before is None else "changed"
         logger.info(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from mega import tracing
+from mega import clock, tracing
 from mega.context import Context, EarlyClaim, LockAdapter
 from mega.errors import LockBackendError
 from mega.schedules import audit
@@ -85,7 +85,7 @@ class Ticks:
             instant=planned.isoformat(),
             source=source,
             instance=self.instance_id,
-            lateness_ms=round((time.time() - planned.timestamp()) * 1000, 1),
+            lateness_ms=round((clock.now() - planned.timestamp()) * 1000, 1),
             key=spec.key,
         )
         plan = spec.lock

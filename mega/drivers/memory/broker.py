@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from mega import clock
+from mega.clock import Timer
 from mega.drivers.base import (
     DEDUP_WINDOW_S,
     PRIORITIES,
@@ -147,7 +148,7 @@ class MemoryLane:
     dead_ids: dict[str, int] = field(default_factory=dict)  # job id -> its newest record's seq
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     seq: int = 0
-    timers: dict[asyncio.TimerHandle, Callable[[], None]] = field(default_factory=dict)
+    timers: dict[Timer, Callable[[], None]] = field(default_factory=dict)
 
     @property
     def running(self) -> int:
@@ -178,19 +179,19 @@ class MemoryLane:
         anything while it waits."""
         if message.deliveries == 0 and message.base == 0:
             self.stored += 1  # new: never delivered, not a retry's
-        delay_s = 0.0 if at_ms is None else (at_ms - time.time() * 1000) / 1000
+        delay_s = 0.0 if at_ms is None else (at_ms - clock.now() * 1000) / 1000
         if delay_s <= 0:
             self._ready(message, first=first)
             return
         self.scheduled += 1
 
         def due() -> None:
-            del self.timers[handle]
+            del self.timers[timer]
             self.scheduled -= 1
             self._ready(message)
 
-        handle = asyncio.get_running_loop().call_later(delay_s, due)
-        self.timers[handle] = due
+        timer = clock.current().call_later(delay_s, due)
+        self.timers[timer] = due
 
     def dead_letter(self, record: DlqRecord) -> None:
         """Keep a dead letter: the DLQ publish of the other drivers (mega.testing's
@@ -208,8 +209,8 @@ class MemoryLane:
 
     def fast_forward(self) -> None:
         """Make every waiting message due now (mega.testing's drain: no real sleeps)."""
-        for handle, due in list(self.timers.items()):
-            handle.cancel()
+        for timer, due in list(self.timers.items()):
+            timer.cancel()
             due()
 
     @property
@@ -245,7 +246,7 @@ class MemoryBroker:
         """One record store of a lane, its expired records dropped now and then."""
         records = self.records.setdefault((queue_name(lane), table), {})
         if len(records) > RECORDS_SWEPT_AT:
-            now = time.monotonic()
+            now = clock.monotonic()
             for key in [key for key, (_, expires) in records.items() if expires <= now]:
                 del records[key]
         return records
@@ -283,7 +284,7 @@ class MemoryBroker:
 
     def seen(self, message_id: str) -> bool:
         """True when this id was stored within the dedup window (then it is dropped)."""
-        now = time.monotonic()
+        now = clock.monotonic()
         expires = self.dedup.get(message_id)
         if expires is not None and expires > now:
             return True

@@ -12,10 +12,10 @@ from __future__ import annotations
 import bisect
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import ClassVar, Self
 
+from mega import clock
 from mega.config import BusSpec
 from mega.drivers.base import DlqRecord, Lane, LaneStats, Message, Table, pattern_matcher
 from mega.drivers.memory.broker import MemoryBroker, MemoryMessage, queue_name
@@ -152,7 +152,7 @@ class MemoryBus:
             if kept.get("seq") == seq if seq is not None else kept["id"] == record["id"]:
                 queue.drop_dead(index)
                 break
-        now_ms = int(time.time() * 1000)
+        now_ms = clock.now_ms()
         subject = lane.subject if lane.kind == "job" else str(record["subject"])
         queue.put(
             MemoryMessage(
@@ -184,7 +184,7 @@ class MemoryBus:
         confirm: bool = True,
     ) -> list[bool]:
         store = self.broker.table(lane, table)
-        now = time.monotonic()
+        now = clock.monotonic()
         expires = now + lane.keep_s(table)
         stored: list[bool] = []
         for key, value in records:
@@ -199,7 +199,7 @@ class MemoryBus:
     async def get_records(
         self, lane: Lane, table: Table, keys: Sequence[str]
     ) -> list[bytes | None]:
-        store, now = self.broker.table(lane, table), time.monotonic()
+        store, now = self.broker.table(lane, table), clock.monotonic()
         found: list[bytes | None] = []
         for key in keys:
             kept = store.get(key)
@@ -207,7 +207,7 @@ class MemoryBus:
         return found
 
     async def list_records(self, lane: Lane, table: Table) -> list[tuple[str, bytes]]:
-        store, now = self.broker.table(lane, table), time.monotonic()
+        store, now = self.broker.table(lane, table), clock.monotonic()
         return [(key, value) for key, (value, expires) in store.items() if expires > now]
 
     # -- events -------------------------------------------------------------------------------

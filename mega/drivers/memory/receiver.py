@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Hashable
 
+from mega import clock
 from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane
 from mega.drivers.memory.broker import MemoryLane, MemoryMessage
 
@@ -83,7 +83,7 @@ class MemoryReceiver:
         if delay_s <= 0:
             self.queue.put(message, first=True)
         else:
-            self.queue.put(message, at_ms=int((time.time() + delay_s) * 1000))
+            self.queue.put(message, at_ms=int((clock.now() + delay_s) * 1000))
 
     async def dead_letter(self, delivery: Delivery, record: DlqRecord, *, terminate: bool) -> None:
         """Stored through `MemoryLane.dead_letter` (a copy of the record, given its `seq`);
