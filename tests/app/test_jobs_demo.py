@@ -42,6 +42,14 @@ COUNT = "must be a whole number from 1 to 50"
 EMAIL = "is not a valid e-mail address (one like name@example.com, at most 254 characters)"
 
 
+async def until_logged(path: Path, text: str, *, times: int, timeout_s: float = 60) -> None:
+    """Until `text` is in the log at `path` `times` times (a start-up line of each host)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not (path.exists() and path.read_text(errors="replace").count(text) >= times):
+        assert asyncio.get_running_loop().time() < deadline, f"{text!r} not logged {times} times"
+        await asyncio.sleep(0.1)
+
+
 async def wait_for_job(
     client: httpx.AsyncClient, job_id: str, state: str, timeout_s: float = 20
 ) -> dict[str, Any]:
@@ -543,7 +551,7 @@ async def test_a_crash_job_kills_a_worker_on_every_attempt_then_lands_in_the_dlq
     try:
         async with web_client(config) as client:
             headers = await authed(client, "/demo/jobs")
-            await asyncio.sleep(2.0)  # both workers up and pulling
+            await until_logged(logs, "consuming", times=2)  # both workers up and pulling
             job_id = await enqueue(client, headers, "crash")
             deadline = asyncio.get_running_loop().time() + attempts * EmailJob.ack_wait_s + 30
             while True:

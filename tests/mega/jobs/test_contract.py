@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
+import logging
 import threading
 import time
 from collections import Counter
@@ -24,7 +26,7 @@ from mega.drivers.base import DlqRecord, DriverUnavailable, Message
 from mega.errors import JobError, JobFailed, Permanent
 from mega.jobs.queue import job_lane
 from mega.lanes import status as status_module
-from mega.lanes.control import Cancelled
+from mega.lanes.control import PAUSE_KEY, Cancelled
 from mega.lanes.delivery import stand_in_id
 from mega.lanes.status import ErrorInfo
 from mega.runtime.boot import boot, shutdown
@@ -753,8 +755,17 @@ async def test_cancel_a_queued_a_delayed_a_running_and_a_finished_job(
         await worker.stop(5)
 
 
-async def test_a_paused_queue_starts_nothing_until_it_is_resumed(setup: Any, prefix: str) -> None:
+def pause_seen(caplog: pytest.LogCaptureFixture) -> bool:
+    """Whether a consume loop logged that it saw its lane paused (it reads the pause every
+    second: mega.lanes.control.WATCH_S)."""
+    return "paused: running jobs finish" in caplog.text
+
+
+async def test_a_paused_queue_starts_nothing_until_it_is_resumed(
+    setup: Any, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
     ctx, _job, _queue, _seen = setup
+    caplog.set_level(logging.INFO, logger="mega.jobqueue")
     slow: type[Slow] = type("Slow", (Slow,), {"subject": f"{prefix}.paused"})
     queue = JobQueue(ctx, "jobs")
     worker = JobWorker(ctx)
@@ -766,7 +777,7 @@ async def test_a_paused_queue_starts_nothing_until_it_is_resumed(setup: Any, pre
         pause = await queue.pause(slow, by="test")
         assert (pause.paused, pause.by) == (True, "test")
         assert (await queue.paused(slow)).paused
-        await asyncio.sleep(1.2)  # every worker sees it within a second
+        await until(lambda: pause_seen(caplog), "the worker saw the pause")
         for n in range(3):
             await slow.enqueue(ctx, {"id": f"{prefix}-p{n}"})
         await until(lambda: DONE[f"{prefix}-long"] == 1, "the running job finished")
@@ -782,9 +793,10 @@ async def test_a_paused_queue_starts_nothing_until_it_is_resumed(setup: Any, pre
 
 
 async def test_a_pause_outlives_the_keep_of_the_status_records_while_a_worker_runs(
-    setup: Any, prefix: str
+    setup: Any, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     ctx, _job, _queue, _seen = setup
+    caplog.set_level(logging.INFO, logger="mega.jobqueue")
     # Records kept 4 s: the pause record would expire 4 s after its write, were it not kept.
     short: type[Slow] = type("Short", (Slow,), {"subject": f"{prefix}.short", "keep_status_s": 4})
     queue = JobQueue(ctx, "jobs")
@@ -792,10 +804,21 @@ async def test_a_pause_outlives_the_keep_of_the_status_records_while_a_worker_ru
     worker.register(short)
     await worker.start()
     try:
-        await queue.pause(short, by="test")
-        await asyncio.sleep(1.2)  # seen by the worker
+        lane = job_lane(await queue.ensure(short))
+        paused = await queue.pause(short, by="test")
+        assert paused.at_ms is not None
+        first_keep_ends_ms = paused.at_ms + 4_000
+        await until(lambda: pause_seen(caplog), "the worker saw the pause")
         await short.enqueue(ctx, {"id": f"{prefix}-held"})
-        await asyncio.sleep(7.0)  # past the keep, nearly twice
+
+        async def kept_past_its_first_keep() -> bool:
+            """The worker wrote the record again at or after the time its first write expired
+            (the server's TTL: real time passes here, about 4 s)."""
+            [raw] = await queue.bus.get_records(lane, "status", [PAUSE_KEY])
+            kept_at = 0 if raw is None else json.loads(raw).get("kept_at", 0)
+            return kept_at >= first_keep_ends_ms
+
+        await until(kept_past_its_first_keep, "the pause record kept past its first keep")
         assert (await queue.paused(short)).paused
         assert RUNS[f"{prefix}-held"] == 0
         await queue.resume(short, by="test")

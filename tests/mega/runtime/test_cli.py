@@ -356,22 +356,32 @@ def test_a_traced_host_prints_its_spans_and_its_json_logs_name_them(
     config = write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body)
     env = {**os.environ, "OTEL_TRACES_EXPORTER": "console", "MEGA_LOG_LEVEL": "DEBUG"}
     env.pop("OTEL_SERVICE_NAME", None)
-    host = subprocess.Popen(
-        [*MEGA, "work", "--with-scheduler", "--json-logs", "--config", str(config)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        time.sleep(4)  # a few ticks, each with its job
-        host.send_signal(signal.SIGTERM)
-        out, err = host.communicate(timeout=30)
-    finally:
-        if host.poll() is None:
-            host.kill()
-            host.communicate()
+    stdout, stderr = tmp_path / "spans.jsonl", tmp_path / "logs.jsonl"
+
+    def echoes_done() -> int:
+        lines = stderr.read_text().splitlines() if stderr.exists() else []
+        return sum('"signal": "done"' in line and '"job": "Echo"' in line for line in lines)
+
+    with stdout.open("w") as out_file, stderr.open("w") as err_file:
+        host = subprocess.Popen(
+            [*MEGA, "work", "--with-scheduler", "--json-logs", "--config", str(config)],
+            cwd=ROOT,
+            env=env,
+            stdout=out_file,
+            stderr=err_file,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while echoes_done() < 2:  # a few ticks, each with its job done
+                assert host.poll() is None and time.monotonic() < deadline, stderr.read_text()
+                time.sleep(0.1)
+            host.send_signal(signal.SIGTERM)
+            host.wait(timeout=30)
+        finally:
+            if host.poll() is None:
+                host.kill()
+                host.wait()
+    out, err = stdout.read_text(), stderr.read_text()
     assert host.returncode == 0, err
     spans = [json.loads(line) for line in out.splitlines()]  # every line of stdout: a span
     assert {s["resource"]["attributes"]["service.name"] for s in spans} == {"mega-work"}
