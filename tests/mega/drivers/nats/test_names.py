@@ -21,8 +21,10 @@ from mega.drivers.nats.connection import Reconnects
 from mega.drivers.nats.core import stored
 from mega.drivers.nats.names import (
     HEADER_ENQUEUED_AT,
+    HEADER_FLOW_KEY,
     HEADER_JOB_ID,
     HEADER_RUN_AT,
+    NATS_MSG_ID,
     bucket_of,
     dlq_stream_name,
     dlq_stream_of,
@@ -117,6 +119,24 @@ def test_envelope_of_a_plain_job() -> None:
 def test_a_caller_id_is_the_dedup_key() -> None:
     _, _, headers = job_envelope(Message("order-17", "demo.email", b"1", 1))
     assert headers[HEADER_JOB_ID] == headers["Nats-Msg-Id"] == "order-17"
+
+
+def test_a_jobs_key_and_trace_context_are_headers() -> None:
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    job = Message(
+        "order-17", "demo.email", b"{}", 1234, trace={"traceparent": traceparent}, flow_key="k"
+    )
+    assert job_envelope(job) == (
+        "demo.email",
+        b"{}",
+        {
+            HEADER_ENQUEUED_AT: "1234",
+            NATS_MSG_ID: "order-17",
+            HEADER_JOB_ID: "order-17",
+            HEADER_FLOW_KEY: "k",
+            "traceparent": traceparent,
+        },
+    )
 
 
 def test_a_delayed_job_is_a_broker_schedule() -> None:
