@@ -72,7 +72,7 @@ async def test_hash_in_pool_and_inline_give_the_same_digest(config: Config) -> N
             pool.json()["data"]["digest"] == inline.json()["data"]["digest"] == chain("mega", 5000)
         )
         assert (pool.json()["data"]["mode"], inline.json()["data"]["mode"]) == ("pool", "inline")
-        assert pool.json()["data"]["rounds"] == 5000 and pool.json()["data"]["ms"] >= 0
+        assert pool.json()["data"]["rounds"] == 5000 and 0 <= pool.json()["data"]["ms"] < 30_000
 
 
 @pytest.mark.parametrize(

@@ -388,7 +388,7 @@ def the_jobs_stream_leader_stops_under_load(user: User, stack: Stack) -> None:
     assert run(["docker", "stop", "-t", "5", node], timeout_s=30).returncode == 0
     after = [enqueue(user, "ok") for _ in range(10)]
     for job_id in before + after:
-        assert user.job_ends(job_id, "done", timeout_s=60)["attempts"] >= 1
+        user.job_ends(job_id, "done", timeout_s=60)  # fails unless each one ends done
     assert run(["docker", "start", node]).returncode == 0
 
 
