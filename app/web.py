@@ -19,7 +19,8 @@ from app.routes import (
 )
 from app.services.signups import create_tables
 from app.workers.pool_log import PoolLog
-from mega import Config, Context, EventBus, Scheduler, observe_jobs, observe_scheduler
+from mega import Config, Context, EventBus, Scheduler
+from mega.runtime import observe_jobs, observe_scheduler
 from mega.web import admin_router, create_web_app, job_queue, provide
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

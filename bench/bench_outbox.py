@@ -30,10 +30,11 @@ if __package__ in (None, ""):  # run by path (python bench/x.py): make `bench` i
 from nats.js.api import StreamConfig
 
 from bench.report import Result, ms, percentile, print_table, result, row
-from mega import Context, Event, Listener, ListenerWorker, OutboxRelay, ReceivedEvent, outbox
+from mega import Context, Event, Listener, ListenerWorker, ReceivedEvent, outbox
 from mega.config import BusSpec
 from mega.drivers.nats import NatsBus
-from mega.runtime.boot import connect_database
+from mega.runtime import OutboxRelay
+from mega.runtime.bootstrap import connect_database
 from mega.transactional.relay import DEFAULT_BATCH
 
 DRAIN_TARGET = 0.5  # relay drain >= 0.5 x bare publish_async

@@ -156,7 +156,7 @@ class CacheAdapter:
 
 @dataclass
 class Context:
-    """What the hosts build at boot (see `mega.runtime.boot`) and hand to every runtime."""
+    """What the hosts build at boot (see `mega.runtime.bootstrap`) and hand to every runtime."""
 
     instance_id: str
     caches: dict[str, CacheAdapter] = field(default_factory=dict)

@@ -107,7 +107,7 @@ def _fake_redis() -> Any:
         raise ImportError(
             "memory_context(caches=...) needs fakeredis: pip install 'mega-py[testing]'"
         ) from None
-    # decode_responses as the hosts' clients (mega.runtime.boot.connect_redis): str, not bytes.
+    # decode_responses as the hosts' clients (mega.runtime.bootstrap.connect_redis): str, not bytes.
     return fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
 
 

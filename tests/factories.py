@@ -17,7 +17,7 @@ import httpx
 from fastapi import FastAPI
 
 from mega.config import Config, load_config
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.bootstrap import boot, shutdown
 from mega.web.auth import ensure_user
 
 TEST_SECRET = "test-secret-key-0123456789abcdef0123456789"

@@ -23,7 +23,7 @@ from app.deps import hash_pool, pool_log
 from app.workers.hash_rates import HashRates, Mode
 from app.workers.hash_tasks import MAX_ROUNDS, sha256_loop
 from app.workers.run_progress import RunProgress
-from mega import WorkerError, WorkerOverloaded
+from mega.errors import WorkerError, WorkerOverloaded
 from mega.web import (
     ApiError,
     UserDep,

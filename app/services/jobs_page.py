@@ -13,7 +13,8 @@ from app.jobs.email import EmailJob
 from app.services import recent_jobs
 from app.services.job_card import Line, card_lines
 from app.services.recent_jobs import Entry
-from mega import DependencyUnavailable, JobError, JobQueue, JobStatus
+from mega import JobQueue, JobStatus
+from mega.errors import DependencyUnavailable, JobError
 
 if TYPE_CHECKING:
     from mega import RedisClient

@@ -1,6 +1,6 @@
 """Schedule lateness against how many schedules one scheduler runs: 1, 100, 1,000 and 10,000,
 each with the cluster lock (a Lua claim per run on the Redis, as production runs them), on the
-client a host makes (mega.runtime.boot.connect_redis: a pool of 64 connections).
+client a host makes (mega.runtime.bootstrap.connect_redis: a pool of 64 connections).
 
 Two loads, since "N schedules" means two things:
 - spread: each schedule every minute, at its own second (schedule n at second n mod 60), as
@@ -25,7 +25,7 @@ from bench.bench_schedule_lateness import LOCK_TTL_MS, _probe
 from bench.report import Result, Row, percentile, row
 from bench.scale import curve
 from mega.context import CacheAdapter, Context
-from mega.runtime.boot import connect_redis
+from mega.runtime.bootstrap import connect_redis
 from mega.runtime.hosts import freeze_startup_heap
 from mega.schedules.locks import RedLock
 from mega.schedules.scheduler import Scheduler

@@ -19,7 +19,8 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
-from mega import Config, Context, boot, load_config, shutdown
+from mega import Config, Context, load_config
+from mega.runtime import boot, shutdown
 from mega.web import admin_router, create_web_app
 from mega.web.tokens import create_token
 

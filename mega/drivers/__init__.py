@@ -19,8 +19,10 @@ from typing import cast
 
 from mega.constants import BUILT_IN_DRIVERS as BUILT_IN
 from mega.constants import DRIVERS_ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
-from mega.drivers.base import Bus
+from mega.drivers.base import Bus, LaneStats
 from mega.errors import ConfigError
+
+__all__ = ["Bus", "LaneStats", "driver_names", "find_driver"]
 
 
 def driver_names() -> list[str]:

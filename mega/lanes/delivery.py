@@ -5,7 +5,7 @@
 `attempt` counts every delivery of the job (1-based), as the driver reports it (the engine's
 delivery count plus the attempts a retry's copy carries), so it survives a worker crash: every
 delivery is one attempt. The consume loop (`consumer.py`) turns the decision into calls of the
-driver's receiver; `tests/mega/jobs/test_delivery.py` checks it as a table.
+driver's receiver; `tests/mega/lanes/test_delivery.py` checks it as a table.
 
 - SUCCEEDED: ack.
 - FAILED with tries left (attempt < retries + 1): retry after the backoff (full jitter).

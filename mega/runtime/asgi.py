@@ -1,7 +1,7 @@
 """`asgi_app()`: the web host as an ASGI app, for any ASGI server (`uvicorn pkg.module:app`).
 
     # pkg/asgi.py
-    from mega import asgi_app
+    from mega.runtime import asgi_app
 
     app = asgi_app()        # $MEGA_CONFIG or ./mega_config.py, read at startup
 

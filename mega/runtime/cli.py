@@ -494,7 +494,7 @@ def _schedules(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, 
 
 
 async def _db(config: Config, args: argparse.Namespace) -> None:
-    from mega.runtime.boot import open_database
+    from mega.runtime.bootstrap import open_database
     from mega.runtime.migrate import current, head, upgrade
 
     db = await open_database(config.database_url, migrate=False)
@@ -511,7 +511,7 @@ async def _db(config: Config, args: argparse.Namespace) -> None:
 
 
 async def _token(config: Config, args: argparse.Namespace) -> None:
-    from mega.runtime.boot import open_database
+    from mega.runtime.bootstrap import open_database
     from mega.web import tokens
 
     if args.action != "list" and not args.name:
@@ -549,7 +549,7 @@ async def _token(config: Config, args: argparse.Namespace) -> None:
 
 async def _audit(config: Config, args: argparse.Namespace) -> None:
     from mega import audit
-    from mega.runtime.boot import open_database
+    from mega.runtime.bootstrap import open_database
 
     db = await open_database(config.database_url, migrate=True)
     try:

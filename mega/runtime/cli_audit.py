@@ -28,7 +28,7 @@ async def audited(
     costs a line on stderr, not the command. Its tables are made where missing, as `mega
     token` does."""
     from mega import audit
-    from mega.runtime.boot import open_database
+    from mega.runtime.bootstrap import open_database
 
     if not ctx.database_url:
         return

@@ -33,7 +33,7 @@ from mega.jobs.spec import JobBase
 from mega.jobs.steps import WorkflowStatus
 from mega.lanes.control import Pause
 from mega.lanes.status import JobStatus
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.bootstrap import boot, shutdown
 from mega.runtime.cli_audit import audited, default_by
 from mega.runtime.dlq_cli import select_jobs
 from mega.schedules.dynamic import ScheduleEntry

@@ -20,7 +20,7 @@ from mega.config import Config
 from mega.errors import ConfigError
 from mega.jobs.queue import JobQueue
 from mega.jobs.spec import JobBase
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.bootstrap import boot, shutdown
 from mega.runtime.cli_audit import audited
 
 

@@ -24,7 +24,7 @@ from mega.config import Config
 from mega.constants import DRAIN_TIMEOUT_S, HOW_TO_GET_SERVICES
 from mega.context import Context
 from mega.errors import ConfigError, DependencyUnavailable, MegaError
-from mega.runtime.boot import boot, check_database, shutdown
+from mega.runtime.bootstrap import boot, check_database, shutdown
 from mega.runtime.check import enforce
 
 logger = logging.getLogger("mega.host")
@@ -452,8 +452,8 @@ async def web_app(
 ) -> AsyncIterator[Any]:
     """The web host's app, with what it serves running: the context booted, the config's users
     made, commits announced to the relays, the CPU pools started, the `web` hooks run. On exit
-    all of it stops, in reverse. `mega start` serves it, and so does `mega.asgi_app` under any
-    ASGI server."""
+    all of it stops, in reverse. `mega start` serves it, and so does `mega.runtime.asgi_app`
+    under any ASGI server."""
     ctx = await boot(config, role="web")
     if when_lost is not None:
         watch_buses(ctx, when_lost)

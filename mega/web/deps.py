@@ -63,7 +63,7 @@ def queue_dep(bus: str) -> Callable[[Request], JobQueue]:
 
 def pool_dep(name: str) -> Callable[[Request], WorkerPool]:
     """A dependency giving the running CPU pool of the Worker named `name`. The pools run in
-    the web process when `mega start` (or `mega.asgi_app`) started them; a ConfigError names
+    the web process when `mega start` (or `mega.runtime.asgi_app`) started them; a ConfigError names
     the ones that did."""
 
     def pool(request: Request) -> WorkerPool:

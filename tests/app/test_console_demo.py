@@ -18,7 +18,7 @@ from app.services.console_series import STEP_S, STEPS, WINDOW_S, build_series, p
 from app.services.instances import short_instance
 from mega import Scheduler
 from mega.config import Config
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.bootstrap import boot, shutdown
 from mega.web import scheduler_instances
 from tests.factories import authed, csrf_from, job_worker, login, web_client
 

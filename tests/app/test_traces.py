@@ -47,7 +47,7 @@ def config(
 async def one_process(config: Config) -> AsyncIterator[httpx.AsyncClient]:
     """The web app and what `mega worker` runs (relay, listener groups, job worker) on one
     context, behind an in-process client: the memory bus is one process's."""
-    from mega.runtime.boot import boot, shutdown
+    from mega.runtime.bootstrap import boot, shutdown
     from mega.runtime.hosts import load_web_app
     from mega.web import ensure_user
 

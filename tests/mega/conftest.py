@@ -8,7 +8,7 @@ import pytest
 from redis.asyncio import Redis
 
 from mega.drivers.redis.client import RedisClient
-from mega.runtime.boot import connect_redis
+from mega.runtime.bootstrap import connect_redis
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import mega
+import mega.runtime
 import mega.web
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,8 +28,13 @@ for name in mega.__all__:
     value = getattr(mega, name)
     report[name] = [type(value).__name__, getattr(value, "__module__", None),
                     value is getattr(importlib.import_module(mega._EXPORTS[name]), name)]
-from mega import boot
-report["from mega import boot"] = [type(boot).__name__, callable(boot)]
+import mega.runtime
+for name in mega.runtime.__all__:
+    value = getattr(mega.runtime, name)
+    report["runtime." + name] = [type(value).__name__, getattr(value, "__module__", None),
+                    value is getattr(importlib.import_module(mega.runtime._EXPORTS[name]), name)]
+from mega.runtime import boot
+report["from mega.runtime import boot"] = [type(boot).__name__, callable(boot)]
 print(json.dumps(report))
 """
 
@@ -38,24 +44,62 @@ def test_every_public_name_is_the_documented_object_after_importing_everything()
         [sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, check=True
     )
     report = json.loads(out.stdout)
-    assert report.pop("from mega import boot") == ["function", True]
-    for name, (kind, module, same) in report.items():
-        assert kind != "module", f"mega.{name} is a module: a submodule shadows it"
-        assert same, f"mega.{name} is not {mega._EXPORTS[name]}.{name}"
+    assert report.pop("from mega.runtime import boot") == ["function", True]
+    assert len(report) == len(mega.__all__) + len(mega.runtime.__all__)
+    for key, (kind, module, same) in report.items():
+        package, name = ("mega.runtime", key[8:]) if key.startswith("runtime.") else ("mega", key)
+        table = mega.runtime._EXPORTS if package == "mega.runtime" else mega._EXPORTS
+        assert kind != "module", f"{package}.{name} is a module: a submodule shadows it"
+        assert same, f"{package}.{name} is not {table[name]}.{name}"
         if module is not None and kind in ("type", "function", "ABCMeta", "_ProtocolMeta"):
-            assert module == mega._EXPORTS[name], f"mega.{name} is defined in {module}"
+            assert module == table[name], f"{package}.{name} is defined in {module}"
 
 
-def test_all_is_the_table() -> None:
+def test_all_is_the_table_of_at_most_forty_names() -> None:
     assert mega.__all__ == sorted(mega._EXPORTS)
+    assert len(mega.__all__) <= 40
+    assert mega.runtime.__all__ == sorted(mega.runtime._EXPORTS)
+    assert not set(mega._EXPORTS) & set(mega._MOVED)
+
+
+def test_a_moved_name_still_resolves_warning_once_where_it_lives_now() -> None:
+    probe = """
+import importlib, json, warnings
+import mega
+report = {}
+for name, (home, _) in mega._MOVED.items():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = getattr(mega, name)
+        again = getattr(mega, name)
+    new = getattr(importlib.import_module(home), name)
+    report[name] = [old is new and again is new, [str(w.message) for w in caught]]
+print(json.dumps(report))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    report = json.loads(out.stdout)
+    assert set(report) == set(mega._MOVED)
+    for name, (same, messages) in report.items():
+        home = mega._MOVED[name][0]
+        assert same, f"mega.{name} is not {home}.{name}"
+        assert messages == [
+            f"mega.{name} is deprecated and goes in mega 0.3: use from {home} import {name}"
+        ]
     assert not set(mega.__all__) & {p.stem for p in (ROOT / "mega").iterdir()}
 
 
 def test_the_type_checking_imports_repeat_the_table_exactly() -> None:
     tree = ast.parse((ROOT / "mega" / "__init__.py").read_text())
+    [block] = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+    ]
     imported = {
         alias.asname or alias.name: node.module
-        for node in ast.walk(tree)
+        for node in ast.walk(block)
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mega.")
         for alias in node.names
     }

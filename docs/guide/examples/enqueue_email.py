@@ -21,7 +21,8 @@ sys.path.insert(0, str(ROOT))  # the sample's `app` package, as the mega command
 
 from app.jobs.email import EmailJob  # noqa: E402
 from app.services.recent_jobs import remember  # noqa: E402
-from mega import JobQueue, boot, load_config, shutdown  # noqa: E402
+from mega import JobQueue, load_config  # noqa: E402
+from mega.runtime import boot, shutdown  # noqa: E402
 
 
 async def main(mode: str, to: str) -> None:

@@ -16,7 +16,8 @@ import asyncio
 import os
 import sys
 
-from mega import Context, Schedule, Scheduler, boot, load_config, shutdown
+from mega import Context, Schedule, Scheduler, load_config
+from mega.runtime import boot, shutdown
 
 KEY = "guide:every-second"
 

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))  # the sample's `app` package, as the mega command has it
 
 from app.jobs.email import EmailJob  # noqa: E402
-from mega import JobFailed, JobQueue, boot, load_config, shutdown  # noqa: E402
+from mega import JobFailed, JobQueue, load_config  # noqa: E402
+from mega.runtime import boot, shutdown  # noqa: E402
 
 
 async def main(job_id: str, wait_s: float | None) -> int:

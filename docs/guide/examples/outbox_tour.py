@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))  # the sample's `app` package, as the mega command has it
 
 from app.services.signups import SignupService, create_tables  # noqa: E402
-from mega import boot, load_config, outbox, shutdown  # noqa: E402
+from mega import load_config, outbox  # noqa: E402
+from mega.runtime import boot, shutdown  # noqa: E402
 
 
 async def main(action: str) -> None:

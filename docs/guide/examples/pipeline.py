@@ -23,7 +23,8 @@ sys.path.insert(0, str(ROOT))  # the sample's `app` package, as the mega command
 
 from app.jobs.pipeline import SIZES  # noqa: E402
 from app.services import pipeline  # noqa: E402
-from mega import JobQueue, WorkflowStep, boot, load_config, shutdown  # noqa: E402
+from mega import JobQueue, WorkflowStep, load_config  # noqa: E402
+from mega.runtime import boot, shutdown  # noqa: E402
 
 
 def line(label: str, step: WorkflowStep) -> str:

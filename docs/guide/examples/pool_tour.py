@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))  # the sample's `app` package, as the mega command has it
 
 from app.workers.hash_worker import HashWorker  # noqa: E402
-from mega import WorkerError, WorkerPool  # noqa: E402
+from mega import WorkerPool  # noqa: E402
+from mega.errors import WorkerError  # noqa: E402
 
 
 async def main() -> None:

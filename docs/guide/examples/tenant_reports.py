@@ -15,7 +15,8 @@ import asyncio
 import json
 import os
 
-from mega import Context, Schedule, Scheduler, boot, load_config, shutdown
+from mega import Context, Schedule, Scheduler, load_config
+from mega.runtime import boot, shutdown
 
 KEY = "guide:tenant-reports"
 

@@ -1,5 +1,5 @@
-"""The one place mega makes a Redis client: the redis bus's, and (through mega.runtime.boot) each
-cache's, which the locks, rate limits and inboxes use.
+"""The one place mega makes a Redis client: the redis bus's, and (through
+mega.runtime.bootstrap) each cache's, which the locks, rate limits and inboxes use.
 
 `redis://`, `rediss://` (TLS) and `unix://` name one server: a `redis.asyncio.Redis`.
 `redis+cluster://host:port[,host:port...]` (`rediss+cluster://` over TLS) names a Redis Cluster

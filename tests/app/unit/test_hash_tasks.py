@@ -9,7 +9,7 @@ import pytest
 
 from app.workers.hash_tasks import MAX_ROUNDS, sha256_loop
 from app.workers.hash_worker import HashWorker
-from mega import WorkerError
+from mega.errors import WorkerError
 from mega.testing import kill_child, memory_context, worker_pool
 
 ONCE = hashlib.sha256(b"mega").hexdigest()

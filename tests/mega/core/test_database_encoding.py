@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mega.database import encoding_refusal
-from mega.runtime.boot import check_database
+from mega.runtime.bootstrap import check_database
 from mega.runtime.embedded import free_port
 from mega.runtime.migrate import HEAD
 

@@ -18,7 +18,7 @@ from mega.config import BusSpec, load_config
 from mega.context import Context
 from mega.drivers import driver_names, find_driver
 from mega.errors import ConfigError
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.bootstrap import boot, shutdown
 from tests.factories import write_config
 
 TINY = Path(__file__).parent / "tiny_driver"

@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from mega.config import load_config
-from mega.runtime.boot import boot
+from mega.runtime.bootstrap import boot
 from mega.transactional import relay as relay_module
 from mega.transactional.relay import OutboxRelay
 

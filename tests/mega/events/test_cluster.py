@@ -12,7 +12,7 @@ import pytest
 from mega.config import load_config
 from mega.drivers.nats import NatsBus
 from mega.drivers.nats.names import EVENTS_STREAM
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.bootstrap import boot, shutdown
 from tests.cluster import NatsCluster
 from tests.factories import write_config
 from tests.mega.events.test_events_faults import (

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from mega import (
-    Cause,
     Context,
     Event,
     EventBus,
@@ -31,7 +30,8 @@ from mega import (
 from mega.config import load_config
 from mega.drivers.base import Message
 from mega.lanes.delivery import stand_in_id
-from mega.runtime.boot import boot, shutdown
+from mega.runtime import Cause
+from mega.runtime.bootstrap import boot, shutdown
 from tests.factories import write_config
 from tests.mega.jobs.test_contract import (
     CONTRACT_DRIVERS,

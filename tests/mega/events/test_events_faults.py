@@ -16,12 +16,13 @@ from typing import Any
 import pytest
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
-from mega import Context, EventBus, ListenerWorker, OutboxRelay, outbox
+from mega import Context, EventBus, ListenerWorker, outbox
 from mega.config import Config, load_config
 from mega.drivers.nats import NatsBus
 from mega.drivers.nats.names import EVENTS_STREAM
 from mega.drivers.redis.client import RedisClient
-from mega.runtime.boot import boot, shutdown
+from mega.runtime import OutboxRelay
+from mega.runtime.bootstrap import boot, shutdown
 from tests.factories import write_config
 from tests.mega.events import fault_events
 from tests.mega.jobs.test_contract import REDIS_BUS

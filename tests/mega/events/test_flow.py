@@ -16,7 +16,7 @@ from mega.events.bus import EventBus
 from mega.events.event import Event, ReceivedEvent
 from mega.events.listener import Listener
 from mega.events.worker import ListenerWorker
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.bootstrap import boot, shutdown
 from mega.transactional.relay import OutboxRelay
 from mega.transactional.store import OutboxRow, outbox
 from tests.factories import write_config

@@ -11,9 +11,10 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from mega import CacheAdapter, Context, Event, EventBus, Listener, ListenerWorker, ReceivedEvent
+from mega import Context, Event, EventBus, Listener, ListenerWorker, ReceivedEvent
 from mega.drivers.memory import MemoryBus
 from mega.events.inbox import KEY_PREFIX, Inbox
+from mega.runtime import CacheAdapter
 from mega.testing import memory_context
 from tests.mega.jobs.test_contract import until
 

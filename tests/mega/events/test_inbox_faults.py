@@ -20,7 +20,7 @@ from mega import Context, EventBus, Listener, outbox
 from mega.config import load_config
 from mega.drivers.redis.client import RedisClient
 from mega.events.db_inbox import InboxRow
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.bootstrap import boot, shutdown
 from tests.factories import write_config
 from tests.mega.events import fault_inbox
 from tests.mega.events.fault_inbox import EFFECTS

@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 
-from mega import Context, Job, JobQueue, JobWorker, OutboxRelay, outbox
+from mega import Context, Job, JobQueue, JobWorker, outbox
 from mega.config import Config, load_config
 from mega.drivers.redis.client import RedisClient
 from mega.errors import JobError
-from mega.runtime.boot import boot, shutdown
+from mega.runtime import OutboxRelay
+from mega.runtime.bootstrap import boot, shutdown
 from mega.transactional import relay as relay_module
 from tests.factories import write_config
 from tests.mega.events import fault_events

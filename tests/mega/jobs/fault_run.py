@@ -27,7 +27,7 @@ from mega.config import load_config
 from mega.drivers.nats import NatsBus
 from mega.drivers.nats.names import JOB_CONSUMER, stream_name
 from mega.jobs.job import Job
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.bootstrap import boot, shutdown
 from tests.factories import write_config
 from tests.mega.jobs import fault_jobs
 from tests.mega.jobs.test_jobs_faults import MegaWorker, for_prefix, registration

@@ -19,7 +19,7 @@ from mega.config import load_config
 from mega.drivers.nats import NatsBus
 from mega.drivers.nats.names import stream_name
 from mega.drivers.redis.client import RedisClient
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.bootstrap import boot, shutdown
 from tests.cluster import NatsCluster
 from tests.factories import write_config
 from tests.mega.jobs import fault_jobs

@@ -29,7 +29,7 @@ from mega.lanes import status as status_module
 from mega.lanes.control import PAUSE_KEY, Cancelled
 from mega.lanes.delivery import stand_in_id
 from mega.lanes.status import ErrorInfo
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.bootstrap import boot, shutdown
 from tests.factories import write_config
 
 RUNS: Counter[str] = Counter()  # job id -> runs started

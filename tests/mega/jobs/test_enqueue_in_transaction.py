@@ -14,7 +14,7 @@ from sqlalchemy import text
 from mega import Job, JobQueue, JobWorker
 from mega.config import load_config
 from mega.errors import JobError
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.bootstrap import boot, shutdown
 from tests.factories import write_config
 from tests.mega.jobs.test_contract import POSTGRES_BUS
 

@@ -13,7 +13,7 @@ import pytest
 
 from mega import Context, Job, JobContext, JobWorker
 from mega.config import load_config
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.bootstrap import boot, shutdown
 from mega.validation import MAX_NOTE_CHARS
 from mega.validation import progress_fraction as check_fraction
 from mega.validation import progress_note as check_note

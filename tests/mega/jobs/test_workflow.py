@@ -18,7 +18,7 @@ from mega import Context, Job, JobQueue, JobWorker, Permanent, chain, group
 from mega.config import load_config
 from mega.errors import JobError
 from mega.jobs.steps import WORKFLOWS, outcome_key, step_id
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.bootstrap import boot, shutdown
 from tests.factories import write_config
 from tests.mega.jobs.test_contract import DRIVERS, bus_body, until
 

@@ -20,7 +20,7 @@ from mega import JobQueue, group
 from mega.config import load_config
 from mega.context import Context
 from mega.jobs.steps import WORKFLOWS, outcome_key
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.bootstrap import boot, shutdown
 from tests.factories import write_config
 from tests.mega.jobs import fault_jobs
 from tests.mega.jobs.test_contract import bus_body

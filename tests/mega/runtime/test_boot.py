@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mega.errors import ConfigError
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.bootstrap import boot, shutdown
 from tests.factories import config_for
 
 

@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from mega import Job, chain
 from mega.config import Config, load_config
 from mega.jobs.queue import JobQueue
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.bootstrap import boot, shutdown
 from mega.runtime.cli_audit import default_by
 from mega.runtime.control_cli import (
     JOB_ACTIONS,

@@ -16,7 +16,7 @@ from mega.config import Config, load_config
 from mega.drivers.nats import NatsBus
 from mega.drivers.nats.names import stream_name
 from mega.jobs.queue import JobQueue
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.bootstrap import boot, shutdown
 from tests.factories import job_worker, write_config
 from tests.mega.runtime.test_cli import run_mega
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from mega.config import load_config
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.bootstrap import boot, shutdown
 from mega.runtime.hosts import watch_buses
 from mega.web.health import readiness
 from tests.factories import write_config

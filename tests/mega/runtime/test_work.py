@@ -14,7 +14,7 @@ from pathlib import Path
 
 from mega import JobQueue, outbox
 from mega.config import load_config
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.bootstrap import boot, shutdown
 from tests.factories import write_config
 from tests.mega.events.test_events_faults import classes, runs
 from tests.mega.jobs import fault_jobs

@@ -17,7 +17,7 @@ from mega.config import BusSpec, load_config
 from mega.drivers.redis import RedisBus
 from mega.drivers.redis.scripts import EVENTS_LOG, JOB_KEY_PREFIX
 from mega.errors import DependencyUnavailable
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.bootstrap import boot, shutdown
 from tests.factories import write_config
 from tests.mega.jobs.test_contract import REDIS_BUS, until
 

@@ -20,7 +20,7 @@ from mega.drivers.redis.scripts import JOB_KEY_PREFIX
 from mega.errors import DependencyUnavailable
 from mega.jobs.queue import job_lane
 from mega.lanes.dlq import make_record
-from mega.runtime.boot import boot, shutdown
+from mega.runtime.bootstrap import boot, shutdown
 from tests.factories import write_config
 from tests.mega.jobs.test_contract import REDIS_BUS
 

@@ -20,7 +20,7 @@ from mega.drivers.redis.bus import RedisBus
 from mega.drivers.redis.client import OUTAGES, connect_redis
 from mega.drivers.redis.scripts import JOB_KEY_PREFIX
 from mega.errors import DependencyUnavailable
-from mega.runtime.boot import shutdown
+from mega.runtime.bootstrap import shutdown
 from mega.runtime.embedded import EmbeddedRedisSentinel
 from tests.mega.drivers.redis.test_durable import Durable, booted
 
