@@ -32,7 +32,7 @@ if __package__ in (None, ""):  # run by path (python bench/x.py): make `bench` i
 
 from bench.peers import run_peer
 from bench.report import Result, print_table, result, row
-from mega import Context, Job, JobWorker
+from mega import Context, Job, JobRunner
 from mega.config import BusSpec
 from mega.drivers import find_driver
 
@@ -63,7 +63,7 @@ async def _drain(ctx: Context, jobs: int, job: type[Job] = Noop, key: str | None
     """Enqueue `jobs` no-op jobs (untimed; with `key`, all of that key), then time one consume
     loop until all have run. `job` counts its runs in RAN, as Noop does."""
     RAN.clear()
-    worker = JobWorker(ctx)
+    worker = JobRunner(ctx)
     worker.register(job)
     await worker.queue("jobs").enqueue_many(job, range(jobs), key=key)
     started = time.perf_counter()

@@ -28,7 +28,7 @@ if __package__ in (None, ""):  # run by path (python bench/x.py): make `bench` i
 
 from bench.bench_drivers import Noop, _drain, driver_context
 from bench.report import Result, ms, print_table, result, row
-from mega import Context, JobWorker
+from mega import Context, JobRunner
 
 ROUNDS = 2
 RATE_TARGET = 0.8
@@ -69,7 +69,7 @@ async def small_wait_s(ctx: Context, job: type[InOrder], flood: int) -> float:
     """Seconds from a consume loop's start to the start of small's job, behind big's flood
     (on a prioritized job: small's is high, the flood low)."""
     SMALL_STARTED.clear()
-    worker = JobWorker(ctx)
+    worker = JobRunner(ctx)
     worker.register(job)
     queue = worker.queue("jobs")
     if job.prioritized:

@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run by path (python bench/x.py): make `bench` i
 from nats.js.api import StreamConfig
 
 from bench.report import Result, ms, percentile, print_table, result, row
-from mega import Context, Event, Listener, ListenerWorker, ReceivedEvent, outbox
+from mega import Context, Event, Listener, ListenerRunner, ReceivedEvent, outbox
 from mega.config import BusSpec
 from mega.drivers.nats import NatsBus
 from mega.runtime import OutboxRelay
@@ -127,7 +127,7 @@ async def _bench(rows: int, rate: float, seconds: float) -> Result:
             drain = rows / (time.perf_counter() - started)
 
             # Exactly once: three groups consume the drained events.
-            listeners = ListenerWorker(ctx)
+            listeners = ListenerRunner(ctx)
             for group in (First, Second, Third):
                 listeners.register(group)
             started = time.perf_counter()

@@ -1,7 +1,7 @@
 """mega: schedules, a durable job queue and a CPU worker pool for FastAPI services.
 
     from mega import Schedule, Job, Event, Listener, Worker       # what you declare
-    from mega import Scheduler, JobQueue, JobWorker, WorkerPool   # what runs them
+    from mega import Scheduler, JobQueue, JobRunner, WorkerPool   # what runs them
     from mega import outbox, emit                                  # events, in a transaction or now
     from mega.web import create_web_app, UserDep, ok              # the web side (mega.web)
 
@@ -38,7 +38,7 @@ _EXPORTS = {
     "DlqRecord": "mega.lanes.dlq",
     "Job": "mega.jobs.job",
     "JobContext": "mega.jobs.progress",
-    "JobWorker": "mega.jobs.jobworker",
+    "JobRunner": "mega.jobs.runner",
     "JobId": "mega.jobs.spec",
     "JobStatus": "mega.lanes.status",
     "AttemptRecord": "mega.lanes.status",
@@ -59,7 +59,7 @@ _EXPORTS = {
     "ReceivedEvent": "mega.events.event",
     "Listener": "mega.events.listener",
     "outbox": "mega.transactional.store",
-    "ListenerWorker": "mega.events.worker",
+    "ListenerRunner": "mega.events.runner",
     # CPU workers
     "progress": "mega.workers.task_progress",
     "WorkerPool": "mega.workers.pool",
@@ -72,6 +72,9 @@ _EXPORTS = {
 # CHANGELOG.md names. The errors a caller rarely catches by name are in `mega.errors`; what a
 # host or a tool wires (boot, metrics, the relay, the lock and cache adapters) in `mega.runtime`;
 # the driver interface in `mega.drivers`.
+# Old names of public classes, and the name each has now (same object, warning once).
+_RENAMED = {"JobWorker": "JobRunner", "ListenerWorker": "ListenerRunner"}
+
 _MOVED = {
     "ConfigError": ("mega.errors", "mega.errors"),
     "DependencyUnavailable": ("mega.errors", "mega.errors"),
@@ -117,6 +120,11 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module), name)
         globals()[name] = value
         return value
+    if name in _RENAMED:
+        from mega.deprecation import deprecated
+
+        deprecated(f"mega.{name}", f"mega.{_RENAMED[name]}")
+        return __getattr__(_RENAMED[name])
     if name in _MOVED:
         from mega.deprecation import deprecated
 
@@ -146,11 +154,11 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.events.event import Event as Event
     from mega.events.event import ReceivedEvent as ReceivedEvent
     from mega.events.listener import Listener as Listener
-    from mega.events.worker import ListenerWorker as ListenerWorker
+    from mega.events.runner import ListenerRunner as ListenerRunner
     from mega.jobs.job import Job as Job
-    from mega.jobs.jobworker import JobWorker as JobWorker
     from mega.jobs.progress import JobContext as JobContext
     from mega.jobs.queue import JobQueue as JobQueue
+    from mega.jobs.runner import JobRunner as JobRunner
     from mega.jobs.spec import JobId as JobId
     from mega.jobs.steps import WorkflowId as WorkflowId
     from mega.jobs.steps import WorkflowStatus as WorkflowStatus

@@ -58,11 +58,11 @@ from mega.errors import JobError
 from mega.events import bus as events_bus
 from mega.events.bus import group_lane
 from mega.events.listener import Listener
-from mega.events.worker import ListenerWorker
+from mega.events.runner import ListenerRunner
 from mega.jobs import queue as jobs_queue
 from mega.jobs.job import Job
-from mega.jobs.jobworker import JobWorker
 from mega.jobs.queue import job_lane
+from mega.jobs.runner import JobRunner
 from mega.lanes.dlq import DlqRecord
 from mega.lanes.middleware import Middleware
 from mega.schedules import cron
@@ -78,7 +78,7 @@ JOB_SIGNALS = tuple(name for name in jobs_queue.SIGNALS if name != "dispatch")
 LISTENER_SIGNALS = tuple(name for name in events_bus.SIGNALS if name != "emit")
 # A hook is called as hook(runtime, ctx), async or not, as the config's `hooks` are.
 Hook = Callable[[Any, Context], Any]
-HOOK_KEYS = ("worker", "listeners")  # the config's keys for a JobWorker and a ListenerWorker
+HOOK_KEYS = ("worker", "listeners")  # the config's keys for a JobRunner and a ListenerRunner
 
 
 def memory_context(
@@ -143,10 +143,10 @@ async def drain(
     at once. What is queued for a job or group not named here stays queued, untouched.
 
     `hooks` is the config's `hooks` shape: {"worker": [...], "listeners": [...]}, each called
-    as hook(runtime, ctx) on the JobWorker or the ListenerWorker before it starts, so the
+    as hook(runtime, ctx) on the JobRunner or the ListenerRunner before it starts, so the
     signal observers your app attaches run too."""
     report = DrainReport()
-    job_worker, listener_worker = JobWorker(ctx), ListenerWorker(ctx)
+    job_worker, listener_worker = JobRunner(ctx), ListenerRunner(ctx)
     job_specs = [job_worker.register(job_cls) for job_cls in jobs]
     group_specs = [listener_worker.register(listener_cls) for listener_cls in listeners]
     for name in JOB_SIGNALS:

@@ -217,12 +217,12 @@ def sample_config_for(tmp_path: Path, nats_url: str, redis_url: str, **auth: Any
 
 @asynccontextmanager
 async def job_worker(config: Config) -> AsyncIterator[Any]:
-    """A JobWorker on the config's jobs and hooks, in this process: what `mega worker` runs."""
-    from mega.jobs.jobworker import JobWorker
+    """A JobRunner on the config's jobs and hooks, in this process: what `mega worker` runs."""
+    from mega.jobs.runner import JobRunner
     from mega.runtime.hosts import run_hooks
 
     ctx = await boot(config, role="worker", database=False)
-    worker = JobWorker(ctx)
+    worker = JobRunner(ctx)
     for job in config.jobs:
         worker.register(job)
     await run_hooks(config, "worker", worker, ctx)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from mega import Context, ListenerWorker
+from mega import Context, ListenerRunner
 
 if TYPE_CHECKING:
     from mega import RedisClient
@@ -30,7 +30,7 @@ def group_key(group: str) -> str:
     return f"demo:events:groups:{group}"
 
 
-def attach_event_status(listeners: ListenerWorker, ctx: Context) -> None:
+def attach_event_status(listeners: ListenerRunner, ctx: Context) -> None:
     redis = ctx.cache("main").native
 
     async def on_signal(signal: dict[str, Any]) -> None:

@@ -12,10 +12,10 @@ from typing import Any
 
 from app.jobs.email import EmailJob
 from app.services import console_series, recent_jobs
-from mega import Context, JobWorker
+from mega import Context, JobRunner
 
 
-def attach_job_observers(worker: JobWorker, ctx: Context) -> None:
+def attach_job_observers(worker: JobRunner, ctx: Context) -> None:
     redis = ctx.cache("main").native
 
     async def on_signal(signal: dict[str, Any]) -> None:

@@ -1,5 +1,5 @@
 """Event fan-out against the number of listener groups: 1, 10 and 50 groups hearing one
-event, in one `ListenerWorker` process, on the nats, redis and postgres drivers. Each group
+event, in one `ListenerRunner` process, on the nats, redis and postgres drivers. Each group
 receives every event once; the figure is each group's rate (events it ran per second, from
 the first emit to its last run). Target: each group's rate with 50 groups at least 0.5x its
 rate with 1 (more groups share the same two cores, so a group's rate falls; it must not fall
@@ -18,7 +18,7 @@ from collections import Counter
 from bench.bench_drivers import driver_context
 from bench.report import Result
 from bench.scale import curve, last_against_first
-from mega import Context, Event, EventBus, Listener, ListenerWorker, ReceivedEvent
+from mega import Context, Event, EventBus, Listener, ListenerRunner, ReceivedEvent
 
 GROUPS = (1, 10, 50)
 DRIVERS = ("nats", "redis", "postgres")
@@ -49,7 +49,7 @@ async def _rate(driver: str, url: str, groups: int) -> float:
     run = f"{driver}{groups}x{time.monotonic_ns() % 10**8}"
     names = [f"g{run}n{n}" for n in range(groups)]
     SEEN.update({name: Counter() for name in names})
-    worker = ListenerWorker(ctx)
+    worker = ListenerRunner(ctx)
     for name in names:
         worker.register(type(f"Hear{name}", (Hear,), {"group": name}))
     try:
@@ -105,7 +105,7 @@ async def run(urls: dict[str, str]) -> Result:
     return curve(
         "groups",
         "Events: fan-out against the number of listener groups",
-        f"{', '.join(map(str, GROUPS))} groups of one no-op listener in one ListenerWorker, "
+        f"{', '.join(map(str, GROUPS))} groups of one no-op listener in one ListenerRunner, "
         f"{EVENTS:,} events emitted at once; the slowest group's rate.",
         rows,
         [chart],

@@ -8,7 +8,7 @@ report how far it got (after BullMQ's `job.updateProgress`).
                 await ctx.progress(step / 5, f"part {step} of 5")
 
 `ctx.progress(fraction, note)` sends the queue's `progress` signal `{job, id, attempt,
-fraction, note, worker}`, which a JobWorker re-sends like `start` and `done`; observers decide
+fraction, note, worker}`, which a JobRunner re-sends like `start` and `done`; observers decide
 what to keep (a page may store the latest one). Nothing is stored or rate-limited here, and a
 job that never calls it costs nothing beyond its context: a signal leaves only on a call.
 """

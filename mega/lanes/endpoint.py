@@ -1,8 +1,8 @@
 """What jobs and listener groups share above the drivers: `LaneEndpoint`, the part of a
 JobQueue and an EventBus that runs consume loops on a bus and reports their signals, and
-`LaneWorker`, the host side (`JobWorker` and `ListenerWorker` are it with their own few names).
+`LaneRunner`, the host side (`JobRunner` and `ListenerRunner` are it with their own few names).
 
-    worker = JobWorker(ctx)
+    worker = JobRunner(ctx)
     worker.register(EmailJob)           # validated here, against the context's buses
     worker.on("dlq", alert)
     await worker.start()                # queues ensured, one consume loop per class
@@ -193,7 +193,7 @@ class LaneEndpoint:
         return DependencyUnavailable(self.bus.driver, f"{what} on bus {self.bus_alias!r}: {exc}")
 
 
-class LaneWorker(Generic[E, S]):
+class LaneRunner(Generic[E, S]):
     """Run every registered class of one kind in this process (see the module).
 
     `instance_id` names the process in DLQ records (default: the context's); `apply_limits`

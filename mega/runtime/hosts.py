@@ -193,7 +193,7 @@ def relays(config: Config) -> bool:
 def worker_parts(config: Config, *, apply_limits: bool = False) -> list[Part]:
     """What `mega worker` runs, in stop order: relay, listeners, jobs."""
     apply_limits = apply_limits or config.apply_limits
-    from mega.jobs.jobworker import JobWorker
+    from mega.jobs.runner import JobRunner
 
     parts = []
     if relays(config):
@@ -224,12 +224,12 @@ def worker_parts(config: Config, *, apply_limits: bool = False) -> list[Part]:
             )
         )
     if config.listeners:
-        from mega.events.worker import ListenerWorker
+        from mega.events.runner import ListenerRunner
 
         parts.append(
             Part(
                 "listeners",
-                functools.partial(ListenerWorker, apply_limits=apply_limits),
+                functools.partial(ListenerRunner, apply_limits=apply_limits),
                 config.listeners,
                 ("start", "done", "retry", "fail", "dlq", "skip"),
                 "listening with {count} group(s): {names}",
@@ -240,7 +240,7 @@ def worker_parts(config: Config, *, apply_limits: bool = False) -> list[Part]:
     parts.append(
         Part(
             "worker",
-            functools.partial(JobWorker, apply_limits=apply_limits),
+            functools.partial(JobRunner, apply_limits=apply_limits),
             config.jobs,
             ("start", "done", "retry", "fail", "dlq", "cancel"),
             "consuming {count} job(s): {names}",

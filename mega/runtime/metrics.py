@@ -188,7 +188,7 @@ class Observable(Protocol):
 
 
 def observe_jobs(runtime: Observable) -> None:
-    """Count every JobWorker/JobQueue event; time runs and enqueue-to-start latency."""
+    """Count every JobRunner/JobQueue event; time runs and enqueue-to-start latency."""
 
     def count(signal: dict[str, Any]) -> None:
         job = str(signal.get("job", "unknown"))

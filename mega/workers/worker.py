@@ -1,6 +1,6 @@
 """Worker: the declaration of a CPU pool that runs the functions of a task module off the loop.
 
-Not to be confused with JobWorker (which consumes queued jobs): a Worker runs CPU-heavy
+Not to be confused with JobRunner (which consumes queued jobs): a Worker runs CPU-heavy
 functions in child processes (or threads) so `await ctx.workers["hash"].run(...)` never blocks
 the loop that serves HTTP.
 

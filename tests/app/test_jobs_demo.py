@@ -1,4 +1,4 @@
-"""/demo/jobs and its JSON with a real JobWorker: ok, flaky and fail modes end to end, the DLQ,
+"""/demo/jobs and its JSON with a real JobRunner: ok, flaky and fail modes end to end, the DLQ,
 requeue, and bad input that enqueues nothing. Each test has its own NATS and Redis."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The noisy-neighbour demo on /demo/jobs, through its JSON with a real JobWorker: tenant big
+"""The noisy-neighbour demo on /demo/jobs, through its JSON with a real JobRunner: tenant big
 floods the queue and tenant small adds five jobs after. In order, small's jobs wait behind the
 flood; fair, they start at the next turns; rate-limited, starts stay under the cap. Bad input
 and unknown runs are plain errors. Each test has its own NATS and Redis."""

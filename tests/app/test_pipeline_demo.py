@@ -1,4 +1,4 @@
-"""The pipeline demo on /demo/jobs, through its JSON with a real JobWorker: a photo resized to
+"""The pipeline demo on /demo/jobs, through its JSON with a real JobRunner: a photo resized to
 a few sizes at once, then published once with every outcome. With a failing member the
 publish job still runs once, and receives that member's error among the results. Bad input
 and unknown runs are plain errors. Each test has its own NATS and Redis."""

@@ -15,7 +15,7 @@ import pytest
 from mega import Context, Job, JobContext, JobQueue, JobStatus, Schedule
 from mega import clock as mega_clock
 from mega.clock import Clock, FakeClock
-from mega.jobs.jobworker import JobWorker
+from mega.jobs.runner import JobRunner
 from mega.schedules.scheduler import Scheduler
 from mega.testing import fake_clock, memory_context
 
@@ -108,8 +108,8 @@ async def test_a_fake_clock_only_moves_forward() -> None:
         await FakeClock(NOON).advance(-1)
 
 
-async def worker_on(ctx: Context, *jobs: type[Job]) -> JobWorker:
-    worker = JobWorker(ctx)
+async def worker_on(ctx: Context, *jobs: type[Job]) -> JobRunner:
+    worker = JobRunner(ctx)
     for job in jobs:
         worker.register(job)
     await worker.start()

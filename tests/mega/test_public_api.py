@@ -7,7 +7,10 @@ import ast
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
+
+import pytest
 
 import mega
 import mega.runtime
@@ -19,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # then resolve every public name, and report where each one comes from.
 PROBE = """
 import importlib, json, pkgutil
+import pytest
+
 import mega
 for info in pkgutil.walk_packages(mega.__path__, "mega."):
     if info.name != "mega.__main__":
@@ -65,6 +70,8 @@ def test_all_is_the_table_of_at_most_forty_names() -> None:
 def test_a_moved_name_still_resolves_warning_once_where_it_lives_now() -> None:
     probe = """
 import importlib, json, warnings
+import pytest
+
 import mega
 report = {}
 for name, (home, _) in mega._MOVED.items():
@@ -104,6 +111,15 @@ def test_the_type_checking_imports_repeat_the_table_exactly() -> None:
         for alias in node.names
     }
     assert imported == mega._EXPORTS
+
+
+def test_an_old_class_name_is_the_renamed_class_and_warns_once() -> None:
+    for old, new in mega._RENAMED.items():
+        with pytest.warns(DeprecationWarning, match=f"mega.{old} is deprecated .*: use mega.{new}"):
+            assert getattr(mega, old) is getattr(mega, new)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert getattr(mega, old) is getattr(mega, new)  # once: no second warning
 
 
 def test_mega_web_exports_what_it_lists() -> None:

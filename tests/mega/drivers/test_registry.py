@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from mega import Job, JobWorker
+from mega import Job, JobRunner
 from mega.config import BusSpec, load_config
 from mega.context import Context
 from mega.drivers import driver_names, find_driver
@@ -85,7 +85,7 @@ async def test_a_driver_a_package_adds_runs_a_job(
     assert "tiny" in driver_names()
     path = write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=TINY_BUS)
     ctx = await boot(load_config(path), role="test", database=False)
-    worker = JobWorker(ctx)
+    worker = JobRunner(ctx)
     worker.register(Ping)
     await worker.start()
     try:
@@ -118,7 +118,7 @@ async def test_a_context_built_by_hand_runs_a_job_on_every_driver(
     bus = await find_driver(name).connect("jobs", BusSpec(driver=name, url=url))
     ctx = Context(instance_id="by-hand", buses={"jobs": bus})
     job = type("Ping", (Ping,), {"subject": f"{prefix}.ping"})
-    worker = JobWorker(ctx)
+    worker = JobRunner(ctx)
     worker.register(job)
     RAN.clear()
     await worker.start()

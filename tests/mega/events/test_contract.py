@@ -21,9 +21,9 @@ from mega import (
     EventBus,
     Job,
     JobQueue,
-    JobWorker,
+    JobRunner,
     Listener,
-    ListenerWorker,
+    ListenerRunner,
     Permanent,
     ReceivedEvent,
 )
@@ -85,7 +85,7 @@ class Setup:
         )
         self.welcome = self.listener("welcome", self.signed)
         self.audit = self.listener("audit", f"{prefix}.>")
-        self.workers: list[ListenerWorker] = []
+        self.workers: list[ListenerRunner] = []
         self.seen: list[dict[str, Any]] = []
         self.bus = EventBus(ctx, "jobs")
 
@@ -93,8 +93,8 @@ class Setup:
         attributes = {"event": event, "group": f"{self.prefix}-{name}", "bus": "jobs"}
         return type(name, (Recorder,), attributes)
 
-    async def start(self, *listeners: type[Listener]) -> ListenerWorker:
-        worker = ListenerWorker(self.ctx)
+    async def start(self, *listeners: type[Listener]) -> ListenerRunner:
+        worker = ListenerRunner(self.ctx)
         for listener in listeners:
             worker.register(listener)
         for name in ("start", "done", "retry", "fail", "dlq"):
@@ -317,7 +317,7 @@ async def test_a_poison_event_costs_one_delivery_never_the_lane(setup: Setup) ->
     job: type[Job] = type(
         "After", (Job,), {"subject": f"{setup.prefix}.after", "bus": "jobs", "run": run}
     )
-    jobs = JobWorker(setup.ctx)
+    jobs = JobRunner(setup.ctx)
     jobs.register(job)
     await jobs.start()
     try:

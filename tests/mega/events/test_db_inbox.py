@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
 from sqlalchemy.orm import Session
 
-from mega import Context, Event, EventBus, Listener, ListenerWorker, ReceivedEvent
+from mega import Context, Event, EventBus, Listener, ListenerRunner, ReceivedEvent
 from mega.database import Database
 from mega.drivers.memory import MemoryBus
 from mega.events.db_inbox import DbInbox, InboxRow, InboxTransaction
@@ -60,7 +60,7 @@ class Setup:
         self.ctx = ctx
         self.bus = EventBus(ctx, "jobs")
         self.seen: list[dict[str, Any]] = []
-        self.worker = ListenerWorker(ctx)
+        self.worker = ListenerRunner(ctx)
         self.worker.register(Ledger)
         for name in ("done", "skip", "retry", "dlq"):
             self.worker.on(name, self.seen.append)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
-from mega import Context, EventBus, ListenerWorker, outbox
+from mega import Context, EventBus, ListenerRunner, outbox
 from mega.config import Config, load_config
 from mega.drivers.nats import NatsBus
 from mega.drivers.nats.names import EVENTS_STREAM
@@ -205,7 +205,7 @@ async def test_a_relay_killed_mid_batch_loses_nothing_and_runs_nothing_twice(
     assert await published(ctx, prefix) == (50 if when == "after_puback" else 0)
     assert (await ctx.db.run(outbox.stats)).pending == 50  # nothing was marked
 
-    listeners = ListenerWorker(ctx)
+    listeners = ListenerRunner(ctx)
     listeners.register(found["a"])
     await listeners.start()
     relay = OutboxRelay(ctx)
@@ -233,7 +233,7 @@ async def test_nats_down_the_outbox_grows_then_drains(
     ctx = await boot(config, role="test")
     found = classes(prefix)
     redis = ctx.cache("main").native
-    listeners = ListenerWorker(ctx)
+    listeners = ListenerRunner(ctx)
     listeners.register(found["a"])
     await listeners.start()
     relay = OutboxRelay(ctx, poll_s=0.1)
@@ -285,7 +285,7 @@ async def test_the_inbox_skips_an_event_republished_after_the_dedup_window(
     )
     inboxed = type("Inboxed", (found["a"],), {"inbox": "main", "group": f"{prefix}-a"})
     counted: list[str] = []
-    listeners = ListenerWorker(ctx)
+    listeners = ListenerRunner(ctx)
     listeners.register(inboxed)
     listeners.on("skip", lambda signal: counted.append(signal["id"]))
     await listeners.start()

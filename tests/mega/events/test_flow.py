@@ -15,7 +15,7 @@ from mega.config import load_config
 from mega.events.bus import EventBus
 from mega.events.event import Event, ReceivedEvent
 from mega.events.listener import Listener
-from mega.events.worker import ListenerWorker
+from mega.events.runner import ListenerRunner
 from mega.runtime.bootstrap import boot, shutdown
 from mega.transactional.relay import OutboxRelay
 from mega.transactional.store import OutboxRow, outbox
@@ -73,7 +73,7 @@ async def until(predicate: Any, timeout_s: float = 10.0, what: Any = None) -> No
 
 async def test_outbox_relay_listeners_fan_out_and_dlq(ctx: Context, prefix: str) -> None:
     Signed, Welcome, Stats, Flaky = make_classes(prefix)
-    workers = ListenerWorker(ctx)
+    workers = ListenerRunner(ctx)
     for listener in (Welcome, Stats, Flaky):
         workers.register(listener)
     await workers.start()

@@ -11,7 +11,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from mega import Context, Event, EventBus, Listener, ListenerWorker, ReceivedEvent
+from mega import Context, Event, EventBus, Listener, ListenerRunner, ReceivedEvent
 from mega.drivers.memory import MemoryBus
 from mega.events.inbox import KEY_PREFIX, Inbox
 from mega.runtime import CacheAdapter
@@ -69,7 +69,7 @@ async def test_a_group_applies_through_event_inbox_and_skips_what_was_applied(
     group: type[Listener] = type("CountByDomain", (CountByDomain,), {"group": f"{prefix}-count"})
     skipped: list[dict[str, Any]] = []
     done: list[dict[str, Any]] = []
-    worker = ListenerWorker(ctx)
+    worker = ListenerRunner(ctx)
     worker.register(group)
     worker.on("skip", skipped.append)
     worker.on("done", done.append)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from mega import Context, Job, JobQueue, JobWorker, outbox
+from mega import Context, Job, JobQueue, JobRunner, outbox
 from mega.config import Config, load_config
 from mega.drivers.redis.client import RedisClient
 from mega.errors import JobError
@@ -72,8 +72,8 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-async def running(ctx: Context, job: type[Job]) -> JobWorker:
-    worker = JobWorker(ctx)
+async def running(ctx: Context, job: type[Job]) -> JobRunner:
+    worker = JobRunner(ctx)
     worker.register(job)
     await worker.start()
     return worker

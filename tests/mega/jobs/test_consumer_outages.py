@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from mega import Context, Job, JobWorker
+from mega import Context, Job, JobRunner
 from mega.drivers.base import DriverUnavailable
 from mega.lanes import consumer
 from mega.lanes.control import LaneControl
@@ -32,8 +32,8 @@ class Counted(Job):
 
 @asynccontextmanager
 async def consuming(ctx: Context) -> AsyncIterator[None]:
-    """A JobWorker consuming Counted in `ctx` for the block."""
-    worker = JobWorker(ctx)
+    """A JobRunner consuming Counted in `ctx` for the block."""
+    worker = JobRunner(ctx)
     worker.register(Counted)
     await worker.start()
     try:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from mega import CallNext, Context, Job, JobContext, JobQueue, JobWorker, Run
+from mega import CallNext, Context, Job, JobContext, JobQueue, JobRunner, Run
 from mega.config import load_config
 from mega.drivers.base import DlqRecord, DriverUnavailable, Message
 from mega.errors import JobError, JobFailed, Permanent
@@ -168,7 +168,7 @@ async def setup(
     config = load_config(write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body))
     ctx = await boot(config, role="test", database=False)
     job: type[Contract] = type("Contract", (Contract,), {"subject": f"{prefix}.contract"})
-    worker = JobWorker(ctx)
+    worker = JobRunner(ctx)
     worker.register(job)
     seen: list[dict[str, Any]] = []
     for name in ("start", "done", "retry", "fail", "dlq"):
@@ -206,9 +206,9 @@ def wrap_receivers(
 
 
 @contextlib.asynccontextmanager
-async def running(ctx: Context, job: type[Job]) -> AsyncIterator[JobWorker]:
-    """A JobWorker on `job` in this process, stopped (drained) on the way out."""
-    worker = JobWorker(ctx)
+async def running(ctx: Context, job: type[Job]) -> AsyncIterator[JobRunner]:
+    """A JobRunner on `job` in this process, stopped (drained) on the way out."""
+    worker = JobRunner(ctx)
     worker.register(job)
     await worker.start()
     try:
@@ -368,7 +368,7 @@ async def test_a_job_backing_off_holds_no_slot(setup: Any, prefix: str) -> None:
             "backoff": backoff,
         },
     )
-    worker = JobWorker(ctx)
+    worker = JobRunner(ctx)
     worker.register(narrow)
     seen: list[dict[str, Any]] = []
     worker.on("retry", seen.append)
@@ -403,7 +403,7 @@ async def test_enqueue_many_and_bad_payloads(setup: Any, prefix: str) -> None:
 async def test_the_short_form_a_schema_and_a_plain_run_on_a_thread(setup: Any, prefix: str) -> None:
     ctx, _job, _queue, _seen = setup
     typed: type[Typed] = type("Typed", (Typed,), {"subject": f"{prefix}.typed"})
-    worker = JobWorker(ctx)
+    worker = JobRunner(ctx)
     worker.register(typed)
     await worker.start()
     try:
@@ -430,7 +430,7 @@ async def test_a_timeout_fails_the_attempt_and_permanent_errors_skip_the_retries
 ) -> None:
     ctx, _job, _queue, _seen = setup
     limited: type[Limited] = type("Limited", (Limited,), {"subject": f"{prefix}.limited"})
-    worker = JobWorker(ctx)
+    worker = JobRunner(ctx)
     worker.register(limited)
     seen: list[dict[str, Any]] = []
     for name in ("start", "retry", "fail", "dlq"):
@@ -477,7 +477,7 @@ async def test_a_status_record_follows_each_job_and_result_answers(setup: Any, p
     assert status_d.due_at >= before_ms + 59_000
     assert await idle.status(ctx, "no-such-job") is None
 
-    worker = JobWorker(ctx)
+    worker = JobRunner(ctx)
     worker.register(tracked)
     await worker.start()
     try:
@@ -578,7 +578,7 @@ async def test_a_job_whose_dead_letter_was_not_stored_is_handed_back_once_its_re
 
     wraps = {"dead_letter": refuse_once, "release": read_then}
     wrap_receivers(monkeypatch, ctx.bus("jobs"), wraps)
-    worker = JobWorker(ctx)
+    worker = JobRunner(ctx)
     worker.register(doomed)
     worker.queue("jobs").dlq_retry_delay_s = 0.1
     await worker.start()
@@ -639,7 +639,7 @@ async def test_a_jobs_last_record_is_stored_before_its_delivery_is_settled(
 
     monkeypatch.setattr(bus, "receiver", receiver)
     monkeypatch.setattr(bus, "put_records", lose_dlq_records)
-    worker = JobWorker(ctx)
+    worker = JobRunner(ctx)
     worker.register(tracked)
     worker.register(slow)
     await worker.start()
@@ -709,7 +709,7 @@ async def test_cancel_a_queued_a_delayed_a_running_and_a_finished_job(
     delayed = await slow.enqueue(ctx, {"id": f"{prefix}-delayed"}, delay=0.5)
     for job_id in (queued, delayed):
         assert await slow.cancel(ctx, job_id) == Cancelled(True, "cancelled")
-    worker = JobWorker(ctx)
+    worker = JobRunner(ctx)
     worker.register(slow)
     seen: list[dict[str, Any]] = []
     for name in ("start", "done", "cancel", "retry"):
@@ -768,7 +768,7 @@ async def test_a_paused_queue_starts_nothing_until_it_is_resumed(
     caplog.set_level(logging.INFO, logger="mega.jobqueue")
     slow: type[Slow] = type("Slow", (Slow,), {"subject": f"{prefix}.paused"})
     queue = JobQueue(ctx, "jobs")
-    worker = JobWorker(ctx)
+    worker = JobRunner(ctx)
     worker.register(slow)
     await worker.start()
     try:
@@ -800,7 +800,7 @@ async def test_a_pause_outlives_the_keep_of_the_status_records_while_a_worker_ru
     # Records kept 4 s: the pause record would expire 4 s after its write, were it not kept.
     short: type[Slow] = type("Short", (Slow,), {"subject": f"{prefix}.short", "keep_status_s": 4})
     queue = JobQueue(ctx, "jobs")
-    worker = JobWorker(ctx)
+    worker = JobRunner(ctx)
     worker.register(short)
     await worker.start()
     try:
@@ -845,7 +845,7 @@ async def test_stats_say_when_the_oldest_waiting_job_came_and_count_what_was_sto
     assert (stats.pending, stats.in_flight) == (3, 0)
     assert stats.oldest_ms is not None and abs(stats.oldest_ms - first.enqueued_at) <= 1
     assert stats.stored - before.stored == 3
-    worker = JobWorker(ctx)
+    worker = JobRunner(ctx)
     worker.register(counted)
     await worker.start()
     try:
@@ -877,7 +877,7 @@ async def test_dead_letters_page_newest_first_and_are_found_and_deleted_by_id(
 ) -> None:
     ctx, _job, _queue, _seen = setup
     doomed: type[Doomed] = type("Doomed", (Doomed,), {"subject": f"{prefix}.doomed"})
-    worker = JobWorker(ctx)
+    worker = JobRunner(ctx)
     worker.register(doomed)
     await worker.start()
     queue = worker.queue("jobs")
@@ -922,7 +922,7 @@ async def test_a_running_consume_loop_is_seen_and_says_when_it_stopped(
     queue = JobQueue(ctx, "jobs")
     assert await queue.workers(watched) == []
     started_ms = int(time.time() * 1000)
-    worker = JobWorker(ctx, instance_id=f"{prefix}-w1")
+    worker = JobRunner(ctx, instance_id=f"{prefix}-w1")
     worker.register(watched)
     await worker.start()
     try:
@@ -970,8 +970,8 @@ STARTED: dict[str, list[tuple[float, str]]] = {}  # subject -> (start time, work
 
 @contextlib.asynccontextmanager
 async def consume_loops(ctx: Context, job: type[Job], prefix: str, n: int) -> AsyncIterator[None]:
-    """`n` consume loops of `job` (n workers' worth), each its own JobWorker, stopped after."""
-    workers = [JobWorker(ctx, instance_id=f"{prefix}-w{i}") for i in range(n)]
+    """`n` consume loops of `job` (n workers' worth), each its own JobRunner, stopped after."""
+    workers = [JobRunner(ctx, instance_id=f"{prefix}-w{i}") for i in range(n)]
     try:
         for worker in workers:
             worker.register(job)
@@ -1470,7 +1470,7 @@ async def test_every_run_goes_through_the_contexts_middlewares_in_order(
     recording = Recording()
     ctx.middlewares = [recording, tenant_and_own_retry]
     wrapped: type[Wrapped] = type("Wrapped", (Wrapped,), {"subject": f"{prefix}.wrapped"})
-    worker = JobWorker(ctx)
+    worker = JobRunner(ctx)
     worker.register(wrapped)
     seen: list[dict[str, Any]] = []
     for name in ("done", "retry", "dlq"):

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from mega import Job, JobQueue, JobWorker
+from mega import Job, JobQueue, JobRunner
 from mega.config import load_config
 from mega.errors import JobError
 from mega.runtime.bootstrap import boot, shutdown
@@ -50,7 +50,7 @@ async def test_the_job_exists_if_and_only_if_the_transaction_commits(
             job_id = await queue.enqueue(ShipOrder, {"order": 2}, session=session)
             assert (await queue.stats(ShipOrder)).pending == 0  # not committed yet
         assert (await queue.stats(ShipOrder)).pending == 1
-        worker = JobWorker(ctx)
+        worker = JobRunner(ctx)
         worker.register(ShipOrder)
         await worker.start()
         try:

@@ -1,5 +1,5 @@
 """`ctx.progress(fraction, note)`: the check of its arguments (a table, no broker), and the
-`progress` signal a JobQueue sends and a JobWorker re-sends, proven on every bus driver: the
+`progress` signal a JobQueue sends and a JobRunner re-sends, proven on every bus driver: the
 `nats` driver on the session's nats-server, `redis` on its Redis, `memory` in this process."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from mega import Context, Job, JobContext, JobWorker
+from mega import Context, Job, JobContext, JobRunner
 from mega.config import load_config
 from mega.runtime.bootstrap import boot, shutdown
 from mega.validation import MAX_NOTE_CHARS
@@ -86,12 +86,12 @@ class Stepper(Job):
 @pytest.fixture(params=["nats", "redis", "memory"])
 async def setup(
     request: pytest.FixtureRequest, tmp_path: Path, nats_url: str, redis_url: str, prefix: str
-) -> AsyncIterator[tuple[type[Job], JobWorker, list[dict[str, Any]]]]:
+) -> AsyncIterator[tuple[type[Job], JobRunner, list[dict[str, Any]]]]:
     body = {"nats": "", "redis": REDIS_BUS, "memory": MEMORY_BUS}[request.param]
     config = load_config(write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body))
     ctx = await boot(config, role="test", database=False)
     job = type("Stepper", (Stepper,), {"subject": f"{prefix}.progress"})
-    worker = JobWorker(ctx, instance_id=f"worker-{prefix}")
+    worker = JobRunner(ctx, instance_id=f"worker-{prefix}")
     worker.register(job)
     seen: list[dict[str, Any]] = []
     for name in ("start", "progress", "done", "retry", "fail", "dlq"):

@@ -1,4 +1,4 @@
-"""JobQueue, JobWorker and the DLQ tools against a real nats-server (JetStream, file storage).
+"""JobQueue, JobRunner and the DLQ tools against a real nats-server (JetStream, file storage).
 
 Every test uses its own subject (`prefix`), hence its own streams. Timing-sensitive tests use
 short backoffs and ack waits and compare against bounds, never against exact durations.
@@ -24,8 +24,8 @@ from mega.drivers.nats import NatsBus
 from mega.drivers.nats.names import HEADER_JOB_ID, dlq_stream_name, stream_name
 from mega.errors import DependencyUnavailable, JobError, RegistrationError
 from mega.jobs.job import Job
-from mega.jobs.jobworker import JobWorker
 from mega.jobs.queue import SIGNALS, JobQueue
+from mega.jobs.runner import JobRunner
 from mega.lanes.backoff import BackoffPolicy
 
 # Retries in milliseconds, so the tests spend their time on behaviour, not on waiting.
@@ -73,7 +73,7 @@ def make_job(prefix: str, run: Run, **attrs: Any) -> type[Job]:
 class Recorder:
     """Every signal of a runtime, in order, with a wait helper."""
 
-    def __init__(self, runtime: JobQueue | JobWorker) -> None:
+    def __init__(self, runtime: JobQueue | JobRunner) -> None:
         self.signals: list[dict[str, Any]] = []
         for name in SIGNALS:
             runtime.on(name, self.signals.append)
@@ -639,7 +639,7 @@ async def test_worker_runs_registered_jobs_and_re_emits_events(ctx: Context, pre
 
     job_a = make_job(prefix + "a", run_a)
     job_b = make_job(prefix + "b", run_b, retries=1)
-    worker = JobWorker(ctx, instance_id="host-1")
+    worker = JobRunner(ctx, instance_id="host-1")
     seen = Recorder(worker)
     worker.register(job_a)
     worker.register(job_b)

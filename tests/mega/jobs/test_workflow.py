@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from mega import Context, Job, JobQueue, JobWorker, Permanent, chain, group
+from mega import Context, Job, JobQueue, JobRunner, Permanent, chain, group
 from mega.config import load_config
 from mega.errors import JobError
 from mega.jobs.steps import WORKFLOWS, outcome_key, step_id
@@ -86,7 +86,7 @@ async def setup(
         type("Collect", (Collect,), {"subject": f"{prefix}.collect"}),
         type("Sized", (Sized,), {"subject": f"{prefix}.sized"}),
     )
-    worker = JobWorker(ctx)
+    worker = JobRunner(ctx)
     worker.register(jobs[0])
     worker.register(jobs[1])
     await worker.start()

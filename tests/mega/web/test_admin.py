@@ -1,7 +1,7 @@
 """The admin pages (mega.web.admin) mounted by an app on the framework alone: the login, the
 overview of a known state, one job's life, the search, the dead-letter browser's paging, retry
 and purge, and the schedules' pause, resume and run now. Each test has its own NATS and Redis;
-a JobWorker runs in the test's process."""
+a JobRunner runs in the test's process."""
 
 from __future__ import annotations
 

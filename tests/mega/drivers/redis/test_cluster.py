@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from redis.asyncio.cluster import RedisCluster
 
-from mega import Context, Event, EventBus, Job, JobQueue, JobWorker, Listener, ListenerWorker
+from mega import Context, Event, EventBus, Job, JobQueue, JobRunner, Listener, ListenerRunner
 from mega.config import BusSpec, load_config
 from mega.drivers.redis import RedisBus
 from mega.drivers.redis.scripts import EVENTS_LOG, JOB_KEY_PREFIX
@@ -67,7 +67,7 @@ async def test_a_job_lanes_keys_share_its_slot_and_lanes_spread_over_the_masters
     classes: list[type[Failing]] = [
         type(f"C{i}", (Failing,), {"subject": f"{prefix}.c{i}"}) for i in range(CLASSES)
     ]
-    worker = JobWorker(ctx)
+    worker = JobRunner(ctx)
     for job in classes:
         worker.register(job)
     await worker.start()
@@ -105,7 +105,7 @@ async def test_every_key_of_the_events_side_is_in_one_slot(ctx: Context, prefix:
     group: type[FailingListener] = type(
         "Audit", (FailingListener,), {"event": signed, "group": f"{prefix}-audit"}
     )
-    worker = ListenerWorker(ctx)
+    worker = ListenerRunner(ctx)
     worker.register(group)
     await worker.start()
     bus = EventBus(ctx, "jobs")

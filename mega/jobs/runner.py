@@ -1,8 +1,8 @@
-"""JobWorker: the job-consumer host's runtime, one consume loop per registered Job.
+"""JobRunner: the job-consumer host's runtime, one consume loop per registered Job.
 
-Not to be confused with `Worker` (a CPU pool): a JobWorker runs the jobs of its buses, on any
+Not to be confused with `Worker` (a CPU pool): a JobRunner runs the jobs of its buses, on any
 driver. Its signals: dispatch, start, progress (when a job reports it), done, retry, fail (with
-`phase`), dlq. The loop is mega/lanes/consumer.py; the host side is `LaneWorker` (lanes.py).
+`phase`), dlq. The loop is mega/lanes/consumer.py; the host side is `LaneRunner` (lanes.py).
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from typing import Any, ClassVar
 
 from mega.jobs.queue import SIGNALS, JobQueue
 from mega.jobs.spec import JobSpec, validate_job
-from mega.lanes.endpoint import LaneWorker
+from mega.lanes.endpoint import LaneRunner
 
 
-class JobWorker(LaneWorker[JobQueue, JobSpec]):
-    """Consume every registered Job class of this process (see LaneWorker)."""
+class JobRunner(LaneRunner[JobQueue, JobSpec]):
+    """Consume every registered Job class of this process (see LaneRunner)."""
 
     endpoint_cls = JobQueue
     signal_names: ClassVar[tuple[str, ...]] = SIGNALS
     kind: ClassVar[str] = "job"
-    logger: ClassVar[logging.Logger] = logging.getLogger("mega.jobworker")
+    logger: ClassVar[logging.Logger] = logging.getLogger("mega.jobrunner")
 
     def validate(self, cls: type[Any]) -> JobSpec:
         return validate_job(cls, self.ctx.buses)

@@ -1,12 +1,12 @@
-"""ListenerWorker: the listener groups of a host, one consume loop per registered Listener.
+"""ListenerRunner: the listener groups of a host, one consume loop per registered Listener.
 
-    listeners = ListenerWorker(ctx)
+    listeners = ListenerRunner(ctx)
     listeners.register(WelcomeEmailListener)    # validated here
     listeners.on("dlq", alert)
     await listeners.start()                     # groups ensured, loops running
     await listeners.stop(timeout_s=30)          # drain, then hand the rest back
 
-The host side is the jobs' own `LaneWorker` (mega/lanes/endpoint.py), with one EventBus per alias.
+The host side is the jobs' own `LaneRunner` (mega/lanes/endpoint.py), with one EventBus per alias.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any, ClassVar
 from mega.errors import EventError, JobError
 from mega.events.bus import SIGNALS, EventBus
 from mega.events.listener import ListenerSpec, validate_listener
-from mega.lanes.endpoint import LaneWorker
+from mega.lanes.endpoint import LaneRunner
 
 
-class ListenerWorker(LaneWorker[EventBus, ListenerSpec]):
-    """Run every registered Listener group in this process (see LaneWorker)."""
+class ListenerRunner(LaneRunner[EventBus, ListenerSpec]):
+    """Run every registered Listener group in this process (see LaneRunner)."""
 
     endpoint_cls = EventBus
     signal_names: ClassVar[tuple[str, ...]] = SIGNALS
