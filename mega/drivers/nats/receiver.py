@@ -320,7 +320,10 @@ class NatsReceiver:
             description = headers.get("Description", "")
             self._warn(f"{self.lane.name}: pull answered {status} {description}")
             self.pause_until = time.monotonic() + OUTAGE_BACKOFF_S
-            if status == "404" or "deleted" in description.lower():
+            # 404 (no such consumer), 409 "Consumer Deleted" while a pull waited, and 503 (no
+            # responders: the pull came after the deletion, so nothing was there to answer it)
+            # all mean the consumer may be gone: make it again (a no-op when it is there).
+            if status in ("404", "503") or "deleted" in description.lower():
                 self.needs_ensure = True
         self.ready.set()
 

@@ -12,6 +12,7 @@ from nats.aio.msg import Msg
 
 from mega.drivers.base import Delivery, Lane
 from mega.drivers.nats.bus import NatsBus
+from mega.drivers.nats.names import durable_of
 from mega.drivers.nats.receiver import (
     PULL_EXPIRES_S,
     PULL_GRACE_S,
@@ -121,5 +122,31 @@ async def test_a_pull_that_hears_nothing_is_made_again_before_it_would_expire(
         await receiver._top_up(4, start + PULL_SILENT_S + 0.1)  # silent too long: gone
         assert await counted(sent, 2) == 2 and receiver.credits == 4
         assert PULL_SILENT_S + 0.1 < PULL_EXPIRES_S + PULL_GRACE_S  # sooner than the expiry
+    finally:
+        await receiver.close()
+
+
+async def test_a_pull_to_a_deleted_consumer_makes_it_again_and_the_jobs_come(
+    nats_bus: NatsBus, prefix: str
+) -> None:
+    """Deleted between two pulls, the consumer has no one to answer the next one: the server
+    says 503 (no responders), not 409. The receiver makes the consumer again on that answer
+    too, and the job published meanwhile is delivered."""
+    lane = await lane_of(nats_bus, prefix)
+    receiver = nats_bus.receiver(lane, consumer="test")
+    try:
+        await nats_bus.publish(lane, [message(f"{prefix}-1", lane.subject)])
+        [first] = await receiver.fetch(4)
+        await receiver.ack(first)
+        await receiver.close()  # no pull waiting: the next one meets no consumer
+        await nats_bus.js.delete_consumer(receiver.stream, durable_of(lane))
+        receiver = nats_bus.receiver(lane, consumer="test")
+        await nats_bus.publish(lane, [message(f"{prefix}-2", lane.subject)])
+        got: list[str] = []
+        deadline = time.monotonic() + 3 * DEADLINE_S
+        while not got:
+            assert time.monotonic() < deadline, "the consumer was never made again"
+            got = [d.id for d in await receiver.fetch(4)]
+        assert got == [f"{prefix}-2"]
     finally:
         await receiver.close()
