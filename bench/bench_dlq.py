@@ -191,7 +191,9 @@ def _summary(figures: dict[str, Any]) -> str:
 @contextmanager
 def embedded_servers(tmp: Path) -> Iterator[dict[str, str]]:
     """The embedded servers, each on a private port under `tmp`, stopped after."""
-    from mega.runtime.embedded import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis
+    from mega.drivers.nats.embedded import EmbeddedNats
+    from mega.drivers.postgres.embedded import EmbeddedPostgres
+    from mega.drivers.redis.embedded import EmbeddedRedis
 
     started: list[Any] = []
     try:

@@ -118,7 +118,7 @@ async def _streaq(url: str, jobs: int) -> float:
 async def _bench(jobs: int) -> Result:
     from redis.asyncio import Redis
 
-    from mega.runtime.embedded import EmbeddedRedis
+    from mega.drivers.redis.embedded import EmbeddedRedis
 
     memory = await _drain(await driver_context("memory", ""), jobs)
 

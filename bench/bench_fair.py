@@ -108,7 +108,9 @@ async def measure(driver: str, url: str, flood: int) -> dict[str, float]:
 
 
 async def _bench(flood: int) -> Result:
-    from mega.runtime.embedded import EmbeddedNats, EmbeddedPostgres, EmbeddedRedis
+    from mega.drivers.nats.embedded import EmbeddedNats
+    from mega.drivers.postgres.embedded import EmbeddedPostgres
+    from mega.drivers.redis.embedded import EmbeddedRedis
 
     with tempfile.TemporaryDirectory(prefix="bench-fair-") as tmp:
         nats = EmbeddedNats(Path(tmp) / "nats").start()

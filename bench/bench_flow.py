@@ -54,7 +54,7 @@ class KeyCapped(Free):
 async def _bench(jobs: int) -> Result:
     from redis.asyncio import Redis
 
-    from mega.runtime.embedded import EmbeddedRedis
+    from mega.drivers.redis.embedded import EmbeddedRedis
 
     with tempfile.TemporaryDirectory(prefix="bench-flow-") as tmp:
         server = EmbeddedRedis(Path(tmp) / "redis").start()

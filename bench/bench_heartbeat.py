@@ -41,7 +41,9 @@ if __package__ in (None, ""):  # run by path (python bench/x.py): make `app`, `b
 
 from app.workers.hash_tasks import MAX_ROUNDS
 from bench.report import Result, ms, print_table, result, row, summary
-from mega.runtime.embedded import EmbeddedNats, EmbeddedRedis, free_port
+from mega.drivers.embedded import free_port
+from mega.drivers.nats.embedded import EmbeddedNats
+from mega.drivers.redis.embedded import EmbeddedRedis
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "mega_config.py"

@@ -21,7 +21,9 @@ import urllib.request
 from pathlib import Path
 
 from bench.report import Result, print_table, result, row
-from mega.runtime.embedded import EmbeddedNats, EmbeddedRedis, free_port
+from mega.drivers.embedded import free_port
+from mega.drivers.nats.embedded import EmbeddedNats
+from mega.drivers.redis.embedded import EmbeddedRedis
 
 ROOT = Path(__file__).resolve().parents[1]
 # The target of each host (its command's name; "web" is `mega start`).

@@ -670,7 +670,7 @@ def _print_profile(path: Path) -> None:
 
 
 async def _bench(options: Options) -> Result:
-    from mega.runtime.embedded import EmbeddedNats
+    from mega.drivers.nats.embedded import EmbeddedNats
 
     with tempfile.TemporaryDirectory(prefix="bench-jobs-") as tmp_name:
         tmp = Path(tmp_name)

@@ -107,7 +107,7 @@ async def _bare_publish(ctx: Context, payloads: list[bytes], *, stream: str) -> 
 
 
 async def _bench(rows: int, rate: float, seconds: float) -> Result:
-    from mega.runtime.embedded import EmbeddedNats
+    from mega.drivers.nats.embedded import EmbeddedNats
 
     with tempfile.TemporaryDirectory(prefix="bench-outbox-") as tmp_name:
         tmp = Path(tmp_name)

@@ -108,7 +108,7 @@ async def peer_rate(script: str, url: str, jobs: int) -> float:
 
 
 async def _bench(jobs: int, procrastinate_jobs: int, durable: bool) -> Result:
-    from mega.runtime.embedded import EmbeddedPostgres
+    from mega.drivers.postgres.embedded import EmbeddedPostgres
 
     notes = [
         "every job checked to have run exactly once, and every queue empty afterwards",

@@ -67,7 +67,7 @@ async def measure(url: str, jobs: int, *, durable: bool) -> dict[str, float]:
 
 
 async def _bench(jobs: int) -> Result:
-    from mega.runtime.embedded import EmbeddedRedis, EmbeddedRedisCluster
+    from mega.drivers.redis.embedded import EmbeddedRedis, EmbeddedRedisCluster
 
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
         single = EmbeddedRedis(Path(tmp) / "redis").start()

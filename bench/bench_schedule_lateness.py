@@ -31,7 +31,7 @@ if __package__ in (None, ""):  # run by path (python bench/x.py): make `app`, `b
 
 from bench.report import Result, ms, print_table, result, row, summary
 from mega.context import CacheAdapter, Context
-from mega.runtime.embedded import EmbeddedRedis
+from mega.drivers.redis.embedded import EmbeddedRedis
 from mega.schedules.locks import RedLock
 from mega.schedules.schedule import LockSettings, Schedule
 from mega.schedules.scheduler import Scheduler

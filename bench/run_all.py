@@ -37,7 +37,7 @@ if __package__ in (None, ""):  # run by path (python bench/x.py): make `app`, `b
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.report import Result, markdown_table
-from mega.runtime.embedded import find_nats_server
+from mega.drivers.nats.embedded import find_nats_server
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS = BENCH_DIR / "RESULTS.md"

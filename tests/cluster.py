@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from mega.runtime.embedded import EmbeddedServer, find_nats_server, free_port
+from mega.drivers.embedded import EmbeddedServer, free_port
+from mega.drivers.nats.embedded import find_nats_server
 
 CLUSTER_NAME = "mega"
 

@@ -16,13 +16,10 @@ from typing import Any
 
 import pytest
 
-from mega.runtime.embedded import (
-    EmbeddedNats,
-    EmbeddedPostgres,
-    EmbeddedRedis,
-    EmbeddedRedisCluster,
-    EmbeddedServer,
-)
+from mega.drivers.embedded import EmbeddedServer
+from mega.drivers.nats.embedded import EmbeddedNats
+from mega.drivers.postgres.embedded import EmbeddedPostgres
+from mega.drivers.redis.embedded import EmbeddedRedis, EmbeddedRedisCluster
 from tests.cluster import NatsCluster
 from tests.netns import NamespacesUnavailable, NetnsCluster, Network
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from mega.runtime.embedded import port_open
+from mega.drivers.embedded import port_open
 from tests.cluster import ClusterNode, NatsCluster
 from tests.processes import alive
 

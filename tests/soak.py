@@ -36,7 +36,9 @@ from typing import Any
 import httpx
 from redis.asyncio import Redis
 
-from mega.runtime.embedded import EmbeddedNats, EmbeddedRedis, free_port
+from mega.drivers.embedded import free_port
+from mega.drivers.nats.embedded import EmbeddedNats
+from mega.drivers.redis.embedded import EmbeddedRedis
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("ok", "flaky", "fail")

@@ -28,8 +28,8 @@ from bench.report import Result, Row
 from bench.scale import curve, last_against_first
 from bench.scale.site import write_config
 from mega import JobQueue, load_config
+from mega.drivers.embedded import free_port
 from mega.runtime import boot, shutdown
-from mega.runtime.embedded import free_port
 
 BACKLOGS = (20_000, 200_000, 1_000_000)
 DRIVERS = ("nats", "redis", "postgres")

@@ -35,13 +35,10 @@ from typing import IO
 
 from mega.config import Config, load_config
 from mega.constants import DEV_ENV_FILE, DEV_ENV_NAMES, DRAIN_TIMEOUT_S, VAR_DIR
-from mega.runtime.embedded import (
-    EmbeddedNats,
-    EmbeddedPostgres,
-    EmbeddedRedis,
-    EmbeddedServer,
-    free_port,
-)
+from mega.drivers.embedded import EmbeddedServer, free_port
+from mega.drivers.nats.embedded import EmbeddedNats
+from mega.drivers.postgres.embedded import EmbeddedPostgres
+from mega.drivers.redis.embedded import EmbeddedRedis
 from mega.runtime.hosts import check_port_free
 
 COLOURS = {

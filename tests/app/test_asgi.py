@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from mega.runtime.embedded import free_port
+from mega.drivers.embedded import free_port
 from tests.factories import DEMO_PASSWORD, DEMO_USER, authed, sample_config
 from tests.processes import alive, descendants, wait_for_status
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mega.runtime.embedded import free_port
+from mega.drivers.embedded import free_port
 from tests.processes import alive, descendants
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mega.runtime.embedded import free_port
+from mega.drivers.embedded import free_port
 from tests.processes import descendants
 
 ROOT = Path(__file__).resolve().parents[2]

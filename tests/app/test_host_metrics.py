@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from mega.config import load_config
-from mega.runtime.embedded import free_port
+from mega.drivers.embedded import free_port
 from tests.app.test_web_metrics import sample
 from tests.factories import SAMPLE_REGISTRATIONS, csrf_from, login, sample_config, web_client
 

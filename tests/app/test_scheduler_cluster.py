@@ -20,7 +20,7 @@ from typing import cast
 import pytest
 import redis
 
-from mega.runtime.embedded import free_port
+from mega.drivers.embedded import free_port
 from mega.schedules.locks import CLAIM_TOLERANCE_MS
 from tests.app.test_host_metrics import Host, scrape
 from tests.app.test_web_metrics import sample

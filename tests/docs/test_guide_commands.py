@@ -42,7 +42,9 @@ from pathlib import Path
 
 import pytest
 
-from mega.runtime.embedded import EmbeddedNats, EmbeddedRedis, EmbeddedServer, free_port
+from mega.drivers.embedded import EmbeddedServer, free_port
+from mega.drivers.nats.embedded import EmbeddedNats
+from mega.drivers.redis.embedded import EmbeddedRedis
 from tests.factories import TEST_SECRET
 
 ROOT = Path(__file__).resolve().parents[2]

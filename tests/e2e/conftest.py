@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from mega.runtime.embedded import EmbeddedNats, EmbeddedRedis, free_port
+from mega.drivers.embedded import free_port
+from mega.drivers.nats.embedded import EmbeddedNats
+from mega.drivers.redis.embedded import EmbeddedRedis
 from tests.factories import DEMO_PASSWORD, DEMO_USER, TEST_SECRET
 
 if TYPE_CHECKING:

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from mega.runtime.embedded import free_port
+from mega.drivers.embedded import free_port
 from tests.factories import csrf_from
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mega.runtime.embedded import EmbeddedServer, free_port
+from mega.drivers.embedded import EmbeddedServer, free_port
 from tests.factories import DEMO_PASSWORD, DEMO_USER, TEST_SECRET
 from tests.processes import (
     alive,

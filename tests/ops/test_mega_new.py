@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from mega.runtime.embedded import free_port
+from mega.drivers.embedded import free_port
 from mega.runtime.scaffold import TEMPLATES
 from tests.processes import alive, descendants, wait_for_status, wait_for_text
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from mega.database import encoding_refusal
+from mega.drivers.embedded import free_port
 from mega.runtime.bootstrap import check_database
-from mega.runtime.embedded import free_port
 from mega.runtime.migrate import HEAD
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -16,11 +16,13 @@ import pytest
 
 from mega import Context, JobQueue
 from mega.config import load_config
+from mega.drivers.embedded import EmbeddedServer
+from mega.drivers.postgres.embedded import EmbeddedPostgres
 from mega.drivers.postgres.sql import JOBS as JOBS_TABLE
 from mega.drivers.redis.client import RedisClient
+from mega.drivers.redis.embedded import EmbeddedRedis
 from mega.drivers.redis.scripts import JOB_KEY_PREFIX as KEY_PREFIX
 from mega.runtime.bootstrap import boot, shutdown
-from mega.runtime.embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedServer
 from tests.factories import write_config
 from tests.mega.jobs import fault_jobs
 from tests.mega.jobs.test_jobs_faults import (

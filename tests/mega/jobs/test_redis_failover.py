@@ -27,10 +27,10 @@ from redis.exceptions import RedisError
 
 from mega import JobQueue
 from mega.config import load_config
+from mega.drivers.redis.embedded import EmbeddedRedis, EmbeddedRedisCluster, EmbeddedRedisSentinel
 from mega.drivers.redis.scripts import JOB_KEY_PREFIX
 from mega.errors import DependencyUnavailable
 from mega.runtime.bootstrap import boot, shutdown
-from mega.runtime.embedded import EmbeddedRedis, EmbeddedRedisCluster, EmbeddedRedisSentinel
 from tests.factories import write_config
 from tests.mega.jobs import fault_jobs
 from tests.mega.jobs.test_driver_faults import bus_config

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from mega.runtime.embedded import EmbeddedNats, EmbeddedRedis, free_port
+from mega.drivers.embedded import free_port
+from mega.drivers.nats.embedded import EmbeddedNats
+from mega.drivers.redis.embedded import EmbeddedRedis
 from tests.factories import DECLARATIONS, write_config
 from tests.processes import alive, descendants, wait_for_text
 

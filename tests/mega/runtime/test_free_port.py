@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mega.runtime.embedded import LISTEN_PORTS, free_port
+from mega.drivers.embedded import LISTEN_PORTS, free_port
 
 
 def ephemeral_range() -> range:

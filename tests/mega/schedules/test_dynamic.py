@@ -14,9 +14,9 @@ import pytest
 from redis.asyncio import Redis
 
 from mega.context import Context
+from mega.drivers.embedded import EmbeddedServer
 from mega.drivers.redis.client import RedisClient
 from mega.errors import ConfigError, RegistrationError
-from mega.runtime.embedded import EmbeddedServer
 from mega.schedules.dynamic import ScheduleEntry, changes, validate_entry
 from mega.schedules.schedule import Schedule
 from mega.schedules.scheduler import Scheduler

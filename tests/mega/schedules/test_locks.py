@@ -10,9 +10,9 @@ import pytest
 from redis.asyncio import Redis
 
 from mega.context import EarlyClaim, FencedLease, Refusal
+from mega.drivers.embedded import EmbeddedServer
 from mega.drivers.redis.client import RedisClient
 from mega.errors import LockBackendError
-from mega.runtime.embedded import EmbeddedServer
 from mega.schedules.locks import CLAIM_TOLERANCE_MS, RedLock, quorum_claim
 
 

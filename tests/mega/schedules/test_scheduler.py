@@ -16,9 +16,9 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from mega.context import Context
+from mega.drivers.embedded import EmbeddedServer
 from mega.drivers.redis.client import RedisClient
 from mega.errors import LockBackendError, RegistrationError
-from mega.runtime.embedded import EmbeddedServer
 from mega.schedules import locks
 from mega.schedules.guard import EARLY_WAIT_LIMIT_S
 from mega.schedules.locks import CLAIM_TOLERANCE_MS, RedLock

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from mega.config import AuthConfig, Config
 from mega.constants import DEVICE_COOKIE, SESSION_COOKIE
-from mega.runtime.embedded import free_port
+from mega.drivers.embedded import free_port
 from mega.web.auth import ensure_user, safe_next, sign
 from mega.web.limits import (
     MAX_LOGIN_DELAY_S,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from mega.runtime.embedded import EmbeddedServer
+from mega.drivers.embedded import EmbeddedServer
 from tests.factories import config_for, web_client
 
 

@@ -24,11 +24,11 @@ from mega.drivers.base import (
     Message,
     Receiver,
 )
+from mega.drivers.embedded import free_port
 from mega.drivers.postgres import PostgresBus, sql
 from mega.drivers.postgres import receiver as receiver_module
 from mega.drivers.postgres.common import lane_key
 from mega.errors import DependencyUnavailable
-from mega.runtime.embedded import free_port
 from mega.runtime.migrate import upgrade
 
 
