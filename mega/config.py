@@ -12,6 +12,8 @@ win over the file.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import importlib.util
 import inspect
 import logging
@@ -23,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Annotated, Any, Literal
-from urllib.parse import unquote, urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -55,114 +56,31 @@ PositiveInt = Annotated[StrictInt, Field(gt=0)]
 Port = Annotated[StrictInt, Field(gt=0, lt=65536)]
 
 
-def _check_url(url: str, *schemes: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in schemes or not (parts.hostname or parts.scheme == "unix"):
-        raise ValueError(f"bad URL {url!r} (expected {'/'.join(schemes)}://host:port)")
-    return url
+def check_bus_urls(driver: str, urls: list[str]) -> str:
+    """A bus's URLs as its driver checks them (`check_urls` in the driver's package, found by
+    the driver's name as mega.drivers finds the class, without importing the engine's client);
+    ValueError saying what is wrong."""
+    target = BUILT_IN_DRIVERS.get(driver)
+    if target is None:
+        from importlib.metadata import entry_points
+
+        points = entry_points(group=DRIVERS_ENTRY_POINT_GROUP)
+        target = next((point.value for point in points if point.name == driver), "")
+    package = target.partition(":")[0]
+    check: Callable[[list[str]], str] | None = None
+    if package:
+        with contextlib.suppress(ImportError):  # an added driver that cannot load: boot says so
+            check = getattr(importlib.import_module(package), "check_urls", None)
+    if check is None:
+        check = importlib.import_module("mega.drivers.urls").check_urls
+    return check(urls)
 
 
-def _url_with(*schemes: str) -> AfterValidator:
-    return AfterValidator(lambda url: _check_url(url, *schemes))
-
-
-# A Redis Cluster, named by some of its nodes (one is enough; more in case that one is down):
-# `redis+cluster://[user:password@]host:port[,host:port...]`, `rediss+cluster://` over TLS.
-REDIS_CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
-# A primary with replicas under Redis Sentinel, named by its sentinels and the name they
-# monitor it by: `redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]`,
-# `rediss+sentinel://` when the primary and replicas speak TLS.
-REDIS_SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
-
-
-@dataclass(frozen=True)
-class RedisClusterUrl:
-    """A `redis+cluster://` URL read: the nodes to ask for the cluster's map, the credentials
-    (None: none), and whether to speak TLS."""
-
-    nodes: tuple[tuple[str, int], ...]
-    username: str | None
-    password: str | None
-    tls: bool
-
-
-@dataclass(frozen=True)
-class RedisSentinelUrl:
-    """A `redis+sentinel://` URL read: the sentinels to ask where the primary is, the name
-    they monitor it by, its database, the primary's credentials (None: none; the sentinels
-    are asked without) and whether the primary speaks TLS."""
-
-    sentinels: tuple[tuple[str, int], ...]
-    service: str
-    db: int
-    username: str | None
-    password: str | None
-    tls: bool
-
-
-def read_redis_cluster_url(url: str) -> RedisClusterUrl:
-    """The parts of a `redis+cluster://` URL; ValueError saying what is wrong with it."""
-    parts = urlsplit(url)
-    expected = "expected redis+cluster://host:port[,host:port...], rediss+cluster:// over TLS"
-    if parts.scheme not in REDIS_CLUSTER_SCHEMES:
-        raise ValueError(f"bad URL {url!r} ({expected})")
-    if parts.path not in ("", "/", "/0") or parts.query or parts.fragment:
-        raise ValueError(
-            f"bad URL {url!r}: a Redis Cluster has one database and takes no options ({expected})"
-        )
-    return RedisClusterUrl(
-        _read_nodes(url, expected),
-        unquote(parts.username) if parts.username else None,
-        unquote(parts.password) if parts.password is not None else None,
-        tls=parts.scheme == "rediss+cluster",
-    )
-
-
-def read_redis_sentinel_url(url: str) -> RedisSentinelUrl:
-    """The parts of a `redis+sentinel://` URL; ValueError saying what is wrong with it."""
-    parts = urlsplit(url)
-    expected = (
-        "expected redis+sentinel://host:port[,host:port...]/service[/db], "
-        "rediss+sentinel:// over TLS"
-    )
-    if parts.scheme not in REDIS_SENTINEL_SCHEMES:
-        raise ValueError(f"bad URL {url!r} ({expected})")
-    service, _, db = parts.path.strip("/").partition("/")
-    if not service or not (db == "" or db.isdigit()) or parts.query or parts.fragment:
-        raise ValueError(
-            f"bad URL {url!r}: the path names the primary as the sentinels monitor it, then "
-            f"optionally its database number, and takes no options ({expected})"
-        )
-    return RedisSentinelUrl(
-        _read_nodes(url, expected),
-        unquote(service),
-        int(db or 0),
-        unquote(parts.username) if parts.username else None,
-        unquote(parts.password) if parts.password is not None else None,
-        tls=parts.scheme == "rediss+sentinel",
-    )
-
-
-def _read_nodes(url: str, expected: str) -> tuple[tuple[str, int], ...]:
-    """The host:port list between a URL's credentials and its path."""
-    nodes = []
-    for node in urlsplit(url).netloc.rpartition("@")[2].split(","):
-        host, _, port = node.strip().rpartition(":")
-        if not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"bad URL {url!r}: {node.strip()!r} is not host:port ({expected})")
-        nodes.append((host.strip("[]"), int(port)))
-    return tuple(nodes)
-
-
-def _check_redis_url(url: str) -> str:
-    scheme = urlsplit(url).scheme
-    if scheme in REDIS_CLUSTER_SCHEMES:
-        read_redis_cluster_url(url)
-        return url
-    if scheme in REDIS_SENTINEL_SCHEMES:
-        read_redis_sentinel_url(url)
-        return url
-    return _check_url(url, "redis", "rediss", "unix")
+def check_redis_url(url: str) -> str:
+    """A cache's URL: a Redis server, Cluster or Sentinel service (mega.drivers.redis.urls)."""
+    urls = importlib.import_module("mega.drivers.redis.urls")
+    result: str = urls.check_redis_url(url)
+    return result
 
 
 class _Model(BaseModel):
@@ -181,7 +99,7 @@ class Shown:
 
 class CacheSpec(_Model):
     driver: Literal["redis"] = Field(description="The cache's engine; only Redis for now.")
-    url: Annotated[str, AfterValidator(_check_redis_url), Shown(env="REDIS_<ALIAS>_URL")] = Field(
+    url: Annotated[str, AfterValidator(check_redis_url), Shown(env="REDIS_<ALIAS>_URL")] = Field(
         description="Where the Redis server is: redis://, rediss:// (TLS) or unix://; a Redis "
         "Cluster: redis+cluster://host:port[,host:port...] (rediss+cluster:// over TLS); a "
         "primary under Sentinel: redis+sentinel://host:port[,host:port...]/service[/db], the "
@@ -253,19 +171,9 @@ class BusSpec(_Model):
     def driver_url(cls, url: str | list[str], info: ValidationInfo) -> str:
         driver = info.data.get("driver")
         urls = [part.strip() for part in url.split(",")] if isinstance(url, str) else url
-        multi_node = (*REDIS_CLUSTER_SCHEMES, *REDIS_SENTINEL_SCHEMES)
-        if driver == "redis" and urlsplit(urls[0]).scheme in multi_node:
-            return _check_redis_url(",".join(urls))  # one URL: its commas list the nodes
-        if driver == "nats":
-            for one in urls:
-                _check_url(one, "nats", "tls")
-        elif len(urls) > 1:
-            raise ValueError(f"one URL for a {driver} bus, got {len(urls)}")
-        elif driver == "redis":
-            _check_redis_url(urls[0])
-        elif driver == "postgres" and urls[0]:
-            _check_url(urls[0], "postgresql", "postgres")
-        return ",".join(urls)
+        if driver is None:  # the driver's own error is the one to read
+            return ",".join(urls)
+        return check_bus_urls(driver, urls)
 
 
 class DatabaseSpec(_Model):

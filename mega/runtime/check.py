@@ -18,8 +18,9 @@ from types import ModuleType
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from mega.config import REDIS_CLUSTER_SCHEMES, Config
+from mega.config import Config
 from mega.drivers.base import pattern_matcher
+from mega.drivers.redis.urls import REDIS_CLUSTER_SCHEMES
 from mega.errors import ConfigError, MegaError, RegistrationError
 from mega.events.event import EventSpec, validate_event
 from mega.events.listener import ListenerSpec, validate_listener

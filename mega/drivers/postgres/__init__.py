@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from mega.drivers.postgres.urls import check_urls
+
 if TYPE_CHECKING:
     from mega.drivers.postgres.bus import PostgresBus
 
-__all__ = ["PostgresBus"]
+__all__ = ["PostgresBus", "check_urls"]
 
 
 def __getattr__(name: str) -> Any:

@@ -26,17 +26,17 @@ from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisClusterException, RedisError
 
-from mega.config import (
-    REDIS_CLUSTER_SCHEMES,
-    REDIS_SENTINEL_SCHEMES,
-    read_redis_cluster_url,
-    read_redis_sentinel_url,
-)
 from mega.constants import (
     CONNECT_TIMEOUT_S,
     HOW_TO_GET_SERVICES,
     REDIS_CLUSTER_MAX_CONNECTIONS,
     REDIS_MAX_CONNECTIONS,
+)
+from mega.drivers.redis.urls import (
+    REDIS_CLUSTER_SCHEMES,
+    REDIS_SENTINEL_SCHEMES,
+    read_redis_cluster_url,
+    read_redis_sentinel_url,
 )
 from mega.errors import DependencyUnavailable
 

@@ -100,6 +100,17 @@ async def test_a_driver_a_package_adds_runs_a_job(
         await shutdown(ctx)
 
 
+def test_a_driver_a_package_adds_checks_the_urls_a_config_gives_it(
+    tiny_installed: None, tmp_path: Path, nats_url: str, redis_url: str
+) -> None:
+    body = TINY_BUS.replace('{"driver": "tiny"}', '{"driver": "tiny", "url": "tiny://a,tiny://b"}')
+    path = write_config(tmp_path, nats_url=nats_url, redis_url=redis_url, body=body)
+    assert load_config(path).buses["jobs"].url == "tiny://a,tiny://b"  # two: its own rule
+    path.write_text(path.read_text().replace("tiny://b", "http://b"))
+    with pytest.raises(ConfigError, match=r"services\.buses\.jobs\.url: .*takes tiny:// URLs"):
+        load_config(path)
+
+
 def test_a_config_naming_an_unknown_driver_is_refused(
     tmp_path: Path, nats_url: str, redis_url: str
 ) -> None:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from mega.config import (
+from mega.config import load_config
+from mega.drivers.redis.urls import (
     RedisClusterUrl,
     RedisSentinelUrl,
-    load_config,
     read_redis_cluster_url,
     read_redis_sentinel_url,
 )

@@ -10,3 +10,11 @@ from mega.drivers.memory import MemoryBus
 
 class TinyBus(MemoryBus):
     driver: ClassVar[str] = "tiny"
+
+
+def check_urls(urls: list[str]) -> str:
+    """The URLs a config may give a tiny bus: none, or `tiny://` ones (mega finds this function
+    beside the class its entry point names, and checks a config's URLs with it)."""
+    if any(url and not url.startswith("tiny://") for url in urls):
+        raise ValueError(f"a tiny bus takes tiny:// URLs, not {urls}")
+    return ",".join(urls)
