@@ -25,26 +25,20 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from mega import clock
-from mega.drivers.base import Delivery, DriverUnavailable, Lane, Receiver
-from mega.lanes.control import WATCH_S, LaneControl, Unanswered
-from mega.lanes.delivery import LanePolicy, refusal
+from mega.drivers.base import Delivery, DriverUnavailable
+from mega.lanes.control import WATCH_S, Unanswered
+from mega.lanes.delivery import refusal
 from mega.lanes.executor import (
-    DLQ_RETRY_DELAY_S,
     HAND_BACK_DELAY_S,
     Executor,
-    Handler,
-    Signal,
-    StepEnds,
 )
 from mega.lanes.flow import Gate
-from mega.lanes.middleware import Middleware
 from mega.lanes.presence import PRESENCE_EVERY_S, Presence
-from mega.lanes.status import StatusWriter
 from mega.tasks import cancel_and_wait, wait_event
 
 # The queue's logger: to an operator, the consume loop is part of the job queue.
@@ -88,47 +82,19 @@ class Lease:
 class Consumer:
     """One lane's consume loop in this process: `run()` until `request_stop()` has drained it.
 
-    `spec` says how it runs (its name in signals, concurrency, ack wait, retries, backoff),
-    `control` reads its pause and cancels, `presence` keeps its presence record and `gate` its
-    limits; the rest goes to its `Executor` (see there): `handler`, `signal`, `instance_id`,
-    `records`, `steps`, `middlewares`, and `lane` and `system`, which name each run.
+    It fetches through the executor's receiver, starts each delivery on `executor` (which runs
+    it to its settle, mega/lanes/executor.py) within the spec's concurrency, and holds starts
+    while the executor's `control` says the lane is paused. `presence` keeps its presence
+    record and `gate` its limits (rate, per key).
     """
 
     def __init__(
-        self,
-        receiver: Receiver,
-        spec: LanePolicy,
-        handler: Handler,
-        signal: Signal,
-        *,
-        instance_id: str,
-        dlq_retry_delay_s: float = DLQ_RETRY_DELAY_S,
-        records: StatusWriter | None = None,
-        control: LaneControl | None = None,
-        lane: Lane | None = None,
-        system: str = "",
-        presence: Presence | None = None,
-        gate: Gate | None = None,
-        steps: StepEnds | None = None,
-        middlewares: Sequence[Middleware] = (),
+        self, executor: Executor, *, presence: Presence | None = None, gate: Gate | None = None
     ) -> None:
-        self.receiver = receiver
-        group = lane.name if lane is not None and lane.kind == "group" else None
-        self.executor = Executor(
-            self,
-            receiver,
-            spec,
-            handler,
-            signal,
-            instance_id=instance_id,
-            group=group,
-            system=system,
-            dlq_retry_delay_s=dlq_retry_delay_s,
-            records=records,
-            control=control,
-            steps=steps,
-            middlewares=middlewares,
-        )
+        self.executor = executor
+        executor.loop = self  # a run asks this loop to hold it while paused
+        self.receiver = executor.receiver
+        spec, records, control = executor.spec, executor.records, executor.control
         self.presence = presence
         self.gate = gate
         self.fetch_cap = gate.fetch_cap if gate is not None else None

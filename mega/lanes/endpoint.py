@@ -26,7 +26,7 @@ from mega.errors import DependencyUnavailable, JobError
 from mega.lanes.consumer import Consumer
 from mega.lanes.control import LaneControl
 from mega.lanes.delivery import LanePolicy
-from mega.lanes.executor import DLQ_RETRY_DELAY_S, StepEnds
+from mega.lanes.executor import DLQ_RETRY_DELAY_S, Executor, StepEnds
 from mega.lanes.flow import Limited, gate_of
 from mega.lanes.presence import Presence, WorkerSeen, read_workers
 from mega.lanes.status import StatusWriter
@@ -156,22 +156,24 @@ class LaneEndpoint:
             return  # stop() came while the caller was setting up
         if cls in self._consumers:
             raise self.error(f"{policy.name} is already consumed here", code=f"{self.kind}.twice")
-        receiver = self.bus.receiver(lane, consumer=self.instance_id)
-        consumer = Consumer(
-            receiver,
+        executor = Executor(
+            self.bus.receiver(lane, consumer=self.instance_id),
             policy,
             run,
             self.signal,
             instance_id=self.instance_id,
+            group=lane.name if lane.kind == "group" else None,
+            system=self.bus.driver,
             dlq_retry_delay_s=self.dlq_retry_delay_s,
             records=records,
             control=control,
-            lane=lane,
-            system=self.bus.driver,
-            presence=Presence(self.bus, lane, self.instance_id),
-            gate=gate_of(self.ctx, policy, lane_key_of(lane)),
             steps=steps,
             middlewares=self.ctx.middlewares,
+        )
+        consumer = Consumer(
+            executor,
+            presence=Presence(self.bus, lane, self.instance_id),
+            gate=gate_of(self.ctx, policy, lane_key_of(lane)),
         )
         self._consumers[cls] = consumer
         try:

@@ -91,6 +91,16 @@ class Loop(Protocol):
         ...
 
 
+class NoLoop:
+    """The loop of an executor no consume loop runs (a test's): nothing is held or cancelled."""
+
+    async def held(self, delivery: Delivery) -> bool:
+        return False
+
+    def cancelled_run(self) -> bool:
+        return False
+
+
 class Executor:
     """Runs the deliveries of one lane in this process (see the module).
 
@@ -100,11 +110,11 @@ class Executor:
     lane's) keeps each job's status record, `control` reads its pause, `steps` hears the end
     of each job that is a workflow's step, `middlewares` wrap each run (the first outermost).
     `kind`, `group` and `system` (the bus's driver) name each run in traces and records.
+    `loop` is the consume loop that runs it, which sets itself there (mega/lanes/consumer.py).
     """
 
     def __init__(
         self,
-        loop: Loop,
         receiver: Receiver,
         spec: LanePolicy,
         handler: Handler,
@@ -119,7 +129,7 @@ class Executor:
         steps: StepEnds | None = None,
         middlewares: Sequence[Middleware] = (),
     ) -> None:
-        self.loop = loop
+        self.loop: Loop = NoLoop()
         self.receiver = receiver
         self.spec = spec
         self.handler = handler

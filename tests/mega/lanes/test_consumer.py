@@ -11,6 +11,7 @@ from mega import Job
 from mega.drivers.base import Delivery, DlqRecord
 from mega.jobs.spec import validate_job
 from mega.lanes.consumer import Consumer
+from mega.lanes.executor import Executor
 
 
 class Busy(Job):
@@ -63,6 +64,13 @@ class Receiver:
         return None
 
 
+def consumer_of(receiver: Receiver, run: Any) -> Consumer:
+    """The consume loop of POLICY's lane over `receiver`, each delivery run by `run`."""
+    return Consumer(
+        Executor(receiver, POLICY, run, signal, instance_id="w1", group=None, system="memory")
+    )
+
+
 def delivery(job_id: str) -> Delivery:
     return Delivery(job_id, "lanes.busy", b"{}", 1, 1_000, None, job_id, None)
 
@@ -90,7 +98,7 @@ async def test_no_more_than_concurrency_run_at_once_and_each_is_settled() -> Non
         running -= 1
 
     receiver = Receiver([delivery(f"j{n}") for n in range(5)])
-    loop = Consumer(receiver, POLICY, run, signal, instance_id="w1")
+    loop = consumer_of(receiver, run)
     task = asyncio.create_task(loop.run())
     await until(lambda: running == 2)
     await asyncio.sleep(0.05)  # room for a third start, which must not come
@@ -111,7 +119,7 @@ async def test_a_delivery_whose_id_no_engine_could_key_is_refused_and_the_rest_r
 
     bad = delivery("x" * 5_000)
     receiver = Receiver([delivery("ok-1"), bad, delivery("ok-2")])
-    loop = Consumer(receiver, POLICY, run, signal, instance_id="w1")
+    loop = consumer_of(receiver, run)
     task = asyncio.create_task(loop.run())
     await until(lambda: len(receiver.settled) == 3)
     loop.request_stop(1.0)
@@ -126,7 +134,7 @@ async def test_a_stop_lets_runs_finish_within_the_drain_and_hands_back_the_rest(
         await asyncio.sleep(0.01 if received.id == "quick" else 30)
 
     receiver = Receiver([delivery("quick"), delivery("stuck")])
-    loop = Consumer(receiver, POLICY, run, signal, instance_id="w1")
+    loop = consumer_of(receiver, run)
     task = asyncio.create_task(loop.run())
     await until(lambda: len(loop.running) == 2)
     loop.request_stop(0.3)

@@ -67,14 +67,6 @@ class Receiver:
         return None
 
 
-class Loop:
-    async def held(self, delivery: Delivery) -> bool:
-        return False
-
-    def cancelled_run(self) -> bool:
-        return False
-
-
 def delivery(attempt: int, body: bytes = b'{"to": "ada"}', key: int = 1) -> Delivery:
     return Delivery("m1", "lanes.mail", body, attempt, 1_000, None, key, None)
 
@@ -86,7 +78,6 @@ def executor(
         signals.append((name, fields))
 
     return Executor(
-        Loop(),
         receiver,
         POLICY,
         run,
