@@ -2,7 +2,7 @@
 
     from mega import Schedule, Job, Event, Listener, Worker       # what you declare
     from mega import Scheduler, JobQueue, JobRunner, WorkerPool   # what runs them
-    from mega import outbox, emit                                  # events, in a transaction or now
+    from mega import outbox                                        # events, in a transaction
     from mega.web import create_web_app, UserDep, ok              # the web side (mega.web)
 
 Every public name is listed once, in `_EXPORTS` below, with the module that defines it. Names
@@ -54,9 +54,8 @@ _EXPORTS = {
     "Run": "mega.lanes.middleware",
     # events
     "EventBus": "mega.events.bus",
-    "emit": "mega.events.bus",
     "Event": "mega.events.event",
-    "ReceivedEvent": "mega.events.event",
+    "ReceivedEvent": "mega.events.spec",
     "Listener": "mega.events.listener",
     "outbox": "mega.transactional.store",
     "ListenerRunner": "mega.events.runner",
@@ -67,15 +66,11 @@ _EXPORTS = {
 }
 
 
-# Names that were public here before and now live where they belong, as (new home, module that
-# defines it): `mega.X` still works for each, warning once (mega.deprecation), until the release
-# CHANGELOG.md names. The errors a caller rarely catches by name are in `mega.errors`; what a
-# host or a tool wires (boot, metrics, the relay, the lock and cache adapters) in `mega.runtime`;
-# the driver interface in `mega.drivers`.
-# Old names of public classes, and the name each has now (same object, warning once).
-_RENAMED = {"JobWorker": "JobRunner", "ListenerWorker": "ListenerRunner"}
-
+# Names that were public here before. Each still gives the same object, with a warning once
+# (mega.deprecation), until the release CHANGELOG.md names. Moved: name -> (where to import it
+# now, the module that defines it).
 _MOVED = {
+    # the errors a caller rarely names
     "ConfigError": ("mega.errors", "mega.errors"),
     "DependencyUnavailable": ("mega.errors", "mega.errors"),
     "EventError": ("mega.errors", "mega.errors"),
@@ -84,8 +79,10 @@ _MOVED = {
     "RegistrationError": ("mega.errors", "mega.errors"),
     "WorkerError": ("mega.errors", "mega.errors"),
     "WorkerOverloaded": ("mega.errors", "mega.errors"),
+    # the driver interface
     "Bus": ("mega.drivers", "mega.drivers.base"),
     "LaneStats": ("mega.drivers", "mega.drivers.base"),
+    # what a host or a tool wires
     "CacheAdapter": ("mega.runtime", "mega.context"),
     "Cause": ("mega.runtime", "mega.lanes.status"),
     "Cron": ("mega.runtime", "mega.schedules.cron"),
@@ -110,6 +107,12 @@ _MOVED = {
     "observe_scheduler": ("mega.runtime", "mega.runtime.metrics"),
     "shutdown": ("mega.runtime", "mega.runtime.bootstrap"),
 }
+# Replaced: name -> (the module that defines what it gives, its name there, what to write now).
+_REPLACED = {
+    "JobWorker": ("mega.jobs.runner", "JobRunner", "mega.JobRunner"),  # a Worker is a CPU pool
+    "ListenerWorker": ("mega.events.runner", "ListenerRunner", "mega.ListenerRunner"),
+    "emit": ("mega.events.bus", "emit", "await YourEvent.emit(ctx, payload)"),
+}
 
 __all__ = sorted(_EXPORTS)
 
@@ -120,17 +123,16 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module), name)
         globals()[name] = value
         return value
-    if name in _RENAMED:
+    if name in _MOVED or name in _REPLACED:
         from mega.deprecation import deprecated
 
-        deprecated(f"mega.{name}", f"mega.{_RENAMED[name]}")
-        return __getattr__(_RENAMED[name])
-    if name in _MOVED:
-        from mega.deprecation import deprecated
-
-        new_home, module = _MOVED[name]
-        deprecated(f"mega.{name}", f"from {new_home} import {name}")
-        return getattr(importlib.import_module(module), name)
+        if name in _MOVED:
+            home, module = _MOVED[name]
+            defined_as, instead = name, f"from {home} import {name}"
+        else:
+            module, defined_as, instead = _REPLACED[name]
+        deprecated(f"mega.{name}", instead)
+        return getattr(importlib.import_module(module), defined_as)
     raise AttributeError(f"module 'mega' has no attribute {name!r}")
 
 
@@ -150,11 +152,10 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.errors import Permanent as Permanent
     from mega.errors import TaskFailed as TaskFailed
     from mega.events.bus import EventBus as EventBus
-    from mega.events.bus import emit as emit
     from mega.events.event import Event as Event
-    from mega.events.event import ReceivedEvent as ReceivedEvent
     from mega.events.listener import Listener as Listener
     from mega.events.runner import ListenerRunner as ListenerRunner
+    from mega.events.spec import ReceivedEvent as ReceivedEvent
     from mega.jobs.job import Job as Job
     from mega.jobs.progress import JobContext as JobContext
     from mega.jobs.queue import JobQueue as JobQueue

@@ -28,9 +28,15 @@ from mega.context import Context
 from mega.drivers.base import Delivery, DriverUnavailable, Lane, LaneStats, Message
 from mega.errors import EventError, JobError
 from mega.events.db_inbox import DbInbox, InboxTransaction
-from mega.events.event import EVENTS_MAX_AGE_S, Event, ReceivedEvent, encode_event, validate_event
 from mega.events.inbox import Inbox
 from mega.events.listener import DB_INBOX, Listener, ListenerSpec, validate_listener
+from mega.events.spec import (
+    EVENTS_MAX_AGE_S,
+    EventBase,
+    ReceivedEvent,
+    encode_event,
+    validate_event,
+)
 from mega.lanes.declaration import check_engine_cap, threaded
 from mega.lanes.dlq import DeadLetters
 from mega.lanes.endpoint import LaneEndpoint
@@ -134,7 +140,7 @@ class EventBus(LaneEndpoint):
 
     # -- emit ---------------------------------------------------------------------------------
 
-    async def emit(self, event_cls: type[Event], payload: Any, *, id: str | None = None) -> str:
+    async def emit(self, event_cls: type[EventBase], payload: Any, *, id: str | None = None) -> str:
         """Publish one event now and return its id once the bus has stored it.
 
         For code with no database write to pair it with; otherwise use the outbox, so that the
@@ -253,12 +259,18 @@ def received(
     )
 
 
-async def emit(ctx: Context, event_cls: type[Event], payload: Any, *, id: str | None = None) -> str:
-    """Publish one event now on its bus (once stored); returns its id. For code with no
-    database write to pair it with; otherwise `outbox.add` in the same transaction."""
-    buses: dict[str, EventBus] = ctx.extras.setdefault("mega.event_buses", {})
-    alias = getattr(event_cls, "bus", "")
-    bus = buses.get(alias)
+def bus_of(ctx: Context, alias: str) -> EventBus:
+    """The EventBus of `alias` that `Event.emit` uses, made once per context."""
+    key = (EventBus, alias)
+    bus = ctx.memo.get(key)
     if bus is None:
-        bus = buses[alias] = EventBus(ctx, alias)
-    return await bus.emit(event_cls, payload, id=id)
+        bus = ctx.memo[key] = EventBus(ctx, alias)
+    assert isinstance(bus, EventBus)
+    return bus
+
+
+async def emit(
+    ctx: Context, event_cls: type[EventBase], payload: Any, *, id: str | None = None
+) -> str:
+    """`event_cls.emit(ctx, payload, id=id)`, for an event class declared on `EventBase`."""
+    return await bus_of(ctx, event_cls.bus).emit(event_cls, payload, id=id)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 from pydantic import StrictStr, ValidationInfo, field_validator
 
 from mega.declaration import PositiveInt, declared_alias, matching, rule, validate_subclass
-from mega.events.event import Event, ReceivedEvent
+from mega.events.spec import EventBase, ReceivedEvent
 from mega.lanes.declaration import Consumed, ConsumedDeclaration, ConsumedSpec
 from mega.lanes.ratelimit import RateLimit
 
@@ -61,7 +61,7 @@ class Listener(Consumed):
     of its DLQ stream in a NATS cluster; the events stream's are the bus's `replicas`).
     """
 
-    event: ClassVar[type[Event] | str]
+    event: ClassVar[type[EventBase] | str]
     group: ClassVar[str]
     bus: ClassVar[str | None] = None
     inbox: ClassVar[str | None] = None
@@ -106,7 +106,7 @@ class ListenerDeclaration(ConsumedDeclaration):
     base_run: ClassVar[object] = Listener.run
     run_signature: ClassVar[str] = "(self, event, ctx)"
 
-    event: Annotated[type[Event] | Annotated[StrictStr, matching(PATTERN_RE)], rule(EVENT_RULE)]
+    event: Annotated[type[EventBase] | Annotated[StrictStr, matching(PATTERN_RE)], rule(EVENT_RULE)]
     bus: str
     group: Annotated[StrictStr, matching(GROUP_RE), rule(GROUP_RULE)]
     inbox_ttl_s: PositiveInt

@@ -22,8 +22,8 @@ from mega.config import Config
 from mega.drivers.base import pattern_matcher
 from mega.drivers.redis.urls import REDIS_CLUSTER_SCHEMES
 from mega.errors import ConfigError, MegaError, RegistrationError
-from mega.events.event import EventSpec, validate_event
 from mega.events.listener import ListenerSpec, validate_listener
+from mega.events.spec import EventSpec, validate_event
 from mega.jobs.spec import JobBase, validate_job
 from mega.schedules.schedule import ScheduleSpec, require_lock_tag, validate_schedule
 from mega.workers.worker import Worker, WorkerSettings

@@ -35,7 +35,7 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 from mega import tracing
 from mega.database import Base
 from mega.drivers.base import Message, Priority
-from mega.events.event import Event, encode_event, validate_event
+from mega.events.spec import EventBase, encode_event, validate_event
 from mega.jobs.spec import JobBase, due_ms_of, encode_job, validate_job
 
 # Set on a session by `add`, read after its commit to wake this process's relays.
@@ -137,7 +137,7 @@ class Outbox:
     """`add(session, Event, payload)`: write an event in the caller's transaction."""
 
     def add(
-        self, session: Session, event_cls: type[Event], payload: Any, *, id: str | None = None
+        self, session: Session, event_cls: type[EventBase], payload: Any, *, id: str | None = None
     ) -> str:
         """Insert the event's row in `session` (nothing is published yet) and return its id.
 

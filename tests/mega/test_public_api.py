@@ -4,6 +4,7 @@ whatever was imported before (a submodule must never shadow a public name)."""
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import subprocess
 import sys
@@ -64,7 +65,7 @@ def test_all_is_the_table_of_at_most_forty_names() -> None:
     assert mega.__all__ == sorted(mega._EXPORTS)
     assert len(mega.__all__) <= 40
     assert mega.runtime.__all__ == sorted(mega.runtime._EXPORTS)
-    assert not set(mega._EXPORTS) & set(mega._MOVED)
+    assert not set(mega._EXPORTS) & {*mega._MOVED, *mega._REPLACED}
 
 
 def test_a_moved_name_still_resolves_warning_once_where_it_lives_now() -> None:
@@ -113,13 +114,16 @@ def test_the_type_checking_imports_repeat_the_table_exactly() -> None:
     assert imported == mega._EXPORTS
 
 
-def test_an_old_class_name_is_the_renamed_class_and_warns_once() -> None:
-    for old, new in mega._RENAMED.items():
-        with pytest.warns(DeprecationWarning, match=f"mega.{old} is deprecated .*: use mega.{new}"):
-            assert getattr(mega, old) is getattr(mega, new)
+def test_a_replaced_name_gives_what_replaces_it_and_warns_once() -> None:
+    for old, (module, defined_as, instead) in mega._REPLACED.items():
+        new = getattr(importlib.import_module(module), defined_as)
+        with pytest.warns(DeprecationWarning, match=f"mega.{old} is deprecated .*: use "):
+            assert getattr(mega, old) is new
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            assert getattr(mega, old) is getattr(mega, new)  # once: no second warning
+            assert getattr(mega, old) is new  # once: no second warning
+        assert instead in (f"mega.{defined_as}", "await YourEvent.emit(ctx, payload)")
+    assert mega._REPLACED["JobWorker"][1] == "JobRunner"
 
 
 def test_mega_web_exports_what_it_lists() -> None:

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from mega import Context, Event, EventBus, Listener, ReceivedEvent, emit, outbox
+from mega import Context, Event, EventBus, Listener, ReceivedEvent, outbox
 from mega.errors import EventError, JobError, RegistrationError
-from mega.events.event import encode_event, validate_event
 from mega.events.listener import validate_listener
+from mega.events.spec import encode_event, validate_event
 from mega.testing import memory_context
 
 BUSES, CACHES = {"jobs"}, {"main"}
@@ -144,7 +144,7 @@ def test_an_event_id_is_checked_as_a_job_id_is(bad_id: Any) -> None:
 async def test_every_way_to_emit_checks_the_id_before_anything_is_stored() -> None:
     ctx = memory_context()
     with pytest.raises(EventError) as by_function:
-        await emit(ctx, Signed, {"email": "a@b.co"}, id="p" * 5000)
+        await Signed.emit(ctx, {"email": "a@b.co"}, id="p" * 5000)
     with pytest.raises(EventError) as by_bus:
         await EventBus(ctx, "jobs").emit(Signed, {"email": "a@b.co"}, id="two words")
     with pytest.raises(EventError) as by_outbox:  # before the session is touched

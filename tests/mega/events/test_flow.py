@@ -10,10 +10,9 @@ from typing import Any
 
 import pytest
 
-from mega import Context
+from mega import Context, Event, ReceivedEvent
 from mega.config import load_config
 from mega.events.bus import EventBus
-from mega.events.event import Event, ReceivedEvent
 from mega.events.listener import Listener
 from mega.events.runner import ListenerRunner
 from mega.runtime.bootstrap import boot, shutdown

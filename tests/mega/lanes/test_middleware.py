@@ -15,7 +15,6 @@ from mega import CallNext, Context, Event, Listener, ReceivedEvent, Run
 from mega.config import load_config
 from mega.drivers.base import Delivery
 from mega.errors import ConfigError
-from mega.events.bus import emit
 from mega.lanes.middleware import chain
 from mega.testing import drain, memory_context
 from tests.mega.runtime.test_config import GOOD, write
@@ -84,7 +83,7 @@ async def test_a_listeners_runs_go_through_the_middlewares_too() -> None:
         return await call_next(run)
 
     ctx = memory_context(middlewares=[stamp])
-    await emit(ctx, Signup, {"user": "ada"})
+    await Signup.emit(ctx, {"user": "ada"})
     report = await drain(ctx, listeners=[Greet])
     assert report.count("greeter", "done") == 1
     assert seen == [("event", "greeter", 1)]
