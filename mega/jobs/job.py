@@ -129,11 +129,14 @@ class Job(JobBase):
         return await queue_of(ctx, cls.bus).enqueue_many(cls, payloads, key=key, priority=priority)
 
     @classmethod
-    def step(cls, payload: Any = UNSET) -> Step:
+    def step(
+        cls, payload: Any = UNSET, *, key: str | None = None, priority: Priority | None = None
+    ) -> Step:
         """This job as a step of a workflow (`chain`, `group`; see mega/jobs/workflow.py).
         Without a payload, a chain's step receives the previous step's result, and a group's
-        callback its outcomes alone."""
-        return Step(cls, payload)
+        callback its outcomes alone. `key` and `priority` are the step's job's, as `enqueue`
+        takes them (a tenant's fair turns, a `prioritized` job's band)."""
+        return Step(cls, payload, key, priority)
 
     @classmethod
     async def status(cls, ctx: Context, job_id: str) -> JobStatus | None:

@@ -246,9 +246,10 @@ class JobQueue(LaneEndpoint):
                 spec, [replace(message, trace=trace) for message in messages]
             )
 
-    async def enqueue_messages(self, job_cls: type[JobBase], messages: list[Message]) -> None:
+    async def _enqueue_encoded(self, job_cls: type[JobBase], messages: list[Message]) -> None:
         """Store jobs already encoded (`encode_job`), as `enqueue_many` does: the outbox relay
-        enqueues the jobs of its rows this way, each with its id as its dedup id."""
+        enqueues the jobs of its rows this way, each with its id as its dedup id, and the
+        workflows their steps. Not an API: users enqueue with `Job.enqueue`/`enqueue_many`."""
         await self._enqueue_many(await self.ensure(job_cls), messages)
 
     async def _enqueue_many(self, spec: JobSpec, messages: list[Message]) -> list[str]:

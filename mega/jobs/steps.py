@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from mega import clock
-from mega.drivers.base import DriverUnavailable, Lane
+from mega.drivers.base import DriverUnavailable, Lane, Priority
 from mega.errors import JobError
 from mega.jobs.spec import JobBase, JobId, JobSpec, encode_job
 from mega.lanes.status import FINAL, ErrorInfo, decode
@@ -139,11 +139,15 @@ class WorkflowId(JobId):
 
 @dataclass(frozen=True)
 class Step:
-    """One job of a workflow, as `Job.step(payload)` makes it (no payload: a chain step
-    receives the previous step's result; a callback, the outcomes alone)."""
+    """One job of a workflow, as `Job.step(payload, key=, priority=)` makes it (no payload: a
+    chain step receives the previous step's result; a callback, the outcomes alone). `key`
+    and `priority` are its job's, as `Job.enqueue` takes them: a tenant's steps keep its
+    fair turns and its per-key limit."""
 
     job: type[JobBase]
     payload: Any = UNSET
+    key: str | None = None
+    priority: Priority | None = None
 
     @property
     def given(self) -> bool:
@@ -183,16 +187,29 @@ class StepDef:
     subject: str
     path: str
     payload: Any = UNSET
+    key: str | None = None
+    priority: Priority | None = None
 
     def as_json(self) -> dict[str, Any]:
         found = {"job": self.job, "subject": self.subject, "path": self.path}
         if self.payload is not UNSET:
             found["payload"] = self.payload
+        if self.key is not None:
+            found["key"] = self.key
+        if self.priority is not None:
+            found["priority"] = self.priority
         return found
 
     @classmethod
     def of(cls, raw: dict[str, Any]) -> StepDef:
-        return cls(raw["job"], raw["subject"], raw["path"], raw.get("payload", UNSET))
+        return cls(
+            raw["job"],
+            raw["subject"],
+            raw["path"],
+            raw.get("payload", UNSET),
+            raw.get("key"),
+            raw.get("priority"),
+        )
 
 
 @dataclass(frozen=True)
@@ -295,7 +312,7 @@ class Queue(Protocol):
 
     async def ensure(self, job_cls: type[JobBase], *, force: bool = False) -> JobSpec: ...
     def lane(self, job_cls: type[JobBase]) -> Lane: ...
-    async def enqueue_messages(self, job_cls: type[JobBase], messages: list[Message]) -> None: ...
+    async def _enqueue_encoded(self, job_cls: type[JobBase], messages: list[Message]) -> None: ...
     def unavailable(self, what: str, exc: DriverUnavailable) -> DependencyUnavailable: ...
 
 
@@ -353,13 +370,21 @@ class Workflows:
                     None if not s.given else s.payload,
                     job_id=step_id(workflow_id, n),
                     now_ms=now_ms,
+                    key=s.key,
+                    priority=s.priority,
                 ),
             )
             for n, s in enumerate(first)
         ]
         for n, s in enumerate(steps[1:] if kind == "chain" else (), start=1):
             if s.given:  # checked now, as the first step's was
-                encode_job(specs[s.job], s.payload, job_id=step_id(workflow_id, n))
+                encode_job(
+                    specs[s.job],
+                    s.payload,
+                    job_id=step_id(workflow_id, n),
+                    key=s.key,
+                    priority=s.priority,
+                )
         definition = Definition(
             workflow_id,
             kind,
@@ -380,13 +405,13 @@ class Workflows:
         for job, message in messages:
             by_job.setdefault(job, []).append(message)
         for job, batch in by_job.items():
-            await self.queue.enqueue_messages(job, batch)
+            await self.queue._enqueue_encoded(job, batch)
         return WorkflowId(workflow_id)
 
     @staticmethod
     def _step_def(spec: JobSpec, step: Step, kind: str) -> StepDef:
         payload = step.payload if kind == "chain" else UNSET  # a member's is in its message
-        return StepDef(spec.name, spec.subject, _path(step.job), payload)
+        return StepDef(spec.name, spec.subject, _path(step.job), payload, step.key, step.priority)
 
     # -- the consume loop's reports -----------------------------------------------------------
 
@@ -507,7 +532,9 @@ class Workflows:
         try:
             job = job_class(target)
             spec = await self.queue.ensure(job)
-            message = encode_job(spec, payload, job_id=job_id)
+            message = encode_job(
+                spec, payload, job_id=job_id, key=target.key, priority=target.priority
+            )
         except JobError as exc:
             logger.error("workflow %s: cannot enqueue %s: %s", definition.id, job_id, exc)
             error = ErrorInfo(type=type(exc).__name__, message=str(exc))
@@ -515,7 +542,7 @@ class Workflows:
                 definition.id, place, _outcome_record("dlq", None, error, 0, job_id)
             )
             return
-        await self.queue.enqueue_messages(job, [message])
+        await self.queue._enqueue_encoded(job, [message])
         await self.bus.put_records(WORKFLOWS, "status", [(sent, b"1")], create=True)
 
     # -- status -------------------------------------------------------------------------------

@@ -269,7 +269,7 @@ class OutboxRelay:
         self, job_cls: type[JobBase], spec: JobSpec, messages: list[Message]
     ) -> None:
         queue = queue_of(self.ctx, spec.bus)
-        store = functools.partial(queue.enqueue_messages, job_cls)
+        store = functools.partial(queue._enqueue_encoded, job_cls)
         await _traced("send", queue.bus.driver, messages, store)
 
     async def _publish_events(self, by_bus: dict[str, list[Message]]) -> None:

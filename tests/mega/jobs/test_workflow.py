@@ -25,6 +25,7 @@ from tests.mega.jobs.test_contract import DRIVERS, bus_body, until
 RUNS: Counter[str] = Counter()  # job id -> runs
 PAYLOADS: dict[str, list[Any]] = {}  # job id -> the payloads its runs received
 BROKEN: set[str] = set()  # an Add whose payload's "broken" is in here ends in the DLQ
+KEYS: dict[str, str | None] = {}  # job id -> the key its run was enqueued with
 
 
 class Add(Job):
@@ -37,6 +38,7 @@ class Add(Job):
     async def run(self, payload: dict[str, Any], ctx: Any) -> dict[str, int]:
         RUNS[ctx.job_id] += 1
         PAYLOADS.setdefault(ctx.job_id, []).append(payload)
+        KEYS[ctx.job_id] = ctx.key
         await asyncio.sleep(payload.get("sleep_s", 0))
         if "fail" in payload:
             raise Permanent(payload["fail"])
@@ -53,6 +55,7 @@ class Collect(Job):
 
     async def run(self, payload: dict[str, Any], ctx: Any) -> int:
         RUNS[ctx.job_id] += 1
+        KEYS[ctx.job_id] = ctx.key
         PAYLOADS.setdefault(ctx.job_id, []).append(payload)
         return len(payload["outcomes"])
 
@@ -123,6 +126,21 @@ async def test_a_chain_hands_each_result_to_the_next_step(setup: Any) -> None:
     ]
     assert status.finished_at >= status.created_at
     assert all(RUNS[i] == 1 for i in ids)
+
+
+async def test_each_step_runs_with_the_key_it_was_given(setup: Any) -> None:
+    """A tenant's workflow keeps its fair turns: every step's job, the first and the ones sent
+    later (a chain's next step, a group's callback), is enqueued with the step's own key."""
+    ctx, queue, (add, collect, _) = setup
+    steps = (add.step({"n": 1}, key="acme"), add.step(key="acme"), add.step())
+    chained = await chain(*steps).enqueue(ctx)
+    members = [add.step({"n": 1}, key="acme"), add.step({"n": 2}, key="globex")]
+    grouped = await group(members).then(collect.step(key="acme")).enqueue(ctx)
+    await ended(queue, chained)
+    await ended(queue, grouped)
+    assert [KEYS[step_id(chained, n)] for n in range(3)] == ["acme", "acme", None]
+    assert [KEYS[step_id(grouped, n)] for n in range(2)] == ["acme", "globex"]
+    assert KEYS[step_id(grouped, "then")] == "acme"
 
 
 async def test_a_chain_stops_at_a_step_that_ends_in_the_dlq(setup: Any) -> None:
