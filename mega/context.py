@@ -15,7 +15,7 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from mega.drivers.base import Bus
 from mega.errors import ConfigError
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from mega.drivers.redis.client import RedisClient
 
 B = TypeVar("B", bound=Bus)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 # Why `acquire_fenced` held nothing: the claim was taken already, or the guard is held.
 Refusal = Literal["claimed", "overlap"]
@@ -116,15 +118,26 @@ class TaskPool(Protocol):
 
     name: str
 
+    @overload
+    async def run(
+        self, task: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R: ...
+    @overload
+    async def run(self, task: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+    @overload
     async def run(
         self,
-        task_name: str,
+        task: str,
+        /,
         args: Any = None,
         timeout_ms: float | None = None,
         on_progress: Callable[[float, str | None], None] | None = None,
-    ) -> Any:
-        """Run one task off the event loop and return its result (WorkerError on failure);
-        `on_progress(fraction, note)` receives what the task reports with `mega.progress`."""
+    ) -> Any: ...
+    async def run(self, task: Any, /, *args: Any, **kwargs: Any) -> Any:
+        """Run one task off the event loop and return its result (WorkerError on failure):
+        the task's function itself with its arguments, typed as it is, or its name with one
+        `args`, a `timeout_ms` and an `on_progress(fraction, note)` that receives what the
+        task reports with `mega.progress`."""
         ...
 
     def kill_one(self) -> int | None:

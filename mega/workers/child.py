@@ -8,7 +8,7 @@ imports the task module once, then answers task frames until its stdin closes.
 Protocol: every frame is a 4-byte big-endian length followed by that many bytes of pickle.
 - child -> parent, once at startup: `(0, STATUS_READY, [task names])`, or
   `(0, STATUS_IMPORT_FAILED, (exc type name, message))` and exit.
-- parent -> child: `(task_id, task_name, pickled args, reporting)`. The args are pickled on
+- parent -> child: `(task_id, task_name, pickled args, reporting, spread)`. The args are pickled on
   their own, in the parent at dispatch, so a value the child cannot unpickle is reported
   against its task id instead of killing the child. `reporting`: whether the caller listens to
   progress; without it the task's progress() calls send nothing.
@@ -89,9 +89,11 @@ def task_functions(module: types.ModuleType) -> dict[str, Task]:
     }
 
 
-def call_task(fn: Task, args: Any) -> Any:
-    """Call a task as `fn(args)`; an `async def` task is run to completion on a fresh loop."""
-    result = fn(args)
+def call_task(fn: Task, args: Any, spread: bool = False) -> Any:
+    """Call a task as `fn(args)`, or as `fn(*positional, **keywords)` when `spread` (`args` is
+    then that pair: the task was called as itself); an `async def` task is run to completion
+    on a fresh loop."""
+    result = fn(*args[0], **args[1]) if spread else fn(args)
     if isinstance(result, types.CoroutineType):
         import asyncio  # only async tasks pay for importing asyncio
 
@@ -103,7 +105,9 @@ def _error(exc: BaseException) -> tuple[str, str]:
     return type(exc).__name__, str(exc)
 
 
-def _answer(tasks: dict[str, Task], task_id: int, name: str, args_pickle: bytes) -> bytes:
+def _answer(
+    tasks: dict[str, Task], task_id: int, name: str, args_pickle: bytes, spread: bool
+) -> bytes:
     fn = tasks.get(name)
     if fn is None:
         return encode_frame((task_id, STATUS_UNKNOWN_TASK, ("LookupError", f"no task {name!r}")))
@@ -112,7 +116,7 @@ def _answer(tasks: dict[str, Task], task_id: int, name: str, args_pickle: bytes)
     except Exception as exc:
         return encode_frame((task_id, STATUS_BAD_ARGS, _error(exc)))
     try:
-        reply = (task_id, STATUS_OK, call_task(fn, args))
+        reply = (task_id, STATUS_OK, call_task(fn, args, spread))
     except Exception as exc:
         # A task's own failure goes back to its caller; the child lives on for the next task.
         reply = (task_id, STATUS_TASK_FAILED, _error(exc))
@@ -179,10 +183,10 @@ def main(argv: list[str]) -> int:
     protocol_out.flush()
 
     while (frame := read_frame(protocol_in)) is not None:
-        task_id, name, args_pickle, reporting = frame
+        task_id, name, args_pickle, reporting, spread = frame
         frames.task_id = task_id
         task_progress.install(reporter if reporting else None)
-        answer = _answer(tasks, task_id, name, args_pickle)
+        answer = _answer(tasks, task_id, name, args_pickle, spread)
         # A task that never reported costs this one attribute read, nothing more.
         if reporter.used:
             reporter.finish()  # the held figure goes out before the answer

@@ -20,11 +20,11 @@ import math
 import pickle
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar, overload
 
 from mega import tracing
 from mega.errors import TaskFailed, WorkerError, WorkerOverloaded
@@ -45,6 +45,8 @@ from mega.workers.process import WorkerProcess, child_env
 from mega.workers.task_progress import ProgressReporter, install
 from mega.workers.worker import Worker
 
+P = ParamSpec("P")
+R = TypeVar("R")
 logger = logging.getLogger("mega.worker")
 
 SIGNALS = frozenset({"dispatch", "done", "fail", "crash", "replaced", "stopped"})  # .on()
@@ -67,6 +69,7 @@ class _Task:
     started_at: float = 0.0
     timed_out: bool = False
     on_progress: ProgressCallback | None = None
+    spread: bool = False  # payload (thread mode) is (positional, keywords) to call it with
 
 
 @dataclass(eq=False)
@@ -80,11 +83,11 @@ class _Slot:
     killed: bool = False  # SIGKILLed by kill_one(): gone, though its exit is not yet seen
 
 
-def _call_reporting(reporter: ProgressReporter, fn: Task, args: Any) -> Any:
+def _call_reporting(reporter: ProgressReporter, fn: Task, args: Any, spread: bool) -> Any:
     """Thread mode with a progress callback: call_task with progress() routed to `reporter`."""
     install(reporter)
     try:
-        return call_task(fn, args)
+        return call_task(fn, args, spread)
     finally:
         reporter.finish()
         install(None)
@@ -173,7 +176,41 @@ class WorkerPool:
             await self.stop(timeout_s=0)
             raise failures[0]
 
+    @overload
     async def run(
+        self, task: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R: ...
+    @overload
+    async def run(self, task: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+    @overload
+    async def run(
+        self,
+        task: str,
+        /,
+        args: Any = None,
+        timeout_ms: float | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> Any: ...
+
+    async def run(self, task: Any, /, *args: Any, **kwargs: Any) -> Any:
+        """Run a task of this pool and return what it returns.
+
+        `await pool.run(sha256_loop, data, rounds=3)`: the task's function itself, called
+        with those arguments in the child, typed as the function is (its parameters, its
+        return). `await pool.run("sha256_loop", args, timeout_ms=, on_progress=)`: the task
+        by name, called as `sha256_loop(args)`, with a timeout and a progress callback.
+        """
+        if isinstance(task, str):
+            return await self.run_task(task, *args, **kwargs)
+        name = getattr(task, "__name__", "")
+        if getattr(task, "__module__", None) != self.settings.module:
+            raise WorkerError(
+                f"pool {self.name} runs the tasks of {self.settings.module}, not {task!r}",
+                code="worker.unknown_task",
+            )
+        return await self._submit(name, (args, kwargs), None, None, spread=True)
+
+    async def run_task(
         self,
         task_name: str,
         args: Any = None,
@@ -194,6 +231,19 @@ class WorkerPool:
         worker.crashed, worker.stopped, worker.overloaded (WorkerOverloaded) or
         worker.task_failed (TaskFailed).
         """
+        return await self._submit(task_name, args, timeout_ms, on_progress, spread=False)
+
+    async def _submit(
+        self,
+        task_name: str,
+        args: Any,
+        timeout_ms: float | None,
+        on_progress: ProgressCallback | None,
+        *,
+        spread: bool,
+    ) -> Any:
+        """Queue or dispatch one call of `task_name` (spread: `args` is (positional, keywords)
+        to call it with), and wait for its result."""
         self._check_open()
         if task_name not in self.settings.task_names:
             known = ", ".join(sorted(self.settings.task_names))
@@ -210,7 +260,9 @@ class WorkerPool:
                 message = f"args for {self.name}.{task_name} cannot be pickled: {exc}"
                 raise WorkerError(message, code="worker.invalid_args") from exc
             # The child sends progress frames only for a caller that listens to them.
-            payload = encode_frame((self._next_id, task_name, args_pickle, on_progress is not None))
+            payload = encode_frame(
+                (self._next_id, task_name, args_pickle, on_progress is not None, spread)
+            )
         future = asyncio.get_running_loop().create_future()
         task = _Task(
             self._next_id,
@@ -220,6 +272,7 @@ class WorkerPool:
             future,
             time.perf_counter(),
             on_progress=on_progress,
+            spread=spread,
         )
         if self._idle:
             self._dispatch(self._idle.popleft(), task)
@@ -405,11 +458,13 @@ class WorkerPool:
         fn = self._functions[task.name]
         try:
             if task.on_progress is None:
-                value = await loop.run_in_executor(self._executor, call_task, fn, task.payload)
+                value = await loop.run_in_executor(
+                    self._executor, call_task, fn, task.payload, task.spread
+                )
             else:
                 reporter = self._thread_reporter(task)
                 value = await loop.run_in_executor(
-                    self._executor, _call_reporting, reporter, fn, task.payload
+                    self._executor, _call_reporting, reporter, fn, task.payload, task.spread
                 )
         except asyncio.CancelledError:
             raise

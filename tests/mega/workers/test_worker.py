@@ -15,6 +15,7 @@ from mega.errors import RegistrationError, TaskFailed, WorkerError, WorkerOverlo
 from mega.workers.child import CHILD_NICENESS
 from mega.workers.pool import WorkerPool
 from mega.workers.worker import Worker
+from tests.mega.workers import worker_tasks
 from tests.mega.workers.conftest import ROOT, TASK_FILE, MakePool, declare
 
 TASKS = {
@@ -29,6 +30,7 @@ TASKS = {
     "sleep_ms",
     "touch",
     "unpicklable_result",
+    "weigh",
 }
 
 
@@ -199,6 +201,26 @@ async def test_run_before_start_is_refused() -> None:
     with pytest.raises(WorkerError, match="pool TestWorker is not started") as caught:
         await pool.run("echo", 1)
     assert caught.value.code == "worker.stopped"
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+async def test_a_task_called_as_itself_gets_its_arguments_and_its_type(
+    make_pool: MakePool, mode: str
+) -> None:
+    pool = await make_pool(mode=mode)
+    cost: dict[str, int] = await pool.run(worker_tasks.weigh, "box", 3, express=True)
+    doubled: int = await pool.run(worker_tasks.double, 21)  # an async def task: its result
+    assert (cost, doubled) == ({"cost": 18}, 42)
+    assert await pool.run("double", 21) == 42  # by name, as before: one `args`
+
+
+async def test_a_function_that_is_not_the_pools_task_is_refused(make_pool: MakePool) -> None:
+    pool = await make_pool()
+    strangers: list[Callable[[], Any]] = [os.getpid, os.getcwd]
+    for stranger in strangers:
+        with pytest.raises(WorkerError, match=r"runs the tasks of tests\.mega\.workers") as caught:
+            await pool.run(stranger)
+        assert caught.value.code == "worker.unknown_task"
 
 
 async def test_unknown_task_lists_the_tasks(make_pool: MakePool) -> None:

@@ -22,6 +22,11 @@ async def double(args: int) -> int:
     return args * 2
 
 
+def weigh(parcel: str, rate: int, *, express: bool = False) -> dict[str, int]:
+    """A task called as itself: pool.run(weigh, "box", 3, express=True)."""
+    return {"cost": len(parcel) * rate * (2 if express else 1)}
+
+
 def boom(args: Any) -> None:
     raise ValueError("bad")
 
