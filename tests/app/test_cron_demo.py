@@ -375,13 +375,18 @@ async def test_pause_makes_every_scheduler_skip_its_ticks_until_resume(
 
             await until_true(lambda: skipped_ticks(1), timeout_s=5)
             count = (await read_state(fresh_redis))["count"]
+            reasons: list[str] = []
             for tick in await until_true(lambda: skipped_ticks(3), timeout_s=5):
                 assert (tick["winner"], tick["fence"]) == (None, None)
                 assert sorted(s["instance"] for s in tick["skipped"]) == [
                     "scheduler@test:201:cd34",
                     "scheduler@test:202:cd34",
                 ]
-                assert [s["reason"] for s in tick["skipped"]] == ["paused", "paused"]
+                reasons += [s["reason"] for s in tick["skipped"]]
+            # Each skip says the pause, but for an instance a busy machine woke over a second
+            # late, which skips that tick as missed (LATE_LIMIT_S) before reading the pause.
+            assert "paused" in reasons
+            assert all(r == "paused" or r.startswith("missed: ") for r in reasons), reasons
             assert (await read_state(fresh_redis))["count"] == count  # nothing ran
             ran = await client.post("/api/demo/cron/run", json={}, headers=headers)
             assert ran.json()["data"] == {"ran": True}  # someone asked for this one
@@ -449,7 +454,7 @@ async def test_the_pause_form_works_without_javascript(
 
 
 async def test_a_viewer_is_refused_the_pause_and_the_run_and_an_admins_are_audited(
-    tmp_path: Path, nats_url: str, redis_url: str
+    tmp_path: Path, nats_url: str, redis_url: str, fresh_redis: redis.Redis
 ) -> None:
     async with web_client(sample_config_for(tmp_path, nats_url, redis_url)) as client:
         db = client.app.state.ctx.db
