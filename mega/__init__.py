@@ -45,9 +45,9 @@ _EXPORTS = {
     "JobQueue": "mega.jobs.queue",
     "chain": "mega.jobs.workflow",
     "group": "mega.jobs.workflow",
-    "WorkflowId": "mega.jobs.steps",
-    "WorkflowStatus": "mega.jobs.steps",
-    "WorkflowStep": "mega.jobs.steps",
+    "WorkflowId": "mega.jobs.workflow_records",
+    "WorkflowStatus": "mega.jobs.workflow_records",
+    "WorkflowStep": "mega.jobs.workflow_records",
     # what every run goes through (the config's `middlewares`)
     "CallNext": "mega.lanes.middleware",
     "Middleware": "mega.lanes.middleware",
@@ -93,7 +93,7 @@ _MOVED = {
     "Outbox": ("mega.runtime", "mega.transactional.store"),
     "OutboxRelay": ("mega.runtime", "mega.transactional.relay"),
     "OutboxStats": ("mega.runtime", "mega.transactional.store"),
-    "Outcome": ("mega.runtime", "mega.jobs.steps"),
+    "Outcome": ("mega.runtime", "mega.jobs.workflow_records"),
     "RedLock": ("mega.runtime", "mega.schedules.locks"),
     "Signals": ("mega.runtime", "mega.signals"),
     "TaskPool": ("mega.runtime", "mega.context"),
@@ -161,11 +161,11 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.jobs.queue import JobQueue as JobQueue
     from mega.jobs.runner import JobRunner as JobRunner
     from mega.jobs.spec import JobId as JobId
-    from mega.jobs.steps import WorkflowId as WorkflowId
-    from mega.jobs.steps import WorkflowStatus as WorkflowStatus
-    from mega.jobs.steps import WorkflowStep as WorkflowStep
     from mega.jobs.workflow import chain as chain
     from mega.jobs.workflow import group as group
+    from mega.jobs.workflow_records import WorkflowId as WorkflowId
+    from mega.jobs.workflow_records import WorkflowStatus as WorkflowStatus
+    from mega.jobs.workflow_records import WorkflowStep as WorkflowStep
     from mega.lanes.dlq import DlqRecord as DlqRecord
     from mega.lanes.middleware import CallNext as CallNext
     from mega.lanes.middleware import Middleware as Middleware

@@ -38,7 +38,7 @@ from mega.deprecation import deprecated
 from mega.drivers.base import Priority
 from mega.jobs.queue import queue_of
 from mega.jobs.spec import JobBase, JobId
-from mega.jobs.steps import UNSET, Step
+from mega.jobs.workflow_records import UNSET, Step
 from mega.lanes.control import Cancelled
 from mega.lanes.status import JobStatus
 

@@ -45,7 +45,8 @@ from mega.jobs.spec import (
     fit_schema,
     validate_job,
 )
-from mega.jobs.steps import Workflows, WorkflowStatus, remember
+from mega.jobs.steps import Workflows
+from mega.jobs.workflow_records import WorkflowStatus, remember
 from mega.lanes import control
 from mega.lanes.control import Cancelled, LaneControl, Pause
 from mega.lanes.declaration import check_engine_cap, threaded

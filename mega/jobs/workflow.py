@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Literal
 
 from mega.errors import JobError
 from mega.jobs.queue import queue_of
-from mega.jobs.steps import MAX_MEMBERS, Step, WorkflowId
+from mega.jobs.workflow_records import MAX_MEMBERS, Step, WorkflowId
 
 if TYPE_CHECKING:
     from mega.context import Context

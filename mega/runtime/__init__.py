@@ -25,7 +25,7 @@ _EXPORTS = {
     "Outbox": "mega.transactional.store",
     "OutboxRelay": "mega.transactional.relay",
     "OutboxStats": "mega.transactional.store",
-    "Outcome": "mega.jobs.steps",
+    "Outcome": "mega.jobs.workflow_records",
     "RedLock": "mega.schedules.locks",
     "Signals": "mega.signals",
     "TaskPool": "mega.context",
@@ -62,7 +62,7 @@ if TYPE_CHECKING:  # the same table for type checkers
     from mega.context import FencedLease as FencedLease
     from mega.context import LockAdapter as LockAdapter
     from mega.context import TaskPool as TaskPool
-    from mega.jobs.steps import Outcome as Outcome
+    from mega.jobs.workflow_records import Outcome as Outcome
     from mega.lanes.presence import WorkerSeen as WorkerSeen
     from mega.lanes.status import Cause as Cause
     from mega.runtime.asgi import asgi_app as asgi_app

@@ -30,7 +30,7 @@ from mega.context import Context
 from mega.errors import ConfigError, MegaError, RegistrationError
 from mega.jobs.queue import JobQueue
 from mega.jobs.spec import JobBase
-from mega.jobs.steps import WorkflowStatus
+from mega.jobs.workflow_records import WorkflowStatus
 from mega.lanes.control import Pause
 from mega.lanes.status import JobStatus
 from mega.runtime.bootstrap import boot, shutdown

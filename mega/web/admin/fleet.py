@@ -19,7 +19,7 @@ from typing import Any
 
 from mega.drivers.base import LaneStats
 from mega.errors import MegaError
-from mega.jobs.steps import parse_step
+from mega.jobs.workflow_records import parse_step
 
 logger = logging.getLogger("mega.web.admin")
 

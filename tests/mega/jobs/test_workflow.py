@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from mega import Context, Job, JobQueue, JobRunner, Permanent, chain, group
 from mega.config import load_config
 from mega.errors import JobError
-from mega.jobs.steps import WORKFLOWS, outcome_key, step_id
+from mega.jobs.workflow_records import WORKFLOWS, outcome_key, step_id
 from mega.runtime.bootstrap import boot, shutdown
 from tests.factories import write_config
 from tests.mega.jobs.test_contract import DRIVERS, bus_body, until

@@ -19,7 +19,7 @@ import pytest
 from mega import JobQueue, group
 from mega.config import load_config
 from mega.context import Context
-from mega.jobs.steps import WORKFLOWS, outcome_key
+from mega.jobs.workflow_records import WORKFLOWS, outcome_key
 from mega.runtime.bootstrap import boot, shutdown
 from tests.factories import write_config
 from tests.mega.jobs import fault_jobs
