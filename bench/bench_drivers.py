@@ -33,8 +33,8 @@ if __package__ in (None, ""):  # run by path (python bench/x.py): make `bench` i
 from bench.peers import run_peer
 from bench.report import Result, print_table, result, row
 from mega import Context, Job, JobRunner
-from mega.config import BusSpec
 from mega.drivers import find_driver
+from mega.settings import BusSpec
 
 MEMORY_TARGET = 50_000.0
 REDIS_TARGET = 1.0  # the redis driver >= this x the bare XREADGROUP + XACK loop

@@ -327,10 +327,10 @@ class Bench:
         return job_class(self.subject(part), self.o.concurrency, keep_status_s)
 
     async def connect(self) -> None:
-        from mega.config import BusSpec
         from mega.context import Context, new_instance_id
         from mega.drivers.nats import NatsBus
         from mega.jobs.queue import JobQueue
+        from mega.settings import BusSpec
 
         bus = await NatsBus.connect("jobs", BusSpec(driver="nats", url=self.url))
         self.nc, self.js = bus.native, bus.js

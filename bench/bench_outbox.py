@@ -31,10 +31,10 @@ from nats.js.api import StreamConfig
 
 from bench.report import Result, ms, percentile, print_table, result, row
 from mega import Context, Event, Listener, ListenerRunner, ReceivedEvent, outbox
-from mega.config import BusSpec
 from mega.drivers.nats import NatsBus
 from mega.runtime import OutboxRelay
 from mega.runtime.bootstrap import connect_database
+from mega.settings import BusSpec
 from mega.transactional.relay import DEFAULT_BATCH
 
 DRAIN_TARGET = 0.5  # relay drain >= 0.5 x bare publish_async

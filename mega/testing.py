@@ -51,7 +51,6 @@ from typing import Any
 
 from mega import clock
 from mega.clock import FakeClock
-from mega.config import BusSpec
 from mega.context import CacheAdapter, Context
 from mega.drivers.memory import MemoryBroker, MemoryBus, MemoryLane
 from mega.errors import JobError
@@ -67,6 +66,7 @@ from mega.lanes.dlq import DlqRecord
 from mega.lanes.middleware import Middleware
 from mega.schedules import cron
 from mega.schedules.schedule import Schedule, ScheduleSpec, Tick, validate_schedule
+from mega.settings import BusSpec
 from mega.workers.pool import WorkerPool
 from mega.workers.worker import Worker
 

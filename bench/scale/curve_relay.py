@@ -18,10 +18,10 @@ from bench.bench_outbox import BATCH, _commit
 from bench.report import Result
 from bench.scale import curve, last_against_first
 from mega import Context
-from mega.config import BusSpec
 from mega.drivers.nats import NatsBus
 from mega.runtime import OutboxRelay
 from mega.runtime.bootstrap import connect_database
+from mega.settings import BusSpec
 
 PENDING = (20_000, 200_000)
 MEASURED = 20_000

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol, Self, TypedDict
 
-from mega.config import BusSpec
+from mega.settings import BusSpec
 
 # A message id given by the caller (or an outbox row's) is dropped as a duplicate when the bus
 # saw it within this many seconds (JetStream's default duplicate window; every driver keeps it).

@@ -20,7 +20,8 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from mega.config import ConfigFile, Shown
+from mega.config import ConfigFile
+from mega.settings import Shown
 
 DEFAULT_PATH = Path("docs/guide/config.md")
 ALIAS = "<alias>"

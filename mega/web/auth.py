@@ -41,7 +41,6 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from mega import audit
-from mega.config import AuthConfig, Role
 from mega.constants import (
     ANON_CSRF_COOKIE,
     CSRF_FORM_FIELD,
@@ -50,6 +49,7 @@ from mega.constants import (
     SESSION_COOKIE,
 )
 from mega.database import Database
+from mega.settings import AuthConfig, Role
 from mega.web import limits, tokens
 from mega.web.limits import limit_key, normalise_username
 from mega.web.models import User, UserSession, as_utc

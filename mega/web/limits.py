@@ -31,7 +31,7 @@ from itsdangerous import BadSignature, URLSafeTimedSerializer
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from mega.config import AuthConfig
+from mega.settings import AuthConfig
 from mega.web.models import LoginFailure, as_utc
 
 # The longest delay between two tries of a (username, IP) pair below its limit.

@@ -39,8 +39,8 @@ from typing import Literal, get_args
 from sqlalchemy import DateTime, String, delete, select, update
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from mega.config import Role
 from mega.database import Base
+from mega.settings import Role
 from mega.web.models import as_utc
 
 # What every token starts with: a leaked one is easy to recognise (and to search for).

@@ -9,8 +9,8 @@ from typing import Annotated, Any, Literal
 import pytest
 from pydantic import Field, StrictInt
 
-from mega.config import Shown
 from mega.runtime.config_reference import render, sections, type_name
+from mega.settings import Shown
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "config.md"
 REGENERATE = ".venv/bin/python -m mega.runtime.config_reference"

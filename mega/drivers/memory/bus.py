@@ -16,10 +16,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import ClassVar, Self
 
 from mega import clock
-from mega.config import BusSpec
 from mega.drivers.base import DlqRecord, Lane, LaneStats, Message, Table, pattern_matcher
 from mega.drivers.memory.broker import MemoryBroker, MemoryMessage, queue_name
 from mega.drivers.memory.receiver import MemoryReceiver
+from mega.settings import BusSpec
 
 logger = logging.getLogger("mega.drivers.memory")
 

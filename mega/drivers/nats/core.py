@@ -19,7 +19,6 @@ from nats.js.api import (
 )
 from nats.js.errors import APIError, NotFoundError
 
-from mega.config import BusSpec
 from mega.drivers.base import (
     DriverUnavailable,
     Lane,
@@ -29,6 +28,7 @@ from mega.drivers.nats.acks import BULK_TIMEOUT_PER_MSG_S, BULK_TIMEOUT_S, AckMu
 from mega.drivers.nats.connection import Reconnects, connect_nats
 from mega.drivers.nats.errors import NATS_ERRORS
 from mega.errors import JobError
+from mega.settings import BusSpec
 
 # What a message's headers may take of the server's max_payload: ids and keys (200 characters
 # each at most), times, a trace context.

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import psycopg
 
-from mega.config import BusSpec
 from mega.constants import CLOSE_TASKS_S
 from mega.drivers.base import (
     DlqRecord,
@@ -26,6 +25,7 @@ from mega.drivers.postgres import sql
 from mega.drivers.postgres.common import Connection, lane_key, one_line, open_connection, redact
 from mega.drivers.postgres.receiver import PostgresReceiver
 from mega.errors import DependencyUnavailable
+from mega.settings import BusSpec
 from mega.tasks import cancel_and_wait
 
 if TYPE_CHECKING:

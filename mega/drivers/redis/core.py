@@ -12,7 +12,6 @@ from typing import Any, ClassVar, Self, cast
 
 from redis.asyncio.cluster import RedisCluster
 
-from mega.config import BusSpec
 from mega.constants import CLOSE_TASKS_S, CONNECT_TIMEOUT_S, REDIS_DURABLE_WAIT_S
 from mega.drivers.base import (
     DriverUnavailable,
@@ -36,6 +35,7 @@ from mega.drivers.redis.scripts import (
     FAIR_PUSH,
     REQUEUE,
 )
+from mega.settings import BusSpec
 from mega.tasks import cancel_and_wait
 
 logger = logging.getLogger("mega.drivers.redis")

@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from mega.config import BusSpec
 from mega.drivers.nats.bus import NatsBus
+from mega.settings import BusSpec
 
 
 @pytest.fixture

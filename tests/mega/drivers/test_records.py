@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from mega.config import BusSpec
 from mega.drivers import find_driver
 from mega.drivers.base import Bus, Lane
+from mega.settings import BusSpec
 
 DRIVERS = ["nats", "redis", "memory", "postgres", "redis-cluster"]
 

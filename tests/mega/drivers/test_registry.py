@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 
 from mega import Job, JobRunner
-from mega.config import BusSpec, load_config
+from mega.config import load_config
 from mega.context import Context
 from mega.drivers import driver_names, find_driver
 from mega.errors import ConfigError
 from mega.runtime.bootstrap import boot, shutdown
+from mega.settings import BusSpec
 from tests.factories import write_config
 
 TINY = Path(__file__).parent / "tiny_driver"

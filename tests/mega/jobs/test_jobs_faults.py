@@ -27,7 +27,6 @@ from nats.aio.client import Client as NatsClient
 from nats.js.errors import NotFoundError
 from redis.asyncio import Redis
 
-from mega.config import BusSpec
 from mega.context import Context
 from mega.drivers.nats import NatsBus
 from mega.drivers.nats.names import HEADER_JOB_ID, stream_name
@@ -35,6 +34,7 @@ from mega.jobs.job import Job
 from mega.jobs.queue import JobQueue
 from mega.jobs.spec import JobSpec
 from mega.lanes.control import Cancelled
+from mega.settings import BusSpec
 from tests.factories import write_config
 from tests.mega.jobs import fault_jobs
 

@@ -18,7 +18,6 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js.api import AckPolicy, StreamConfig
 
-from mega.config import BusSpec
 from mega.context import Context
 from mega.drivers.nats import NatsBus
 from mega.drivers.nats.names import HEADER_JOB_ID, dlq_stream_name, stream_name
@@ -27,6 +26,7 @@ from mega.jobs.job import Job
 from mega.jobs.queue import SIGNALS, JobQueue
 from mega.jobs.runner import JobRunner
 from mega.lanes.backoff import BackoffPolicy
+from mega.settings import BusSpec
 
 # Retries in milliseconds, so the tests spend their time on behaviour, not on waiting.
 FAST_BACKOFF = {"type": "exponential", "initial": 20, "max": 50}

@@ -22,9 +22,10 @@ import uvicorn
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from mega.config import AuthConfig, Config
+from mega.config import Config
 from mega.constants import DEVICE_COOKIE, SESSION_COOKIE
 from mega.drivers.embedded import free_port
+from mega.settings import AuthConfig
 from mega.web.auth import ensure_user, safe_next, sign
 from mega.web.limits import (
     MAX_LOGIN_DELAY_S,

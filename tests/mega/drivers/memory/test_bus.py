@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from mega.config import BusSpec
 from mega.drivers.base import Delivery, DlqRecord, Lane, LaneStats, Message
 from mega.drivers.memory import MemoryBus, MemoryReceiver
+from mega.settings import BusSpec
 from tests.mega.drivers.lanes import group_lane, record
 
 DEADLINE_S = 5.0

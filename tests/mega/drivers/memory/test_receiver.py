@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from mega.config import BusSpec
 from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane, LaneStats
 from mega.drivers.memory import MemoryBroker, MemoryBus, MemoryLane, MemoryReceiver
+from mega.settings import BusSpec
 from tests.mega.drivers.lanes import group_lane, message, record
 
 

@@ -15,11 +15,11 @@ from collections.abc import Awaitable, Callable
 import pytest
 from prometheus_client import generate_latest
 
-from mega.config import BusSpec
 from mega.drivers.base import Lane
 from mega.drivers.nats.bus import NatsBus
 from mega.drivers.nats.names import durable_of, stream_of
 from mega.runtime.metrics import observe_buses
+from mega.settings import BusSpec
 from tests.cluster import NatsCluster
 from tests.mega.drivers.lanes import message
 

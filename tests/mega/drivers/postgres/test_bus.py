@@ -12,7 +12,6 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-from mega.config import BusSpec
 from mega.database import Database
 from mega.drivers import find_driver
 from mega.drivers.base import (
@@ -30,6 +29,7 @@ from mega.drivers.postgres import receiver as receiver_module
 from mega.drivers.postgres.common import lane_key
 from mega.errors import DependencyUnavailable
 from mega.runtime.migrate import upgrade
+from mega.settings import BusSpec
 
 
 def now_ms() -> int:

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from mega.config import BusSpec
 from mega.drivers.base import DEDUP_WINDOW_S, Delivery, Lane, LaneStats, Message
 from mega.drivers.redis import RedisBus, RedisReceiver
 from mega.drivers.redis.core import group_info
 from mega.drivers.redis.lanes import as_text, lane_keys
+from mega.settings import BusSpec
 from tests.mega.drivers.lanes import group_lane, message, record
 
 DEADLINE_S = 10.0

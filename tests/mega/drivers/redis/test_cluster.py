@@ -13,11 +13,12 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 
 from mega import Context, Event, EventBus, Job, JobQueue, JobRunner, Listener, ListenerRunner
-from mega.config import BusSpec, load_config
+from mega.config import load_config
 from mega.drivers.redis import RedisBus
 from mega.drivers.redis.scripts import EVENTS_LOG, JOB_KEY_PREFIX
 from mega.errors import DependencyUnavailable
 from mega.runtime.bootstrap import boot, shutdown
+from mega.settings import BusSpec
 from tests.factories import write_config
 from tests.mega.jobs.test_contract import REDIS_BUS, until
 

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from mega.config import BusSpec
 from mega.drivers.base import Delivery, DriverUnavailable, Lane, LaneStats
 from mega.drivers.redis import RedisBus, RedisReceiver
 from mega.drivers.redis.lanes import lane_keys
 from mega.drivers.redis.scripts import EVENTS_LOG
 from mega.errors import DependencyUnavailable
+from mega.settings import BusSpec
 from tests.mega.drivers.lanes import group_lane, message, record
 
 ACK_WAIT_S = 0.3

@@ -15,13 +15,13 @@ import pytest
 from redis.asyncio import Redis
 
 from mega import JobQueue
-from mega.config import BusSpec
 from mega.drivers.redis.bus import RedisBus
 from mega.drivers.redis.client import OUTAGES, connect_redis
 from mega.drivers.redis.embedded import EmbeddedRedisSentinel
 from mega.drivers.redis.scripts import JOB_KEY_PREFIX
 from mega.errors import DependencyUnavailable
 from mega.runtime.bootstrap import shutdown
+from mega.settings import BusSpec
 from tests.mega.drivers.redis.test_durable import Durable, booted
 
 FAILOVER_TIMEOUT_S = 30.0  # down after 1 s, then the vote and the promotion: 2-3 s here
