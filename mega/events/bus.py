@@ -124,7 +124,7 @@ class EventBus(LaneEndpoint):
             self._events_ready = False
         await self.ensure_stream()
         what = f"{spec.group}: cannot set up its consumer"
-        await self.ensure_lane(listener_cls, group_lane(spec), what)
+        await self.ensure_lane(listener_cls, group_lane(spec), what, force=force)
         return spec
 
     async def stats(self, listener_cls: type[Listener]) -> LaneStats:

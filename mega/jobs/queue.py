@@ -146,7 +146,8 @@ class JobQueue(LaneEndpoint):
                     "bus",
                     code=code,
                 )
-        await self.ensure_lane(job_cls, job_lane(spec), f"{spec.name}: cannot set up its queue")
+        what = f"{spec.name}: cannot set up its queue"
+        await self.ensure_lane(job_cls, job_lane(spec), what, force=force)
         return spec
 
     async def stats(self, job_cls: type[JobBase]) -> LaneStats:

@@ -94,6 +94,7 @@ class LaneEndpoint:
         self._consumers: dict[type[Any], Consumer] = {}
         self._declared: dict[type[Any], Any] = {}  # class -> its validated spec
         self._ensured: set[type[Any]] = set()  # the classes whose lane exists
+        self._ensuring: dict[type[Any], asyncio.Lock] = {}  # one set-up at a time per class
         self._stopped = False
 
     def on(self, name: str, observer: Observer) -> None:
@@ -112,14 +113,22 @@ class LaneEndpoint:
             self._declared[cls] = spec
         return spec
 
-    async def ensure_lane(self, cls: type[Any], lane: Lane, what: str) -> None:
+    async def ensure_lane(
+        self, cls: type[Any], lane: Lane, what: str, *, force: bool = False
+    ) -> None:
         """Make `cls`'s lane exist on the bus; DependencyUnavailable(`what`) when the bus does
-        not answer."""
-        try:
-            await self.bus.ensure(lane, apply_limits=self.apply_limits)
-        except DriverUnavailable as exc:
-            raise self.unavailable(what, exc) from exc
-        self._ensured.add(cls)
+        not answer. Calls that come together (200 first enqueues at once) make it once: the
+        others wait for that one, instead of each taking a connection of the bus's pool for
+        the same set-up."""
+        lock = self._ensuring.setdefault(cls, asyncio.Lock())
+        async with lock:
+            if cls in self._ensured and not force:
+                return  # made while this call waited
+            try:
+                await self.bus.ensure(lane, apply_limits=self.apply_limits)
+            except DriverUnavailable as exc:
+                raise self.unavailable(what, exc) from exc
+            self._ensured.add(cls)
 
     async def lane_stats(self, lane: Lane, what: str) -> LaneStats:
         """The lane now, as the engine counts it; DependencyUnavailable(`what`) otherwise."""
