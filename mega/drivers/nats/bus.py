@@ -105,8 +105,16 @@ class NatsBus(NatsDeadLetters, NatsRecordStore, NatsEventLog):
                 raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
 
     async def _ensure_once(self, lane: Lane, apply_limits: bool) -> None:
-        """One pass of `ensure`: the job stream, the dead letters, the record buckets (of the
-        tables whose keep is above 0), the consumer."""
+        """One pass of `ensure`: the streams the consumer reads, the dead letters, the record
+        buckets (of the tables whose keep is above 0), the consumer."""
+        await self._ensure_read_streams(lane)
+        await ensure_dlq_stream(self.js, dlq_stream_config(lane))
+        await ensure_buckets(self.js, lane, apply_limits=apply_limits)
+        await self._ensure_consumer(lane, apply_limits)
+
+    async def _ensure_read_streams(self, lane: Lane) -> None:
+        """A job's stream and, for a fair job, its keys' stream (a group reads the events
+        stream, made by `ensure_events`)."""
         if lane.kind == "job":
             await ensure_stream(
                 self.js,
@@ -133,8 +141,8 @@ class NatsBus(NatsDeadLetters, NatsRecordStore, NatsEventLog):
                     num_replicas=lane.replicas,
                 ),
             )
-        await ensure_dlq_stream(self.js, dlq_stream_config(lane))
-        await ensure_buckets(self.js, lane, apply_limits=apply_limits)
+
+    async def _ensure_consumer(self, lane: Lane, apply_limits: bool) -> None:
         wanted = ConsumerConfig(
             durable_name=durable_of(lane),
             ack_policy=AckPolicy.EXPLICIT,
@@ -157,10 +165,15 @@ class NatsBus(NatsDeadLetters, NatsRecordStore, NatsEventLog):
         return self._max_ack_pending.get(lane) == lane.concurrency
 
     async def restore(self, lane: Lane) -> None:
-        """Make a lane's streams and consumer exist again (a JetStream that lost them)."""
+        """Make what a lane's pulls need exist again, its streams and its consumer (a
+        JetStream that lost them), and nothing else: a dead-letter stream or a record bucket
+        that cannot be reached (a single copy on a node that is down) must not keep the lane
+        from being served. A lost dead-letter stream keeps its jobs unsettled until `ensure`
+        with `force` makes it again."""
         if lane.kind == "group" and self._events_max_age_s is not None:
             await self.ensure_events(max_age_s=self._events_max_age_s)
-        await self.ensure(lane, apply_limits=self._apply_limits.get(lane, False))
+        await self._ensure_read_streams(lane)
+        await self._ensure_consumer(lane, self._apply_limits.get(lane, False))
 
     async def publish(self, lane: Lane, messages: Sequence[Message]) -> list[bool]:
         """Store jobs: one is published and awaited (its PubAck), many are pipelined."""

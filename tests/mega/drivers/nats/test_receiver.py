@@ -8,11 +8,14 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
 
 from mega.drivers.base import Delivery, Lane
+from mega.drivers.nats import bus as bus_module
 from mega.drivers.nats.bus import NatsBus
-from mega.drivers.nats.names import durable_of
+from mega.drivers.nats.names import durable_of, stream_name
 from mega.drivers.nats.receiver import (
     PULL_EXPIRES_S,
     PULL_GRACE_S,
@@ -148,5 +151,32 @@ async def test_a_pull_to_a_deleted_consumer_makes_it_again_and_the_jobs_come(
             assert time.monotonic() < deadline, "the consumer was never made again"
             got = [d.id for d in await receiver.fetch(4)]
         assert got == [f"{prefix}-2"]
+    finally:
+        await receiver.close()
+
+
+async def test_a_consumer_is_made_again_while_its_dead_letters_cannot_be_reached(
+    nats_bus: NatsBus, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lane's dead-letter stream and record buckets, single copies on a cluster node that
+    is down, answer nothing: making the consumer again asks nothing of them, so the lane is
+    served. (It asked, and the lane was never served again.)"""
+    lane = await lane_of(nats_bus, prefix)
+
+    async def unreachable(*_args: object, **_kwargs: object) -> None:
+        raise NatsTimeoutError
+
+    monkeypatch.setattr(bus_module, "ensure_dlq_stream", unreachable)
+    monkeypatch.setattr(bus_module, "ensure_buckets", unreachable)
+    await nats_bus.js.delete_consumer(stream_name(lane.subject), durable_of(lane))
+    receiver = nats_bus.receiver(lane, consumer="test")
+    try:
+        await nats_bus.publish(lane, [message(f"{prefix}-1", lane.subject)])
+        got: list[str] = []
+        deadline = time.monotonic() + 3 * DEADLINE_S
+        while not got:
+            assert time.monotonic() < deadline, "the consumer was never made again"
+            got = [d.id for d in await receiver.fetch(4)]
+        assert got == [f"{prefix}-1"]
     finally:
         await receiver.close()
