@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import TypeVar
 
+from mega.tasks import wait_event
+
 
 class Timer:
     """A callback due at a time; `cancel()` before then and it never runs."""
@@ -64,12 +66,7 @@ class Clock:
 
     async def wait(self, event: asyncio.Event, timeout_s: float) -> bool:
         """Until `event` is set, up to `timeout_s`; whether it was."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                await event.wait()
-        except TimeoutError:
-            return event.is_set()
-        return True
+        return await wait_event(event, timeout_s)
 
 
 def _run(timer: Timer) -> None:
