@@ -40,8 +40,8 @@ _EXPORTS = {
     "JobContext": "mega.jobs.progress",
     "JobRunner": "mega.jobs.runner",
     "JobId": "mega.jobs.spec",
-    "JobStatus": "mega.lanes.status",
-    "AttemptRecord": "mega.lanes.status",
+    "JobStatus": "mega.lanes.records",
+    "AttemptRecord": "mega.lanes.records",
     "JobQueue": "mega.jobs.queue",
     "chain": "mega.jobs.workflow",
     "group": "mega.jobs.workflow",
@@ -84,7 +84,7 @@ _MOVED = {
     "LaneStats": ("mega.drivers", "mega.drivers.base"),
     # what a host or a tool wires
     "CacheAdapter": ("mega.runtime", "mega.context"),
-    "Cause": ("mega.runtime", "mega.lanes.status"),
+    "Cause": ("mega.runtime", "mega.lanes.records"),
     "Cron": ("mega.runtime", "mega.schedules.cron"),
     "EarlyClaim": ("mega.runtime", "mega.context"),
     "FencedLease": ("mega.runtime", "mega.context"),
@@ -170,8 +170,8 @@ if TYPE_CHECKING:  # the same table for type checkers (tests/mega/test_public_ap
     from mega.lanes.middleware import CallNext as CallNext
     from mega.lanes.middleware import Middleware as Middleware
     from mega.lanes.middleware import Run as Run
-    from mega.lanes.status import AttemptRecord as AttemptRecord
-    from mega.lanes.status import JobStatus as JobStatus
+    from mega.lanes.records import AttemptRecord as AttemptRecord
+    from mega.lanes.records import JobStatus as JobStatus
     from mega.schedules.dynamic import ScheduleEntry as ScheduleEntry
     from mega.schedules.schedule import Schedule as Schedule
     from mega.schedules.schedule import Tick as Tick

@@ -40,7 +40,7 @@ from mega.jobs.queue import queue_of
 from mega.jobs.spec import JobBase, JobId
 from mega.jobs.workflow_records import UNSET, Step
 from mega.lanes.control import Cancelled
-from mega.lanes.status import JobStatus
+from mega.lanes.records import JobStatus
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session

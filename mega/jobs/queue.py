@@ -53,13 +53,8 @@ from mega.lanes.declaration import check_engine_cap, threaded
 from mega.lanes.dlq import DeadLetters
 from mega.lanes.endpoint import LaneEndpoint
 from mega.lanes.presence import WorkerSeen
-from mega.lanes.status import (
-    RESULT_POLL_S,
-    JobStatus,
-    StatusWriter,
-    created,
-    read_status,
-)
+from mega.lanes.records import RESULT_POLL_S, JobStatus, created, read_status
+from mega.lanes.status import StatusWriter
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session

@@ -57,7 +57,7 @@ from mega.jobs.workflow_records import (
     step_id,
     workflow_status,
 )
-from mega.lanes.status import FINAL, ErrorInfo, decode
+from mega.lanes.records import FINAL, ErrorInfo, decode
 from mega.validation import is_token
 
 if TYPE_CHECKING:

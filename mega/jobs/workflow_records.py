@@ -18,7 +18,7 @@ from mega import clock
 from mega.drivers.base import Lane, Priority
 from mega.errors import JobError
 from mega.jobs.spec import JobBase, JobId, JobSpec
-from mega.lanes.status import ErrorInfo
+from mega.lanes.records import ErrorInfo
 from mega.validation import MAX_ID_LENGTH
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ from typing import Any
 
 from mega import clock
 from mega.drivers.base import Lane, RecordStore
-from mega.lanes.status import JobStatus, decode, encode
+from mega.lanes.records import JobStatus, decode, encode
 
 # The lane's control records (keys no job id can be: ids have no spaces).
 CANCELS_KEY = "lane cancels"

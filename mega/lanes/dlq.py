@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from mega import clock
 from mega.drivers.base import Bus, DlqErrorInfo, DlqRecord, DriverUnavailable, Lane
 from mega.errors import DependencyUnavailable, JobError
-from mega.lanes.status import (
+from mega.lanes.records import (
     JobStatus,
     Requeued,
     encode,

@@ -40,7 +40,8 @@ from mega.lanes.delivery import (
 )
 from mega.lanes.dlq import make_record
 from mega.lanes.middleware import Middleware, Run, chain
-from mega.lanes.status import RUNNING, ErrorInfo, Running, StatusWriter
+from mega.lanes.records import RUNNING, ErrorInfo, Running
+from mega.lanes.status import StatusWriter
 from mega.lanes.timelimit import TimeLimited
 from mega.validation import is_token
 

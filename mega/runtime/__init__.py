@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 # public name -> the module that defines it.
 _EXPORTS = {
     "CacheAdapter": "mega.context",
-    "Cause": "mega.lanes.status",
+    "Cause": "mega.lanes.records",
     "Cron": "mega.schedules.cron",
     "EarlyClaim": "mega.context",
     "FencedLease": "mega.context",
@@ -64,7 +64,7 @@ if TYPE_CHECKING:  # the same table for type checkers
     from mega.context import TaskPool as TaskPool
     from mega.jobs.workflow_records import Outcome as Outcome
     from mega.lanes.presence import WorkerSeen as WorkerSeen
-    from mega.lanes.status import Cause as Cause
+    from mega.lanes.records import Cause as Cause
     from mega.runtime.asgi import asgi_app as asgi_app
     from mega.runtime.bootstrap import boot as boot
     from mega.runtime.bootstrap import shutdown as shutdown

@@ -32,7 +32,7 @@ from mega.jobs.queue import JobQueue
 from mega.jobs.spec import JobBase
 from mega.jobs.workflow_records import WorkflowStatus
 from mega.lanes.control import Pause
-from mega.lanes.status import JobStatus
+from mega.lanes.records import JobStatus
 from mega.runtime.bootstrap import boot, shutdown
 from mega.runtime.cli_audit import audited, default_by
 from mega.runtime.dlq_cli import select_jobs

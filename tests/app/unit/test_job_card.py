@@ -9,7 +9,7 @@ import pytest
 
 from app.services.job_card import card_lines, clock
 from mega import AttemptRecord, JobStatus
-from mega.lanes.status import ErrorInfo
+from mega.lanes.records import ErrorInfo
 
 T = 1_780_000_000_000  # an instant in epoch ms
 W1, W2 = "worker@box:4121:a1b2c3", "worker@box:4122:d4e5f6"

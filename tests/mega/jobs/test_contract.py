@@ -25,10 +25,10 @@ from mega.config import load_config
 from mega.drivers.base import DlqRecord, DriverUnavailable, Message
 from mega.errors import JobError, JobFailed, Permanent
 from mega.jobs.queue import job_lane
-from mega.lanes import status as status_module
+from mega.lanes import records as records_module
 from mega.lanes.control import PAUSE_KEY, Cancelled
 from mega.lanes.delivery import stand_in_id
-from mega.lanes.status import ErrorInfo
+from mega.lanes.records import ErrorInfo
 from mega.runtime.bootstrap import boot, shutdown
 from tests.factories import write_config
 
@@ -602,7 +602,7 @@ async def test_a_jobs_last_record_is_stored_before_its_delivery_is_settled(
     `failed` before the dead letter (its `dlq` after; a worker killed in between, here a
     `dlq` record the bus never gets, leaves `failed`, which a read shows `dlq` once it finds
     the dead letter and the `failed` is older than FAILED_GRACE_S, 0.5 s here)."""
-    monkeypatch.setattr(status_module, "FAILED_GRACE_S", 0.5)
+    monkeypatch.setattr(records_module, "FAILED_GRACE_S", 0.5)
     ctx, _job, queue, _seen = setup
     tracked: type[Tracked] = type(
         "Tracked", (Tracked,), {"subject": f"{prefix}.settle", "retries": 0}

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from mega.drivers.base import Delivery, Lane
-from mega.lanes.status import ErrorInfo, JobStatus, Report, StatusWriter, as_attempt, decode, encode
+from mega.lanes.records import ErrorInfo, JobStatus, as_attempt, decode, encode
+from mega.lanes.status import Report, StatusWriter
 
 LANE = Lane(
     kind="job",
