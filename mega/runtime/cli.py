@@ -470,7 +470,7 @@ def _dlq(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:
 
 
 def _jobs(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:
-    from mega.runtime.control_cli import run_jobs_command
+    from mega.runtime.jobs_cli import run_jobs_command
 
     return run_jobs_command(
         config, args.action, target=args.target, job=args.job, by=args.by, as_json=args.json
@@ -478,7 +478,7 @@ def _jobs(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]
 
 
 def _schedules(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:
-    from mega.runtime.control_cli import run_schedules_command
+    from mega.runtime.schedules_cli import run_schedules_command
 
     return run_schedules_command(
         config,

@@ -1,4 +1,5 @@
-"""`mega jobs ...` and `mega schedules ...`: control of a running fleet from a terminal.
+"""`mega jobs ...`: control of a running fleet's jobs from a terminal (`mega schedules ...` is
+mega/runtime/schedules_cli.py).
 
 mega jobs stats [--job NAME] [--json]      per job: pending, in flight, dead letters, paused
 mega jobs inspect ID [--job NAME] [--json] a job's status record (every job searched by default),
@@ -6,17 +7,11 @@ mega jobs inspect ID [--job NAME] [--json] a job's status record (every job sear
 mega jobs cancel ID [--job NAME]           it never runs, or its running task is cancelled
 mega jobs retry ID [--job NAME]            its dead letter back onto the queue
 mega jobs pause JOB [--by WHO]             no worker starts one (within a second); resume undoes
-mega schedules list [--json]               each schedule: cron, zone, next instant, paused,
-                                           and its dynamic entries under it
-mega schedules pause NAME [--by WHO]       its planned ticks are skipped from the next one
-mega schedules add NAME --key KEY --cron EXPR [--timezone ZONE] [--args JSON] [--by WHO]
-                                           a dynamic entry of NAME (or a change of one)
-mega schedules remove NAME --key KEY [--by WHO]   its ticks stop within a second
 
 Each command boots a context without the database, does one thing and says what it did in a
-line per job or schedule. A name the config does not have, or an id in two jobs, is a
-ConfigError (exit 2, before any server is reached for a name); an operation that cannot be
-done (no job has the id, a job that keeps no status records) is a MegaError (exit 1).
+line per job. A name the config does not have, or an id in two jobs, is a ConfigError (exit 2,
+before any server is reached for a name); an operation that cannot be done (no job has the id,
+a job that keeps no status records) is a MegaError (exit 1).
 """
 
 from __future__ import annotations
@@ -27,7 +22,7 @@ from typing import Any
 
 from mega.config import Config
 from mega.context import Context
-from mega.errors import ConfigError, MegaError, RegistrationError
+from mega.errors import ConfigError, MegaError
 from mega.jobs.queue import JobQueue
 from mega.jobs.spec import JobBase
 from mega.jobs.workflow_records import WorkflowStatus
@@ -36,16 +31,10 @@ from mega.lanes.records import JobStatus
 from mega.runtime.bootstrap import boot, shutdown
 from mega.runtime.cli_audit import audited, default_by
 from mega.runtime.dlq_cli import select_jobs
-from mega.schedules.dynamic import ScheduleEntry
-from mega.schedules.scheduler import Scheduler
 
 JOB_ACTIONS = ("stats", "inspect", "cancel", "retry", "pause", "resume")
-SCHEDULE_ACTIONS = ("list", "pause", "resume", "add", "remove")
 # What `cancel` says of a job that had ended already, by its state.
 ENDED = {"done": "already done", "dlq": "already dead-lettered", "cancelled": "already cancelled"}
-
-
-# -- jobs -------------------------------------------------------------------------------------
 
 
 async def run_jobs_command(
@@ -151,7 +140,7 @@ async def _stats(queue: JobQueue, job_cls: type[JobBase], as_json: bool) -> None
     about = "about " if stats.approximate else ""  # a deep queue's estimate (LaneStats)
     print(
         f"{job_cls.name}: {about}{stats.pending} pending, {stats.in_flight} in flight, {stats.dlq} "
-        f"dead letter(s), {_pause_text(pause.paused, pause.at_ms, pause.by)}"
+        f"dead letter(s), {pause_text(pause.paused, pause.at_ms, pause.by)}"
     )
 
 
@@ -222,7 +211,7 @@ def _status_text(data: dict[str, Any]) -> str:
     for field in ("attempts", "enqueued_at", "due_at", "started_at", "finished_at", "worker"):
         value = data.get(field)
         if value is not None:
-            shown = _at(value) if field.endswith("_at") else value
+            shown = when(value) if field.endswith("_at") else value
             lines.append(f"  {field.replace('_', ' ')}: {shown}")
     if data.get("error"):
         lines.append(f"  error: {data['error']['type']}: {data['error']['message']}")
@@ -247,162 +236,12 @@ def _attempt_text(attempt: dict[str, Any]) -> str:
     return text
 
 
-# -- schedules --------------------------------------------------------------------------------
-
-
-async def run_schedules_command(
-    config: Config,
-    action: str,
-    *,
-    name: str | None,
-    by: str | None,
-    as_json: bool = False,
-    key: str | None = None,
-    cron_expr: str | None = None,
-    timezone: str | None = None,
-    args: str | None = None,
-) -> None:
-    """Run one `mega schedules` action: `list` every schedule, pause or resume `name`, or add
-    or remove its dynamic entry `key` (`cron_expr`, `timezone`, `args` a JSON object)."""
-    schedules = config.schedules if name is None else [_schedule_named(config, name)]
-    entry_args = _json_object(args) if action == "add" else None
-    ctx = await boot(config, role="control", database=False)
-    try:
-        scheduler = Scheduler(ctx)  # never started: it reads and writes the records only
-        for schedule in schedules:
-            try:
-                scheduler.register(schedule)
-            except RegistrationError as exc:
-                raise ConfigError(exc.message) from exc
-        if action == "list":
-            if not schedules:
-                print(f"{config.path.name} lists no schedules")
-            for registered in scheduler.names:
-                await _describe(scheduler, registered, as_json)
-        elif action in ("add", "remove"):
-            [registered] = scheduler.names
-            who = by if by is not None else default_by()
-            await _change_entry(
-                scheduler,
-                registered,
-                action,
-                key=key or "",
-                cron_expr=cron_expr or "",
-                timezone=timezone,
-                args=entry_args,
-                by=who,
-            )
-        else:
-            [registered] = scheduler.names
-            who = by if by is not None else default_by()
-            change = scheduler.pause if action == "pause" else scheduler.resume
-            record = await change(registered, by=who)
-            print(f"{registered}: {action}d by {record.by}")
-            await audited(ctx, action, f"schedule:{registered}")
-    finally:
-        await shutdown(ctx)
-
-
-def _json_object(text: str | None) -> Any:
-    """`--args`: JSON text, parsed (whether it is an object is the entry's own check)."""
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"--args: not JSON ({exc}): {text!r}") from None
-
-
-async def _change_entry(
-    scheduler: Scheduler,
-    name: str,
-    action: str,
-    *,
-    key: str,
-    cron_expr: str,
-    timezone: str | None,
-    args: Any,
-    by: str,
-) -> None:
-    if action == "remove":
-        removed = await scheduler.remove(name, key=key, by=by)
-        if removed is None:
-            raise MegaError(
-                f"{name} has no entry with key {key!r}, nothing removed (`mega schedules list` "
-                "shows them)"
-            )
-        print(f"{name} {key}: removed by {by}")
-        return
-    existed = {entry.key for entry in await scheduler.entries(name)}
-    entry = await scheduler.add(name, key=key, cron=cron_expr, timezone=timezone, args=args, by=by)
-    word = "changed" if key in existed else "added"
-    print(f"{name} {key}: {word} by {by}, {_entry_text(scheduler.describe_entry(name, entry))}")
-
-
-def _entry_text(settings: dict[str, Any]) -> str:
-    return (
-        f"{settings['cron']!r} in {settings['timezone']}, next {settings['next_runs'][0]}, "
-        f"args {json.dumps(settings['args'])}"
-    )
-
-
-def _schedule_named(config: Config, name: str) -> type:
-    for schedule in config.schedules:
-        if schedule.__name__ == name or getattr(schedule, "name", None) == name:
-            return schedule
-    known = ", ".join(s.__name__ for s in config.schedules) or "none"
-    raise ConfigError(f"NAME: no schedule named {name!r} in the config (schedules: {known})")
-
-
-async def _describe(scheduler: Scheduler, name: str, as_json: bool) -> None:
-    settings = scheduler.describe(name)
-    pause = await scheduler.paused(name)
-    entries = await scheduler.entries(name)
-    if as_json:
-        lock = settings["lock"]["lock"] if settings["lock"] else None
-        line = {
-            "name": name,
-            "cron": settings["cron"],
-            "timezone": settings["timezone"],
-            "next_run": (settings["next_runs"] or [None])[0],
-            "lock": lock,
-            "paused": pause.paused,
-            "paused_by": pause.by if pause.paused else None,
-            "paused_at_ms": pause.at_ms if pause.paused else None,
-            "entries": [_entry_json(scheduler, name, entry) for entry in entries],
-        }
-        print(json.dumps(line, separators=(",", ":")))
-        return
-    state = _pause_text(pause.paused, pause.at_ms, pause.by)
-    if settings["lock"] is None:
-        state = "no lock: runs on every scheduler, cannot be paused"
-    if settings["cron"] is None:
-        print(f"{name}: no cron of its own (cron = None: its entries only), {state}")
-    else:
-        print(
-            f"{name}: {settings['cron']!r} in {settings['timezone']}, next "
-            f"{settings['next_runs'][0]}, {state}"
-        )
-    for entry in entries:
-        described = scheduler.describe_entry(name, entry)
-        print(f"  {entry.key}: {_entry_text(described)}, by {entry.by or '?'}")
-
-
-def _entry_json(scheduler: Scheduler, name: str, entry: ScheduleEntry) -> dict[str, Any]:
-    described = scheduler.describe_entry(name, entry)
-    next_run = described.pop("next_runs")[0]
-    return {**described, "next_run": next_run}
-
-
-# -- shared -----------------------------------------------------------------------------------
-
-
-def _pause_text(paused: bool, at_ms: int | None, by: str | None) -> str:
+def pause_text(paused: bool, at_ms: int | None, by: str | None) -> str:
     if not paused:
         return "not paused"
-    since = f" since {_at(at_ms)}" if at_ms is not None else ""
+    since = f" since {when(at_ms)}" if at_ms is not None else ""
     return f"paused by {by or '?'}{since}"
 
 
-def _at(epoch_ms: int) -> str:
+def when(epoch_ms: int) -> str:
     return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="seconds")

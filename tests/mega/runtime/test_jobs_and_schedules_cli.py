@@ -24,12 +24,8 @@ from mega.drivers.embedded import free_port
 from mega.jobs.queue import JobQueue
 from mega.runtime.bootstrap import boot, shutdown
 from mega.runtime.cli_audit import default_by
-from mega.runtime.control_cli import (
-    JOB_ACTIONS,
-    SCHEDULE_ACTIONS,
-    run_jobs_command,
-    run_schedules_command,
-)
+from mega.runtime.jobs_cli import JOB_ACTIONS, run_jobs_command
+from mega.runtime.schedules_cli import SCHEDULE_ACTIONS, run_schedules_command
 from mega.schedules.scheduler import Scheduler
 from tests.factories import job_worker, write_config
 from tests.mega.runtime.test_cli import run_mega
