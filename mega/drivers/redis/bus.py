@@ -40,10 +40,11 @@ from mega.drivers.redis.events import RedisEventLog
 from mega.drivers.redis.lanes import (
     LaneKeys,
     as_text,
+    ensure_groups,
     lane_keys,
     turn_order,
 )
-from mega.drivers.redis.receiver import RedisReceiver, ensure_groups
+from mega.drivers.redis.receiver import RedisReceiver
 from mega.drivers.redis.records import RedisRecordStore
 
 

@@ -4,11 +4,14 @@ records."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from mega.drivers.base import PRIORITY_TURNS, DlqRecord, Lane, Table, pattern_matcher
+from mega.drivers.redis.client import RedisClient
 from mega.drivers.redis.scripts import (
     EVENT_SUBJECT_PREFIX,
     EVENTS_LOG,
@@ -130,3 +133,31 @@ def turn_order(lane: Lane) -> str:
     """The bands' turns as the feed scripts read them on a prioritized lane (PRIORITY_TURNS as
     initials); "" on any other lane."""
     return "".join(band[0] for band in PRIORITY_TURNS) if lane.prioritized else ""
+
+
+async def ensure_groups(redis: RedisClient, keys: LaneKeys) -> None:
+    """The lane's consumer group on its streams, where missing (a new group starts at the
+    oldest entry kept: a new listener group replays the events log)."""
+    for stream in keys.streams:
+        try:
+            await redis.xgroup_create(stream, keys.group, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):  # it exists already: fine
+                raise
+
+
+def read_entries(answer: Any) -> Iterator[tuple[Any, Any]]:
+    """The (entry id, fields) of an XREADGROUP answer (RESP2: a list, RESP3: a dict)."""
+    streams: Iterable[Any] = answer.items() if isinstance(answer, dict) else answer or []
+    for item in streams:
+        for entry_id, fields in item[1] or []:
+            if fields:  # a deleted entry still pending comes back empty
+                yield entry_id, fields
+
+
+def int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def text_or_none(value: Any) -> str | None:
+    return None if value is None else as_text(value)

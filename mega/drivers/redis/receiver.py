@@ -16,20 +16,21 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Iterable, Iterator
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
-
-from redis.exceptions import ResponseError
 
 from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane, trace_headers
 from mega.drivers.redis.client import OUTAGES, RedisClient, queue_script
 from mega.drivers.redis.lanes import (
     Fields,
-    LaneKeys,
     as_text,
+    ensure_groups,
     event_name,
+    int_or_none,
     lane_keys,
+    read_entries,
+    text_or_none,
     turn_order,
 )
 from mega.drivers.redis.scripts import (
@@ -60,17 +61,6 @@ class Entry:
     entry_id: bytes
     fields: Fields
     deliveries: int  # the group's delivery count of the entry
-
-
-async def ensure_groups(redis: RedisClient, keys: LaneKeys) -> None:
-    """The lane's consumer group on its streams, where missing (a new group starts at the
-    oldest entry kept: a new listener group replays the events log)."""
-    for stream in keys.streams:
-        try:
-            await redis.xgroup_create(stream, keys.group, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):  # it exists already: fine
-                raise
 
 
 class RedisReceiver:
@@ -116,7 +106,7 @@ class RedisReceiver:
             while len(found) < limit:
                 # what housekeeping found goes now, without waiting for more
                 answer: Any = await self._read(limit - len(found), block=not found)
-                entries = list(_entries(answer))
+                entries = list(read_entries(answer))
                 found += self._deliver(self.keys.stream, entries)
                 if found or not entries or self._woken.is_set() or time.monotonic() > deadline:
                     break  # else: only entries of other patterns (acked), so read on
@@ -211,7 +201,7 @@ class RedisReceiver:
             answer: Any = await self.redis.xreadgroup(
                 keys.group, self.consumer, {keys.own: ">"}, count=limit - len(found)
             )
-            found += self._deliver(keys.own, list(_entries(answer)))
+            found += self._deliver(keys.own, list(read_entries(answer)))
         return found
 
     async def _reclaim(self, stream: str, limit: int) -> list[Delivery]:
@@ -251,12 +241,12 @@ class RedisReceiver:
                     subject=event_name(fields) if self.lane.kind == "group" else self.lane.subject,
                     body=bytes(fields.get("body", b"")),
                     attempt=int(fields.get("base") or 0) + deliveries,
-                    enqueued_at_ms=_ms(fields.get("enqueued_at")),
-                    run_at_ms=_ms(fields.get("run_at")),
+                    enqueued_at_ms=int_or_none(fields.get("enqueued_at")),
+                    run_at_ms=int_or_none(fields.get("run_at")),
                     key=(stream, as_text(entry_id)),
                     handle=Entry(stream, entry_id, fields, deliveries),
                     trace=trace_headers(fields.get("trace")),
-                    flow_key=_text_or_none(fields.get("flow_key")),
+                    flow_key=text_or_none(fields.get("flow_key")),
                 )
             )
         return found
@@ -395,25 +385,8 @@ class RedisReceiver:
             await pipe.execute()
 
 
-def _entries(answer: Any) -> Iterator[tuple[Any, Any]]:
-    """The (entry id, fields) of an XREADGROUP answer (RESP2: a list, RESP3: a dict)."""
-    streams: Iterable[Any] = answer.items() if isinstance(answer, dict) else answer or []
-    for item in streams:
-        for entry_id, fields in item[1] or []:
-            if fields:  # a deleted entry still pending comes back empty
-                yield entry_id, fields
-
-
 def _entry(delivery: Delivery) -> Entry:
     entry = delivery.handle
     if not isinstance(entry, Entry):
         raise TypeError(f"not a delivery of the redis driver: {delivery!r}")
     return entry
-
-
-def _ms(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _text_or_none(value: Any) -> str | None:
-    return None if value is None else as_text(value)
