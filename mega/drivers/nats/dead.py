@@ -35,10 +35,10 @@ from mega.drivers.nats.names import (
     dlq_subject_of,
     requeue_subject_of,
 )
-from mega.drivers.nats.receiver import requeue_headers
 from mega.drivers.nats.records import (
     NO_MESSAGE,
 )
+from mega.drivers.nats.settle import requeue_headers
 
 logger = logging.getLogger("mega.jobqueue")
 

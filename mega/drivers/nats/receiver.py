@@ -1,4 +1,5 @@
-"""One lane consumed in this process on NATS JetStream: pull requests, and settling.
+"""One lane consumed in this process on NATS JetStream: pull requests, and settling (its calls
+in settle.py).
 
 Why not `PullSubscription.fetch(n)`: once the stream is empty, fetch waits for all `n`
 messages or its timeout, so a lone job would wait seconds for a batch to fill. Here pull
@@ -17,20 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from nats.aio.msg import Msg
-from nats.errors import MaxPayloadError
-from nats.js.errors import APIError
 
 from mega.constants import CLOSE_TASKS_S
-from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane, MessageTooLarge
+from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane
 from mega.drivers.nats.errors import NATS_ERRORS
 from mega.drivers.nats.fair import Feeder
 from mega.drivers.nats.names import (
@@ -44,20 +42,16 @@ from mega.drivers.nats.names import (
     HEADER_JOB_ID,
     HEADER_RUN_AT,
     NATS_MSG_ID,
-    dlq_record_subject,
     durable_of,
     fair_wake_of,
-    requeue_subject_of,
-    schedule_headers,
-    schedule_subject,
     stream_of,
 )
+from mega.drivers.nats.settle import NatsLink, Settler, settle_quietly
 from mega.tasks import cancel_and_wait, wait_event
 from mega.tracing import carried
 
 if TYPE_CHECKING:
-    from nats.aio.client import Client as NatsClient
-    from nats.js import JetStreamContext
+    pass
 
 logger = logging.getLogger("mega.jobqueue")
 
@@ -81,15 +75,6 @@ REFILL_FRACTION = 0.5
 IDLE_WAIT_S = 0.5
 # Pause after NATS refused a pull (JetStream restarting, consumer gone) before asking again.
 OUTAGE_BACKOFF_S = 0.25
-# nats-py sends a bare nak for nak(delay=0): a zero delay still takes the delayed path.
-MIN_NAK_DELAY_S = 0.001
-# Settles (ack, nak, term) sent this recently are sent again after a reconnect, and when the
-# consumer gets a new leader: those written to a connection that had gone silent, or sent while
-# the consumer had no leader, never arrived, and each would hold a slot of the group's
-# max_ack_pending for a whole ack wait. A silent server is left within about 3 s (a ping every
-# NATS_PING_INTERVAL_S, NATS_MAX_OUTSTANDING_PINGS unanswered), and an election takes a few
-# seconds more; this covers both.
-RESETTLE_WINDOW_S = 15.0
 # JetStream announces each election of a consumer's leader here (+ ".<stream>.<consumer>"), and
 # of a stream's leader here (+ ".<stream>").
 LEADER_ELECTED = "$JS.EVENT.ADVISORY.CONSUMER.LEADER_ELECTED"
@@ -97,35 +82,6 @@ STREAM_LEADER_ELECTED = "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED"
 # After an election, the settles are sent once more this much later: a node waking from a
 # freeze can set off a second round of elections, and settles sent in between are lost too.
 RESETTLE_AGAIN_S = 2.0
-# ... and at most this many of them beyond the lane's concurrency: after a server goes silent
-# nothing new arrives, so a process settles at most what it held, its concurrency.
-RESETTLE_SPARE = 64
-ACK = b"+ACK"
-TERM = b"+TERM"
-
-
-class NatsLink(Protocol):
-    """What a receiver needs of its bus (a NatsBus)."""
-
-    native: NatsClient
-    js: JetStreamContext
-
-    @property
-    def schedules_supported(self) -> bool: ...
-
-    async def restore(self, lane: Lane) -> None:
-        """Make the lane's streams and consumer exist again."""
-        ...
-
-    def window_safe(self, lane: Lane) -> bool:
-        """Whether the lane's consumer caps unacked messages at the lane's concurrency."""
-        ...
-
-    async def publish_envelopes(
-        self, envelopes: list[tuple[str, bytes, dict[str, str]]], timeout_s: float | None = None
-    ) -> list[bool]:
-        """Publish (subject, body, headers) and wait for every PubAck."""
-        ...
 
 
 class NatsReceiver:
@@ -160,13 +116,9 @@ class NatsReceiver:
         self.resettle_later: asyncio.Task[None] | None = None
         self.reconnects = self.nc.stats["reconnects"]
         self.woken = False
-        self.schedules = bus.schedules_supported
-        # (when, ack subject, payload) of the latest settles, sent again after a reconnect.
-        self.settled: deque[tuple[float, str, bytes]] = deque(
-            maxlen=lane.concurrency + RESETTLE_SPARE
-        )
+        self.settles = Settler(bus, lane)
         self.on_reconnect = on_reconnect
-        on_reconnect.add(self.resettle)
+        on_reconnect.add(self.settles.resettle)
         # A fair lane is fed from its keys' subjects (a prioritized one from its bands'; fair.py)
         # by one task, beside the pulls: asked at each fetch, and when a publisher says fair
         # jobs came (its wake subject).
@@ -300,11 +252,11 @@ class NatsReceiver:
         if self.resettle_later is not None:
             self.resettle_later.cancel()
         self.resettle_later = asyncio.create_task(self._resettle_again())
-        await self.resettle("a new leader")
+        await self.settles.resettle("a new leader")
 
     async def _resettle_again(self) -> None:
         await asyncio.sleep(RESETTLE_AGAIN_S)
-        await self.resettle("a new leader, once more")
+        await self.settles.resettle("a new leader, once more")
 
     def _on_status(self, msg: Msg) -> None:
         self.heard_at = time.monotonic()
@@ -359,129 +311,37 @@ class NatsReceiver:
             flow_key=headers.get(HEADER_FLOW_KEY),
         )
 
-    # -- settling -----------------------------------------------------------------------------
+    # -- settling (settle.py) ------------------------------------------------------------------
 
     async def ack(self, delivery: Delivery) -> None:
-        await self._end(delivery.handle, ACK)
+        await self.settles.ack(delivery)
 
     async def extend(self, delivery: Delivery) -> None:
-        await _settle(delivery.handle.in_progress())
+        await self.settles.extend(delivery)
 
     async def release(self, delivery: Delivery, *, delay_s: float) -> None:
-        await self._end(delivery.handle, nak_payload(delay_s))
+        await self.settles.release(delivery, delay_s=delay_s)
 
     async def retry(self, delivery: Delivery, *, due_ms: int, attempts: int) -> None:
-        """The next attempt as a message scheduled for `due_ms`, then ack this one. Where
-        schedules are missing, or the publish fails, nak with the delay instead."""
-        msg = delivery.handle
-        if self.schedules:
-            target = requeue_subject_of(self.lane)
-            headers = requeue_headers(
-                self.lane, delivery.id, delivery.subject, delivery.enqueued_at_ms, due_ms
-            )
-            headers[HEADER_ATTEMPTS] = str(attempts)
-            if delivery.flow_key is not None:
-                headers[HEADER_FLOW_KEY] = delivery.flow_key
-            headers.update(schedule_headers(target, due_ms))
-            if delivery.trace:
-                headers.update(delivery.trace)
-            try:
-                await self.bus.js.publish(schedule_subject(target), msg.data, headers=headers)
-            except APIError as exc:  # the stream refuses schedules (made before 2.12)
-                self.schedules = False
-                logger.warning(
-                    "%s: its stream takes no message schedules (%s): a retry waits holding its "
-                    "slot (recreate the stream on nats-server 2.12+ to lift this)",
-                    self.lane.name,
-                    exc.description,
-                )
-            except NATS_ERRORS as exc:
-                logger.debug("%s: retry not scheduled (%s); nak instead", self.lane.name, exc)
-            else:
-                await self._end(msg, ACK)
-                return
-        await self._end(msg, nak_payload((due_ms - time.time() * 1000) / 1000))
+        await self.settles.retry(delivery, due_ms=due_ms, attempts=attempts)
 
     async def dead_letter(self, delivery: Delivery, record: DlqRecord, *, terminate: bool) -> None:
-        """Publish the record, wait for its PubAck, and only then ack (or term) the original.
-        The dedup id is keyed on the message's stream sequence: a retried publish of it dedups,
-        while the same job requeued (a new message) and failing again gets a record of its
-        own."""
-        headers = {NATS_MSG_ID: f"{record['id']}:dlq:{delivery.key}"}
-        try:
-            await self.bus.js.publish(
-                dlq_record_subject(self.lane, record["id"]),
-                json.dumps(record).encode(),
-                headers=headers,
-            )
-        except MaxPayloadError as exc:
-            raise MessageTooLarge(self.nc.max_payload) from exc
-        except NATS_ERRORS as exc:
-            raise DriverUnavailable(str(exc) or repr(exc)) from exc
-        await self._end(delivery.handle, TERM if terminate else ACK)
-
-    async def _end(self, msg: Msg, payload: bytes) -> None:
-        """Send the settle that ends this delivery, and remember it for a reconnect."""
-        self.settled.append((time.monotonic(), msg.reply, payload))
-        await _settle(self.nc.publish(msg.reply, payload))
-
-    async def resettle(self, why: str = "the reconnect") -> None:
-        """After a reconnect or an election: send again the settles of the last
-        RESETTLE_WINDOW_S. One that had arrived changes nothing (the message is gone, or a later
-        settle wins); one that was lost frees its slot now instead of after the ack wait."""
-        since = time.monotonic() - RESETTLE_WINDOW_S
-        again = [(reply, payload) for at, reply, payload in self.settled if at >= since]
-        for reply, payload in again:
-            await _settle(self.nc.publish(reply, payload))
-        if again:
-            logger.info("%s: %d settle(s) sent again after %s", self.lane.name, len(again), why)
+        await self.settles.dead_letter(delivery, record, terminate=terminate)
 
     async def close(self) -> None:
         """Hand back what arrived and was never run (at once, not after its ack wait), stop
         listening, and send the last acks. A message of a pull request still open that lands
         after this comes back after its ack wait."""
-        self.on_reconnect.discard(self.resettle)
+        self.on_reconnect.discard(self.settles.resettle)
         await cancel_and_wait([self.resettle_later, self.feeding], CLOSE_TASKS_S)
         while self.arrived:
-            await _settle(self.arrived.popleft().nak())
+            await settle_quietly(self.arrived.popleft().nak())
         for subscription in (self.subscription, *self.elections, self.wakes):
             if subscription is not None:
                 with contextlib.suppress(*NATS_ERRORS):
                     await subscription.unsubscribe()
         with contextlib.suppress(*NATS_ERRORS):
             await self.nc.flush(timeout=1)  # the last acks and naks leave before we return
-
-
-def requeue_headers(
-    lane: Lane, job_id: str, subject: str, first_enqueued_at: int | None, run_at_ms: int
-) -> dict[str, str]:
-    """The headers of a message that brings a job or event back (a retry, a DLQ requeue)."""
-    if lane.kind == "job":
-        headers = {HEADER_JOB_ID: job_id, HEADER_RUN_AT: str(run_at_ms)}
-        if first_enqueued_at is not None:
-            headers[HEADER_ENQUEUED_AT] = str(first_enqueued_at)
-        return headers
-    emitted = first_enqueued_at if first_enqueued_at is not None else run_at_ms
-    return {
-        HEADER_EVENT_ID: job_id,
-        HEADER_EVENT_NAME: subject,
-        HEADER_EMITTED_AT: str(emitted),
-        HEADER_RUN_AT: str(run_at_ms),
-    }
-
-
-def nak_payload(delay_s: float) -> bytes:
-    """A nak asking for redelivery after `delay_s` (nats-py's own `nak(delay=)` body)."""
-    delay_ns = int(max(delay_s, MIN_NAK_DELAY_S) * 1e9)
-    return b'-NAK {"delay":%d}' % delay_ns
-
-
-async def _settle(reply: Coroutine[Any, Any, Any]) -> None:
-    """Send an ack/nak/term/progress; if NATS is away the message is simply redelivered later."""
-    try:
-        await reply
-    except NATS_ERRORS as exc:
-        logger.debug("ack not sent (%s); the message will be redelivered", exc)
 
 
 def _int(value: str | None) -> int | None:

@@ -38,7 +38,7 @@ from mega.drivers.nats.names import (
     stream_name,
     stream_of,
 )
-from mega.drivers.nats.receiver import requeue_headers
+from mega.drivers.nats.settle import requeue_headers
 
 JOB = Lane("job", "EmailJob", "demo.email", 2, 30.0, 3600.0)
 GROUP = Lane("group", "Good", "user.signed_up", 1, 30.0, 3600.0)
