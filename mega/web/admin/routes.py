@@ -18,161 +18,32 @@ Pages (all behind the login; an API token works too):
 
 What it shows comes from the app's registry: the config's `jobs`, `listeners` and `schedules`
 (or the lists given to `admin_router`), read through the app's own JobQueue per bus
-(`mega.web.job_queue`) and the app's Scheduler when it `provide`d one.
+(`mega.web.job_queue`) and the app's Scheduler when it `provide`d one. The pages' shared state
+is in console.py, the dead-letter and schedule actions in actions.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Annotated, Any
-from urllib.parse import quote, urlencode
+from typing import Any
 
-from fastapi import APIRouter, Form, HTTPException, Query, Request, Response
-from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import FileResponse, RedirectResponse
 
 from mega import audit
-from mega.errors import ConfigError, JobError, MegaError, RegistrationError
-from mega.events.bus import EventBus
+from mega.errors import JobError, MegaError
 from mega.jobs.queue import JobQueue
-from mega.lanes.dlq import DeadLetters
 from mega.schedules.scheduler import Scheduler
 from mega.web.admin import fleet
-from mega.web.auth import AdminDep, OperatorDep, UserDep, audited, database
-from mega.web.deps import context, job_queue, provide, provided
-from mega.web.pages import flash, render
-
-PAGE_SIZE = 50
-MAX_ID_CHARS = 200
-STYLESHEET = fleet.__file__.rsplit("/", 1)[0] + "/admin.css"
-
-IdQuery = Annotated[str, Query(max_length=MAX_ID_CHARS)]
-BeforeQuery = Annotated[int | None, Query(ge=1)]
-IdForm = Annotated[str, Form(min_length=1, max_length=MAX_ID_CHARS)]
-
-
-@dataclass
-class Lane:
-    """A registered job or listener class, with the endpoint that reads its lane."""
-
-    kind: str  # "job" or "group"
-    name: str
-    cls: type[Any]
-    endpoint: JobQueue | EventBus
-
-    @property
-    def bus(self) -> str:
-        return self.endpoint.bus_alias
-
-    @property
-    def dlq(self) -> DeadLetters:
-        return self.endpoint.dlq
-
-
-@dataclass
-class AdminState:
-    """What the admin keeps per app: the rate samples and the event buses it made."""
-
-    rates: fleet.RateSampler = field(default_factory=fleet.RateSampler)
-    event_buses: dict[str, EventBus] = field(default_factory=dict)
-
-
-class Admin:
-    """The router's settings and the lookups its routes share."""
-
-    def __init__(
-        self,
-        prefix: str,
-        jobs: Sequence[type[Any]] | None,
-        listeners: Sequence[type[Any]] | None,
-        schedules: Sequence[type[Any]] | None,
-        title: str,
-    ) -> None:
-        self.prefix = prefix.rstrip("/")
-        self.jobs, self.listeners, self.schedules = jobs, listeners, schedules
-        self.title = title
-
-    # -- urls ------------------------------------------------------------------------------
-
-    def url(self, path: str = "/", **query: Any) -> str:
-        kept = {k: v for k, v in query.items() if v is not None}
-        return self.prefix + path + (f"?{urlencode(kept)}" if kept else "")
-
-    def job_url(self, job_id: str, job: str | None = None) -> str:
-        return self.url(f"/jobs/{quote(job_id, safe='')}", job=job)
-
-    def workflow_url(self, workflow_id: str) -> str:
-        return self.url(f"/workflows/{quote(workflow_id, safe='')}")
-
-    def dlq_url(self, lane: Lane, **query: Any) -> str:
-        name = quote(lane.name, safe="")
-        path = f"/dlq/{name}" if lane.kind == "job" else f"/listeners/{name}/dlq"
-        return self.url(path, **query)
-
-    # -- the registry ------------------------------------------------------------------------
-
-    def state(self, request: Request) -> AdminState:
-        app_state = request.app.state
-        if not hasattr(app_state, "mega_admin"):
-            app_state.mega_admin = AdminState()
-        kept: AdminState = app_state.mega_admin
-        return kept
-
-    def job_lanes(self, request: Request) -> list[Lane]:
-        config = request.app.state.config
-        lanes = []
-        for cls in self.jobs if self.jobs is not None else config.jobs:
-            queue = job_queue(request.app, cls.bus)
-            lanes.append(Lane("job", queue.spec(cls).name, cls, queue))
-        return lanes
-
-    def group_lanes(self, request: Request) -> list[Lane]:
-        config = request.app.state.config
-        buses = self.state(request).event_buses
-        lanes = []
-        for cls in self.listeners if self.listeners is not None else config.listeners:
-            alias = cls.bus or getattr(cls.event, "bus", None)
-            if alias is None:
-                raise ConfigError(f"{cls.__name__}: a listener of a pattern needs `bus`")
-            if alias not in buses:
-                buses[alias] = EventBus(context(request), alias)
-            lanes.append(Lane("group", buses[alias].spec(cls).group, cls, buses[alias]))
-        return lanes
-
-    def lane(self, request: Request, kind: str, name: str) -> Lane:
-        lanes = self.job_lanes(request) if kind == "job" else self.group_lanes(request)
-        for lane in lanes:
-            if lane.name == name:
-                return lane
-        what = "job queue" if kind == "job" else "listener group"
-        raise HTTPException(404, f"no {what} named {name!r} is registered")
-
-    def scheduler(self, request: Request) -> Scheduler:
-        """The app's Scheduler when it provided one, else one made here (never started: the
-        web app only reads the audit, pauses, resumes and runs manual ticks)."""
-        try:
-            scheduler = provided(Scheduler)(request)
-        except ConfigError:
-            scheduler = Scheduler(context(request))
-            provide(request.app, scheduler)
-        config = request.app.state.config
-        for cls in self.schedules if self.schedules is not None else config.schedules:
-            if getattr(cls, "name", None) not in scheduler.names:
-                with contextlib.suppress(RegistrationError):  # registered under its name
-                    scheduler.register(cls)
-        return scheduler
-
-    def page(
-        self, request: Request, template: str, status_code: int = 200, **data: Any
-    ) -> Response:
-        return render(
-            request, f"admin/{template}", {"admin": self, **data}, status_code=status_code
-        )
-
-    def done(self, request: Request, target: str, message: str) -> Response:
-        return flash(request, RedirectResponse(target, status_code=303), message)
+from mega.web.admin.actions import add_dlq_routes, add_schedule_route
+from mega.web.admin.console import (
+    STYLESHEET,
+    Admin,
+    IdQuery,
+    Lane,
+)
+from mega.web.auth import UserDep, database
 
 
 def admin_router(
@@ -411,119 +282,3 @@ async def job_data(admin: Admin, request: Request, lane: Lane, status: Any) -> d
             )
         ),
     }
-
-
-# -- dead letters -------------------------------------------------------------------------------
-
-
-async def dlq_page(lane: Lane, before: int | None) -> tuple[list[Any], int | None]:
-    """One page of dead letters, newest first, and the `before` of the next (older) page."""
-    records = await lane.dlq.list(lane.cls, limit=PAGE_SIZE + 1, before=before)
-    older = records[PAGE_SIZE - 1]["seq"] if len(records) > PAGE_SIZE else None
-    return records[:PAGE_SIZE], older
-
-
-def add_dlq_routes(router: APIRouter, admin: Admin, kind: str, path: str) -> None:
-    @router.get(path, name=f"admin_{kind}_dlq")
-    async def browse(
-        request: Request, user: UserDep, name: str, before: BeforeQuery = None
-    ) -> Response:
-        lane = admin.lane(request, kind, name)
-        records, older = await dlq_page(lane, before)
-        count = await lane.dlq.count(lane.cls)
-        return admin.page(
-            request,
-            "dlq.html",
-            title=f"Dead letters of {lane.name}",
-            lane=lane,
-            count=count,
-            records=[fleet.dead_letter_view(r) for r in records],
-            before=before,
-            older_url=admin.dlq_url(lane, before=older) if older else None,
-            newest_url=admin.dlq_url(lane) if before else None,
-            dlq_url=admin.dlq_url(lane),
-        )
-
-    @router.get(path + "/record", name=f"admin_{kind}_dlq_record")
-    async def whole_record(request: Request, user: UserDep, name: str, id: IdQuery) -> Response:
-        """One dead letter, whole, as JSON: what a page shows cut (over 16 KB)."""
-        lane = admin.lane(request, kind, name)
-        record = await lane.dlq.get(lane.cls, id)
-        if record is None:
-            raise HTTPException(404, f"no dead letter {id} of {lane.name}")
-        return JSONResponse(record)
-
-    @router.post(path + "/retry", name=f"admin_{kind}_dlq_retry")
-    async def retry(request: Request, user: OperatorDep, name: str, id: IdForm) -> Response:
-        lane = admin.lane(request, kind, name)
-        try:
-            moved = await lane.dlq.requeue(lane.cls, id)
-        except JobError as exc:
-            return admin.done(request, admin.dlq_url(lane), exc.message)
-        if moved:
-            await audited(request, user, "retry", f"{lane.kind}:{lane.name}", [id])
-        text = (
-            f"Dead letter {id} requeued: it runs again, attempts counted from 1."
-            if moved
-            else f"No dead letter {id}: it was requeued, deleted or expired."
-        )
-        return admin.done(request, admin.dlq_url(lane), text)
-
-    @router.post(path + "/delete", name=f"admin_{kind}_dlq_delete")
-    async def delete(request: Request, user: AdminDep, name: str, id: IdForm) -> Response:
-        lane = admin.lane(request, kind, name)
-        gone = await lane.dlq.delete(lane.cls, id)
-        if gone:
-            await audited(request, user, "delete", f"{lane.kind}:{lane.name}", [id])
-        text = f"Dead letter {id} deleted." if gone else f"No dead letter {id}: already gone."
-        return admin.done(request, admin.dlq_url(lane), text)
-
-    @router.get(path + "/purge", name=f"admin_{kind}_dlq_purge_confirm")
-    async def confirm_purge(request: Request, user: AdminDep, name: str) -> Response:
-        lane = admin.lane(request, kind, name)
-        count = await lane.dlq.count(lane.cls)
-        return admin.page(
-            request,
-            "purge.html",
-            title=f"Purge the dead letters of {lane.name}",
-            lane=lane,
-            count=count,
-            dlq_url=admin.dlq_url(lane),
-        )
-
-    @router.post(path + "/purge", name=f"admin_{kind}_dlq_purge")
-    async def purge(request: Request, user: AdminDep, name: str) -> Response:
-        lane = admin.lane(request, kind, name)
-        count = await lane.dlq.purge(lane.cls)
-        word = "dead letter" if count == 1 else "dead letters"
-        await audited(request, user, "purge", f"{lane.kind}:{lane.name}", detail=f"{count} {word}")
-        return admin.done(request, admin.dlq_url(lane), f"Purged {count} {word} of {lane.name}.")
-
-
-# -- schedules ---------------------------------------------------------------------------------
-
-
-def add_schedule_route(router: APIRouter, admin: Admin, action: str) -> None:
-    @router.post(f"/schedules/{{name}}/{action}", name=f"admin_schedule_{action}")
-    async def change(request: Request, user: OperatorDep, name: str) -> Response:
-        scheduler = admin.scheduler(request)
-        if name not in scheduler.names:
-            raise HTTPException(404, f"no schedule named {name!r} is registered")
-        target = admin.url("/") + "#schedules"
-        await audited(request, user, "run now" if action == "run" else action, f"schedule:{name}")
-        if action == "run":
-            result = await scheduler.run_now(name)
-            if not result.ran:
-                text = f"{name}: manual tick skipped: {result.reason}."
-            elif result.error:
-                text = f"{name}: manual tick ran and failed: {result.error}"
-            else:
-                text = f"{name}: manual tick ran."
-            return admin.done(request, target, text)
-        try:
-            change = scheduler.pause if action == "pause" else scheduler.resume
-            record = await change(name, by=user.username)
-        except ConfigError as exc:
-            return admin.done(request, target, f"{name}: {exc.message}")
-        state = fleet.pause_text(record.paused, record.at_ms, record.by)
-        return admin.done(request, target, f"{name}: {state}.")
