@@ -129,6 +129,14 @@ async def test_a_pull_that_hears_nothing_is_made_again_before_it_would_expire(
         await receiver.close()
 
 
+async def first_fetched(receiver: NatsReceiver) -> list[str]:
+    """The ids of the first fetch that brings anything: the consumer made again."""
+    deadline = time.monotonic() + 3 * DEADLINE_S
+    while not (got := [delivery.id for delivery in await receiver.fetch(4)]):
+        assert time.monotonic() < deadline, "the consumer was never made again"
+    return got
+
+
 async def test_a_pull_to_a_deleted_consumer_makes_it_again_and_the_jobs_come(
     nats_bus: NatsBus, prefix: str
 ) -> None:
@@ -145,12 +153,7 @@ async def test_a_pull_to_a_deleted_consumer_makes_it_again_and_the_jobs_come(
         await nats_bus.js.delete_consumer(receiver.stream, durable_of(lane))
         receiver = nats_bus.receiver(lane, consumer="test")
         await nats_bus.publish(lane, [message(f"{prefix}-2", lane.subject)])
-        got: list[str] = []
-        deadline = time.monotonic() + 3 * DEADLINE_S
-        while not got:
-            assert time.monotonic() < deadline, "the consumer was never made again"
-            got = [d.id for d in await receiver.fetch(4)]
-        assert got == [f"{prefix}-2"]
+        assert await first_fetched(receiver) == [f"{prefix}-2"]
     finally:
         await receiver.close()
 
@@ -172,11 +175,6 @@ async def test_a_consumer_is_made_again_while_its_dead_letters_cannot_be_reached
     receiver = nats_bus.receiver(lane, consumer="test")
     try:
         await nats_bus.publish(lane, [message(f"{prefix}-1", lane.subject)])
-        got: list[str] = []
-        deadline = time.monotonic() + 3 * DEADLINE_S
-        while not got:
-            assert time.monotonic() < deadline, "the consumer was never made again"
-            got = [d.id for d in await receiver.fetch(4)]
-        assert got == [f"{prefix}-1"]
+        assert await first_fetched(receiver) == [f"{prefix}-1"]
     finally:
         await receiver.close()
