@@ -39,6 +39,10 @@ GUIDE_MAX_HEIGHT_PX = 1600
 # The live stack's demo schedule ticks this often (its default is every 30 s), so the tests that
 # wait for a tick wait seconds; `make screenshots` keeps the default the guide describes.
 TICK_S = 5
+# What a page does alike on every bus runs on the NATS stack alone: its layout at each width,
+# its field errors, the focus it keeps, the API's contract, and the schedules (which use Redis
+# whatever the bus). What it shows of jobs and events run on the bus runs on both stacks.
+ONE_BUS = pytest.mark.parametrize("live_stack", ["nats"], indirect=True)
 
 
 @dataclass
@@ -72,10 +76,10 @@ def live_stack(
 ) -> Iterator[LiveStack]:
     """`mega start`, `mega scheduler` and `mega worker` with the real mega_config.py, its URLs
     and secrets from the environment: the app exactly as an operator runs it. It has servers of
-    its own, so its ticking scheduler never touches another test's keys. Every page test runs
-    twice: jobs and events on NATS, then on Redis (`MEGA_BUS=redis`, what `make run BUS=redis`
-    sets), but for a module that narrows `live_stack` to one bus (the worker page's CPU pool
-    touches none)."""
+    its own, so its ticking scheduler never touches another test's keys. A page test runs
+    twice, jobs and events on NATS, then on Redis (`MEGA_BUS=redis`, what `make run BUS=redis`
+    sets), but for one that narrows `live_stack` to one bus (`ONE_BUS`: what a page does alike
+    on every bus; the worker page, whose CPU pool touches none)."""
     tmp = tmp_path_factory.mktemp(f"live-{request.param}")
     nats_server = EmbeddedNats(data_dir=tmp / "nats").start()
     redis_server = EmbeddedRedis(data_dir=tmp / "redis").start()

@@ -8,7 +8,7 @@ import re
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.e2e.conftest import LiveStack, log_in, screenshot
+from tests.e2e.conftest import ONE_BUS, LiveStack, log_in, screenshot
 from tests.e2e.geometry import per_row
 
 pytestmark = pytest.mark.e2e
@@ -29,6 +29,7 @@ def test_login_shows_console_and_logout_returns_to_login(page: Page, live_stack:
     assert "/login" in page.url
 
 
+@ONE_BUS
 @pytest.mark.parametrize(
     ("width", "demos", "panels"),
     [
@@ -48,6 +49,7 @@ def test_the_four_demo_cards_and_the_four_live_panels_fill_their_rows_evenly(
     assert per_row(page, "#console > .card") == panels
 
 
+@ONE_BUS
 def test_wrong_password_shows_generic_error(page: Page, live_stack: LiveStack) -> None:
     page.goto(live_stack.url + "/login")
     page.fill("input[name=username]", "demo")
@@ -118,6 +120,7 @@ def test_charts_draw_jobs_latency_and_dlq_after_jobs_run(page: Page, live_stack:
     assert kept == [True, True]
 
 
+@ONE_BUS
 def test_console_fits_390_px_without_horizontal_scroll(page: Page, live_stack: LiveStack) -> None:
     page.set_viewport_size({"width": 390, "height": 844})
     log_in(page, live_stack.url)
@@ -133,6 +136,7 @@ def test_console_fits_390_px_without_horizontal_scroll(page: Page, live_stack: L
     screenshot(page, "console-mobile")
 
 
+@ONE_BUS
 def test_instances_show_short_ids_with_the_full_id_in_the_title(
     page: Page, live_stack: LiveStack
 ) -> None:

@@ -13,11 +13,11 @@ from datetime import datetime, timedelta
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.e2e.conftest import LiveStack, log_in, screenshot
+from tests.e2e.conftest import ONE_BUS, LiveStack, log_in, screenshot
 from tests.e2e.fields import HOLD, expect_field_error, expect_no_field_error
 from tests.e2e.geometry import broken_words, eventually, overflowing, whole_rows
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, ONE_BUS]
 OVERLAP = "overlap: the previous run still runs"
 
 

@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import Page, Response, expect
 
 from app.events.listeners import LISTENERS
-from tests.e2e.conftest import LiveStack, log_in, screenshot
+from tests.e2e.conftest import ONE_BUS, LiveStack, log_in, screenshot
 from tests.e2e.fields import EMAIL, expect_field_error, expect_no_field_error
 from tests.e2e.geometry import broken_words
 
@@ -77,6 +77,7 @@ def test_signup_event_flows_to_every_listener_and_the_relay_pauses(
     screenshot(page, "events")
 
 
+@ONE_BUS
 def test_a_bad_address_shows_the_field_error(page: Page, live_stack: LiveStack) -> None:
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/events")
@@ -119,6 +120,7 @@ def test_a_focused_requeue_button_keeps_its_focus_through_refreshes(
     assert page.evaluate("() => document.activeElement.isConnected")
 
 
+@ONE_BUS
 def test_long_addresses_fit_a_390_px_screen(page: Page, live_stack: LiveStack) -> None:
     page.set_viewport_size({"width": 390, "height": 844})
     log_in(page, live_stack.url)

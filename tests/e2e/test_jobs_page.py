@@ -15,7 +15,7 @@ import pytest
 from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import Page, expect
 
-from tests.e2e.conftest import SCREENSHOTS, LiveStack, log_in, screenshot
+from tests.e2e.conftest import ONE_BUS, SCREENSHOTS, LiveStack, log_in, screenshot
 from tests.e2e.fields import COUNT, DELAY, EMAIL, expect_field_error, expect_no_field_error
 
 pytestmark = pytest.mark.e2e
@@ -110,6 +110,7 @@ def test_a_permanent_job_lands_in_the_dlq_after_one_attempt(
     assert (status["state"], status["attempts"]) == ("dlq", 1)
 
 
+@ONE_BUS
 def test_empty_recipient_shows_the_field_error(page: Page, live_stack: LiveStack) -> None:
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/jobs")
@@ -123,6 +124,7 @@ def refreshes(page: Page) -> int:
     return int(page.locator("#jobs-page").get_attribute("data-loads") or 0)
 
 
+@ONE_BUS
 def test_a_focused_requeue_button_keeps_focus_across_refreshes(
     page: Page, live_stack: LiveStack
 ) -> None:
@@ -195,6 +197,7 @@ def test_a_slow_job_cancelled_mid_run_ends_cancelled_and_is_never_retried(
     assert card.get_attribute("data-status") == "cancelled"
 
 
+@ONE_BUS
 def test_a_long_recipient_does_not_widen_a_phone_screen(page: Page, live_stack: LiveStack) -> None:
     page.set_viewport_size({"width": 390, "height": 844})
     log_in(page, live_stack.url)
@@ -217,6 +220,7 @@ def job_ids(page: Page, live_stack: LiveStack) -> list[str]:
     return [job["id"] for job in jobs]
 
 
+@ONE_BUS
 def test_bad_input_gets_plain_sentences(page: Page, live_stack: LiveStack) -> None:
     log_in(page, live_stack.url)
     page.goto(live_stack.url + "/demo/jobs")
@@ -273,6 +277,7 @@ def test_a_count_of_20_enqueues_20_jobs(page: Page, live_stack: LiveStack) -> No
 SELECT_ARROW_PX = 24
 
 
+@ONE_BUS
 def test_the_mode_select_shows_each_option_whole_on_a_phone(
     page: Page, live_stack: LiveStack
 ) -> None:

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.core.result import Ok
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from tests.e2e.conftest import LiveStack
+from tests.e2e.conftest import ONE_BUS, LiveStack
 from tests.factories import DEMO_PASSWORD, DEMO_USER
 
 # The pool hash runs up to 50,000,000 rounds per call (seconds of CPU each): its bounds and
@@ -48,6 +48,7 @@ def session(live_stack: LiveStack) -> requests.Session:
     return http
 
 
+@ONE_BUS
 @pytest.mark.slow
 def test_every_route_keeps_its_contract(session: requests.Session, live_stack: LiveStack) -> None:
     document = session.get(f"{live_stack.url}/openapi.json").json()
