@@ -20,8 +20,6 @@ import logging
 from collections.abc import Sequence
 from typing import ClassVar
 
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -72,10 +70,6 @@ from mega.drivers.nats.records import (
 from mega.errors import JobError
 
 logger = logging.getLogger("mega.jobqueue")
-# Setting a lane up asks this many times when JetStream answers late (a cluster electing
-# leaders, or busy making replicas), this long apart, before NATS counts as unavailable.
-ENSURE_ATTEMPTS = 3
-ENSURE_PAUSE_S = 0.5
 
 
 class NatsBus(NatsDeadLetters, NatsRecordStore, NatsEventLog):
@@ -90,19 +84,7 @@ class NatsBus(NatsDeadLetters, NatsRecordStore, NatsEventLog):
         consumer keeps its limits (ack wait, max_ack_pending) and a bucket its keep unless
         `apply_limits`: a difference is said in one line (see `ensure_consumer`)."""
         self._apply_limits[lane] = apply_limits
-        for attempt in range(1, ENSURE_ATTEMPTS + 1):
-            try:
-                await self._ensure_once(lane, apply_limits)
-                return
-            except (NatsTimeoutError, NoRespondersError) as exc:
-                # A cluster electing leaders, or busy creating replicas, answers late: the
-                # steps are idempotent, so ask again before calling NATS unavailable.
-                if attempt == ENSURE_ATTEMPTS:
-                    raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
-                logger.info("%s: JetStream answered late (%s); asking again", lane.name, exc)
-                await asyncio.sleep(ENSURE_PAUSE_S)
-            except NATS_ERRORS as exc:
-                raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+        await self.patiently(lane.name, lambda: self._ensure_once(lane, apply_limits))
 
     async def _ensure_once(self, lane: Lane, apply_limits: bool) -> None:
         """One pass of `ensure`: the streams the consumer reads, the dead letters, the record

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Self
 
 from nats.aio.client import Client as NatsClient
-from nats.errors import MaxPayloadError
+from nats.errors import MaxPayloadError, NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import (
     PubAck,
@@ -38,6 +40,14 @@ HEADER_ROOM_BYTES = 4096
 DUPLICATE_IN_PROCESS = 10158
 # Broker-side message schedules (delayed jobs, scheduled retries) exist since this nats-server.
 SCHEDULES_SINCE = (2, 12)
+# Setting streams and consumers up asks this many times when JetStream answers late (a cluster
+# electing leaders, or busy making replicas), this long apart, before NATS counts as
+# unavailable: each ask waits out the client's request timeout (5 s), so the three cover an
+# election (4 to 9 s).
+ENSURE_ATTEMPTS = 3
+ENSURE_PAUSE_S = 0.5
+
+logger = logging.getLogger("mega.jobqueue")
 
 
 class NatsCore:
@@ -56,6 +66,22 @@ class NatsCore:
         self._events_max_age_s: float | None = None
         self._apply_limits: dict[Lane, bool] = {}
         self._max_ack_pending: dict[Lane, int | None] = {}  # what each lane's consumer runs with
+
+    async def patiently(self, what: str, step: Callable[[], Awaitable[None]]) -> None:
+        """Run a set-up `step` (idempotent: streams, buckets, a consumer), asking again when
+        JetStream answers late, ENSURE_ATTEMPTS times; DriverUnavailable after that, or at
+        once for any other NATS error."""
+        for attempt in range(1, ENSURE_ATTEMPTS + 1):
+            try:
+                await step()
+                return
+            except (NatsTimeoutError, NoRespondersError) as exc:
+                if attempt == ENSURE_ATTEMPTS:
+                    raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+                logger.info("%s: JetStream answered late (%s); asking again", what, exc)
+                await asyncio.sleep(ENSURE_PAUSE_S)
+            except NATS_ERRORS as exc:
+                raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
 
     @classmethod
     async def connect(cls, alias: str, spec: BusSpec) -> Self:

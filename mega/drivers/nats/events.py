@@ -17,7 +17,6 @@ from nats.js.api import (
 
 from mega.drivers.base import (
     DEDUP_WINDOW_S,
-    DriverUnavailable,
     Message,
 )
 from mega.drivers.nats.core import NatsCore, ensure_stream
@@ -43,23 +42,18 @@ class NatsEventLog(NatsCore):
 
     async def ensure_events(self, *, max_age_s: float) -> None:
         self._events_max_age_s = max_age_s
-        try:
-            await ensure_stream(
-                self.js,
-                StreamConfig(
-                    name=EVENTS_STREAM,
-                    subjects=[EVENT_PREFIX + ">", REQUEUE_PREFIX + ">"],
-                    retention=RetentionPolicy.LIMITS,
-                    storage=StorageType.FILE,
-                    max_age=max_age_s or None,
-                    duplicate_window=DEDUP_WINDOW_S,
-                    # A group's retries wait as schedules on `events_requeue.<group>._delay.*`.
-                    allow_msg_schedules=True if self.schedules_supported else None,
-                    num_replicas=self.spec.replicas,
-                ),
-            )
-        except NATS_ERRORS as exc:
-            raise DriverUnavailable(str(exc) or type(exc).__name__) from exc
+        config = StreamConfig(
+            name=EVENTS_STREAM,
+            subjects=[EVENT_PREFIX + ">", REQUEUE_PREFIX + ">"],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=max_age_s or None,
+            duplicate_window=DEDUP_WINDOW_S,
+            # A group's retries wait as schedules on `events_requeue.<group>._delay.*`.
+            allow_msg_schedules=True if self.schedules_supported else None,
+            num_replicas=self.spec.replicas,
+        )
+        await self.patiently(EVENTS_STREAM, lambda: ensure_stream(self.js, config))
 
     async def emit(self, messages: Sequence[Message], *, max_age_s: float) -> list[bool]:
         self._check_connected()

@@ -9,12 +9,23 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from typing import Any
 
+import pytest
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import AckPolicy, RetentionPolicy, StorageType
 
-from mega.drivers.base import DEDUP_WINDOW_S, Delivery, Lane, LaneStats, Message
+from mega.drivers.base import DEDUP_WINDOW_S, Delivery, DriverUnavailable, Lane, LaneStats, Message
+from mega.drivers.nats import core as core_module
+from mega.drivers.nats import events as events_module
 from mega.drivers.nats.bus import NatsBus
-from mega.drivers.nats.names import JOB_CONSUMER, dlq_stream_of, fair_stream_of, stream_of
+from mega.drivers.nats.names import (
+    EVENTS_STREAM,
+    JOB_CONSUMER,
+    dlq_stream_of,
+    fair_stream_of,
+    stream_of,
+)
 from mega.drivers.nats.receiver import NatsReceiver
 from tests.mega.drivers.lanes import message, record
 
@@ -178,3 +189,31 @@ async def test_a_fair_lanes_jobs_wait_on_their_keys_subjects_and_count_as_pendin
     assert waiting.state.subjects == {f"{lane.subject}._fair.a": 2, f"{lane.subject}._fair.b": 1}
     assert (await nats_bus.js.stream_info(stream_of(lane))).state.messages == 0
     assert await nats_bus.stats(lane) == LaneStats(pending=3, in_flight=0, dlq=0)
+
+
+async def test_setting_the_events_up_asks_again_when_jetstream_answers_late(
+    nats_bus: NatsBus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cluster electing the events stream's leader answers a worker's set-up late: the
+    set-up asks again (as a lane's does) instead of failing the worker's start, and gives up
+    with DriverUnavailable only after ENSURE_ATTEMPTS late answers. (It gave up at the first,
+    and a worker started during an election exited.)"""
+    calls: list[str] = []
+    real = core_module.ensure_stream
+
+    async def late_then_real(js: Any, config: Any) -> None:
+        calls.append(config.name)
+        if len(calls) < late:
+            raise NatsTimeoutError
+        await real(js, config)
+
+    monkeypatch.setattr(events_module, "ensure_stream", late_then_real)
+    monkeypatch.setattr(core_module, "ENSURE_PAUSE_S", 0.0)
+    late = core_module.ENSURE_ATTEMPTS  # the last ask is answered
+    await nats_bus.ensure_events(max_age_s=3600)
+    assert calls == [EVENTS_STREAM] * core_module.ENSURE_ATTEMPTS
+    calls.clear()
+    late = core_module.ENSURE_ATTEMPTS + 1  # never answered in time
+    with pytest.raises(DriverUnavailable):
+        await nats_bus.ensure_events(max_age_s=3600)
+    assert len(calls) == core_module.ENSURE_ATTEMPTS
