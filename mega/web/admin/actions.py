@@ -10,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 
 from mega.errors import ConfigError, JobError
-from mega.web.admin import fleet
+from mega.web.admin import fleet, job_views
 from mega.web.admin.console import (
     PAGE_SIZE,
     Admin,
@@ -45,7 +45,7 @@ def add_dlq_routes(router: APIRouter, admin: Admin, kind: str, path: str) -> Non
             title=f"Dead letters of {lane.name}",
             lane=lane,
             count=count,
-            records=[fleet.dead_letter_view(r) for r in records],
+            records=[job_views.dead_letter_view(r) for r in records],
             before=before,
             older_url=admin.dlq_url(lane, before=older) if older else None,
             newest_url=admin.dlq_url(lane) if before else None,

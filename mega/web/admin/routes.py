@@ -35,7 +35,7 @@ from mega import audit
 from mega.errors import JobError, MegaError
 from mega.jobs.queue import JobQueue
 from mega.schedules.scheduler import Scheduler
-from mega.web.admin import fleet
+from mega.web.admin import fleet, job_views
 from mega.web.admin.actions import add_dlq_routes, add_schedule_route
 from mega.web.admin.console import (
     STYLESHEET,
@@ -221,8 +221,8 @@ def workflow_data(admin: Admin, status: Any) -> dict[str, Any]:
     return {
         "title": f"Workflow {status.id}",
         "status": status,
-        "summary": fleet.workflow_view(status),
-        "steps": [fleet.step_row(step, admin.job_url(step.id, step.job)) for step in steps],
+        "summary": job_views.workflow_view(status),
+        "steps": [job_views.step_row(step, admin.job_url(step.id, step.job)) for step in steps],
         "has_then": status.then is not None,
     }
 
@@ -263,19 +263,21 @@ async def job_data(admin: Admin, request: Request, lane: Lane, status: Any) -> d
     dead = None
     if status.state == "dlq":
         record = await queue.dlq.get(lane.cls, status.id)
-        dead = None if record is None else fleet.dead_letter_view(record)
+        dead = None if record is None else job_views.dead_letter_view(record)
     cause = status.cause
     return {
         "title": f"Job {status.id}",
         "lane": lane,
         "status": status,
-        "summary": fleet.status_view(status),
-        "attempts": fleet.attempt_rows(status),
+        "summary": job_views.status_view(status),
+        "attempts": job_views.attempt_rows(status),
         "result": result,
         "dead": dead,
         "dlq_url": admin.dlq_url(lane),
-        "cause": None if cause is None else fleet.cause_view(cause, admin.url(f"/jobs/{cause.id}")),
-        "workflow": fleet.workflow_link(status.id, admin.workflow_url),
+        "cause": None
+        if cause is None
+        else job_views.cause_view(cause, admin.url(f"/jobs/{cause.id}")),
+        "workflow": job_views.workflow_link(status.id, admin.workflow_url),
         "actions": fleet.action_rows(
             await database(request).run(
                 lambda db: audit.entries(db, target=f"job:{lane.name}", job_id=status.id)
