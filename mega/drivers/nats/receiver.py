@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from nats.aio.msg import Msg
 
 from mega.constants import CLOSE_TASKS_S
-from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, Lane
+from mega.drivers.base import Delivery, DriverUnavailable, Lane
 from mega.drivers.nats.errors import NATS_ERRORS
 from mega.drivers.nats.fair import Feeder
 from mega.drivers.nats.names import (
@@ -84,15 +84,14 @@ STREAM_LEADER_ELECTED = "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED"
 RESETTLE_AGAIN_S = 2.0
 
 
-class NatsReceiver:
-    """The pull requests and settling calls of one lane in this process (see the module)."""
+class NatsReceiver(Settler):
+    """The pull requests of one lane in this process (see the module), and its settling calls
+    (`Settler`, settle.py)."""
 
     def __init__(
         self, bus: NatsLink, lane: Lane, on_reconnect: set[Callable[[], Awaitable[None]]]
     ) -> None:
-        self.bus = bus
-        self.lane = lane
-        self.nc = bus.native
+        super().__init__(bus, lane)
         self.stream = stream_of(lane)
         self.pull_subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{durable_of(lane)}"
         self.pull_expires_ns = int(PULL_EXPIRES_S * 1e9)
@@ -116,9 +115,8 @@ class NatsReceiver:
         self.resettle_later: asyncio.Task[None] | None = None
         self.reconnects = self.nc.stats["reconnects"]
         self.woken = False
-        self.settles = Settler(bus, lane)
         self.on_reconnect = on_reconnect
-        on_reconnect.add(self.settles.resettle)
+        on_reconnect.add(self.resettle)
         # A fair lane is fed from its keys' subjects (a prioritized one from its bands'; fair.py)
         # by one task, beside the pulls: asked at each fetch, and when a publisher says fair
         # jobs came (its wake subject).
@@ -252,11 +250,11 @@ class NatsReceiver:
         if self.resettle_later is not None:
             self.resettle_later.cancel()
         self.resettle_later = asyncio.create_task(self._resettle_again())
-        await self.settles.resettle("a new leader")
+        await self.resettle("a new leader")
 
     async def _resettle_again(self) -> None:
         await asyncio.sleep(RESETTLE_AGAIN_S)
-        await self.settles.resettle("a new leader, once more")
+        await self.resettle("a new leader, once more")
 
     def _on_status(self, msg: Msg) -> None:
         self.heard_at = time.monotonic()
@@ -311,28 +309,11 @@ class NatsReceiver:
             flow_key=headers.get(HEADER_FLOW_KEY),
         )
 
-    # -- settling (settle.py) ------------------------------------------------------------------
-
-    async def ack(self, delivery: Delivery) -> None:
-        await self.settles.ack(delivery)
-
-    async def extend(self, delivery: Delivery) -> None:
-        await self.settles.extend(delivery)
-
-    async def release(self, delivery: Delivery, *, delay_s: float) -> None:
-        await self.settles.release(delivery, delay_s=delay_s)
-
-    async def retry(self, delivery: Delivery, *, due_ms: int, attempts: int) -> None:
-        await self.settles.retry(delivery, due_ms=due_ms, attempts=attempts)
-
-    async def dead_letter(self, delivery: Delivery, record: DlqRecord, *, terminate: bool) -> None:
-        await self.settles.dead_letter(delivery, record, terminate=terminate)
-
     async def close(self) -> None:
         """Hand back what arrived and was never run (at once, not after its ack wait), stop
         listening, and send the last acks. A message of a pull request still open that lands
         after this comes back after its ack wait."""
-        self.on_reconnect.discard(self.settles.resettle)
+        self.on_reconnect.discard(self.resettle)
         await cancel_and_wait([self.resettle_later, self.feeding], CLOSE_TASKS_S)
         while self.arrived:
             await settle_quietly(self.arrived.popleft().nak())
