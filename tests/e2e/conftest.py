@@ -84,8 +84,12 @@ def live_stack(
     nats_server = EmbeddedNats(data_dir=tmp / "nats").start()
     redis_server = EmbeddedRedis(data_dir=tmp / "redis").start()
     port = free_port()
+    # The hosts run unmeasured: what the pages do is measured in process (tests/app,
+    # tests/mega/web), and coverage's tracing of three hosts per stack, each serving a live
+    # page for minutes, was a third of their CPU on two cores busy with the browser too.
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("COVERAGE_")}
     env = {
-        **os.environ,
+        **environment,
         "NATS_URL": nats_server.url,
         "REDIS_URL": redis_server.url,
         "DATABASE_URL": f"sqlite:///{tmp / 'live.db'}",

@@ -143,6 +143,7 @@ class Stack:
             "MEGA_SECRET_KEY": secrets.token_hex(32),
             "MEGA_DEMO_PASSWORD": self.password,
             "MEGA_PORT": str(self.port),
+            "MEGA_HEALTHCHECK_INTERVAL": "1s",  # healthy within a second of ready
             **layout.env,
         }
 
