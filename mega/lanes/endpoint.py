@@ -26,10 +26,13 @@ from mega.errors import DependencyUnavailable, JobError
 from mega.lanes.consumer import Consumer
 from mega.lanes.control import LaneControl
 from mega.lanes.delivery import LanePolicy
-from mega.lanes.executor import DLQ_RETRY_DELAY_S, Executor, StepEnds
+from mega.lanes.executor import DLQ_RETRY_DELAY_S, Executor
 from mega.lanes.flow import Limited, gate_of
 from mega.lanes.presence import Presence, WorkerSeen, read_workers
+from mega.lanes.recorded import Recorded
+from mega.lanes.stages import Stage
 from mega.lanes.status import StatusWriter
+from mega.lanes.steps import StepEnds, StepReports
 from mega.signals import Observer, Signals
 
 
@@ -160,11 +163,18 @@ class LaneEndpoint:
         control: LaneControl | None = None,
         steps: StepEnds | None = None,
     ) -> None:
-        """Run the consume loop of `cls` (a Job, a Listener) on `lane` until `stop()`."""
+        """Run the consume loop of `cls` (a Job, a Listener) on `lane` until `stop()`. A job
+        lane's `records` and `steps` are stages of each settle (mega/lanes/stages.py): its
+        workflows told of a step's end, then its status record."""
         if self._stopped:
             return  # stop() came while the caller was setting up
         if cls in self._consumers:
             raise self.error(f"{policy.name} is already consumed here", code=f"{self.kind}.twice")
+        stages: list[Stage] = []
+        if steps is not None:
+            stages.append(StepReports(steps, name=policy.name, delay_s=self.dlq_retry_delay_s))
+        if records is not None:
+            stages.append(Recorded(records))
         executor = Executor(
             self.bus.receiver(lane, consumer=self.instance_id),
             policy,
@@ -176,7 +186,7 @@ class LaneEndpoint:
             dlq_retry_delay_s=self.dlq_retry_delay_s,
             records=records,
             control=control,
-            steps=steps,
+            stages=stages,
             middlewares=self.ctx.middlewares,
         )
         consumer = Consumer(

@@ -1,10 +1,12 @@
 """One delivery, from its body to its settle: the decode, the run through the lane's
 middlewares (mega/lanes/middleware.py) within its time limit, the decision for its outcome
-(`delivery.decide`, pure and table-tested), and the settle that follows it, in this order:
+(`delivery.decide`, pure and table-tested), and the settle that follows it through the lane's
+stages (mega/lanes/stages.py: a workflow's step, the status record), in this order:
 
-1. The status record of the outcome (`StatusWriter`), and a workflow step's end (`StepEnds`),
-   are stored before the delivery is settled: a worker killed in between leaves a job that runs
-   again, never a settled job whose record says `running`.
+1. Each stage's part before the settle: a workflow told that its step ended
+   (mega/lanes/steps.py), the job's status record stored (mega/lanes/recorded.py). A worker
+   killed in between leaves a job that runs again, never a settled job whose record says
+   `running`.
 2. The settle: ack (done, cancelled), retry at the backoff's end, or the dead letter stored and
    only then the delivery settled. A dead letter whose store fails is remembered (by the
    message's key) and the delivery handed back, so the redelivery writes it with the real error.
@@ -28,6 +30,7 @@ from typing import Any, Literal, Protocol
 from mega import clock, tracing
 from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, MessageTooLarge, Receiver
 from mega.errors import Permanent
+from mega.lanes import stages as settle_stages
 from mega.lanes.control import LaneControl
 from mega.lanes.delivery import (
     DeadLetter,
@@ -41,6 +44,7 @@ from mega.lanes.delivery import (
 from mega.lanes.dlq import make_record
 from mega.lanes.middleware import Middleware, Run, chain
 from mega.lanes.records import RUNNING, ErrorInfo, Running
+from mega.lanes.stages import End, Stage
 from mega.lanes.status import StatusWriter
 from mega.lanes.timelimit import TimeLimited
 from mega.validation import is_token
@@ -61,23 +65,6 @@ UNREPORTED_MEMO_SIZE = 1024
 # fails the attempt.
 Handler = Callable[[Any, Delivery], Awaitable[Any]]
 Signal = Callable[..., Awaitable[None]]
-
-
-class StepEnds(Protocol):
-    """Where a job lane reports the end of a workflow step (mega/jobs/workflow.py's
-    Workflows), before its delivery is settled. Its steps' job ids start with `id_prefix`."""
-
-    id_prefix: str
-
-    async def ended(
-        self,
-        job_id: str,
-        state: Literal["done", "dlq", "cancelled"],
-        *,
-        result: Any = None,
-        error: ErrorInfo | None = None,
-        attempts: int = 1,
-    ) -> None: ...
 
 
 class Loop(Protocol):
@@ -108,10 +95,11 @@ class Executor:
     `spec` says how (its name in signals, retries, backoff, time limit, permanent errors),
     `handler` runs one decoded delivery, `signal(name, **fields)` reports every step (fields
     name the lane `job`), `instance_id` names this process in DLQ records, `records` (a job
-    lane's) keeps each job's status record, `control` reads its pause, `steps` hears the end
-    of each job that is a workflow's step, `middlewares` wrap each run (the first outermost).
-    `kind`, `group` and `system` (the bus's driver) name each run in traces and records.
-    `loop` is the consume loop that runs it, which sets itself there (mega/lanes/consumer.py).
+    lane's) answers whether a redelivered job ended before, `control` reads its pause,
+    `stages` act around each settle (mega/lanes/stages.py, the first outermost), `middlewares`
+    wrap each run (the first outermost). `kind`, `group` and `system` (the bus's driver) name
+    each run in traces and records. `loop` is the consume loop that runs it, which sets itself
+    there (mega/lanes/consumer.py).
     """
 
     def __init__(
@@ -127,7 +115,7 @@ class Executor:
         dlq_retry_delay_s: float = DLQ_RETRY_DELAY_S,
         records: StatusWriter | None = None,
         control: LaneControl | None = None,
-        steps: StepEnds | None = None,
+        stages: Sequence[Stage] = (),
         middlewares: Sequence[Middleware] = (),
     ) -> None:
         self.loop: Loop = NoLoop()
@@ -142,7 +130,7 @@ class Executor:
         self.dlq_retry_delay_s = dlq_retry_delay_s
         self.records = records
         self.control = control
-        self.steps = steps
+        self.beginnings = settle_stages.beginnings(stages)
         self.max_attempts = spec.max_attempts
         self.unreported: OrderedDict[Hashable, DlqRecord] = OrderedDict()
         # The run's pipeline (mega/lanes/middleware.py), built once: the config's middlewares,
@@ -150,6 +138,8 @@ class Executor:
         limit = [] if spec.timeout_s is None else [TimeLimited(spec.timeout_s)]
         pipeline = [*middlewares, *limit]
         self.pipeline = chain(pipeline, self._innermost) if pipeline else None
+        # The settle through the stages (mega/lanes/stages.py), built once likewise.
+        self.settle = settle_stages.chain(stages, self._settle)
 
     async def process(self, delivery: Delivery) -> None:
         spec, attempt = self.spec, delivery.attempt
@@ -246,18 +236,13 @@ class Executor:
             attempt=attempt,
             latency_ms=None if due_ms is None else max(0, started_ms - due_ms),
         )
-        if self.records is not None:
-            self.records.started(delivery, started_ms)
-            if attempt > 1:
-                # A run after the first may be one that kills its worker again (a crash loop):
-                # its record, naming this worker and the attempts before it, is stored before
-                # it runs, so that the job's page shows each lost attempt as it happens.
-                await self.records.sent()
+        for begin in self.beginnings:
+            await begin(delivery, started_ms)
         try:
             result = await self._run(payload, delivery)
         except asyncio.CancelledError:
             if self.loop.cancelled_run():  # its job was cancelled: not run again
-                await self.skip(delivery, started_ms)
+                await self.skip(delivery, started)
                 return
             # Cut off by the drain timeout: hand it back now rather than after the ack wait.
             await self.receiver.release(delivery, delay_s=HAND_BACK_DELAY_S)
@@ -265,68 +250,7 @@ class Executor:
         except Exception as exc:
             await self._failed(delivery, payload, started, exc)
             return
-        if self._is_step(delivery) and not await self._step_ended(delivery, "done", result):
-            return
-        if self.records is not None:
-            self.records.done(delivery, started_ms, result)
-        await self._ack_after_records(delivery)
-        await self.signal(
-            "done",
-            job=spec.name,
-            id=delivery.id,
-            attempt=attempt,
-            duration_ms=round((time.time() - started) * 1000, 3),
-        )
-
-    async def _hand_back(self, delivery: Delivery, delay_s: float) -> None:
-        """Give the delivery back to run again after `delay_s`, once this run's records are
-        stored."""
-        await self._records_stored()
-        await self.receiver.release(delivery, delay_s=delay_s)
-
-    async def _records_stored(self) -> None:
-        """Wait until this run's status records are stored, before its job is handed back
-        or dead-lettered: the next run's records, perhaps another worker's, then come after
-        them (a late record of this run would replace theirs), and a worker killed after the
-        settle leaves its job's record stored."""
-        if self.records is not None:
-            await self.records.sent()
-
-    async def _ack_after_records(self, delivery: Delivery) -> None:
-        """Ack a job that ended (done, cancelled) once its last record is stored: the status
-        writer acks it after the batch that holds the record (sent at once, with the records
-        of the jobs that end meanwhile), so the run's task ends now. A worker killed between
-        the two leaves a job that runs again, never an acked one whose record says `running`
-        for good."""
-        if self.records is not None and self.records.on:
-            self.records.then(self.receiver.ack, delivery)
-        else:
-            await self.receiver.ack(delivery)
-
-    def _is_step(self, delivery: Delivery) -> bool:
-        """Whether the delivery is a workflow's step (checked inline: no coroutine per job)."""
-        return self.steps is not None and delivery.id.startswith(self.steps.id_prefix)
-
-    async def _step_ended(
-        self, delivery: Delivery, state: Literal["done", "cancelled"], result: Any = None
-    ) -> bool:
-        """Report a workflow step's end before its delivery is settled; False when the bus
-        did not take the report: the delivery is handed back to run (and report) again."""
-        assert self.steps is not None
-        try:
-            await self.steps.ended(delivery.id, state, result=result, attempts=delivery.attempt)
-        except DriverUnavailable as exc:
-            logger.warning(
-                "%s: %s ended %s, and its workflow could not be told (%s): it runs again in %g s",
-                self.spec.name,
-                delivery.id,
-                state,
-                exc,
-                self.dlq_retry_delay_s,
-            )
-            await self._hand_back(delivery, self.dlq_retry_delay_s)
-            return False
-        return True
+        await self.settle(End("done", delivery, started, result=result))
 
     async def _run(self, payload: Any, delivery: Delivery) -> Any:
         """The run, through the pipeline when there is one."""
@@ -342,23 +266,16 @@ class Executor:
     ) -> None:
         spec, attempt = self.spec, delivery.attempt
         error_type, error = type(exc).__name__, str(exc)[:MAX_ERROR_CHARS]
-        fields = {
-            "job": spec.name,
-            "id": delivery.id,
-            "attempt": attempt,
-            "duration_ms": round((time.time() - started) * 1000, 3),
-        }
+        fields = {"job": spec.name, "id": delivery.id, "attempt": attempt}
+        fields["duration_ms"] = _ms_since(started)
         permanent = isinstance(exc, (Permanent, *spec.permanent))
         decision = decide(Outcome.PERMANENT if permanent else Outcome.FAILED, attempt, spec)
         tracing.failed(exc)
         if isinstance(decision, Retry):
-            due_ms = clock.now_ms() + decision.delay_ms
             delivery.trace = tracing.retried(delivery.trace)
-            if self.records is not None:
-                failure = ErrorInfo(type=error_type, message=error)
-                self.records.retrying(delivery, int(started * 1000), failure, due_ms)
-            await self._records_stored()  # a late `retrying` would hide the next run's `done`
-            await self.receiver.retry(delivery, due_ms=due_ms, attempts=attempt)
+            failure = ErrorInfo(type=error_type, message=error)
+            due_ms = clock.now_ms() + decision.delay_ms
+            await self.settle(End("retry", delivery, started, error=failure, due_ms=due_ms))
             await self.signal(
                 "retry",
                 **fields,
@@ -370,7 +287,7 @@ class Executor:
             return
         await self.signal("fail", **fields, phase="run", error_type=error_type, error=error)
         record = self._record(delivery, payload, error_type, error, attempt)
-        await self._dead_letter(decision, delivery, record, started_ms=int(started * 1000))
+        await self._dead_letter(decision, delivery, record, started)
 
     async def _unreported(self, delivery: Delivery, payload: Any) -> None:
         """A delivery past the last attempt: dead-letter what the last one left behind, unless
@@ -428,31 +345,30 @@ class Executor:
         decision: Decision,
         delivery: Delivery,
         record: DlqRecord,
-        started_ms: int | None = None,
+        started: float | None = None,
     ) -> None:
-        """Store the record, and only then settle the delivery (the receiver does both). If
-        the store fails the delivery is released to come back and try again: nothing is lost,
-        and the driver's dedup keeps a retried record single. The job's status record says
-        `failed` before (stored), `dlq` after; a worker killed in between leaves `failed`,
-        which a read shows as `dlq` once it is FAILED_GRACE_S old and its dead letter is
-        stored (`read_status`)."""
+        """Store the record, and only then settle the delivery (the receiver does both),
+        through the stages. If the store fails (or a stage's part of it) the delivery is
+        released to come back and try again: nothing is lost, and the driver's dedup keeps a
+        retried record single."""
         assert isinstance(decision, DeadLetter), decision  # the others are settled inline
         failure = ErrorInfo(type=record["error"]["type"], message=record["error"]["message"])
-        if self.records is not None:
-            self.records.ended(delivery, started_ms, "failed", failure, attempts=record["attempts"])
-            await self.records.sent()
+        end = End(
+            "dead",
+            delivery,
+            started,
+            attempts=record["attempts"],
+            error=failure,
+            record=record,
+            terminate=decision.terminate,
+        )
         try:
-            if self._is_step(delivery):
-                assert self.steps is not None
-                await self.steps.ended(
-                    delivery.id, "dlq", error=failure, attempts=record["attempts"]
-                )
-            await self._store_dead_letter(delivery, record, decision.terminate)
+            await self.settle(end)
         except DriverUnavailable as exc:
             self.unreported[delivery.key] = record
             while len(self.unreported) > UNREPORTED_MEMO_SIZE:
                 self.unreported.popitem(last=False)
-            await self._hand_back(delivery, self.dlq_retry_delay_s)
+            await self.settle(end.handed_back(self.dlq_retry_delay_s))
             cause = exc.__cause__ or exc
             await self.signal(
                 "fail",
@@ -465,8 +381,6 @@ class Executor:
             )
             return
         self.unreported.pop(delivery.key, None)
-        if self.records is not None:
-            self.records.ended(delivery, started_ms, "dlq", failure, attempts=record["attempts"])
         await self.signal(
             "dlq",
             job=self.spec.name,
@@ -475,6 +389,51 @@ class Executor:
             error_type=record["error"]["type"],
             error=record["error"]["message"],
         )
+
+    async def skip(self, delivery: Delivery, started: float | None = None) -> None:
+        """Settle a cancelled job's delivery without running it (again): its record counts
+        the runs made, this delivery's only when it was running (`started`)."""
+        runs = delivery.attempt if started is not None else delivery.attempt - 1
+        await self.settle(End("cancelled", delivery, started, attempts=runs))
+
+    # -- the settle on the bus, inside the stages ---------------------------------------------
+
+    async def _settle(self, end: End) -> None:
+        """Settle the delivery as `end` says, and signal a `done` or a `cancel` (a retry and a
+        dead letter are signalled by `_failed` and `_dead_letter`, once the stages are
+        through)."""
+        delivery, kind, spec = end.delivery, end.kind, self.spec
+        if kind == "done":
+            await self._ack(end)
+            await self.signal(
+                "done",
+                job=spec.name,
+                id=delivery.id,
+                attempt=delivery.attempt,
+                duration_ms=_ms_since(end.started),
+            )
+        elif kind == "cancelled":
+            await self._ack(end)
+            await self.signal(
+                "cancel",
+                job=spec.name,
+                id=delivery.id,
+                attempt=delivery.attempt,
+                running=end.started is not None,
+            )
+        elif kind == "retry":  # signalled by `_failed`, with its decision
+            await self.receiver.retry(delivery, due_ms=end.due_ms, attempts=delivery.attempt)
+        elif kind == "dead":
+            assert end.record is not None
+            await self._store_dead_letter(delivery, end.record, end.terminate)
+        else:
+            await self.receiver.release(delivery, delay_s=end.delay_s)
+
+    async def _ack(self, end: End) -> None:
+        if end.after is not None:  # a stage's work first (the status records' batch)
+            end.after(self.receiver.ack, end.delivery)
+        else:
+            await self.receiver.ack(end.delivery)
 
     async def _store_dead_letter(
         self, delivery: Delivery, record: DlqRecord, terminate: bool
@@ -491,19 +450,6 @@ class Executor:
             record["error"]["message"] = record["error"]["message"][:MAX_ERROR_CHARS] + note
             await self.receiver.dead_letter(delivery, record, terminate=terminate)
 
-    async def skip(self, delivery: Delivery, started_ms: int | None = None) -> None:
-        """Settle a cancelled job's delivery without running it (again): its record counts
-        the runs made, this delivery's only when it was running (`started_ms`)."""
-        if self._is_step(delivery) and not await self._step_ended(delivery, "cancelled"):
-            return
-        if self.records is not None:
-            runs = delivery.attempt if started_ms is not None else delivery.attempt - 1
-            self.records.ended(delivery, started_ms, "cancelled", None, attempts=runs)
-        await self._ack_after_records(delivery)
-        await self.signal(
-            "cancel",
-            job=self.spec.name,
-            id=delivery.id,
-            attempt=delivery.attempt,
-            running=started_ms is not None,
-        )
+
+def _ms_since(started: float | None) -> float | None:
+    return None if started is None else round((time.time() - started) * 1000, 3)

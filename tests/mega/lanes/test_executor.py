@@ -16,6 +16,7 @@ from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable
 from mega.jobs.spec import validate_job
 from mega.lanes.executor import Executor
 from mega.lanes.middleware import Middleware
+from mega.lanes.stages import End, SettleNext, Stage
 
 
 class Mailer(Job):
@@ -72,7 +73,11 @@ def delivery(attempt: int, body: bytes = b'{"to": "ada"}', key: int = 1) -> Deli
 
 
 def executor(
-    receiver: Receiver, run: Any, signals: Signals, middlewares: Sequence[Middleware] = ()
+    receiver: Receiver,
+    run: Any,
+    signals: Signals,
+    middlewares: Sequence[Middleware] = (),
+    stages: Sequence[Stage] = (),
 ) -> Executor:
     async def signal(name: str, **fields: Any) -> None:
         signals.append((name, fields))
@@ -86,6 +91,7 @@ def executor(
         group=None,
         system="memory",
         middlewares=middlewares,
+        stages=stages,
     )
 
 
@@ -194,3 +200,53 @@ async def test_a_middleware_sees_the_run_the_executor_makes(attempt: int) -> Non
     receiver = Receiver()
     await executor(receiver, run, [], [middleware]).process(delivery(attempt))
     assert seen == [("Mailer", "job", attempt)] and receiver.calls == [("ack", "m1")]
+
+
+class Seen:
+    """A stage that writes each End it sees into the receiver's calls, before the settle."""
+
+    def __init__(self, receiver: Receiver) -> None:
+        self.receiver = receiver
+
+    async def begin(self, delivery: Delivery, started_ms: int) -> None:
+        self.receiver.calls.append(("begin", delivery.id))
+
+    async def settle(self, end: End, call_next: SettleNext) -> None:
+        self.receiver.calls.append(("stage", end.kind, end.attempts))
+        await call_next(end)
+
+
+@pytest.mark.parametrize(
+    ("attempt", "fails", "settle"),
+    [(1, False, "ack"), (1, True, "retry"), (2, True, "dead_letter")],
+)
+async def test_each_end_goes_through_the_stages_before_its_settle(
+    attempt: int, fails: bool, settle: str
+) -> None:
+    async def run(payload: Any, _delivery: Delivery) -> None:
+        if fails:
+            raise RuntimeError("smtp down")
+
+    receiver = Receiver()
+    await executor(receiver, run, [], stages=[Seen(receiver)]).process(delivery(attempt))
+    kind = {"ack": "done", "retry": "retry", "dead_letter": "dead"}[settle]
+    assert [call[:3] if call[0] == "stage" else call[0] for call in receiver.calls] == [
+        "begin",
+        ("stage", kind, attempt),
+        settle,
+    ]
+
+
+async def test_a_dead_letter_not_stored_goes_back_through_the_stages() -> None:
+    async def run(payload: Any, _delivery: Delivery) -> None:
+        raise RuntimeError("smtp down")
+
+    receiver = Receiver(refuse_dead_letters=True)
+    lane = executor(receiver, run, [], stages=[Seen(receiver)])
+    await lane.process(delivery(2))
+    assert receiver.calls == [
+        ("begin", "m1"),
+        ("stage", "dead", 2),
+        ("stage", "back", 2),
+        ("release", "m1", lane.dlq_retry_delay_s),
+    ]

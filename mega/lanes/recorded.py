@@ -1,0 +1,62 @@
+"""The stage of a job's status record (mega/lanes/stages.py): `Recorded`, around a job lane's
+settles, writing through its `StatusWriter` (mega/lanes/status.py).
+
+What it keeps true, whatever kills the worker and when:
+
+- A run's start is recorded (`running`); a run after the first, which may be one that kills
+  its worker again, has it stored before it runs, so the job's page shows each lost attempt as
+  it happens.
+- A job that ended (`done`, `cancelled`) is acked once its record is stored, by the writer,
+  after the batch that holds it (sent at once, with the records of the jobs that end
+  meanwhile): the run's task ends now. A worker killed between the two leaves a job that runs
+  again, never an acked one whose record says `running` for good.
+- A retry's `retrying`, and a dead letter's `failed`, are stored before the job is handed back
+  or dead-lettered: the next run's records, perhaps another worker's, come after them (a late
+  record of this run would replace theirs). Once the dead letter is stored the record says
+  `dlq`; a worker killed in between leaves `failed`, which a read shows as `dlq` once it is
+  FAILED_GRACE_S old and its dead letter is stored (`read_status`).
+"""
+
+from __future__ import annotations
+
+from mega.drivers.base import Delivery
+from mega.lanes.stages import End, SettleNext
+from mega.lanes.status import StatusWriter
+
+
+class Recorded:
+    """The stage that keeps each job's status record (see the module)."""
+
+    def __init__(self, records: StatusWriter) -> None:
+        self.records = records
+
+    async def begin(self, delivery: Delivery, started_ms: int) -> None:
+        self.records.started(delivery, started_ms)
+        if delivery.attempt > 1:
+            await self.records.sent()
+
+    async def settle(self, end: End, call_next: SettleNext) -> None:
+        records, delivery, kind = self.records, end.delivery, end.kind
+        if kind == "done":
+            records.done(delivery, end.started_ms or 0, end.result)
+            self._after_stored(end)
+        elif kind == "cancelled":
+            records.ended(delivery, end.started_ms, "cancelled", None, attempts=end.attempts)
+            self._after_stored(end)
+        elif kind == "retry":
+            assert end.error is not None
+            records.retrying(delivery, end.started_ms or 0, end.error, end.due_ms)
+            await records.sent()  # a late `retrying` would hide the next run's `done`
+        elif kind == "dead":
+            records.ended(delivery, end.started_ms, "failed", end.error, attempts=end.attempts)
+            await records.sent()
+            await call_next(end)
+            records.ended(delivery, end.started_ms, "dlq", end.error, attempts=end.attempts)
+            return
+        else:  # handed back: after this run's records, which the next run's come after
+            await records.sent()
+        await call_next(end)
+
+    def _after_stored(self, end: End) -> None:
+        if self.records.on:
+            end.after = self.records.then

@@ -1,0 +1,122 @@
+"""A run's stages: what a capability of a lane does when a delivery starts to run and around
+its settle, each in a module of its own, so that the executor (mega/lanes/executor.py) holds a
+branch of none of them.
+
+    class Stage:
+        async def begin(self, delivery: Delivery, started_ms: int) -> None: ...  # if it has one
+        async def settle(self, end: End, call_next: SettleNext) -> None: ...
+
+The run goes through the run's middlewares (mega/lanes/middleware.py); what it came to is an
+`End`: `done` (with its result), `cancelled`, a `retry` (its error, when it is due), `dead` (a
+dead letter, its record) or `back` (handed back, to be delivered again after `delay_s`). The
+stages see it outermost first, as a middleware sees a run: each does its part and calls
+`await call_next(end)` for the rest, the innermost being the settle on the bus and its signal.
+A stage may pass on another End (a workflow's step whose workflow cannot be told is handed
+back, not acked), or have the ack wait for something of its own (`end.after`: the status
+records' batch, once stored). What the innermost raises (a dead letter's store that failed)
+goes back out through them: a stage's work after `call_next` is then not done.
+
+A job lane's stages, outermost first: the end of a workflow's step (`mega/lanes/steps.py`),
+then the job's status record (`mega/lanes/recorded.py`). A listener group has none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+from typing import Any, Literal, Protocol
+
+from mega.drivers.base import Delivery, DlqRecord
+from mega.lanes.records import ErrorInfo
+
+Kind = Literal["done", "cancelled", "retry", "dead", "back"]
+# What `end.after` is given: the settle to call once a stage's own work is stored.
+Settle = Callable[[Delivery], Awaitable[None]]
+
+
+class End:
+    """How one delivery's run ended, as the stages see it before its settle.
+
+    `started` is when the run started (epoch s; None: it never ran), `attempts` the runs its
+    record counts, `result` what a `done` run returned, `error` why a `retry` or `dead` one
+    failed, `due_ms` when a retry is due, `record` a dead letter's DLQ record and `terminate`
+    whether its message is terminated (never delivered again), `delay_s` how long a `back`
+    waits. `after`, when a stage set it, is called with the ack instead of acking at once."""
+
+    __slots__ = (
+        "after",
+        "attempts",
+        "delay_s",
+        "delivery",
+        "due_ms",
+        "error",
+        "kind",
+        "record",
+        "result",
+        "started",
+        "terminate",
+    )
+
+    def __init__(
+        self,
+        kind: Kind,
+        delivery: Delivery,
+        started: float | None,
+        *,
+        attempts: int | None = None,
+        result: Any = None,
+        error: ErrorInfo | None = None,
+        due_ms: int = 0,
+        record: DlqRecord | None = None,
+        terminate: bool = False,
+        delay_s: float = 0.0,
+    ) -> None:
+        self.kind = kind
+        self.delivery = delivery
+        self.started = started
+        self.attempts = delivery.attempt if attempts is None else attempts
+        self.result = result
+        self.error = error
+        self.due_ms = due_ms
+        self.record = record
+        self.terminate = terminate
+        self.delay_s = delay_s
+        self.after: Callable[[Settle, Delivery], None] | None = None
+
+    @property
+    def started_ms(self) -> int | None:
+        return None if self.started is None else int(self.started * 1000)
+
+    def handed_back(self, delay_s: float) -> End:
+        """This delivery, handed back to be delivered again after `delay_s`."""
+        return End("back", self.delivery, self.started, attempts=self.attempts, delay_s=delay_s)
+
+    def __repr__(self) -> str:
+        return f"End({self.kind}, id={self.delivery.id!r}, attempts={self.attempts})"
+
+
+SettleNext = Callable[[End], Awaitable[None]]
+# A stage's `begin(delivery, started_ms)`, before the run.
+Begin = Callable[[Delivery, int], Awaitable[None]]
+
+
+class Stage(Protocol):
+    """A capability on a run's path: `settle` around each settle, and (when it has one)
+    `async def begin(self, delivery, started_ms)` before each run."""
+
+    async def settle(self, end: End, call_next: SettleNext) -> None: ...
+
+
+def beginnings(stages: Sequence[Stage]) -> tuple[Begin, ...]:
+    """The `begin` of each stage that has one, in order."""
+    found = (getattr(stage, "begin", None) for stage in stages)
+    return tuple(begin for begin in found if begin is not None)
+
+
+def chain(stages: Sequence[Stage], innermost: SettleNext) -> SettleNext:
+    """`innermost` (the settle on the bus) wrapped in `stages`, the first the outermost. Built
+    once per lane: a settle walks it with one call per stage, nothing built."""
+    call = innermost
+    for stage in reversed(stages):
+        call = partial(stage.settle, call_next=call)
+    return call
