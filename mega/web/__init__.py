@@ -15,20 +15,60 @@ JobQueue, a CPU pool and the app's own objects (mega/web/deps.py).
 envelope, /healthz, /readyz and /metrics; see the guide's http chapter.
 """
 
-from mega.web.admin import (
-    admin_router,
-    instance_rows,
-    scheduler_instances,
-    short_instance,
-    tick_rows,
-)
-from mega.web.app import create_web_app
-from mega.web.auth import AdminDep, CurrentUser, OperatorDep, UserDep, audited, ensure_user
-from mega.web.deps import CtxDep, context, job_queue, pool_dep, provide, provided, queue_dep
-from mega.web.envelope import ApiError, api_responses, fail, field_errors, ok
-from mega.web.fields import EmailAddress, WholeNumber, form_number
-from mega.web.limits import normalise_username
-from mega.web.pages import flash, render
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mega.web.admin import (
+        admin_router,
+        instance_rows,
+        scheduler_instances,
+        short_instance,
+        tick_rows,
+    )
+    from mega.web.app import create_web_app
+    from mega.web.auth import AdminDep, CurrentUser, OperatorDep, UserDep, audited, ensure_user
+    from mega.web.deps import CtxDep, context, job_queue, pool_dep, provide, provided, queue_dep
+    from mega.web.envelope import ApiError, api_responses, fail, field_errors, ok
+    from mega.web.fields import EmailAddress, WholeNumber, form_number
+    from mega.web.limits import normalise_username
+    from mega.web.pages import flash, render
+
+# Each name is imported from its module on first use (PEP 562): a command that needs one
+# module of this package, such as `mega token` its tokens table, does not import FastAPI
+# and every page with it.
+_MODULES = {
+    "AdminDep": "mega.web.auth",
+    "ApiError": "mega.web.envelope",
+    "CtxDep": "mega.web.deps",
+    "CurrentUser": "mega.web.auth",
+    "EmailAddress": "mega.web.fields",
+    "OperatorDep": "mega.web.auth",
+    "UserDep": "mega.web.auth",
+    "WholeNumber": "mega.web.fields",
+    "admin_router": "mega.web.admin",
+    "api_responses": "mega.web.envelope",
+    "audited": "mega.web.auth",
+    "context": "mega.web.deps",
+    "create_web_app": "mega.web.app",
+    "ensure_user": "mega.web.auth",
+    "fail": "mega.web.envelope",
+    "field_errors": "mega.web.envelope",
+    "flash": "mega.web.pages",
+    "form_number": "mega.web.fields",
+    "instance_rows": "mega.web.admin",
+    "job_queue": "mega.web.deps",
+    "normalise_username": "mega.web.limits",
+    "ok": "mega.web.envelope",
+    "pool_dep": "mega.web.deps",
+    "provide": "mega.web.deps",
+    "provided": "mega.web.deps",
+    "queue_dep": "mega.web.deps",
+    "render": "mega.web.pages",
+    "scheduler_instances": "mega.web.admin",
+    "short_instance": "mega.web.admin",
+    "tick_rows": "mega.web.admin",
+}
 
 __all__ = [
     "AdminDep",
@@ -62,3 +102,16 @@ __all__ = [
     "short_instance",
     "tick_rows",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mega.web' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # once: the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_MODULES])
