@@ -8,8 +8,9 @@ stages (mega/lanes/stages.py: a workflow's step, the status record), in this ord
    killed in between leaves a job that runs again, never a settled job whose record says
    `running`.
 2. The settle: ack (done, cancelled), retry at the backoff's end, or the dead letter stored and
-   only then the delivery settled. A dead letter whose store fails is remembered (by the
-   message's key) and the delivery handed back, so the redelivery writes it with the real error.
+   only then the delivery settled (mega/lanes/dead_letters.py: a dead letter whose store fails
+   is remembered and the delivery handed back, so the redelivery writes it with the real
+   error).
 3. The signal (`start`, `done`, `retry`, `fail`, `dlq`, `cancel`) once it happened.
 
 A delivery past `retries + 1` attempts is the last one never reporting back (its run killed the
@@ -23,25 +24,23 @@ import asyncio
 import json
 import logging
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, Protocol
 
 from mega import clock, tracing
-from mega.drivers.base import Delivery, DlqRecord, DriverUnavailable, MessageTooLarge, Receiver
+from mega.drivers.base import Delivery, Receiver
 from mega.errors import Permanent
+from mega.lanes import dead_letters
 from mega.lanes import stages as settle_stages
 from mega.lanes.control import LaneControl
+from mega.lanes.dead_letters import MAX_ERROR_CHARS, DeadLetters
 from mega.lanes.delivery import (
-    DeadLetter,
-    Decision,
     LanePolicy,
     Outcome,
     Retry,
     decide,
     stand_in_id,
 )
-from mega.lanes.dlq import make_record
 from mega.lanes.middleware import Middleware, Run, chain
 from mega.lanes.records import RUNNING, ErrorInfo, Running
 from mega.lanes.stages import End, Stage
@@ -52,14 +51,10 @@ from mega.validation import is_token
 # The queue's logger: to an operator, the consume loop is part of the job queue.
 logger = logging.getLogger("mega.jobqueue")
 
-# Error messages in signals and DLQ records are cut to this many characters.
-MAX_ERROR_CHARS = 2000
 # A job cut off by the drain timeout is handed back to be delivered again after this long.
 HAND_BACK_DELAY_S = 1.0
 # An exhausted job whose DLQ record cannot be stored comes back after this long to try again.
 DLQ_RETRY_DELAY_S = 5.0
-# DLQ records whose store failed, kept so the redelivery carries the real error.
-UNREPORTED_MEMO_SIZE = 1024
 
 # Runs one decoded delivery: (payload, delivery); what it returns is the run's result. Raising
 # fails the attempt.
@@ -132,7 +127,7 @@ class Executor:
         self.control = control
         self.beginnings = settle_stages.beginnings(stages)
         self.max_attempts = spec.max_attempts
-        self.unreported: OrderedDict[Hashable, DlqRecord] = OrderedDict()
+        self.dead = DeadLetters(spec, signal, instance_id=instance_id, delay_s=dlq_retry_delay_s)
         # The run's pipeline (mega/lanes/middleware.py), built once: the config's middlewares,
         # then the lane's time limit when it has one; None: the run alone.
         limit = [] if spec.timeout_s is None else [TimeLimited(spec.timeout_s)]
@@ -155,8 +150,12 @@ class Executor:
                 error_type="DecodeError",
                 error=str(exc),
             )
-            record = self._record(delivery, None, "DecodeError", str(exc), attempt, delivery.body)
-            await self._dead_letter(decide(Outcome.UNDECODABLE, attempt, spec), delivery, record)
+            record = self.dead.record(
+                delivery, None, "DecodeError", str(exc), attempt, delivery.body
+            )
+            await self.dead.letter(
+                self.settle, decide(Outcome.UNDECODABLE, attempt, spec), delivery, record
+            )
             return
         if attempt > self.max_attempts:
             await self._unreported(delivery, payload)
@@ -200,8 +199,8 @@ class Executor:
             error=why,
         )
         raw = delivery.body if payload is None else None
-        record = self._record(delivery, payload, "InvalidId", why, 0, raw)
-        await self._dead_letter(decide(Outcome.INVALID, 0, self.spec), delivery, record)
+        record = self.dead.record(delivery, payload, "InvalidId", why, 0, raw)
+        await self.dead.letter(self.settle, decide(Outcome.INVALID, 0, self.spec), delivery, record)
 
     async def _finished(self, delivery: Delivery) -> bool:
         """Whether the job's record says a run before this delivery ended it (done or
@@ -286,14 +285,14 @@ class Executor:
             )
             return
         await self.signal("fail", **fields, phase="run", error_type=error_type, error=error)
-        record = self._record(delivery, payload, error_type, error, attempt)
-        await self._dead_letter(decision, delivery, record, started)
+        record = self.dead.record(delivery, payload, error_type, error, attempt)
+        await self.dead.letter(self.settle, decision, delivery, record, started)
 
     async def _unreported(self, delivery: Delivery, payload: Any) -> None:
         """A delivery past the last attempt: dead-letter what the last one left behind, unless
         its record says it finished (its ack was lost: a worker killed between the record and
         the ack, a lease that ran out while the record was being stored), which is settled."""
-        record = self.unreported.get(delivery.key)
+        record = self.dead.remembered(delivery)
         if record is None and await self._finished(delivery):
             return
         if record is None:  # not a DLQ store of ours that failed: a crash
@@ -304,7 +303,7 @@ class Executor:
                 f"attempt {runs} of {self.spec.max_attempts} never reported back: its worker "
                 "died (crash, os._exit, OOM kill) or its DLQ record could not be written"
             )
-            record = self._record(delivery, payload, "WorkerCrashed", message, runs)
+            record = self.dead.record(delivery, payload, "WorkerCrashed", message, runs)
             await self.signal(
                 "fail",
                 job=self.spec.name,
@@ -314,80 +313,8 @@ class Executor:
                 error_type="WorkerCrashed",
                 error=message,
             )
-        await self._dead_letter(
-            decide(Outcome.UNREPORTED, delivery.attempt, self.spec), delivery, record
-        )
-
-    def _record(
-        self,
-        delivery: Delivery,
-        payload: Any,
-        error_type: str,
-        error: str,
-        attempts: int,
-        raw: bytes | None = None,
-    ) -> DlqRecord:
-        return make_record(
-            delivery.subject,
-            delivery.id,
-            payload,
-            error_type,
-            error,
-            attempts=attempts,
-            first_enqueued_at=delivery.enqueued_at_ms,
-            worker=self.instance_id,
-            raw=raw,
-            flow_key=delivery.flow_key,
-        )
-
-    async def _dead_letter(
-        self,
-        decision: Decision,
-        delivery: Delivery,
-        record: DlqRecord,
-        started: float | None = None,
-    ) -> None:
-        """Store the record, and only then settle the delivery (the receiver does both),
-        through the stages. If the store fails (or a stage's part of it) the delivery is
-        released to come back and try again: nothing is lost, and the driver's dedup keeps a
-        retried record single."""
-        assert isinstance(decision, DeadLetter), decision  # the others are settled inline
-        failure = ErrorInfo(type=record["error"]["type"], message=record["error"]["message"])
-        end = End(
-            "dead",
-            delivery,
-            started,
-            attempts=record["attempts"],
-            error=failure,
-            record=record,
-            terminate=decision.terminate,
-        )
-        try:
-            await self.settle(end)
-        except DriverUnavailable as exc:
-            self.unreported[delivery.key] = record
-            while len(self.unreported) > UNREPORTED_MEMO_SIZE:
-                self.unreported.popitem(last=False)
-            await self.settle(end.handed_back(self.dlq_retry_delay_s))
-            cause = exc.__cause__ or exc
-            await self.signal(
-                "fail",
-                job=self.spec.name,
-                id=record["id"],
-                attempt=record["attempts"],
-                phase="dlq_publish",
-                error_type=type(cause).__name__,
-                error=(str(cause) or repr(cause))[:MAX_ERROR_CHARS],
-            )
-            return
-        self.unreported.pop(delivery.key, None)
-        await self.signal(
-            "dlq",
-            job=self.spec.name,
-            id=record["id"],
-            attempts=record["attempts"],
-            error_type=record["error"]["type"],
-            error=record["error"]["message"],
+        await self.dead.letter(
+            self.settle, decide(Outcome.UNREPORTED, delivery.attempt, self.spec), delivery, record
         )
 
     async def skip(self, delivery: Delivery, started: float | None = None) -> None:
@@ -425,7 +352,7 @@ class Executor:
             await self.receiver.retry(delivery, due_ms=end.due_ms, attempts=delivery.attempt)
         elif kind == "dead":
             assert end.record is not None
-            await self._store_dead_letter(delivery, end.record, end.terminate)
+            await dead_letters.store(self.receiver, delivery, end.record, end.terminate)
         else:
             await self.receiver.release(delivery, delay_s=end.delay_s)
 
@@ -434,21 +361,6 @@ class Executor:
             end.after(self.receiver.ack, end.delivery)
         else:
             await self.receiver.ack(end.delivery)
-
-    async def _store_dead_letter(
-        self, delivery: Delivery, record: DlqRecord, terminate: bool
-    ) -> None:
-        """The record, and then the settle; a record over the engine's message cap (a payload
-        near it, with the error beside it) is stored without its payload instead: kept for
-        ever unstored, it would come back and fail the same way each time."""
-        try:
-            await self.receiver.dead_letter(delivery, record, terminate=terminate)
-        except MessageTooLarge as exc:
-            record["payload"] = None
-            record.pop("raw_b64", None)
-            note = f" [its payload was dropped from this record: {exc}]"
-            record["error"]["message"] = record["error"]["message"][:MAX_ERROR_CHARS] + note
-            await self.receiver.dead_letter(delivery, record, terminate=terminate)
 
 
 def _ms_since(started: float | None) -> float | None:
