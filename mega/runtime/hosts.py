@@ -26,10 +26,9 @@ from mega.context import Context
 from mega.errors import ConfigError, DependencyUnavailable, MegaError
 from mega.runtime.bootstrap import boot, check_database, shutdown
 from mega.runtime.check import enforce
+from mega.runtime.logs import observe_signals
 
 logger = logging.getLogger("mega.host")
-# Routine signals (jobs started and done) are counted and logged once per this many seconds.
-SUMMARY_EVERY_S = 10.0
 
 
 class StopSignals:
@@ -285,7 +284,7 @@ async def _host(
             runtime = part.make(ctx, instance_id=ctx.instance_id)
             for declaration in part.declarations:
                 runtime.register(declaration)
-            _observe(runtime, part.signals, routine=part.routine, worker=ctx.instance_id)
+            observe_signals(runtime, part.signals, routine=part.routine, worker=ctx.instance_id)
             if config.metrics.enabled and part.metrics:  # prometheus_client only when on
                 getattr(importlib.import_module("mega.runtime.metrics"), part.metrics)(runtime)
             await run_hooks(config, part.hook, runtime, ctx)
@@ -528,63 +527,3 @@ def load_web_app(config: Config) -> Callable[[Config, Context], Any]:
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"web_app: cannot load {config.web_app!r} ({exc})") from exc
     return factory  # type: ignore[no-any-return]
-
-
-def _observe(
-    runtime: Any, names: tuple[str, ...], *, routine: tuple[str, ...] = (), worker: str = ""
-) -> None:
-    """One log line per signal, `key=value` fields (job id, attempt, tick, instance): the host's
-    live trace. Failures are WARNING, the rest INFO, but `routine` signals (a worker's `start`
-    and `done`, thousands a second under load) are DEBUG, with one INFO line counting them
-    every SUMMARY_EVERY_S. Nothing is formatted for a level that is off. The JSON logs have
-    the fields as keys of their own (`fields` of the record), with `worker` (this host)."""
-    trace = logging.getLogger("mega.signals")
-    tally: dict[str, int] = dict.fromkeys(routine, 0)
-    window_start = time.monotonic()
-
-    def level_of(name: str, signal: dict[str, Any]) -> int:
-        # A skip is routine (a peer won the tick) unless the lock backend failed.
-        reason = signal.get("reason")
-        if name in ("fail", "dlq") or (reason is not None and "error" in str(reason)):
-            return logging.WARNING
-        return logging.DEBUG if name in routine else logging.INFO
-
-    def summarise(name: str) -> None:
-        nonlocal window_start
-        tally[name] += 1
-        now = time.monotonic()
-        if now - window_start >= SUMMARY_EVERY_S:
-            counts = " ".join(f"{key}={value}" for key, value in tally.items())
-            trace.info("last %.0f s: %s", now - window_start, counts)
-            tally.update(dict.fromkeys(tally, 0))
-            window_start = now
-
-    def log(signal: dict[str, Any]) -> None:
-        name = signal["signal"]
-        if name in tally:
-            summarise(name)
-        level = level_of(name, signal)
-        if trace.isEnabledFor(level):
-            pairs = (
-                f"{k}={_field(v)}" for k, v in signal.items() if k != "signal" and v is not None
-            )
-            fields = {"worker": worker, **signal}
-            trace.log(level, "%s %s", signal["signal"], " ".join(pairs), extra={"fields": fields})
-
-    for name in names:
-        runtime.on(name, log)
-
-
-def _field(value: Any) -> str:
-    """A log field's value: as is when plain, else quoted with quotes, backslashes and every
-    unprintable character (CR, LF, NUL, bidi overrides...) escaped, so user text (an e-mail, an
-    error message) can never forge a line of its own or hide what it says."""
-    text = str(value)
-    if text and all(ch.isprintable() and ch not in _SPECIAL for ch in text):
-        return text
-    escaped = (_ESCAPES.get(ch) or (ch if ch.isprintable() else f"\\u{ord(ch):04x}") for ch in text)
-    return '"' + "".join(escaped) + '"'
-
-
-_SPECIAL = frozenset(' "=\\')
-_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}

@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from mega.runtime.hosts import _observe
-from mega.runtime.logs import TextFormatter
+from mega.runtime.logs import TextFormatter, observe_signals
 from mega.signals import Signals
 from tests.factories import write_config
 
@@ -35,7 +34,7 @@ class Runtime:
 
 async def test_user_text_cannot_forge_or_hide_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
     runtime = Runtime()
-    _observe(runtime, ("fail", "done"))
+    observe_signals(runtime, ("fail", "done"))
     forged = "bad\n23:59:59 INFO     mega.signals: done job=EmailJob id=FORGED0001"
     with caplog.at_level(logging.INFO, logger="mega.signals"):
         await runtime.signals.emit("fail", job="EmailJob", id="j1", error=forged, to="a\u202eb")
