@@ -87,11 +87,17 @@ def memory_context(
     instance_id: str = "test",
     middlewares: Iterable[Middleware] = (),
 ) -> Context:
-    """A Context with a `memory` bus under each alias (default: "jobs") and an empty in-memory
-    Redis under each cache alias (`ctx.cache(alias).native` is a `fakeredis.FakeAsyncRedis`, a
-    redis.asyncio client: strings, hashes, sets, sorted sets, streams, pipelines and Lua). Each
-    call gets servers of its own, so tests never see each other's keys. `middlewares`: what
-    every run goes through, as the config's (mega.lanes.middleware)."""
+    """A Context with `memory` buses and empty in-memory Redis servers. Each call gets servers
+    of its own, so tests never see each other's keys.
+
+    Args:
+        *buses: the bus aliases, a `memory` bus under each; none gives one, "jobs".
+        caches: the cache aliases, an empty in-memory Redis under each:
+            `ctx.cache(alias).native` is a `fakeredis.FakeAsyncRedis`, a redis.asyncio client
+            (strings, hashes, sets, sorted sets, streams, pipelines and Lua).
+        instance_id: the context's instance id.
+        middlewares: what every run goes through, as the config's (mega.lanes.middleware).
+    """
     ctx = Context(instance_id=instance_id, middlewares=list(middlewares))
     for alias in buses or ("jobs",):
         ctx.buses[alias] = MemoryBus(alias, BusSpec(driver="memory"), MemoryBroker())
@@ -118,8 +124,13 @@ class DrainReport:
     signals: list[dict[str, Any]] = field(default_factory=list)
 
     def count(self, name: str, signal: str) -> int:
-        """How many `signal`s of a job or a listener group: "start", "done", "retry", "fail",
-        "dlq", and a job's "progress" reports or a group's "skip"s (its inbox knew the id)."""
+        """How many signals of one kind a job or a listener group sent.
+
+        Args:
+            name: the job's name, or the listener group's.
+            signal: "start", "done", "retry", "fail", "dlq", and a job's "progress" reports or
+                a group's "skip"s (its inbox knew the id).
+        """
         return sum(
             1
             for seen in self.signals
@@ -142,9 +153,14 @@ async def drain(
     has anything ready, running or waiting; their waiting retries and delayed jobs are made due
     at once. What is queued for a job or group not named here stays queued, untouched.
 
-    `hooks` is the config's `hooks` shape: {"worker": [...], "listeners": [...]}, each called
-    as hook(runtime, ctx) on the JobRunner or the ListenerRunner before it starts, so the
-    signal observers your app attaches run too."""
+    Args:
+        ctx: a context whose buses are `memory` ones, as `memory_context` makes.
+        jobs: the Job classes to run.
+        listeners: the Listener classes whose groups to run.
+        hooks: the config's `hooks` shape: {"worker": [...], "listeners": [...]}, each called
+            as hook(runtime, ctx) on the JobRunner or the ListenerRunner before it starts, so
+            the signal observers your app attaches run too. None: no hooks.
+    """
     report = DrainReport()
     job_worker, listener_worker = JobRunner(ctx), ListenerRunner(ctx)
     job_specs = [job_worker.register(job_cls) for job_cls in jobs]
@@ -198,7 +214,12 @@ async def _run_hooks(
 
 @contextlib.contextmanager
 def fake_clock(start: datetime | None = None) -> Iterator[FakeClock]:
-    """A FakeClock at `start` (default: now) as the clock mega reads within the block."""
+    """A FakeClock as the clock mega reads within the block.
+
+    Args:
+        start: the clock's time at first; None is now. A naive datetime is read in the host's
+            local time.
+    """
     with clock.using(FakeClock(start)) as fake:
         yield fake
 
@@ -210,8 +231,13 @@ def failing(
     times: int = 1,
     error: Exception | None = None,
 ) -> Iterator[None]:
-    """The next `times` runs of `cls` raise `error` (default RuntimeError("injected failure"));
-    the runs after those are the class's own."""
+    """The next `times` runs of `cls` raise `error`; the runs after those are the class's own.
+
+    Args:
+        cls: the Job, Listener or Schedule class; its `run` is replaced within the block.
+        times: how many runs raise.
+        error: what they raise; None is RuntimeError("injected failure").
+    """
     original = cls.run
     left = [times]
 
@@ -237,9 +263,13 @@ def failing(
 
 @contextlib.contextmanager
 def failing_dlq(*, times: int = 1, error: Exception | None = None) -> Iterator[None]:
-    """The next `times` dead-letter writes on memory buses raise `error` (default
-    ConnectionError("injected DLQ publish failure")), as a DLQ publish that gets no PubAck
-    would: the job is not let go, and comes back to write its record again."""
+    """The next `times` dead-letter writes on memory buses raise `error`, as a DLQ publish that
+    gets no PubAck would: the job is not let go, and comes back to write its record again.
+
+    Args:
+        times: how many writes raise.
+        error: what they raise; None is ConnectionError("injected DLQ publish failure").
+    """
     original = MemoryLane.dead_letter
     left = [times]
 
@@ -260,7 +290,14 @@ def planned_ticks(
     schedule_cls: type[Schedule], start: datetime, *, days: float = 1, limit: int = 100_000
 ) -> list[datetime]:
     """The schedule's planned instants after `start` and within `days`, in its time zone.
-    RegistrationError for a class `mega scheduler` refuses (a bad cron, say)."""
+    RegistrationError for a class `mega scheduler` refuses (a bad cron, say).
+
+    Args:
+        schedule_cls: the Schedule class; one with `cron = None` has no instants of its own.
+        start: an aware datetime; the instants after it count.
+        days: how long after `start` to look, in days (0.5 is twelve hours).
+        limit: the most instants returned.
+    """
     spec = _validated_schedule(schedule_cls, locks=())
     end = start + timedelta(days=days)
     found: list[datetime] = []
@@ -284,9 +321,19 @@ async def run_tick(
     args: dict[str, Any] | None = None,
 ) -> Tick:
     """Run the schedule once as the scheduler would at `instant` (no lock, no audit); returns
-    the Tick its run saw. `key` and `args` make it a tick of that dynamic entry (`self.key`,
-    `self.args`). Whatever the run raises is raised here; RegistrationError, before it runs,
-    for a class `mega scheduler` refuses (a bad cron, say)."""
+    the Tick its run saw. Whatever the run raises is raised here; RegistrationError, before it
+    runs, for a class `mega scheduler` refuses (a bad cron, say).
+
+    Args:
+        schedule_cls: the Schedule class.
+        ctx: the context the run gets a shallow copy of, with the Tick in `extras["tick"]`;
+            the aliases of its locks count as declared.
+        instant: the planned instant, the run's `self.tick.instant`.
+        fence: the run's `self.tick.fence`; None, as without a lock.
+        key: the key of the dynamic entry this is a tick of (`self.key`); None is the class's
+            own cron.
+        args: that entry's arguments (`self.args`); None gives {}.
+    """
     _validated_schedule(schedule_cls, locks=ctx.locks)
     tick = Tick(instant, fence, "schedule", ctx.instance_id)
     run_ctx = dataclasses.replace(ctx, extras={**ctx.extras, "tick": tick})  # as the scheduler
@@ -311,11 +358,18 @@ async def worker_pool(
     pool_size: int = 1,
     root: Path | str | None = None,
 ) -> AsyncIterator[WorkerPool]:
-    """Start the Worker's pool as a host would, with `pool_size` slots (default 1, whatever the
-    class says) and `mode` ("process" or "thread"; default the class's), put it in
-    `ctx.workers[name]` when a context is given, and stop it when the block ends. Your code
-    that calls `ctx.workers[name].run(task, args)` runs unchanged; the task module's functions
-    stay plain functions you may also call directly."""
+    """Start the Worker's pool as a host would, put it in `ctx.workers[name]` when a context is
+    given, and stop it when the block ends. Your code that calls
+    `ctx.workers[name].run(task, args)` runs unchanged; the task module's functions stay plain
+    functions you may also call directly.
+
+    Args:
+        worker_cls: the Worker class.
+        ctx: the context whose `workers` holds the pool within the block; None: none does.
+        mode: "process" or "thread"; None is the class's.
+        pool_size: how many slots, whatever the class says.
+        root: the project root its `task_file` is found from; None is the current directory.
+    """
     settings = {"name": worker_cls.name, "pool_size": pool_size, "mode": mode or worker_cls.mode}
     sized: type[Worker] = type(worker_cls.__name__, (worker_cls,), settings)
     pool = WorkerPool(sized, root=root)
@@ -334,7 +388,11 @@ def kill_child(pool: WorkerPool) -> int:
     """SIGKILL one child process of a running pool (the one running a task, if any), as a
     segfault or an OOM kill would; returns its pid. The pool treats it as any crash: that task
     fails with WorkerError `worker.crashed`, a replacement starts and `restarts` grows by one.
-    ValueError in thread mode: a thread cannot be killed, so use mode="process"."""
+    ValueError in thread mode: a thread cannot be killed, so use mode="process".
+
+    Args:
+        pool: the pool, as `worker_pool` yields it.
+    """
     pid = pool.kill_one()
     if pid is None:
         raise ValueError(f"pool {pool.name}: no child process to kill (thread mode, or stopped)")

@@ -57,6 +57,10 @@ class WebHost:
 
 
 def asgi_app(config_path: str | Path | None = None) -> WebHost:
-    """The web host as an ASGI app; `config_path` defaults to $MEGA_CONFIG or ./mega_config.py,
-    read when the server starts it (so importing the module connects nothing)."""
+    """The web host as an ASGI app. Its config is read when the server starts it, so importing
+    the module connects nothing.
+
+    Args:
+        config_path: the config file; None is $MEGA_CONFIG, else ./mega_config.py.
+    """
     return WebHost(config_path)

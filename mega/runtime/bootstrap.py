@@ -31,7 +31,16 @@ CLOSE_TIMEOUT_S = 5.0
 
 
 async def boot(config: Config, *, role: str, database: bool = True) -> Context:
-    """Connect every declared service and return the Context. Closes what it opened on failure."""
+    """Connect every declared service and return the Context. Closes what it opened on failure.
+
+    Args:
+        config: the loaded config, whose services are connected.
+        role: what the host is ("web", "scheduler", "worker"...): the first part of the
+            context's instance id, `<role>@<host>:<pid>:<random>`.
+        database: whether to open the database now and bring the framework's tables to the
+            newest migration; False leaves it to the first use of `ctx.db`, which does not
+            migrate.
+    """
     ctx = Context(
         instance_id=new_instance_id(role),
         database_url=config.database_url,
@@ -60,7 +69,12 @@ async def boot(config: Config, *, role: str, database: bool = True) -> Context:
 async def shutdown(ctx: Context) -> None:
     """Close every connection the context holds, all at once, within CLOSE_TIMEOUT_S: a server
     that stopped answering (a NATS client flushes on close, up to 10 s per flush) must not keep
-    a stopping host past its grace period. Never raises."""
+    a stopping host past its grace period. Never raises.
+
+    Args:
+        ctx: the context `boot` made; its buses and caches are closed and its database, if
+            open, disposed of.
+    """
     closes = [
         *(_closing(f"bus {alias!r}", bus.close()) for alias, bus in ctx.buses.items()),
         *(_closing(f"cache {alias!r}", c.native.aclose()) for alias, c in ctx.caches.items()),

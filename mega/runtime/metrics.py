@@ -188,7 +188,11 @@ class Observable(Protocol):
 
 
 def observe_jobs(runtime: Observable) -> None:
-    """Count every JobRunner/JobQueue event; time runs and enqueue-to-start latency."""
+    """Count every JobRunner/JobQueue event; time runs and enqueue-to-start latency.
+
+    Args:
+        runtime: a JobRunner or a JobQueue; its signals from now on are counted.
+    """
 
     def count(signal: dict[str, Any]) -> None:
         job = str(signal.get("job", "unknown"))
@@ -204,7 +208,11 @@ def observe_jobs(runtime: Observable) -> None:
 
 
 def observe_scheduler(runtime: Observable) -> None:
-    """Count every tick's signal, time its lateness; the clock offset from each claim."""
+    """Count every tick's signal, time its lateness; the clock offset from each claim.
+
+    Args:
+        runtime: a Scheduler; its signals from now on are counted.
+    """
 
     def count(signal: dict[str, Any]) -> None:
         schedule = str(signal.get("schedule", "unknown"))
@@ -221,7 +229,11 @@ def observe_scheduler(runtime: Observable) -> None:
 
 
 def observe_pool(pool: Any) -> None:
-    """Pool tasks, crashes and durations from events; queue depth and busy slots read live."""
+    """Pool tasks, crashes and durations from events; queue depth and busy slots read live.
+
+    Args:
+        pool: a WorkerPool (`ctx.workers[name]`); its `name` labels the metrics.
+    """
     name = pool.name
     POOL_QUEUE.labels(name).set_function(lambda: pool.stats()["queued"])
     POOL_BUSY.labels(name).set_function(lambda: pool.stats()["busy"])
@@ -240,7 +252,11 @@ def observe_pool(pool: Any) -> None:
 
 
 def observe_listeners(runtime: Observable) -> None:
-    """Count every listener group's signals: delivered (start), done, retry, fail, dlq, skip."""
+    """Count every listener group's signals: delivered (start), done, retry, fail, dlq, skip.
+
+    Args:
+        runtime: a ListenerRunner; its signals from now on are counted.
+    """
 
     def count(signal: dict[str, Any]) -> None:
         LISTENER_EVENTS.labels(str(signal.get("group", "unknown")), signal["signal"]).inc()
@@ -250,7 +266,11 @@ def observe_listeners(runtime: Observable) -> None:
 
 
 def observe_relay(relay: Any) -> None:
-    """Rows published, and the relay's lag (oldest pending row age) read live."""
+    """Rows published, and the relay's lag (oldest pending row age) read live.
+
+    Args:
+        relay: an OutboxRelay; its `published` signals from now on are counted.
+    """
     OUTBOX_LAG.set_function(lambda: relay.lag_ms / 1000)
 
     def count(signal: dict[str, Any]) -> None:

@@ -60,7 +60,11 @@ class CronError(ConfigError, ValueError):
 
 
 def is_valid(expr: object) -> bool:
-    """True when `expr` is a valid 5- or 6-field expression that ever fires. Never raises."""
+    """True when `expr` is a valid 5- or 6-field expression that ever fires. Never raises.
+
+    Args:
+        expr: the expression to check; anything but a string is not valid.
+    """
     try:
         validate(expr)
     except Exception:
@@ -69,14 +73,22 @@ def is_valid(expr: object) -> bool:
 
 
 def validate(expr: object) -> None:
-    """Raise CronError with a message a user can act on when `expr` is not a usable expression."""
+    """Raise CronError with a message a user can act on when `expr` is not a usable expression.
+
+    Args:
+        expr: the expression to check: 5 or 6 fields, or an @-alias such as ``@daily``.
+    """
     _parse(expr)
 
 
 def next(expr: str, after: datetime | None = None, tz: str | tzinfo | None = None) -> datetime:
-    """The first instant strictly after `after` (default: now), as an aware datetime in `tz`.
+    """The first instant strictly after `after`, as an aware datetime in `tz`.
 
-    A naive `after` is read as a wall-clock time in `tz`.
+    Args:
+        expr: 5 or 6 fields, or an @-alias (CronError when it is not valid).
+        after: the moment to count from, itself excluded; None is now. A naive datetime is
+            read as a wall-clock time in `tz`.
+        tz: an IANA name, a tzinfo, or None for the host's local zone.
     """
     runs = next_runs(expr, 1, after, tz)
     if not runs:
@@ -87,7 +99,15 @@ def next(expr: str, after: datetime | None = None, tz: str | tzinfo | None = Non
 def next_runs(
     expr: str, n: int, after: datetime | None = None, tz: str | tzinfo | None = None
 ) -> list[datetime]:
-    """The `n` (>= 0) first instants strictly after `after` (default: now), ascending, in `tz`."""
+    """The `n` first instants strictly after `after`, ascending, in `tz`.
+
+    Args:
+        expr: 5 or 6 fields, or an @-alias (CronError when it is not valid).
+        n: how many instants, an int >= 0 (ValueError otherwise).
+        after: the moment to count from, itself excluded; None is now. A naive datetime is
+            read as a wall-clock time in `tz`.
+        tz: an IANA name, a tzinfo, or None for the host's local zone.
+    """
     problem = int_problem(n, minimum=0)
     if problem:
         raise ValueError(f"n {problem}")
@@ -117,7 +137,12 @@ def instants(
 
 
 def resolve_zone(tz: str | tzinfo | None) -> tzinfo:
-    """A tzinfo for an IANA name, a tzinfo (returned as is) or None (the host's local zone)."""
+    """A tzinfo for `tz`.
+
+    Args:
+        tz: an IANA name such as "Europe/Berlin" (CronError ``cron.timezone`` when unknown), a
+            tzinfo (returned as is) or None (the host's local zone, see `local_zone`).
+    """
     if tz is None:
         return local_zone()
     if isinstance(tz, tzinfo):

@@ -77,7 +77,11 @@ class ScheduleEntry:
     by: str = ""
 
     def same_ticks(self, other: ScheduleEntry) -> bool:
-        """Whether `other` ticks the same instants with the same arguments (who and when aside)."""
+        """Whether `other` ticks the same instants with the same arguments (who and when aside).
+
+        Args:
+            other: the entry to compare this one with.
+        """
         return (self.cron, self.timezone, self.args) == (other.cron, other.timezone, other.args)
 
 

@@ -75,11 +75,18 @@ T = TypeVar("T")
 class RedLock:
     """`LockAdapter` over one Redis (SET NX PX) or a quorum of independent ones (Redlock).
 
-    `clients` are redis.asyncio clients the caller owns (and closes). With N servers the quorum
-    is N // 2 + 1; fencing numbers are drawn as documented in `incr()`.
+    With N servers the quorum is N // 2 + 1; fencing numbers are drawn as documented in
+    `incr()`.
     """
 
     def __init__(self, alias: str, clients: list[RedisClient]) -> None:
+        """A lock over one or more Redis servers; ConfigError when `clients` is empty.
+
+        Args:
+            alias: the lock's alias (a key of `services.locks`), named in its errors.
+            clients: redis.asyncio clients, one per independent server, which the caller owns
+                (and closes).
+        """
         if not clients:
             raise ConfigError(f"services.locks.{alias}: a lock needs at least one Redis server")
         self.alias = alias
@@ -98,7 +105,13 @@ class RedLock:
         return self.clients[0]
 
     async def acquire(self, key: str, ttl_ms: int) -> str | None:
-        """Try once on every server; the token when a majority accepted it within its validity."""
+        """Try once on every server; the token when a majority accepted it within its validity.
+
+        Args:
+            key: the lock's Redis key.
+            ttl_ms: how long the lock is held, in milliseconds (a positive int; ValueError
+                otherwise).
+        """
         _check_ttl("ttl_ms", ttl_ms)
         token = secrets.token_hex(TOKEN_BYTES)
         timeout_s = self._acquire_timeout_s(ttl_ms)
@@ -117,7 +130,12 @@ class RedLock:
         return None
 
     async def release(self, key: str, token: str) -> bool:
-        """Compare-and-delete on every server; True when a majority still held our token."""
+        """Compare-and-delete on every server; True when a majority still held our token.
+
+        Args:
+            key: the lock's Redis key.
+            token: the token `acquire` (or `acquire_fenced`) returned.
+        """
         results = await self._on_each(
             lambda i: self._release_scripts[i](keys=[key], args=[token]), OP_TIMEOUT_S
         )
@@ -125,8 +143,14 @@ class RedLock:
         return sum(1 for result in results if result == 1) >= self.quorum
 
     async def extend(self, key: str, token: str, ttl_ms: int) -> bool:
-        """Hold `key` for `ttl_ms` ms from now, only while it still holds `token` (on a
-        majority); False when it does not: the lock expired or a peer holds it now."""
+        """Hold `key` for `ttl_ms` from now, only while it still holds `token` (on a
+        majority); False when it does not: the lock expired or a peer holds it now.
+
+        Args:
+            key: the lock's Redis key.
+            token: the token `acquire` (or `acquire_fenced`) returned.
+            ttl_ms: milliseconds, a positive int (ValueError otherwise).
+        """
         _check_ttl("ttl_ms", ttl_ms)
         results = await self._on_each(
             lambda i: self._extend_scripts[i](keys=[key], args=[token, ttl_ms]), OP_TIMEOUT_S
@@ -135,13 +159,19 @@ class RedLock:
         return sum(1 for result in results if result == 1) >= self.quorum
 
     async def incr(self, key: str, floor: int = 0) -> int:
-        """The next fencing number under `key` (a counter with no TTL), at least `floor`.
+        """The next fencing number under `key`, at least `floor`.
 
         One server: INCR (raised to `floor`). A quorum: read the counter on every server, take
         the largest answer of a majority plus one (or `floor`), and raise every server to at
         least that value. Any two majorities share a server, so a number drawn later by the lock
         holder is always larger. Two callers drawing at the same moment may get the same
         number; draw it while holding the lock.
+
+        Args:
+            key: the Redis key of the counter, which has no TTL.
+            floor: the least number returned: give one that grows on its own (a scheduler
+                gives its tick's planned instant in epoch ms), so numbers keep rising even
+                after a Redis restarted empty.
         """
         if len(self.clients) == 1:
             results = await self._on_each(lambda i: self.clients[i].incr(key), OP_TIMEOUT_S)
@@ -186,6 +216,18 @@ class RedLock:
         fence is issued atomically with the lock. A quorum: claim (a script on each server),
         `acquire` (lock), `incr` (fence) in turn, since a script runs on one server and cannot
         span independent ones; the fence is then drawn just after the lock is held.
+
+        Args:
+            key: the lock's Redis key; "overlap" when it is held already.
+            ttl_ms: how long the lock is held, in milliseconds (a positive int).
+            fence_key: the Redis key of the fencing counter (no TTL).
+            claim_key: the key of a one-shot claim, taken first and left to expire ("claimed"
+                when taken already); None takes no claim.
+            claim_ttl_ms: how long the claim is kept, in milliseconds (a positive int when
+                `claim_key` is given).
+            fence_floor: the least fencing number returned (see `incr`).
+            claim_at_ms: the instant claimed, in epoch ms: an `EarlyClaim` while the lock
+                server's clock is more than `CLAIM_TOLERANCE_MS` before it; 0 never waits.
         """
         _check_ttl("ttl_ms", ttl_ms)
         if claim_key is not None:

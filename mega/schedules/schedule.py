@@ -80,9 +80,8 @@ class Schedule:
     (IANA name; None is the host's local time, with a warning at register), `lock` (absent: no
     cluster guard, the schedule runs on every instance), `name` (defaults to the class name).
 
-    Each run gets its own instance: `self.tick` (a `Tick`), `self.key` (the key of the dynamic
-    entry this run is a tick of, None for the class's own cron) and `self.args` (that entry's
-    arguments, a dict of JSON values; {} for the class's own cron).
+    Each run gets its own instance, with `self.tick`, `self.key` and `self.args` as given to
+    `__init__`.
     """
 
     cron: ClassVar[str | None]
@@ -98,12 +97,26 @@ class Schedule:
     def __init__(
         self, tick: Tick, key: str | None = None, args: Mapping[str, Any] | None = None
     ) -> None:
+        """One run's instance; the scheduler makes one for each tick.
+
+        Args:
+            tick: the firing this run is (a `Tick`), kept as `self.tick`.
+            key: the key of the dynamic entry this run is a tick of, kept as `self.key`; None
+                for the class's own cron.
+            args: that entry's arguments (JSON values), kept as the dict `self.args`; None
+                gives {}, as for the class's own cron.
+        """
         self.tick = tick
         self.key = key
         self.args: dict[str, Any] = dict(args or {})
 
     async def run(self, ctx: Context) -> None:
-        """The work of one tick. Raising makes a `fail` event (phase "run"); nothing retries."""
+        """The work of one tick. Raising makes a `fail` event (phase "run"); nothing retries.
+
+        Args:
+            ctx: the scheduler's context, shallow-copied for this run, with this run's Tick
+                also in `ctx.extras["tick"]`.
+        """
         raise NotImplementedError
 
 

@@ -109,11 +109,7 @@ PREVIEW_RUNS = 5
 
 
 class Scheduler:
-    """Runs Schedule classes on their cron. Signals: run, skip, done, fail, clock.
-
-    `stop_timeout_s` bounds how long `stop()` waits for running runs (seconds); `audit_size` is
-    how many tick records are kept per schedule (all instances together).
-    """
+    """Runs Schedule classes on their cron. Signals: run, skip, done, fail, clock."""
 
     def __init__(
         self,
@@ -123,6 +119,16 @@ class Scheduler:
         stop_timeout_s: float = 30.0,
         audit_size: int = DEFAULT_AUDIT_SIZE,
     ) -> None:
+        """A scheduler with no schedule yet: `register` them, then `start`.
+
+        Args:
+            ctx: the host's context: its locks guard the ticks and keep their audit, and each
+                run gets a shallow copy of it.
+            instance_id: this scheduler's name in the audit and in each Tick; None takes
+                `ctx.instance_id`.
+            stop_timeout_s: how long `stop()` waits for running runs by default, in seconds.
+            audit_size: how many tick records are kept per schedule, all instances together.
+        """
         self.ctx = ctx
         self.instance_id = instance_id or ctx.instance_id
         self.stop_timeout_s = stop_timeout_s
@@ -133,7 +139,13 @@ class Scheduler:
         self.clock = Clock(ctx, self._specs, self.ticks)
 
     def on(self, name: str, observer: Observer) -> Callable[[], None]:
-        """Subscribe to a signal (ValueError for an unknown name); returns an unsubscribe."""
+        """Subscribe to a signal (ValueError for an unknown name); returns an unsubscribe.
+
+        Args:
+            name: "run", "skip", "done", "fail" or "clock".
+            observer: called with each signal as one dict, `{"signal": name, **fields}`; it
+                may be async. One that raises is logged and skipped.
+        """
         return self.signals.on(name, observer)
 
     @property
@@ -141,7 +153,12 @@ class Scheduler:
         return list(self._specs)
 
     def register(self, schedule: type[Schedule]) -> Scheduler:
-        """Validate every setting now (RegistrationError names each bad field); chainable."""
+        """Validate every setting now (RegistrationError names each bad field); chainable.
+
+        Args:
+            schedule: the Schedule subclass itself, whose `name` no registered schedule has
+                yet. A started scheduler starts ticking it at once.
+        """
         spec = validate_schedule(schedule, self.ctx.locks.keys())
         lock = spec.lock
         clustered = lock is not None and isinstance(self.ctx.lock(lock.alias).native, RedisCluster)
@@ -167,8 +184,12 @@ class Scheduler:
         self.clock.start()
 
     async def stop(self, timeout_s: float | None = None) -> None:
-        """No new ticks; wait up to `timeout_s` (default `stop_timeout_s`) for running runs,
-        then cancel what is left (their guards are still released)."""
+        """No new ticks; wait up to `timeout_s` for running runs, then cancel what is left
+        (their guards are still released).
+
+        Args:
+            timeout_s: seconds to wait for running runs; None waits `stop_timeout_s`.
+        """
         await self.clock.stop()
         runs = set(self.clock.runs)
         if runs:
@@ -183,11 +204,16 @@ class Scheduler:
     async def run_now(self, name: str, extras: dict[str, Any] | None = None) -> TickResult:
         """Run one tick of `name` now, through the overlap guard and fence (no per-instant
         claim: a manual tick is its own instant). `ran` is False with the reason on a skip.
-        `extras` are added to this run's `ctx.extras` (what the caller of a manual tick asks
-        of it, say how long to take). A paused schedule runs too: the pause stops the planned
-        ticks, and a manual tick is someone asking for this one. It returns once its audit
-        record is on Redis too (within AUDIT_TIMEOUT_S): `recent_ticks` then shows it on every
-        instance, as the caller who just ran it expects."""
+        A paused schedule runs too: the pause stops the planned ticks, and a manual tick is
+        someone asking for this one. It returns once its audit record is on Redis too (within
+        AUDIT_TIMEOUT_S): `recent_ticks` then shows it on every instance, as the caller who
+        just ran it expects.
+
+        Args:
+            name: a registered schedule's name (ValueError otherwise).
+            extras: added to this run's `ctx.extras`: what the caller of a manual tick asks of
+                it, say how long to take. None adds nothing.
+        """
         spec = self._spec(name)
         tick = self.ticks.tick(spec, clock.utcnow(), "manual", extras or {})
         result = await self.clock.track(tick)
@@ -198,18 +224,31 @@ class Scheduler:
     async def pause(self, name: str, *, by: str = "") -> SchedulePause:
         """Pause `name` on every instance: from the next tick on, each scheduler skips its
         planned ticks with the reason "paused" (a run already going finishes; `run_now` still
-        runs). `by` says who, for the record and the audit. The Scheduler need not be started.
-        ConfigError `schedule.no_lock` for a schedule without a lock; DependencyUnavailable
-        when its Redis does not answer."""
+        runs). The Scheduler need not be started. ConfigError `schedule.no_lock` for a
+        schedule without a lock; DependencyUnavailable when its Redis does not answer.
+
+        Args:
+            name: a registered schedule's name (ValueError otherwise).
+            by: who pauses it, kept in the pause record and named in the audit ("?" when empty).
+        """
         return await self._set_pause(name, paused=True, by=by)
 
     async def resume(self, name: str, *, by: str = "") -> SchedulePause:
-        """Undo `pause`: every instance runs `name`'s next planned tick again."""
+        """Undo `pause`: every instance runs `name`'s next planned tick again.
+
+        Args:
+            name: a registered schedule's name (ValueError otherwise).
+            by: who resumes it, kept in the pause record and named in the audit ("?" when empty).
+        """
         return await self._set_pause(name, paused=False, by=by)
 
     async def paused(self, name: str) -> SchedulePause:
         """Whether `name` is paused, since when and by whom; after a resume, `paused` is False
-        with who resumed it and when. A schedule without a lock is never paused."""
+        with who resumed it and when. A schedule without a lock is never paused.
+
+        Args:
+            name: a registered schedule's name (ValueError otherwise).
+        """
         spec = self._spec(name)
         if spec.lock is None:
             return SchedulePause(False)
@@ -247,13 +286,22 @@ class Scheduler:
         args: dict[str, Any] | None = None,
         by: str = "",
     ) -> ScheduleEntry:
-        """Run `name` under `key` on `cron` in `timezone` (None: the class's zone) with `args`
-        (a JSON object; `self.args` in its runs), on every started scheduler within about a
-        second, each instant once across them; besides the class's own cron. Adding a key
-        that exists changes it (its loop restarts on the new cron). `by` says who, for the
-        audit. The Scheduler need not be started. ConfigError `schedule.entry_invalid` for a
-        bad key, cron, zone or args (nothing is written), `schedule.no_lock` for a class
-        without a lock; DependencyUnavailable when its Redis does not answer."""
+        """Run `name` under `key` on a cron of its own, on every started scheduler within
+        about a second, each instant once across them; besides the class's own cron. Adding a
+        key that exists changes it (its loop restarts on the new cron). The Scheduler need not
+        be started. ConfigError `schedule.entry_invalid` for a bad key, cron, zone or args
+        (nothing is written), `schedule.no_lock` for a class without a lock;
+        DependencyUnavailable when its Redis does not answer.
+
+        Args:
+            name: a registered schedule's name (ValueError otherwise).
+            key: the entry's key, `self.key` in its runs: 1 to 128 letters, digits or . _ @ -,
+                starting with a letter or digit.
+            cron: the entry's cron expression, 5 or 6 fields (see `mega.schedules.cron`).
+            timezone: the IANA zone `cron` is read in; None takes the class's zone.
+            args: a JSON object, `self.args` in its runs; None gives {}.
+            by: who adds it, for the audit.
+        """
         spec = self._spec(name)
         plan = entries_lock(spec)
         entry = validate_entry(name, key, cron, timezone, args)
@@ -274,7 +322,13 @@ class Scheduler:
     async def remove(self, name: str, *, key: str, by: str = "") -> ScheduleEntry | None:
         """Stop the entry `key` of `name` on every scheduler within about a second (a run
         already going finishes); the entry removed, or None when there was none (nothing is
-        written then). Errors as `add`."""
+        written then). Errors as `add`.
+
+        Args:
+            name: a registered schedule's name (ValueError otherwise).
+            key: the key the entry was added under.
+            by: who removes it, for the audit.
+        """
         spec = self._spec(name)
         plan = entries_lock(spec)
         before = await self._write_entry(spec, plan, key, None, by, "remove")
@@ -283,7 +337,11 @@ class Scheduler:
         return before
 
     async def entries(self, name: str) -> list[ScheduleEntry]:
-        """The dynamic entries of `name`, by key; none for a class without a lock."""
+        """The dynamic entries of `name`, by key; none for a class without a lock.
+
+        Args:
+            name: a registered schedule's name (ValueError otherwise).
+        """
         spec = self._spec(name)
         if spec.lock is None:
             return []
@@ -322,7 +380,12 @@ class Scheduler:
         for the class's own cron). `instant` is ISO-8601 UTC; `lateness_ms` is the winner's. A
         pause or a resume is a row too (source "pause" or "resume", its `skipped` entry saying
         who asked), and so is an entry's add, change or remove (source "add", "change" or
-        "remove"). Falls back to this instance's own records when Redis cannot be read."""
+        "remove"). Falls back to this instance's own records when Redis cannot be read.
+
+        Args:
+            name: a registered schedule's name (ValueError otherwise).
+            limit: the most rows returned.
+        """
         spec = self._spec(name)
         records: list[dict[str, Any]] = list(self.ticks.local_audit[name])
         if spec.lock is not None:
@@ -337,7 +400,11 @@ class Scheduler:
 
     def describe(self, name: str) -> dict[str, Any]:
         """Settings and the next `PREVIEW_RUNS` instants (ISO-8601 with the zone's offset); none
-        for a class with `cron = None` (entries only: `describe_entry` gives theirs)."""
+        for a class with `cron = None` (entries only: `describe_entry` gives theirs).
+
+        Args:
+            name: a registered schedule's name (ValueError otherwise).
+        """
         spec = self._spec(name)
         lock = None
         if spec.lock is not None:
@@ -353,7 +420,12 @@ class Scheduler:
 
     def describe_entry(self, name: str, entry: ScheduleEntry) -> dict[str, Any]:
         """An entry of `name` as `describe` gives the class: its zone (the class's when it has
-        none of its own) and next `PREVIEW_RUNS` instants, with its key, args and writer."""
+        none of its own) and next `PREVIEW_RUNS` instants, with its key, args and writer.
+
+        Args:
+            name: the registered schedule the entry belongs to (ValueError otherwise).
+            entry: one of its entries, as `entries` or `add` gives it.
+        """
         ticked = entry_spec(self._spec(name), entry)
         runs = cron.next_runs(entry.cron, PREVIEW_RUNS, tz=ticked.zone)
         return {

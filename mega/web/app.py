@@ -98,6 +98,22 @@ def create_web_app(
     static_dir: Path | None = None,
     title: str = "mega",
 ) -> FastAPI:
+    """The FastAPI app of a mega application, wired as this module's docstring says.
+
+    Args:
+        config: the application's config: its `auth` settings, and its `root`, under which
+            `templates/` and `static/` are found by default.
+        ctx: the booted context, which routes get through `CtxDep`.
+        routers: the application's own routers; a route that needs a login says so
+            (`UserDep`).
+        public_routers: routers whose routes read no login: no session asked, no CSRF token
+            (webhooks, a public API).
+        templates_dir: the application's templates, looked up before the framework's; None
+            is `templates/` under the config's root.
+        static_dir: files served under /static when the folder exists; None is `static/`
+            under the config's root.
+        title: the API's title in its OpenAPI description (/openapi.json).
+    """
     app = FastAPI(
         title=title,
         docs_url=None,

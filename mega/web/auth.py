@@ -278,7 +278,16 @@ async def audited(
     ids: Sequence[str] = (),
     detail: str = "",
 ) -> None:
-    """Write the audit row of a console action by `user` (mega/web/audit.py)."""
+    """Write the audit row of a console action by `user` (mega/audit.py).
+
+    Args:
+        request: the request of the action; the row goes to its app's database.
+        user: who acted: its `username` is the row's actor (`token:<name>` for an API token).
+        action: what was done, such as "retry", "purge" or "pause".
+        target: what it was done to, such as `job:EmailJob` or `schedule:nightly`.
+        ids: the ids the action named; the first `mega.audit.MAX_IDS` (100) are kept.
+        detail: a few words more, such as "118 dead letters".
+    """
     await audit.write(database(request), user.username, action, target, ids, detail)
 
 
@@ -450,7 +459,13 @@ def _store_hash(user_id: int, password_hash: str, db: Session) -> None:
 def ensure_user(db: Database, username: str, password: str) -> None:
     """Create the user, or reset its password if it differs (the web host does this for each
     user of the config's `auth.users`). The name is stored normalised (`normalise_username`),
-    the form a login looks it up by."""
+    the form a login looks it up by.
+
+    Args:
+        db: the database with the framework's tables (migrated).
+        username: the user's login name.
+        password: the user's password in clear; only its Argon2id hash is stored.
+    """
     username = normalise_username(username)
     with db.sessions.begin() as session:
         user = session.scalar(select(User).where(User.username == username))

@@ -35,7 +35,11 @@ T = TypeVar("T")
 
 
 def context(request: Request) -> Context:
-    """The app's Context: its caches, locks, buses, database and CPU pools."""
+    """The app's Context: its caches, locks, buses, database and CPU pools.
+
+    Args:
+        request: the request being served (FastAPI passes it to a dependency).
+    """
     ctx: Context = request.app.state.ctx
     return ctx
 
@@ -45,7 +49,12 @@ CtxDep = Annotated[Context, Depends(context)]
 
 def job_queue(app: FastAPI, bus: str) -> JobQueue:
     """The app's one JobQueue on bus alias `bus` (made on first use); `queue_dep(bus)` gives
-    the same one to routes, so observe it here at start (`observe_jobs`)."""
+    the same one to routes, so observe it here at start (`observe_jobs`).
+
+    Args:
+        app: the app `create_web_app` made.
+        bus: a bus alias of the config, a key of `services.buses`.
+    """
     queues: dict[str, JobQueue] = _kept(app, "mega_job_queues")
     if bus not in queues:
         queues[bus] = JobQueue(app.state.ctx, bus)
@@ -53,7 +62,11 @@ def job_queue(app: FastAPI, bus: str) -> JobQueue:
 
 
 def queue_dep(bus: str) -> Callable[[Request], JobQueue]:
-    """A dependency giving the app's JobQueue on bus alias `bus` (a key of services.buses)."""
+    """A dependency giving the app's JobQueue on bus alias `bus`.
+
+    Args:
+        bus: a bus alias of the config, a key of `services.buses`.
+    """
 
     def queue(request: Request) -> JobQueue:
         return job_queue(request.app, bus)
@@ -64,7 +77,11 @@ def queue_dep(bus: str) -> Callable[[Request], JobQueue]:
 def pool_dep(name: str) -> Callable[[Request], WorkerPool]:
     """A dependency giving the running CPU pool of the Worker named `name`. The pools run in
     the web process when `mega start` (or `mega.runtime.asgi_app`) started them; a ConfigError names
-    the ones that did."""
+    the ones that did.
+
+    Args:
+        name: the Worker's `name`, its key in `ctx.workers`.
+    """
 
     def pool(request: Request) -> WorkerPool:
         pools = context(request).workers
@@ -77,13 +94,23 @@ def pool_dep(name: str) -> Callable[[Request], WorkerPool]:
 
 
 def provide(app: FastAPI, value: object) -> None:
-    """Keep `value` as the app's one object of its class, for `provided(type(value))`."""
+    """Keep `value` as the app's one object of its class, for `provided(type(value))`.
+
+    Args:
+        app: the app `create_web_app` made.
+        value: the object; it replaces one of the same class provided before.
+    """
     _kept(app, "mega_provided")[type(value)] = value
 
 
 def provided(cls: type[T], *, default: Callable[[], T] | None = None) -> Callable[[Request], T]:
-    """A dependency giving the object of class `cls` given to `provide(app, ...)`; without one,
-    `default()` made once and kept, else a ConfigError naming the class."""
+    """A dependency giving the object of class `cls` given to `provide(app, ...)`.
+
+    Args:
+        cls: the object's class itself (a base class does not find it).
+        default: called once to make the object when none was provided, which is then kept;
+            None: a ConfigError naming the class instead.
+    """
 
     def lookup(request: Request) -> T:
         kept: dict[type, Any] = _kept(request.app, "mega_provided")

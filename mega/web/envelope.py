@@ -115,8 +115,15 @@ ERROR_DESCRIPTIONS = {
 def api_responses(
     data: Any = None, *, status: int = 200, errors: Iterable[int] = ()
 ) -> dict[int | str, dict[str, Any]]:
-    """The `responses=` of a JSON route for OpenAPI: the envelope of `data` (a model or a type;
-    default any object) at `status`, and the error envelope at each of `errors`."""
+    """The `responses=` of a JSON route for OpenAPI: the envelope of `data` at `status`, and
+    the error envelope at each of `errors`.
+
+    Args:
+        data: the model or type of the envelope's `data`; None is any object.
+        status: the status of the success answer.
+        errors: the error statuses the route may answer, each one of 401, 403, 404, 409, 422,
+            429, 500, 503 and 504 (KeyError for another).
+    """
     success: Any = Envelope[data or dict[str, Any]]  # type: ignore[misc]  # chosen at run time
     documented: dict[int | str, dict[str, Any]] = {
         status: {"model": success, "description": "the envelope"}
@@ -138,12 +145,29 @@ class ApiError(Exception):
         fields: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
+        """The error answer this route gives, as `fail` builds it.
+
+        Args:
+            status: the HTTP status of the answer.
+            code: the answer's `error.code`, a short stable name such as "not_found".
+            message: the answer's `error.message`, a sentence for the person who reads it.
+            fields: the answer's `error.fields`, what is wrong with each field by its path;
+                None (or {}) leaves it out.
+            headers: headers to add to the answer (a Retry-After, say); None adds none.
+        """
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
         self.fields, self.headers = fields, headers
 
 
 def ok(data: Any, status: int = 200, **meta: Any) -> JSONResponse:
+    """A success answer in the envelope: ``{"ok": true, "data": ..., "meta": {...}}``.
+
+    Args:
+        data: the answer's `data`, any value JSON can hold.
+        status: the HTTP status.
+        **meta: added to `meta`, besides `ts` (epoch ms): a `request_id`, say.
+    """
     return JSONResponse({"ok": True, "data": data, "meta": _meta(meta)}, status_code=status)
 
 
@@ -156,6 +180,17 @@ def fail(
     headers: dict[str, str] | None = None,
     **meta: Any,
 ) -> JSONResponse:
+    """An error answer in the envelope: ``{"ok": false, "error": {...}, "meta": {...}}``.
+
+    Args:
+        status: the HTTP status of the answer.
+        code: the answer's `error.code`, a short stable name such as "not_found".
+        message: the answer's `error.message`, a sentence for the person who reads it.
+        fields: the answer's `error.fields`, what is wrong with each field by its path; None
+            (or {}) leaves it out.
+        headers: headers to add to the answer (a Retry-After, say); None adds none.
+        **meta: added to `meta`, besides `ts` (epoch ms): a `request_id`, say.
+    """
     error: dict[str, Any] = {"code": code, "message": message}
     if fields:
         error["fields"] = fields
@@ -182,7 +217,12 @@ def wants_json(request: Request) -> bool:
 def field_errors(errors: Sequence[Any]) -> dict[str, str]:
     """Pydantic's error list as {"field.path": "plain sentence"} (the first one per field).
     Fields declared with `WholeNumber` or `EmailAddress` (mega.web.fields) word every error as
-    one sentence that names what is allowed; an error of the whole model is keyed "body"."""
+    one sentence that names what is allowed; an error of the whole model is keyed "body".
+
+    Args:
+        errors: pydantic's errors, as `ValidationError.errors()` (or FastAPI's
+            `RequestValidationError.errors()`) gives them.
+    """
     fields: dict[str, str] = {}
     for err in errors:
         loc = [str(part) for part in err.get("loc", ()) if part not in ("body", "query", "form")]

@@ -73,7 +73,12 @@ EmailAddress = Annotated[
 
 def form_number(text: str) -> int | str:
     """A number field of a posted form, as its model should judge it: ASCII digits become an
-    int, anything else stays text, which the field then refuses with its own sentence."""
+    int, anything else stays text, which the field then refuses with its own sentence.
+
+    Args:
+        text: the field as posted; surrounding spaces are dropped, and more than
+            FORM_NUMBER_MAX_DIGITS digits stay text.
+    """
     text = text.strip()
     whole = text.isascii() and text.isdigit() and len(text) <= FORM_NUMBER_MAX_DIGITS
     return int(text) if whole else text

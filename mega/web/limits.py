@@ -46,7 +46,11 @@ def normalise_username(username: str) -> str:
     full-width letters and a no-break space become their plain forms), then surrounding
     whitespace stripped. No case folding: users are looked up with SQL `=`, which compares
     case-sensitively on SQLite and PostgreSQL, so `Demo` is another account than `demo` (and
-    counting it apart costs `demo` nothing)."""
+    counting it apart costs `demo` nothing).
+
+    Args:
+        username: a username as typed in the login form or written in the config.
+    """
     return unicodedata.normalize("NFKC", username).strip()
 
 

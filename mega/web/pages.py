@@ -29,7 +29,14 @@ def render(
     request: Request, template: str, context: dict[str, Any], *, status_code: int = 200
 ) -> Response:
     """Render `template` with `context`; the templates also see `csrf_token`, `user` and
-    `flash` (the one-time message a redirect brought, or None, cleared once shown)."""
+    `flash` (the one-time message a redirect brought, or None, cleared once shown).
+
+    Args:
+        request: the request being answered.
+        template: the template's path, in the app's templates folder or else the framework's.
+        context: the template's variables.
+        status_code: the HTTP status of the page.
+    """
     templates: Jinja2Templates = request.app.state.templates
     message = _take_flash(request)
     response = templates.TemplateResponse(
@@ -41,7 +48,13 @@ def render(
 
 
 def flash(request: Request, response: Response, message: str) -> Response:
-    """Show `message` once on the next page this browser renders (see the module docstring)."""
+    """Show `message` once on the next page this browser renders (see the module docstring).
+
+    Args:
+        request: the request being answered (over https, the cookie is `secure`).
+        response: the answer that carries the cookie, usually a 303 redirect; it is returned.
+        message: the text to show, cut at FLASH_MAX_CHARS characters.
+    """
     encoded = base64.urlsafe_b64encode(message[:FLASH_MAX_CHARS].encode()).decode()
     response.set_cookie(
         FLASH_COOKIE,

@@ -116,6 +116,14 @@ class WorkerPool:
     """
 
     def __init__(self, worker: type[Worker], *, root: Path | str | None = None) -> None:
+        """A pool for `worker`, not started yet: `await start()` starts its slots.
+
+        Args:
+            worker: the Worker subclass, validated here (`Worker.validate`: RegistrationError
+                names each bad field, and its task module is imported).
+            root: the project root its `task_file` is found from, and the first entry of the
+                children's PYTHONPATH; None is the current directory.
+        """
         self.settings = worker.validate(root)
         self.name = self.settings.name
         self.signals = Signals(SIGNALS)
@@ -137,7 +145,13 @@ class WorkerPool:
         self._child_env = child_env(self.settings.root)  # os.environ as of construction
 
     def on(self, name: str, observer: Callable[[dict[str, Any]], Any]) -> Callable[[], None]:
-        """Observe a signal; an unknown name raises ValueError. Returns an unsubscribe function."""
+        """Observe a signal; an unknown name raises ValueError. Returns an unsubscribe function.
+
+        Args:
+            name: "dispatch", "done", "fail", "crash", "replaced" or "stopped".
+            observer: called with each signal as one dict: `signal`, `worker` and that
+                signal's fields (see the class). It may be async.
+        """
         return self.signals.on(name, observer)
 
     def stats(self) -> dict[str, Any]:
@@ -199,6 +213,13 @@ class WorkerPool:
         with those arguments in the child, typed as the function is (its parameters, its
         return). `await pool.run("sha256_loop", args, timeout_ms=, on_progress=)`: the task
         by name, called as `sha256_loop(args)`, with a timeout and a progress callback.
+
+        Args:
+            task: the task's function itself, a function of the pool's task module (else
+                WorkerError `worker.unknown_task`), or its name.
+            *args: the function's positional arguments; after a name, those of `run_task`
+                (`args`, `timeout_ms`, `on_progress`).
+            **kwargs: the function's keyword arguments; after a name, those of `run_task`.
         """
         if isinstance(task, str):
             return await self.run_task(task, *args, **kwargs)
@@ -220,16 +241,22 @@ class WorkerPool:
         """Run `task_name(args)` on an idle slot (or after the tasks queued before it) and return
         its return value unchanged.
 
-        `timeout_ms` (> 0) counts from dispatch, not from queueing: past it the caller gets
-        worker.task_timeout and, in process mode, the child is killed and replaced (this does
-        not spend max_restarts). `on_progress(fraction, note)` is called on the event loop each
-        time the task reports with `mega.workers.progress` (at most every 50 ms, the last
-        report always before the result); an exception it raises is logged, not propagated.
-        Process mode pickles `args` here; thread mode passes them by
-        reference (no copy, so no worker.invalid_args). Raises
-        WorkerError with code worker.invalid_args, worker.unknown_task, worker.task_timeout,
-        worker.crashed, worker.stopped, worker.overloaded (WorkerOverloaded) or
-        worker.task_failed (TaskFailed).
+        Raises WorkerError with code worker.invalid_args, worker.unknown_task,
+        worker.task_timeout, worker.crashed, worker.stopped, worker.overloaded
+        (WorkerOverloaded) or worker.task_failed (TaskFailed).
+
+        Args:
+            task_name: the name of a public top-level function of the task module.
+            args: the one argument the task is called with. Process mode pickles it here;
+                thread mode passes it by reference (no copy, so no worker.invalid_args).
+            timeout_ms: milliseconds (> 0, else ValueError), counted from dispatch, not from
+                queueing: past it the caller gets worker.task_timeout and, in process mode,
+                the child is killed and replaced (this does not spend max_restarts). None: no
+                limit.
+            on_progress: called as `on_progress(fraction, note)` on the event loop each time
+                the task reports with `mega.workers.progress` (at most every 50 ms, the last
+                report always before the result); an exception it raises is logged, not
+                propagated. None: the task's reports go nowhere.
         """
         return await self._submit(task_name, args, timeout_ms, on_progress, spread=False)
 
@@ -329,6 +356,10 @@ class WorkerPool:
         CHILD_EXIT_GRACE_S). Tasks still running then are rejected with worker.stopped.
         Thread mode cannot kill a running thread: it runs on, its result discarded.
         Emits `stopped` with `rejected` (queued) and `interrupted` (in flight) counts.
+
+        Args:
+            timeout_s: how long tasks in flight get, in seconds; 0 gives them none. A call
+                made while the pool is already stopping waits for that stop to end instead.
         """
         if self._state in ("stopping", "stopped"):
             await self._stopped.wait()

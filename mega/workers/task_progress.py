@@ -63,13 +63,17 @@ class ProgressReporter:
 
 
 def progress(fraction: float, note: str | None = None) -> None:
-    """Report how far the running pool task has got: `fraction` from 0.0 to 1.0, with an
-    optional short `note` ("250,000 of 1,000,000 rounds"; cut at MAX_NOTE_CHARS).
+    """Report how far the running pool task has got.
 
     Inside a pool task the caller's `on_progress(fraction, note)` receives it, throttled to one
     message per PROGRESS_INTERVAL_S (the last one always arrives before the result). Outside a
     pool task it does nothing. Raises ValueError for a fraction that is not a number from 0 to 1
     or a note that is not a string.
+
+    Args:
+        fraction: how much of the task is done, from 0.0 to 1.0.
+        note: a short text for the caller ("250,000 of 1,000,000 rounds"), cut at
+            MAX_NOTE_CHARS; None sends none.
     """
     fraction, note = progress_fraction(fraction), progress_note(note)
     reporter: ProgressReporter | None = getattr(_current, "reporter", None)

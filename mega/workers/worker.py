@@ -69,9 +69,14 @@ class Worker:
 
     @classmethod
     def validate(cls, root: Path | str | None = None) -> WorkerSettings:
-        """Check every field and import the task module (`root` defaults to the cwd).
+        """Check every field and import the task module.
 
         Raises RegistrationError naming each field at fault.
+
+        Args:
+            root: the project root: a `task_file` path is read from it and must lie inside
+                it, and it is added to the end of `sys.path` for the import. None is the
+                current directory.
         """
         where = cls.__name__
         project = Path(root if root is not None else os.getcwd()).resolve()

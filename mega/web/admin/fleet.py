@@ -36,7 +36,11 @@ RATE_MIN_GAP_S = 1.0
 
 def short_instance(instance_id: str) -> str:
     """`worker@host:4121:a1b2c3` -> `a1b2c3 (pid 4121)`: the random suffix tells two runs of
-    one pid apart, the pid is what to kill; any other form -> its last 12 characters."""
+    one pid apart, the pid is what to kill; any other form -> its last 12 characters.
+
+    Args:
+        instance_id: an instance's id, `<role>@<host>:<pid>:<random>` as the hosts make them.
+    """
     _, _, where = instance_id.rpartition("@")
     parts = where.split(":")
     if len(parts) >= 3 and parts[-2].isdigit():
@@ -58,7 +62,7 @@ def utc_time(at_ms: int | None) -> str:
 
 
 def action_rows(entries: Iterable[Any]) -> list[dict[str, str]]:
-    """Audit entries (mega/web/audit.py) as the pages list them, newest first."""
+    """Audit entries (mega/audit.py) as the pages list them, newest first."""
     return [
         {
             "iso": e.at.isoformat(),
@@ -227,11 +231,15 @@ def error_text(exc: BaseException) -> str:
 
 
 def scheduler_instances(ticks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The scheduler instances in these ticks (as `Scheduler.recent_ticks` gives them, newest
-    first), each with its last scheduled tick. Every live scheduler writes a record for every
-    tick, won or skipped, so one missing from both newest ticks is `ticking` False: stopped, or
-    far behind. (Two, not one: a peer's record of the newest tick may land a moment after the
-    winner's.)"""
+    """The scheduler instances in these ticks, each with its last scheduled tick. Every live
+    scheduler writes a record for every tick, won or skipped, so one missing from both newest
+    ticks is `ticking` False: stopped, or far behind. (Two, not one: a peer's record of the
+    newest tick may land a moment after the winner's.)
+
+    Args:
+        ticks: one schedule's audit rows, as `Scheduler.recent_ticks` gives them (newest
+            first).
+    """
     scheduled = [tick for tick in ticks if tick["source"] == "schedule"]
     last_seen: dict[str, str] = {}
     for tick in scheduled:
@@ -267,7 +275,11 @@ def _instant(iso: str) -> datetime:
 
 def tick_rows(ticks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Audit rows as the admin's table shows them: the instant in UTC (`time` HH:MM:SS), the
-    winner's short name, who skipped and why."""
+    winner's short name, who skipped and why.
+
+    Args:
+        ticks: audit rows, as `Scheduler.recent_ticks` gives them.
+    """
     rows = []
     for tick in ticks:
         instant = _instant(tick["instant"]).astimezone(UTC)
@@ -294,7 +306,11 @@ def pause_text(paused: bool, at_ms: int | None, by: str | None) -> str:
 
 
 def instance_rows(instances: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`scheduler_instances` (or `merge_instances`) rows with their last tick in UTC."""
+    """Scheduler instance rows with their last tick in UTC, and their role.
+
+    Args:
+        instances: the rows `scheduler_instances` (or `merge_instances`) gives.
+    """
     rows = []
     for item in instances:
         at = _instant(item["last_seen"]).astimezone(UTC)

@@ -54,8 +54,16 @@ def admin_router(
     schedules: Sequence[type[Any]] | None = None,
     title: str = "Fleet",
 ) -> APIRouter:
-    """The admin pages under `prefix`, for `create_web_app(..., routers=[...])`. `jobs`,
-    `listeners` and `schedules` default to the config's lists."""
+    """The admin pages under `prefix`, for `create_web_app(..., routers=[...])`.
+
+    Args:
+        prefix: the path the pages are under (a trailing "/" is dropped).
+        jobs: the Job classes whose queues the pages show; None is the config's `jobs`.
+        listeners: the Listener classes whose groups they show; None is the config's
+            `listeners`.
+        schedules: the Schedule classes they show; None is the config's `schedules`.
+        title: the overview's heading, and the name of the link back to it on every page.
+    """
     admin = Admin(prefix, jobs, listeners, schedules, title)
     router = APIRouter(prefix=admin.prefix, include_in_schema=False)
 
