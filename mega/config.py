@@ -179,13 +179,20 @@ def default_config_path() -> Path:
 def load_config(
     path: str | Path | None = None, *, dev: bool | None = None, signs: bool = True
 ) -> Config:
-    """Import the config file and validate it. `dev` defaults to MEGA_ENV == "dev". `signs`:
-    the process signs cookies (the web app), so it needs MEGA_SECRET_KEY outside dev; the
-    other hosts sign nothing and do without.
+    """Import the config file and validate it.
 
     While `mega dev` runs beside the config, it leaves the URLs of its servers in
     `var/dev.env`: a host started by hand there finds them (unless NATS_URL / REDIS_URL are
-    set), instead of talking to whatever answers on the default ports."""
+    set), instead of talking to whatever answers on the default ports.
+
+    Args:
+        path: the config file (default: MEGA_CONFIG, else ./mega_config.py); ConfigError
+            when it is not a file.
+        dev: whether the process runs in dev, where a short or missing MEGA_SECRET_KEY will
+            do; None (the default): MEGA_ENV == "dev".
+        signs: whether the process signs cookies (the web app), so that it needs
+            MEGA_SECRET_KEY outside dev; the other hosts sign nothing and do without.
+    """
     config_path = Path(path) if path is not None else default_config_path()
     if not config_path.is_file():
         raise ConfigError(f"config file not found: {config_path} (pass --config or MEGA_CONFIG)")

@@ -62,19 +62,39 @@ class LockAdapter(Protocol):
         ...
 
     async def acquire(self, key: str, ttl_ms: int) -> str | None:
-        """One attempt, no waiting: a fresh token when acquired for `ttl_ms` ms, else None."""
+        """One attempt, no waiting: a fresh token when acquired, else None.
+
+        Args:
+            key: the lock's key.
+            ttl_ms: how long the lock is held, in ms, unless released or extended first.
+        """
         ...
 
     async def release(self, key: str, token: str) -> bool:
-        """Delete `key` only if it still holds `token`; True when it did."""
+        """Delete the lock only if it is still this holder's; True when it did.
+
+        Args:
+            key: the lock's key.
+            token: what `acquire` returned.
+        """
         ...
 
     async def extend(self, key: str, token: str, ttl_ms: int) -> bool:
-        """Hold `key` for `ttl_ms` ms from now if it still holds `token`; True when it did."""
+        """Hold the lock longer if it is still this holder's; True when it did.
+
+        Args:
+            key: the lock's key.
+            token: what `acquire` returned.
+            ttl_ms: how long to hold it from now, in ms.
+        """
         ...
 
     async def incr(self, key: str) -> int:
-        """The next fencing number under `key`: larger than every one handed out before."""
+        """The next fencing number under a key: larger than every one handed out before.
+
+        Args:
+            key: the fencing counter's key.
+        """
         ...
 
     async def acquire_fenced(
@@ -91,17 +111,26 @@ class LockAdapter(Protocol):
         """One attempt, no waiting, at a claim, a lock and its fencing number together.
 
         With `claim_key`: an `EarlyClaim` while the lock server's clock is still before
-        `claim_at_ms` (the instant claimed, epoch ms; 0 never waits) by more than the adapter's
-        tolerance (a few ms; nothing is taken), so no caller acts before an instant whatever its
-        own clock says. Else "claimed" when that key is taken already; else it is taken for
-        `claim_ttl_ms` ms (a positive int) and left to expire, even when "overlap" follows (the
-        claim is a one-shot: whoever takes it consumes it). Then "overlap" when `key` is held;
-        else `key` is held for `ttl_ms` ms (a positive int) and the lease carries its token
-        (for `release(key, token)`) and the next fencing number under `fence_key`, at least
-        `fence_floor`: give something that grows on its own (the scheduler gives the tick's
-        planned instant in epoch ms), and fences keep increasing even when the counter is lost
-        with a Redis restarted empty. A backend failure raises LockBackendError and does not
-        leave `key` held (the claim may be).
+        `claim_at_ms` by more than the adapter's tolerance (a few ms; nothing is taken), so no
+        caller acts before an instant whatever its own clock says. Else "claimed" when that key
+        is taken already; else it is taken for `claim_ttl_ms` and left to expire, even when
+        "overlap" follows (the claim is a one-shot: whoever takes it consumes it). Then
+        "overlap" when `key` is held; else `key` is held for `ttl_ms` and the lease carries its
+        token (for `release(key, token)`) and the next fencing number under `fence_key`, at
+        least `fence_floor`. A backend failure raises LockBackendError and does not leave `key`
+        held (the claim may be).
+
+        Args:
+            key: the lock's key.
+            ttl_ms: how long the lock is held, in ms (a positive int).
+            fence_key: the key of the counter the fencing number is drawn from.
+            claim_key: the one-shot claim's key; None (the default): no claim, only the lock.
+            claim_ttl_ms: how long the claim is kept, in ms (a positive int with `claim_key`).
+            fence_floor: the least fencing number to hand out. Give something that grows on its
+                own (the scheduler gives the tick's planned instant in epoch ms), and fences
+                keep increasing even when the counter is lost with a Redis restarted empty.
+            claim_at_ms: the instant claimed, in epoch ms, with `claim_key`; 0 (the default)
+                never waits.
         """
         ...
 
@@ -134,10 +163,16 @@ class TaskPool(Protocol):
         on_progress: Callable[[float, str | None], None] | None = None,
     ) -> Any: ...
     async def run(self, task: Any, /, *args: Any, **kwargs: Any) -> Any:
-        """Run one task off the event loop and return its result (WorkerError on failure):
-        the task's function itself with its arguments, typed as it is, or its name with one
-        `args`, a `timeout_ms` and an `on_progress(fraction, note)` that receives what the
-        task reports with `mega.progress`."""
+        """Run one task off the event loop and return its result (WorkerError on failure).
+
+        Args:
+            task: the task's function itself, typed as it is, or its name.
+            *args: the function's positional arguments; with a name, what `**kwargs` names
+                may come here instead, in that order.
+            **kwargs: the function's keyword arguments; with a name, the task's one `args`, a
+                `timeout_ms` and an `on_progress(fraction, note)` that receives what the task
+                reports with `mega.progress`.
+        """
         ...
 
     def kill_one(self) -> int | None:
@@ -149,11 +184,21 @@ class TaskPool(Protocol):
         ...
 
     def on(self, name: str, observer: Callable[[dict[str, Any]], Any]) -> Callable[[], None]:
-        """Observe a signal (`crash`, `replaced`, ...); returns an unsubscribe function."""
+        """Observe a signal; returns an unsubscribe function.
+
+        Args:
+            name: the signal's name (`crash`, `replaced`, ...).
+            observer: called with each such signal, a dict `{"signal": name, **fields}`.
+        """
         ...
 
     async def stop(self, timeout_s: float = ...) -> None:
-        """Refuse new runs, wait for in-flight ones (bounded), end the children."""
+        """Refuse new runs, wait for in-flight ones, end the children.
+
+        Args:
+            timeout_s: how long to wait for the runs in flight, in seconds (default: the
+                pool's own).
+        """
         ...
 
 
@@ -189,9 +234,21 @@ class Context:
     memo: dict[object, Any] = field(default_factory=dict, repr=False)
 
     def cache(self, alias: str) -> CacheAdapter:
+        """The cache of an alias.
+
+        Args:
+            alias: a cache alias of the config (`services.caches`); ConfigError naming it
+                otherwise.
+        """
         return _lookup(self.caches, alias, "services.caches")
 
     def lock(self, alias: str) -> LockAdapter:
+        """The lock of an alias.
+
+        Args:
+            alias: a lock alias of the config (`services.locks`); ConfigError naming it
+                otherwise.
+        """
         return _lookup(self.locks, alias, "services.locks")
 
     @overload
@@ -200,9 +257,16 @@ class Context:
     def bus(self, alias: str, driver: type[B]) -> B: ...
 
     def bus(self, alias: str, driver: type[Bus] | None = None) -> Bus:
-        """The connected bus of an alias. With `driver` (a driver class such as
-        `mega.drivers.nats.NatsBus`), checked to be that driver and typed as it, so that its
-        `native` is the engine's own client: `ctx.bus("jobs", NatsBus).native.jetstream()`."""
+        """The connected bus of an alias.
+
+        Args:
+            alias: a bus alias of the config (`services.buses`); ConfigError naming it
+                otherwise.
+            driver: a driver class such as `mega.drivers.nats.NatsBus`: the bus is checked to
+                be that driver (ConfigError otherwise) and typed as it, so that its `native` is
+                the engine's own client: `ctx.bus("jobs", NatsBus).native.jetstream()`. None
+                (the default): any driver.
+        """
         bus = _lookup(self.buses, alias, "services.buses")
         if driver is not None and not isinstance(bus, driver):
             raise ConfigError(f"services.buses.{alias}: a {bus.driver} bus, not {driver.driver}")

@@ -42,6 +42,13 @@ class Base(DeclarativeBase):
 
 class Database:
     def __init__(self, url: str) -> None:
+        """The engine and the session factory (`sessions`) of one database; nothing connects
+        yet, and a PostgreSQL database's encoding is checked on its first connection.
+
+        Args:
+            url: a SQLAlchemy URL, or `postgresql://` / `postgres://` for psycopg; a SQLite
+                file's folder is made when missing.
+        """
         self.url = _normalise(url)
         parsed = make_url(self.url)
         sqlite = parsed.get_backend_name() == "sqlite"
@@ -70,7 +77,12 @@ class Database:
             conn.execute(text("SELECT 1"))
 
     async def run(self, fn: Callable[[Session], T]) -> T:
-        """Run `fn(session)` in a thread inside one transaction (committed when fn returns)."""
+        """Run `fn(session)` in a thread inside one transaction, and return what it returns.
+
+        Args:
+            fn: a plain function of one Session; the transaction commits when it returns, and
+                rolls back when it raises (the error comes back here).
+        """
 
         def call() -> T:
             with self.sessions.begin() as session:

@@ -9,6 +9,12 @@ class MegaError(Exception):
     code = "mega.error"
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
+        """An error with its message and its code.
+
+        Args:
+            message: what went wrong, and what to do about it.
+            code: the stable code callers match on; None (the default) keeps the class's.
+        """
         super().__init__(message)
         self.message = message
         if code is not None:
@@ -22,11 +28,17 @@ class ConfigError(MegaError):
 
 
 class DependencyUnavailable(MegaError):
-    """NATS, Redis or the database cannot be reached. `dependency` names which one."""
+    """NATS, Redis or the database cannot be reached."""
 
     code = "dependency.unavailable"
 
     def __init__(self, dependency: str, message: str) -> None:
+        """The error of a dependency that does not answer.
+
+        Args:
+            dependency: which one, kept as `dependency` ("nats", "redis", "postgres", ...).
+            message: what could not be done, and why.
+        """
         super().__init__(message)
         self.dependency = dependency
 
@@ -56,21 +68,34 @@ class WorkerError(MegaError):
 
 
 class WorkerOverloaded(WorkerError):
-    """The wait queue is full. `retry_after_s` (whole seconds, >= 1) suits a 429 Retry-After."""
+    """The wait queue is full."""
 
     code = "worker.overloaded"
 
     def __init__(self, message: str, *, retry_after_s: int) -> None:
+        """The error of a pool that takes no more tasks for now.
+
+        Args:
+            message: how full the pool is, and when to try again.
+            retry_after_s: when to try again, in whole seconds (>= 1), kept as
+                `retry_after_s`; it suits a 429 Retry-After.
+        """
         super().__init__(message)
         self.retry_after_s = retry_after_s
 
 
 class TaskFailed(WorkerError):
-    """The task itself raised. `exc_type` is the name of its exception class."""
+    """The task itself raised."""
 
     code = "worker.task_failed"
 
     def __init__(self, message: str, *, exc_type: str) -> None:
+        """The error of a task that raised.
+
+        Args:
+            message: the task, its pool and what it raised.
+            exc_type: the name of its exception class, kept as `exc_type`.
+        """
         super().__init__(message)
         self.exc_type = exc_type
 
@@ -80,11 +105,18 @@ class JobError(MegaError):
 
 
 class JobFailed(JobError):
-    """What `result()` raises for a job that ended without a result: dead-lettered (code
-    `job.dead_lettered`, `error` its last failure) or cancelled (`job.cancelled`). `status` is
-    its status record."""
+    """What `result()` raises for a job that ended without a result: dead-lettered or
+    cancelled."""
 
     def __init__(self, message: str, *, code: str, status: object) -> None:
+        """The error of one job that ended without a result.
+
+        Args:
+            message: the job, how it ended and, when dead-lettered, its last failure.
+            code: `job.dead_lettered` or `job.cancelled`.
+            status: its status record, kept as `status` (its `error` is the last failure of a
+                dead-lettered job).
+        """
         super().__init__(message, code=code)
         self.status = status
 

@@ -27,18 +27,36 @@ class Signals:
     """`on(name, fn)` to observe, `emit(name, **fields)` to notify (awaits async observers)."""
 
     def __init__(self, names: Iterable[str]) -> None:
+        """A runtime's signals, with no observers yet.
+
+        Args:
+            names: every signal name the runtime sends; `on`, `off` and `emit` refuse any
+                other with ValueError.
+        """
         self.names: frozenset[str] = frozenset(names)
         # A tuple per name, replaced (not changed) by on and off: a dispatch under way keeps
         # the observers it started with, and none copies them (thousands of jobs a second).
         self._observers: dict[str, tuple[Observer, ...]] = {name: () for name in self.names}
 
     def on(self, name: str, observer: Observer) -> Callable[[], None]:
-        """Subscribe; returns a function that unsubscribes."""
+        """Subscribe; returns a function that unsubscribes.
+
+        Args:
+            name: one of the runtime's signal names.
+            observer: called with each such signal, a dict `{"signal": name, **fields}`; a
+                coroutine function is awaited.
+        """
         self._check(name)
         self._observers[name] += (observer,)
         return lambda: self.off(name, observer)
 
     def off(self, name: str, observer: Observer) -> None:
+        """Unsubscribe; nothing happens when the observer was not subscribed.
+
+        Args:
+            name: one of the runtime's signal names.
+            observer: what `on` was given.
+        """
         self._check(name)
         observers = list(self._observers[name])
         if observer in observers:
@@ -46,12 +64,22 @@ class Signals:
             self._observers[name] = tuple(observers)
 
     async def emit(self, name: str, **fields: Any) -> None:
+        """Notify the observers of a signal, one after the other, awaiting the async ones.
+
+        Args:
+            name: one of the runtime's signal names.
+            **fields: what the signal says, beside its name.
+        """
         self._check(name)
         await self.dispatch({"signal": name, **fields})
 
     async def dispatch(self, signal: dict[str, Any]) -> None:
-        """Notify the observers of a signal another runtime built (`{"signal": name, ...}`),
-        as it is: how a host relays its parts' signals without building them again."""
+        """Notify the observers of a signal another runtime built, as it is: how a host relays
+        its parts' signals without building them again.
+
+        Args:
+            signal: the signal, `{"signal": name, **fields}`, its name one of this runtime's.
+        """
         name = signal["signal"]
         for observer in self._observers[name]:
             try:
@@ -64,6 +92,11 @@ class Signals:
                 logger.exception("observer %r of signal %r raised; ignored", observer, name)
 
     def has_observers(self, name: str) -> bool:
+        """Whether anyone observes a signal: when not, a runtime may skip building it.
+
+        Args:
+            name: one of the runtime's signal names.
+        """
         return bool(self._observers[name])
 
     def _check(self, name: str) -> None:

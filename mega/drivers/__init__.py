@@ -31,7 +31,12 @@ def driver_names() -> list[str]:
 
 
 def find_driver(name: str) -> type[Bus]:
-    """The driver class called `name`; ConfigError lists the known names when there is none."""
+    """The driver class called `name`; ConfigError lists the known names when there is none.
+
+    Args:
+        name: a built-in driver's ("nats", "redis", "postgres", "memory"), or that of an
+            entry point of the `mega.drivers` group.
+    """
     target = BUILT_IN.get(name)
     if target is None:
         found = [point for point in entry_points(group=ENTRY_POINT_GROUP) if point.name == name]

@@ -61,9 +61,8 @@ def group_lane(spec: ListenerSpec) -> Lane:
 
 class EventBus(LaneEndpoint):
     """Emit the events of one bus alias and run its listener groups in this process; an Event
-    or a Listener does not change when its bus changes driver. Options and observers as
-    LaneEndpoint's (mega/lanes/endpoint.py), with the signals of SIGNALS; `max_age_s` is how long
-    events are kept for replay.
+    or a Listener does not change when its bus changes driver. Observers as LaneEndpoint's
+    (mega/lanes/endpoint.py), with the signals of SIGNALS.
     """
 
     signal_names: ClassVar[tuple[str, ...]] = SIGNALS
@@ -73,18 +72,42 @@ class EventBus(LaneEndpoint):
     def __init__(
         self, ctx: Context, bus_alias: str, *, max_age_s: float = EVENTS_MAX_AGE_S, **options: Any
     ) -> None:
+        """The events and listener groups of one bus alias in this process.
+
+        Args:
+            ctx: the host's context.
+            bus_alias: a bus alias of the config (ConfigError naming it otherwise).
+            max_age_s: how long events are kept for replay, in seconds (default a week); it
+                applies when this bus makes what keeps its events, which is never changed once
+                made.
+            **options: LaneEndpoint's (mega/lanes/endpoint.py): `instance_id` names this
+                process in DLQ records (default the context's), `apply_limits` lets the
+                classes' limits change running groups (the worker's `--apply-limits`), and
+                `dlq_retry_delay_s`.
+        """
         super().__init__(ctx, bus_alias, **options)
         self.max_age_s = max_age_s
         self._events_ready = False
 
     async def signal(self, name: str, **fields: Any) -> None:
-        """Notify observers (skipped when nobody listens)."""
+        """Notify observers (skipped when nobody listens).
+
+        Args:
+            name: one of SIGNALS.
+            **fields: what the signal says; the consume loop's `job` is sent as `group`.
+        """
         if self.signals.has_observers(name):
             if "job" in fields:  # the consume loop names what it runs `job`: here, a group
                 fields["group"] = fields.pop("job")
             await self.signals.emit(name, **fields)
 
     def spec(self, listener_cls: type[Listener]) -> ListenerSpec:
+        """The validated spec of a Listener class on this bus (cached).
+
+        Args:
+            listener_cls: the Listener class; RegistrationError names each bad attribute, and
+                EventError `event.wrong_bus` says it is on another bus.
+        """
         return self.declared(
             listener_cls,
             lambda cls: validate_listener(
@@ -116,7 +139,13 @@ class EventBus(LaneEndpoint):
         self._events_ready = True
 
     async def ensure(self, listener_cls: type[Listener], *, force: bool = False) -> ListenerSpec:
-        """The events and the group's cursor and dead letters, where missing."""
+        """The events and the group's cursor and dead letters, where missing.
+
+        Args:
+            listener_cls: the Listener class, on this bus.
+            force: ask the bus again, for the events too, even when this bus has already set
+                the group up in this process (default False: once per process).
+        """
         spec = self.spec(listener_cls)
         if listener_cls in self._ensured and not force:
             return spec
@@ -128,13 +157,23 @@ class EventBus(LaneEndpoint):
         return spec
 
     async def stats(self, listener_cls: type[Listener]) -> LaneStats:
-        """The group's backlog right now: pending, in flight, dead letters."""
+        """The group's backlog right now: pending, in flight, dead letters.
+
+        Args:
+            listener_cls: the Listener class, on this bus (its group is set up first if need
+                be).
+        """
         spec = await self.ensure(listener_cls)
         return await self.lane_stats(group_lane(spec), f"cannot read {spec.group}")
 
     async def workers(self, listener_cls: type[Listener]) -> list[WorkerSeen]:
         """The group's consume loops seen within the last 30 s, the last seen first (as
-        `JobQueue.workers`)."""
+        `JobQueue.workers`).
+
+        Args:
+            listener_cls: the Listener class, on this bus (its group is set up first if need
+                be).
+        """
         spec = await self.ensure(listener_cls)
         return await self.lane_workers(group_lane(spec), f"cannot read {spec.group}'s workers")
 
@@ -144,9 +183,15 @@ class EventBus(LaneEndpoint):
         """Publish one event now and return its id once the bus has stored it.
 
         For code with no database write to pair it with; otherwise use the outbox, so that the
-        event exists if and only if the transaction commits. `id` is the dedup key (default a
-        random one). Raises EventError `event.invalid_payload` (nothing published) or
-        DependencyUnavailable."""
+        event exists if and only if the transaction commits. Raises EventError
+        `event.invalid_payload` (nothing published) or DependencyUnavailable.
+
+        Args:
+            event_cls: the Event class; it is published on this bus.
+            payload: JSON, or the event's `schema`.
+            id: the dedup key (default a random one); one given is 1-200 printable characters
+                without spaces (else EventError `event.invalid_id`).
+        """
         spec = validate_event(event_cls, self.ctx.buses)
         message = encode_event(spec, payload, event_id=id)
         if tracing.tracer() is None:
@@ -159,7 +204,11 @@ class EventBus(LaneEndpoint):
 
     async def publish(self, message: Message) -> bool:
         """Publish an encoded event; True when the bus kept it, False when it was a duplicate
-        (an id it already has within the dedup window)."""
+        (an id it already has within the dedup window).
+
+        Args:
+            message: the event as `encode_event` builds it (mega/events/spec.py).
+        """
         check_engine_cap(message.subject, [message.body], self.bus, "event", EventError)
         await self.ensure_stream()
         try:
@@ -171,12 +220,21 @@ class EventBus(LaneEndpoint):
 
     async def publish_many(self, messages: list[Message]) -> None:
         """Publish encoded events in order and return once the bus has stored every one (the
-        relay's path: duplicates are dropped silently). Raises DriverUnavailable."""
+        relay's path: duplicates are dropped silently). Raises DriverUnavailable.
+
+        Args:
+            messages: the events as `encode_event` builds them, in the order they go out.
+        """
         await self.ensure_stream()
         await self.bus.emit(messages, max_age_s=self.max_age_s)
 
     async def watch_commits(self, wake: Callable[[], None]) -> Callable[[], Awaitable[None]]:
-        """Call `wake()` when another process announces an outbox commit; returns the stop."""
+        """Call `wake()` when another process announces an outbox commit; returns the stop.
+
+        Args:
+            wake: a plain function of no arguments, called on the event loop; it should only
+                wake its caller (the relay's sets its wake-up event).
+        """
         return await self.bus.watch_commits(wake)
 
     def announce_commit(self) -> None:
@@ -189,7 +247,13 @@ class EventBus(LaneEndpoint):
         self, listener_cls: type[Listener], handler_ctx: Context | None = None
     ) -> None:
         """Run the group's consume loop in this process until `stop()` has drained it
-        (`listen` is the same call)."""
+        (`listen` is the same call).
+
+        Args:
+            listener_cls: the Listener class, on this bus.
+            handler_ctx: what `run(event, ctx)` receives (None, the default: the bus's
+                context).
+        """
         spec = await self.ensure(listener_cls)
         run = self._runner(spec, handler_ctx or self.ctx)
         await self.run_lane(listener_cls, group_lane(spec), spec, run)

@@ -76,7 +76,13 @@ class Listener(Consumed):
     # check as overrides.
     def run(self, event: ReceivedEvent, ctx: Context) -> Any:
         """Handle one event. Raise to fail this attempt (it is retried, then dead-lettered).
-        A plain `def run` runs on a worker thread, at most `concurrency` at once."""
+        A plain `def run` runs on a worker thread, at most `concurrency` at once.
+
+        Args:
+            event: the event heard: its id, name and data (the payload as JSON), when it was
+                emitted, which delivery of it this is, and the group's inbox if it has one.
+            ctx: the host's context, or the one given to `EventBus.consume`.
+        """
         raise NotImplementedError
 
 

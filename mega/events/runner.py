@@ -35,8 +35,17 @@ class ListenerRunner(LaneRunner[EventBus, ListenerSpec]):
         )
 
     def key(self, spec: ListenerSpec) -> object:
+        """What makes two registrations the same one: the listener's group.
+
+        Args:
+            spec: a registered listener's validated spec.
+        """
         return spec.group
 
     def bus(self, alias: str) -> EventBus:
-        """The event bus of an alias (made on first use), its signals forwarded here."""
+        """The event bus of an alias (made on first use), its signals forwarded here.
+
+        Args:
+            alias: a bus alias of the config (ConfigError naming it otherwise).
+        """
         return self.endpoint(alias)

@@ -124,8 +124,14 @@ class Job(JobBase):
         priority: Priority | None = None,
     ) -> list[str]:
         """Store many runs of this job in one go (pipelined), and return their ids in order
-        once every one is stored. Every payload is checked before the first is sent; `key`
-        and `priority` are every job's, as in `enqueue`."""
+        once every one is stored. Every payload is checked before the first is sent.
+
+        Args:
+            ctx: the host's context, or a run's.
+            payloads: one payload per job, each as `enqueue` takes it.
+            key: every job's key, as in `enqueue`.
+            priority: every job's band, as in `enqueue`.
+        """
         return await queue_of(ctx, cls.bus).enqueue_many(cls, payloads, key=key, priority=priority)
 
     @classmethod
@@ -133,22 +139,43 @@ class Job(JobBase):
         cls, payload: Any = UNSET, *, key: str | None = None, priority: Priority | None = None
     ) -> Step:
         """This job as a step of a workflow (`chain`, `group`; see mega/jobs/workflow.py).
-        Without a payload, a chain's step receives the previous step's result, and a group's
-        callback its outcomes alone. `key` and `priority` are the step's job's, as `enqueue`
-        takes them (a tenant's fair turns, a `prioritized` job's band)."""
+
+        Args:
+            payload: the step's payload, as `enqueue` takes it. Without one, a chain's step
+                receives the previous step's result, and a group's callback its outcomes alone.
+            key: the step's job's key, as `enqueue` takes it (a tenant's fair turns).
+            priority: the step's job's band, as `enqueue` takes it (a `prioritized` job's).
+        """
         return Step(cls, payload, key, priority)
 
     @classmethod
     async def status(cls, ctx: Context, job_id: str) -> JobStatus | None:
-        """The status record of one job of this class: `JobQueue.status` on its own bus."""
+        """The status record of one job of this class: `JobQueue.status` on its own bus.
+
+        Args:
+            ctx: the host's context, or a run's.
+            job_id: the job's id, as `enqueue` returned it.
+        """
         return await queue_of(ctx, cls.bus).status(cls, job_id)
 
     @classmethod
     async def result(cls, ctx: Context, job_id: str, *, timeout_s: float | None = None) -> Any:
-        """What one job of this class returned: `JobQueue.result` on its own bus."""
+        """What one job of this class returned: `JobQueue.result` on its own bus.
+
+        Args:
+            ctx: the host's context, or a run's.
+            job_id: the job's id, as `enqueue` returned it.
+            timeout_s: how long to wait for the job to end, in seconds, then TimeoutError
+                (None, the default: no limit).
+        """
         return await queue_of(ctx, cls.bus).result(cls, job_id, timeout_s=timeout_s)
 
     @classmethod
     async def cancel(cls, ctx: Context, job_id: str) -> Cancelled:
-        """Cancel one job of this class: `JobQueue.cancel` on its own bus."""
+        """Cancel one job of this class: `JobQueue.cancel` on its own bus.
+
+        Args:
+            ctx: the host's context, or a run's.
+            job_id: the job's id, as `enqueue` returned it.
+        """
         return await queue_of(ctx, cls.bus).cancel(cls, job_id)

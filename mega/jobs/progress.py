@@ -49,7 +49,16 @@ class JobContext(Context):
     def for_run(
         cls, base: Context, *, job: str, job_id: str, attempt: int, worker: str, report: Report
     ) -> JobContext:
-        """One run's context (RunContexts makes many of one job's, cheaper)."""
+        """One run's context (RunContexts makes many of one job's, cheaper); its `key` is None.
+
+        Args:
+            base: the host's context, whose services the run shares.
+            job: the job's name.
+            job_id: the run's job id.
+            attempt: the run's attempt, 1-based.
+            worker: the consuming process's instance id.
+            report: where `progress()` sends its signal: a queue's `signal(name, **fields)`.
+        """
         return RunContexts(base, job=job, worker=worker, report=report)(job_id, attempt, None)
 
     # The host's context opens its database lazily, on first use of `db`: both read it there,
@@ -63,9 +72,15 @@ class JobContext(Context):
         return self._base.db
 
     async def progress(self, fraction: float, note: str | None = None) -> None:
-        """Report that this run is `fraction` (0 to 1) done, with an optional `note` ("step 2
-        of 5"). ValueError for a fraction outside 0..1 (or not a number) or a note that is not
-        text; nothing is sent then."""
+        """Report how far this run has got, as the queue's `progress` signal. ValueError for a
+        fraction outside 0..1 (or not a number) or a note that is not text; nothing is sent
+        then.
+
+        Args:
+            fraction: how much of the run is done, from 0 to 1.
+            note: a short text ("step 2 of 5"), cut to 200 characters; None (the default):
+                no note.
+        """
         await self._report(
             "progress",
             job=self.job,

@@ -94,7 +94,12 @@ class JobQueue(LaneEndpoint):
     kind: ClassVar[str] = "job"
 
     def spec(self, job_cls: type[JobBase]) -> JobSpec:
-        """The validated spec of a Job class on this queue's bus (cached)."""
+        """The validated spec of a Job class on this queue's bus (cached).
+
+        Args:
+            job_cls: the Job class; RegistrationError names each bad attribute, and JobError
+                `job.wrong_bus` says it is on another bus.
+        """
         return self.declared(job_cls, self._validated)
 
     def _validated(self, job_cls: type[JobBase]) -> JobSpec:
@@ -103,6 +108,11 @@ class JobQueue(LaneEndpoint):
         return spec
 
     def lane(self, job_cls: type[JobBase]) -> Lane:
+        """What the driver needs to know of the job's queue (its `Lane`).
+
+        Args:
+            job_cls: the Job class, on this queue's bus (validated as `spec` does).
+        """
         return job_lane(self.spec(job_cls))
 
     @functools.cached_property
@@ -125,7 +135,13 @@ class JobQueue(LaneEndpoint):
         Idempotent and safe to race with other processes. Existing limits are the operator's:
         they change only with `apply_limits`. Raises DependencyUnavailable when the bus does
         not answer, JobError `job.fair_unsupported` for a `fair` job on a driver that takes
-        work in order only (`job.priority_unsupported` for a `prioritized` one)."""
+        work in order only (`job.priority_unsupported` for a `prioritized` one).
+
+        Args:
+            job_cls: the Job class, on this queue's bus.
+            force: ask the bus again even when this queue has already set the job up in this
+                process (default False: once per process).
+        """
         spec = self.spec(job_cls)
         if job_cls in self._ensured and not force:
             return spec
@@ -147,14 +163,22 @@ class JobQueue(LaneEndpoint):
 
     async def stats(self, job_cls: type[JobBase]) -> LaneStats:
         """The job's queue right now, as the engine counts it (for consoles and health pages).
-        Raises DependencyUnavailable when the bus does not answer."""
+        Raises DependencyUnavailable when the bus does not answer.
+
+        Args:
+            job_cls: the Job class, on this queue's bus (its queue is set up first if need be).
+        """
         spec = await self.ensure(job_cls)
         return await self.lane_stats(job_lane(spec), f"cannot read {spec.name}'s queue")
 
     async def workers(self, job_cls: type[JobBase]) -> list[WorkerSeen]:
         """The consume loops of the job seen within the last 30 s (one per process), the last
         seen first: its worker, since when it runs, its jobs running now and settled since its
-        start; a stopped one says when (`stopped_at`) until its record expires."""
+        start; a stopped one says when (`stopped_at`) until its record expires.
+
+        Args:
+            job_cls: the Job class, on this queue's bus (its queue is set up first if need be).
+        """
         spec = await self.ensure(job_cls)
         return await self.lane_workers(job_lane(spec), f"cannot read {spec.name}'s workers")
 
@@ -174,21 +198,33 @@ class JobQueue(LaneEndpoint):
     ) -> JobId:
         """Store one job and return its id once the bus has it (NATS: after the PubAck).
 
-        `payload`: any JSON-serialisable value, or what the job's `schema` accepts (a dict or
-        an instance); else JobError `job.invalid_payload` naming the problem, and nothing is
-        stored. `id`: the dedup key (a second enqueue with the same id within 2 minutes is
-        dropped and returns the same id, with `.duplicate` True); default a random uuid.
-        `delay` (seconds or timedelta) or `run_at` (aware datetime): hold the job until then
-        without using a worker slot. `session`: a SQLAlchemy session whose transaction the
-        job joins, so it exists if and only if that transaction commits (postgres driver only;
-        JobError `job.session_unsupported` elsewhere). `key` (a tenant, a customer; 1-200
-        printable characters without spaces, else JobError `job.invalid_key`): what the job's
-        limits per key count it under (`rate_limit` with "per": "key", `key_concurrency`) and,
-        on a `fair` job, what takes turns. `priority` ("high", "normal" (None), "low"; on a
-        `prioritized` job only, else JobError `job.invalid_priority`): its band; the bands take
-        turns, high 6 of every 10 starts, normal 3, low 1, while each has jobs waiting.
         Raises DependencyUnavailable when the bus does not answer; then the job may still have
-        been stored, so give an `id` when a retry must not duplicate it."""
+        been stored, so give an `id` when a retry must not duplicate it.
+
+        Args:
+            job_cls: the Job class, on this queue's bus.
+            payload: any JSON-serialisable value, or what the job's `schema` accepts (a dict
+                or an instance); else JobError `job.invalid_payload` naming the problem, and
+                nothing is stored.
+            id: the dedup key: a second enqueue with the same id within 2 minutes is dropped
+                and returns the same id, with `.duplicate` True. Default a random uuid; one
+                given is 1-200 printable characters without spaces (else JobError
+                `job.invalid_id`).
+            delay: seconds or a timedelta (>= 0, else JobError `job.invalid_delay`) to hold the
+                job for, without using a worker slot.
+            run_at: an aware datetime to hold the job until, in the same way; not with
+                `delay` (JobError `job.invalid_delay`).
+            session: a SQLAlchemy session whose transaction the job joins, so it exists if and
+                only if that transaction commits (postgres driver only; JobError
+                `job.session_unsupported` elsewhere).
+            key: a tenant, a customer (1-200 printable characters without spaces, else
+                JobError `job.invalid_key`): what the job's limits per key count it under
+                (`rate_limit` with "per": "key", `key_concurrency`) and, on a `fair` job, what
+                takes turns.
+            priority: "high", "normal" (None) or "low", on a `prioritized` job only (else
+                JobError `job.invalid_priority`): its band. The bands take turns, high 6 of
+                every 10 starts, normal 3, low 1, while each has jobs waiting.
+        """
         spec = await self.ensure(job_cls)
         now_ms = clock.now_ms()  # one reading: a delay adds to the enqueue time exactly
         due_ms = due_ms_of(spec, delay, run_at, now_ms)
@@ -231,8 +267,14 @@ class JobQueue(LaneEndpoint):
         priority: Priority | None = None,
     ) -> list[str]:
         """Store many jobs in one go; returns the ids (in order) once every one is stored.
-        Every payload is checked before the first is sent. `key` and `priority`: every job's,
-        as in `enqueue`."""
+        Every payload is checked before the first is sent.
+
+        Args:
+            job_cls: the Job class, on this queue's bus.
+            payloads: one payload per job, each as `enqueue` takes it.
+            key: every job's key, as in `enqueue`.
+            priority: every job's band, as in `enqueue`.
+        """
         spec = await self.ensure(job_cls)
         messages = [encode_job(spec, payload, key=key, priority=priority) for payload in payloads]
         if tracing.tracer() is None:
@@ -302,9 +344,14 @@ class JobQueue(LaneEndpoint):
         self, job_cls: type[JobBase] | str, job_id: str | None = None
     ) -> JobStatus | WorkflowStatus | None:
         """The job's status record, or None when there is none (an unknown id, or one whose
-        record is older than the job's `keep_status_s`). `status(workflow_id)`: a workflow's
-        (mega/jobs/steps.py), or None for an unknown or expired id. DependencyUnavailable
-        when the bus does not answer."""
+        record is older than the job's `keep_status_s`). DependencyUnavailable when the bus
+        does not answer.
+
+        Args:
+            job_cls: the Job class; or, alone, a workflow's id: then the answer is that
+                workflow's status (mega/jobs/steps.py), or None for an unknown or expired id.
+            job_id: the job's id, as `enqueue` returned it (None with a workflow's id).
+        """
         if isinstance(job_cls, str):
             try:
                 return await self.workflows.status(job_cls)
@@ -320,11 +367,17 @@ class JobQueue(LaneEndpoint):
     async def result(
         self, job_cls: type[JobBase], job_id: str, *, timeout_s: float | None = None
     ) -> Any:
-        """What the job's `run` returned, once it is done; waits up to `timeout_s` (None: no
-        limit) for it to end, then TimeoutError. JobFailed when it ended without one
+        """What the job's `run` returned, once it is done. JobFailed when it ended without one
         (`job.dead_lettered`, `job.cancelled`); JobError `job.result_not_kept` at once for a
         job whose `keep_result_s` is 0, and `job.result_gone` when the job is done and its
-        result expired (or its value was not JSON)."""
+        result expired (or its value was not JSON).
+
+        Args:
+            job_cls: the Job class, on this queue's bus.
+            job_id: the job's id, as `enqueue` returned it.
+            timeout_s: how long to wait for the job to end, in seconds, then TimeoutError
+                (None, the default: no limit).
+        """
         spec = await self.ensure(job_cls)
         if spec.keep_result_s <= 0:
             raise JobError(
@@ -361,7 +414,12 @@ class JobQueue(LaneEndpoint):
         worker cancels its task within a second (`run` gets CancelledError at its next
         `await`) and nothing retries it. Finished: nothing changes, and the answer says so
         (`cancelled` False, `state` done, dlq or cancelled). JobError `job.no_status` for a
-        job whose `keep_status_s` is 0 (the cancel is a status record)."""
+        job whose `keep_status_s` is 0 (the cancel is a status record).
+
+        Args:
+            job_cls: the Job class, on this queue's bus.
+            job_id: the job's id, as `enqueue` returned it.
+        """
         spec = await self.ensure(job_cls)
         lane = self._recorded(spec, "cancel")
         try:
@@ -371,15 +429,29 @@ class JobQueue(LaneEndpoint):
 
     async def pause(self, job_cls: type[JobBase], *, by: str = "") -> Pause:
         """Pause the job's queue for the whole fleet: within a second no worker starts one,
-        and the running ones finish. Enqueueing goes on. `by` says who, for the record."""
+        and the running ones finish. Enqueueing goes on.
+
+        Args:
+            job_cls: the Job class, on this queue's bus.
+            by: who pauses it, for the record and the log (default empty).
+        """
         return await self._set_pause(job_cls, paused=True, by=by)
 
     async def resume(self, job_cls: type[JobBase], *, by: str = "") -> Pause:
-        """Undo `pause`: within a second the workers start the job's queue again."""
+        """Undo `pause`: within a second the workers start the job's queue again.
+
+        Args:
+            job_cls: the Job class, on this queue's bus.
+            by: who resumes it, for the record and the log (default empty).
+        """
         return await self._set_pause(job_cls, paused=False, by=by)
 
     async def paused(self, job_cls: type[JobBase]) -> Pause:
-        """Whether the job's queue is paused, since when and by whom."""
+        """Whether the job's queue is paused, since when and by whom.
+
+        Args:
+            job_cls: the Job class, on this queue's bus.
+        """
         spec = await self.ensure(job_cls)
         try:
             return await control.read_pause(self.bus, job_lane(spec))
@@ -410,8 +482,11 @@ class JobQueue(LaneEndpoint):
     async def consume(self, job_cls: type[JobBase], handler_ctx: Context | None = None) -> None:
         """Run the job's consume loop in this process until `stop()` has drained it.
 
-        `handler_ctx` is what `run(payload, ctx)` receives, with this run's id, attempt and
-        `progress()` on top (default: the queue's context)."""
+        Args:
+            job_cls: the Job class, on this queue's bus.
+            handler_ctx: what `run(payload, ctx)` receives, with this run's id, attempt and
+                `progress()` on top (None, the default: the queue's context).
+        """
         spec = await self.ensure(job_cls)
         job_run = threaded(spec.job_cls().run, spec.concurrency)
         contexts = RunContexts(

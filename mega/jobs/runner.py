@@ -27,8 +27,17 @@ class JobRunner(LaneRunner[JobQueue, JobSpec]):
         return validate_job(cls, self.ctx.buses)
 
     def key(self, spec: JobSpec) -> object:
+        """What makes two registrations the same one: the Job class.
+
+        Args:
+            spec: a registered job's validated spec.
+        """
         return spec.job_cls
 
     def queue(self, bus_alias: str) -> JobQueue:
-        """The queue of a bus alias (made on first use), sharing this worker's observers."""
+        """The queue of a bus alias (made on first use), sharing this worker's observers.
+
+        Args:
+            bus_alias: a bus alias of the config (ConfigError naming it otherwise).
+        """
         return self.endpoint(bus_alias)

@@ -42,8 +42,13 @@ class Chain:
     steps: tuple[Step, ...]
 
     async def enqueue(self, ctx: Context, *, id: str | None = None) -> WorkflowId:
-        """Store the workflow and its first step; returns its id (`id`: given, the dedup key of
-        the whole workflow: a second enqueue with it stores nothing, `.duplicate` True)."""
+        """Store the workflow and its first step; returns its id.
+
+        Args:
+            ctx: the host's context, or a run's.
+            id: the workflow's id (default a random one); given, it is the dedup key of the
+                whole workflow: a second enqueue with it stores nothing, `.duplicate` True.
+        """
         return await _start(ctx, "chain", self.steps, None, id)
 
 
@@ -55,6 +60,13 @@ class Group:
     callback: Step | None = field(default=None)
 
     def then(self, step: Step) -> Group:
+        """This group with a callback, which runs once after every member has ended.
+
+        Args:
+            step: the callback, `SomeJob.step(payload)` or `SomeJob.step()` (JobError
+                `workflow.invalid_step` otherwise); a payload given must be a dict, as its
+                outcomes are added under "outcomes" (checked at enqueue).
+        """
         if not isinstance(step, Step):
             raise JobError(
                 "then() takes one step: SomeJob.step(payload) or SomeJob.step()",
@@ -63,17 +75,34 @@ class Group:
         return Group(self.members, step)
 
     async def enqueue(self, ctx: Context, *, id: str | None = None) -> WorkflowId:
-        """Store the workflow and every member; returns its id (as Chain.enqueue)."""
+        """Store the workflow and every member; returns its id.
+
+        Args:
+            ctx: the host's context, or a run's.
+            id: the workflow's id and dedup key, as `Chain.enqueue` takes it.
+        """
         return await _start(ctx, "group", self.members, self.callback, id)
 
 
 def chain(*steps: Step) -> Chain:
-    """A chain of steps: `chain(A.step(p), B.step(), C.step())` (see the module)."""
+    """A chain of steps: `chain(A.step(p), B.step(), C.step())` (see the module).
+
+    Args:
+        *steps: the steps in the order they run, each `SomeJob.step(...)`, all on one bus
+            (checked at enqueue): 1 to 10,000 of them, else JobError `workflow.invalid_step`
+            or `workflow.too_big`.
+    """
     return Chain(_steps(steps, "chain"))
 
 
 def group(members: Iterable[Step]) -> Group:
-    """A group of members run at once: `group([A.step(p1), A.step(p2)]).then(C.step())`."""
+    """A group of members run at once: `group([A.step(p1), A.step(p2)]).then(C.step())`.
+
+    Args:
+        members: the steps run at once, each `SomeJob.step(...)`, all on one bus (checked at
+            enqueue): 1 to 10,000 of them, else JobError `workflow.invalid_step` or
+            `workflow.too_big`.
+    """
     return Group(_steps(members, "group"))
 
 

@@ -33,16 +33,25 @@ from mega.drivers.base import Delivery
 
 
 class Run:
-    """One delivery's run, as a middleware sees it: `name` (the job's, or the listener
-    group's), `kind` ("job" or "event"), its `id` and `attempt` (1 for the first), its
-    `subject`, its fair-turn `key` (None without), and its `payload` (decoded JSON, which a
-    middleware may replace before calling `call_next`)."""
+    """One delivery's run, as a middleware sees it: its `name`, `kind` and `payload`, and its
+    delivery's `id`, `attempt` (1 for the first), `subject` and fair-turn `key` (None
+    without)."""
 
     __slots__ = ("delivery", "kind", "name", "payload")
 
     def __init__(
         self, name: str, kind: Literal["job", "event"], payload: Any, delivery: Delivery
     ) -> None:
+        """One delivery's run, as the lane hands it to its middlewares.
+
+        Args:
+            name: the job's name, or the listener group's.
+            kind: "job" or "event".
+            payload: the decoded JSON, which a middleware may replace before calling
+                `call_next`.
+            delivery: the delivery being run, which gives the run its id, attempt, subject and
+                key.
+        """
         self.name = name
         self.kind = kind
         self.payload = payload

@@ -74,9 +74,7 @@ class _Row(NamedTuple):
 class OutboxRelay:
     """Publish the outbox's pending rows; `run()` until `stop()`.
 
-    `paused(ctx)`, when given, is awaited before each batch: while it returns True the relay
-    publishes nothing (the rows pile up). `jobs`: the Job classes whose rows it enqueues (a
-    worker's `config.jobs`). Signals: `published` (count, lag_ms), `error`.
+    Signals: `published` (count, lag_ms), `error`.
     """
 
     def __init__(
@@ -89,6 +87,24 @@ class OutboxRelay:
         paused: Callable[[Context], Awaitable[bool]] | None = None,
         jobs: Iterable[type[JobBase]] = (),
     ) -> None:
+        """A relay over the context's database and buses; it runs once `run()` or `start()` is
+        called.
+
+        Args:
+            ctx: the host's context: the database that holds the outbox (`ctx.db`), and the
+                buses the rows go to.
+            batch: the most pending rows taken, published and marked in one transaction
+                (default 2000). A full batch is followed by the next at once.
+            poll_s: how long to wait after a batch that was not full, in seconds, unless a
+                commit wakes the relay first (default 0.5).
+            retention_s: how long published rows are kept before they are deleted, in seconds
+                (default an hour).
+            paused: when given, `paused(ctx)` is awaited before each batch: while it returns
+                True the relay publishes nothing (the rows pile up). None (the default): never
+                paused.
+            jobs: the Job classes whose rows it enqueues (a worker's `config.jobs`), each
+                validated here; a row of any other job stays pending, for a relay that has it.
+        """
         self.ctx = ctx
         self.batch = batch
         self.poll_s = poll_s
@@ -117,6 +133,12 @@ class OutboxRelay:
         self._refused: set[int] = set()
 
     def on(self, name: str, observer: Observer) -> None:
+        """Observe a signal; an unknown name raises ValueError.
+
+        Args:
+            name: `published` (with `count` and `lag_ms`) or `error` (with `error`).
+            observer: called with each such signal, a dict `{"signal": name, **fields}`.
+        """
         self.signals.on(name, observer)
 
     async def start(self) -> None:
@@ -159,7 +181,12 @@ class OutboxRelay:
             self._done.set()
 
     async def stop(self, timeout_s: float = 10.0) -> None:
-        """Finish the batch in hand (bounded), then return."""
+        """Finish the batch in hand, then return.
+
+        Args:
+            timeout_s: how long to wait for it, in seconds (default 10); past it, this returns
+                and the relay ends on its own once that batch is done.
+        """
         self._stopping = True
         self._wakeup.set()
         await wait_event(self._done, timeout_s)
@@ -202,6 +229,11 @@ class OutboxRelay:
                 return total
 
     def bus(self, alias: str) -> EventBus:
+        """The EventBus the relay publishes a bus's events on, made on first use and kept.
+
+        Args:
+            alias: a bus alias of the config (ConfigError naming it otherwise).
+        """
         bus = self._buses.get(alias)
         if bus is None:
             bus = self._buses[alias] = EventBus(self.ctx, alias)

@@ -141,8 +141,15 @@ class Outbox:
     ) -> str:
         """Insert the event's row in `session` (nothing is published yet) and return its id.
 
-        The payload is validated now (the Event's schema, JSON): a bad one raises EventError
-        `event.invalid_payload` and the caller's transaction decides what to do with it."""
+        Args:
+            session: the SQLAlchemy session of the caller's transaction: the event exists if
+                and only if it commits.
+            event_cls: the Event class; the relay publishes the event on its bus.
+            payload: JSON, or the event's `schema`, validated now: a bad one raises EventError
+                `event.invalid_payload` and the caller's transaction decides what to do with it.
+            id: the event's id and dedup key (default a random one); one given is 1-200
+                printable characters without spaces (else EventError `event.invalid_id`).
+        """
         spec = _spec_of(event_cls, validate_event)
         now_ms = time.time_ns() // 10**6
         message = encode_event(spec, payload, event_id=id, emitted_at_ms=now_ms)
@@ -178,11 +185,24 @@ class Outbox:
         """Insert the job's row in `session` (nothing is enqueued yet) and return its job id.
 
         After the commit a relay (in `mega worker`) enqueues it on the job's bus, any driver,
-        with the job id as its dedup id; a rollback leaves nothing. The arguments are
-        `JobQueue.enqueue`'s, checked now: a bad payload, id, key or priority raises JobError
-        and the caller's transaction decides what to do with it. `delay` and `run_at` count
-        from now, not from the relay's enqueue. (On the postgres driver,
-        `enqueue(..., session=session)` writes the job itself in the transaction, no relay.)"""
+        with the job id as its dedup id; a rollback leaves nothing. The arguments are checked
+        now: a bad payload, id, delay, key or priority raises JobError and the caller's
+        transaction decides what to do with it. (On the postgres driver,
+        `enqueue(..., session=session)` writes the job itself in the transaction, no relay.)
+
+        Args:
+            session: the SQLAlchemy session of the caller's transaction.
+            job_cls: the Job class; a relay whose config declares it (`jobs = [...]`) enqueues
+                it on its bus, and the row waits until one does.
+            payload: as `JobQueue.enqueue` takes it.
+            id: the job's id and dedup key, as `JobQueue.enqueue` takes it (default a random
+                one).
+            delay: as `JobQueue.enqueue` takes it, counted from now, not from the relay's
+                enqueue.
+            run_at: as `JobQueue.enqueue` takes it.
+            key: as `JobQueue.enqueue` takes it.
+            priority: as `JobQueue.enqueue` takes it.
+        """
         spec = _spec_of(job_cls, validate_job)
         now_ms = time.time_ns() // 10**6
         message = encode_job(
@@ -235,7 +255,11 @@ class Outbox:
         session.info[SESSION_FLAG] = True
 
     def stats(self, session: Session) -> OutboxStats:
-        """Counts and lag, for consoles and health pages."""
+        """Counts and lag, for consoles and health pages.
+
+        Args:
+            session: a SQLAlchemy session on the database that holds the outbox.
+        """
         pending = OutboxRow.published_at.is_(None)
         waiting, oldest = session.execute(
             select(func.count(), func.min(OutboxRow.created_at)).where(pending)
@@ -248,7 +272,12 @@ class Outbox:
         return OutboxStats(int(waiting), int(published), round(lag_ms, 1))
 
     def pending_ids(self, session: Session, event_ids: Collection[str]) -> set[str]:
-        """Which of these events still wait for the relay (the others were published)."""
+        """Which of these events still wait for the relay (the others were published).
+
+        Args:
+            session: a SQLAlchemy session on the database that holds the outbox.
+            event_ids: ids that `add` returned; none asks nothing of the database.
+        """
         if not event_ids:
             return set()
         rows = session.scalars(
