@@ -9,7 +9,9 @@ import json
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,7 +146,7 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
 PACKAGES = ("mega", "mega.web", "mega.runtime", "mega.drivers")
 
 
-def public_functions() -> list[tuple[str, object]]:
+def public_functions() -> list[tuple[str, Callable[..., Any]]]:
     """Every function and method a user reaches through the public packages' names (and
     mega.testing's), with parameters, written in mega/ (not a dataclass's or typing's own)."""
     import inspect
@@ -161,7 +163,7 @@ def public_functions() -> list[tuple[str, object]]:
         for name, value in vars(mega.testing).items()
         if not name.startswith("_") and getattr(value, "__module__", "") == "mega.testing"
     ]
-    found = []
+    found: list[tuple[str, Callable[..., Any]]] = []
     for qual, obj in objects:
         members = [(qual, obj)]
         if inspect.isclass(obj):
