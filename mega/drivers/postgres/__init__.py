@@ -3,7 +3,7 @@
     bus = await PostgresBus.connect("jobs", BusSpec(driver="postgres", url="postgresql://..."))
 
 `PostgresBus` is imported on first use: the framework's migration reads the DDL from
-`mega.drivers.postgres.sql` on any database, and must not need psycopg for it.
+`mega.drivers.postgres.schema` on any database, and must not need psycopg for it.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from mega.drivers.base import (
     Message,
     Receiver,
 )
-from mega.drivers.postgres import sql
+from mega.drivers.postgres import schema, sql
 from mega.drivers.postgres.common import lane_key
 from mega.drivers.postgres.dead import PostgresDeadLetters
 from mega.drivers.postgres.events import PostgresEventLog
@@ -82,7 +82,7 @@ class PostgresBus(PostgresDeadLetters, PostgresRecordStore, PostgresEventLog):
             params = [publish_params(lane, message) for message in messages]
             kept = await each_row(cursor, sql.PUBLISH, params)
             if any(kept):
-                await cursor.execute(sql.NOTIFY, {"channel": sql.WAKE_CHANNEL, "payload": key})
+                await cursor.execute(sql.NOTIFY, {"channel": schema.WAKE_CHANNEL, "payload": key})
         return kept
 
     def publish_in(self, session: Session, lane: Lane, messages: Sequence[Message]) -> list[bool]:
@@ -101,13 +101,13 @@ class PostgresBus(PostgresDeadLetters, PostgresRecordStore, PostgresEventLog):
         ]
         if any(kept):
             notify = text(sql.sqlalchemy_text(sql.NOTIFY))
-            session.execute(notify, {"channel": sql.WAKE_CHANNEL, "payload": key})
+            session.execute(notify, {"channel": schema.WAKE_CHANNEL, "payload": key})
         return kept
 
     async def stats(self, lane: Lane) -> LaneStats:
         """For a group, `pending` also counts the matching events not yet copied to it, and
         `oldest_ms` their first one's emit time. `oldest_ms` leaves out rows not due yet;
-        `stored` is the lane's sequence (see sql.COUNTER_DDL: every row ever inserted for the
+        `stored` is the lane's sequence (see schema.COUNTER_DDL: every row ever inserted for the
         lane, a publish, a requeue, an event copied to a group, rolled back or not). A lane of
         more than sql.STATS_EXACT_ROWS rows is counted by estimate (`approximate`): its
         `pending` from the planner's statistics, its `in_flight` and `oldest_ms` from the head

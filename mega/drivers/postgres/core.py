@@ -21,7 +21,7 @@ from mega.drivers.base import (
     Lane,
     Message,
 )
-from mega.drivers.postgres import sql
+from mega.drivers.postgres import schema, sql
 from mega.drivers.postgres.common import Connection, lane_key, one_line, open_connection, redact
 from mega.drivers.postgres.receiver import PostgresReceiver
 from mega.errors import DependencyUnavailable
@@ -51,12 +51,12 @@ def job_body(record: DlqRecord) -> bytes:
 def stored_key(lane: Lane, flow_key: str | None) -> str | None:
     """The key a job's row carries: on a fair lane, FAIR_NO_KEY for a job without one, so that
     it takes its turns in the key index like any key (`_delivery` hands it back as None)."""
-    return flow_key or sql.FAIR_NO_KEY if lane.fair else flow_key
+    return flow_key or schema.FAIR_NO_KEY if lane.fair else flow_key
 
 
 def publish_params(lane: Lane, message: Message) -> dict[str, Any]:
     """A job's row; its `priority` only on a prioritized lane (NULL elsewhere: the rows a
-    prioritized claim reads are then the only ones in its index, sql.BAND_INDEX_DDL)."""
+    prioritized claim reads are then the only ones in its index, schema.BAND_INDEX_DDL)."""
     return {
         "lane": lane_key(lane),
         "job_id": message.id,
@@ -153,13 +153,13 @@ class PostgresCore:
         """The tables, where missing (once per bus)."""
         if self._schema_ready:
             return
-        cursor = await connection.execute(sql.SCHEMA_READY)
+        cursor = await connection.execute(schema.SCHEMA_READY)
         if (await cursor.fetchone()) == (True,):
             self._schema_ready = True
             return
         async with connection.transaction():
             await connection.execute(f"SELECT pg_advisory_xact_lock({DDL_LOCK_KEY})")
-            for statement in sql.SCHEMA:
+            for statement in schema.SCHEMA:
                 await connection.execute(statement)  # type: ignore[arg-type]  # constants
         self._schema_ready = True
 
@@ -185,14 +185,14 @@ class PostgresCore:
             try:
                 if connection is None:
                     connection = await open_connection(self.url)
-                await connection.execute(f"LISTEN {sql.WAKE_CHANNEL}")
-                await connection.execute(f"LISTEN {sql.OUTBOX_CHANNEL}")
+                await connection.execute(f"LISTEN {schema.WAKE_CHANNEL}")
+                await connection.execute(f"LISTEN {schema.OUTBOX_CHANNEL}")
                 if warned:
                     logger.info("%s: listening again", self.alias)
                     warned = ""
                     self._wake_everyone()
                 async for note in connection.notifies():
-                    if note.channel == sql.OUTBOX_CHANNEL:
+                    if note.channel == schema.OUTBOX_CHANNEL:
                         for wake in list(self._commit_watchers):
                             wake()
                     else:

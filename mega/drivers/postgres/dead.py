@@ -9,7 +9,7 @@ from mega.drivers.base import (
     DlqRecord,
     Lane,
 )
-from mega.drivers.postgres import sql
+from mega.drivers.postgres import schema, sql
 from mega.drivers.postgres.common import lane_key
 from mega.drivers.postgres.core import PostgresCore, job_body, one, stored_key
 
@@ -90,7 +90,7 @@ class PostgresDeadLetters(PostgresCore):
                     "priority": "normal" if lane.prioritized else None,
                 },
             )
-            await connection.execute(sql.NOTIFY, {"channel": sql.WAKE_CHANNEL, "payload": key})
+            await connection.execute(sql.NOTIFY, {"channel": schema.WAKE_CHANNEL, "payload": key})
 
     async def purge(self, lane: Lane) -> int:
         key = lane_key(lane)

@@ -11,7 +11,7 @@ from mega.drivers.base import (
     DriverUnavailable,
     Message,
 )
-from mega.drivers.postgres import sql
+from mega.drivers.postgres import schema, sql
 from mega.drivers.postgres.core import PostgresCore, each_row
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class PostgresEventLog(PostgresCore):
             kept = await each_row(cursor, sql.EMIT, params)
             if any(kept):
                 await cursor.execute(
-                    sql.NOTIFY, {"channel": sql.WAKE_CHANNEL, "payload": sql.EVENTS_PAYLOAD}
+                    sql.NOTIFY, {"channel": schema.WAKE_CHANNEL, "payload": schema.EVENTS_PAYLOAD}
                 )
         return kept
 
@@ -71,7 +71,7 @@ class PostgresEventLog(PostgresCore):
             with contextlib.suppress(DriverUnavailable):
                 async with self._using("announce") as connection:
                     await connection.execute(
-                        sql.NOTIFY, {"channel": sql.OUTBOX_CHANNEL, "payload": ""}
+                        sql.NOTIFY, {"channel": schema.OUTBOX_CHANNEL, "payload": ""}
                     )
 
         task = asyncio.create_task(notify())

@@ -26,7 +26,7 @@ from mega.drivers.base import (
     Lane,
     trace_headers,
 )
-from mega.drivers.postgres import sql
+from mega.drivers.postgres import schema, sql
 from mega.drivers.postgres.common import Connection, lane_key, one_line, open_connection
 from mega.tasks import wait_event
 
@@ -75,8 +75,8 @@ class PostgresReceiver:
         self._pruned_at = 0.0
         self._warned = ""
         self._turn = 0  # a prioritized lane's turns taken (sql.CLAIM_PRIORITY)
-        self._after = sql.FAIR_NO_KEY  # a fair lane's key of the last turn taken (CLAIM_FAIR)
-        self._payloads = [self._key] + ([sql.EVENTS_PAYLOAD] if lane.kind == "group" else [])
+        self._after = schema.FAIR_NO_KEY  # a fair lane's key of the last turn taken (CLAIM_FAIR)
+        self._payloads = [self._key] + ([schema.EVENTS_PAYLOAD] if lane.kind == "group" else [])
         bus.subscribe(self._payloads, self._signal)
 
     # -- fetch --------------------------------------------------------------------------------
@@ -181,7 +181,7 @@ class PostgresReceiver:
             if copied is not None and copied[0]:
                 # The group's other receivers (other processes) may take some of them.
                 await connection.execute(
-                    sql.NOTIFY, {"channel": sql.WAKE_CHANNEL, "payload": self._key}
+                    sql.NOTIFY, {"channel": schema.WAKE_CHANNEL, "payload": self._key}
                 )
 
     async def _prune(self, connection: Connection) -> None:

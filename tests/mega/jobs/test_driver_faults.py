@@ -18,7 +18,7 @@ from mega import Context, JobQueue
 from mega.config import load_config
 from mega.drivers.embedded import EmbeddedServer
 from mega.drivers.postgres.embedded import EmbeddedPostgres
-from mega.drivers.postgres.sql import JOBS as JOBS_TABLE
+from mega.drivers.postgres.schema import JOBS as JOBS_TABLE
 from mega.drivers.redis.client import RedisClient
 from mega.drivers.redis.embedded import EmbeddedRedis
 from mega.drivers.redis.scripts import JOB_KEY_PREFIX as KEY_PREFIX

@@ -5,13 +5,13 @@ Revises: 0002
 
 PostgreSQL only (the driver needs FOR UPDATE SKIP LOCKED, LISTEN/NOTIFY and jsonb): on SQLite
 the upgrade records the revision and creates nothing. The DDL is the driver's own
-(mega/drivers/postgres/sql.py), `IF NOT EXISTS`, the same the driver runs when it finds a
+(mega/drivers/postgres/schema.py), `IF NOT EXISTS`, the same the driver runs when it finds a
 database nobody migrated.
 """
 
 from alembic import op
 
-from mega.drivers.postgres.sql import DDL, TABLES
+from mega.drivers.postgres.schema import DDL, TABLES
 
 revision = "0003"
 down_revision = "0002"

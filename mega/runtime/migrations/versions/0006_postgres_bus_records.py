@@ -4,13 +4,13 @@ Revision ID: 0006
 Revises: 0005
 
 PostgreSQL only, like 0003 (a no-op on SQLite). The DDL is the driver's own
-(mega/drivers/postgres/sql.py), `IF NOT EXISTS`, the same the driver runs when it finds a
+(mega/drivers/postgres/schema.py), `IF NOT EXISTS`, the same the driver runs when it finds a
 database nobody migrated.
 """
 
 from alembic import op
 
-from mega.drivers.postgres.sql import RECORDS, RECORDS_DDL
+from mega.drivers.postgres.schema import RECORDS, RECORDS_DDL
 
 revision = "0006"
 down_revision = "0005"

@@ -7,13 +7,13 @@ Revision ID: 0007
 Revises: 0006
 
 PostgreSQL only, like 0003 (a no-op on SQLite). The DDL is the driver's own
-(mega/drivers/postgres/sql.py), idempotent, the same the driver runs when it finds a database
+(mega/drivers/postgres/schema.py), idempotent, the same the driver runs when it finds a database
 nobody migrated.
 """
 
 from alembic import op
 
-from mega.drivers.postgres.sql import (
+from mega.drivers.postgres.schema import (
     ADDED_COLUMNS,
     ADDED_COLUMNS_DDL,
     BAND_INDEX_DDL,

@@ -5,13 +5,13 @@ Revision ID: 0008
 Revises: 0007
 
 PostgreSQL only, like 0003 (a no-op on SQLite). The DDL is the driver's own
-(mega/drivers/postgres/sql.py), `IF NOT EXISTS`, the same the driver runs when it finds a
+(mega/drivers/postgres/schema.py), `IF NOT EXISTS`, the same the driver runs when it finds a
 database nobody migrated.
 """
 
 from alembic import op
 
-from mega.drivers.postgres.sql import JOBS, KEY_INDEX_DDL
+from mega.drivers.postgres.schema import JOBS, KEY_INDEX_DDL
 
 revision = "0008"
 down_revision = "0007"

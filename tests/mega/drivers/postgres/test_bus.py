@@ -24,7 +24,7 @@ from mega.drivers.base import (
     Receiver,
 )
 from mega.drivers.embedded import free_port
-from mega.drivers.postgres import PostgresBus, sql
+from mega.drivers.postgres import PostgresBus, schema, sql
 from mega.drivers.postgres import receiver as receiver_module
 from mega.drivers.postgres.common import lane_key
 from mega.errors import DependencyUnavailable
@@ -314,7 +314,7 @@ async def test_a_duplicate_id_is_dropped_within_the_window(bus: PostgresBus, lan
 async def test_a_dedup_key_past_its_window_counts_as_new(bus: PostgresBus, lane: Lane) -> None:
     await bus.publish(lane, [message("a", dedup=True)])
     async with await psycopg.AsyncConnection.connect(bus.url, autocommit=True) as connection:
-        await connection.execute(f"UPDATE {sql.DEDUP} SET expires_at = now() - interval '1 s'")
+        await connection.execute(f"UPDATE {schema.DEDUP} SET expires_at = now() - interval '1 s'")
     assert await bus.publish(lane, [message("a", dedup=True)]) == [True]
 
 
@@ -498,7 +498,7 @@ async def test_pruning_deletes_old_events_and_dead_letters(bus: PostgresBus) -> 
     await fresh.fetch(1)
     assert await bus.count_dead(lane) == 0
     async with await psycopg.AsyncConnection.connect(bus.url, autocommit=True) as connection:
-        cursor = await connection.execute(f"SELECT count(*) FROM {sql.EVENTS}")
+        cursor = await connection.execute(f"SELECT count(*) FROM {schema.EVENTS}")
         assert await cursor.fetchone() == (0,)
 
 
@@ -544,7 +544,7 @@ async def test_migrations_make_the_tables_the_bus_uses(postgres_url: str) -> Non
     finally:
         database.dispose()
     async with await psycopg.AsyncConnection.connect(postgres_url) as connection:
-        tables = [*sql.TABLES, sql.RECORDS]
+        tables = [*schema.TABLES, schema.RECORDS]
         cursor = await connection.execute(
             "SELECT count(*) FROM pg_tables WHERE tablename = ANY(%s)", [tables]
         )
@@ -605,10 +605,10 @@ async def test_a_fair_claim_reads_the_heads_of_the_keys_not_every_row(
         "limit": 10,
         "ack_wait_s": 30.0,
         "consumer": "plan",
-        "after": sql.FAIR_NO_KEY,
+        "after": schema.FAIR_NO_KEY,
     }
     async with await psycopg.AsyncConnection.connect(postgres_url) as connection:
-        await connection.execute(f"ANALYZE {sql.JOBS}")
+        await connection.execute(f"ANALYZE {schema.JOBS}")
         cursor = await connection.execute(
             "EXPLAIN (ANALYZE, FORMAT JSON) " + sql.CLAIM_FAIR, params
         )
@@ -636,7 +636,7 @@ async def test_a_deep_lane_is_counted_by_estimate_and_a_shallow_one_exactly(
     assert not (await bus.stats(lane)).approximate
     await bus.publish(lane, [message(f"k{n}", subject=lane.subject) for n in range(150)])
     async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as connection:
-        await connection.execute(f"ANALYZE {sql.JOBS}")  # what autovacuum does as rows come
+        await connection.execute(f"ANALYZE {schema.JOBS}")  # what autovacuum does as rows come
     receiver = bus.receiver(lane, consumer="test")
     assert len(await fetch_until(receiver, 7)) == 7
     stats = await bus.stats(lane)
