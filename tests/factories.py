@@ -167,7 +167,8 @@ class WebClient(httpx.AsyncClient):
 async def web_client(config: Config, *, pools: bool = False) -> AsyncIterator[WebClient]:
     """The config's web app booted on its servers, behind an in-process client.
     `pools` starts the config's CPU worker pools (child processes) as `mega start` does."""
-    from mega.runtime.hosts import load_web_app, observe_web, start_worker_pools, stop_worker_pools
+    from mega.runtime.hosts import start_worker_pools, stop_worker_pools
+    from mega.runtime.web_host import load_web_app, observe_web
 
     ctx = await boot(config, role="web")
     ensure_user(ctx.db, DEMO_USER, DEMO_PASSWORD)

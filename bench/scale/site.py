@@ -56,7 +56,7 @@ async def console(
     folder: Path, driver: str, urls: dict[str, str], body: str
 ) -> AsyncIterator[tuple[httpx.AsyncClient, Context, Config]]:
     """The app booted on `driver`, an HTTP client with an operator's token, its context."""
-    from mega.runtime.hosts import load_web_app
+    from mega.runtime.web_host import load_web_app
 
     config = load_config(write_config(folder, driver, urls, body))
     ctx = await boot(config, role="web")

@@ -21,7 +21,7 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from mega.config import load_config
-from mega.runtime.hosts import web_app
+from mega.runtime.web_host import web_app
 
 
 class WebHost:

@@ -163,7 +163,7 @@ def _check(path: str) -> int:
 
 
 def _start(config: Config, args: argparse.Namespace) -> Coroutine[Any, Any, None]:
-    from mega.runtime.hosts import run_web
+    from mega.runtime.web_host import run_web
 
     return run_web(config, args.host, args.port)
 

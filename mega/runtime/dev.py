@@ -39,7 +39,7 @@ from mega.drivers.embedded import EmbeddedServer, free_port
 from mega.drivers.nats.embedded import EmbeddedNats
 from mega.drivers.postgres.embedded import EmbeddedPostgres
 from mega.drivers.redis.embedded import EmbeddedRedis
-from mega.runtime.hosts import check_port_free
+from mega.runtime.web_host import check_port_free
 
 COLOURS = {
     "web": "36",

@@ -7,81 +7,26 @@ gracefully and returns normally (the CLI then exits 0).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import gc
 import importlib
 import inspect
 import logging
-import signal as os_signal
-import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from mega.config import Config
 from mega.constants import DRAIN_TIMEOUT_S, HOW_TO_GET_SERVICES
 from mega.context import Context
-from mega.errors import ConfigError, DependencyUnavailable, MegaError
+from mega.errors import DependencyUnavailable, MegaError
 from mega.runtime.bootstrap import boot, check_database, shutdown
 from mega.runtime.check import enforce
 from mega.runtime.logs import observe_signals
+from mega.runtime.stopping import StopSignals, stopped_while_starting
 
 logger = logging.getLogger("mega.host")
-
-
-class StopSignals:
-    """SIGINT and SIGTERM, caught from a host's first step. One that comes while the host
-    starts cancels the start (what it opened is closed, and it exits 0, as after a run); one
-    that comes once it runs settles `running_until_signal()`. A second is not caught: it
-    kills the process, as it would anyway, for an operator who will not wait for the drain."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.host = asyncio.current_task()
-        self.received: asyncio.Future[str] = self.loop.create_future()
-        self.running = False
-
-    def __enter__(self) -> StopSignals:
-        for sig in (os_signal.SIGINT, os_signal.SIGTERM):
-            self.loop.add_signal_handler(sig, self._on_signal, sig)
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._uninstall()
-
-    @property
-    def while_starting(self) -> bool:
-        """Whether a signal came before the host was running."""
-        return self.received.done() and not self.running
-
-    def running_until_signal(self) -> asyncio.Future[str]:
-        """The host is running: from now on a signal stops it through this future (its
-        result: the signal's name) instead of cancelling it."""
-        self.running = True
-        return self.received
-
-    def _on_signal(self, sig: os_signal.Signals) -> None:
-        self._uninstall()
-        self.received.set_result(sig.name)
-        if not self.running and self.host is not None:
-            self.host.cancel()
-
-    def _uninstall(self) -> None:
-        for sig in (os_signal.SIGINT, os_signal.SIGTERM):
-            self.loop.remove_signal_handler(sig)
-
-
-@contextlib.contextmanager
-def stopped_while_starting(signals: StopSignals, role: str) -> Iterator[None]:
-    """The cancel of a start by a signal (see StopSignals), ended as a normal stop."""
-    try:
-        yield
-    except asyncio.CancelledError:
-        if not signals.while_starting:
-            raise
-        logger.info("%s received while starting: %s stopped", signals.received.result(), role)
 
 
 def start_metrics_server(config: Config, port: int) -> None:
@@ -273,7 +218,7 @@ async def _host(
 ) -> None:
     ctx = await boot_when_reachable(config, role)
     lost = asyncio.get_running_loop().create_future()
-    watch_buses(ctx, functools.partial(_settle, lost))
+    watch_buses(ctx, functools.partial(settle_lost, lost))
     started: list[Any] = []
     try:
         if any(part.hook != "scheduler" for part in parts):
@@ -368,7 +313,8 @@ def lost_for_good(role: str, why: str) -> DependencyUnavailable:
     )
 
 
-def _settle(future: asyncio.Future[str], why: str) -> None:
+def settle_lost(future: asyncio.Future[str], why: str) -> None:
+    """`watch_buses`'s `when_lost` for a host: its first lost bus ends the host's run."""
     if not future.done():
         future.set_result(why)
 
@@ -382,109 +328,6 @@ def freeze_startup_heap() -> None:
     gc.freeze, as long-lived Python servers use it; start-up's garbage is collected first."""
     gc.collect()
     gc.freeze()
-
-
-def check_port_free(host: str, port: int) -> None:
-    """Raise a one-line MegaError when `host:port` cannot be bound (uvicorn would otherwise
-    fail with a traceback, after the pools had started)."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise MegaError(
-                f"cannot listen on {host}:{port} ({exc.strerror}); is another server running "
-                "there? Pick another port with --port (make run PORT=8123)",
-                code="web.port_in_use",
-            ) from None
-
-
-async def run_web(config: Config, host: str, port: int) -> None:
-    check_port_free(host, port)
-    enforce(config, logger.warning)  # a bad class is named before any server is reached
-    with StopSignals() as signals, stopped_while_starting(signals, "web"):
-        await _serve(config, signals, host, port)
-
-
-async def _serve(config: Config, signals: StopSignals, host: str, port: int) -> None:
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        """uvicorn, minus its own signal handling: it re-raises SIGTERM after shutting down,
-        which would kill the host before it stops its pools and exits 0. We own the signals."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-    lost = asyncio.get_running_loop().create_future()
-    async with web_app(config, when_lost=functools.partial(_settle, lost)) as app:
-        server = Server(
-            uvicorn.Config(
-                app,
-                host=host,
-                port=port,
-                log_config=None,
-                access_log=False,
-                lifespan="off",
-                proxy_headers=True,
-                timeout_graceful_shutdown=10,
-            )
-        )
-        stop = signals.running_until_signal()
-        freeze_startup_heap()
-        logger.info("web listening on http://%s:%d", host, port)
-        serving: asyncio.Future[Any] = asyncio.create_task(server.serve())
-        await asyncio.wait([serving, stop, lost], return_when=asyncio.FIRST_COMPLETED)
-        if stop.done():
-            logger.info("%s received: finishing open requests", stop.result())
-        server.should_exit = True
-        await serving
-    logger.info("web stopped")
-    if lost.done():
-        raise lost_for_good("web", lost.result())
-
-
-@contextlib.asynccontextmanager
-async def web_app(
-    config: Config, *, when_lost: Callable[[str], None] | None = None
-) -> AsyncIterator[Any]:
-    """The web host's app, with what it serves running: the context booted, the config's users
-    made, commits announced to the relays, the CPU pools started, the `web` hooks run. On exit
-    all of it stops, in reverse. `mega start` serves it, and so does `mega.runtime.asgi_app`
-    under any ASGI server."""
-    ctx = await boot(config, role="web")
-    if when_lost is not None:
-        watch_buses(ctx, when_lost)
-    stop_announcing: Callable[[], None] = lambda: None  # noqa: E731
-    try:
-        if config.auth.users:
-            from mega.web.auth import ensure_user
-
-            for username, password in config.auth.users.items():
-                await asyncio.to_thread(ensure_user, ctx.db, username, password)
-        if config.events or config.jobs:  # relays hear of each commit that adds outbox rows
-            from mega.transactional.relay import announce_commits
-
-            stop_announcing = announce_commits(ctx)
-        await start_worker_pools(config, ctx)
-        app = load_web_app(config)(config, ctx)
-        observe_web(config, ctx)
-        await run_hooks(config, "web", app, ctx)
-        yield app
-    finally:
-        stop_announcing()
-        await stop_worker_pools(ctx)
-        await shutdown(ctx)
-
-
-def observe_web(config: Config, ctx: Context) -> None:
-    """What the web app's /metrics exports beyond its app's own observers: the depth of the
-    config's job queues."""
-    if config.metrics.enabled and config.jobs:
-        from mega.runtime.metrics import observe_queues
-
-        observe_queues(ctx, config.jobs)
 
 
 async def start_worker_pools(config: Config, ctx: Context) -> None:
@@ -513,17 +356,3 @@ async def run_hooks(config: Config, host: str, runtime: Any, ctx: Context) -> No
 async def stop_worker_pools(ctx: Context) -> None:
     for pool in ctx.workers.values():
         await pool.stop()
-
-
-def load_web_app(config: Config) -> Callable[[Config, Context], Any]:
-    """Import `config.web_app` ("package.module:factory"), or the framework's bare app."""
-    if not config.web_app:
-        from mega.web.app import create_web_app
-
-        return lambda cfg, ctx: create_web_app(cfg, ctx)
-    module_name, _, attr = config.web_app.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr or "create_app")
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"web_app: cannot load {config.web_app!r} ({exc})") from exc
-    return factory  # type: ignore[no-any-return]

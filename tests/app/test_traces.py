@@ -48,7 +48,7 @@ async def one_process(config: Config) -> AsyncIterator[httpx.AsyncClient]:
     """The web app and what `mega worker` runs (relay, listener groups, job worker) on one
     context, behind an in-process client: the memory bus is one process's."""
     from mega.runtime.bootstrap import boot, shutdown
-    from mega.runtime.hosts import load_web_app
+    from mega.runtime.web_host import load_web_app
     from mega.web import ensure_user
 
     ctx = await boot(config, role="web")
