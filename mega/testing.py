@@ -60,8 +60,8 @@ from mega.events.listener import Listener
 from mega.events.runner import ListenerRunner
 from mega.jobs import queue as jobs_queue
 from mega.jobs.job import Job
-from mega.jobs.queue import job_lane
 from mega.jobs.runner import JobRunner
+from mega.jobs.spec import job_lane
 from mega.lanes.dlq import DlqRecord
 from mega.lanes.middleware import Middleware
 from mega.schedules import cron

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from mega import clock, tracing
 from mega.context import Context
@@ -34,7 +33,7 @@ from mega.drivers.base import (
     Message,
     Priority,
 )
-from mega.errors import JobError, JobFailed
+from mega.errors import JobError
 from mega.jobs.progress import RunContexts
 from mega.jobs.spec import (
     JobBase,
@@ -43,17 +42,17 @@ from mega.jobs.spec import (
     due_ms_of,
     encode_job,
     fit_schema,
+    job_lane,
     validate_job,
 )
+from mega.jobs.steering import JobSteering
 from mega.jobs.steps import Workflows
-from mega.jobs.workflow_records import WorkflowStatus, remember
-from mega.lanes import control
-from mega.lanes.control import Cancelled, LaneControl, Pause
+from mega.jobs.workflow_records import remember
+from mega.lanes.control import LaneControl
 from mega.lanes.declaration import check_engine_cap, threaded
 from mega.lanes.dlq import DeadLetters
-from mega.lanes.endpoint import LaneEndpoint
 from mega.lanes.presence import WorkerSeen
-from mega.lanes.records import RESULT_POLL_S, JobStatus, created, read_status
+from mega.lanes.records import created
 from mega.lanes.status import StatusWriter
 
 if TYPE_CHECKING:
@@ -64,30 +63,12 @@ logger = logging.getLogger("mega.jobqueue")
 SIGNALS = ("dispatch", "start", "progress", "done", "retry", "fail", "dlq", "cancel")
 
 
-@functools.lru_cache(maxsize=1024)
-def job_lane(spec: JobSpec) -> Lane:
-    """What a driver needs to know of a job's queue (made once per spec: enqueue's hot path)."""
-    return Lane(
-        kind="job",
-        name=spec.name,
-        subject=spec.subject,
-        concurrency=spec.concurrency,
-        ack_wait_s=spec.ack_wait_s,
-        dlq_max_age_s=spec.dlq_max_age_s,
-        dlq_max_bytes=spec.dlq_max_bytes,
-        replicas=spec.replicas,
-        keep_status_s=spec.keep_status_s,
-        keep_result_s=spec.keep_result_s,
-        fair=spec.fair,
-        prioritized=spec.prioritized,
-        durable=spec.durable,
-    )
-
-
-class JobQueue(LaneEndpoint):
+class JobQueue(JobSteering):
     """Enqueue and consume the jobs of one bus alias; a Job does not change when its bus
     changes driver, and a `Context` built by hand works with every driver. Options and
-    observers as LaneEndpoint's (mega/lanes/endpoint.py), with the signals of SIGNALS.
+    observers as LaneEndpoint's (mega/lanes/endpoint.py), with the signals of SIGNALS; what it
+    answers and steers of the jobs enqueued (status, result, cancel, pause) is JobSteering's
+    (mega/jobs/steering.py).
     """
 
     signal_names: ClassVar[tuple[str, ...]] = SIGNALS
@@ -332,150 +313,6 @@ class JobQueue(LaneEndpoint):
         elif isinstance(recorded, BaseException):
             raise recorded
         return stored
-
-    # -- status and results -------------------------------------------------------------------
-
-    @overload
-    async def status(self, job_cls: type[JobBase], job_id: str) -> JobStatus | None: ...
-    @overload
-    async def status(self, job_cls: str, job_id: None = None) -> WorkflowStatus | None: ...
-
-    async def status(
-        self, job_cls: type[JobBase] | str, job_id: str | None = None
-    ) -> JobStatus | WorkflowStatus | None:
-        """The job's status record, or None when there is none (an unknown id, or one whose
-        record is older than the job's `keep_status_s`). DependencyUnavailable when the bus
-        does not answer.
-
-        Args:
-            job_cls: the Job class; or, alone, a workflow's id: then the answer is that
-                workflow's status (mega/jobs/steps.py), or None for an unknown or expired id.
-            job_id: the job's id, as `enqueue` returned it (None with a workflow's id).
-        """
-        if isinstance(job_cls, str):
-            try:
-                return await self.workflows.status(job_cls)
-            except DriverUnavailable as exc:
-                raise self.unavailable(f"cannot read workflow {job_cls}", exc) from exc
-        assert job_id is not None, "status(Job, job_id) or status(workflow_id)"
-        spec = await self.ensure(job_cls)
-        try:
-            return await read_status(self.bus, job_lane(spec), job_id)
-        except DriverUnavailable as exc:
-            raise self.unavailable(f"cannot read the status of {spec.name} {job_id}", exc) from exc
-
-    async def result(
-        self, job_cls: type[JobBase], job_id: str, *, timeout_s: float | None = None
-    ) -> Any:
-        """What the job's `run` returned, once it is done. JobFailed when it ended without one
-        (`job.dead_lettered`, `job.cancelled`); JobError `job.result_not_kept` at once for a
-        job whose `keep_result_s` is 0, and `job.result_gone` when the job is done and its
-        result expired (or its value was not JSON).
-
-        Args:
-            job_cls: the Job class, on this queue's bus.
-            job_id: the job's id, as `enqueue` returned it.
-            timeout_s: how long to wait for the job to end, in seconds, then TimeoutError
-                (None, the default: no limit).
-        """
-        spec = await self.ensure(job_cls)
-        if spec.keep_result_s <= 0:
-            raise JobError(
-                f"{spec.name} keeps no results: set keep_result_s (seconds) on the class",
-                code="job.result_not_kept",
-            )
-        async with asyncio.timeout(timeout_s):
-            status = await self.status(job_cls, job_id)
-            while status is None or not status.final:
-                await asyncio.sleep(RESULT_POLL_S)
-                status = await self.status(job_cls, job_id)
-        if status.state != "done":
-            error = f": {status.error.type}: {status.error.message}" if status.error else ""
-            code = "job.cancelled" if status.state == "cancelled" else "job.dead_lettered"
-            raise JobFailed(
-                f"{spec.name} {job_id} ended {status.state}{error}", code=code, status=status
-            )
-        try:
-            [raw] = await self.bus.get_records(job_lane(spec), "result", [job_id])
-        except DriverUnavailable as exc:
-            raise self.unavailable(f"cannot read the result of {spec.name} {job_id}", exc) from exc
-        if raw is None:
-            raise JobError(
-                f"{spec.name} {job_id} is done and its result is gone (kept {spec.keep_result_s:g}"
-                " s, and only when `run` returns a JSON value)",
-                code="job.result_gone",
-            )
-        return json.loads(raw)
-
-    # -- control ------------------------------------------------------------------------------
-
-    async def cancel(self, job_cls: type[JobBase], job_id: str) -> Cancelled:
-        """Cancel one job. Queued, delayed or retrying: it never runs (again). Running: its
-        worker cancels its task within a second (`run` gets CancelledError at its next
-        `await`) and nothing retries it. Finished: nothing changes, and the answer says so
-        (`cancelled` False, `state` done, dlq or cancelled). JobError `job.no_status` for a
-        job whose `keep_status_s` is 0 (the cancel is a status record).
-
-        Args:
-            job_cls: the Job class, on this queue's bus.
-            job_id: the job's id, as `enqueue` returned it.
-        """
-        spec = await self.ensure(job_cls)
-        lane = self._recorded(spec, "cancel")
-        try:
-            return await control.cancel(self.bus, lane, spec.name, job_id)
-        except DriverUnavailable as exc:
-            raise self.unavailable(f"cannot cancel {spec.name} {job_id}", exc) from exc
-
-    async def pause(self, job_cls: type[JobBase], *, by: str = "") -> Pause:
-        """Pause the job's queue for the whole fleet: within a second no worker starts one,
-        and the running ones finish. Enqueueing goes on.
-
-        Args:
-            job_cls: the Job class, on this queue's bus.
-            by: who pauses it, for the record and the log (default empty).
-        """
-        return await self._set_pause(job_cls, paused=True, by=by)
-
-    async def resume(self, job_cls: type[JobBase], *, by: str = "") -> Pause:
-        """Undo `pause`: within a second the workers start the job's queue again.
-
-        Args:
-            job_cls: the Job class, on this queue's bus.
-            by: who resumes it, for the record and the log (default empty).
-        """
-        return await self._set_pause(job_cls, paused=False, by=by)
-
-    async def paused(self, job_cls: type[JobBase]) -> Pause:
-        """Whether the job's queue is paused, since when and by whom.
-
-        Args:
-            job_cls: the Job class, on this queue's bus.
-        """
-        spec = await self.ensure(job_cls)
-        try:
-            return await control.read_pause(self.bus, job_lane(spec))
-        except DriverUnavailable as exc:
-            raise self.unavailable(f"cannot read whether {spec.name} is paused", exc) from exc
-
-    async def _set_pause(self, job_cls: type[JobBase], *, paused: bool, by: str) -> Pause:
-        spec = await self.ensure(job_cls)
-        lane = self._recorded(spec, "pause" if paused else "resume")
-        try:
-            record = await control.set_pause(self.bus, lane, paused=paused, by=by)
-        except DriverUnavailable as exc:
-            raise self.unavailable(f"cannot pause or resume {spec.name}", exc) from exc
-        logger.info("%s %s by %s", spec.name, "paused" if paused else "resumed", by or "?")
-        return record
-
-    def _recorded(self, spec: JobSpec, what: str) -> Lane:
-        """The job's lane, which must keep status records for `what` to work."""
-        if spec.keep_status_s <= 0:
-            raise JobError(
-                f"cannot {what} {spec.name}: it keeps no status records (keep_status_s = 0)",
-                code="job.no_status",
-            )
-        return job_lane(spec)
 
     # -- consume ------------------------------------------------------------------------------
 

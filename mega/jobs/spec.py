@@ -8,6 +8,7 @@ consume settings of `Consumed`, and a plain `def run` of either runs on a thread
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from mega.declaration import (
     rule,
     validate_subclass,
 )
-from mega.drivers.base import PRIORITIES, Message, Priority
+from mega.drivers.base import PRIORITIES, Lane, Message, Priority
 from mega.errors import JobError
 from mega.lanes.declaration import (
     DELAY_TOKEN,
@@ -83,12 +84,15 @@ class JobBase(Consumed):
     # Declared plain (returning Any) so that both `async def run` and a plain `def run` type
     # check as overrides.
     def run(self, payload: Any, ctx: JobContext) -> Any:
-        """Do the work. Raise to fail this attempt (it is retried, then dead-lettered).
+        """Do the work. Raise to fail this attempt (it is retried, then dead-lettered). A plain
+        `def run(self, payload, ctx)` runs on a thread instead (see `threaded`).
 
-        `payload` is the decoded JSON, or an instance of `schema` when the job declares one.
-        `ctx` is the host's Context plus this run: `ctx.job_id`, `ctx.attempt`, and
-        `await ctx.progress(fraction, note)` to report how far it got (mega/jobs/progress.py).
-        A plain `def run(self, payload, ctx)` runs on a thread instead (see `threaded`)."""
+        Args:
+            payload: the decoded JSON, or an instance of `schema` when the job declares one.
+            ctx: the host's Context plus this run: `ctx.job_id`, `ctx.attempt`, and
+                `await ctx.progress(fraction, note)` to report how far it got
+                (mega/jobs/progress.py).
+        """
         raise NotImplementedError
 
 
@@ -330,3 +334,23 @@ def _check_token(spec: JobSpec, value: object, what: Literal["id", "key"]) -> No
             f"spaces, got {shortened(value)}",
             code=f"job.invalid_{what}",
         )
+
+
+@functools.lru_cache(maxsize=1024)
+def job_lane(spec: JobSpec) -> Lane:
+    """What a driver needs to know of a job's queue (made once per spec: enqueue's hot path)."""
+    return Lane(
+        kind="job",
+        name=spec.name,
+        subject=spec.subject,
+        concurrency=spec.concurrency,
+        ack_wait_s=spec.ack_wait_s,
+        dlq_max_age_s=spec.dlq_max_age_s,
+        dlq_max_bytes=spec.dlq_max_bytes,
+        replicas=spec.replicas,
+        keep_status_s=spec.keep_status_s,
+        keep_result_s=spec.keep_result_s,
+        fair=spec.fair,
+        prioritized=spec.prioritized,
+        durable=spec.durable,
+    )

@@ -23,7 +23,7 @@ from mega import JobQueue
 from mega.config import Config
 from mega.drivers.memory import MemoryBus
 from mega.drivers.nats.names import stream_name
-from mega.jobs.queue import job_lane
+from mega.jobs.spec import job_lane
 from mega.lanes.dlq import make_record
 from mega.testing import memory_context
 from tests.factories import (

@@ -24,7 +24,7 @@ from mega import CallNext, Context, Job, JobContext, JobQueue, JobRunner, Run
 from mega.config import load_config
 from mega.drivers.base import DlqRecord, DriverUnavailable, Message
 from mega.errors import JobError, JobFailed, Permanent
-from mega.jobs.queue import job_lane
+from mega.jobs.spec import job_lane
 from mega.lanes import records as records_module
 from mega.lanes.control import PAUSE_KEY, Cancelled
 from mega.lanes.delivery import stand_in_id

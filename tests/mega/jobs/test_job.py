@@ -12,8 +12,8 @@ import pytest
 
 from mega.errors import JobError, RegistrationError
 from mega.jobs.job import Job
-from mega.jobs.queue import job_lane, queue_of
-from mega.jobs.spec import JobSpec, due_ms_of, encode_job, validate_job
+from mega.jobs.queue import queue_of
+from mega.jobs.spec import JobSpec, due_ms_of, encode_job, job_lane, validate_job
 
 BUSES = {"jobs"}
 

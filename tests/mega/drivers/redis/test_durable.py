@@ -18,7 +18,7 @@ from mega import Context, Job, JobQueue
 from mega.config import load_config
 from mega.drivers.redis.scripts import JOB_KEY_PREFIX
 from mega.errors import DependencyUnavailable
-from mega.jobs.queue import job_lane
+from mega.jobs.spec import job_lane
 from mega.lanes.dlq import make_record
 from mega.runtime.bootstrap import boot, shutdown
 from tests.factories import write_config
