@@ -24,6 +24,15 @@ FAKETIME_LIBRARY = (
 )
 
 
+def unmeasured_env() -> dict[str, str]:
+    """This process's environment without coverage's variables: a host started with it runs
+    unmeasured. For the hosts the fault tests SIGKILL (a process killed so never writes its
+    coverage data: tracing it was CPU spent for nothing, on two cores the whole suite shares)
+    and the browser tests' live stacks (what their pages do is measured in process, by
+    tests/app and tests/mega/web)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("COVERAGE_")}
+
+
 def descendants(pid: int) -> set[int]:
     """Every live process below `pid` (from /proc)."""
     children: dict[int, list[int]] = {}

@@ -24,6 +24,7 @@ from mega.drivers.embedded import free_port
 from mega.drivers.nats.embedded import EmbeddedNats
 from mega.drivers.redis.embedded import EmbeddedRedis
 from tests.factories import DEMO_PASSWORD, DEMO_USER, TEST_SECRET
+from tests.processes import unmeasured_env
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, FloatRect, Page
@@ -84,12 +85,10 @@ def live_stack(
     nats_server = EmbeddedNats(data_dir=tmp / "nats").start()
     redis_server = EmbeddedRedis(data_dir=tmp / "redis").start()
     port = free_port()
-    # The hosts run unmeasured: what the pages do is measured in process (tests/app,
-    # tests/mega/web), and coverage's tracing of three hosts per stack, each serving a live
-    # page for minutes, was a third of their CPU on two cores busy with the browser too.
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("COVERAGE_")}
+    # The hosts run unmeasured (unmeasured_env): coverage's tracing of three hosts per stack,
+    # each serving a live page for minutes, was a third of their CPU.
     env = {
-        **environment,
+        **unmeasured_env(),
         "NATS_URL": nats_server.url,
         "REDIS_URL": redis_server.url,
         "DATABASE_URL": f"sqlite:///{tmp / 'live.db'}",

@@ -26,6 +26,7 @@ from mega.runtime.bootstrap import boot, shutdown
 from tests.factories import write_config
 from tests.mega.events import fault_events
 from tests.mega.jobs.test_contract import REDIS_BUS
+from tests.processes import unmeasured_env
 
 ROOT = Path(__file__).resolve().parents[3]
 TIMEOUT_S = 30.0
@@ -95,7 +96,7 @@ def start_worker(config: Path, prefix: str, log: Path) -> subprocess.Popen[bytes
         return subprocess.Popen(
             [sys.executable, "-m", "mega", "worker", "--config", str(config)],
             cwd=ROOT,
-            env={**os.environ, "FAULT_PREFIX": prefix},
+            env={**unmeasured_env(), "FAULT_PREFIX": prefix},  # SIGKILLed: never measured
             stdout=out,
             stderr=subprocess.STDOUT,
         )

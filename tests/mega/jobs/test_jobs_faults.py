@@ -10,7 +10,6 @@ the streams. Ack waits are 1 s so that redeliveries come quickly.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import signal
 import subprocess
@@ -37,6 +36,7 @@ from mega.lanes.control import Cancelled
 from mega.settings import BusSpec
 from tests.factories import write_config
 from tests.mega.jobs import fault_jobs
+from tests.processes import unmeasured_env
 
 ROOT = Path(__file__).resolve().parents[3]
 # Booting a host (imports, NATS and Redis connections, streams) takes about a second.
@@ -59,8 +59,9 @@ def for_prefix(job: type[Job], prefix: str) -> type[Job]:
 
 
 class MegaWorker:
-    """One `mega worker` process; its output goes to a log file read back on failure.
-    `launch` wraps its command (e.g. to run it in a network namespace); `env` adds variables."""
+    """One `mega worker` process, unmeasured (the fault tests SIGKILL them: unmeasured_env);
+    its output goes to a log file read back on failure. `launch` wraps its command (e.g. to
+    run it in a network namespace); `env` adds variables."""
 
     def __init__(
         self,
@@ -79,7 +80,7 @@ class MegaWorker:
                 cwd=ROOT,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "FAULT_PREFIX": prefix, **(env or {})},
+                env={**unmeasured_env(), "FAULT_PREFIX": prefix, **(env or {})},
             )
 
     @property
