@@ -8,7 +8,7 @@ stages (mega/lanes/stages.py: a workflow's step, the status record), in this ord
    killed in between leaves a job that runs again, never a settled job whose record says
    `running`.
 2. The settle: ack (done, cancelled), retry at the backoff's end, or the dead letter stored and
-   only then the delivery settled (mega/lanes/dead_letters.py: a dead letter whose store fails
+   only then the delivery settled (mega/lanes/dlq_writer.py: a dead letter whose store fails
    is remembered and the delivery handed back, so the redelivery writes it with the real
    error).
 3. The signal (`start`, `done`, `retry`, `fail`, `dlq`, `cancel`) once it happened.
@@ -30,10 +30,9 @@ from typing import Any, Literal, Protocol
 from mega import clock, tracing
 from mega.drivers.base import Delivery, Receiver
 from mega.errors import Permanent
-from mega.lanes import dead_letters
+from mega.lanes import dlq_writer
 from mega.lanes import stages as settle_stages
 from mega.lanes.control import LaneControl
-from mega.lanes.dead_letters import MAX_ERROR_CHARS, DeadLetters
 from mega.lanes.delivery import (
     LanePolicy,
     Outcome,
@@ -41,6 +40,7 @@ from mega.lanes.delivery import (
     decide,
     stand_in_id,
 )
+from mega.lanes.dlq_writer import MAX_ERROR_CHARS, DlqWriter
 from mega.lanes.middleware import Middleware, Run, chain
 from mega.lanes.records import RUNNING, ErrorInfo, Running
 from mega.lanes.stages import End, Stage
@@ -127,7 +127,7 @@ class Executor:
         self.control = control
         self.beginnings = settle_stages.beginnings(stages)
         self.max_attempts = spec.max_attempts
-        self.dead = DeadLetters(spec, signal, instance_id=instance_id, delay_s=dlq_retry_delay_s)
+        self.dead = DlqWriter(spec, signal, instance_id=instance_id, delay_s=dlq_retry_delay_s)
         # The run's pipeline (mega/lanes/middleware.py), built once: the config's middlewares,
         # then the lane's time limit when it has one; None: the run alone.
         limit = [] if spec.timeout_s is None else [TimeLimited(spec.timeout_s)]
@@ -352,7 +352,7 @@ class Executor:
             await self.receiver.retry(delivery, due_ms=end.due_ms, attempts=delivery.attempt)
         elif kind == "dead":
             assert end.record is not None
-            await dead_letters.store(self.receiver, delivery, end.record, end.terminate)
+            await dlq_writer.store(self.receiver, delivery, end.record, end.terminate)
         else:
             await self.receiver.release(delivery, delay_s=end.delay_s)
 

@@ -1,4 +1,4 @@
-"""What a lane does with a delivery it dead-letters: `DeadLetters` makes its DLQ record
+"""What a lane does with a delivery it dead-letters: `DlqWriter` makes its DLQ record
 (mega/lanes/dlq.py), stores it through the lane's stages and only then settles the delivery
 (the receiver does both: `store`), and remembers, by the message's key, a record whose store
 failed: the delivery is handed back, and its redelivery (past the last attempt) stores the
@@ -26,8 +26,8 @@ UNREPORTED_MEMO_SIZE = 1024
 Signal = Callable[..., Awaitable[None]]
 
 
-class DeadLetters:
-    """The dead letters of one lane in this process (see the module): `spec` names the lane
+class DlqWriter:
+    """What one lane in this process dead-letters (see the module): `spec` names the lane
     in signals, `signal(name, **fields)` reports each (`dlq`, or a `fail` of phase
     `dlq_publish` when the store failed), `instance_id` names this process in each record,
     `delay_s` is how long a delivery whose record was not stored waits to come back."""
