@@ -236,7 +236,9 @@ class Executor:
             latency_ms=None if due_ms is None else max(0, started_ms - due_ms),
         )
         for begin in self.beginnings:
-            await begin(delivery, started_ms)
+            waiting = begin(delivery, started_ms)
+            if waiting is not None:
+                await waiting
         try:
             result = await self._run(payload, delivery)
         except asyncio.CancelledError:
@@ -326,28 +328,30 @@ class Executor:
     # -- the settle on the bus, inside the stages ---------------------------------------------
 
     async def _settle(self, end: End) -> None:
-        """Settle the delivery as `end` says, and signal a `done` or a `cancel` (a retry and a
-        dead letter are signalled by `_failed` and `_dead_letter`, once the stages are
-        through)."""
+        """Settle the delivery as `end` says, and signal a `done` or a `cancel` (a retry is
+        signalled by `_failed`, a dead letter by the DlqWriter, once the stages are through)."""
         delivery, kind, spec = end.delivery, end.kind, self.spec
-        if kind == "done":
-            await self._ack(end)
-            await self.signal(
-                "done",
-                job=spec.name,
-                id=delivery.id,
-                attempt=delivery.attempt,
-                duration_ms=_ms_since(end.started),
-            )
-        elif kind == "cancelled":
-            await self._ack(end)
-            await self.signal(
-                "cancel",
-                job=spec.name,
-                id=delivery.id,
-                attempt=delivery.attempt,
-                running=end.started is not None,
-            )
+        if kind in ("done", "cancelled"):
+            if end.after is not None:  # a stage's work first (the status records' batch)
+                end.after(self.receiver.ack, delivery)
+            else:
+                await self.receiver.ack(delivery)
+            if kind == "done":
+                await self.signal(
+                    "done",
+                    job=spec.name,
+                    id=delivery.id,
+                    attempt=delivery.attempt,
+                    duration_ms=_ms_since(end.started),
+                )
+            else:
+                await self.signal(
+                    "cancel",
+                    job=spec.name,
+                    id=delivery.id,
+                    attempt=delivery.attempt,
+                    running=end.started is not None,
+                )
         elif kind == "retry":  # signalled by `_failed`, with its decision
             await self.receiver.retry(delivery, due_ms=end.due_ms, attempts=delivery.attempt)
         elif kind == "dead":
@@ -355,12 +359,6 @@ class Executor:
             await dlq_writer.store(self.receiver, delivery, end.record, end.terminate)
         else:
             await self.receiver.release(delivery, delay_s=end.delay_s)
-
-    async def _ack(self, end: End) -> None:
-        if end.after is not None:  # a stage's work first (the status records' batch)
-            end.after(self.receiver.ack, end.delivery)
-        else:
-            await self.receiver.ack(end.delivery)
 
 
 def _ms_since(started: float | None) -> float | None:

@@ -19,6 +19,8 @@ What it keeps true, whatever kills the worker and when:
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from mega.drivers.base import Delivery
 from mega.lanes.stages import End, SettleNext
 from mega.lanes.status import StatusWriter
@@ -30,24 +32,30 @@ class Recorded:
     def __init__(self, records: StatusWriter) -> None:
         self.records = records
 
-    async def begin(self, delivery: Delivery, started_ms: int) -> None:
+    def begin(self, delivery: Delivery, started_ms: int) -> Awaitable[None] | None:
         self.records.started(delivery, started_ms)
-        if delivery.attempt > 1:
-            await self.records.sent()
+        return self.records.sent() if delivery.attempt > 1 else None
 
-    async def settle(self, end: End, call_next: SettleNext) -> None:
+    def settle(self, end: End, call_next: SettleNext) -> Awaitable[None]:
         records, delivery, kind = self.records, end.delivery, end.kind
         if kind == "done":
             records.done(delivery, end.started_ms or 0, end.result)
-            self._after_stored(end)
         elif kind == "cancelled":
             records.ended(delivery, end.started_ms, "cancelled", None, attempts=end.attempts)
-            self._after_stored(end)
-        elif kind == "retry":
+        else:
+            return self._stored_first(end, call_next)
+        if records.on:  # the ack once the record is stored
+            end.after = records.then
+        return call_next(end)
+
+    async def _stored_first(self, end: End, call_next: SettleNext) -> None:
+        """A retry, a dead letter, a hand-back: their records stored before the settle."""
+        records, delivery = self.records, end.delivery
+        if end.kind == "retry":
             assert end.error is not None
             records.retrying(delivery, end.started_ms or 0, end.error, end.due_ms)
             await records.sent()  # a late `retrying` would hide the next run's `done`
-        elif kind == "dead":
+        elif end.kind == "dead":
             records.ended(delivery, end.started_ms, "failed", end.error, attempts=end.attempts)
             await records.sent()
             await call_next(end)
@@ -56,7 +64,3 @@ class Recorded:
         else:  # handed back: after this run's records, which the next run's come after
             await records.sent()
         await call_next(end)
-
-    def _after_stored(self, end: End) -> None:
-        if self.records.on:
-            end.after = self.records.then

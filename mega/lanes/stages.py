@@ -3,18 +3,22 @@ its settle, each in a module of its own, so that the executor (mega/lanes/execut
 branch of none of them.
 
     class Stage:
-        async def begin(self, delivery: Delivery, started_ms: int) -> None: ...  # if it has one
-        async def settle(self, end: End, call_next: SettleNext) -> None: ...
+        def begin(self, delivery, started_ms) -> Awaitable[None] | None: ...   # if it has one
+        def settle(self, end: End, call_next: SettleNext) -> Awaitable[None]: ...
 
 The run goes through the run's middlewares (mega/lanes/middleware.py); what it came to is an
 `End`: `done` (with its result), `cancelled`, a `retry` (its error, when it is due), `dead` (a
 dead letter, its record) or `back` (handed back, to be delivered again after `delay_s`). The
-stages see it outermost first, as a middleware sees a run: each does its part and calls
-`await call_next(end)` for the rest, the innermost being the settle on the bus and its signal.
-A stage may pass on another End (a workflow's step whose workflow cannot be told is handed
-back, not acked), or have the ack wait for something of its own (`end.after`: the status
-records' batch, once stored). What the innermost raises (a dead letter's store that failed)
-goes back out through them: a stage's work after `call_next` is then not done.
+stages see it outermost first, as a middleware sees a run: each does its part and hands the
+End on with `call_next(end)`, the innermost being the settle on the bus and its signal. A stage
+may pass on another End (a workflow's step whose workflow cannot be told is handed back, not
+acked), or have the ack wait for something of its own (`end.after`: the status records'
+batch, once stored). What the innermost raises (a dead letter's store that failed) goes back
+out through them: a stage's work after `call_next` is then not done.
+
+Every job's settle walks them, so a stage with nothing to wait for returns `call_next(end)`
+itself, unawaited (a plain `def`), and costs no coroutine of its own; `begin` likewise returns
+an awaitable only when there is something to wait for.
 
 A job lane's stages, outermost first: the end of a workflow's step (`mega/lanes/steps.py`),
 then the job's status record (`mega/lanes/recorded.py`). A listener group has none.
@@ -23,7 +27,6 @@ then the job's status record (`mega/lanes/recorded.py`). A listener group has no
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from functools import partial
 from typing import Any, Literal, Protocol
 
 from mega.drivers.base import Delivery, DlqRecord
@@ -96,15 +99,16 @@ class End:
 
 
 SettleNext = Callable[[End], Awaitable[None]]
-# A stage's `begin(delivery, started_ms)`, before the run.
-Begin = Callable[[Delivery, int], Awaitable[None]]
+# A stage's `begin(delivery, started_ms)`, before the run: an awaitable when it must be waited
+# for, else None.
+Begin = Callable[[Delivery, int], Awaitable[None] | None]
 
 
 class Stage(Protocol):
     """A capability on a run's path: `settle` around each settle, and (when it has one)
-    `async def begin(self, delivery, started_ms)` before each run."""
+    `begin(delivery, started_ms)` before each run."""
 
-    async def settle(self, end: End, call_next: SettleNext) -> None: ...
+    def settle(self, end: End, call_next: SettleNext) -> Awaitable[None]: ...
 
 
 def beginnings(stages: Sequence[Stage]) -> tuple[Begin, ...]:
@@ -118,5 +122,21 @@ def chain(stages: Sequence[Stage], innermost: SettleNext) -> SettleNext:
     once per lane: a settle walks it with one call per stage, nothing built."""
     call = innermost
     for stage in reversed(stages):
-        call = partial(stage.settle, call_next=call)
+        call = _Link(stage.settle, call)
     return call
+
+
+class _Link:
+    """One stage of a chain, with the rest of it: called, it calls the stage (which returns
+    the awaitable of its settle, or of the rest's)."""
+
+    __slots__ = ("call_next", "settle")
+
+    def __init__(
+        self, settle: Callable[[End, SettleNext], Awaitable[None]], call_next: SettleNext
+    ) -> None:
+        self.settle = settle
+        self.call_next = call_next
+
+    def __call__(self, end: End) -> Awaitable[None]:
+        return self.settle(end, self.call_next)

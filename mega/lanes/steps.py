@@ -12,6 +12,7 @@ fails, both are tried again (mega/lanes/executor.py).
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
 from typing import Any, Literal, Protocol
 
 from mega.drivers.base import DriverUnavailable
@@ -47,11 +48,13 @@ class StepReports:
         self.name = name
         self.delay_s = delay_s
 
-    async def settle(self, end: End, call_next: SettleNext) -> None:
+    def settle(self, end: End, call_next: SettleNext) -> Awaitable[None]:
+        if not end.delivery.id.startswith(self.steps.id_prefix) or end.kind in ("retry", "back"):
+            return call_next(end)  # no step's end: nothing to wait for here
+        return self._reported_first(end, call_next)
+
+    async def _reported_first(self, end: End, call_next: SettleNext) -> None:
         job_id, kind = end.delivery.id, end.kind
-        if not job_id.startswith(self.steps.id_prefix) or kind in ("retry", "back"):
-            await call_next(end)
-            return
         if kind == "dead":  # its failure goes out with the dead letter's: both are tried again
             await self.steps.ended(job_id, "dlq", error=end.error, attempts=end.attempts)
             await call_next(end)
