@@ -165,16 +165,16 @@ class LaneEndpoint:
     ) -> None:
         """Run the consume loop of `cls` (a Job, a Listener) on `lane` until `stop()`. A job
         lane's `records` and `steps` are stages of each settle (mega/lanes/stages.py): its
-        workflows told of a step's end, then its status record."""
+        status record around its workflows told of a step's end."""
         if self._stopped:
             return  # stop() came while the caller was setting up
         if cls in self._consumers:
             raise self.error(f"{policy.name} is already consumed here", code=f"{self.kind}.twice")
         stages: list[Stage] = []
-        if steps is not None:
-            stages.append(StepReports(steps, name=policy.name, delay_s=self.dlq_retry_delay_s))
         if records is not None:
             stages.append(Recorded(records))
+        if steps is not None:
+            stages.append(StepReports(steps, name=policy.name, delay_s=self.dlq_retry_delay_s))
         executor = Executor(
             self.bus.receiver(lane, consumer=self.instance_id),
             policy,

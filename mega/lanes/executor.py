@@ -332,10 +332,11 @@ class Executor:
         signalled by `_failed`, a dead letter by the DlqWriter, once the stages are through)."""
         delivery, kind, spec = end.delivery, end.kind, self.spec
         if kind in ("done", "cancelled"):
-            if end.after is not None:  # a stage's work first (the status records' batch)
-                end.after(self.receiver.ack, delivery)
-            else:
-                await self.receiver.ack(delivery)
+            ack = self.receiver.ack
+            # A stage's work first (the status record, stored), then the ack.
+            waiting = ack(delivery) if end.after is None else end.after(end, ack)
+            if waiting is not None:
+                await waiting
             if kind == "done":
                 await self.signal(
                     "done",

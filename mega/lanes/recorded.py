@@ -6,10 +6,13 @@ What it keeps true, whatever kills the worker and when:
 - A run's start is recorded (`running`); a run after the first, which may be one that kills
   its worker again, has it stored before it runs, so the job's page shows each lost attempt as
   it happens.
-- A job that ended (`done`, `cancelled`) is acked once its record is stored, by the writer,
-  after the batch that holds it (sent at once, with the records of the jobs that end
-  meanwhile): the run's task ends now. A worker killed between the two leaves a job that runs
-  again, never an acked one whose record says `running` for good.
+- A job that ended (`done`, `cancelled`) has its record written at its ack, after every
+  stage within (a workflow told that its step ended), and is acked once the record is stored,
+  by the writer, after the batch that holds it (sent at once, with the records of the jobs
+  that end meanwhile): the run's task ends now. A worker killed between the two leaves a job
+  that runs again, never an acked one whose record says `running` for good, nor one whose
+  record says `done` while its workflow was never told (a redelivery of a `done` job is acked
+  unrun).
 - A retry's `retrying`, and a dead letter's `failed`, are stored before the job is handed back
   or dead-lettered: the next run's records, perhaps another worker's, come after them (a late
   record of this run would replace theirs). Once the dead letter is stored the record says
@@ -22,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 
 from mega.drivers.base import Delivery
-from mega.lanes.stages import End, SettleNext
+from mega.lanes.stages import End, Settle, SettleNext
 from mega.lanes.status import StatusWriter
 
 
@@ -37,16 +40,23 @@ class Recorded:
         return self.records.sent() if delivery.attempt > 1 else None
 
     def settle(self, end: End, call_next: SettleNext) -> Awaitable[None]:
-        records, delivery, kind = self.records, end.delivery, end.kind
-        if kind == "done":
+        if end.kind in ("done", "cancelled"):
+            end.after = self._then_ack
+            return call_next(end)
+        return self._stored_first(end, call_next)
+
+    def _then_ack(self, end: End, ack: Settle) -> Awaitable[None] | None:
+        """At the ack of a job that ended: its record, then the ack once the record is
+        stored (by the writer: None), or the ack itself when no record is kept."""
+        records, delivery = self.records, end.delivery
+        if end.kind == "done":
             records.done(delivery, end.started_ms or 0, end.result)
-        elif kind == "cancelled":
-            records.ended(delivery, end.started_ms, "cancelled", None, attempts=end.attempts)
         else:
-            return self._stored_first(end, call_next)
-        if records.on:  # the ack once the record is stored
-            end.after = records.then
-        return call_next(end)
+            records.ended(delivery, end.started_ms, "cancelled", None, attempts=end.attempts)
+        if not records.on:
+            return ack(delivery)
+        records.then(ack, delivery)
+        return None
 
     async def _stored_first(self, end: End, call_next: SettleNext) -> None:
         """A retry, a dead letter, a hand-back: their records stored before the settle."""

@@ -12,16 +12,19 @@ dead letter, its record) or `back` (handed back, to be delivered again after `de
 stages see it outermost first, as a middleware sees a run: each does its part and hands the
 End on with `call_next(end)`, the innermost being the settle on the bus and its signal. A stage
 may pass on another End (a workflow's step whose workflow cannot be told is handed back, not
-acked), or have the ack wait for something of its own (`end.after`: the status records'
-batch, once stored). What the innermost raises (a dead letter's store that failed) goes back
-out through them: a stage's work after `call_next` is then not done.
+acked), or take the ack into its own hands (`end.after(end, ack)`: the status record,
+written and stored, then the ack), which the innermost then calls instead of acking. What the
+innermost raises (a dead letter's store that failed) goes back out through them: a stage's
+work after `call_next` is then not done.
 
 Every job's settle walks them, so a stage with nothing to wait for returns `call_next(end)`
 itself, unawaited (a plain `def`), and costs no coroutine of its own; `begin` likewise returns
 an awaitable only when there is something to wait for.
 
-A job lane's stages, outermost first: the end of a workflow's step (`mega/lanes/steps.py`),
-then the job's status record (`mega/lanes/recorded.py`). A listener group has none.
+A job lane's stages, outermost first: the job's status record (`mega/lanes/recorded.py`),
+then the end of a workflow's step (`mega/lanes/steps.py`). So a failure's record is stored
+before its workflow is told, and a done step's workflow is told before its record says
+`done` (written at the ack). A listener group has none.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ from mega.drivers.base import Delivery, DlqRecord
 from mega.lanes.records import ErrorInfo
 
 Kind = Literal["done", "cancelled", "retry", "dead", "back"]
-# What `end.after` is given: the settle to call once a stage's own work is stored.
+# What `end.after` is given: the ack, to call once a stage's own work is stored.
 Settle = Callable[[Delivery], Awaitable[None]]
+# `end.after(end, ack)`: a stage's work, then the ack; an awaitable when it must be awaited.
 
 
 class End:
@@ -44,7 +48,8 @@ class End:
     record counts, `result` what a `done` run returned, `error` why a `retry` or `dead` one
     failed, `due_ms` when a retry is due, `record` a dead letter's DLQ record and `terminate`
     whether its message is terminated (never delivered again), `delay_s` how long a `back`
-    waits. `after`, when a stage set it, is called with the ack instead of acking at once."""
+    waits. `after`, when a stage set it, is called as `after(end, ack)` instead of acking:
+    the stage's own work, then the ack (an awaitable to await, or None when it took it)."""
 
     __slots__ = (
         "after",
@@ -84,7 +89,7 @@ class End:
         self.record = record
         self.terminate = terminate
         self.delay_s = delay_s
-        self.after: Callable[[Settle, Delivery], None] | None = None
+        self.after: Callable[[End, Settle], Awaitable[None] | None] | None = None
 
     @property
     def started_ms(self) -> int | None:

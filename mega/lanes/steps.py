@@ -1,12 +1,13 @@
 """The stage of a workflow's steps (mega/lanes/stages.py): `StepReports` tells a workflow that
 one of its steps ended, before the step's delivery is settled and before its status record
-says so (mega/lanes/recorded.py, the next stage in). A worker killed in between leaves a step
-that runs (and reports) again, never a step settled or recorded `done` whose workflow was not
-told: a redelivery of a job whose record says `done` is acked unrun.
+says `done` or `cancelled` (mega/lanes/recorded.py, the stage around it, writes those at the
+ack). A worker killed in between leaves a step that runs (and reports) again, never a step
+settled or recorded `done` whose workflow was not told: a redelivery of a job whose record
+says `done` is acked unrun.
 
 A step whose workflow cannot be told that it ended (done, cancelled) is handed back to run and
-report again after `delay_s`. A dead-lettered one's report goes with its dead letter: if either
-fails, both are tried again (mega/lanes/executor.py).
+report again after `delay_s`. A dead-lettered one's report goes with its dead letter, after its
+record says `failed`: if either fails, both are tried again (mega/lanes/executor.py).
 """
 
 from __future__ import annotations

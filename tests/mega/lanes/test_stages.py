@@ -140,22 +140,71 @@ async def test_a_run_after_the_first_has_its_start_stored_before_it_runs(
 
 
 @pytest.mark.parametrize("kind", ["done", "cancelled"])
-async def test_an_ended_job_is_acked_once_its_record_is_stored(kind: Any) -> None:
+async def test_an_ended_jobs_record_is_written_at_its_ack_and_the_ack_waits_for_it(
+    kind: Any,
+) -> None:
     calls: Calls = []
     end = End(kind, delivery(), 1.0, result="sent", attempts=1)
     await Recorded(Records(calls)).settle(end, settled(calls))  # type: ignore[arg-type]
+    assert calls == [("settle", kind, 0.0)]  # the stages within first (a workflow told)
+    assert end.after is not None
+    assert end.after(end, _no_ack) is None  # the writer acks, once the record is stored
     record = ("record", "done", "sent") if kind == "done" else ("record", "cancelled", 1)
-    assert calls == [record, ("settle", kind, 0.0)]
-    assert end.after is not None  # the ack waits for the record's batch
-    end.after(_no_ack, end.delivery)
-    assert calls[-1] == ("ack once stored", "m1")
+    assert calls[1:] == [record, ("ack once stored", "m1")]
 
 
 async def test_without_records_an_ended_job_is_acked_at_once() -> None:
     calls: Calls = []
     end = End("done", delivery(), 1.0)
     await Recorded(Records(calls, on=False)).settle(end, settled(calls))  # type: ignore[arg-type]
-    assert end.after is None
+    assert end.after is not None
+    acked: list[str] = []
+
+    async def ack(delivery: Delivery) -> None:
+        acked.append(delivery.id)
+
+    waiting = end.after(end, ack)
+    assert waiting is not None  # the ack itself, to await: no batch to wait for
+    await waiting
+    assert acked == ["m1"] and ("ack once stored", "m1") not in calls
+
+
+async def test_a_done_steps_workflow_is_told_before_its_record_says_done() -> None:
+    calls: Calls = []
+    stages: list[Stage] = [
+        Recorded(Records(calls)),  # type: ignore[arg-type]
+        StepReports(Steps(calls), name="Mailer", delay_s=5),
+    ]
+
+    async def innermost(end: End) -> None:  # as the executor's: the stage's work, then the ack
+        assert end.after is not None
+        waiting = end.after(end, _no_ack)
+        if waiting is not None:
+            await waiting
+
+    await chain(stages, innermost)(End("done", delivery(1, "wf-1"), 1.0, result=3))
+    assert calls == [
+        ("step", "wf-1", "done", 3, 1),
+        ("record", "done", 3),
+        ("ack once stored", "wf-1"),
+    ]
+
+
+async def test_a_dead_steps_record_says_failed_before_its_workflow_is_told() -> None:
+    calls: Calls = []
+    stages: list[Stage] = [
+        Recorded(Records(calls)),  # type: ignore[arg-type]
+        StepReports(Steps(calls), name="Mailer", delay_s=5),
+    ]
+    end = End("dead", delivery(2, "wf-1"), 1.0, error=BOOM, attempts=2)
+    await chain(stages, settled(calls))(end)
+    assert calls == [
+        ("record", "failed", 2),
+        ("stored",),
+        ("step", "wf-1", "dlq", None, 2),
+        ("settle", "dead", 0.0),
+        ("record", "dlq", 2),
+    ]
 
 
 async def test_a_retry_is_recorded_and_stored_before_the_job_goes_back() -> None:
