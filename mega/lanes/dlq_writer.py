@@ -76,10 +76,20 @@ class DlqWriter:
         delivery: Delivery,
         record: DlqRecord,
         started: float | None = None,
+        exc: BaseException | None = None,
     ) -> None:
         """Store `record` and settle `delivery` as `decision` says, through `settle` (the
         lane's stages, then the bus). If the store fails, or a stage's part of it, the
-        delivery is handed back after `delay_s` and the record remembered."""
+        delivery is handed back after `delay_s` and the record remembered.
+
+        Args:
+            settle: the lane's settle, through its stages.
+            decision: the dead letter decided for the delivery.
+            delivery: the delivery to dead-letter.
+            record: its DLQ record.
+            started: when its run started (epoch s), None when it never ran.
+            exc: what its run raised, None when it did not run or did not raise.
+        """
         assert isinstance(decision, DeadLetter), decision  # the others are settled inline
         failure = ErrorInfo(type=record["error"]["type"], message=record["error"]["message"])
         end = End(
@@ -88,6 +98,7 @@ class DlqWriter:
             started,
             attempts=record["attempts"],
             error=failure,
+            exc=exc,
             record=record,
             terminate=decision.terminate,
         )

@@ -33,6 +33,7 @@ from mega.lanes.recorded import Recorded
 from mega.lanes.stages import Stage
 from mega.lanes.status import StatusWriter
 from mega.lanes.steps import StepEnds, StepReports
+from mega.lanes.traced import Traced
 from mega.signals import Observer, Signals
 
 
@@ -163,14 +164,15 @@ class LaneEndpoint:
         control: LaneControl | None = None,
         steps: StepEnds | None = None,
     ) -> None:
-        """Run the consume loop of `cls` (a Job, a Listener) on `lane` until `stop()`. A job
-        lane's `records` and `steps` are stages of each settle (mega/lanes/stages.py): its
-        status record around its workflows told of a step's end."""
+        """Run the consume loop of `cls` (a Job, a Listener) on `lane` until `stop()`. Its
+        stages (mega/lanes/stages.py), outermost first: its traces, then a job lane's `records`
+        and `steps` (its status record around its workflows told of a step's end)."""
         if self._stopped:
             return  # stop() came while the caller was setting up
         if cls in self._consumers:
             raise self.error(f"{policy.name} is already consumed here", code=f"{self.kind}.twice")
-        stages: list[Stage] = []
+        group = lane.name if lane.kind == "group" else None
+        stages: list[Stage] = [Traced(system=self.bus.driver, group=group)]
         if records is not None:
             stages.append(Recorded(records))
         if steps is not None:
@@ -181,8 +183,7 @@ class LaneEndpoint:
             run,
             self.signal,
             instance_id=self.instance_id,
-            group=lane.name if lane.kind == "group" else None,
-            system=self.bus.driver,
+            group=group,
             dlq_retry_delay_s=self.dlq_retry_delay_s,
             records=records,
             control=control,

@@ -1,7 +1,8 @@
 """One delivery, from its body to its settle: the decode, the run through the lane's
 middlewares (mega/lanes/middleware.py) within its time limit, the decision for its outcome
 (`delivery.decide`, pure and table-tested), and the settle that follows it through the lane's
-stages (mega/lanes/stages.py: a workflow's step, the status record), in this order:
+stages (mega/lanes/stages.py: its trace's span around it all, a workflow's step, the status
+record), in this order:
 
 1. Each stage's part before the settle: a workflow told that its step ended
    (mega/lanes/steps.py), the job's status record stored (mega/lanes/recorded.py). A worker
@@ -27,7 +28,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, Protocol
 
-from mega import clock, tracing
+from mega import clock
 from mega.drivers.base import Delivery, Receiver
 from mega.errors import Permanent
 from mega.lanes import dlq_writer
@@ -91,10 +92,10 @@ class Executor:
     `handler` runs one decoded delivery, `signal(name, **fields)` reports every step (fields
     name the lane `job`), `instance_id` names this process in DLQ records, `records` (a job
     lane's) answers whether a redelivered job ended before, `control` reads its pause,
-    `stages` act around each settle (mega/lanes/stages.py, the first outermost), `middlewares`
-    wrap each run (the first outermost). `kind`, `group` and `system` (the bus's driver) name
-    each run in traces and records. `loop` is the consume loop that runs it, which sets itself
-    there (mega/lanes/consumer.py).
+    `stages` act around each attempt and its settle (mega/lanes/stages.py, the first
+    outermost), `middlewares` wrap each run (the first outermost). `group` (a listener
+    group's, None for a job lane) names each run in records. `loop` is the consume loop that
+    runs it, which sets itself there (mega/lanes/consumer.py).
     """
 
     def __init__(
@@ -106,7 +107,6 @@ class Executor:
         *,
         instance_id: str,
         group: str | None,
-        system: str,
         dlq_retry_delay_s: float = DLQ_RETRY_DELAY_S,
         records: StatusWriter | None = None,
         control: LaneControl | None = None,
@@ -121,11 +121,11 @@ class Executor:
         self.instance_id = instance_id
         self.group = group
         self.kind: Literal["event", "job"] = "job" if group is None else "event"
-        self.system = system
         self.dlq_retry_delay_s = dlq_retry_delay_s
         self.records = records
         self.control = control
         self.beginnings = settle_stages.beginnings(stages)
+        self.attempt = settle_stages.around(stages, self._attempt)
         self.max_attempts = spec.max_attempts
         self.dead = DlqWriter(spec, signal, instance_id=instance_id, delay_s=dlq_retry_delay_s)
         # The run's pipeline (mega/lanes/middleware.py), built once: the config's middlewares,
@@ -165,18 +165,7 @@ class Executor:
         if self.control is not None and self.control.paused and await self.loop.held(delivery):
             return
         RUNNING.set(Running(self.kind, delivery.subject, delivery.id, self.group))
-        if tracing.tracer() is None:
-            await self._attempt(delivery, payload)
-            return
-        with tracing.processing(
-            delivery.subject,
-            system=self.system,
-            message_id=delivery.id,
-            attempt=attempt,
-            headers=delivery.trace,
-            group=self.group,
-        ):
-            await self._attempt(delivery, payload)
+        await self.attempt(delivery, payload)
 
     async def refuse(self, delivery: Delivery, why: str) -> None:
         """Dead-letter, unrun and under a stand-in id, a delivery whose id or key no engine
@@ -271,12 +260,11 @@ class Executor:
         fields["duration_ms"] = _ms_since(started)
         permanent = isinstance(exc, (Permanent, *spec.permanent))
         decision = decide(Outcome.PERMANENT if permanent else Outcome.FAILED, attempt, spec)
-        tracing.failed(exc)
         if isinstance(decision, Retry):
-            delivery.trace = tracing.retried(delivery.trace)
             failure = ErrorInfo(type=error_type, message=error)
             due_ms = clock.now_ms() + decision.delay_ms
-            await self.settle(End("retry", delivery, started, error=failure, due_ms=due_ms))
+            retry = End("retry", delivery, started, error=failure, exc=exc, due_ms=due_ms)
+            await self.settle(retry)
             await self.signal(
                 "retry",
                 **fields,
@@ -288,7 +276,7 @@ class Executor:
             return
         await self.signal("fail", **fields, phase="run", error_type=error_type, error=error)
         record = self.dead.record(delivery, payload, error_type, error, attempt)
-        await self.dead.letter(self.settle, decision, delivery, record, started)
+        await self.dead.letter(self.settle, decision, delivery, record, started, exc)
 
     async def _unreported(self, delivery: Delivery, payload: Any) -> None:
         """A delivery past the last attempt: dead-letter what the last one left behind, unless

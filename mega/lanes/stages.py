@@ -3,6 +3,7 @@ its settle, each in a module of its own, so that the executor (mega/lanes/execut
 branch of none of them.
 
     class Stage:
+        def around(self, attempt: Attempt) -> Attempt: ...                     # if it has one
         def begin(self, delivery, started_ms) -> Awaitable[None] | None: ...   # if it has one
         def settle(self, end: End, call_next: SettleNext) -> Awaitable[None]: ...
 
@@ -21,10 +22,14 @@ Every job's settle walks them, so a stage with nothing to wait for returns `call
 itself, unawaited (a plain `def`), and costs no coroutine of its own; `begin` likewise returns
 an awaitable only when there is something to wait for.
 
-A job lane's stages, outermost first: the job's status record (`mega/lanes/recorded.py`),
-then the end of a workflow's step (`mega/lanes/steps.py`). So a failure's record is stored
-before its workflow is told, and a done step's workflow is told before its record says
-`done` (written at the ack). A listener group has none.
+A stage with an `around` wraps each whole attempt, from its start to its settle (the trace's
+span, `mega/lanes/traced.py`: what is logged meanwhile carries its ids).
+
+A job lane's stages, outermost first: its traces (`mega/lanes/traced.py`), the job's status
+record (`mega/lanes/recorded.py`), then the end of a workflow's step (`mega/lanes/steps.py`).
+So a failure's record is stored before its workflow is told, and a done step's workflow is
+told before its record says `done` (written at the ack). A listener group's lane has its
+traces only.
 """
 
 from __future__ import annotations
@@ -46,10 +51,11 @@ class End:
 
     `started` is when the run started (epoch s; None: it never ran), `attempts` the runs its
     record counts, `result` what a `done` run returned, `error` why a `retry` or `dead` one
-    failed, `due_ms` when a retry is due, `record` a dead letter's DLQ record and `terminate`
-    whether its message is terminated (never delivered again), `delay_s` how long a `back`
-    waits. `after`, when a stage set it, is called as `after(end, ack)` instead of acking:
-    the stage's own work, then the ack (an awaitable to await, or None when it took it)."""
+    failed (and `exc`, the exception, when its run raised it), `due_ms` when a retry is due,
+    `record` a dead letter's DLQ record and `terminate` whether its message is terminated
+    (never delivered again), `delay_s` how long a `back` waits. `after`, when a stage set it,
+    is called as `after(end, ack)` instead of acking: the stage's own work, then the ack (an
+    awaitable to await, or None when it took it)."""
 
     __slots__ = (
         "after",
@@ -58,6 +64,7 @@ class End:
         "delivery",
         "due_ms",
         "error",
+        "exc",
         "kind",
         "record",
         "result",
@@ -74,6 +81,7 @@ class End:
         attempts: int | None = None,
         result: Any = None,
         error: ErrorInfo | None = None,
+        exc: BaseException | None = None,
         due_ms: int = 0,
         record: DlqRecord | None = None,
         terminate: bool = False,
@@ -85,6 +93,7 @@ class End:
         self.attempts = delivery.attempt if attempts is None else attempts
         self.result = result
         self.error = error
+        self.exc = exc
         self.due_ms = due_ms
         self.record = record
         self.terminate = terminate
@@ -104,14 +113,16 @@ class End:
 
 
 SettleNext = Callable[[End], Awaitable[None]]
+# One attempt of a decoded delivery, from its start to its settle: (delivery, payload).
+Attempt = Callable[[Delivery, Any], Awaitable[None]]
 # A stage's `begin(delivery, started_ms)`, before the run: an awaitable when it must be waited
 # for, else None.
 Begin = Callable[[Delivery, int], Awaitable[None] | None]
 
 
 class Stage(Protocol):
-    """A capability on a run's path: `settle` around each settle, and (when it has one)
-    `begin(delivery, started_ms)` before each run."""
+    """A capability on a run's path: `settle` around each settle, and (when it has them)
+    `begin(delivery, started_ms)` before each run and `around(attempt)` around each attempt."""
 
     def settle(self, end: End, call_next: SettleNext) -> Awaitable[None]: ...
 
@@ -120,6 +131,15 @@ def beginnings(stages: Sequence[Stage]) -> tuple[Begin, ...]:
     """The `begin` of each stage that has one, in order."""
     found = (getattr(stage, "begin", None) for stage in stages)
     return tuple(begin for begin in found if begin is not None)
+
+
+def around(stages: Sequence[Stage], attempt: Attempt) -> Attempt:
+    """`attempt` wrapped by the `around` of each stage that has one, the first the outermost."""
+    for stage in reversed(stages):
+        wrap = getattr(stage, "around", None)
+        if wrap is not None:
+            attempt = wrap(attempt)
+    return attempt
 
 
 def chain(stages: Sequence[Stage], innermost: SettleNext) -> SettleNext:

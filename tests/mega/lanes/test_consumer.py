@@ -66,9 +66,7 @@ class Receiver:
 
 def consumer_of(receiver: Receiver, run: Any) -> Consumer:
     """The consume loop of POLICY's lane over `receiver`, each delivery run by `run`."""
-    return Consumer(
-        Executor(receiver, POLICY, run, signal, instance_id="w1", group=None, system="memory")
-    )
+    return Consumer(Executor(receiver, POLICY, run, signal, instance_id="w1", group=None))
 
 
 def delivery(job_id: str) -> Delivery:

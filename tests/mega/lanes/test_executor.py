@@ -89,7 +89,6 @@ def executor(
         signal,
         instance_id="w1",
         group=None,
-        system="memory",
         middlewares=middlewares,
         stages=stages,
     )
