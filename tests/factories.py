@@ -18,7 +18,7 @@ from fastapi import FastAPI
 
 from mega.config import Config, load_config
 from mega.runtime.bootstrap import boot, shutdown
-from mega.web.auth import ensure_user
+from mega.web.accounts import ensure_user
 
 TEST_SECRET = "test-secret-key-0123456789abcdef0123456789"
 DEMO_USER, DEMO_PASSWORD = "demo", "demo-password"

@@ -108,7 +108,7 @@ async def web_app(
     stop_announcing: Callable[[], None] = lambda: None  # noqa: E731
     try:
         if config.auth.users:
-            from mega.web.auth import ensure_user
+            from mega.web.accounts import ensure_user
 
             for username, password in config.auth.users.items():
                 await asyncio.to_thread(ensure_user, ctx.db, username, password)

@@ -19,6 +19,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from mega.web.accounts import ensure_user
     from mega.web.admin import (
         admin_router,
         instance_rows,
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
         tick_rows,
     )
     from mega.web.app import create_web_app
-    from mega.web.auth import AdminDep, CurrentUser, OperatorDep, UserDep, audited, ensure_user
+    from mega.web.auth import AdminDep, CurrentUser, OperatorDep, UserDep, audited
     from mega.web.deps import CtxDep, context, job_queue, pool_dep, provide, provided, queue_dep
     from mega.web.envelope import ApiError, api_responses, fail, field_errors, ok
     from mega.web.fields import EmailAddress, WholeNumber, form_number
@@ -51,7 +52,7 @@ _MODULES = {
     "audited": "mega.web.auth",
     "context": "mega.web.deps",
     "create_web_app": "mega.web.app",
-    "ensure_user": "mega.web.auth",
+    "ensure_user": "mega.web.accounts",
     "fail": "mega.web.envelope",
     "field_errors": "mega.web.envelope",
     "flash": "mega.web.pages",

@@ -1,4 +1,5 @@
-"""Login, server-side sessions, CSRF and failed-login limiting.
+"""Who is asking, server-side sessions and CSRF; the accounts and a login's check under the
+failure limits are in accounts.py.
 
 - The session cookie carries one random id, signed with itsdangerous; the database holds its
   SHA-256.
@@ -32,9 +33,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
-from urllib.parse import urlsplit
 
-import anyio.to_thread
 from fastapi import Depends, HTTPException, Request
 from itsdangerous import BadSignature, Signer
 from sqlalchemy import delete, select
@@ -45,15 +44,12 @@ from mega.constants import (
     ANON_CSRF_COOKIE,
     CSRF_FORM_FIELD,
     CSRF_HEADER,
-    DEVICE_COOKIE,
     SESSION_COOKIE,
 )
 from mega.database import Database
 from mega.settings import AuthConfig, Role
 from mega.web import limits, tokens
-from mega.web.limits import limit_key, normalise_username
 from mega.web.models import User, UserSession, as_utc
-from mega.web.passwords import DUMMY_HASH, hash_password, verify_and_update, verify_password
 
 logger = logging.getLogger("mega.web.auth")
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
@@ -118,7 +114,8 @@ def _id_hash(session_id: str) -> str:
     return hashlib.sha256(session_id.encode()).hexdigest()
 
 
-def _now() -> datetime:
+def utcnow() -> datetime:
+    """The time now, in UTC (what sessions and limits are stamped with)."""
     return datetime.now(UTC)
 
 
@@ -159,7 +156,7 @@ async def current_user(request: Request) -> CurrentUser | None:
             if row is None:
                 return None
             session, user = row
-            if as_utc(session.expires_at) <= _now():
+            if as_utc(session.expires_at) <= utcnow():
                 db.delete(session)
                 return None
             return CurrentUser(
@@ -181,7 +178,7 @@ async def _token_user(request: Request, token: str) -> CurrentUser:
     """The service an API token names; a 401 for a wrong, revoked or expired one (no fall-back
     to the cookie: a client that sends a token means it). Wrong tokens count as failed logins
     of the client's address: past its limit, a 429 before any look-up."""
-    config, ip, now = settings(request), client_ip(request), _now()
+    config, ip, now = settings(request), client_ip(request), utcnow()
     db = database(request)
 
     def look_up(session: Session) -> tuple[float, tokens.Grant]:
@@ -296,7 +293,7 @@ async def start_session(request: Request, user_id: int) -> tuple[str, str]:
     session_id = secrets.token_urlsafe(32)
     csrf_token = secrets.token_urlsafe(32)
     max_age = timedelta(seconds=settings(request).session_max_age_s)
-    now = _now()
+    now = utcnow()
 
     def insert(db: Session) -> None:
         db.execute(delete(UserSession).where(UserSession.expires_at <= now))
@@ -378,100 +375,3 @@ async def csrf_valid(request: Request) -> bool:
     else:
         expected = unsign(request.cookies.get(ANON_CSRF_COOKIE), settings(request).secret_key) or ""
     return bool(sent and expected and hmac.compare_digest(sent.encode(), expected.encode()))
-
-
-# ---- login ---------------------------------------------------------------------------------
-
-
-def safe_next(target: str | None, default: str = "/") -> str:
-    """`target` if it is a local path, else `default` (the config's `auth.landing_path`).
-
-    Local: no scheme, no host, not `//host` nor `/\\host`, no control characters."""
-    if not target or not target.startswith("/") or target.startswith(("//", "/\\")):
-        return default
-    if "\\" in target or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in target):
-        return default
-    parts = urlsplit(target)
-    if parts.scheme or parts.netloc:
-        return default
-    return target
-
-
-@dataclass(frozen=True)
-class LoginAttempt:
-    """What `authenticate` decided: the user id, or none; `retry_after_s` > 0 when the try was
-    refused by the limits before its password was looked at."""
-
-    user_id: int | None = None
-    username: str = ""  # the user's name as stored, when `user_id` is set
-    retry_after_s: int = 0
-
-
-async def authenticate(request: Request, username: str, password: str, ip: str) -> LoginAttempt:
-    """Check a login against the limits, then the password (see the module's docstring)."""
-    config = settings(request)
-    now = _now()
-    name = normalise_username(username)
-    key = limit_key(name)
-    known_device = name == limits.device_username(
-        request.cookies.get(DEVICE_COOKIE), config.secret_key, config.device_cookie_max_age_s
-    )
-
-    def look_up(db: Session) -> tuple[limits.RecentFailures, User | None]:
-        user = db.scalar(select(User).where(User.username == name))
-        return limits.recent_failures(db, key, ip, now, config), user
-
-    db = database(request)
-    failures, user = await db.run(look_up)
-    wait_s = limits.wait_s(failures, now, config, known_device=known_device)
-    # The KDF always runs (against a dummy hash for an unknown user or a refused try), so the
-    # time of an answer tells neither whether the user exists nor whether a limit was hit.
-    encoded = user.password_hash if user is not None and not wait_s else DUMMY_HASH
-    good, new_hash = await anyio.to_thread.run_sync(verify_and_update, password, encoded)
-    if wait_s:
-        return LoginAttempt(retry_after_s=math.ceil(wait_s))
-    if good and user is not None:
-        user_id = user.id
-
-        def succeeded(db: Session) -> None:
-            if new_hash is not None:  # an older format or cost: store the current one
-                _store_hash(user_id, new_hash, db)
-            limits.clear_pair(db, key, ip)
-
-        await db.run(succeeded)
-        return LoginAttempt(user_id=user_id, username=name)
-
-    await db.run(lambda db: limits.record_failure(db, key, ip, now, config))
-    return LoginAttempt()
-
-
-def device_cookie(request: Request, username: str) -> str:
-    """The device cookie a successful login of `username` leaves in its browser (limits.py)."""
-    return limits.device_cookie(username, settings(request).secret_key)
-
-
-def _store_hash(user_id: int, password_hash: str, db: Session) -> None:
-    user = db.get(User, user_id)
-    if user is not None:
-        user.password_hash = password_hash
-
-
-def ensure_user(db: Database, username: str, password: str) -> None:
-    """Create the user, or reset its password if it differs (the web host does this for each
-    user of the config's `auth.users`). The name is stored normalised (`normalise_username`),
-    the form a login looks it up by.
-
-    Args:
-        db: the database with the framework's tables (migrated).
-        username: the user's login name.
-        password: the user's password in clear; only its Argon2id hash is stored.
-    """
-    username = normalise_username(username)
-    with db.sessions.begin() as session:
-        user = session.scalar(select(User).where(User.username == username))
-        if user is None:
-            session.add(
-                User(username=username, password_hash=hash_password(password), created_at=_now())
-            )
-        elif not verify_password(password, user.password_hash):
-            user.password_hash = hash_password(password)

@@ -15,7 +15,7 @@ from fastapi.responses import RedirectResponse
 from pydantic import BaseModel, StringConstraints, ValidationError
 
 from mega.constants import ANON_CSRF_COOKIE, DEVICE_COOKIE, SESSION_COOKIE
-from mega.web import auth
+from mega.web import accounts, auth
 from mega.web.envelope import field_errors
 from mega.web.pages import render
 
@@ -44,7 +44,7 @@ class LoginForm(BaseModel):
 def _next(request: Request, target: str | None) -> str:
     if target is not None and len(target) > MAX_NEXT_CHARS:
         target = None
-    return auth.safe_next(target, auth.settings(request).landing_path)
+    return accounts.safe_next(target, auth.settings(request).landing_path)
 
 
 def wait_sentence(wait_s: int) -> str:
@@ -79,7 +79,7 @@ async def login(
     except ValidationError as exc:
         errors = field_errors(exc.errors())
         return _render(request, next=target, username=username, errors=errors, status=422)
-    attempt = await auth.authenticate(request, username, password, auth.client_ip(request))
+    attempt = await accounts.authenticate(request, username, password, auth.client_ip(request))
     if attempt.retry_after_s:
         error = wait_sentence(attempt.retry_after_s)
         response = _render(request, next=target, username=username, error=error, status=429)
@@ -109,7 +109,7 @@ async def login(
     # Kept at logout: this browser has logged in, so the account's limit spares it.
     response.set_cookie(
         DEVICE_COOKIE,
-        auth.device_cookie(request, attempt.username),
+        accounts.device_cookie(request, attempt.username),
         max_age=config.device_cookie_max_age_s,
         httponly=True,
         samesite="lax",

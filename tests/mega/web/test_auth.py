@@ -26,7 +26,8 @@ from mega.config import Config
 from mega.constants import DEVICE_COOKIE, SESSION_COOKIE
 from mega.drivers.embedded import free_port
 from mega.settings import AuthConfig
-from mega.web.auth import ensure_user, safe_next, sign
+from mega.web.accounts import ensure_user, safe_next
+from mega.web.auth import sign
 from mega.web.limits import (
     MAX_LOGIN_DELAY_S,
     RecentFailures,
