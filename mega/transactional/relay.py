@@ -22,16 +22,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple
-
-from sqlalchemy import ColumnElement, and_, delete, select, update
+from typing import TYPE_CHECKING, Any
 
 from mega import tracing
 from mega.drivers.base import Message
@@ -40,11 +37,11 @@ from mega.jobs.queue import queue_of
 from mega.jobs.spec import JobBase, JobSpec, validate_job
 from mega.signals import Observer, Signals
 from mega.tasks import wait_event
-from mega.transactional.store import OutboxRow, job_of_row, on_commit, row_job, row_message
+from mega.transactional import outbox_rows
+from mega.transactional.outbox_rows import Row, aware
+from mega.transactional.store import job_of_row, on_commit, row_job, row_message
 
 if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
-
     from mega.context import Context
 
 logger = logging.getLogger("mega.relay")
@@ -54,21 +51,10 @@ DEFAULT_BATCH = 2000
 DEFAULT_POLL_S = 0.5
 # Published rows are kept this long (for the pages that show them), then deleted.
 DEFAULT_RETENTION_S = 3600.0
-# Published rows deleted per statement while pruning, and how often pruning runs.
-PRUNE_BATCH = 1000
+# How often pruning runs.
 PRUNE_EVERY_S = 10.0
 # After a failed batch (NATS or the database away), wait this long before the next try.
 ERROR_BACKOFF_S = 1.0
-
-
-class _Row(NamedTuple):
-    seq: int
-    event_id: str
-    bus: str
-    subject: str
-    body: bytes
-    headers: dict[str, str]
-    created_at: datetime
 
 
 class OutboxRelay:
@@ -199,21 +185,21 @@ class OutboxRelay:
                 raise ConnectionError(f"bus {alias!r} is not connected; the outbox waits")
         session = self.ctx.db.sessions()
         try:
-            rows = await self._in_db(_take_batch, session, self.batch, self._refused)
+            rows = await self._in_db(outbox_rows.take_batch, session, self.batch, self._refused)
             if not rows:
-                await self._in_db(_end, session, commit=True)
+                await self._in_db(outbox_rows.end, session, commit=True)
                 self.lag_ms = 0.0
                 return 0
             rows = await self._publish(rows)
-            await self._in_db(_mark_published, session, [row.seq for row in rows])
+            await self._in_db(outbox_rows.mark_published, session, [row.seq for row in rows])
         except BaseException:
             with contextlib.suppress(Exception):
-                await self._in_db(_end, session, commit=False)
+                await self._in_db(outbox_rows.end, session, commit=False)
             raise
         if not rows:
             return 0
         now = datetime.now(UTC)
-        self.lag_ms = max(0.0, (now - _aware(rows[0].created_at)).total_seconds() * 1000)
+        self.lag_ms = max(0.0, (now - aware(rows[0].created_at)).total_seconds() * 1000)
         self.published += len(rows)
         await self.signals.emit("published", count=len(rows), lag_ms=round(self.lag_ms, 1))
         return len(rows)
@@ -223,9 +209,9 @@ class OutboxRelay:
         cutoff = datetime.now(UTC) - timedelta(seconds=self.retention_s)
         total = 0
         while True:
-            deleted: int = await self._in_db(_prune_some, self.ctx.db.sessions, cutoff)
+            deleted: int = await self._in_db(outbox_rows.prune_some, self.ctx.db.sessions, cutoff)
             total += deleted
-            if deleted < PRUNE_BATCH:
+            if deleted < outbox_rows.PRUNE_BATCH:
                 return total
 
     def bus(self, alias: str) -> EventBus:
@@ -239,7 +225,7 @@ class OutboxRelay:
             bus = self._buses[alias] = EventBus(self.ctx, alias)
         return bus
 
-    async def _publish(self, rows: list[_Row]) -> list[_Row]:
+    async def _publish(self, rows: list[Row]) -> list[Row]:
         """Publish the rows' events and enqueue their jobs; the rows done (all but the jobs
         this relay does not know)."""
         by_bus: dict[str, list[Message]] = {}
@@ -263,7 +249,7 @@ class OutboxRelay:
             await self._enqueue(*self._jobs[name], messages)
         return done
 
-    def _too_large(self, row: _Row) -> bool:
+    def _too_large(self, row: Row) -> bool:
         """Whether the row's body is over what its bus's engine takes (a NATS server's
         max_payload, less its headers; `outbox.add` checked the class's own cap): such a row
         would be refused at each try and hold up every row after it. It stays pending, and
@@ -353,78 +339,9 @@ def announce_commits(ctx: Context) -> Callable[[], None]:
     return on_commit(announce)
 
 
-# -- database steps (run on the relay's thread) ---------------------------------------------------
-
-
-def _take_batch(session: Session, limit: int, passed_over: set[int]) -> list[_Row]:
-    waiting: ColumnElement[bool] = OutboxRow.published_at.is_(None)
-    if passed_over:
-        waiting = and_(waiting, OutboxRow.seq.not_in(passed_over))
-    pending = select(OutboxRow.seq).where(waiting).limit(1)
-    if session.scalar(pending) is None:
-        return []  # nothing to do: no lock taken, writers never wait for an idle relay
-    if session.get_bind().dialect.name == "sqlite":
-        # SQLite has no row locks: take the database's write lock now, so that relays in other
-        # processes wait for this batch to be marked instead of publishing the same rows.
-        session.execute(update(OutboxRow).where(OutboxRow.seq == -1).values(seq=OutboxRow.seq))
-    columns = (
-        OutboxRow.seq,
-        OutboxRow.event_id,
-        OutboxRow.bus,
-        OutboxRow.subject,
-        OutboxRow.body,
-        OutboxRow.headers,
-        OutboxRow.created_at,
-    )
-    rows = session.execute(
-        select(*columns)
-        .where(waiting)
-        .order_by(OutboxRow.seq)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    ).all()
-    return [
-        _Row(seq, event_id, bus, subject, body.encode(), json.loads(headers), created_at)
-        for seq, event_id, bus, subject, body, headers, created_at in rows
-    ]
-
-
-def _mark_published(session: Session, seqs: list[int]) -> None:
-    session.execute(
-        update(OutboxRow).where(OutboxRow.seq.in_(seqs)).values(published_at=datetime.now(UTC))
-    )
-    session.commit()
-    session.close()
-
-
-def _end(session: Session, *, commit: bool) -> None:
-    if commit:
-        session.commit()
-    else:
-        session.rollback()
-    session.close()
-
-
-def _prune_some(sessions: Callable[[], Session], cutoff: datetime) -> int:
-    with sessions.begin() as session:  # type: ignore[attr-defined]
-        oldest = (
-            select(OutboxRow.seq)
-            .where(OutboxRow.published_at.is_not(None), OutboxRow.published_at < cutoff)
-            .order_by(OutboxRow.seq)
-            .limit(PRUNE_BATCH)
-        )
-        result = session.execute(delete(OutboxRow).where(OutboxRow.seq.in_(oldest)))
-        return int(result.rowcount or 0)  # type: ignore[attr-defined]
-
-
 def _describe(exc: Exception) -> str:
     """One line: SQLAlchemy's errors carry the statement and a link on the lines after."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     if "no such table" in text or "does not exist" in text:
         text += " (run `mega db upgrade`, or start the web app, which applies the migrations)"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _aware(value: datetime) -> datetime:
-    # SQLite hands back naive datetimes; every value stored is UTC.
-    return value if value.tzinfo else value.replace(tzinfo=UTC)

@@ -16,7 +16,7 @@ from typing import Any
 
 from mega.config import load_config
 from mega.runtime.bootstrap import boot
-from mega.transactional import relay as relay_module
+from mega.transactional import outbox_rows
 from mega.transactional.relay import OutboxRelay
 
 
@@ -29,7 +29,7 @@ async def main(config_path: str, when: str) -> None:
     ctx = await boot(config, role="relay", database=False)
     relay = OutboxRelay(ctx, jobs=config.jobs)
     if when == "after_puback":
-        relay_module._mark_published = die  # type: ignore[assignment]
+        outbox_rows.mark_published = die  # type: ignore[assignment]
     else:
         relay._publish = die  # type: ignore[assignment,method-assign]
     await relay.relay_once()

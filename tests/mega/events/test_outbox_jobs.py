@@ -24,7 +24,7 @@ from mega.drivers.redis.client import RedisClient
 from mega.errors import JobError
 from mega.runtime import OutboxRelay
 from mega.runtime.bootstrap import boot, shutdown
-from mega.transactional import relay as relay_module
+from mega.transactional import outbox_rows
 from tests.factories import write_config
 from tests.mega.events import fault_events
 from tests.mega.jobs.test_contract import DRIVERS, bus_body
@@ -131,17 +131,17 @@ async def test_a_relay_failing_after_its_enqueue_runs_nothing_twice(
     )
     worker = await running(ctx, job)
     try:
-        marks = relay_module._mark_published
+        marks = outbox_rows.mark_published
 
         def lost(*args: Any, **kwargs: Any) -> None:
             raise ConnectionError("the database went away before the mark")
 
-        monkeypatch.setattr(relay_module, "_mark_published", lost)
+        monkeypatch.setattr(outbox_rows, "mark_published", lost)
         with pytest.raises(ConnectionError):
             await OutboxRelay(ctx, jobs=[job]).relay_once()
         await until(lambda: _ran(redis, prefix, ids), "the first enqueue's runs")
         assert (await ctx.db.run(outbox.stats)).pending == 20  # nothing was marked
-        monkeypatch.setattr(relay_module, "_mark_published", marks)
+        monkeypatch.setattr(outbox_rows, "mark_published", marks)
         assert await OutboxRelay(ctx, jobs=[job]).relay_once() == 20
         await asyncio.sleep(1.0)  # a second run has no event to wait for: it would start by now
         assert await runs(redis, prefix) == dict.fromkeys(ids, 1)
