@@ -3,9 +3,16 @@
 A script runs atomically on one server: what must not interleave with a peer's commands (check a
 token, then delete; take a claim, then a guard, then a fence) is one script. redis-py's
 `register_script` sends each by its SHA1 (EVALSHA) and loads it again after a server restart.
+Below them, how their replies read: a fenced lease's, and one claim's answers from a quorum.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from mega.context import EarlyClaim, FencedLease, Refusal
+from mega.errors import LockBackendError
 
 # Delete the key only while it still holds our token.
 RELEASE_SCRIPT = """
@@ -86,3 +93,52 @@ CLAIM_SCRIPT = (
 return refuse_claim(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) or {'acquired', now}
 """
 )
+
+
+# -- the replies ------------------------------------------------------------------------------
+
+
+def fenced_reply(reply: Any, token: str, alias: str) -> FencedLease | Refusal | EarlyClaim:
+    """Read `ACQUIRE_FENCED_SCRIPT`'s reply: ``[status, now]`` or ``[status, now, detail]``,
+    the detail being the fence ("acquired") or the wait ("early")."""
+    status = reply_text(reply[0])
+    if status == "acquired":
+        return FencedLease(token, int(reply[2]))
+    if status == "early":
+        return EarlyClaim(int(reply[2]))
+    if status == "claimed":
+        return "claimed"
+    if status == "overlap":
+        return "overlap"
+    raise LockBackendError(f"lock {alias!r}: unexpected script reply {reply!r}")
+
+
+def quorum_claim(
+    answers: Sequence[tuple[str, int] | None], quorum: int
+) -> Literal["acquired", "claimed"] | EarlyClaim:
+    """What the servers' answers to one claim add up to. Each answer is ``("acquired", 0)``,
+    ``("claimed", 0)``, ``("early", ms until the instant on that server)`` or None (no answer).
+
+    "acquired" when a majority took it. Else, when servers that found it early could still make
+    a majority with those that took it, an `EarlyClaim` to wait until just enough of them reach
+    the instant; else "claimed": a peer holds too many servers for waiting to help.
+    """
+    held = sum(1 for answer in answers if answer and answer[0] == "acquired")
+    if held >= quorum:
+        return "acquired"
+    waits_ms = sorted(answer[1] for answer in answers if answer and answer[0] == "early")
+    missing = quorum - held
+    if len(waits_ms) >= missing:
+        return EarlyClaim(waits_ms[missing - 1])
+    return "claimed"
+
+
+def claim_answer(reply: Any) -> tuple[str, int]:
+    """One server's `CLAIM_SCRIPT` reply as `quorum_claim` reads it: (status, wait ms)."""
+    status = reply_text(reply[0])
+    return status, int(reply[2]) if status == "early" else 0
+
+
+def reply_text(value: object) -> str:
+    """A script's status string, whether the client decodes responses or not."""
+    return value.decode() if isinstance(value, bytes) else str(value)

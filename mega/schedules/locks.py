@@ -28,7 +28,7 @@ import asyncio
 import secrets
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
@@ -43,6 +43,9 @@ from mega.schedules.lock_scripts import (
     EXTEND_SCRIPT,
     RAISE_TO_SCRIPT,
     RELEASE_SCRIPT,
+    claim_answer,
+    fenced_reply,
+    quorum_claim,
 )
 from mega.validation import int_problem
 
@@ -248,21 +251,7 @@ class RedLock:
             held = [k for k in keys if k != fence_key]
             await asyncio.gather(*(self._release_quietly(k, token) for k in held))
             self._raise_without_majority(results, f"acquire {key!r} with fence {fence_key!r}")
-        return self._fenced_reply(results[0], token)
-
-    def _fenced_reply(self, reply: Any, token: str) -> FencedLease | Refusal | EarlyClaim:
-        """Read `ACQUIRE_FENCED_SCRIPT`'s reply: ``[status, now]`` or ``[status, now, detail]``,
-        the detail being the fence ("acquired") or the wait ("early")."""
-        status = _text(reply[0])
-        if status == "acquired":
-            return FencedLease(token, int(reply[2]))
-        if status == "early":
-            return EarlyClaim(int(reply[2]))
-        if status == "claimed":
-            return "claimed"
-        if status == "overlap":
-            return "overlap"
-        raise LockBackendError(f"lock {self.alias!r}: unexpected script reply {reply!r}")
+        return fenced_reply(results[0], token, self.alias)
 
     async def _acquire_fenced_in_steps(
         self,
@@ -304,7 +293,7 @@ class RedLock:
         )
         elapsed_ms = (time.monotonic() - started) * 1000
         answers = [
-            None if isinstance(reply, BaseException) else _claim_answer(reply) for reply in results
+            None if isinstance(reply, BaseException) else claim_answer(reply) for reply in results
         ]
         outcome = quorum_claim(answers, self.quorum)
         if outcome == "acquired" and self._still_valid(ttl_ms, elapsed_ms):
@@ -385,26 +374,6 @@ class RedLock:
         raise LockBackendError(message)
 
 
-def quorum_claim(
-    answers: Sequence[tuple[str, int] | None], quorum: int
-) -> Literal["acquired", "claimed"] | EarlyClaim:
-    """What the servers' answers to one claim add up to. Each answer is ``("acquired", 0)``,
-    ``("claimed", 0)``, ``("early", ms until the instant on that server)`` or None (no answer).
-
-    "acquired" when a majority took it. Else, when servers that found it early could still make
-    a majority with those that took it, an `EarlyClaim` to wait until just enough of them reach
-    the instant; else "claimed": a peer holds too many servers for waiting to help.
-    """
-    held = sum(1 for answer in answers if answer and answer[0] == "acquired")
-    if held >= quorum:
-        return "acquired"
-    waits_ms = sorted(answer[1] for answer in answers if answer and answer[0] == "early")
-    missing = quorum - held
-    if len(waits_ms) >= missing:
-        return EarlyClaim(waits_ms[missing - 1])
-    return "claimed"
-
-
 def server_name(client: RedisClient) -> str:
     """`host:port/db` (or the socket path) of a client, for messages and audits; a Redis
     Cluster's: `cluster:` and the nodes it was given."""
@@ -420,17 +389,6 @@ def _check_ttl(name: str, ttl_ms: object) -> None:
     problem = int_problem(ttl_ms, unit="milliseconds")
     if problem:
         raise ValueError(f"{name} {problem}")
-
-
-def _claim_answer(reply: Any) -> tuple[str, int]:
-    """One server's `CLAIM_SCRIPT` reply as `quorum_claim` reads it: (status, wait ms)."""
-    status = _text(reply[0])
-    return status, int(reply[2]) if status == "early" else 0
-
-
-def _text(value: object) -> str:
-    """A script's status string, whether the client decodes responses or not."""
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _describe(exc: BaseException) -> str:

@@ -13,7 +13,8 @@ from mega.context import EarlyClaim, FencedLease, Refusal
 from mega.drivers.embedded import EmbeddedServer
 from mega.drivers.redis.client import RedisClient
 from mega.errors import LockBackendError
-from mega.schedules.locks import CLAIM_TOLERANCE_MS, RedLock, quorum_claim
+from mega.schedules.lock_scripts import quorum_claim
+from mega.schedules.locks import CLAIM_TOLERANCE_MS, RedLock
 
 
 @pytest.fixture
