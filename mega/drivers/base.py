@@ -81,7 +81,13 @@ class Receiver(Protocol):
     async def fetch(self, limit: int) -> list[Delivery]:
         """Up to `limit` deliveries, as soon as at least one is there; [] after a short wait
         (at most about half a second) with none, or once `wake()` was called. Waits out an
-        outage (returns []), never raises for it."""
+        outage (returns []), never raises for it.
+
+        Args:
+            limit: the most deliveries to return: the consume loop's free slots, never more
+                than the lane's `concurrency` (fewer while a rate limit holds it back). Each
+                one returned is this process's until it is settled.
+        """
         ...
 
     def wake(self) -> None:
@@ -89,26 +95,62 @@ class Receiver(Protocol):
         ...
 
     async def ack(self, delivery: Delivery) -> None:
-        """Done: it never comes back."""
+        """Done: it never comes back.
+
+        Args:
+            delivery: one that this receiver's `fetch` returned and that is not settled yet.
+        """
         ...
 
     async def retry(self, delivery: Delivery, *, due_ms: int, attempts: int) -> None:
         """Run it again at `due_ms` (epoch ms), its next delivery being attempt `attempts + 1`,
         without holding a slot of the lane's concurrency while it waits; the next delivery
-        carries `delivery.trace` as it is now."""
+        carries `delivery.trace` as it is now.
+
+        Args:
+            delivery: one that this receiver's `fetch` returned and that is not settled yet;
+                its id, body, `flow_key` and `trace` go with the next attempt.
+            due_ms: when the next attempt is due, in epoch milliseconds; a time already past
+                means now.
+            attempts: the attempts counted so far: `delivery.attempt` after a failed run, or
+                `delivery.attempt - 1` for a delivery the lane's limits held back before it
+                ran (its attempt unchanged).
+        """
         ...
 
     async def extend(self, delivery: Delivery) -> None:
-        """Still running: push its ack wait back by a full `ack_wait_s`."""
+        """Still running: push its ack wait back by a full `ack_wait_s`.
+
+        Args:
+            delivery: one that this receiver's `fetch` returned and that still runs (not
+                settled yet); the consume loop extends each one every third of `ack_wait_s`.
+        """
         ...
 
     async def release(self, delivery: Delivery, *, delay_s: float) -> None:
-        """Hand it back unsettled, to be delivered again (to any worker) after `delay_s`."""
+        """Hand it back unsettled, to be delivered again (to any worker) after `delay_s`.
+
+        Args:
+            delivery: one that this receiver's `fetch` returned and that is not settled yet;
+                its next delivery counts as the next attempt.
+            delay_s: seconds before it may be delivered again (0: at once). On Redis the wait
+                is at most the lane's `ack_wait_s`.
+        """
         ...
 
     async def dead_letter(self, delivery: Delivery, record: DlqRecord, *, terminate: bool) -> None:
         """Store `record` in the lane's dead letters and settle the delivery (`terminate`: a
-        message no one can decode). Raises DriverUnavailable when the record was not stored."""
+        message no one can decode). Raises DriverUnavailable when the record was not stored.
+
+        Args:
+            delivery: one that this receiver's `fetch` returned and that is not settled yet;
+                it is not delivered again once the record is stored.
+            record: the dead letter to store, as mega/lanes/dlq_writer.py builds it; the store
+                numbers its records itself (their `seq`), whatever `seq` it carries.
+            terminate: True for a message that nothing would ever run (its body is not JSON,
+                or its id or key is invalid): NATS terminates it instead of acking it; the
+                other engines end it the same way either way.
+        """
         ...
 
     async def close(self) -> None:
@@ -138,7 +180,14 @@ class Lanes(Protocol):
 
     @classmethod
     async def connect(cls, alias: str, spec: BusSpec) -> Self:
-        """Connect (bounded in time); DependencyUnavailable names the URL when it cannot."""
+        """Connect (bounded in time); DependencyUnavailable names the URL when it cannot.
+
+        Args:
+            alias: the bus alias (its key in the config's `services.buses`), kept as `alias`
+                and named in the errors.
+            spec: that alias's settings: the driver's name and `url`, where the engine is;
+                kept as `spec`.
+        """
         ...
 
     async def close(self) -> None:
@@ -153,20 +202,46 @@ class Lanes(Protocol):
 
     async def ensure(self, lane: Lane, *, apply_limits: bool) -> None:
         """Make what the lane needs exist (idempotent, safe to race). Existing limits that
-        differ from the lane's change only with `apply_limits`; otherwise said in one line."""
+        differ from the lane's change only with `apply_limits`; otherwise said in one line.
+
+        Args:
+            lane: the job queue or listener group to set up, with its limits.
+            apply_limits: True to bring what exists in line with the lane's limits (ack wait,
+                concurrency, keeps), as the worker's `--apply-limits` asks; False to leave
+                them as the operator set them.
+        """
         ...
 
     async def publish(self, lane: Lane, messages: Sequence[Message]) -> list[bool]:
         """Store jobs on a job lane and return once every one is stored: True each one kept,
-        False a duplicate id. Raises DriverUnavailable (some may have been stored)."""
+        False a duplicate id. Raises DriverUnavailable (some may have been stored).
+
+        Args:
+            lane: a job lane (`kind` "job"), made by `ensure`; events go through `emit`.
+            messages: the jobs, in the order of the answer. One with `run_at_ms` waits until
+                then; one with `dedup` whose id the bus stored within DEDUP_WINDOW_S seconds
+                is dropped (False).
+        """
         ...
 
     async def stats(self, lane: Lane) -> LaneStats:
-        """The lane now, as the engine counts it. Raises DriverUnavailable."""
+        """The lane now, as the engine counts it. Raises DriverUnavailable.
+
+        Args:
+            lane: a job queue or listener group that `ensure` made (one that is missing may
+                raise DriverUnavailable).
+        """
         ...
 
     def receiver(self, lane: Lane, *, consumer: str) -> Receiver:
-        """Consume the lane in this process; `consumer` names this process to the engine."""
+        """Consume the lane in this process; `consumer` names this process to the engine.
+
+        Args:
+            lane: the job queue or listener group to consume, made by `ensure`.
+            consumer: this process's name, the endpoint's `instance_id` (such as
+                "worker@host:1"), for the engines that name who holds a delivery (Redis adds
+                a random suffix; NATS and memory do not use it).
+        """
         ...
 
 
@@ -180,27 +255,60 @@ class DeadLetterStore(Protocol):
         """Up to `limit` records, newest first, each with its `seq`; with `before`, only those
         whose `seq` is below it (the next page: `before` = the last one's seq). A range read
         of the engine's (never a scan from the newest), so page 1000 of 100,000 records costs
-        what page 1 does."""
+        what page 1 does.
+
+        Args:
+            lane: the job queue or listener group whose dead letters to read.
+            limit: the most records to return (a page).
+            before: a `seq`: only records below it (the last one's `seq` of the page before);
+                None, the default: from the newest.
+        """
         ...
 
     async def dead_letter(self, lane: Lane, job_id: str) -> DlqRecord | None:
         """The newest record of this job id, with its `seq` (None: none), found through the
-        engine's index of records by id rather than a scan, where it has one."""
+        engine's index of records by id rather than a scan, where it has one.
+
+        Args:
+            lane: the job queue or listener group whose dead letters to search.
+            job_id: the record's `id`: the job's id (the event's, on a listener group).
+        """
         ...
 
     async def delete_dead(self, lane: Lane, seq: int) -> bool:
-        """Delete one record by its `seq`; False when it was not there."""
+        """Delete one record by its `seq`; False when it was not there.
+
+        Args:
+            lane: the job queue or listener group the record belongs to.
+            seq: the record's `seq`, as `dead_letters` or `dead_letter` returned it.
+        """
         ...
 
-    async def count_dead(self, lane: Lane) -> int: ...
+    async def count_dead(self, lane: Lane) -> int:
+        """How many dead letters the lane holds now.
+
+        Args:
+            lane: the job queue or listener group whose dead letters to count.
+        """
+        ...
 
     async def requeue(self, lane: Lane, record: DlqRecord) -> None:
         """Store the record's job (or event, for a group) on the lane again as a new message,
-        its attempts starting again at 1, and delete the record (seq)."""
+        its attempts starting again at 1, and delete the record (seq).
+
+        Args:
+            lane: the job queue or listener group the record belongs to and goes back to.
+            record: a record as `dead_letters` or `dead_letter` returned it, with its `seq`
+                (which names the one to delete); its `flow_key`, if any, goes with the job.
+        """
         ...
 
     async def purge(self, lane: Lane) -> int:
-        """Delete every dead letter of the lane; returns how many there were."""
+        """Delete every dead letter of the lane; returns how many there were.
+
+        Args:
+            lane: the job queue or listener group whose dead letters to delete.
+        """
         ...
 
 
@@ -225,21 +333,43 @@ class RecordStore(Protocol):
         was); otherwise overwrite (all True). Keys are job ids (1 to 200 printable characters
         without spaces) or the framework's own keys, which hold a space. A table whose keep is
         0 is never written (`ensure` may skip it). Raises DriverUnavailable (some may have
-        been stored)."""
+        been stored).
+
+        Args:
+            lane: the job queue or listener group the records belong to; its `keep_s(table)`
+                is their life.
+            table: which of the lane's stores: "status", "result" or "workers".
+            records: (key, value) pairs, in the order of the answer; the values are the
+                framework's own bytes, stored as they are.
+            create: True to store only the keys that have no live record; False to overwrite.
+            confirm: False when no answer need be awaited (see above); True, the default, to
+                return once the engine has confirmed every one.
+        """
         ...
 
     async def get_records(
         self, lane: Lane, table: Table, keys: Sequence[str]
     ) -> list[bytes | None]:
         """The live value of each key in the lane's `table`, in order, None for one never
-        stored or expired; in one round trip where the engine can. Raises DriverUnavailable."""
+        stored or expired; in one round trip where the engine can. Raises DriverUnavailable.
+
+        Args:
+            lane: the job queue or listener group the records belong to.
+            table: which of the lane's stores: "status", "result" or "workers".
+            keys: the keys to read, in the order of the answer (none: []).
+        """
         ...
 
     async def list_records(self, lane: Lane, table: Table) -> list[tuple[str, bytes]]:
         """Every live (key, value) of the lane's `table`, in no order. Meant for the small
         "workers" table alone (a record per consume loop): each driver lists a table in its
         cheapest way, which for a table of every job id would still be a long read. Raises
-        DriverUnavailable."""
+        DriverUnavailable.
+
+        Args:
+            lane: the job queue or listener group the records belong to.
+            table: which of the lane's stores to list: "workers" (see above).
+        """
         ...
 
 
@@ -247,16 +377,34 @@ class EventLog(Protocol):
     """The bus's events, which listener groups read as lanes, and the outbox's notifier."""
 
     async def ensure_events(self, *, max_age_s: float) -> None:
-        """Make the events log exist, keeping events `max_age_s` (0: forever) for replay."""
+        """Make the events log exist, keeping events `max_age_s` (0: forever) for replay.
+
+        Args:
+            max_age_s: how long events are kept for replay, in seconds (0: forever); the
+                EventBus's `max_age_s`, a week by default.
+        """
         ...
 
     async def emit(self, messages: Sequence[Message], *, max_age_s: float) -> list[bool]:
         """Append events (subject: the event name) in order, each to every group whose pattern
-        matches; True each one kept, False a duplicate id. Raises DriverUnavailable."""
+        matches; True each one kept, False a duplicate id. Raises DriverUnavailable.
+
+        Args:
+            messages: the events, in the order of the answer; one whose `id` the log already
+                has (at least within DEDUP_WINDOW_S seconds) is dropped (False), whatever its
+                `dedup`.
+            max_age_s: the keep given to `ensure_events`, in seconds (0: forever), for the
+                engines that trim or prune the log as they append (Redis, PostgreSQL).
+        """
         ...
 
     async def watch_commits(self, wake: Callable[[], None]) -> Callable[[], Awaitable[None]]:
-        """Call `wake()` when another process announces outbox rows; returns the stop."""
+        """Call `wake()` when another process announces outbox rows; returns the stop.
+
+        Args:
+            wake: a plain function of no arguments, called on the event loop; it should only
+                wake its caller (the outbox relay's sets its wake-up event).
+        """
         ...
 
     def announce_commit(self) -> None:

@@ -102,10 +102,24 @@ class LaneEndpoint:
         self._stopped = False
 
     def on(self, name: str, observer: Observer) -> None:
+        """Observe a signal of this endpoint's consume loops and calls.
+
+        Args:
+            name: one of `signal_names`; any other raises ValueError.
+            observer: called with each such signal, a dict `{"signal": name, **fields}`; a
+                coroutine function is awaited.
+        """
         self.signals.on(name, observer)
 
     def declared(self, cls: type[Any], validate: Callable[[type[Any]], S]) -> S:
-        """`cls` validated (once, then cached), and checked to be on this endpoint's bus."""
+        """`cls` validated (once, then cached), and checked to be on this endpoint's bus.
+
+        Args:
+            cls: the Job or Listener class.
+            validate: checks the class and returns its spec (RegistrationError names a bad
+                attribute); called on the first call for `cls` only. A spec whose `bus` is
+                not this endpoint's raises `error` with code `<kind>.wrong_bus`.
+        """
         spec: S | None = self._declared.get(cls)
         if spec is None:
             spec = validate(cls)
@@ -123,7 +137,17 @@ class LaneEndpoint:
         """Make `cls`'s lane exist on the bus; DependencyUnavailable(`what`) when the bus does
         not answer. Calls that come together (200 first enqueues at once) make it once: the
         others wait for that one, instead of each taking a connection of the bus's pool for
-        the same set-up."""
+        the same set-up.
+
+        Args:
+            cls: the Job or Listener class whose lane it is; a class's lane is made once per
+                process.
+            lane: its lane, as the driver gets it.
+            what: what failed, first in the DependencyUnavailable's message (such as "Email:
+                cannot set up its queue"); the bus alias and the driver's error follow.
+            force: ask the bus again even when the lane was made in this process (default
+                False).
+        """
         lock = self._ensuring.setdefault(cls, asyncio.Lock())
         async with lock:
             if cls in self._ensured and not force:
@@ -135,7 +159,13 @@ class LaneEndpoint:
             self._ensured.add(cls)
 
     async def lane_stats(self, lane: Lane, what: str) -> LaneStats:
-        """The lane now, as the engine counts it; DependencyUnavailable(`what`) otherwise."""
+        """The lane now, as the engine counts it; DependencyUnavailable(`what`) otherwise.
+
+        Args:
+            lane: the job queue or listener group to count.
+            what: what failed, first in the DependencyUnavailable's message (such as "cannot
+                read Email's queue").
+        """
         try:
             return await self.bus.stats(lane)
         except DriverUnavailable as exc:
@@ -143,14 +173,25 @@ class LaneEndpoint:
 
     async def lane_workers(self, lane: Lane, what: str) -> list[WorkerSeen]:
         """The consume loops seen on the lane (presence.py), the last seen first;
-        DependencyUnavailable(`what`) when the bus does not answer."""
+        DependencyUnavailable(`what`) when the bus does not answer.
+
+        Args:
+            lane: the job queue or listener group whose consume loops to read.
+            what: what failed, first in the DependencyUnavailable's message (such as "cannot
+                read Email's workers").
+        """
         try:
             return await read_workers(self.bus, lane)
         except DriverUnavailable as exc:
             raise self.unavailable(what, exc) from exc
 
     async def signal(self, name: str, **fields: Any) -> None:
-        """Notify observers, skipping the work when nobody listens (the hot path)."""
+        """Notify observers, skipping the work when nobody listens (the hot path).
+
+        Args:
+            name: one of `signal_names`.
+            **fields: what the signal says beside its name, as its observers get it.
+        """
         if self.signals.has_observers(name):
             await self.signals.emit(name, **fields)
 
@@ -166,7 +207,21 @@ class LaneEndpoint:
     ) -> None:
         """Run the consume loop of `cls` (a Job, a Listener) on `lane` until `stop()`. Its
         stages (mega/lanes/stages.py), outermost first: its traces, then a job lane's `records`
-        and `steps` (its status record around its workflows told of a step's end)."""
+        and `steps` (its status record around its workflows told of a step's end).
+
+        Args:
+            cls: the Job or Listener class; one loop per class at a time (a second raises
+                `error` with code `<kind>.twice`).
+            lane: its lane, made by `ensure_lane` first.
+            policy: what the loop needs of the class's spec (a JobSpec, a ListenerSpec): its
+                name, concurrency, ack wait, timeout, retries and limits.
+            run: runs one delivery: called with its decoded payload and the Delivery, returns
+                the run's result; what it raises is a failure, retried or dead-lettered as
+                `policy` says.
+            records: a job lane's status records (None: none written, as on a group lane).
+            control: a job lane's pause and cancels (None: never paused or cancelled).
+            steps: where a job lane reports the end of a workflow step (None: no workflows).
+        """
         if self._stopped:
             return  # stop() came while the caller was setting up
         if cls in self._consumers:
@@ -203,7 +258,11 @@ class LaneEndpoint:
 
     async def stop(self, timeout_s: float = 30.0) -> None:
         """Stop fetching, wait up to `timeout_s` for running work, then cancel the rest and
-        hand it back to be delivered again. Final for consuming (publishing keeps working)."""
+        hand it back to be delivered again. Final for consuming (publishing keeps working).
+
+        Args:
+            timeout_s: seconds to wait for running work before cancelling it (default 30).
+        """
         self._stopped = True
         consumers = list(self._consumers.values())
         for consumer in consumers:
@@ -212,6 +271,13 @@ class LaneEndpoint:
             await asyncio.gather(*(consumer.closed.wait() for consumer in consumers))
 
     def unavailable(self, what: str, exc: DriverUnavailable) -> DependencyUnavailable:
+        """The DependencyUnavailable to raise for a driver's error on this bus (returned, not
+        raised), naming the driver and the bus alias.
+
+        Args:
+            what: what failed, first in its message (such as "cannot enqueue Email").
+            exc: the driver's error, whose text ends the message.
+        """
         return DependencyUnavailable(self.bus.driver, f"{what} on bus {self.bus_alias!r}: {exc}")
 
 
