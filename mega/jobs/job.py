@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from mega.deprecation import deprecated
 from mega.drivers.base import Priority
-from mega.jobs.queue import queue_of
+from mega.jobs.queue import SESSION_INSTEAD, SESSION_SPELLING, queue_of
 from mega.jobs.spec import JobBase, JobId
 from mega.jobs.workflow_records import UNSET, Step
 from mega.lanes.control import Cancelled
@@ -95,13 +95,17 @@ class Job(JobBase):
                 bus's dedup window is stored once, and the answer says `.duplicate`.
             delay: seconds (or a timedelta) to hold it before it may run.
             run_at: an aware datetime before which it does not run (not with `delay`).
-            session: a SQLAlchemy session whose transaction stores it (postgres bus only).
+            session: deprecated (goes in 0.3): write the job in your transaction with
+                `outbox.enqueue(session, Job, payload)`, on any bus. Here, a SQLAlchemy
+                session whose transaction stores it (postgres bus only).
             key: its fair-turn and per-key limit key (a tenant, a user).
             priority: "high", "normal" or "low", for a `prioritized` job.
             delay_s: the old spelling of `delay` (warns once; goes in 0.3).
         """
         if delay_s is not None:
             deprecated("Job.enqueue(delay_s=...)", "Job.enqueue(delay=...)")
+        if session is not None:
+            deprecated(SESSION_SPELLING, SESSION_INSTEAD)
             delay = delay_s if delay is None else delay
         return await queue_of(ctx, cls.bus).enqueue(
             cls,

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from mega import clock, tracing
 from mega.context import Context
+from mega.deprecation import deprecated
 from mega.drivers.base import (
     Bus,
     Delivery,
@@ -60,6 +61,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("mega.jobqueue")
 
+# `enqueue(..., session=)`, deprecated: the outbox writes a job in the caller's transaction on
+# every bus (mega/transactional/store.py).
+SESSION_SPELLING = "enqueue(..., session=...)"
+SESSION_INSTEAD = "outbox.enqueue(session, Job, payload) in the transaction, on any bus"
 SIGNALS = ("dispatch", "start", "progress", "done", "retry", "fail", "dlq", "cancel")
 
 
@@ -195,9 +200,10 @@ class JobQueue(JobSteering):
                 job for, without using a worker slot.
             run_at: an aware datetime to hold the job until, in the same way; not with
                 `delay` (JobError `job.invalid_delay`).
-            session: a SQLAlchemy session whose transaction the job joins, so it exists if and
-                only if that transaction commits (postgres driver only; JobError
-                `job.session_unsupported` elsewhere).
+            session: deprecated (goes in 0.3): write the job in your transaction with
+                `outbox.enqueue(session, Job, payload)`, on any bus. Here, a SQLAlchemy session
+                whose transaction the job joins, so it exists if and only if that transaction
+                commits (postgres driver only; JobError `job.session_unsupported` elsewhere).
             key: a tenant, a customer (1-200 printable characters without spaces, else
                 JobError `job.invalid_key`): what the job's limits per key count it under
                 (`rate_limit` with "per": "key", `key_concurrency`) and, on a `fair` job, what
@@ -206,6 +212,8 @@ class JobQueue(JobSteering):
                 JobError `job.invalid_priority`): its band. The bands take turns, high 6 of
                 every 10 starts, normal 3, low 1, while each has jobs waiting.
         """
+        if session is not None:
+            deprecated(SESSION_SPELLING, SESSION_INSTEAD)
         spec = await self.ensure(job_cls)
         now_ms = clock.now_ms()  # one reading: a delay adds to the enqueue time exactly
         due_ms = due_ms_of(spec, delay, run_at, now_ms)

@@ -1,10 +1,12 @@
-"""`enqueue(..., session=session)`: on the postgres driver the job is written in the caller's
-transaction, so it exists if and only if that transaction commits; other drivers refuse it and
-store nothing."""
+"""`enqueue(..., session=session)`, deprecated for `outbox.enqueue` (goes in 0.3), works until
+then: on the postgres driver the job is written in the caller's transaction, so it exists if
+and only if that transaction commits; other drivers refuse it and store nothing. It warns once
+per process, naming what replaces it."""
 
 from __future__ import annotations
 
 import asyncio
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,10 @@ from tests.factories import write_config
 from tests.mega.jobs.test_contract import POSTGRES_BUS
 
 RAN: list[Any] = []
+# The tests of what the old spelling still does; the warning has a test of its own.
+OLD_SPELLING = pytest.mark.filterwarnings(
+    r"ignore:enqueue\(\.\.\., session=\.\.\.\) is deprecated:DeprecationWarning"
+)
 
 
 class ShipOrder(Job):
@@ -29,6 +35,7 @@ class ShipOrder(Job):
         RAN.append(payload)
 
 
+@OLD_SPELLING
 async def test_the_job_exists_if_and_only_if_the_transaction_commits(
     tmp_path: Path, nats_url: str, redis_url: str, postgres_url: str
 ) -> None:
@@ -64,6 +71,7 @@ async def test_the_job_exists_if_and_only_if_the_transaction_commits(
         await shutdown(ctx)
 
 
+@OLD_SPELLING
 async def test_a_bus_whose_jobs_are_not_in_the_database_refuses_a_session(
     tmp_path: Path, nats_url: str, redis_url: str
 ) -> None:
@@ -79,3 +87,30 @@ async def test_a_bus_whose_jobs_are_not_in_the_database_refuses_a_session(
         assert (await queue.stats(job)).pending == 0
     finally:
         await shutdown(ctx)
+
+
+async def test_the_session_spelling_warns_once_naming_the_outbox(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from mega import deprecation
+    from mega.testing import memory_context
+
+    monkeypatch.setattr(deprecation, "_warned", set())
+    ctx = memory_context("jobs")
+    with Session(create_engine("sqlite://")) as session:
+        with (
+            pytest.warns(
+                DeprecationWarning,
+                match=r"enqueue\(\.\.\., session=\.\.\.\) is deprecated and goes in mega 0\.3: "
+                r"use outbox\.enqueue\(session, Job, payload\) in the transaction, on any bus",
+            ) as caught,
+            pytest.raises(JobError),  # the memory bus cannot join a transaction
+        ):
+            await ShipOrder.enqueue(ctx, {"order": 4}, session=session)
+        assert caught[0].filename == __file__  # it points at the caller's line
+        with warnings.catch_warnings(), pytest.raises(JobError):
+            warnings.simplefilter("error")  # once per process: the second call is quiet
+            await JobQueue(ctx, "jobs").enqueue(ShipOrder, {"order": 5}, session=session)
