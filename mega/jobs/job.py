@@ -104,9 +104,9 @@ class Job(JobBase):
         """
         if delay_s is not None:
             deprecated("Job.enqueue(delay_s=...)", "Job.enqueue(delay=...)")
+            delay = delay_s if delay is None else delay
         if session is not None:
             deprecated(SESSION_SPELLING, SESSION_INSTEAD)
-            delay = delay_s if delay is None else delay
         return await queue_of(ctx, cls.bus).enqueue(
             cls,
             payload,
