@@ -23,7 +23,10 @@ itself, unawaited (a plain `def`), and costs no coroutine of its own; `begin` li
 an awaitable only when there is something to wait for.
 
 A stage with an `around` wraps each whole attempt, from its start to its settle (the trace's
-span, `mega/lanes/traced.py`: what is logged meanwhile carries its ids).
+span, `mega/lanes/traced.py`: what is logged meanwhile carries its ids). A stage with a
+`chained(head)` is told the head of the chain it is in, to hand another End through every
+stage from the outermost (a step handed back goes after its status records, as any
+hand-back does), not only through those within it.
 
 A job lane's stages, outermost first: its traces (`mega/lanes/traced.py`), the job's status
 record (`mega/lanes/recorded.py`), then the end of a workflow's step (`mega/lanes/steps.py`).
@@ -148,6 +151,10 @@ def chain(stages: Sequence[Stage], innermost: SettleNext) -> SettleNext:
     call = innermost
     for stage in reversed(stages):
         call = _Link(stage.settle, call)
+    for stage in stages:
+        told = getattr(stage, "chained", None)
+        if told is not None:
+            told(call)
     return call
 
 

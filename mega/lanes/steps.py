@@ -6,8 +6,10 @@ settled or recorded `done` whose workflow was not told: a redelivery of a job wh
 says `done` is acked unrun.
 
 A step whose workflow cannot be told that it ended (done, cancelled) is handed back to run and
-report again after `delay_s`. A dead-lettered one's report goes with its dead letter, after its
-record says `failed`: if either fails, both are tried again (mega/lanes/executor.py).
+report again after `delay_s`, through every stage of its lane (its status record's stage then
+stores this run's records first, as for any hand-back). A dead-lettered one's report goes with
+its dead letter, after its record says `failed`: if either fails, both are tried again
+(mega/lanes/executor.py).
 """
 
 from __future__ import annotations
@@ -48,6 +50,12 @@ class StepReports:
         self.steps = steps
         self.name = name
         self.delay_s = delay_s
+        self.head: SettleNext | None = None
+
+    def chained(self, head: SettleNext) -> None:
+        """Keep the head of the lane's chain of stages, to hand a step back through all of
+        them (mega/lanes/stages.py)."""
+        self.head = head
 
     def settle(self, end: End, call_next: SettleNext) -> Awaitable[None]:
         if not end.delivery.id.startswith(self.steps.id_prefix) or end.kind in ("retry", "back"):
@@ -72,6 +80,6 @@ class StepReports:
                 exc,
                 self.delay_s,
             )
-            await call_next(end.handed_back(self.delay_s))
+            await (self.head or call_next)(end.handed_back(self.delay_s))
             return
         await call_next(end)

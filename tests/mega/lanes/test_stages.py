@@ -276,6 +276,17 @@ async def test_a_step_whose_workflow_cannot_be_told_is_handed_back(
     assert "its workflow could not be told" in caplog.text and "runs again in 5 s" in caplog.text
 
 
+async def test_a_step_handed_back_goes_through_every_stage_after_its_records_are_stored() -> None:
+    calls: Calls = []
+    stages: list[Stage] = [
+        Recorded(Records(calls)),  # type: ignore[arg-type]
+        StepReports(Steps(calls, refuse=True), name="Mailer", delay_s=5),
+    ]
+    await chain(stages, settled(calls))(End("done", delivery(1, "wf-1"), 1.0))
+    # Not acked, not recorded done: this run's records stored, then the step handed back.
+    assert calls == [("stored",), ("settle", "back", 5)]
+
+
 async def test_a_dead_steps_report_goes_out_with_its_dead_letter() -> None:
     calls: Calls = []
     stage = StepReports(Steps(calls), name="Mailer", delay_s=5)
