@@ -195,8 +195,9 @@ def public_functions() -> list[tuple[str, Callable[..., Any]]]:
 
 
 def interface_methods() -> list[tuple[str, Callable[..., Any]]]:
-    """The methods, with parameters, of the Protocols of mega/drivers/base.py (what a driver
-    implements) and the public ones of LaneEndpoint (what JobQueue and EventBus inherit):
+    """The methods, with parameters, of the Protocols mega/drivers/base.py gives (what a driver
+    implements, Receiver from mega/drivers/receiving.py among them) and the public ones of
+    LaneEndpoint (what JobQueue and EventBus inherit):
     public_functions() leaves both out, a Protocol and a class of another package."""
     import inspect
 
@@ -207,7 +208,7 @@ def interface_methods() -> list[tuple[str, Callable[..., Any]]]:
         value
         for value in vars(mega.drivers.base).values()
         if inspect.isclass(value)
-        and value.__module__ == "mega.drivers.base"
+        and value.__module__ in ("mega.drivers.base", "mega.drivers.receiving")
         and getattr(value, "_is_protocol", False)
     ]
     found: list[tuple[str, Callable[..., Any]]] = []
