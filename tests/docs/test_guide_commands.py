@@ -46,6 +46,7 @@ from mega.drivers.embedded import EmbeddedServer, free_port
 from mega.drivers.nats.embedded import EmbeddedNats
 from mega.drivers.redis.embedded import EmbeddedRedis
 from tests.factories import TEST_SECRET
+from tests.processes import unmeasured_env
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "guide"
@@ -151,7 +152,10 @@ class ChapterServers:
             self.servers.append(nats)
             redis = EmbeddedRedis(data_dir=data / "redis").start()
             self.servers.append(redis)
-            shell = without_venv(dict(os.environ))
+            # Unmeasured (unmeasured_env): what a block's commands run is measured where it is
+            # tested, and coverage's tracing of every `mega` a block starts was a third of
+            # their CPU, the largest share of any test module's.
+            shell = without_venv(unmeasured_env())
             env = {k: v for k, v in shell.items() if not k.startswith("MEGA_")}
             env.update(
                 NATS_URL=nats.url,
