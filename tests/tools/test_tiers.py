@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SERVER_MODULES
+from tests.processes import unmeasured_env
 from tests.tools.tiers import KEPT, LEFT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,6 +27,7 @@ def collected() -> tuple[list[str], list[str]]:
         capture_output=True,
         text=True,
         timeout=600,  # a hang's bound: the collection takes 10 s on a quiet 2-core machine
+        env=unmeasured_env(),  # a collection, not mega's code: not measured
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     lines = result.stdout.splitlines()

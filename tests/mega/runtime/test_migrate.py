@@ -96,7 +96,7 @@ def test_a_token_made_before_scopes_keeps_every_scope_and_no_end(tmp_path: Path)
                 "INSERT INTO mega_api_tokens (name, token_hash, created_at) "
                 "VALUES ('old-bot', :hash, :at)"
             ),
-            {"hash": "h" * 64, "at": datetime.now(UTC)},
+            {"hash": "h" * 64, "at": datetime.now(UTC).isoformat(" ")},  # as sqlite3 stored it
         )
     assert upgrade(db) == ("0008", head())
     with db.sessions() as session:
