@@ -111,6 +111,7 @@ class Consumer:
         self.drain_timeout_s = 0.0
         self.closed = asyncio.Event()
         self.window: Window | None = None  # the latest read of the cancel window
+        self.idle = False  # the last fetch brought nothing (see _fetch_loop)
         self.watch_unread = Unanswered(
             spec.name,
             "cannot read its pause and cancels (%s): it keeps the last ones it read until it can",
@@ -165,8 +166,12 @@ class Consumer:
             if self.fetch_cap is not None:  # no more than the rate limit could let start
                 free = min(free, self.fetch_cap)
             # The cancel window is read beside the fetch, not after it: no round trip added.
-            window = self._read_window()
+            # After an empty fetch the lane is idle: the next fetch may wait long, and a read
+            # made before it would be stale when jobs come (and read again), so an idle lane
+            # reads the window only once a fetch brings jobs (`_cancelled`).
+            window = None if self.idle else self._read_window()
             deliveries = await self.receiver.fetch(free)
+            self.idle = not deliveries
             if deliveries and any(map(refusal, deliveries)):
                 deliveries = self._screened(deliveries)
             cancelled = await self._cancelled(deliveries, window)
@@ -282,16 +287,16 @@ class Consumer:
         self, deliveries: list[Delivery], window: Window | None
     ) -> set[str] | tuple[()]:
         """Which of the fetched jobs were cancelled, so that a cancel that returned before
-        their fetch is seen: the window read beside the fetch, or read again when the fetch
-        waited longer than `WINDOW_FRESH_S` for its jobs; then, while it is open, their
-        marks. A read that does not answer within `CANCEL_READ_S` starts them unread."""
-        if window is None or not deliveries:
-            return ()
+        their fetch is seen: the window read beside the fetch, or read now when the fetch
+        waited longer than `WINDOW_FRESH_S` for its jobs or the lane was idle (no read beside
+        it); then, while it is open, their marks. A read that does not answer within
+        `CANCEL_READ_S` starts them unread."""
         control = self.control
-        assert control is not None
+        if control is None or not control.on or not deliveries:
+            return ()
 
         async def read() -> set[str]:
-            if time.monotonic() - window.started_at > WINDOW_FRESH_S:
+            if window is None or time.monotonic() - window.started_at > WINDOW_FRESH_S:
                 await control.refresh_cancels()
             else:
                 await window.read
