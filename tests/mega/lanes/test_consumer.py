@@ -7,11 +7,17 @@ import asyncio
 import time
 from typing import Any
 
-from mega import Job
+import pytest
+
+from mega import Context, Job, JobQueue, JobRunner
 from mega.drivers.base import Delivery, DlqRecord
+from mega.drivers.memory import receiver as memory_receiver
+from mega.drivers.memory.receiver import MemoryReceiver
 from mega.jobs.spec import validate_job
 from mega.lanes.consumer import Consumer
+from mega.lanes.control import LaneControl
 from mega.lanes.executor import Executor
+from mega.testing import memory_context
 
 
 class Busy(Job):
@@ -139,3 +145,53 @@ async def test_a_stop_lets_runs_finish_within_the_drain_and_hands_back_the_rest(
     await task
     assert receiver.settled == {"quick": "ack", "stuck": "release"}
     assert loop.closed.is_set()
+
+
+class Counted(Job):
+    bus = "jobs"
+    subject = "lanes.counted"
+
+    async def run(self, payload: int, ctx: Context) -> None:
+        COUNTED.append(payload)
+
+
+COUNTED: list[int] = []
+
+
+async def test_an_idle_lane_reads_its_cancels_only_when_jobs_come_and_still_skips_a_cancelled_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A read of the cancel window beside a fetch that comes back empty would be stale when
+    jobs come: an idle lane makes none, and reads the window once a fetch brings jobs."""
+    monkeypatch.setattr(memory_receiver, "FETCH_WAIT_S", 0.01)  # idle fetches, a hundred a second
+    reads, fetches = [0], [0]
+    refresh_cancels, fetch = LaneControl.refresh_cancels, MemoryReceiver.fetch
+
+    async def counted_read(self: LaneControl) -> None:
+        reads[0] += 1
+        await refresh_cancels(self)
+
+    async def counted_fetch(self: MemoryReceiver, limit: int) -> list[Delivery]:
+        fetches[0] += 1
+        return await fetch(self, limit)
+
+    monkeypatch.setattr(LaneControl, "refresh_cancels", counted_read)
+    monkeypatch.setattr(MemoryReceiver, "fetch", counted_fetch)
+    ctx = memory_context()
+    await Counted.cancel(ctx, "nothing")  # opens the lane's cancel window: reads matter
+    runner = JobRunner(ctx)
+    runner.register(Counted)
+    await runner.start()
+    try:
+        await until(lambda: fetches[0] >= 30)  # the lane idle: thirty empty fetches
+        assert reads[0] == 1  # beside the first fetch only, made before it knew it was idle
+        cancelled = await Counted.enqueue(ctx, 1, delay=0.2)  # comes to the idle lane...
+        assert (await Counted.cancel(ctx, cancelled)).state == "cancelled"  # ...cancelled
+        await Counted.enqueue(ctx, 2, delay=0.2)
+        await until(lambda: COUNTED == [2])
+        assert reads[0] >= 2  # read once jobs came
+        status = await JobQueue(ctx, Counted.bus).status(Counted, cancelled)
+        assert status is not None and status.state == "cancelled"
+    finally:
+        await runner.stop(5)
+    assert COUNTED == [2]  # the cancelled one never ran
