@@ -21,13 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from mega import tracing
 from mega.context import Context
 from mega.drivers.base import Delivery, DriverUnavailable, Lane, LaneStats, Message
 from mega.errors import EventError, JobError
-from mega.events.db_inbox import DbInbox, InboxTransaction
 from mega.events.inbox import Inbox
 from mega.events.listener import DB_INBOX, Listener, ListenerSpec, validate_listener
 from mega.events.spec import (
@@ -42,6 +41,9 @@ from mega.lanes.dlq import DeadLetters
 from mega.lanes.endpoint import LaneEndpoint
 from mega.lanes.executor import Handler
 from mega.lanes.presence import WorkerSeen
+
+if TYPE_CHECKING:
+    from mega.events.db_inbox import InboxTransaction
 
 SIGNALS = ("emit", "start", "done", "retry", "fail", "dlq", "skip")
 
@@ -286,6 +288,10 @@ class EventBus(LaneEndpoint):
         self, spec: ListenerSpec, listener_run: Callable[..., Awaitable[Any]], ctx: Context
     ) -> Handler:
         """`run` inside a database transaction that commits the group's mark of the event id."""
+        # Imported here: the database inbox needs SQLAlchemy, which a config whose listeners
+        # never use it (and a command that only reads the config) has no need to import.
+        from mega.events.db_inbox import DbInbox
+
         inbox = DbInbox(ctx.db, spec.group, spec.inbox_ttl_s)
 
         async def run(payload: Any, delivery: Delivery) -> None:
