@@ -19,9 +19,12 @@ RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['p
     && rm /tmp/requirements.txt
 
 # Then the source, and the package itself without deps (they are in the layer above). Editable,
-# because the sample finds templates/ and static/ next to app/, not in site-packages.
+# because the sample finds templates/ and static/ next to app/, not in site-packages. Compiled
+# here: PYTHONDONTWRITEBYTECODE keeps a container from writing bytecode, so without it every
+# mega process would compile the framework and the app again as it starts.
 COPY . .
 RUN pip install --no-deps -e . \
+    && python -m compileall -q mega app mega_config.py \
     && mkdir -p /app/var \
     && chown mega:mega /app/var
 

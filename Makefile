@@ -8,6 +8,11 @@ BUS    ?= nats
 
 .PHONY: run check test lint format bench bench-scale soak screenshots install clean
 
+# Python's bytecode cache on, whatever the shell says: the tests start about a thousand Python
+# processes, each importing mega and the app, and with PYTHONDONTWRITEBYTECODE set each one
+# compiled them again (a tenth of a CPU-second a process; git and Docker ignore __pycache__).
+unexport PYTHONDONTWRITEBYTECODE
+
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "mega-py needs Python 3.11+")'
 	$(PYTHON) -m venv $(VENV)
