@@ -276,7 +276,11 @@ def _import_file(path: Path) -> ModuleType:
     setattr(module, CONFIG_MARK, True)
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        # Compiled from its source at each load, never from cached bytecode: Python's cache
+        # tells a changed file by its size and its time in whole seconds, so a config written
+        # again within a second at the same size (by a test, by a tool) would load as it was.
+        code = compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+        exec(code, module.__dict__)  # the config file runs as its import would run it
     except ConfigError:
         raise
     except Exception as exc:
