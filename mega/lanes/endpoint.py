@@ -244,6 +244,7 @@ class LaneEndpoint:
             control=control,
             stages=stages,
             middlewares=self.ctx.middlewares,
+            observed=self.signals.has_observers,
         )
         consumer = Consumer(
             executor,

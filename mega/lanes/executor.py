@@ -94,8 +94,10 @@ class Executor:
     lane's) answers whether a redelivered job ended before, `control` reads its pause,
     `stages` act around each attempt and its settle (mega/lanes/stages.py, the first
     outermost), `middlewares` wrap each run (the first outermost). `group` (a listener
-    group's, None for a job lane) names each run in records. `loop` is the consume loop that
-    runs it, which sets itself there (mega/lanes/consumer.py).
+    group's, None for a job lane) names each run in records. `observed(name)` says whether a
+    signal has observers: a `start` or a `done`, which every job sends, is built only when it
+    has. `loop` is the consume loop that runs it, which sets itself there
+    (mega/lanes/consumer.py).
     """
 
     def __init__(
@@ -112,12 +114,14 @@ class Executor:
         control: LaneControl | None = None,
         stages: Sequence[Stage] = (),
         middlewares: Sequence[Middleware] = (),
+        observed: Callable[[str], bool] = lambda name: True,
     ) -> None:
         self.loop: Loop = NoLoop()
         self.receiver = receiver
         self.spec = spec
         self.handler = handler
         self.signal = signal
+        self.observed = observed
         self.instance_id = instance_id
         self.group = group
         self.kind: Literal["event", "job"] = "job" if group is None else "event"
@@ -139,8 +143,10 @@ class Executor:
     async def process(self, delivery: Delivery) -> None:
         spec, attempt = self.spec, delivery.attempt
         try:
-            payload = json.loads(delivery.body)
-        except ValueError as exc:  # also bad UTF-8
+            # Decoded first: json.loads of bytes would look for a UTF-16 or -32 encoding, and
+            # a body is UTF-8 (bad UTF-8 is a ValueError too).
+            payload = json.loads(delivery.body.decode())
+        except ValueError as exc:
             await self.signal(
                 "fail",
                 job=spec.name,
@@ -216,14 +222,15 @@ class Executor:
         spec, attempt = self.spec, delivery.attempt
         started = time.time()
         started_ms = int(started * 1000)
-        due_ms = delivery.run_at_ms or delivery.enqueued_at_ms
-        await self.signal(
-            "start",
-            job=spec.name,
-            id=delivery.id,
-            attempt=attempt,
-            latency_ms=None if due_ms is None else max(0, started_ms - due_ms),
-        )
+        if self.observed("start"):  # every job starts: its signal is built only when heard
+            due_ms = delivery.run_at_ms or delivery.enqueued_at_ms
+            await self.signal(
+                "start",
+                job=spec.name,
+                id=delivery.id,
+                attempt=attempt,
+                latency_ms=None if due_ms is None else max(0, started_ms - due_ms),
+            )
         for begin in self.beginnings:
             waiting = begin(delivery, started_ms)
             if waiting is not None:
@@ -326,6 +333,8 @@ class Executor:
             if waiting is not None:
                 await waiting
             if kind == "done":
+                if not self.observed("done"):  # as `start`: most jobs end done
+                    return
                 await self.signal(
                     "done",
                     job=spec.name,

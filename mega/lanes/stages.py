@@ -52,7 +52,8 @@ Settle = Callable[[Delivery], Awaitable[None]]
 class End:
     """How one delivery's run ended, as the stages see it before its settle.
 
-    `started` is when the run started (epoch s; None: it never ran), `attempts` the runs its
+    `started` is when the run started (epoch s; None: it never ran) and `started_ms` the
+    same in milliseconds, `attempts` the runs its
     record counts, `result` what a `done` run returned, `error` why a `retry` or `dead` one
     failed (and `exc`, the exception, when its run raised it), `due_ms` when a retry is due,
     `record` a dead letter's DLQ record and `terminate` whether its message is terminated
@@ -72,6 +73,7 @@ class End:
         "record",
         "result",
         "started",
+        "started_ms",
         "terminate",
     )
 
@@ -93,6 +95,7 @@ class End:
         self.kind = kind
         self.delivery = delivery
         self.started = started
+        self.started_ms = None if started is None else int(started * 1000)
         self.attempts = delivery.attempt if attempts is None else attempts
         self.result = result
         self.error = error
@@ -102,10 +105,6 @@ class End:
         self.terminate = terminate
         self.delay_s = delay_s
         self.after: Callable[[End, Settle], Awaitable[None] | None] | None = None
-
-    @property
-    def started_ms(self) -> int | None:
-        return None if self.started is None else int(self.started * 1000)
 
     def handed_back(self, delay_s: float) -> End:
         """This delivery, handed back to be delivered again after `delay_s`."""

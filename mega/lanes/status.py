@@ -105,7 +105,12 @@ class StatusWriter:
         `attempts`: the runs, where the delivery's count is one more (a run that never
         reported back)."""
         self._write(
-            delivery, state, attempts, started_at=started_ms, error=error, finished_at=_now_ms()
+            delivery,
+            state,
+            attempts,
+            started_at=started_ms,
+            error=error,
+            finished_at=clock.now_ms(),
         )
 
     def done(self, delivery: Delivery, started_ms: int, result: Any) -> None:
@@ -124,7 +129,7 @@ class StatusWriter:
                 self._results[delivery.id] = body
                 kept = True
         self._write(
-            delivery, "done", started_at=started_ms, finished_at=_now_ms(), result_kept=kept
+            delivery, "done", started_at=started_ms, finished_at=clock.now_ms(), result_kept=kept
         )
 
     def then(self, settle: Settle, delivery: Delivery) -> None:
@@ -305,7 +310,3 @@ async def _quietly(settle: Settle, delivery: Delivery, lane: str) -> None:
         await settle(delivery)
     except Exception:
         logger.exception("%s: job %s: its ack failed; it will run again", lane, delivery.id)
-
-
-def _now_ms() -> int:
-    return clock.now_ms()

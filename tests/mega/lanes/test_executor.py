@@ -78,7 +78,11 @@ def executor(
     signals: Signals,
     middlewares: Sequence[Middleware] = (),
     stages: Sequence[Stage] = (),
+    heard: frozenset[str] | None = None,
 ) -> Executor:
+    """An executor whose signals go to `signals`; with `heard`, only those names have
+    observers (None: every one has)."""
+
     async def signal(name: str, **fields: Any) -> None:
         signals.append((name, fields))
 
@@ -91,6 +95,7 @@ def executor(
         group=None,
         middlewares=middlewares,
         stages=stages,
+        observed=(lambda name: True) if heard is None else heard.__contains__,
     )
 
 
@@ -107,6 +112,27 @@ async def test_a_run_that_returns_is_acked_once_and_said_done() -> None:
     assert seen == [{"to": "ada"}]
     assert receiver.calls == [("ack", "m1")]
     assert [name for name, _ in signals] == ["start", "done"]
+
+
+async def test_a_start_and_a_done_that_nobody_hears_are_not_sent_and_the_rest_are() -> None:
+    async def run(payload: Any, _delivery: Delivery) -> None:
+        if payload == {"to": "bob"}:
+            raise RuntimeError("smtp down")
+
+    receiver = Receiver()
+    signals: Signals = []
+    quiet = executor(receiver, run, signals, heard=frozenset())
+    await quiet.process(delivery(1))
+    await quiet.process(delivery(1, body=b'{"to": "bob"}', key=2))
+    # No start nor done; a retry, as any other signal, goes to `signal`, which asks itself.
+    assert [name for name, _ in signals] == ["retry"]
+    assert [call[0] for call in receiver.calls] == ["ack", "retry"]
+
+    signals.clear()
+    heard = executor(Receiver(), run, signals, heard=frozenset({"start", "done"}))
+    await heard.process(delivery(1))
+    assert [(name, fields["id"]) for name, fields in signals] == [("start", "m1"), ("done", "m1")]
+    assert signals[0][1]["latency_ms"] >= 0 and signals[1][1]["duration_ms"] >= 0
 
 
 async def test_a_failure_with_tries_left_goes_back_for_the_backoffs_end() -> None:
