@@ -316,9 +316,10 @@ async def test_bad_timeout_or_run_id_is_422(
 
 
 async def test_a_pool_run_reports_its_rounds_while_it_runs(config: Config) -> None:
-    # About a second here (some 30 progress reports), and within the route's 60 s on a machine
-    # so busy that the pool's niced children get a tenth of a core.
-    rounds = 2_000_000
+    # Under half a second here (some 15 progress reports), and within the route's 60 s on a
+    # machine so busy that the pool's niced children get 2% of a core (two busy loops beside
+    # the four xdist workers of `make test`).
+    rounds = 1_000_000
     async with web_client(config, pools=True) as client:
         headers = await authed(client, "/demo/worker")
         body = {"input": "p", "rounds": rounds, "run_id": "run-1"}
