@@ -372,7 +372,11 @@ async def test_fifty_schedules_on_one_clock_all_run_at_each_instant(
     bound is 5 s here, not 1 s: while the whole suite runs on 2 cores a round trip can stall
     past a second (three CI runs saw a claim or two of 50 time out), and this test is about the
     clock, not that bound (the outage tests hold it). Every third second, not every other: a CI
-    run saw the whole loop stall past 2 s once, and the overlap guard skip each schedule."""
+    run saw the whole loop stall past 2 s once, and the overlap guard skip each schedule.
+    Neither the first instant nor the last is counted: the first may come while the 50 are
+    still starting and the client opens its connections (beside two busy loops, on a Redis
+    Cluster, 39 of 50 ran at the first instant and all 50 at each after), the last while it
+    stops."""
     monkeypatch.setattr(locks, "OP_TIMEOUT_S", 5.0)
     client = await lock_clients()
     runs: list[Run] = []
@@ -385,12 +389,12 @@ async def test_fifty_schedules_on_one_clock_all_run_at_each_instant(
     scheduler.on("skip", skips.append)
     await scheduler.start()
     try:
-        await wait_for(lambda: len({run[0] for run in runs}) >= 4, timeout_s=40)
+        await wait_for(lambda: len({run[0] for run in runs}) >= 5, timeout_s=45)
     finally:
         await scheduler.stop()
     assert skips == [], Counter(skip["reason"] for skip in skips)
     per_instant = Counter(run[0] for run in runs)
-    whole = sorted(per_instant)[:-1]  # the last instant was still starting when it stopped
+    whole = sorted(per_instant)[1:-1]  # the first and the last are partial (above)
     assert len(whole) >= 3
     assert [per_instant[instant] for instant in whole] == [50] * len(whole)
 
