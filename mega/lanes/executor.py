@@ -94,9 +94,9 @@ class Executor:
     lane's) answers whether a redelivered job ended before, `control` reads its pause,
     `stages` act around each attempt and its settle (mega/lanes/stages.py, the first
     outermost), `middlewares` wrap each run (the first outermost). `group` (a listener
-    group's, None for a job lane) names each run in records. `observed(name)` says whether a
-    signal has observers: a `start` or a `done`, which every job sends, is built only when it
-    has. `loop` is the consume loop that runs it, which sets itself there
+    group's, None for a job lane) names each run in records. `observed(name)` says whether
+    anything observes a signal: a `start` or a `done`, which nearly every run sends, is built
+    only then. `loop` is the consume loop that runs it, which sets itself there
     (mega/lanes/consumer.py).
     """
 
@@ -222,7 +222,7 @@ class Executor:
         spec, attempt = self.spec, delivery.attempt
         started = time.time()
         started_ms = int(started * 1000)
-        if self.observed("start"):  # every job starts: its signal is built only when heard
+        if self.observed("start"):  # every run starts: built only when something listens
             due_ms = delivery.run_at_ms or delivery.enqueued_at_ms
             await self.signal(
                 "start",
