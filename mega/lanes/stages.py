@@ -52,10 +52,10 @@ Settle = Callable[[Delivery], Awaitable[None]]
 class End:
     """How one delivery's run ended, as the stages see it before its settle.
 
-    `started` is when the run started (epoch s; None: it never ran) and `started_ms` the
-    same in milliseconds, `attempts` the runs its
-    record counts, `result` what a `done` run returned, `error` why a `retry` or `dead` one
-    failed (and `exc`, the exception, when its run raised it), `due_ms` when a retry is due,
+    `started` is when the run started (epoch s; None: it never ran) and `started_ms` the same
+    in milliseconds, `attempts` the runs its record counts, `result` what a `done` run
+    returned, `error` why a `retry` or `dead` one failed (and `exc`, the exception, when its
+    run raised it), `due_ms` when a retry is due,
     `record` a dead letter's DLQ record and `terminate` whether its message is terminated
     (never delivered again), `delay_s` how long a `back` waits. `after`, when a stage set it,
     is called as `after(end, ack)` instead of acking: the stage's own work, then the ack (an
