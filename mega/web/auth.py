@@ -31,7 +31,7 @@ import math
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
@@ -39,7 +39,7 @@ from itsdangerous import BadSignature, Signer
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from mega import audit
+from mega import audit, clock
 from mega.constants import (
     ANON_CSRF_COOKIE,
     CSRF_FORM_FIELD,
@@ -115,8 +115,9 @@ def _id_hash(session_id: str) -> str:
 
 
 def utcnow() -> datetime:
-    """The time now, in UTC (what sessions and limits are stamped with)."""
-    return datetime.now(UTC)
+    """The time now, in UTC (what sessions and limits are stamped with), on mega's clock: a
+    test drives a login's wait and a session's expiry with `mega.testing.fake_clock()`."""
+    return clock.utcnow()
 
 
 # ---- sessions ------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from mega.config import Config
 from mega.constants import DEVICE_COOKIE, SESSION_COOKIE
 from mega.drivers.embedded import free_port
 from mega.settings import AuthConfig
+from mega.testing import fake_clock
 from mega.web.accounts import ensure_user, safe_next
 from mega.web.auth import sign
 from mega.web.limits import (
@@ -108,38 +109,42 @@ async def test_failures_slow_down_then_lock_the_pair_with_429_and_retry_after(
     config: Config,
 ) -> None:
     async with web_client(config) as client:
-        assert (await login(client, DEMO_USER, "wrong")).status_code == 401
-        assert (await login(client, DEMO_USER, "wrong")).status_code == 401
-        # After the second failure the next try waits 1 s: refused, unchecked, not counted.
-        early = await login(client)
-        assert early.status_code == 429 and early.headers["retry-after"] == "1"
-        assert "Too many attempts. Try again in 1 second." in early.text
-        await asyncio.sleep(1.05)  # the 1 s wait the answer asked for, on the server's clock
-        assert (await login(client, DEMO_USER, "wrong")).status_code == 401  # the 3rd: locked
-        locked = await login(client)  # even the right password
-        assert locked.status_code == 429 and 1 <= int(locked.headers["retry-after"]) <= 3
-        assert SESSION_COOKIE not in locked.headers.get("set-cookie", "")
-        await asyncio.sleep(int(locked.headers["retry-after"]) + 0.1)
-        assert (await login(client)).status_code == 303
+        with fake_clock() as clock:
+            assert (await login(client, DEMO_USER, "wrong")).status_code == 401
+            assert (await login(client, DEMO_USER, "wrong")).status_code == 401
+            # After the second failure the next try waits 1 s: refused, unchecked, not counted.
+            early = await login(client)
+            assert early.status_code == 429 and early.headers["retry-after"] == "1"
+            assert "Too many attempts. Try again in 1 second." in early.text
+            await clock.advance(0.9)  # not yet
+            assert (await login(client)).status_code == 429
+            await clock.advance(0.1)  # the 1 s wait the answer asked for
+            assert (await login(client, DEMO_USER, "wrong")).status_code == 401  # 3rd: locked
+            locked = await login(client)  # even the right password
+            assert locked.status_code == 429 and locked.headers["retry-after"] == "2"
+            assert SESSION_COOKIE not in locked.headers.get("set-cookie", "")
+            await clock.advance(2)
+            assert (await login(client)).status_code == 303
 
 
 async def test_a_lock_holds_one_address_only_and_a_success_resets_it(config: Config) -> None:
     async with web_client(config) as client:
-        for pause in (0, 0, 1.05):
-            await asyncio.sleep(pause)
-            assert (await login(client, DEMO_USER, "wrong")).status_code == 401
-        assert (await login(client)).status_code == 429
-        # The same user from another address is not locked out by the attacker's failures.
-        async with from_ip(client, "10.9.9.9") as other:
-            assert (await login(other)).status_code == 303
-        async with from_ip(client, "10.8.8.8") as third:
-            assert (await login(third, DEMO_USER, "wrong")).status_code == 401
-            assert (await login(third)).status_code == 303  # a success clears its failures
-            await third.post(
-                "/logout", data={"csrf_token": csrf_from((await third.get("/home")).text)}
-            )
-            assert (await login(third, DEMO_USER, "wrong")).status_code == 401
-            assert (await login(third, DEMO_USER, "wrong")).status_code == 401  # no delay yet
+        with fake_clock() as clock:
+            for pause in (0, 0, 1):
+                await clock.advance(pause)
+                assert (await login(client, DEMO_USER, "wrong")).status_code == 401
+            assert (await login(client)).status_code == 429
+            # The same user from another address is not locked out by the attacker's failures.
+            async with from_ip(client, "10.9.9.9") as other:
+                assert (await login(other)).status_code == 303
+            async with from_ip(client, "10.8.8.8") as third:
+                assert (await login(third, DEMO_USER, "wrong")).status_code == 401
+                assert (await login(third)).status_code == 303  # a success clears its failures
+                await third.post(
+                    "/logout", data={"csrf_token": csrf_from((await third.get("/home")).text)}
+                )
+                assert (await login(third, DEMO_USER, "wrong")).status_code == 401
+                assert (await login(third, DEMO_USER, "wrong")).status_code == 401  # no delay yet
 
 
 async def test_failures_from_one_address_across_usernames_are_limited(config: Config) -> None:
@@ -164,10 +169,11 @@ async def test_a_refused_try_takes_as_long_as_a_checked_one(config: Config) -> N
             return time.perf_counter() - started
 
         checked = [await timed(f"nobody{n}") for n in range(3)]  # 3 failures of 3 pairs
-        for pause in (0, 0, 1.05):
-            await asyncio.sleep(pause)
-            await timed("victim")
-        refused = [await timed("victim") for _ in range(5)]
+        with fake_clock() as clock:
+            for pause in (0, 0, 1):
+                await clock.advance(pause)
+                await timed("victim")
+            refused = [await timed("victim") for _ in range(5)]
         assert statistics.median(refused) > 0.5 * statistics.median(checked)
 
 
