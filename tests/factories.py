@@ -6,6 +6,7 @@ tests/mega/web/site.py, no schedules, jobs or workers): what the framework's tes
 
 from __future__ import annotations
 
+import asyncio
 import re
 import textwrap
 from collections.abc import AsyncIterator
@@ -86,6 +87,11 @@ workers = [Hash]
 events = [Signup]
 listeners = [Welcome]
 """
+
+
+async def until_cancelled() -> None:
+    """A run, or a loop's wait, that no time ends: only a cancel does (a time limit, a stop)."""
+    await asyncio.Event().wait()
 
 
 def write_config(

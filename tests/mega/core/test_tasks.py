@@ -10,6 +10,7 @@ import pytest
 import redis.asyncio
 
 from mega.tasks import RECANCEL_AFTER_S, TimeLimit, cancel_and_wait, wait_event
+from tests.factories import until_cancelled
 
 
 async def loop_that_loses_cancels(lost: list[int], passes: list[int]) -> None:
@@ -18,7 +19,7 @@ async def loop_that_loses_cancels(lost: list[int], passes: list[int]) -> None:
     while True:
         passes.append(1)
         try:
-            await asyncio.sleep(3600)  # the loop's wait, until a cancel
+            await until_cancelled()  # the loop's wait
         except asyncio.CancelledError:
             if lost[0] == 0:
                 raise

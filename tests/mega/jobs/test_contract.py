@@ -30,7 +30,7 @@ from mega.lanes.control import PAUSE_KEY, Cancelled
 from mega.lanes.delivery import stand_in_id
 from mega.lanes.records import ErrorInfo
 from mega.runtime.bootstrap import boot, shutdown
-from tests.factories import write_config
+from tests.factories import until_cancelled, write_config
 
 RUNS: Counter[str] = Counter()  # job id -> runs started
 DONE: Counter[str] = Counter()  # job id -> runs that succeeded
@@ -112,7 +112,7 @@ class Limited(Job):
         RUNS[payload["id"]] += 1
         mode = payload["mode"]
         if mode == "hang":
-            await asyncio.sleep(30)  # the run itself, until its time limit ends it
+            await until_cancelled()  # the run itself, until its time limit ends it
         elif mode == "own_timeout":
             raise TimeoutError("the run's own")
         elif mode == "permanent":
@@ -1428,7 +1428,7 @@ class Wrapped(Job):
         if payload["mode"] == "flaky" and RUNS[payload["id"]] == 1:
             raise RuntimeError("the first run fails")
         if payload["mode"] == "hang":
-            await asyncio.sleep(30)  # until the lane's time limit ends it
+            await until_cancelled()  # until the lane's time limit ends it
         return payload["tenant"]
 
 

@@ -27,6 +27,7 @@ from mega.jobs.queue import SIGNALS, JobQueue
 from mega.jobs.runner import JobRunner
 from mega.lanes.backoff import BackoffPolicy
 from mega.settings import BusSpec
+from tests.factories import until_cancelled
 
 # Retries in milliseconds, so the tests spend their time on behaviour, not on waiting.
 FAST_BACKOFF = {"type": "exponential", "initial": 20, "max": 50}
@@ -462,7 +463,7 @@ async def test_stop_lets_in_flight_jobs_finish(queue: JobQueue, prefix: str) -> 
 
 async def test_stop_timeout_hands_unfinished_jobs_back(queue: JobQueue, prefix: str) -> None:
     async def run(payload: Any) -> None:
-        await asyncio.sleep(60)  # the run itself: longer than the stop waits
+        await until_cancelled()  # the run itself: longer than the stop waits
 
     job = make_job(prefix, run)
     seen = Recorder(queue)

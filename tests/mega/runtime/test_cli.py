@@ -268,7 +268,7 @@ def hold(runtime, ctx):
 
 async def hold_async(runtime, ctx):
     import asyncio
-    await asyncio.sleep(60)  # held until the signal stops the host
+    await asyncio.Event().wait()  # held until the signal stops the host
 
 hooks = {{{host!r}: [hold, hold_async]}}
 """
