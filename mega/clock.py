@@ -2,8 +2,9 @@
 
 Everything in mega that decides by time reads it here: a delayed job's and a retry's due time,
 the pause and cancel windows, a record's keep, a dead letter's time, the dedup window of the
-memory driver, a schedule's next instant. A test can then drive time instead of waiting for it:
-`mega.testing.fake_clock()` puts a `FakeClock` in place, which moves only when told.
+memory driver, a schedule's next instant, a login's wait and a session's expiry. A test can
+then drive time instead of waiting for it: `mega.testing.fake_clock()` puts a `FakeClock` in
+place, which moves only when told.
 
     with fake_clock() as clock:
         await Reminder.enqueue({...}, delay=3600)
