@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import NotFoundError
 
 from mega import Context, EventBus, ListenerRunner, outbox
 from mega.config import Config, load_config
@@ -83,11 +84,15 @@ def _text(value: str | bytes) -> str:
 
 
 async def published(ctx: Context, prefix: str) -> int:
-    """Messages the events stream holds for this test's events (the stream is shared)."""
+    """Messages the events stream holds for this test's events (the stream is shared, and made
+    by the first publish: 0 before any test published)."""
     nats_bus = ctx.bus("jobs")
     assert isinstance(nats_bus, NatsBus)
     js = nats_bus.js
-    info = await js.stream_info(EVENTS_STREAM, subjects_filter=f"events.{prefix}.>")
+    try:
+        info = await js.stream_info(EVENTS_STREAM, subjects_filter=f"events.{prefix}.>")
+    except NotFoundError:
+        return 0
     return sum((info.state.subjects or {}).values())
 
 
