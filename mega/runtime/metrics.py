@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
@@ -18,6 +17,7 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from mega import clock
 from mega.context import Context
 from mega.drivers.base import LaneStats
 from mega.jobs.spec import validate_job
@@ -86,10 +86,10 @@ class QueueDepths(Collector):
     delayed ones where the driver does, see `LaneStats`) and `mega_queue_oldest_seconds{job}`
     (now minus when the oldest job not settled yet was enqueued; 0 when none), for autoscaling.
 
-    Read from `Bus.stats` of each watched job when scraped, at most once per REFRESH_S (a
-    scrape within it gets the last read). A scrape from a thread (the hosts' metrics server,
-    the web app's /metrics) waits up to READ_TIMEOUT_S for the read on the watching loop; a
-    job whose queue does not answer has no sample rather than a stale one."""
+    Read from `Bus.stats` of each watched job when scraped, at most once per REFRESH_S on
+    mega's clock (a scrape within it gets the last read). A scrape from a thread (the hosts'
+    metrics server, the web app's /metrics) waits up to READ_TIMEOUT_S for the read on the
+    watching loop; a job whose queue does not answer has no sample rather than a stale one."""
 
     REFRESH_S = 1.0
     READ_TIMEOUT_S = 2.0
@@ -113,9 +113,9 @@ class QueueDepths(Collector):
 
     async def refresh(self) -> None:
         """Read every watched queue, unless that was done within REFRESH_S."""
-        if time.monotonic() - self.read_at < self.REFRESH_S:
+        if clock.monotonic() - self.read_at < self.REFRESH_S:
             return
-        self.read_at = time.monotonic()
+        self.read_at = clock.monotonic()
         jobs = list(self.readers)
         found = await asyncio.gather(*(self.readers[job]() for job in jobs), return_exceptions=True)
         for job, stats in zip(jobs, found, strict=True):
@@ -134,7 +134,7 @@ class QueueDepths(Collector):
             "Age of the oldest job of the queue not settled yet (waiting or running; 0: none)",
             labels=["job"],
         )
-        now_ms = time.time() * 1000
+        now_ms = clock.now() * 1000
         for job, stats in sorted(self.stats.items()):
             depth.add_metric([job], stats.pending)
             age_s = 0.0 if stats.oldest_ms is None else max(0.0, (now_ms - stats.oldest_ms) / 1000)

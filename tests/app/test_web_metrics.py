@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 
 from mega import JobQueue
 from mega.config import load_config
+from mega.testing import fake_clock
 from tests.factories import (
     SAMPLE_REGISTRATIONS,
     csrf_from,
@@ -109,8 +109,9 @@ async def test_the_depth_and_the_oldest_age_of_each_configured_queue(
         assert queue.bus.driver == driver
         empty = await scrape(client)
         await queue.enqueue_many(job, [{"n": n} for n in range(5)])
-        await asyncio.sleep(1.1)  # past the last read's reuse, and the oldest a second old
-        text = await scrape(client)
+        with fake_clock() as clock:
+            await clock.advance(1.1)  # past the last read's reuse, and the oldest a second old
+            text = await scrape(client)
     assert sample(empty, "mega_queue_depth", job="DepthJob") == 0
     assert "mega_queue_depth{" in empty  # a sample, 0, not a missing one
     assert sample(text, "mega_queue_depth", job="DepthJob") == 5
