@@ -10,9 +10,10 @@ from typing import Any
 
 import httpx
 
-from app.jobs.pipeline import SIZES
+from app.jobs.pipeline import SIZES, PublishJob
 from mega.config import Config
 from tests.factories import authed, job_worker, web_client
+from tests.settled import settled
 
 
 async def run_to_the_end(client: httpx.AsyncClient, headers: dict[str, str], **body: Any) -> Any:
@@ -33,10 +34,11 @@ async def run_to_the_end(client: httpx.AsyncClient, headers: dict[str, str], **b
 
 
 async def test_the_publish_job_runs_once_with_every_rendition(config: Config) -> None:
-    async with web_client(config) as client, job_worker(config):
+    async with web_client(config) as client, job_worker(config) as worker:
         headers = await authed(client, "/demo/jobs")
         run = await run_to_the_end(client, headers, members=5)
-        await asyncio.sleep(0.5)  # no event to wait for: a second callback would be in by now
+        # A second callback would be a message of the publish job's lane: none is left.
+        await settled(lambda: worker.queue(PublishJob.bus).stats(PublishJob), "the callback")
         again = (await client.get(f"/api/demo/workflows/{run['id']}")).json()["data"]
     assert run["state"] == "done" and again["callback_runs"] == 1
     assert "waiting" in run["callback_seen"]  # it waited for the members

@@ -4,11 +4,11 @@ load, and every listener group still runs every event."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
 
+from mega import EventBus
 from mega.config import load_config
 from mega.drivers.nats import NatsBus
 from mega.drivers.nats.names import EVENTS_STREAM
@@ -20,6 +20,7 @@ from tests.mega.events.test_events_faults import (
     classes,
     commit_events,
     config_body,
+    groups_settled,
     runs,
     start_worker,
     stop,
@@ -66,7 +67,7 @@ async def test_relayed_events_survive_the_loss_of_the_events_stream_leader(
                 lambda group=group: _count_is(redis, prefix, group, EVENTS), f"group {group}", 90
             )
         cluster.node(leader).start()
-        await asyncio.sleep(1.0)  # a duplicate would land by now
+        await groups_settled(EventBus(ctx, "jobs"), found)  # nothing left to deliver again
         for group in ("a", "b", "c"):
             seen = await runs(redis, prefix, group)
             assert sorted(seen) == sorted(ids), group

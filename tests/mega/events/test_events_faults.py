@@ -5,6 +5,7 @@ dedup window, and two relays splitting rows on PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from tests.factories import write_config
 from tests.mega.events import fault_events
 from tests.mega.jobs.test_contract import REDIS_BUS
 from tests.processes import unmeasured_env
+from tests.settled import settled
 
 ROOT = Path(__file__).resolve().parents[3]
 TIMEOUT_S = 30.0
@@ -41,6 +43,12 @@ def classes(prefix: str) -> dict[str, Any]:
         for name in ("a", "b", "c")
     }
     return {"event": event, **groups}
+
+
+async def groups_settled(bus: EventBus, found: dict[str, Any], names: str = "abc") -> None:
+    """Until each group's lane holds no event waiting or unsettled: none can run again."""
+    for name in names:
+        await settled(functools.partial(bus.stats, found[name]), f"group {name}")
 
 
 def config_body(*, listeners: bool = True) -> str:
@@ -135,7 +143,7 @@ async def test_three_groups_on_two_worker_processes_each_see_every_event_once(
         ids = [await bus.emit(found["event"], {"n": n}) for n in range(2000)]
         for group in ("a", "b", "c"):
             await until(lambda group=group: _count_is(redis, prefix, group, 2000), f"group {group}")
-        await asyncio.sleep(1.0)  # a duplicate would land by now
+        await groups_settled(bus, found)  # nothing left to deliver again
         for group in ("a", "b", "c"):
             seen = await runs(redis, prefix, group)
             assert sorted(seen) == sorted(ids) and set(seen.values()) == {1}, group
@@ -174,7 +182,7 @@ async def test_on_redis_a_worker_killed_mid_run_loses_no_event(
         workers[0].wait()
         for group in ("a", "b", "c"):
             await until(lambda group=group: _count_is(redis, prefix, group, 300), f"group {group}")
-        await asyncio.sleep(1.0)  # a duplicate has no event to wait for: it would land by now
+        await groups_settled(bus, found)  # nothing left to deliver again
         for group in ("a", "b", "c"):
             seen = await runs(redis, prefix, group)
             assert sorted(seen) == sorted(ids), group
@@ -218,7 +226,7 @@ async def test_a_relay_killed_mid_batch_loses_nothing_and_runs_nothing_twice(
     try:
         assert await relay.relay_once() == 50  # the next relay publishes every row again
         await until(lambda: _count_is(redis, prefix, "a", 50), "group a")
-        await asyncio.sleep(1.0)  # a duplicate has no event to wait for: it would land by now
+        await groups_settled(EventBus(ctx, "jobs"), found, "a")  # a stored copy would have run
         assert await published(ctx, prefix) == 50  # JetStream dropped the second publishes
         seen = await runs(redis, prefix, "a")
         assert sorted(seen) == sorted(ids) and set(seen.values()) == {1}

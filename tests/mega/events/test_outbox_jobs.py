@@ -28,6 +28,7 @@ from mega.transactional import outbox_rows
 from tests.factories import write_config
 from tests.mega.events import fault_events
 from tests.mega.jobs.test_contract import DRIVERS, bus_body
+from tests.settled import settled
 
 ROOT = Path(__file__).resolve().parents[3]
 TIMEOUT_S = 20.0
@@ -125,7 +126,7 @@ async def test_a_relay_failing_after_its_enqueue_runs_nothing_twice(
 ) -> None:
     """The relay enqueues the batch, then cannot mark the rows (the database went away): the
     next batch enqueues the same jobs again, and the bus drops the copies (same job ids)."""
-    _config, ctx, job, _queue, redis = setup
+    _config, ctx, job, queue, redis = setup
     ids = await ctx.db.run(
         lambda session: [outbox.enqueue(session, job, {"n": n}) for n in range(20)]
     )
@@ -143,7 +144,7 @@ async def test_a_relay_failing_after_its_enqueue_runs_nothing_twice(
         assert (await ctx.db.run(outbox.stats)).pending == 20  # nothing was marked
         monkeypatch.setattr(outbox_rows, "mark_published", marks)
         assert await OutboxRelay(ctx, jobs=[job]).relay_once() == 20
-        await asyncio.sleep(1.0)  # a second run has no event to wait for: it would start by now
+        await settled(lambda: queue.stats(job), "the queue")  # a stored copy would have run
         assert await runs(redis, prefix) == dict.fromkeys(ids, 1)
         assert (await ctx.db.run(outbox.stats)).pending == 0
     finally:
@@ -174,7 +175,7 @@ async def test_a_relay_killed_after_its_enqueue_runs_nothing_twice(setup: Any, p
     try:
         assert await OutboxRelay(ctx, jobs=[job]).relay_once() == 50
         await until(lambda: _ran(redis, prefix, ids), "the jobs")
-        await asyncio.sleep(1.0)  # a second run has no event to wait for: it would start by now
+        await settled(lambda: queue.stats(job), "the queue")  # a stored copy would have run
         assert await runs(redis, prefix) == dict.fromkeys(ids, 1)
     finally:
         await worker.stop(5)

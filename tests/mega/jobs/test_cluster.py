@@ -24,6 +24,7 @@ from tests.cluster import NatsCluster
 from tests.factories import write_config
 from tests.mega.jobs import fault_jobs
 from tests.mega.jobs.test_jobs_faults import for_prefix, registration
+from tests.settled import settled
 
 ROOT = Path(__file__).resolve().parents[3]
 JOBS = 5_000
@@ -79,7 +80,7 @@ async def test_an_r3_stream_loses_no_job_when_its_leader_is_killed(
         await until(lambda: done_at_least(3000), "3,000 jobs done without the old leader")
         cluster.node(leader).start()  # back, it catches up from its peers
         await until(lambda: done_at_least(JOBS), "every job done")
-        await asyncio.sleep(1.0)  # a duplicate would land by now
+        await settled(lambda: queue.stats(job), "the queue")  # nothing left to run again
         done = {key: int(n) for key, n in (await redis.hgetall(f"{prefix}:done")).items()}
         assert set(done) == set(ids), f"lost: {len(set(ids) - set(done))}"
         twice = [job_id for job_id, n in done.items() if n > 1]

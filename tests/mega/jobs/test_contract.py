@@ -31,6 +31,7 @@ from mega.lanes.delivery import stand_in_id
 from mega.lanes.records import ErrorInfo
 from mega.runtime.bootstrap import boot, shutdown
 from tests.factories import until_cancelled, write_config
+from tests.settled import settled
 
 RUNS: Counter[str] = Counter()  # job id -> runs started
 DONE: Counter[str] = Counter()  # job id -> runs that succeeded
@@ -416,7 +417,8 @@ async def test_the_short_form_a_schema_and_a_plain_run_on_a_thread(setup: Any, p
         again = await typed.enqueue(ctx, {"id": f"{prefix}-slow"}, id=prefix)
         assert (job_id, job_id.duplicate, again, again.duplicate) == (prefix, False, prefix, True)
         await until(lambda: DONE[f"{prefix}-slow"] == 1, "the slow run done")
-        await asyncio.sleep(1.0)  # past another ack wait: a lost lease would have run it again
+        # A lost lease would have had it delivered again, and run, before the first run ended.
+        await settled(lambda: worker.queue("jobs").stats(typed), "the queue")
         assert TYPED[f"{prefix}-slow"] == [(Order, False)]
         assert DONE[f"{prefix}-slow"] == 1
         stats = await worker.queue("jobs").stats(typed)
@@ -726,7 +728,7 @@ async def test_cancel_a_queued_a_delayed_a_running_and_a_finished_job(
         assert await queue.cancel(slow, quick) == Cancelled(False, "done")
         # The queued and the delayed ones come up and are skipped; nothing runs them.
         await until(lambda: sum(s["signal"] == "cancel" for s in seen) == 3, "three cancels")
-        await asyncio.sleep(1.0)  # past the delay and a watch: nothing retries or runs again
+        await settled(lambda: queue.stats(slow), "the queue")  # nothing left to run or retry
         assert [RUNS[f"{prefix}-{n}"] for n in ("queued", "delayed", "running", "quick")] == [
             0,
             0,
@@ -781,10 +783,12 @@ async def test_a_paused_queue_starts_nothing_until_it_is_resumed(
         for n in range(3):
             await slow.enqueue(ctx, {"id": f"{prefix}-p{n}"})
         await until(lambda: DONE[f"{prefix}-long"] == 1, "the running job finished")
-        await asyncio.sleep(1.0)  # a freed slot would take a paused job by now, were it to
+        # Each freed slot fetches a paused job and holds it, its lease renewed: once every
+        # slot holds one, nothing more is fetched and nothing starts until the resume.
+        slots = slow.concurrency
+        stats = await settled(lambda: queue.stats(slow), "held", pending=3 - slots, in_flight=slots)
         assert sum(RUNS[f"{prefix}-p{n}"] for n in range(3)) == 0  # nothing new started
-        stats = await queue.stats(slow)  # waiting; fetched ones are held, their leases renewed
-        assert (stats.pending + stats.in_flight, stats.dlq) == (3, 0)
+        assert stats.dlq == 0
         await queue.resume(slow, by="test")
         await until(lambda: all(DONE[f"{prefix}-p{n}"] == 1 for n in range(3)), "resumed")
         assert not (await queue.paused(slow)).paused

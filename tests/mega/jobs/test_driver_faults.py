@@ -34,6 +34,7 @@ from tests.mega.jobs.test_jobs_faults import (
     logged_counts,
     registration,
 )
+from tests.settled import settled
 
 TIMEOUT_S = 30.0
 
@@ -142,8 +143,7 @@ async def test_a_job_that_kills_its_worker_is_dead_lettered(setup: Any, prefix: 
             exits.append(code)
             fleet[0] = setup.start(path)
         await asyncio.sleep(0.05)
-    # A run after the dead letter has no event to wait for: two ack waits, when it would come.
-    await asyncio.sleep(2 * fault_jobs.ACK_WAIT_S)
+    await settled(lambda: queue.stats(job), "the queue")  # nothing left to deliver again
     assert await counts_of(redis, f"{prefix}:runs") == {"crash-1": job.retries + 1}
     assert exits == [1] * (job.retries + 1)
     [record] = await queue.dlq.list(job)

@@ -37,6 +37,7 @@ from mega.settings import BusSpec
 from tests.factories import write_config
 from tests.mega.jobs import fault_jobs
 from tests.processes import unmeasured_env
+from tests.settled import settled
 
 ROOT = Path(__file__).resolve().parents[3]
 # Booting a host (imports, NATS and Redis connections, streams) takes about a second.
@@ -294,7 +295,7 @@ async def test_job_that_kills_its_worker_goes_to_the_dlq_after_retries_plus_one_
                 fleet[n] = start_worker(config)  # no waiting: keep watching the others
         await asyncio.sleep(POLL_S)
 
-    await asyncio.sleep(2 * fault_jobs.ACK_WAIT_S)  # time for a redelivery, were there one
+    await settled(lambda: queue.stats(job), "the queue")  # nothing left to deliver again
     runs = await counts_of(redis, f"{prefix}:runs")
     assert runs == {job_id: job.retries + 1}  # then no more: no crash loop
     assert exit_codes == [1] * (job.retries + 1)  # each run ended its process, os._exit(1)
@@ -421,7 +422,9 @@ async def test_a_cancel_reaches_the_process_running_the_job_and_a_queued_one_nev
         return cut == {job_id: holders[job_id][0] for job_id in running[:2]}
 
     await until(cut_short, "each cancel reaching the process that runs its job")
-    await asyncio.sleep(3)  # past the delayed one's time, and a retry's backoff many times
+    # The delayed one came due and was dropped unrun, the two cut short were settled without
+    # a retry: the stream holds only the two that run on.
+    await until(lambda: _equals(stream_size(queue, stream_name(spec.subject)), 2), "two stored")
     assert await started_by(redis, prefix, pids) == holders  # nothing restarted, `later` never
     for job_id in (*running[:2], later):
         status = await queue.status(job, job_id)
@@ -454,7 +457,11 @@ async def test_a_pause_holds_every_process_until_the_resume(
     await queue.pause(job, by="test")
     await until(lambda: _logged(workers, " paused: "), "both processes paused")
     ids = [await queue.enqueue(job, {"id": f"p{n}", "sleep_s": 0}, id=f"p{n}") for n in range(6)]
-    await asyncio.sleep(2)  # what must not happen has no event: time for it to, were it to
+    # The processes fetch into their free slots and hold what they fetched: once the lane's
+    # concurrency (on NATS, what the whole fleet may hold) is held, nothing more is fetched
+    # and nothing starts until the resume.
+    held = job.concurrency
+    await settled(lambda: queue.stats(job), "held", pending=6 - held, in_flight=held)
     assert await started_by(redis, prefix, pids) == {}  # nothing started in either
     await queue.resume(job, by="test")
     await until(lambda: _done(redis, prefix, ids), "all six done after the resume")

@@ -23,6 +23,7 @@ from tests.mega.jobs.test_jobs_faults import (  # the fixtures too: pytest finds
     start_worker,
 )
 from tests.mega.jobs.timeline import Records
+from tests.settled import settled
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +58,7 @@ async def test_three_workers_share_one_rate_limit(
     while len(seen.read().starts) < JOBS:
         assert time.monotonic() < deadline, f"{len(seen.starts)} of {JOBS} started"
         await asyncio.sleep(0.2)
-    await asyncio.sleep(1.0)  # a start after the last would be a duplicate: give it time
+    await settled(lambda: queue.stats(job), "the queue")  # nothing left to start again
     starts = seen.read().starts
     assert sorted(Counter(job_id for _, job_id in starts).values()) == [1] * JOBS
     assert {job_id for _, job_id in starts} == {str(n) for n in range(JOBS)}
