@@ -173,15 +173,13 @@ async def test_a_paused_relay_lets_rows_pile_up_then_they_drain(config: Config) 
         paused = await client.post("/api/demo/events/relay", json={"paused": True}, headers=headers)
         assert paused.json()["data"] == {"paused": True}
         ids = [(await sign_up(client, headers, f"u{n}@example.com"))["event_id"] for n in range(3)]
-        await asyncio.sleep(0.5)  # several relay polls
-        data = await state(client)
+        # The lag is the oldest waiting row's age: it grows while the relay is paused, over
+        # several of its polls (every 0.1 s) that leave the rows where they are.
+        data = await until(client, lambda d: d["outbox"]["lag_ms"] >= 400)
         # Each signup wrote two rows: its event and its own job (outbox.enqueue).
         assert data["outbox"]["pending"] == 6 and data["outbox"]["paused"] is True
-        # The lag is the oldest waiting row's age: it grows while the relay is paused.
         lag = data["outbox"]["lag_ms"]
-        assert lag >= 400
-        await asyncio.sleep(0.3)
-        assert (await state(client))["outbox"]["lag_ms"] >= lag + 250
+        await until(client, lambda d: d["outbox"]["lag_ms"] >= lag + 250)
         assert {statuses(data, i)["event"] for i in ids} == {"pending"}
         # Nothing is published yet: every group waits for the relay, none has it queued.
         for i in ids:
