@@ -55,6 +55,7 @@ class Endpoint(Protocol):
     async def ensure(self, cls: Any) -> Any: ...
     async def consume(self, cls: Any) -> None: ...
     async def stop(self, timeout_s: float = ...) -> None: ...
+    def tally(self) -> tuple[int, int]: ...
 
 
 class Declared(Limited, Protocol):
@@ -257,6 +258,11 @@ class LaneEndpoint:
         finally:
             del self._consumers[cls]
 
+    def tally(self) -> tuple[int, int]:
+        """Runs started and runs done by this endpoint's running consume loops."""
+        executors = [consumer.executor for consumer in self._consumers.values()]
+        return sum(e.runs_started for e in executors), sum(e.runs_done for e in executors)
+
     async def stop(self, timeout_s: float = 30.0) -> None:
         """Stop fetching, wait up to `timeout_s` for running work, then cancel the rest and
         hand it back to be delivered again. Final for consuming (publishing keeps working).
@@ -295,6 +301,9 @@ class LaneRunner(Generic[E, S]):
     kind: ClassVar[str]
     logger: ClassVar[logging.Logger]
     error: ClassVar[type[JobError]] = JobError
+    # The signals its consume loops count themselves, read with `tally()` (a host's summary
+    # line reads them instead of observing two signals a run).
+    tallied: ClassVar[tuple[str, ...]] = ("start", "done")
 
     def __init__(
         self, ctx: Context, *, instance_id: str | None = None, apply_limits: bool = False
@@ -325,6 +334,15 @@ class LaneRunner(Generic[E, S]):
         self.signals.on(name, observer)
         for endpoint in self.endpoints.values():
             self._forward(endpoint, name)
+
+    def tally(self) -> dict[str, int]:
+        """What its consume loops count themselves (`tallied`): runs started (`start`) and
+        runs done (`done`), whether or not anything observes those signals."""
+        started = done = 0
+        for endpoint in self.endpoints.values():
+            more_started, more_done = endpoint.tally()
+            started, done = started + more_started, done + more_done
+        return {"start": started, "done": done}
 
     def register(self, cls: type[Any]) -> S:
         """Validate a class (RegistrationError names the field) and add it; before start()."""

@@ -122,6 +122,10 @@ class Executor:
         self.handler = handler
         self.signal = signal
         self.observed = observed
+        # Runs started and runs done here: counted whether or not a signal is sent for them
+        # (a worker host's summary line reads them, mega/runtime/logs.py).
+        self.runs_started = 0
+        self.runs_done = 0
         self.instance_id = instance_id
         self.group = group
         self.kind: Literal["event", "job"] = "job" if group is None else "event"
@@ -222,6 +226,7 @@ class Executor:
         spec, attempt = self.spec, delivery.attempt
         started = time.time()
         started_ms = int(started * 1000)
+        self.runs_started += 1
         if self.observed("start"):  # every run starts: built only when something listens
             due_ms = delivery.run_at_ms or delivery.enqueued_at_ms
             await self.signal(
@@ -333,6 +338,7 @@ class Executor:
             if waiting is not None:
                 await waiting
             if kind == "done":
+                self.runs_done += 1
                 if not self.observed("done"):  # as `start`: most jobs end done
                     return
                 await self.signal(

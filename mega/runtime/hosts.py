@@ -25,6 +25,7 @@ from mega.runtime.bootstrap import boot, check_database, shutdown
 from mega.runtime.check import enforce
 from mega.runtime.logs import observe_signals
 from mega.runtime.stopping import StopSignals, stopped_while_starting
+from mega.tasks import cancel_and_wait
 
 logger = logging.getLogger("mega.host")
 
@@ -220,6 +221,7 @@ async def _host(
     lost = asyncio.get_running_loop().create_future()
     watch_buses(ctx, functools.partial(settle_lost, lost))
     started: list[Any] = []
+    summaries: list[asyncio.Task[None]] = []  # of what the runtimes count themselves
     try:
         if any(part.hook != "scheduler" for part in parts):
             buses = ", ".join(f"{alias!r} on {bus.driver}" for alias, bus in ctx.buses.items())
@@ -229,7 +231,11 @@ async def _host(
             runtime = part.make(ctx, instance_id=ctx.instance_id)
             for declaration in part.declarations:
                 runtime.register(declaration)
-            observe_signals(runtime, part.signals, routine=part.routine, worker=ctx.instance_id)
+            log = observe_signals(
+                runtime, part.signals, routine=part.routine, worker=ctx.instance_id
+            )
+            if log.tallied:
+                summaries.append(asyncio.create_task(log.every()))
             if config.metrics.enabled and part.metrics:  # prometheus_client only when on
                 getattr(importlib.import_module("mega.runtime.metrics"), part.metrics)(runtime)
             await run_hooks(config, part.hook, runtime, ctx)
@@ -252,6 +258,7 @@ async def _host(
         if stop.done():
             logger.info("%s received: %s", stop.result(), stopping)
     finally:
+        await cancel_and_wait(summaries, 1.0)
         # In the parts' order (scheduler, relay, listeners, jobs), within one drain budget.
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         for part, runtime in zip(parts, started, strict=False):

@@ -11,7 +11,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from mega import tracing
+from mega import clock, tracing
 
 # Routine signals (jobs started and done) are counted and logged once per this many seconds.
 SUMMARY_EVERY_S = 10.0
@@ -75,47 +75,94 @@ def setup_logging(*, json_logs: bool = False) -> None:
 
 def observe_signals(
     runtime: Any, names: tuple[str, ...], *, routine: tuple[str, ...] = (), worker: str = ""
-) -> None:
+) -> SignalLog:
+    """Log `runtime`'s signals `names` (see SignalLog); the log, whose `every()` a host runs to
+    say the summary of what its runtime counts itself."""
+    return SignalLog(runtime, names, routine=routine, worker=worker)
+
+
+class SignalLog:
     """One log line per signal, `key=value` fields (job id, attempt, tick, instance): the host's
     live trace. Failures are WARNING, the rest INFO, but `routine` signals (a worker's `start`
     and `done`, thousands a second under load) are DEBUG, with one INFO line counting them
     every SUMMARY_EVERY_S. Nothing is formatted for a level that is off. The JSON logs have
-    the fields as keys of their own (`fields` of the record), with `worker` (this host)."""
-    trace = logging.getLogger("mega.signals")
-    tally: dict[str, int] = dict.fromkeys(routine, 0)
-    window_start = time.monotonic()
+    the fields as keys of their own (`fields` of the record), with `worker` (this host).
 
-    def level_of(name: str, signal: dict[str, Any]) -> int:
+    A routine signal that the runtime counts itself (`runtime.tallied`: a job or listener
+    runner's `start` and `done`, which its consume loops count) is not observed at all unless
+    its DEBUG lines are on: building and sending two signals a job cost a no-op job a quarter
+    of its time (bench/bench_budget.py). The summary then reads `runtime.tally()`, at the next
+    routine signal or at `every()`'s next turn."""
+
+    def __init__(
+        self, runtime: Any, names: tuple[str, ...], *, routine: tuple[str, ...], worker: str
+    ) -> None:
+        self.trace = logging.getLogger("mega.signals")
+        self.runtime = runtime
+        self.routine = routine
+        self.worker = worker
+        counts_itself = () if self.trace.isEnabledFor(logging.DEBUG) else runtime_tallied(runtime)
+        self.tallied = tuple(name for name in routine if name in counts_itself)
+        self.tally: dict[str, int] = dict.fromkeys(routine, 0)
+        self.read = self._read_tallies()  # the runtime's counts at the last summary
+        self.window_start = clock.monotonic()
+        for name in names:
+            if name not in self.tallied:
+                runtime.on(name, self.log)
+
+    def log(self, signal: dict[str, Any]) -> None:
+        name = signal["signal"]
+        if name in self.tally:
+            self.tally[name] += 1
+            self.summarise()
+        level = self.level_of(name, signal)
+        if self.trace.isEnabledFor(level):
+            pairs = (
+                f"{k}={_field(v)}" for k, v in signal.items() if k != "signal" and v is not None
+            )
+            fields = {"worker": self.worker, **signal}
+            self.trace.log(level, "%s %s", name, " ".join(pairs), extra={"fields": fields})
+
+    def level_of(self, name: str, signal: dict[str, Any]) -> int:
         # A skip is routine (a peer won the tick) unless the lock backend failed.
         reason = signal.get("reason")
         if name in ("fail", "dlq") or (reason is not None and "error" in str(reason)):
             return logging.WARNING
-        return logging.DEBUG if name in routine else logging.INFO
+        return logging.DEBUG if name in self.routine else logging.INFO
 
-    def summarise(name: str) -> None:
-        nonlocal window_start
-        tally[name] += 1
-        now = time.monotonic()
-        if now - window_start >= SUMMARY_EVERY_S:
-            counts = " ".join(f"{key}={value}" for key, value in tally.items())
-            trace.info("last %.0f s: %s", now - window_start, counts)
-            tally.update(dict.fromkeys(tally, 0))
-            window_start = now
+    def summarise(self) -> None:
+        """The INFO line of the routine counts, once SUMMARY_EVERY_S has passed since the last
+        one and something was counted."""
+        now = clock.monotonic()
+        if now - self.window_start < SUMMARY_EVERY_S:
+            return
+        read = self._read_tallies()
+        for name, count in read.items():
+            self.tally[name] += max(0, count - self.read[name])  # a stopped loop's are gone
+        self.read = read
+        if any(self.tally.values()):
+            counts = " ".join(f"{key}={value}" for key, value in self.tally.items())
+            self.trace.info("last %.0f s: %s", now - self.window_start, counts)
+        self.tally.update(dict.fromkeys(self.tally, 0))
+        self.window_start = now
 
-    def log(signal: dict[str, Any]) -> None:
-        name = signal["signal"]
-        if name in tally:
-            summarise(name)
-        level = level_of(name, signal)
-        if trace.isEnabledFor(level):
-            pairs = (
-                f"{k}={_field(v)}" for k, v in signal.items() if k != "signal" and v is not None
-            )
-            fields = {"worker": worker, **signal}
-            trace.log(level, "%s %s", signal["signal"], " ".join(pairs), extra={"fields": fields})
+    async def every(self) -> None:
+        """Say the summary every SUMMARY_EVERY_S (what the runtime counts sends no signal to
+        say it), until cancelled."""
+        while True:
+            await clock.sleep(SUMMARY_EVERY_S)
+            self.summarise()
 
-    for name in names:
-        runtime.on(name, log)
+    def _read_tallies(self) -> dict[str, int]:
+        if not self.tallied:
+            return {}
+        counts = self.runtime.tally()
+        return {name: counts[name] for name in self.tallied}
+
+
+def runtime_tallied(runtime: Any) -> tuple[str, ...]:
+    """The signals a runtime counts itself (`tallied`, read with `tally()`), none by default."""
+    return tuple(getattr(runtime, "tallied", ()))
 
 
 def _field(value: Any) -> str:

@@ -17,8 +17,10 @@ from typing import Any
 
 import pytest
 
-from mega.runtime.logs import TextFormatter, observe_signals
+from mega import Context, Job, JobRunner
+from mega.runtime.logs import SUMMARY_EVERY_S, TextFormatter, observe_signals
 from mega.signals import Signals
+from mega.testing import fake_clock, memory_context
 from tests.factories import write_config
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -108,3 +110,76 @@ def test_a_text_line_says_its_time_in_utc_with_its_zone(monkeypatch: pytest.Monk
         monkeypatch.delenv("TZ")
         time.tzset()
     assert line == "00:00:00Z INFO    mega.worker: up"
+
+
+class Counted(Job):
+    subject = "logs.counted"
+    bus = "jobs"
+
+    async def run(self, payload: int, ctx: Context) -> None:
+        COUNTED.append(payload)
+
+
+COUNTED: list[int] = []
+WORKER_SIGNALS = ("start", "done", "retry", "fail", "dlq", "cancel")
+
+
+async def test_a_worker_counts_its_runs_for_the_summary_without_a_signal_for_each(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """At INFO, a worker host's start and done are counted by the consume loops and summed
+    for the summary line: neither signal is built (bench/bench_budget.py: a quarter of a
+    no-op job's time); the others are observed as before."""
+    COUNTED.clear()
+    caplog.set_level(logging.INFO, logger="mega.signals")
+    with fake_clock() as clock:
+        runner = JobRunner(memory_context("jobs"))
+        runner.register(Counted)
+        log = observe_signals(runner, WORKER_SIGNALS, routine=("start", "done"), worker="w1")
+        assert log.tallied == ("start", "done")
+        assert [runner.signals.has_observers(name) for name in WORKER_SIGNALS] == [
+            False,
+            False,
+            True,
+            True,
+            True,
+            True,
+        ]
+        summaries = asyncio.create_task(log.every())
+        await runner.start()
+        try:
+            await Counted.enqueue_many(runner.ctx, range(3))
+            for _ in range(1000):
+                if len(COUNTED) == 3:
+                    break
+                await asyncio.sleep(0)
+            assert sorted(COUNTED) == [0, 1, 2]
+            await clock.advance(SUMMARY_EVERY_S)
+            assert "last 10 s: start=3 done=3" in caplog.text
+            caplog.clear()
+            await clock.advance(SUMMARY_EVERY_S)  # nothing ran: no line
+            assert "last" not in caplog.text
+        finally:
+            summaries.cancel()
+            await runner.stop(1)
+
+
+async def test_with_debug_lines_on_each_run_is_a_line_of_its_own(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    COUNTED.clear()
+    caplog.set_level(logging.DEBUG, logger="mega.signals")
+    runner = JobRunner(memory_context("jobs"))
+    runner.register(Counted)
+    log = observe_signals(runner, WORKER_SIGNALS, routine=("start", "done"), worker="w1")
+    assert log.tallied == ()
+    await runner.start()
+    try:
+        job_id = await Counted.enqueue(runner.ctx, 7)
+        deadline = time.monotonic() + 5
+        while f"done job=Counted id={job_id} attempt=1" not in caplog.text:
+            assert time.monotonic() < deadline, caplog.text
+            await asyncio.sleep(0.01)
+        assert f"start job=Counted id={job_id} attempt=1" in caplog.text
+    finally:
+        await runner.stop(1)
