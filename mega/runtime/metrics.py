@@ -194,17 +194,40 @@ def observe_jobs(runtime: Observable) -> None:
         runtime: a JobRunner or a JobQueue; its signals from now on are counted.
     """
 
+    # Each job's labelled series, looked up once: `labels()` validates and locks on every
+    # call, and a no-op job sends two signals.
+    events = _Series(JOB_EVENTS)
+    latencies, durations = _Series(JOB_START_LATENCY), _Series(JOB_DURATION)
+
     def count(signal: dict[str, Any]) -> None:
+        name = signal["signal"]
         job = str(signal.get("job", "unknown"))
-        JOB_EVENTS.labels(job, signal["signal"]).inc()
-        first_start = signal["signal"] == "start" and signal.get("attempt") == 1
-        if first_start and signal.get("latency_ms") is not None:
-            JOB_START_LATENCY.labels(job).observe(signal["latency_ms"] / 1000)
-        if signal["signal"] in ("done", "retry", "fail") and signal.get("duration_ms") is not None:
-            JOB_DURATION.labels(job).observe(signal["duration_ms"] / 1000)
+        events.of(job, name).inc()
+        if name == "start":
+            latency_ms = signal.get("latency_ms")
+            if signal.get("attempt") == 1 and latency_ms is not None:
+                latencies.of(job).observe(latency_ms / 1000)
+            return
+        duration_ms = signal.get("duration_ms")
+        if name in ("done", "retry", "fail") and duration_ms is not None:
+            durations.of(job).observe(duration_ms / 1000)
 
     for name in ("dispatch", "start", "done", "retry", "fail", "dlq"):
         runtime.on(name, count)
+
+
+class _Series:
+    """A metric's labelled children, each made by `labels()` once and kept."""
+
+    def __init__(self, metric: Any) -> None:
+        self.metric = metric
+        self.children: dict[tuple[str, ...], Any] = {}
+
+    def of(self, *labels: str) -> Any:
+        child = self.children.get(labels)
+        if child is None:
+            child = self.children[labels] = self.metric.labels(*labels)
+        return child
 
 
 def observe_scheduler(runtime: Observable) -> None:
